@@ -1,0 +1,35 @@
+//! `repro diff A B`: compare two traces.
+
+use super::{print_json, Exit};
+use clap::Args;
+use repro::diff::diff_traces;
+use repro::report::render_diff;
+use repro::trace::TraceReader;
+use std::path::PathBuf;
+
+#[derive(Debug, Args)]
+pub struct DiffArgs {
+    /// The reference trace.
+    a: PathBuf,
+    /// The trace to compare with it.
+    b: PathBuf,
+    /// Print the result as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(args: DiffArgs) -> Result<Exit, String> {
+    let mut a = TraceReader::open(&args.a).map_err(|e| e.to_string())?;
+    let mut b = TraceReader::open(&args.b).map_err(|e| e.to_string())?;
+    let diff = diff_traces(&mut a, &mut b).map_err(|e| e.to_string())?;
+    if args.json {
+        print_json(&diff)?;
+    } else {
+        print!("{}", render_diff(&diff));
+    }
+    Ok(if diff.is_identical() {
+        Exit::Same
+    } else {
+        Exit::Diverged
+    })
+}

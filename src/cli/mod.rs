@@ -1,0 +1,58 @@
+//! The command line: argument definitions and dispatch. Each subcommand lives in its own file
+//! and returns an `Exit`; errors become one `error:` line on stderr and exit code 2.
+
+mod diff;
+mod exit;
+mod inspect;
+mod matrix;
+mod record;
+
+pub use exit::Exit;
+
+use clap::{Parser, Subcommand};
+
+/// Record neural-network training, and find where two runs stop being bit-identical.
+#[derive(Debug, Parser)]
+#[command(name = "repro", version, about, after_help = EXIT_CODES)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+const EXIT_CODES: &str = "Exit codes: 0 identical (or success), 1 diverged, 2 error.";
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Train a built-in workload and record a trace.
+    Record(record::RecordArgs),
+    /// Compare two traces: first diverging step and tensor, and how the error grows.
+    Diff(diff::DiffArgs),
+    /// Pairwise error matrices of N traces at one step.
+    Matrix(matrix::MatrixArgs),
+    /// Show a trace's header, environment, steps, tensors and sizes.
+    Inspect(inspect::InspectArgs),
+}
+
+/// Runs a parsed command line.
+pub fn run(cli: Cli) -> Exit {
+    let result = match cli.command {
+        Command::Record(args) => record::run(args),
+        Command::Diff(args) => diff::run(args),
+        Command::Matrix(args) => matrix::run(args),
+        Command::Inspect(args) => inspect::run(args),
+    };
+    match result {
+        Ok(exit) => exit,
+        Err(message) => {
+            eprintln!("error: {message}");
+            Exit::Error
+        }
+    }
+}
+
+/// Prints `value` as pretty JSON on stdout.
+fn print_json(value: &impl serde::Serialize) -> Result<(), String> {
+    let text = serde_json::to_string_pretty(value).map_err(|e| format!("cannot encode JSON: {e}"))?;
+    println!("{text}");
+    Ok(())
+}

@@ -1,0 +1,187 @@
+//! Element types a trace can hold, and how their little-endian bytes decode.
+//!
+//! This module is the one place that knows the bit layout of each dtype. Everything above it
+//! (hashing, diff metrics, the trace reader) works on `(DType, &[u8])` pairs, so reading and
+//! comparing traces never needs candle.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::str::FromStr;
+
+/// An element type, named as safetensors names it (`F32`, `BF16`, ...).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum DType {
+    /// Unsigned 8-bit integer.
+    U8,
+    /// Unsigned 32-bit integer.
+    U32,
+    /// Signed 16-bit integer.
+    I16,
+    /// Signed 32-bit integer.
+    I32,
+    /// Signed 64-bit integer.
+    I64,
+    /// IEEE 754 half precision.
+    F16,
+    /// bfloat16: the upper half of an f32.
+    BF16,
+    /// IEEE 754 single precision.
+    F32,
+    /// IEEE 754 double precision.
+    F64,
+}
+
+impl DType {
+    /// Every dtype, in tag order.
+    pub const ALL: [DType; 9] = [
+        DType::U8,
+        DType::U32,
+        DType::I16,
+        DType::I32,
+        DType::I64,
+        DType::F16,
+        DType::BF16,
+        DType::F32,
+        DType::F64,
+    ];
+
+    /// The dtype's name as written in traces and safetensors headers.
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::U8 => "U8",
+            DType::U32 => "U32",
+            DType::I16 => "I16",
+            DType::I32 => "I32",
+            DType::I64 => "I64",
+            DType::F16 => "F16",
+            DType::BF16 => "BF16",
+            DType::F32 => "F32",
+            DType::F64 => "F64",
+        }
+    }
+
+    /// Bytes per element.
+    pub fn size_in_bytes(self) -> usize {
+        match self {
+            DType::U8 => 1,
+            DType::I16 | DType::F16 | DType::BF16 => 2,
+            DType::U32 | DType::I32 | DType::F32 => 4,
+            DType::I64 | DType::F64 => 8,
+        }
+    }
+
+    /// Whether the dtype is a floating-point type (ULP distances are defined for these).
+    pub fn is_float(self) -> bool {
+        matches!(self, DType::F16 | DType::BF16 | DType::F32 | DType::F64)
+    }
+
+    /// Decodes element `i` of `bytes` (little-endian) as `f64`. Exact for every dtype but I64
+    /// values beyond 2^53.
+    pub fn value_at(self, bytes: &[u8], i: usize) -> f64 {
+        let s = self.size_in_bytes();
+        let b = &bytes[i * s..(i + 1) * s];
+        match self {
+            DType::U8 => b[0] as f64,
+            DType::U32 => u32::from_le_bytes(b.try_into().unwrap()) as f64,
+            DType::I16 => i16::from_le_bytes(b.try_into().unwrap()) as f64,
+            DType::I32 => i32::from_le_bytes(b.try_into().unwrap()) as f64,
+            DType::I64 => i64::from_le_bytes(b.try_into().unwrap()) as f64,
+            DType::F16 => half::f16::from_bits(u16::from_le_bytes(b.try_into().unwrap())).to_f64(),
+            DType::BF16 => half::bf16::from_bits(u16::from_le_bytes(b.try_into().unwrap())).to_f64(),
+            DType::F32 => f32::from_le_bytes(b.try_into().unwrap()) as f64,
+            DType::F64 => f64::from_le_bytes(b.try_into().unwrap()),
+        }
+    }
+
+    /// Maps element `i` onto a line where neighbouring representable values are one apart, so
+    /// the ULP distance of two elements is the difference of their positions.
+    ///
+    /// For floats this is the usual sign-magnitude to two's-complement mapping of the raw bits
+    /// (`+0` and `-0` both map to 0; NaNs land beyond the infinities). Integers map to themselves.
+    pub fn ordinal_at(self, bytes: &[u8], i: usize) -> i128 {
+        let s = self.size_in_bytes();
+        let b = &bytes[i * s..(i + 1) * s];
+        fn float_ordinal(bits: u64, sign_bit: u64) -> i128 {
+            let magnitude = (bits & (sign_bit - 1)) as i128;
+            if bits & sign_bit != 0 {
+                -magnitude
+            } else {
+                magnitude
+            }
+        }
+        match self {
+            DType::U8 => b[0] as i128,
+            DType::U32 => u32::from_le_bytes(b.try_into().unwrap()) as i128,
+            DType::I16 => i16::from_le_bytes(b.try_into().unwrap()) as i128,
+            DType::I32 => i32::from_le_bytes(b.try_into().unwrap()) as i128,
+            DType::I64 => i64::from_le_bytes(b.try_into().unwrap()) as i128,
+            DType::F16 | DType::BF16 => float_ordinal(u16::from_le_bytes(b.try_into().unwrap()) as u64, 1 << 15),
+            DType::F32 => float_ordinal(u32::from_le_bytes(b.try_into().unwrap()) as u64, 1 << 31),
+            DType::F64 => float_ordinal(u64::from_le_bytes(b.try_into().unwrap()), 1 << 63),
+        }
+    }
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The error for a dtype name repro does not know.
+#[derive(Debug, thiserror::Error)]
+#[error("unknown dtype `{0}` (expected one of U8, U32, I16, I32, I64, F16, BF16, F32, F64)")]
+pub struct UnknownDType(pub String);
+
+impl FromStr for DType {
+    type Err = UnknownDType;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        DType::ALL
+            .into_iter()
+            .find(|d| d.name().eq_ignore_ascii_case(s))
+            .ok_or_else(|| UnknownDType(s.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn adjacent_f32_values_are_one_ordinal_apart() {
+        for x in [1.0f32, -1.0, 1e-30, -3.5e20, f32::MIN_POSITIVE] {
+            let next = f32::from_bits(x.to_bits() + 1);
+            let (a, b) = (x.to_le_bytes(), next.to_le_bytes());
+            let d = DType::F32.ordinal_at(&b, 0) - DType::F32.ordinal_at(&a, 0);
+            assert_eq!(d.abs(), 1, "{x}");
+        }
+    }
+
+    #[test]
+    fn zero_crossing_counts_denormals() {
+        let tiny = f32::from_bits(1);
+        let a = tiny.to_le_bytes();
+        let b = (-tiny).to_le_bytes();
+        assert_eq!(DType::F32.ordinal_at(&a, 0) - DType::F32.ordinal_at(&b, 0), 2);
+        let pz = 0.0f32.to_le_bytes();
+        let nz = (-0.0f32).to_le_bytes();
+        assert_eq!(DType::F32.ordinal_at(&pz, 0), DType::F32.ordinal_at(&nz, 0));
+    }
+
+    #[test]
+    fn bf16_and_f16_decode() {
+        let b = half::bf16::from_f32(1.5).to_bits().to_le_bytes();
+        assert_eq!(DType::BF16.value_at(&b, 0), 1.5);
+        let h = half::f16::from_f32(-2.25).to_bits().to_le_bytes();
+        assert_eq!(DType::F16.value_at(&h, 0), -2.25);
+    }
+
+    #[test]
+    fn names_round_trip() {
+        for d in DType::ALL {
+            assert_eq!(d.name().parse::<DType>().unwrap(), d);
+        }
+        assert!("F8".parse::<DType>().is_err());
+    }
+}

@@ -1,0 +1,112 @@
+//! The environment fingerprint written into every trace header, and device selection.
+
+use super::error::RecordError;
+use crate::trace::Environment;
+use candle_core::Device;
+use std::collections::BTreeMap;
+
+/// Environment variables that change numerics (thread counts, cuBLAS workspaces, TF32) and
+/// are therefore recorded when set.
+pub const NUMERICS_ENV_VARS: &[&str] = &[
+    "CANDLE_GRAD_DO_NOT_DETACH",
+    "CANDLE_NUM_THREADS",
+    "CUBLAS_WORKSPACE_CONFIG",
+    "CUDA_LAUNCH_BLOCKING",
+    "CUDA_VISIBLE_DEVICES",
+    "NVIDIA_TF32_OVERRIDE",
+    "OMP_NUM_THREADS",
+    "RAYON_NUM_THREADS",
+];
+
+/// Opens a device from its name: `cpu`, `cuda` or `cuda:N`.
+pub fn open_device(name: &str) -> Result<Device, RecordError> {
+    if name == "cpu" {
+        return Ok(Device::Cpu);
+    }
+    let ordinal = match name {
+        "cuda" => Some(0),
+        _ => name.strip_prefix("cuda:").and_then(|n| n.parse::<usize>().ok()),
+    };
+    let Some(ordinal) = ordinal else {
+        return Err(RecordError::Unsupported(format!(
+            "unknown device `{name}`: expected cpu, cuda or cuda:N"
+        )));
+    };
+    if !candle_core::utils::cuda_is_available() {
+        return Err(RecordError::Unsupported(format!(
+            "device `{name}` needs a repro built with CUDA support (`make cuda`); this build is CPU-only"
+        )));
+    }
+    Device::new_cuda(ordinal).map_err(|e| RecordError::Unsupported(format!("cannot open {name}: {e}")))
+}
+
+/// The name a device is recorded under: `cpu` or `cuda:N`.
+pub fn device_label(device: &Device) -> String {
+    match device.location() {
+        candle_core::DeviceLocation::Cpu => "cpu".into(),
+        candle_core::DeviceLocation::Cuda { gpu_id } => format!("cuda:{gpu_id}"),
+        candle_core::DeviceLocation::Metal { gpu_id } => format!("metal:{gpu_id}"),
+    }
+}
+
+/// Collects the fingerprint of this process's environment for a run on `device`.
+pub fn environment(device: &Device) -> Environment {
+    let cpu_model = cpu_model();
+    let device_name = match device {
+        Device::Cpu => cpu_model.clone(),
+        _ => format!("{} (name not queried)", device_label(device)),
+    };
+    let env: BTreeMap<String, String> = NUMERICS_ENV_VARS
+        .iter()
+        .filter_map(|&k| std::env::var(k).ok().map(|v| (k.to_string(), v)))
+        .collect();
+    Environment {
+        repro_version: env!("CARGO_PKG_VERSION").into(),
+        candle_version: env!("REPRO_CANDLE_VERSION").into(),
+        device: device_label(device),
+        device_name,
+        cpu_model,
+        os: format!("{} {}", std::env::consts::OS, std::env::consts::ARCH),
+        rustc: env!("REPRO_RUSTC_VERSION").into(),
+        threads: candle_core::utils::get_num_threads() as u64,
+        env,
+    }
+}
+
+fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|info| {
+            info.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_string())
+        })
+        .unwrap_or_else(|| std::env::consts::ARCH.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_names_parse_or_explain() {
+        assert!(matches!(open_device("cpu"), Ok(Device::Cpu)));
+        let err = open_device("tpu").unwrap_err().to_string();
+        assert!(err.contains("expected cpu, cuda or cuda:N"), "{err}");
+        if !candle_core::utils::cuda_is_available() {
+            let err = open_device("cuda:0").unwrap_err().to_string();
+            assert!(err.contains("make cuda"), "{err}");
+        }
+    }
+
+    #[test]
+    fn fingerprint_records_set_numerics_variables_only() {
+        let env = environment(&Device::Cpu);
+        assert_eq!(env.device, "cpu");
+        assert!(env.threads >= 1);
+        for key in env.env.keys() {
+            assert!(NUMERICS_ENV_VARS.contains(&key.as_str()));
+        }
+    }
+}

@@ -1,0 +1,26 @@
+//! Errors while recording a run.
+
+use crate::trace::TraceError;
+
+/// A failure while recording.
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {
+    /// Writing the trace failed.
+    #[error(transparent)]
+    Trace(#[from] TraceError),
+    /// candle failed while computing or reading a tensor.
+    #[error("tensor computation failed: {}", without_backtrace(.0))]
+    Candle(#[from] candle_core::Error),
+    /// A request repro cannot carry out (bad device, dtype, perturbation, config).
+    #[error("{0}")]
+    Unsupported(String),
+}
+
+/// candle's message without the backtrace it attaches when `RUST_BACKTRACE` is set: users
+/// need the cause, not our call stack.
+fn without_backtrace(e: &candle_core::Error) -> String {
+    match e {
+        candle_core::Error::WithBacktrace { inner, .. } => without_backtrace(inner),
+        other => other.to_string(),
+    }
+}

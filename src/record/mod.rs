@@ -1,0 +1,14 @@
+//! Recording: turning candle tensors into trace records. With `workloads`, the only code that
+//! touches candle.
+
+mod environment;
+mod error;
+mod perturb;
+mod recorder;
+mod tensor_bytes;
+
+pub use environment::{device_label, environment, open_device, NUMERICS_ENV_VARS};
+pub use error::RecordError;
+pub use perturb::Perturbation;
+pub use recorder::{Recorder, StepRecorder};
+pub use tensor_bytes::{candle_dtype, trace_dtype, with_canonical_bytes};

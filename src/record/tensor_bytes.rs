@@ -1,0 +1,113 @@
+//! Reading a candle tensor's elements as canonical bytes (contiguous, row-major,
+//! little-endian), without copying when the tensor already lives contiguously on the CPU.
+
+use super::error::RecordError;
+use crate::dtype::DType;
+use candle_core::{CpuStorage, Device, Storage, Tensor};
+
+#[cfg(target_endian = "big")]
+compile_error!("repro's canonical encoding is little-endian; big-endian hosts are not supported");
+
+/// The trace dtype of a candle dtype.
+pub fn trace_dtype(dtype: candle_core::DType) -> Result<DType, RecordError> {
+    use candle_core::DType as C;
+    Ok(match dtype {
+        C::U8 => DType::U8,
+        C::U32 => DType::U32,
+        C::I16 => DType::I16,
+        C::I32 => DType::I32,
+        C::I64 => DType::I64,
+        C::F16 => DType::F16,
+        C::BF16 => DType::BF16,
+        C::F32 => DType::F32,
+        C::F64 => DType::F64,
+        other => {
+            return Err(RecordError::Unsupported(format!(
+                "cannot record tensors of dtype {other:?}"
+            )))
+        }
+    })
+}
+
+/// The candle dtype of a trace dtype.
+pub fn candle_dtype(dtype: DType) -> candle_core::DType {
+    use candle_core::DType as C;
+    match dtype {
+        DType::U8 => C::U8,
+        DType::U32 => C::U32,
+        DType::I16 => C::I16,
+        DType::I32 => C::I32,
+        DType::I64 => C::I64,
+        DType::F16 => C::F16,
+        DType::BF16 => C::BF16,
+        DType::F32 => C::F32,
+        DType::F64 => C::F64,
+    }
+}
+
+/// Calls `f` with the tensor's canonical element bytes.
+pub fn with_canonical_bytes<R>(tensor: &Tensor, f: impl FnOnce(&[u8]) -> R) -> Result<R, RecordError> {
+    trace_dtype(tensor.dtype())?;
+    {
+        let (storage, layout) = tensor.storage_and_layout();
+        if let (Storage::Cpu(cpu), Some((start, end))) = (&*storage, layout.contiguous_offsets()) {
+            if let Some(bytes) = cpu_bytes(cpu, start, end) {
+                return Ok(f(bytes));
+            }
+        }
+    }
+    // Not contiguous, or not on the CPU: make a contiguous host copy first.
+    let host = tensor.to_device(&Device::Cpu)?.contiguous()?;
+    let (storage, layout) = host.storage_and_layout();
+    match (&*storage, layout.contiguous_offsets()) {
+        (Storage::Cpu(cpu), Some((start, end))) => cpu_bytes(cpu, start, end)
+            .map(f)
+            .ok_or_else(|| RecordError::Unsupported(format!("cannot read tensors of dtype {:?}", tensor.dtype()))),
+        _ => Err(RecordError::Unsupported(
+            "tensor did not arrive contiguously on the host".into(),
+        )),
+    }
+}
+
+fn cpu_bytes(cpu: &CpuStorage, start: usize, end: usize) -> Option<&[u8]> {
+    Some(match cpu {
+        CpuStorage::U8(v) => &v[start..end],
+        CpuStorage::U32(v) => bytemuck::cast_slice(&v[start..end]),
+        CpuStorage::I16(v) => bytemuck::cast_slice(&v[start..end]),
+        CpuStorage::I32(v) => bytemuck::cast_slice(&v[start..end]),
+        CpuStorage::I64(v) => bytemuck::cast_slice(&v[start..end]),
+        CpuStorage::F16(v) => bytemuck::cast_slice(&v[start..end]),
+        CpuStorage::BF16(v) => bytemuck::cast_slice(&v[start..end]),
+        CpuStorage::F32(v) => bytemuck::cast_slice(&v[start..end]),
+        CpuStorage::F64(v) => bytemuck::cast_slice(&v[start..end]),
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn transposed_view_gives_row_major_bytes() {
+        let t = Tensor::new(&[[1f32, 2.0], [3.0, 4.0]], &Device::Cpu).unwrap();
+        let tt = t.t().unwrap();
+        let bytes = with_canonical_bytes(&tt, |b| b.to_vec()).unwrap();
+        let values: Vec<f32> = bytes
+            .chunks(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        assert_eq!(values, vec![1.0, 3.0, 2.0, 4.0]);
+    }
+
+    #[test]
+    fn narrowed_view_reads_only_its_window() {
+        let t = Tensor::arange(0u32, 10, &Device::Cpu).unwrap().narrow(0, 3, 4).unwrap();
+        let bytes = with_canonical_bytes(&t, |b| b.to_vec()).unwrap();
+        let values: Vec<u32> = bytes
+            .chunks(4)
+            .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        assert_eq!(values, vec![3, 4, 5, 6]);
+    }
+}

@@ -1,0 +1,191 @@
+//! The human-readable `repro diff` report.
+
+use super::format::{sci, shape};
+use crate::diff::{FieldDifference, StructuralDifference, TensorMetrics, TraceDiff, TraceSide};
+use std::fmt::{self, Write};
+
+/// Renders a diff for people.
+pub fn render_diff(d: &TraceDiff) -> String {
+    let mut out = String::new();
+    write_diff(&mut out, d).expect("writing to a String cannot fail");
+    out
+}
+
+fn write_diff(out: &mut String, d: &TraceDiff) -> fmt::Result {
+    write_side(out, "A", &d.a)?;
+    write_side(out, "B", &d.b)?;
+    write_fields(out, "config differs", &d.config_differences)?;
+    write_fields(out, "environment differs", &d.environment_differences)?;
+    writeln!(out)?;
+    let Some(first) = &d.first_divergence else {
+        if d.structure.is_empty() {
+            writeln!(
+                out,
+                "IDENTICAL  {} steps, {} tensors compared, bit-exact",
+                d.steps_compared, d.tensors_compared
+            )?;
+        } else {
+            writeln!(
+                out,
+                "DIVERGED  in structure: {} steps and {} tensors compared bit-exact, but the traces recorded different things",
+                d.steps_compared, d.tensors_compared
+            )?;
+            write_structure(out, &d.structure)?;
+        }
+        return Ok(());
+    };
+    writeln!(
+        out,
+        "DIVERGED  first at step {}, tensor `{}` ({})",
+        first.step, first.tensor, first.kind
+    )?;
+    write!(out, "  {} {}: ", first.dtype, shape(&first.shape))?;
+    match &first.metrics {
+        Some(m) => writeln!(out, "{}", metrics_sentence(m))?,
+        None => writeln!(
+            out,
+            "hashes differ; values not stored at this step (re-record with `--capture steps:{}` for exact metrics)",
+            first.step
+        )?,
+    }
+    writeln!(out)?;
+    writeln!(
+        out,
+        "{} of {} tensors differ over {} common steps",
+        d.tensors_diverged, d.tensors_compared, d.steps_compared
+    )?;
+    if !d.first_divergence_by_kind.is_empty() {
+        writeln!(out, "\nfirst divergent step by kind:")?;
+        for (kind, step) in &d.first_divergence_by_kind {
+            writeln!(out, "  {:<12} step {step}", kind.name())?;
+        }
+    }
+    writeln!(out, "\nper tensor:")?;
+    let width = d.tensors.iter().map(|t| t.name.len()).max().unwrap_or(6).max(6);
+    writeln!(
+        out,
+        "  {:<width$}  {:<10}  {:>11}  {:>9}",
+        "tensor", "kind", "first step", "diverged"
+    )?;
+    for t in &d.tensors {
+        let first = t.first_divergent_step.map_or("-".to_string(), |s| s.to_string());
+        writeln!(
+            out,
+            "  {:<width$}  {:<10}  {:>11}  {:>9}",
+            t.name,
+            t.kind.name(),
+            first,
+            format!("{}/{}", t.steps_diverged, t.steps_compared)
+        )?;
+    }
+    let growth: Vec<_> = d
+        .tensors
+        .iter()
+        .flat_map(|t| t.growth.iter().map(move |g| (t, g)))
+        .collect();
+    if !growth.is_empty() {
+        writeln!(out, "\nerror growth (steps with stored values):")?;
+        writeln!(
+            out,
+            "  {:<width$}  {:>8}  {:>17}  {:>10}  {:>10}  {:>10}",
+            "tensor", "step", "elements differ", "max|a-b|", "sum|a-b|", "max ULP"
+        )?;
+        for (t, g) in growth {
+            let m = &g.metrics;
+            writeln!(
+                out,
+                "  {:<width$}  {:>8}  {:>17}  {:>10}  {:>10}  {:>10}",
+                t.name,
+                g.step,
+                format!("{}/{}", m.mismatched, m.elements),
+                sci(m.max_abs),
+                sci(m.sum_abs),
+                m.max_ulp
+            )?;
+        }
+    }
+    if !d.structure.is_empty() {
+        writeln!(out, "\nstructure differs:")?;
+        write_structure(out, &d.structure)?;
+    }
+    Ok(())
+}
+
+/// One sentence summarizing tensor metrics.
+pub fn metrics_sentence(m: &TensorMetrics) -> String {
+    format!(
+        "{} of {} elements differ, max |a-b| {}, sum |a-b| {}, max {} ULP{}",
+        m.mismatched,
+        m.elements,
+        sci(m.max_abs),
+        sci(m.sum_abs),
+        m.max_ulp,
+        m.first_mismatch
+            .map_or(String::new(), |i| format!(" (first at element {i})"))
+    )
+}
+
+fn write_side(out: &mut String, label: &str, s: &TraceSide) -> fmt::Result {
+    let status = match &s.incomplete_reason {
+        None => "complete".to_string(),
+        Some(why) => format!("INCOMPLETE: {why}"),
+    };
+    writeln!(
+        out,
+        "{label}  {}  ({}, {} steps, {status})",
+        s.path, s.workload, s.steps
+    )
+}
+
+fn write_fields(out: &mut String, title: &str, fields: &[FieldDifference]) -> fmt::Result {
+    if fields.is_empty() {
+        return Ok(());
+    }
+    writeln!(out, "\n{title}:")?;
+    for f in fields {
+        let show = |v: &Option<String>| v.clone().unwrap_or_else(|| "(unset)".into());
+        writeln!(out, "  {}: {} | {}", f.field, show(&f.a), show(&f.b))?;
+    }
+    Ok(())
+}
+
+fn write_structure(out: &mut String, items: &[StructuralDifference]) -> fmt::Result {
+    for item in items {
+        match item {
+            StructuralDifference::MissingSteps {
+                missing_in,
+                first_step,
+                steps,
+            } => {
+                let (has, lacks) = if missing_in == "a" { ("B", "A") } else { ("A", "B") };
+                writeln!(
+                    out,
+                    "  {steps} step(s) from step {first_step} recorded only in {has} ({lacks} lacks them)"
+                )?
+            }
+            StructuralDifference::MissingTensor {
+                tensor,
+                missing_in,
+                first_step,
+                steps,
+            } => {
+                let has = if missing_in == "a" { "B" } else { "A" };
+                writeln!(
+                    out,
+                    "  `{tensor}` recorded only in {has}, at {steps} step(s) from step {first_step}"
+                )?
+            }
+            StructuralDifference::Mismatch {
+                tensor,
+                first_step,
+                steps,
+                a,
+                b,
+            } => writeln!(
+                out,
+                "  `{tensor}` is {a} in A but {b} in B, at {steps} step(s) from step {first_step}"
+            )?,
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,72 @@
+//! Number and size formatting shared by every human-readable report.
+
+/// A float in short scientific notation (`3.81e-6`), `0` for zero, as numpy prints error sums.
+pub fn sci(x: f64) -> String {
+    if x == 0.0 {
+        "0".into()
+    } else if x.is_nan() {
+        "NaN".into()
+    } else {
+        format!("{x:.2e}")
+    }
+}
+
+/// A byte count with a binary unit (`1.5 MiB`).
+pub fn bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = n as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{n} B")
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
+    }
+}
+
+/// A shape as `[10000, 1]`, or `scalar`.
+pub fn shape(dims: &[u64]) -> String {
+    if dims.is_empty() {
+        "scalar".into()
+    } else {
+        format!("{dims:?}")
+    }
+}
+
+/// A list of step numbers, shortened to the first few and the last when long.
+pub fn step_list(steps: &[u64]) -> String {
+    const SHOWN: usize = 8;
+    let text = |s: &[u64]| s.iter().map(u64::to_string).collect::<Vec<_>>().join(", ");
+    if steps.len() <= SHOWN {
+        text(steps)
+    } else {
+        format!(
+            "{}, ... ({} more), {}",
+            text(&steps[..SHOWN - 1]),
+            steps.len() - SHOWN,
+            steps[steps.len() - 1]
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formats() {
+        assert_eq!(sci(0.0), "0");
+        assert_eq!(sci(3.814697265625e-6), "3.81e-6");
+        assert_eq!(bytes(512), "512 B");
+        assert_eq!(bytes(1536), "1.5 KiB");
+        assert_eq!(shape(&[]), "scalar");
+        assert_eq!(step_list(&[0, 99]), "0, 99");
+        assert_eq!(
+            step_list(&(0..20).collect::<Vec<_>>()),
+            "0, 1, 2, 3, 4, 5, 6, ... (12 more), 19"
+        );
+    }
+}

@@ -1,0 +1,12 @@
+//! Rendering results for people. Every function here takes plain data from `diff` or `trace`
+//! and returns text; machine output is the same data serialized as JSON by the CLI.
+
+mod diff;
+mod format;
+mod inspect;
+mod matrix;
+
+pub use diff::{metrics_sentence, render_diff};
+pub use format::{bytes, sci, shape};
+pub use inspect::render_summary;
+pub use matrix::render_matrix;

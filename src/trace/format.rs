@@ -1,0 +1,109 @@
+//! The trace format's version, file names and limits: the constants a reader checks before it
+//! trusts anything else. The normative description is `docs/trace-format.md`.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// A format version. Readers accept any minor version of their own major version (minor
+/// versions only add optional fields) and refuse other majors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct FormatVersion {
+    /// Incompatible changes bump this.
+    pub major: u16,
+    /// Backwards-compatible additions bump this.
+    pub minor: u16,
+}
+
+/// The version this build writes.
+///
+/// Changelog:
+/// - 1.0: first version: framed msgpack records (header, steps, footer), safetensors payloads,
+///   canonical hash `repro.tensor.v1`.
+pub const CURRENT_FORMAT: FormatVersion = FormatVersion { major: 1, minor: 0 };
+
+impl FormatVersion {
+    /// Whether this build can read a trace written in `self`.
+    pub fn is_readable(self) -> bool {
+        self.major == CURRENT_FORMAT.major
+    }
+}
+
+impl fmt::Display for FormatVersion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}", self.major, self.minor)
+    }
+}
+
+/// Magic bytes at the start of the record file.
+pub const MAGIC: &[u8; 8] = b"RPRTRACE";
+
+/// Size of the record file's preamble: magic, then major and minor as u16 little-endian.
+pub const PREAMBLE_LEN: usize = 12;
+
+/// The record file inside a trace directory.
+pub const RECORDS_FILE: &str = "records.rpr";
+
+/// The run-metadata file: the only part of a trace that differs between identical runs.
+pub const RUN_META_FILE: &str = "run-meta.json";
+
+/// The directory (inside a trace) that holds safetensors payloads.
+pub const TENSORS_DIR: &str = "tensors";
+
+/// Largest record (frame payload) a reader accepts, in bytes.
+pub const MAX_RECORD_BYTES: u32 = 16 * 1024 * 1024;
+
+/// Deepest msgpack nesting a reader accepts.
+pub const MAX_NESTING: usize = 32;
+
+/// Largest tensor rank a reader accepts.
+pub const MAX_RANK: usize = 16;
+
+/// The payload file name for a step: `tensors/step-00000042.safetensors`.
+pub fn payload_name(step: u64) -> String {
+    format!("{TENSORS_DIR}/step-{step:08}.safetensors")
+}
+
+/// Parses a payload name back to its step, accepting only names `payload_name` makes, so a
+/// record can never point outside its trace directory.
+pub fn parse_payload_name(name: &str) -> Option<u64> {
+    let digits = name
+        .strip_prefix(TENSORS_DIR)?
+        .strip_prefix("/step-")?
+        .strip_suffix(".safetensors")?;
+    if digits.len() < 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let step: u64 = digits.parse().ok()?;
+    (payload_name(step) == name).then_some(step)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn payload_names_round_trip_and_refuse_escapes() {
+        assert_eq!(parse_payload_name(&payload_name(42)), Some(42));
+        assert_eq!(
+            parse_payload_name(&payload_name(123_456_789_012)),
+            Some(123_456_789_012)
+        );
+        for bad in [
+            "tensors/../step-00000001.safetensors",
+            "/etc/passwd",
+            "tensors/step-1.safetensors",
+            "tensors/step-000000001.safetensors",
+            "tensors/step-0000000a.safetensors",
+            "tensors/step-00000001.safetensors/..",
+        ] {
+            assert_eq!(parse_payload_name(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn newer_major_is_unreadable() {
+        assert!(CURRENT_FORMAT.is_readable());
+        assert!(FormatVersion { major: 1, minor: 9 }.is_readable());
+        assert!(!FormatVersion { major: 2, minor: 0 }.is_readable());
+    }
+}

@@ -1,0 +1,20 @@
+//! The trace: a directory holding one run's records, and the only code that reads or writes
+//! it. Nothing here depends on candle; `docs/trace-format.md` is the specification.
+
+mod error;
+pub mod format;
+mod frame;
+mod reader;
+mod schema;
+mod summary;
+mod writer;
+
+pub use error::TraceError;
+pub use format::{FormatVersion, CURRENT_FORMAT};
+pub use reader::{Completeness, TensorValues, TraceReader};
+pub use schema::{
+    BadCapture, CapturePolicy, Environment, Footer, FullCapture, Header, Record, RunConfig, StepRecord, TensorKind,
+    TensorRecord,
+};
+pub use summary::{summarize, TensorInfo, TraceSummary};
+pub use writer::{StepTensor, TraceWriter};

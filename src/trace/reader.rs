@@ -1,0 +1,389 @@
+//! `TraceReader`: reads a trace directory record by record, trusting nothing in it.
+//!
+//! Every length is checked before it sizes an allocation, msgpack nesting is bounded, payload
+//! references must have the one form the writer produces, and every tensor value handed out is
+//! checked against its recorded canonical hash. A file that ends inside a record reads as an
+//! *incomplete* trace (a crashed or running recorder), not as an error.
+
+use super::error::TraceError;
+use super::format::{self, FormatVersion, MAGIC, MAX_NESTING, PREAMBLE_LEN, RECORDS_FILE};
+use super::frame::{read_frame, read_full, Frame, FRAME_HEADER_LEN};
+use super::schema::{Footer, Header, Record, StepRecord, TensorRecord};
+use super::writer::safetensors_dtype;
+use crate::dtype::DType;
+use crate::hash::tensor_hash;
+use serde::Deserialize;
+use std::fs::{self, File};
+use std::io::BufReader;
+use std::path::{Path, PathBuf};
+
+/// Whether a trace was finished.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Completeness {
+    /// The footer was read and agrees with the records.
+    Complete,
+    /// The trace stops early; the string says where and why.
+    Incomplete(String),
+}
+
+/// A tensor's values, checked against its record.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TensorValues {
+    /// Element type.
+    pub dtype: DType,
+    /// Dimensions.
+    pub shape: Vec<u64>,
+    /// Contiguous little-endian element bytes.
+    pub bytes: Vec<u8>,
+}
+
+impl TensorValues {
+    /// Number of elements.
+    pub fn numel(&self) -> usize {
+        self.bytes.len() / self.dtype.size_in_bytes()
+    }
+}
+
+/// Reads one trace directory.
+pub struct TraceReader {
+    dir: PathBuf,
+    records_path: PathBuf,
+    input: BufReader<File>,
+    offset: u64,
+    version: FormatVersion,
+    header: Header,
+    last_step: Option<u64>,
+    steps_read: u64,
+    completeness: Option<Completeness>,
+    payload_cache: Option<(u64, Vec<u8>)>,
+}
+
+impl TraceReader {
+    /// Opens a trace directory and reads its header.
+    pub fn open(dir: impl AsRef<Path>) -> Result<Self, TraceError> {
+        let dir = dir.as_ref().to_path_buf();
+        let meta = fs::metadata(&dir).map_err(TraceError::io(&dir))?;
+        if !meta.is_dir() {
+            return Err(TraceError::NotATrace {
+                path: dir,
+                reason: "a trace is a directory (made by `repro record --out DIR`), this is a file".into(),
+            });
+        }
+        let records_path = dir.join(RECORDS_FILE);
+        if !records_path.exists() {
+            return Err(TraceError::NotATrace {
+                path: dir,
+                reason: format!("it has no {RECORDS_FILE}"),
+            });
+        }
+        let file = File::open(&records_path).map_err(TraceError::io(&records_path))?;
+        let mut input = BufReader::with_capacity(1 << 16, file);
+        let mut preamble = [0u8; PREAMBLE_LEN];
+        let got = read_full(&mut input, &mut preamble).map_err(TraceError::io(&records_path))?;
+        if got < MAGIC.len() || &preamble[..MAGIC.len()] != MAGIC {
+            return Err(TraceError::NotATrace {
+                path: records_path,
+                reason: "it does not start with the trace magic bytes".into(),
+            });
+        }
+        if got < PREAMBLE_LEN {
+            return Err(TraceError::Corrupt {
+                path: records_path,
+                location: "byte 8".into(),
+                reason: "the file ends inside its preamble: the recorder died before writing the header".into(),
+            });
+        }
+        let version = FormatVersion {
+            major: u16::from_le_bytes([preamble[8], preamble[9]]),
+            minor: u16::from_le_bytes([preamble[10], preamble[11]]),
+        };
+        if !version.is_readable() {
+            return Err(TraceError::UnsupportedFormat {
+                path: records_path,
+                found: version,
+                supported: format::CURRENT_FORMAT,
+            });
+        }
+        let mut reader = TraceReader {
+            dir,
+            records_path,
+            input,
+            offset: PREAMBLE_LEN as u64,
+            version,
+            header: Header {
+                format: version,
+                producer: String::new(),
+                run: Default::default(),
+                environment: Default::default(),
+                capture: Default::default(),
+            },
+            last_step: None,
+            steps_read: 0,
+            completeness: None,
+            payload_cache: None,
+        };
+        match reader.next_record()? {
+            Some(Record::Header(header)) => {
+                if header.format != version {
+                    return Err(reader.corrupt(
+                        "the header record",
+                        format!("header says format {} but the preamble says {version}", header.format),
+                    ));
+                }
+                reader.header = header;
+                Ok(reader)
+            }
+            Some(_) => Err(reader.corrupt("the first record", "expected the header record".into())),
+            None => Err(TraceError::Corrupt {
+                path: reader.records_path,
+                location: "the first record".into(),
+                reason: "the trace has no complete header: the recorder died before writing it".into(),
+            }),
+        }
+    }
+
+    /// The trace directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The format version the trace was written in.
+    pub fn version(&self) -> FormatVersion {
+        self.version
+    }
+
+    /// The header record.
+    pub fn header(&self) -> &Header {
+        &self.header
+    }
+
+    /// Whether the trace is complete; known once `next_step` has returned `None`.
+    pub fn completeness(&self) -> Option<&Completeness> {
+        self.completeness.as_ref()
+    }
+
+    /// Reads the next step record, or `None` at the end of the trace (complete or not).
+    pub fn next_step(&mut self) -> Result<Option<StepRecord>, TraceError> {
+        if self.completeness.is_some() {
+            return Ok(None);
+        }
+        match self.next_record()? {
+            Some(Record::Step(step)) => {
+                self.check_step(&step)?;
+                self.last_step = Some(step.step);
+                self.steps_read += 1;
+                Ok(Some(step))
+            }
+            Some(Record::Footer(footer)) => {
+                self.check_footer(&footer)?;
+                self.completeness = Some(Completeness::Complete);
+                Ok(None)
+            }
+            Some(Record::Header(_)) => Err(self.corrupt(&self.here(), "a second header record".into())),
+            None => Ok(None),
+        }
+    }
+
+    /// Reads the values of `tensor` (a tensor of `step`), from the record itself or from the
+    /// step's payload file, and checks them against the recorded dtype, shape and hash.
+    /// Returns `None` when the trace holds only the tensor's hash.
+    pub fn values(&mut self, step: &StepRecord, tensor: &TensorRecord) -> Result<Option<TensorValues>, TraceError> {
+        let where_ = format!("step {}, tensor `{}`", step.step, tensor.name);
+        let bytes = if let Some(inline) = &tensor.inline {
+            inline.clone()
+        } else if tensor.in_payload {
+            let Some(name) = &step.payload else {
+                return Err(self.corrupt(&where_, "marked as stored in a payload, but the step has none".into()));
+            };
+            self.payload_tensor(step.step, name, tensor)?
+        } else {
+            return Ok(None);
+        };
+        let values = TensorValues {
+            dtype: tensor.dtype,
+            shape: tensor.shape.clone(),
+            bytes,
+        };
+        if tensor_hash(values.dtype, &values.shape, &values.bytes) != tensor.hash {
+            let path = match (&tensor.inline, &step.payload) {
+                (None, Some(name)) => self.dir.join(name),
+                _ => self.records_path.clone(),
+            };
+            return Err(TraceError::Corrupt {
+                path,
+                location: where_,
+                reason: "the stored values do not match the recorded hash".into(),
+            });
+        }
+        Ok(Some(values))
+    }
+
+    fn payload_tensor(&mut self, step: u64, name: &str, tensor: &TensorRecord) -> Result<Vec<u8>, TraceError> {
+        if self.payload_cache.as_ref().map(|(s, _)| *s) != Some(step) {
+            let path = self.dir.join(name);
+            let link = fs::symlink_metadata(&path).map_err(TraceError::io(&path))?;
+            if !link.is_file() {
+                return Err(TraceError::Corrupt {
+                    path,
+                    location: format!("step {step}"),
+                    reason: "the payload is not a regular file".into(),
+                });
+            }
+            let bytes = fs::read(&path).map_err(TraceError::io(&path))?;
+            self.payload_cache = Some((step, bytes));
+        }
+        let path = self.dir.join(name);
+        let bytes = &self.payload_cache.as_ref().expect("just filled").1;
+        let bad = |reason: String| TraceError::Corrupt {
+            path: path.clone(),
+            location: format!("step {step}, tensor `{}`", tensor.name),
+            reason,
+        };
+        let file = safetensors::SafeTensors::deserialize(bytes)
+            .map_err(|e| bad(format!("not a valid safetensors file: {e}")))?;
+        let view = file
+            .tensor(&tensor.name)
+            .map_err(|_| bad("the payload file does not hold this tensor".into()))?;
+        let shape: Vec<u64> = view.shape().iter().map(|&d| d as u64).collect();
+        if view.dtype() != safetensors_dtype(tensor.dtype) || shape != tensor.shape {
+            return Err(bad(format!(
+                "payload holds {:?} {:?}, the record says {} {:?}",
+                view.dtype(),
+                shape,
+                tensor.dtype,
+                tensor.shape
+            )));
+        }
+        Ok(view.data().to_vec())
+    }
+
+    fn next_record(&mut self) -> Result<Option<Record>, TraceError> {
+        let start = self.offset;
+        let frame = read_frame(&mut self.input).map_err(TraceError::io(&self.records_path))?;
+        match frame {
+            Frame::End => {
+                self.completeness = Some(Completeness::Incomplete(format!(
+                    "the trace ends after {} step(s) without a footer: the recorder stopped early",
+                    self.steps_read
+                )));
+                Ok(None)
+            }
+            Frame::Truncated => {
+                self.completeness = Some(Completeness::Incomplete(format!(
+                    "the last record (at byte {start}) is cut short after {} complete step(s): the recorder stopped mid-write",
+                    self.steps_read
+                )));
+                Ok(None)
+            }
+            Frame::Corrupt(reason) => Err(self.corrupt(&format!("byte {start} ({})", self.here()), reason)),
+            Frame::Record(payload) => {
+                self.offset += (FRAME_HEADER_LEN + payload.len()) as u64;
+                let mut de = rmp_serde::Deserializer::from_read_ref(&payload);
+                de.set_max_depth(MAX_NESTING);
+                Record::deserialize(&mut de).map(Some).map_err(|e| {
+                    self.corrupt(
+                        &format!("byte {start} ({})", self.here()),
+                        format!("undecodable record: {e}"),
+                    )
+                })
+            }
+        }
+    }
+
+    fn check_step(&self, step: &StepRecord) -> Result<(), TraceError> {
+        let where_ = format!("step {}", step.step);
+        if let Some(last) = self.last_step.filter(|&l| step.step <= l) {
+            return Err(self.corrupt(
+                &where_,
+                format!("steps out of order (step {} follows step {last})", step.step),
+            ));
+        }
+        if let Some(name) = &step.payload {
+            if format::parse_payload_name(name) != Some(step.step) {
+                return Err(self.corrupt(
+                    &where_,
+                    format!("payload reference `{name}` is not this step's payload file"),
+                ));
+            }
+        }
+        let mut names = std::collections::BTreeSet::new();
+        for t in &step.tensors {
+            if !names.insert(t.name.as_str()) {
+                return Err(self.corrupt(&where_, format!("tensor `{}` appears twice", t.name)));
+            }
+            if t.shape.len() > format::MAX_RANK {
+                return Err(self.corrupt(
+                    &where_,
+                    format!(
+                        "tensor `{}` has rank {} (limit {})",
+                        t.name,
+                        t.shape.len(),
+                        format::MAX_RANK
+                    ),
+                ));
+            }
+            let bytes = t
+                .shape
+                .iter()
+                .try_fold(t.dtype.size_in_bytes() as u64, |acc, &d| acc.checked_mul(d));
+            match (bytes, &t.inline) {
+                (None, _) => {
+                    return Err(self.corrupt(
+                        &where_,
+                        format!("tensor `{}` has an impossible shape {:?}", t.name, t.shape),
+                    ))
+                }
+                (Some(n), Some(inline)) if inline.len() as u64 != n => {
+                    return Err(self.corrupt(
+                        &where_,
+                        format!(
+                            "tensor `{}` stores {} inline bytes for {n} expected",
+                            t.name,
+                            inline.len()
+                        ),
+                    ));
+                }
+                _ => {}
+            }
+            if t.in_payload && step.payload.is_none() {
+                return Err(self.corrupt(
+                    &where_,
+                    format!("tensor `{}` refers to a payload the step does not have", t.name),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn check_footer(&mut self, footer: &Footer) -> Result<(), TraceError> {
+        if footer.steps != self.steps_read {
+            return Err(self.corrupt(
+                "the footer",
+                format!(
+                    "footer counts {} steps, the trace holds {}",
+                    footer.steps, self.steps_read
+                ),
+            ));
+        }
+        let mut extra = [0u8; 1];
+        if read_full(&mut self.input, &mut extra).map_err(TraceError::io(&self.records_path))? > 0 {
+            return Err(self.corrupt(&format!("byte {}", self.offset), "data after the footer".into()));
+        }
+        Ok(())
+    }
+
+    fn here(&self) -> String {
+        match self.last_step {
+            Some(s) => format!("after step {s}"),
+            None => "before the first step".into(),
+        }
+    }
+
+    fn corrupt(&self, location: &str, reason: String) -> TraceError {
+        TraceError::Corrupt {
+            path: self.records_path.clone(),
+            location: location.to_string(),
+            reason,
+        }
+    }
+}

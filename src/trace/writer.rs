@@ -1,0 +1,234 @@
+//! `TraceWriter`: appends records to a trace directory as they are produced.
+//!
+//! Crash safety comes from ordering: a step's payload file is written to a temporary name,
+//! synced and renamed into place *before* the step record that references it is appended, and
+//! each record goes out in a single `write`. A process killed at any moment therefore leaves a
+//! record file whose complete frames are all valid and all reference existing payloads. Memory
+//! use is one step's tensors, whatever the number of steps.
+
+use super::error::TraceError;
+use super::format::{self, CURRENT_FORMAT, MAGIC, RECORDS_FILE, RUN_META_FILE, TENSORS_DIR};
+use super::frame::write_frame;
+use super::schema::{Footer, Header, Record, StepRecord, TensorRecord};
+use crate::dtype::DType;
+use serde::Serialize;
+use std::collections::BTreeSet;
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// A tensor handed to the writer: its record, and its element bytes if the step stores it in
+/// full (the writer then puts it in the step's payload file and sets `in_payload`).
+pub struct StepTensor {
+    /// The tensor's record (hash, shape, ...).
+    pub record: TensorRecord,
+    /// Full element bytes for the payload file, if this step stores them.
+    pub payload: Option<Vec<u8>>,
+}
+
+/// Writes one trace directory.
+pub struct TraceWriter {
+    dir: PathBuf,
+    records_path: PathBuf,
+    records: File,
+    last_step: Option<u64>,
+    steps_written: u64,
+    meta: RunMeta,
+}
+
+/// Run metadata: the part of a trace that legitimately differs between identical runs. Kept
+/// out of the record file so that file is byte-identical for identical runs.
+#[derive(Serialize)]
+struct RunMeta {
+    started_unix_s: u64,
+    finished_unix_s: Option<u64>,
+    host: String,
+    pid: u32,
+    command: Vec<String>,
+}
+
+impl TraceWriter {
+    /// Starts a trace in `dir` (created if needed) and writes its header. Refuses a directory
+    /// that already holds a trace unless `replace` is set.
+    pub fn create(dir: &Path, header: &Header, replace: bool) -> Result<Self, TraceError> {
+        let records_path = dir.join(RECORDS_FILE);
+        if records_path.exists() {
+            if !replace {
+                return Err(TraceError::AlreadyExists {
+                    path: dir.to_path_buf(),
+                });
+            }
+            for stale in [RECORDS_FILE, RUN_META_FILE] {
+                let p = dir.join(stale);
+                if p.exists() {
+                    fs::remove_file(&p).map_err(TraceError::io(&p))?;
+                }
+            }
+            let tensors = dir.join(TENSORS_DIR);
+            if tensors.exists() {
+                fs::remove_dir_all(&tensors).map_err(TraceError::io(&tensors))?;
+            }
+        }
+        fs::create_dir_all(dir).map_err(TraceError::io(dir))?;
+        let mut records = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&records_path)
+            .map_err(TraceError::io(&records_path))?;
+        let mut preamble = MAGIC.to_vec();
+        preamble.extend_from_slice(&CURRENT_FORMAT.major.to_le_bytes());
+        preamble.extend_from_slice(&CURRENT_FORMAT.minor.to_le_bytes());
+        records.write_all(&preamble).map_err(TraceError::io(&records_path))?;
+
+        let mut writer = TraceWriter {
+            dir: dir.to_path_buf(),
+            records_path,
+            records,
+            last_step: None,
+            steps_written: 0,
+            meta: RunMeta {
+                started_unix_s: unix_now(),
+                finished_unix_s: None,
+                host: host_name(),
+                pid: std::process::id(),
+                command: std::env::args().collect(),
+            },
+        };
+        writer.append(&Record::Header(header.clone()))?;
+        writer.write_meta()?;
+        Ok(writer)
+    }
+
+    /// The trace directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Appends one step. Steps must be strictly increasing and tensor names unique.
+    pub fn write_step(&mut self, step: u64, tensors: Vec<StepTensor>) -> Result<(), TraceError> {
+        if let Some(last) = self.last_step.filter(|&last| step <= last) {
+            return Err(self.invalid(format!("step {step} recorded after step {last}; steps must increase")));
+        }
+        let mut names = BTreeSet::new();
+        for t in &tensors {
+            if !names.insert(t.record.name.as_str()) {
+                return Err(self.invalid(format!("tensor `{}` recorded twice in step {step}", t.record.name)));
+            }
+            if t.record.shape.len() > format::MAX_RANK {
+                return Err(self.invalid(format!(
+                    "tensor `{}` has rank above {}",
+                    t.record.name,
+                    format::MAX_RANK
+                )));
+            }
+        }
+        let payload = self.write_payload(step, &tensors)?;
+        let record = StepRecord {
+            step,
+            payload,
+            tensors: tensors
+                .into_iter()
+                .map(|t| TensorRecord {
+                    in_payload: t.payload.is_some(),
+                    ..t.record
+                })
+                .collect(),
+        };
+        self.append(&Record::Step(record))?;
+        self.last_step = Some(step);
+        self.steps_written += 1;
+        Ok(())
+    }
+
+    /// Writes the footer, syncs everything to disk and returns the number of steps written.
+    pub fn finish(mut self) -> Result<u64, TraceError> {
+        let steps = self.steps_written;
+        self.append(&Record::Footer(Footer { steps }))?;
+        self.records.sync_all().map_err(TraceError::io(&self.records_path))?;
+        self.meta.finished_unix_s = Some(unix_now());
+        self.write_meta()?;
+        Ok(steps)
+    }
+
+    fn invalid(&self, reason: String) -> TraceError {
+        TraceError::InvalidRecord {
+            path: self.dir.clone(),
+            reason,
+        }
+    }
+
+    fn append(&mut self, record: &Record) -> Result<(), TraceError> {
+        let bytes = rmp_serde::to_vec_named(record).map_err(|e| self.invalid(format!("cannot encode record: {e}")))?;
+        write_frame(&mut self.records, &bytes).map_err(TraceError::io(&self.records_path))
+    }
+
+    fn write_payload(&self, step: u64, tensors: &[StepTensor]) -> Result<Option<String>, TraceError> {
+        let mut views = Vec::new();
+        for t in tensors {
+            if let Some(bytes) = &t.payload {
+                let shape: Vec<usize> = t.record.shape.iter().map(|&d| d as usize).collect();
+                let view = safetensors::tensor::TensorView::new(safetensors_dtype(t.record.dtype), shape, bytes)
+                    .map_err(|e| self.invalid(format!("tensor `{}` at step {step}: {e}", t.record.name)))?;
+                views.push((t.record.name.clone(), view));
+            }
+        }
+        if views.is_empty() {
+            return Ok(None);
+        }
+        let name = format::payload_name(step);
+        let final_path = self.dir.join(&name);
+        let tmp_path = final_path.with_extension("safetensors.tmp");
+        let parent = final_path.parent().expect("payload names have a directory");
+        fs::create_dir_all(parent).map_err(TraceError::io(parent))?;
+        safetensors::serialize_to_file(views, None, &tmp_path).map_err(|e| match e {
+            safetensors::SafeTensorError::IoError(source) => TraceError::Io {
+                path: tmp_path.clone(),
+                source,
+            },
+            other => self.invalid(format!("cannot write payload of step {step}: {other}")),
+        })?;
+        File::open(&tmp_path)
+            .and_then(|f| f.sync_all())
+            .map_err(TraceError::io(&tmp_path))?;
+        fs::rename(&tmp_path, &final_path).map_err(TraceError::io(&final_path))?;
+        Ok(Some(name))
+    }
+
+    fn write_meta(&self) -> Result<(), TraceError> {
+        let path = self.dir.join(RUN_META_FILE);
+        let tmp = path.with_extension("json.tmp");
+        let text = serde_json::to_string_pretty(&self.meta).expect("run metadata serializes");
+        fs::write(&tmp, text + "\n").map_err(TraceError::io(&tmp))?;
+        fs::rename(&tmp, &path).map_err(TraceError::io(&path))
+    }
+}
+
+/// The safetensors dtype for one of ours.
+pub(crate) fn safetensors_dtype(dtype: DType) -> safetensors::Dtype {
+    match dtype {
+        DType::U8 => safetensors::Dtype::U8,
+        DType::U32 => safetensors::Dtype::U32,
+        DType::I16 => safetensors::Dtype::I16,
+        DType::I32 => safetensors::Dtype::I32,
+        DType::I64 => safetensors::Dtype::I64,
+        DType::F16 => safetensors::Dtype::F16,
+        DType::BF16 => safetensors::Dtype::BF16,
+        DType::F32 => safetensors::Dtype::F32,
+        DType::F64 => safetensors::Dtype::F64,
+    }
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+fn host_name() -> String {
+    fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .or_else(|_| std::env::var("HOSTNAME"))
+        .unwrap_or_default()
+}
