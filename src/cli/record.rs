@@ -66,6 +66,7 @@ pub fn run(args: RecordArgs) -> Result<Exit, String> {
         lr: args.lr,
         formulation,
     };
+    config.validate(perturb.as_ref()).map_err(|e| e.to_string())?;
     let device = open_device(&args.device).map_err(|e| e.to_string())?;
     let mut run = config.run_config();
     if let Some(p) = &perturb {

@@ -141,13 +141,13 @@ impl AdderConfig {
         }
     }
 
-    /// Trains and records every step into `recorder`, planting `perturb` if given.
-    pub fn run(
-        &self,
-        device: &Device,
-        recorder: &mut Recorder,
-        perturb: Option<&Perturbation>,
-    ) -> Result<(), RecordError> {
+    /// Checks the settings and the perturbation before anything is recorded.
+    pub fn validate(&self, perturb: Option<&Perturbation>) -> Result<(), RecordError> {
+        if self.batch == 0 || self.features == 0 || self.steps == 0 {
+            return Err(RecordError::Unsupported(
+                "the adder needs --steps, --batch and --features above 0".into(),
+            ));
+        }
         if let Some(p) = perturb {
             if !ADDER_TENSORS.contains(&p.tensor.as_str()) {
                 return Err(RecordError::Unsupported(format!(
@@ -160,15 +160,21 @@ impl AdderConfig {
                 return Err(RecordError::Unsupported(format!(
                     "cannot perturb step {}: the run has steps 0 to {}",
                     p.step,
-                    self.steps.saturating_sub(1)
+                    self.steps - 1
                 )));
             }
         }
-        if self.batch == 0 || self.features == 0 {
-            return Err(RecordError::Unsupported(
-                "the adder needs --batch and --features above 0".into(),
-            ));
-        }
+        Ok(())
+    }
+
+    /// Trains and records every step into `recorder`, planting `perturb` if given.
+    pub fn run(
+        &self,
+        device: &Device,
+        recorder: &mut Recorder,
+        perturb: Option<&Perturbation>,
+    ) -> Result<(), RecordError> {
+        self.validate(perturb)?;
         let mut init = stream(self.seed, "adder.init", 0);
         let bound = (6.0 / (self.features + 1) as f64).sqrt();
         let w0 = uniform_vec(&mut init, self.features, -bound, bound);

@@ -1,0 +1,143 @@
+use crate::util::{record, repro, s};
+use std::fs;
+
+fn expect_error(args: &[&str], needles: &[&str]) {
+    let run = repro(args);
+    assert_eq!(
+        run.code, 2,
+        "expected exit 2 for {args:?}, got {}: {}{}",
+        run.code, run.stdout, run.stderr
+    );
+    assert!(run.stderr.starts_with("error: "), "{}", run.stderr);
+    assert_eq!(
+        run.stderr.trim_end().lines().count(),
+        1,
+        "one clear line, got: {}",
+        run.stderr
+    );
+    for n in needles {
+        assert!(run.stderr.contains(n), "`{n}` not in: {}", run.stderr);
+    }
+}
+
+#[test]
+fn missing_empty_and_file_paths_are_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = record(dir.path(), "a", &[]);
+    let missing = dir.path().join("nope");
+    expect_error(&["diff", s(&a), s(&missing)], &[s(&missing), "No such file"]);
+    let empty = dir.path().join("empty");
+    fs::create_dir(&empty).unwrap();
+    expect_error(
+        &["inspect", s(&empty)],
+        &[s(&empty), "is not a repro trace", "records.rpr"],
+    );
+    let file = dir.path().join("file.txt");
+    fs::write(&file, "hello").unwrap();
+    expect_error(&["diff", s(&file), s(&a)], &[s(&file), "is not a repro trace"]);
+    let foreign = dir.path().join("foreign");
+    fs::create_dir(&foreign).unwrap();
+    fs::write(foreign.join("records.rpr"), b"PK\x03\x04 not ours at all").unwrap();
+    expect_error(&["inspect", s(&foreign)], &["records.rpr", "magic"]);
+}
+
+#[test]
+fn truncated_trace_reads_as_incomplete_at_every_cut() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = record(dir.path(), "a", &[]);
+    let bytes = fs::read(a.join("records.rpr")).unwrap();
+    let cut_dir = dir.path().join("cut");
+    fs::create_dir(&cut_dir).unwrap();
+    fs::create_dir_all(cut_dir.join("tensors")).unwrap();
+    fs::copy(
+        a.join("tensors/step-00000000.safetensors"),
+        cut_dir.join("tensors/step-00000000.safetensors"),
+    )
+    .unwrap();
+    // Cut in many places after the header: every cut must give an incomplete but readable trace
+    // whose complete steps diff as identical to the original's.
+    let header_len = u32::from_le_bytes(bytes[12..16].try_into().unwrap()) as usize;
+    let header_end = 12 + 8 + header_len;
+    for cut in (header_end..bytes.len()).step_by(bytes.len() / 37) {
+        fs::write(cut_dir.join("records.rpr"), &bytes[..cut]).unwrap();
+        let run = repro(&["inspect", s(&cut_dir)]);
+        assert_eq!(run.code, 0, "cut at {cut}: {}", run.stderr);
+        assert!(run.stdout.contains("INCOMPLETE"), "cut at {cut}: {}", run.stdout);
+        let diff = repro(&["diff", s(&a), s(&cut_dir), "--json"]);
+        assert_eq!(diff.code, 1, "cut at {cut}: {}", diff.stderr);
+        let v: serde_json::Value = serde_json::from_str(&diff.stdout).unwrap();
+        assert!(v["first_divergence"].is_null(), "cut at {cut}: common steps must match");
+        assert_eq!(v["b"]["complete"], false);
+        assert_eq!(v["structure"][0]["type"], "missing_steps");
+    }
+}
+
+#[test]
+fn flipped_bytes_in_records_are_corruption_naming_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = record(dir.path(), "a", &[]);
+    let bad = dir.path().join("bad");
+    fs::create_dir_all(bad.join("tensors")).unwrap();
+    for f in ["tensors/step-00000000.safetensors", "tensors/step-00000019.safetensors"] {
+        fs::copy(a.join(f), bad.join(f)).unwrap();
+    }
+    let bytes = fs::read(a.join("records.rpr")).unwrap();
+    for pos in [20usize, bytes.len() / 2, bytes.len() - 3] {
+        let mut damaged = bytes.clone();
+        damaged[pos] ^= 0x10;
+        fs::write(bad.join("records.rpr"), &damaged).unwrap();
+        expect_error(&["diff", s(&a), s(&bad)], &["records.rpr", "corrupt"]);
+    }
+}
+
+#[test]
+fn damaged_payload_is_caught_by_its_hash() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = record(dir.path(), "a", &[]);
+    let p = record(dir.path(), "p", &["--perturb", "1:loss:1"]);
+    let payload = p.join("tensors/step-00000019.safetensors");
+    let mut bytes = fs::read(&payload).unwrap();
+    let n = bytes.len();
+    bytes[n - 5] ^= 0x01;
+    fs::write(&payload, bytes).unwrap();
+    expect_error(
+        &["diff", s(&a), s(&p)],
+        &["step-00000019.safetensors", "step 19", "do not match the recorded hash"],
+    );
+}
+
+#[test]
+fn newer_major_version_is_refused_with_advice() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = record(dir.path(), "a", &[]);
+    let mut bytes = fs::read(a.join("records.rpr")).unwrap();
+    bytes[8] = 2; // major version, little-endian u16 after the 8-byte magic
+    fs::write(a.join("records.rpr"), bytes).unwrap();
+    expect_error(&["inspect", s(&a)], &["records.rpr", "format 2.0", "upgrade repro"]);
+}
+
+#[test]
+fn bad_arguments_are_explained() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("x");
+    expect_error(
+        &["record", "--out", s(&out), "--perturb", "5:nope:1"],
+        &["no tensor `nope`", "weight.grad"],
+    );
+    expect_error(
+        &["record", "--out", s(&out), "--steps", "10", "--perturb", "10:loss:1"],
+        &["steps 0 to 9"],
+    );
+    expect_error(
+        &["record", "--out", s(&out), "--device", "cuda:0", "--steps", "1"],
+        &["make cuda"],
+    );
+    let run = repro(&["record", "--out", s(&out), "--capture", "sometimes"]);
+    assert_eq!(run.code, 2);
+    assert!(run.stderr.contains("every:N"), "{}", run.stderr);
+    let run = repro(&["record", "--out", s(&out), "--perturb", "five:loss:1"]);
+    assert_eq!(run.code, 2);
+    assert!(run.stderr.contains("STEP:TENSOR:ULPS"), "{}", run.stderr);
+    let run = repro(&["matrix", s(&out)]);
+    assert_eq!(run.code, 2);
+}

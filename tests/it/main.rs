@@ -1,0 +1,10 @@
+//! Integration tests: each drives the real `repro` binary on real traces.
+
+mod util;
+
+/// The canonical hash against the checked-in test vectors.
+mod hash_vectors;
+/// Bad input: missing, truncated, corrupted, foreign and newer traces; bad arguments.
+mod hostile;
+/// record → diff → matrix → inspect on good traces.
+mod workflow;

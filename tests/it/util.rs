@@ -1,0 +1,51 @@
+//! Helpers to run the binary and make traces.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+pub struct Run {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+pub fn repro(args: &[&str]) -> Run {
+    let out: Output = Command::new(env!("CARGO_BIN_EXE_repro"))
+        .args(args)
+        .output()
+        .expect("repro runs");
+    Run {
+        code: out.status.code().expect("repro exits normally, not by a signal"),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// Records a small adder run (20 steps, batch 500) into `dir/name` with extra arguments.
+pub fn record(dir: &Path, name: &str, extra: &[&str]) -> PathBuf {
+    let out = dir.join(name);
+    let out_s = out.to_str().unwrap().to_string();
+    let mut args = vec![
+        "record",
+        "--workload",
+        "adder",
+        "--steps",
+        "20",
+        "--batch",
+        "500",
+        "--out",
+        &out_s,
+    ];
+    args.extend_from_slice(extra);
+    let run = repro(&args);
+    assert_eq!(run.code, 0, "record failed: {}", run.stderr);
+    out
+}
+
+pub fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+pub fn json(text: &str) -> serde_json::Value {
+    serde_json::from_str(text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
+}
