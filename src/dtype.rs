@@ -79,19 +79,7 @@ impl DType {
     /// Decodes element `i` of `bytes` (little-endian) as `f64`. Exact for every dtype but I64
     /// values beyond 2^53.
     pub fn value_at(self, bytes: &[u8], i: usize) -> f64 {
-        let s = self.size_in_bytes();
-        let b = &bytes[i * s..(i + 1) * s];
-        match self {
-            DType::U8 => b[0] as f64,
-            DType::U32 => u32::from_le_bytes(b.try_into().unwrap()) as f64,
-            DType::I16 => i16::from_le_bytes(b.try_into().unwrap()) as f64,
-            DType::I32 => i32::from_le_bytes(b.try_into().unwrap()) as f64,
-            DType::I64 => i64::from_le_bytes(b.try_into().unwrap()) as f64,
-            DType::F16 => half::f16::from_bits(u16::from_le_bytes(b.try_into().unwrap())).to_f64(),
-            DType::BF16 => half::bf16::from_bits(u16::from_le_bytes(b.try_into().unwrap())).to_f64(),
-            DType::F32 => f32::from_le_bytes(b.try_into().unwrap()) as f64,
-            DType::F64 => f64::from_le_bytes(b.try_into().unwrap()),
-        }
+        self.with_element(bytes, i, |e| e.value())
     }
 
     /// Maps element `i` onto a line where neighbouring representable values are one apart, so
@@ -99,29 +87,92 @@ impl DType {
     ///
     /// For floats this is the usual sign-magnitude to two's-complement mapping of the raw bits
     /// (`+0` and `-0` both map to 0; NaNs land beyond the infinities). Integers map to themselves.
-    pub fn ordinal_at(self, bytes: &[u8], i: usize) -> i128 {
-        let s = self.size_in_bytes();
-        let b = &bytes[i * s..(i + 1) * s];
-        fn float_ordinal(bits: u64, sign_bit: u64) -> i128 {
-            let magnitude = (bits & (sign_bit - 1)) as i128;
-            if bits & sign_bit != 0 {
-                -magnitude
-            } else {
-                magnitude
-            }
+    pub fn ordinal_at(self, bytes: &[u8], i: usize) -> i64 {
+        self.with_element(bytes, i, |e| e.ordinal())
+    }
+
+    fn with_element<R>(self, bytes: &[u8], i: usize, f: impl Fn(&dyn ElementValue) -> R) -> R {
+        fn at<T: Element>(bytes: &[u8], i: usize) -> T {
+            T::load(&bytes[i * T::SIZE..(i + 1) * T::SIZE])
         }
         match self {
-            DType::U8 => b[0] as i128,
-            DType::U32 => u32::from_le_bytes(b.try_into().unwrap()) as i128,
-            DType::I16 => i16::from_le_bytes(b.try_into().unwrap()) as i128,
-            DType::I32 => i32::from_le_bytes(b.try_into().unwrap()) as i128,
-            DType::I64 => i64::from_le_bytes(b.try_into().unwrap()) as i128,
-            DType::F16 | DType::BF16 => float_ordinal(u16::from_le_bytes(b.try_into().unwrap()) as u64, 1 << 15),
-            DType::F32 => float_ordinal(u32::from_le_bytes(b.try_into().unwrap()) as u64, 1 << 31),
-            DType::F64 => float_ordinal(u64::from_le_bytes(b.try_into().unwrap()), 1 << 63),
+            DType::U8 => f(&at::<u8>(bytes, i)),
+            DType::U32 => f(&at::<u32>(bytes, i)),
+            DType::I16 => f(&at::<i16>(bytes, i)),
+            DType::I32 => f(&at::<i32>(bytes, i)),
+            DType::I64 => f(&at::<i64>(bytes, i)),
+            DType::F16 => f(&at::<half::f16>(bytes, i)),
+            DType::BF16 => f(&at::<half::bf16>(bytes, i)),
+            DType::F32 => f(&at::<f32>(bytes, i)),
+            DType::F64 => f(&at::<f64>(bytes, i)),
         }
     }
 }
+
+/// The value view of one element, whatever its type.
+pub trait ElementValue {
+    /// The element as `f64`.
+    fn value(&self) -> f64;
+    /// The element's position on the ULP line (see `DType::ordinal_at`).
+    fn ordinal(&self) -> i64;
+}
+
+/// A Rust type that stores one element of a trace dtype.
+pub trait Element: Copy + ElementValue {
+    /// Bytes per element.
+    const SIZE: usize;
+    /// Reads one element from exactly `SIZE` little-endian bytes.
+    fn load(bytes: &[u8]) -> Self;
+    /// The element's raw bits, for bit-exact comparison.
+    fn bits(self) -> u64;
+}
+
+/// Two's-complement position of a sign-magnitude float's bits.
+fn float_ordinal(bits: u64, sign_bit: u64) -> i64 {
+    let magnitude = (bits & (sign_bit - 1)) as i64;
+    if bits & sign_bit != 0 {
+        -magnitude
+    } else {
+        magnitude
+    }
+}
+
+macro_rules! int_element {
+    ($($t:ty),*) => {$(
+        impl ElementValue for $t {
+            fn value(&self) -> f64 { *self as f64 }
+            fn ordinal(&self) -> i64 { *self as i64 }
+        }
+        impl Element for $t {
+            const SIZE: usize = std::mem::size_of::<$t>();
+            fn load(bytes: &[u8]) -> Self { <$t>::from_le_bytes(bytes.try_into().expect("element size")) }
+            fn bits(self) -> u64 { self as u64 }
+        }
+    )*};
+}
+int_element!(u8, u32, i16, i32, i64);
+
+macro_rules! float_element {
+    ($($t:ty, $bits:ty, $to_f64:expr);*) => {$(
+        impl ElementValue for $t {
+            fn value(&self) -> f64 { $to_f64(*self) }
+            fn ordinal(&self) -> i64 {
+                float_ordinal(self.to_bits() as u64, 1 << (8 * std::mem::size_of::<$bits>() - 1))
+            }
+        }
+        impl Element for $t {
+            const SIZE: usize = std::mem::size_of::<$bits>();
+            fn load(bytes: &[u8]) -> Self { <$t>::from_bits(<$bits>::from_le_bytes(bytes.try_into().expect("element size"))) }
+            fn bits(self) -> u64 { self.to_bits() as u64 }
+        }
+    )*};
+}
+float_element!(
+    half::f16, u16, |x: half::f16| x.to_f64();
+    half::bf16, u16, |x: half::bf16| x.to_f64();
+    f32, u32, |x: f32| x as f64;
+    f64, u64, |x: f64| x
+);
 
 impl fmt::Display for DType {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

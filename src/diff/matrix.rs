@@ -163,7 +163,7 @@ pub fn error_matrices(
         let mut cells = vec![vec![0.0; n]; n];
         for i in 0..n {
             for j in i + 1..n {
-                let m = metric.of(&compare(values[i].dtype, &values[i].bytes, &values[j].bytes));
+                let m = metric.of(&compare(values[i].dtype, values[i].bytes, values[j].bytes));
                 cells[i][j] = m;
                 cells[j][i] = m;
             }
@@ -198,7 +198,7 @@ fn find_step(reader: &mut TraceReader, step: StepSelector) -> Result<StepRecord,
     }
 }
 
-fn load(reader: &mut TraceReader, record: &StepRecord, name: &str) -> Result<TensorValues, DiffError> {
+fn load<'a>(reader: &'a mut TraceReader, record: &'a StepRecord, name: &str) -> Result<TensorValues<'a>, DiffError> {
     let Some(tensor) = record.tensors.iter().find(|t| t.name == name) else {
         let known: Vec<&str> = record.tensors.iter().map(|t| t.name.as_str()).collect();
         return Err(DiffError::Usage(format!(
@@ -208,10 +208,10 @@ fn load(reader: &mut TraceReader, record: &StepRecord, name: &str) -> Result<Ten
             known.join(", ")
         )));
     };
+    let dir = reader.dir().display().to_string();
     reader.values(record, tensor)?.ok_or_else(|| {
         DiffError::Usage(format!(
-            "{} stored only the hash of `{name}` at step {}; record with `--capture steps:{}` (or `--capture all`) to compare values",
-            reader.dir().display(),
+            "{dir} stored only the hash of `{name}` at step {}; record with `--capture steps:{}` (or `--capture all`) to compare values",
             record.step,
             record.step
         ))

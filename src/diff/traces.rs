@@ -316,7 +316,7 @@ impl DiffState {
             }
             self.tensors_diverged += 1;
             let metrics = match (ra.values(sa, ta)?, rb.values(sb, tb)?) {
-                (Some(va), Some(vb)) => Some(compare(ta.dtype, &va.bytes, &vb.bytes)),
+                (Some(va), Some(vb)) => Some(compare(ta.dtype, va.bytes, vb.bytes)),
                 _ => None,
             };
             self.by_kind.entry(ta.kind).or_insert(sa.step);

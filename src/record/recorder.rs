@@ -31,7 +31,8 @@ use std::path::Path;
 
 /// Records a run into a trace directory.
 pub struct Recorder {
-    writer: TraceWriter,
+    /// `None` for a recorder that discards everything (see `Recorder::discard`).
+    writer: Option<TraceWriter>,
     capture: CapturePolicy,
     total_steps: Option<u64>,
     first_step: Option<u64>,
@@ -66,16 +67,27 @@ impl Recorder {
         };
         let writer = TraceWriter::create(dir.as_ref(), &header, replace)?;
         Ok(Recorder {
-            writer,
+            writer: Some(writer),
             capture,
             total_steps,
             first_step: None,
         })
     }
 
-    /// The trace directory.
-    pub fn dir(&self) -> &Path {
-        self.writer.dir()
+    /// A recorder that hashes nothing and writes nothing: the un-instrumented baseline that
+    /// recording overhead is measured against.
+    pub fn discard() -> Self {
+        Recorder {
+            writer: None,
+            capture: CapturePolicy::default(),
+            total_steps: None,
+            first_step: None,
+        }
+    }
+
+    /// The trace directory (`None` for a discarding recorder).
+    pub fn dir(&self) -> Option<&Path> {
+        self.writer.as_ref().map(TraceWriter::dir)
     }
 
     /// Begins recording step `step`. Record its tensors on the returned value, then `finish` it.
@@ -92,7 +104,10 @@ impl Recorder {
 
     /// Marks the trace complete and syncs it to disk; returns the number of steps recorded.
     pub fn finish(self) -> Result<u64, RecordError> {
-        Ok(self.writer.finish()?)
+        match self.writer {
+            Some(writer) => Ok(writer.finish()?),
+            None => Ok(0),
+        }
     }
 }
 
@@ -118,6 +133,9 @@ impl StepRecorder<'_> {
     /// Records `tensor` under `name`: its canonical hash always, its values when the capture
     /// policy asks for this step or when it is small enough to store inline.
     pub fn record(&mut self, name: &str, kind: TensorKind, tensor: &Tensor) -> Result<(), RecordError> {
+        if self.recorder.writer.is_none() {
+            return Ok(());
+        }
         let dtype = trace_dtype(tensor.dtype())?;
         let shape: Vec<u64> = tensor.dims().iter().map(|&d| d as u64).collect();
         let inline_max = self.recorder.capture.inline_max_bytes;
@@ -149,6 +167,9 @@ impl StepRecorder<'_> {
 
     /// Writes the step to the trace.
     pub fn finish(self) -> Result<(), RecordError> {
-        Ok(self.recorder.writer.write_step(self.step, self.tensors)?)
+        match &mut self.recorder.writer {
+            Some(writer) => Ok(writer.write_step(self.step, self.tensors)?),
+            None => Ok(()),
+        }
     }
 }

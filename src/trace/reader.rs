@@ -26,18 +26,19 @@ pub enum Completeness {
     Incomplete(String),
 }
 
-/// A tensor's values, checked against its record.
+/// A tensor's values, checked against its record. The bytes are borrowed from the record
+/// (inline values) or from the mapped payload file, so reading them copies nothing.
 #[derive(Debug, Clone, PartialEq)]
-pub struct TensorValues {
+pub struct TensorValues<'a> {
     /// Element type.
     pub dtype: DType,
     /// Dimensions.
     pub shape: Vec<u64>,
     /// Contiguous little-endian element bytes.
-    pub bytes: Vec<u8>,
+    pub bytes: &'a [u8],
 }
 
-impl TensorValues {
+impl TensorValues<'_> {
     /// Number of elements.
     pub fn numel(&self) -> usize {
         self.bytes.len() / self.dtype.size_in_bytes()
@@ -55,7 +56,9 @@ pub struct TraceReader {
     last_step: Option<u64>,
     steps_read: u64,
     completeness: Option<Completeness>,
-    payload_cache: Option<(u64, Vec<u8>)>,
+    /// The payload file of the step last read from, mapped: its tensors are read from it without
+    /// loading the whole file.
+    payload_cache: Option<(u64, memmap2::Mmap)>,
 }
 
 impl TraceReader {
@@ -187,59 +190,82 @@ impl TraceReader {
     /// Reads the values of `tensor` (a tensor of `step`), from the record itself or from the
     /// step's payload file, and checks them against the recorded dtype, shape and hash.
     /// Returns `None` when the trace holds only the tensor's hash.
-    pub fn values(&mut self, step: &StepRecord, tensor: &TensorRecord) -> Result<Option<TensorValues>, TraceError> {
-        let where_ = format!("step {}, tensor `{}`", step.step, tensor.name);
-        let bytes = if let Some(inline) = &tensor.inline {
-            inline.clone()
-        } else if tensor.in_payload {
+    pub fn values<'a>(
+        &'a mut self,
+        step: &'a StepRecord,
+        tensor: &'a TensorRecord,
+    ) -> Result<Option<TensorValues<'a>>, TraceError> {
+        let where_ = || format!("step {}, tensor `{}`", step.step, tensor.name);
+        if tensor.inline.is_none() && tensor.in_payload {
             let Some(name) = &step.payload else {
-                return Err(self.corrupt(&where_, "marked as stored in a payload, but the step has none".into()));
+                return Err(self.corrupt(&where_(), "marked as stored in a payload, but the step has none".into()));
             };
-            self.payload_tensor(step.step, name, tensor)?
+            self.map_payload(step.step, name)?;
+        }
+        let this: &'a TraceReader = self;
+        let bytes = if let Some(inline) = &tensor.inline {
+            inline.as_slice()
+        } else if let (true, Some(name)) = (tensor.in_payload, &step.payload) {
+            this.payload_tensor(step.step, name, tensor)?
         } else {
             return Ok(None);
         };
-        let values = TensorValues {
-            dtype: tensor.dtype,
-            shape: tensor.shape.clone(),
-            bytes,
-        };
-        if tensor_hash(values.dtype, &values.shape, &values.bytes) != tensor.hash {
+        if tensor_hash(tensor.dtype, &tensor.shape, bytes) != tensor.hash {
             let path = match (&tensor.inline, &step.payload) {
-                (None, Some(name)) => self.dir.join(name),
-                _ => self.records_path.clone(),
+                (None, Some(name)) => this.dir.join(name),
+                _ => this.records_path.clone(),
             };
             return Err(TraceError::Corrupt {
                 path,
-                location: where_,
+                location: where_(),
                 reason: "the stored values do not match the recorded hash".into(),
             });
         }
-        Ok(Some(values))
+        Ok(Some(TensorValues {
+            dtype: tensor.dtype,
+            shape: tensor.shape.clone(),
+            bytes,
+        }))
     }
 
-    fn payload_tensor(&mut self, step: u64, name: &str, tensor: &TensorRecord) -> Result<Vec<u8>, TraceError> {
-        if self.payload_cache.as_ref().map(|(s, _)| *s) != Some(step) {
-            let path = self.dir.join(name);
-            let link = fs::symlink_metadata(&path).map_err(TraceError::io(&path))?;
-            if !link.is_file() {
+    /// Maps the payload file of `step` (named `name`), unless it is already mapped.
+    fn map_payload(&mut self, step: u64, name: &str) -> Result<(), TraceError> {
+        if self.payload_cache.as_ref().map(|(s, _)| *s) == Some(step) {
+            return Ok(());
+        }
+        self.payload_cache = None;
+        let path = self.dir.join(name);
+        for p in [self.dir.join(format::TENSORS_DIR), path.clone()] {
+            let link = fs::symlink_metadata(&p).map_err(TraceError::io(&p))?;
+            if link.file_type().is_symlink() {
                 return Err(TraceError::Corrupt {
-                    path,
+                    path: p,
                     location: format!("step {step}"),
-                    reason: "the payload is not a regular file".into(),
+                    reason: "payloads must not be symbolic links (they could point outside the trace)".into(),
                 });
             }
-            let bytes = fs::read(&path).map_err(TraceError::io(&path))?;
-            self.payload_cache = Some((step, bytes));
         }
+        let file = File::open(&path).map_err(TraceError::io(&path))?;
+        // SAFETY: the map is only read. A file truncated by another process while mapped can
+        // fault; traces are written once and renamed into place, never rewritten.
+        let map = unsafe { memmap2::MmapOptions::new().populate().map(&file) }.map_err(TraceError::io(&path))?;
+        self.payload_cache = Some((step, map));
+        Ok(())
+    }
+
+    /// Finds `tensor` in the mapped payload of `step` and checks its dtype and shape.
+    fn payload_tensor(&self, step: u64, name: &str, tensor: &TensorRecord) -> Result<&[u8], TraceError> {
         let path = self.dir.join(name);
-        let bytes = &self.payload_cache.as_ref().expect("just filled").1;
         let bad = |reason: String| TraceError::Corrupt {
             path: path.clone(),
             location: format!("step {step}, tensor `{}`", tensor.name),
             reason,
         };
-        let file = safetensors::SafeTensors::deserialize(bytes)
+        let map = match &self.payload_cache {
+            Some((s, map)) if *s == step => map,
+            _ => return Err(bad("payload not mapped".into())),
+        };
+        let file = safetensors::SafeTensors::deserialize(map)
             .map_err(|e| bad(format!("not a valid safetensors file: {e}")))?;
         let view = file
             .tensor(&tensor.name)
@@ -254,7 +280,7 @@ impl TraceReader {
                 tensor.shape
             )));
         }
-        Ok(view.data().to_vec())
+        Ok(view.data())
     }
 
     fn next_record(&mut self) -> Result<Option<Record>, TraceError> {

@@ -1,0 +1,205 @@
+//! `make bench`: throughput and overhead figures for the core, printed as a Markdown table
+//! (and written to target/bench/core.md). Not a test: numbers vary by machine.
+//!
+//! 1. Canonical hashing vs the blake3 crate's own multi-threaded hashing of the same bytes.
+//! 2. Recording overhead: adder steps recording hashes only vs the same steps un-instrumented.
+//! 3. Diff throughput on full-tensor traces, and the diff process's peak memory for a short and
+//!    a long trace (it must not grow with trace length).
+
+use repro::dtype::DType;
+use repro::hash::tensor_hash;
+use repro::record::Recorder;
+use repro::trace::{
+    CapturePolicy, Environment, FullCapture, Header, RunConfig, StepTensor, TensorKind, TensorRecord, TraceWriter,
+    CURRENT_FORMAT,
+};
+use repro::workloads::AdderConfig;
+use std::fmt::Write as _;
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+fn best_of<T>(runs: usize, mut f: impl FnMut() -> T) -> Duration {
+    (0..runs)
+        .map(|_| {
+            let t = Instant::now();
+            std::hint::black_box(f());
+            t.elapsed()
+        })
+        .min()
+        .unwrap()
+}
+
+fn gbps(bytes: u64, d: Duration) -> f64 {
+    bytes as f64 / d.as_secs_f64() / 1e9
+}
+
+fn main() {
+    // `core --peak-rss CMD ARGS...`: run CMD and print its peak RSS in MiB. The bench calls
+    // itself this way so each measured process has a parent of its own.
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("--peak-rss") {
+        let status = Command::new(&args[2])
+            .args(&args[3..])
+            .stdout(std::process::Stdio::null())
+            .status()
+            .unwrap();
+        println!("{} {}", children_peak_rss_mib(), status.code().unwrap_or(-1));
+        return;
+    }
+    let mut table = String::new();
+    let threads = rayon::current_num_threads();
+    writeln!(table, "| benchmark | size | repro | reference | ratio |").unwrap();
+    writeln!(table, "|---|---|---|---|---|").unwrap();
+
+    // 1. Hashing.
+    for mib in [1usize, 64, 256] {
+        let bytes: Vec<u8> = (0..mib << 20).map(|i| (i * 31 + 7) as u8).collect();
+        let shape = [(bytes.len() / 4) as u64];
+        let runs = if mib < 64 { 50 } else { 5 };
+        let ours = best_of(runs, || tensor_hash(DType::F32, &shape, &bytes));
+        let reference = best_of(runs, || blake3::Hasher::new().update_rayon(&bytes).finalize());
+        let (a, b) = (gbps(bytes.len() as u64, ours), gbps(bytes.len() as u64, reference));
+        writeln!(
+            table,
+            "| canonical hash vs blake3 update_rayon ({threads} threads) | {mib} MiB | {a:.2} GB/s | {b:.2} GB/s | {:.0}% |",
+            100.0 * a / b
+        )
+        .unwrap();
+    }
+
+    // 2. Recording overhead on the adder (CPU).
+    let config = AdderConfig {
+        steps: 200,
+        ..AdderConfig::default()
+    };
+    let plain = best_of(3, || {
+        config
+            .run(&candle_core::Device::Cpu, &mut Recorder::discard(), None)
+            .unwrap()
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let dir = if std::env::var_os("REPRO_BENCH_KEEP").is_some() {
+        dir.keep()
+    } else {
+        dir.path().to_path_buf()
+    };
+    let recorded = best_of(3, || {
+        let capture = CapturePolicy {
+            full: FullCapture::None,
+            ..CapturePolicy::default()
+        };
+        let mut r = Recorder::create_with(
+            dir.join("t"),
+            config.run_config(),
+            &candle_core::Device::Cpu,
+            capture,
+            true,
+        )
+        .unwrap();
+        config.run(&candle_core::Device::Cpu, &mut r, None).unwrap();
+        r.finish().unwrap()
+    });
+    let per_step = |d: Duration| d.as_secs_f64() * 1e3 / config.steps as f64;
+    writeln!(
+        table,
+        "| adder step, hashes-only recording vs un-instrumented | batch {} | {:.3} ms/step | {:.3} ms/step | {:+.1}% |",
+        config.batch,
+        per_step(recorded),
+        per_step(plain),
+        100.0 * (recorded.as_secs_f64() / plain.as_secs_f64() - 1.0)
+    )
+    .unwrap();
+
+    // 3. Diff throughput and memory.
+    let repro = env!("CARGO_BIN_EXE_repro");
+    for steps in [4u64, 16] {
+        let tensor_mib = 64;
+        let a = dir.join(format!("big-a-{steps}"));
+        let b = dir.join(format!("big-b-{steps}"));
+        write_big_trace(&a, steps, tensor_mib, 0);
+        write_big_trace(&b, steps, tensor_mib, 1);
+        let started = Instant::now();
+        let out = Command::new(std::env::current_exe().unwrap())
+            .args(["--peak-rss", repro, "diff", a.to_str().unwrap(), b.to_str().unwrap()])
+            .output()
+            .unwrap();
+        let elapsed = started.elapsed();
+        let text = String::from_utf8_lossy(&out.stdout);
+        let (rss, code) = text.trim().split_once(' ').expect("peak RSS and exit code");
+        assert_eq!(code, "1", "diff should find the planted difference");
+        let bytes = steps * (tensor_mib << 20) as u64 * 2;
+        writeln!(
+            table,
+            "| diff, every element 1 ULP apart ({steps} steps x {tensor_mib} MiB each side) | {} MiB read | {:.2} GB/s | peak RSS {} MiB | |",
+            bytes >> 20,
+            gbps(bytes, elapsed),
+            rss
+        )
+        .unwrap();
+        if std::env::var_os("REPRO_BENCH_KEEP").is_none() {
+            std::fs::remove_dir_all(&a).unwrap();
+            std::fs::remove_dir_all(&b).unwrap();
+        } else {
+            eprintln!("kept {} and {}", a.display(), b.display());
+        }
+    }
+
+    print!("{table}");
+    let out = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench");
+    std::fs::create_dir_all(&out).unwrap();
+    std::fs::write(out.join("core.md"), &table).unwrap();
+}
+
+/// Writes a trace of `steps` steps, each with one F32 tensor of `mib` MiB stored in full;
+/// `offset` ULPs are added to every element, so two traces with different offsets differ in
+/// every element.
+fn write_big_trace(dir: &Path, steps: u64, mib: usize, offset: u32) {
+    let header = Header {
+        format: CURRENT_FORMAT,
+        producer: "repro bench".into(),
+        run: RunConfig {
+            workload: "bench".into(),
+            steps: Some(steps),
+            params: Default::default(),
+        },
+        environment: Environment::default(),
+        capture: CapturePolicy {
+            full: FullCapture::All,
+            inline_max_bytes: 0,
+        },
+    };
+    let mut w = TraceWriter::create(dir, &header, true).unwrap();
+    let n = (mib << 20) / 4;
+    for step in 0..steps {
+        let values: Vec<u8> = (0..n)
+            .flat_map(|i| f32::from_bits(((i as f32 + step as f32) * 0.001 + 1.0).to_bits() + offset).to_le_bytes())
+            .collect();
+        let shape = vec![n as u64];
+        let record = TensorRecord {
+            name: "activations".into(),
+            kind: TensorKind::Activation,
+            dtype: DType::F32,
+            hash: tensor_hash(DType::F32, &shape, &values),
+            shape,
+            inline: None,
+            in_payload: false,
+        };
+        w.write_step(
+            step,
+            vec![StepTensor {
+                record,
+                payload: Some(values),
+            }],
+        )
+        .unwrap();
+    }
+    w.finish().unwrap();
+}
+
+/// Peak resident set size of the largest finished child process, in MiB.
+fn children_peak_rss_mib() -> u64 {
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut usage) };
+    usage.ru_maxrss as u64 / 1024
+}
