@@ -82,16 +82,16 @@ impl fmt::Debug for TensorHash {
     }
 }
 
-/// The error for a string that is not 64 hex digits.
+/// The error for a string that is not 64 lowercase hex digits.
 #[derive(Debug, thiserror::Error)]
-#[error("`{0}` is not a tensor hash (expected 64 hex digits)")]
+#[error("`{0}` is not a tensor hash (expected 64 lowercase hex digits)")]
 pub struct BadHash(pub String);
 
 impl FromStr for TensorHash {
     type Err = BadHash;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let bad = || BadHash(s.chars().take(80).collect());
-        if s.len() != 64 || !s.is_ascii() {
+        if s.len() != 64 || !s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
             return Err(bad());
         }
         let mut out = [0u8; 32];
@@ -144,6 +144,8 @@ mod tests {
         let h = tensor_hash(DType::U8, &[0], &[]);
         assert_eq!(h.to_string().parse::<TensorHash>().unwrap(), h);
         assert!("xyz".parse::<TensorHash>().is_err());
+        assert!(h.to_string().to_uppercase().parse::<TensorHash>().is_err());
+        assert!(format!("+a{}", &h.to_string()[2..]).parse::<TensorHash>().is_err());
         assert!("é".repeat(32).parse::<TensorHash>().is_err());
     }
 }

@@ -24,11 +24,11 @@ pub enum TraceError {
         /// What was missing or wrong.
         reason: String,
     },
-    /// The trace was written by a newer, incompatible repro.
+    /// The trace's major format version is not this build's.
     #[error(
-        "{path} uses trace format {found}, but this repro (format {supported}) reads only {}.x; \
-         upgrade repro to read it",
-        supported.major
+        "{path} uses trace format {found}, but this repro (format {supported}) reads only {}.x; {}",
+        supported.major,
+        if found.major > supported.major { "upgrade repro to read it" } else { "read it with the older repro that wrote it" }
     )]
     UnsupportedFormat {
         /// The record file.

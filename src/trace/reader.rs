@@ -133,7 +133,7 @@ impl TraceReader {
                         format!("header says format {} but the preamble says {version}", header.format),
                     ));
                 }
-                reader.header = header;
+                reader.header = *header;
                 Ok(reader)
             }
             Some(_) => Err(reader.corrupt("the first record", "expected the header record".into())),

@@ -14,7 +14,7 @@ use std::str::FromStr;
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Record {
     /// The first record: what ran, where, and what was captured.
-    Header(Header),
+    Header(Box<Header>),
     /// One training step's tensors.
     Step(StepRecord),
     /// The last record of a complete trace.
@@ -185,9 +185,11 @@ impl CapturePolicy {
         match &self.full {
             FullCapture::None => false,
             FullCapture::All => true,
-            FullCapture::FirstAndLast => step == first_step || total_steps.is_some_and(|n| n > 0 && step == n - 1),
-            FullCapture::Every(n) => step % n == 0,
-            FullCapture::Steps(steps) => steps.binary_search(&step).is_ok(),
+            FullCapture::FirstAndLast => {
+                step == first_step || total_steps.is_some_and(|n| n > 0 && step == first_step.saturating_add(n - 1))
+            }
+            FullCapture::Every(n) => step.is_multiple_of(*n),
+            FullCapture::Steps(steps) => steps.contains(&step),
         }
     }
 }
@@ -202,7 +204,7 @@ pub enum FullCapture {
     All,
     /// The first and the last step (the default).
     FirstAndLast,
-    /// Every N-th step, starting at step 0.
+    /// Every N-th step (N > 0): the steps divisible by N.
     Every(u64),
     /// The listed steps (sorted, deduplicated).
     Steps(Vec<u64>),
@@ -228,6 +230,9 @@ impl FromStr for FullCapture {
             return if n == 0 { Err(bad()) } else { Ok(FullCapture::Every(n)) };
         }
         if let Some(list) = s.strip_prefix("steps:") {
+            if list.is_empty() {
+                return Ok(FullCapture::Steps(Vec::new()));
+            }
             let mut steps = list
                 .split(',')
                 .map(|x| x.trim().parse::<u64>())
@@ -280,7 +285,8 @@ mod tests {
             assert_eq!(parsed.to_string(), text);
         }
         assert_eq!("steps:9,1,9".parse::<FullCapture>().unwrap().to_string(), "steps:1,9");
-        for bad in ["every:0", "every:x", "steps:", "steps:1,,2", "sometimes"] {
+        assert_eq!("steps:".parse::<FullCapture>().unwrap(), FullCapture::Steps(vec![]));
+        for bad in ["every:0", "every:x", "steps:1,,2", "sometimes"] {
             assert!(bad.parse::<FullCapture>().is_err(), "{bad}");
         }
     }
@@ -292,5 +298,12 @@ mod tests {
         assert_eq!(full, vec![0, 9]);
         let unknown: Vec<u64> = (0..10).filter(|&s| p.wants_full(s, 0, None)).collect();
         assert_eq!(unknown, vec![0]);
+        let from_one: Vec<u64> = (1..=10).filter(|&s| p.wants_full(s, 1, Some(10))).collect();
+        assert_eq!(from_one, vec![1, 10]);
+        let every_zero = CapturePolicy {
+            full: FullCapture::Every(0),
+            inline_max_bytes: 0,
+        };
+        assert!(!every_zero.wants_full(3, 0, None));
     }
 }

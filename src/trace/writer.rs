@@ -9,7 +9,7 @@
 use super::error::TraceError;
 use super::format::{self, CURRENT_FORMAT, MAGIC, RECORDS_FILE, RUN_META_FILE, TENSORS_DIR};
 use super::frame::write_frame;
-use super::schema::{Footer, Header, Record, StepRecord, TensorRecord};
+use super::schema::{Footer, FullCapture, Header, Record, StepRecord, TensorRecord};
 use crate::dtype::DType;
 use serde::Serialize;
 use std::collections::BTreeSet;
@@ -52,6 +52,12 @@ impl TraceWriter {
     /// Starts a trace in `dir` (created if needed) and writes its header. Refuses a directory
     /// that already holds a trace unless `replace` is set.
     pub fn create(dir: &Path, header: &Header, replace: bool) -> Result<Self, TraceError> {
+        if header.capture.full == FullCapture::Every(0) {
+            return Err(TraceError::InvalidRecord {
+                path: dir.to_path_buf(),
+                reason: "capture every:0 is not a policy".into(),
+            });
+        }
         let records_path = dir.join(RECORDS_FILE);
         if records_path.exists() {
             if !replace {
@@ -95,7 +101,7 @@ impl TraceWriter {
                 command: std::env::args().collect(),
             },
         };
-        writer.append(&Record::Header(header.clone()))?;
+        writer.append(&Record::Header(Box::new(header.clone())))?;
         writer.write_meta()?;
         Ok(writer)
     }
