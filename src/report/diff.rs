@@ -56,7 +56,9 @@ fn write_diff(out: &mut String, d: &TraceDiff) -> fmt::Result {
     )?;
     if !d.first_divergence_by_kind.is_empty() {
         writeln!(out, "\nfirst divergent step by kind:")?;
-        for (kind, step) in &d.first_divergence_by_kind {
+        let mut kinds: Vec<_> = d.first_divergence_by_kind.iter().collect();
+        kinds.sort_by_key(|(_, step)| **step);
+        for (kind, step) in kinds {
             writeln!(out, "  {:<12} step {step}", kind.name())?;
         }
     }
