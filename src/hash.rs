@@ -67,6 +67,43 @@ pub fn tensor_hash(dtype: DType, shape: &[u64], bytes: &[u8]) -> TensorHash {
     combine(dtype, shape, &data_hash(bytes))
 }
 
+/// Bytes per BLAKE3 chunk: the leaves of its hash tree.
+pub const CHUNK_LEN: usize = 1024;
+
+/// A BLAKE3 chaining value: a node of the hash tree.
+pub type ChainingValue = [u8; 32];
+
+/// Finishes a BLAKE3 hash from one level of its tree.
+///
+/// `level` is what merging chunk chaining values pairwise, left to right, a number of times
+/// yields, where each pass keeps an odd last node unchanged (level 0 is the chunk values
+/// themselves). That is how a device computes most of the tree in parallel; the host merges the
+/// rest here. Needs at least two nodes (inputs of one chunk are hashed directly).
+pub fn finish_tree(mut level: Vec<ChainingValue>) -> [u8; 32] {
+    use blake3::hazmat::{merge_subtrees_non_root, merge_subtrees_root, Mode};
+    assert!(level.len() >= 2, "a tree of one chunk has no parents to merge");
+    while level.len() > 2 {
+        level = level
+            .chunks(2)
+            .map(|pair| match pair {
+                [left, right] => merge_subtrees_non_root(left, right, Mode::Hash),
+                [single] => *single,
+                _ => unreachable!("chunks(2) yields one or two nodes"),
+            })
+            .collect();
+    }
+    *merge_subtrees_root(&level[0], &level[1], Mode::Hash).as_bytes()
+}
+
+/// The chaining value of chunk `index`, computed on the host (the reference for device code).
+pub fn chunk_chaining_value(chunk: &[u8], index: u64) -> ChainingValue {
+    use blake3::hazmat::HasherExt;
+    let mut hasher = blake3::Hasher::new();
+    hasher.set_input_offset(index * CHUNK_LEN as u64);
+    hasher.update(chunk);
+    hasher.finalize_non_root()
+}
+
 impl fmt::Display for TensorHash {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         for b in self.0 {
@@ -137,6 +174,89 @@ mod tests {
         let bytes: Vec<u8> = (0..PARALLEL_THRESHOLD * 3 + 17).map(|i| (i * 31) as u8).collect();
         let serial = *blake3::hash(&bytes).as_bytes();
         assert_eq!(data_hash(&bytes), serial);
+    }
+
+    #[test]
+    fn tree_of_chunk_values_matches_blake3_at_every_level() {
+        for len in [1025usize, 2048, 2049, 5 * 1024 + 3, 7 * 1024, 64 * 1024 + 1, 1 << 20] {
+            let bytes: Vec<u8> = (0..len).map(|i| (i * 131 + 11) as u8).collect();
+            let mut level: Vec<ChainingValue> = bytes
+                .chunks(CHUNK_LEN)
+                .enumerate()
+                .map(|(i, c)| chunk_chaining_value(c, i as u64))
+                .collect();
+            let expected = *blake3::hash(&bytes).as_bytes();
+            // Finishing from any level of the pairwise merge gives the same root.
+            while level.len() >= 2 {
+                assert_eq!(
+                    finish_tree(level.clone()),
+                    expected,
+                    "len {len}, level of {}",
+                    level.len()
+                );
+                level = level
+                    .chunks(2)
+                    .map(|p| {
+                        if p.len() == 2 {
+                            blake3::hazmat::merge_subtrees_non_root(&p[0], &p[1], blake3::hazmat::Mode::Hash)
+                        } else {
+                            p[0]
+                        }
+                    })
+                    .collect();
+            }
+        }
+    }
+
+    extern "C" {
+        fn repro_host_chunk_cv(p: *const u8, len: u32, index: u64, out: *mut u32);
+        fn repro_host_parent_cv(left: *const u32, right: *const u32, out: *mut u32);
+    }
+
+    fn words_to_bytes(w: &[u32; 8]) -> ChainingValue {
+        let mut out = [0u8; 32];
+        for (i, x) in w.iter().enumerate() {
+            out[4 * i..4 * i + 4].copy_from_slice(&x.to_le_bytes());
+        }
+        out
+    }
+
+    /// The device kernels' BLAKE3 code (kernels/repro.cu, compiled for the host) must agree
+    /// with the blake3 crate chunk by chunk and parent by parent.
+    #[test]
+    fn kernel_blake3_matches_reference() {
+        for len in [1025usize, 1088, 2047, 2048, 3 * 1024 + 63, 9 * 1024 + 64, 100_000] {
+            let bytes: Vec<u8> = (0..len).map(|i| (i * 7 + (i >> 8)) as u8).collect();
+            let mut words: Vec<[u32; 8]> = Vec::new();
+            for (i, chunk) in bytes.chunks(CHUNK_LEN).enumerate() {
+                let mut cv = [0u32; 8];
+                unsafe { repro_host_chunk_cv(chunk.as_ptr(), chunk.len() as u32, i as u64, cv.as_mut_ptr()) };
+                assert_eq!(
+                    words_to_bytes(&cv),
+                    chunk_chaining_value(chunk, i as u64),
+                    "len {len}, chunk {i}"
+                );
+                words.push(cv);
+            }
+            // One parent level the way the device merges it, then the host finishes.
+            let parents: Vec<ChainingValue> = words
+                .chunks(2)
+                .map(|p| {
+                    if p.len() == 1 {
+                        return words_to_bytes(&p[0]);
+                    }
+                    let mut out = [0u32; 8];
+                    unsafe { repro_host_parent_cv(p[0].as_ptr(), p[1].as_ptr(), out.as_mut_ptr()) };
+                    words_to_bytes(&out)
+                })
+                .collect();
+            let root = if parents.len() >= 2 {
+                finish_tree(parents)
+            } else {
+                finish_tree(words.iter().map(words_to_bytes).collect())
+            };
+            assert_eq!(root, *blake3::hash(&bytes).as_bytes(), "len {len}");
+        }
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //!
 //! Data flows one way, and the modules follow it:
 //!
-//! - [`workloads`] train models with candle and hand their tensors to a [`record::Recorder`];
+//! - [`workloads`] train models with candle (using [`ops`] where repro controls the numerics)
+//!   and hand their tensors to a [`record::Recorder`];
 //! - [`record`] hashes tensors ([`hash`]) and writes them as a [`trace`];
 //! - [`diff`] compares traces, and [`report`] renders the comparison.
 //!
@@ -13,6 +14,7 @@
 pub mod diff;
 pub mod dtype;
 pub mod hash;
+pub mod ops;
 pub mod record;
 pub mod report;
 pub mod trace;

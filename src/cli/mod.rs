@@ -3,6 +3,8 @@
 
 mod diff;
 mod exit;
+#[cfg(feature = "cuda")]
+mod gpu_check;
 mod inspect;
 mod matrix;
 mod record;
@@ -31,6 +33,9 @@ enum Command {
     Matrix(matrix::MatrixArgs),
     /// Show a trace's header, environment, steps, tensors and sizes.
     Inspect(inspect::InspectArgs),
+    /// Check GPU hashing against the CPU and measure its throughput (CUDA builds).
+    #[cfg(feature = "cuda")]
+    GpuCheck(gpu_check::GpuCheckArgs),
 }
 
 /// Runs a parsed command line.
@@ -40,6 +45,8 @@ pub fn run(cli: Cli) -> Exit {
         Command::Diff(args) => diff::run(args),
         Command::Matrix(args) => matrix::run(args),
         Command::Inspect(args) => inspect::run(args),
+        #[cfg(feature = "cuda")]
+        Command::GpuCheck(args) => gpu_check::run(args),
     };
     match result {
         Ok(exit) => exit,

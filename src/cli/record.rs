@@ -2,6 +2,7 @@
 
 use super::Exit;
 use clap::Args;
+use repro::ops::Reductions;
 use repro::record::{open_device, Perturbation, Recorder};
 use repro::report::bytes;
 use repro::trace::{summarize, CapturePolicy, FullCapture};
@@ -41,6 +42,10 @@ pub struct RecordArgs {
     /// How the adder writes its reductions: reduce (sums, means) or matmul (matrix products).
     #[arg(long, default_value = "reduce")]
     formulation: Formulation,
+    /// How the reduce formulation's sums accumulate: candle (built-in kernels), atomic (float
+    /// atomics, order decided by timing) or ordered (fixed tree, bit-reproducible).
+    #[arg(long, default_value = "candle")]
+    reductions: Reductions,
     /// Device: cpu, cuda or cuda:N.
     #[arg(long, default_value = "cpu")]
     device: String,
@@ -65,6 +70,7 @@ pub fn run(args: RecordArgs) -> Result<Exit, String> {
         features: args.features,
         lr: args.lr,
         formulation,
+        reductions: args.reductions,
     };
     config.validate(perturb.as_ref()).map_err(|e| e.to_string())?;
     let device = open_device(&args.device).map_err(|e| e.to_string())?;
@@ -85,9 +91,10 @@ pub fn run(args: RecordArgs) -> Result<Exit, String> {
     let steps = recorder.finish().map_err(|e| e.to_string())?;
     let summary = summarize(&args.out).map_err(|e| e.to_string())?;
     eprintln!(
-        "recorded {steps} steps of {} ({}, seed {}) on {} into {} in {:.2}s: records {}, payloads {}",
+        "recorded {steps} steps of {} ({}, {} reductions, seed {}) on {} into {} in {:.2}s: records {}, payloads {}",
         args.workload,
         formulation,
+        args.reductions,
         args.seed,
         args.device,
         args.out.display(),

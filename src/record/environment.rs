@@ -54,7 +54,13 @@ pub fn environment(device: &Device) -> Environment {
     let cpu_model = cpu_model();
     let device_name = match device {
         Device::Cpu => cpu_model.clone(),
-        _ => format!("{} (name not queried)", device_label(device)),
+        #[cfg(feature = "cuda")]
+        Device::Cuda(cuda) => cuda
+            .cuda_stream()
+            .context()
+            .name()
+            .unwrap_or_else(|e| format!("{} (name unavailable: {e})", device_label(device))),
+        _ => device_label(device),
     };
     let env: BTreeMap<String, String> = NUMERICS_ENV_VARS
         .iter()

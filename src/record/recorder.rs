@@ -21,8 +21,8 @@
 
 use super::environment::environment;
 use super::error::RecordError;
-use super::tensor_bytes::{trace_dtype, with_canonical_bytes};
-use crate::hash::tensor_hash;
+use super::tensor_bytes::{device_data_hash, trace_dtype, with_canonical_bytes};
+use crate::hash::{combine, tensor_hash};
 use crate::trace::{
     CapturePolicy, Header, RunConfig, StepTensor, TensorKind, TensorRecord, TraceWriter, CURRENT_FORMAT,
 };
@@ -140,16 +140,23 @@ impl StepRecorder<'_> {
         let shape: Vec<u64> = tensor.dims().iter().map(|&d| d as u64).collect();
         let inline_max = self.recorder.capture.inline_max_bytes;
         let full = self.full;
-        let (hash, inline, payload) = with_canonical_bytes(tensor, |bytes| {
-            let hash = tensor_hash(dtype, &shape, bytes);
-            if bytes.len() as u64 <= inline_max {
-                (hash, Some(bytes.to_vec()), None)
-            } else if full {
-                (hash, None, Some(bytes.to_vec()))
-            } else {
-                (hash, None, None)
-            }
-        })?;
+        let byte_len = tensor.elem_count() as u64 * dtype.size_in_bytes() as u64;
+        let keep_values = byte_len <= inline_max || full;
+        // Hash-only tensors on a GPU are hashed there: 32 bytes cross to the host, not the tensor.
+        let on_device = if keep_values { None } else { device_data_hash(tensor)? };
+        let (hash, inline, payload) = match on_device {
+            Some(data_hash) => (combine(dtype, &shape, &data_hash), None, None),
+            None => with_canonical_bytes(tensor, |bytes| {
+                let hash = tensor_hash(dtype, &shape, bytes);
+                if bytes.len() as u64 <= inline_max {
+                    (hash, Some(bytes.to_vec()), None)
+                } else if full {
+                    (hash, None, Some(bytes.to_vec()))
+                } else {
+                    (hash, None, None)
+                }
+            })?,
+        };
         self.tensors.push(StepTensor {
             record: TensorRecord {
                 name: name.to_string(),

@@ -45,6 +45,20 @@ pub fn candle_dtype(dtype: DType) -> candle_core::DType {
     }
 }
 
+/// BLAKE3 of the tensor's canonical element bytes computed where the tensor lives, if that is a
+/// GPU; `None` means: hash on the host.
+pub fn device_data_hash(tensor: &Tensor) -> Result<Option<[u8; 32]>, RecordError> {
+    #[cfg(feature = "cuda")]
+    {
+        Ok(crate::ops::cuda::data_hash(tensor)?)
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = tensor;
+        Ok(None)
+    }
+}
+
 /// Calls `f` with the tensor's canonical element bytes.
 pub fn with_canonical_bytes<R>(tensor: &Tensor, f: impl FnOnce(&[u8]) -> R) -> Result<R, RecordError> {
     trace_dtype(tensor.dtype())?;

@@ -10,6 +10,7 @@
 //!   are not.
 
 use super::seeded::{stream, uniform_vec};
+use crate::ops::{expand, sum_all, Reductions};
 use crate::record::{Perturbation, RecordError, Recorder};
 use crate::trace::{RunConfig, TensorKind};
 use candle_core::{DType, Device, Tensor, Var};
@@ -65,6 +66,9 @@ pub struct AdderConfig {
     pub lr: f64,
     /// How reductions are written.
     pub formulation: Formulation,
+    /// How the `reduce` formulation's sums accumulate (the loss over the batch, and the bias
+    /// gradient). The `matmul` formulation has no reductions to change.
+    pub reductions: Reductions,
 }
 
 impl Default for AdderConfig {
@@ -77,6 +81,7 @@ impl Default for AdderConfig {
             features: 10,
             lr: 0.01,
             formulation: Formulation::Reduce,
+            reductions: Reductions::Candle,
         }
     }
 }
@@ -94,6 +99,7 @@ impl AdderConfig {
             ("features".to_string(), self.features.to_string()),
             ("formulation".to_string(), self.formulation.to_string()),
             ("lr".to_string(), self.lr.to_string()),
+            ("reductions".to_string(), self.reductions.to_string()),
             ("seed".to_string(), self.seed.to_string()),
         ]);
         RunConfig {
@@ -119,7 +125,7 @@ impl AdderConfig {
     fn predictions(&self, x: &Tensor, w: &Tensor, b: &Tensor) -> candle_core::Result<Tensor> {
         let xw = x.matmul(w)?; // [batch, 1]
         match self.formulation {
-            Formulation::Reduce => xw.squeeze(1)?.broadcast_add(b),
+            Formulation::Reduce => xw.squeeze(1)? + expand(b, self.batch, self.reductions)?,
             Formulation::Matmul => {
                 let ones = xw.ones_like()?;
                 let lhs = Tensor::cat(&[&xw, &ones], 1)?; // [batch, 2]
@@ -132,7 +138,7 @@ impl AdderConfig {
     fn loss(&self, pred: &Tensor, y: &Tensor) -> candle_core::Result<Tensor> {
         let sq = (y - pred)?.sqr()?;
         match self.formulation {
-            Formulation::Reduce => sq.mean_all(),
+            Formulation::Reduce => sum_all(&sq, self.reductions)?.affine(1.0 / self.batch as f64, 0.0),
             Formulation::Matmul => {
                 let ones = Tensor::ones((self.batch, 1), sq.dtype(), sq.device())?;
                 let total = sq.unsqueeze(0)?.matmul(&ones)?.reshape(())?;

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Builds repro with CUDA support on a machine without a GPU: pinned nvcc from PyPI, link stubs,
+# a target folder of its own (so the CPU build is never rebuilt). The binary runs on a machine
+# with the NVIDIA driver and CUDA 13 libraries.
+#
+#   scripts/build-cuda.sh [check]      # `check`: type-check only (what CI does)
+#
+# Output: $REPRO_CUDA_TARGET/release/repro (default target/cuda/release/repro), and the test
+# binaries listed in $REPRO_CUDA_TARGET/test-binaries.txt.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+eval "$(scripts/cuda-toolchain.sh)"
+cache="${REPRO_CUDA_CACHE:-$HOME/.cache/repro-cuda}"
+export CARGO_TARGET_DIR="${REPRO_CUDA_TARGET:-target/cuda}"
+stubs="$cache/stubs"
+# Always the same RUSTFLAGS: a change would rebuild everything, candle's kernels included.
+export RUSTFLAGS="-L $stubs"
+
+if [ "${1:-}" = check ]; then
+  cargo check --locked --release --features cuda --all-targets
+  exit 0
+fi
+cargo build --locked --release --features cuda --lib
+scripts/cuda-stubs.sh "$CARGO_TARGET_DIR/release/deps" "$stubs" "$REPRO_CUDA_LIB/libcudart.so.13"
+cargo build --locked --release --features cuda --bins --examples
+cargo test --locked --release --features cuda --no-run --message-format=json 2>/dev/null |
+  python3 -c 'import json,sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]:
+        print(m["executable"])' > "$CARGO_TARGET_DIR/test-binaries.txt"
+echo "built $CARGO_TARGET_DIR/release/repro" >&2

@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# All of the CUDA issue's GPU work in one call on the GPU machine. Build first, here:
+#
+#   scripts/build-cuda.sh
+#
+# then run on the GPU machine (the device tool carries target/cuda/release/repro):
+#
+#   scripts/gpu-experiments.sh OUT_DIR [STEPS]
+#
+# It checks GPU hashing against the CPU and benchmarks it, records seven same-seed adder runs for
+# each reduction mode and formulation, prints their error matrices at step 0 and the last step,
+# diffs a CPU run against a GPU run, and keeps small traces for fixtures/. Results land in
+# OUT_DIR: summary.md (everything printed), results.tar.gz (all outputs), fixtures.tar.gz.
+set -uo pipefail
+out="${1:?usage: gpu-experiments.sh OUT_DIR [STEPS]}"
+steps="${2:-1000}"
+repro="${REPRO_BIN:-target/cuda/release/repro}"
+work="$(mktemp -d)"
+mkdir -p "$out" "$work/results" "$work/fixtures"
+export LD_LIBRARY_PATH="/usr/local/cuda-13.0/targets/x86_64-linux/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+summary="$work/results/summary.md"
+say() { echo "$@" | tee -a "$summary"; }
+section() { say; say "## $1"; say; }
+runs=7
+
+section "Machine"
+say '```'
+nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader 2>&1 | tee -a "$summary"
+nvcc --version 2>/dev/null | tail -1 | tee -a "$summary"
+say "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+say "repro: $($repro --version)"
+say '```'
+
+section "GPU hashing: correctness and throughput"
+"$repro" gpu-check --device cuda:0 2>&1 | tee -a "$summary"
+
+# Seven runs per variant; matrices at step 0 and at the last step.
+for variant in reduce:atomic reduce:ordered reduce:candle matmul:candle; do
+  formulation="${variant%%:*}" reductions="${variant##*:}"
+  name="$formulation-$reductions"
+  dirs=()
+  started=$SECONDS
+  for i in $(seq 0 $((runs - 1))); do
+    dir="$work/runs/$name-r$i"
+    "$repro" record --workload adder --seed 0 --steps "$steps" --formulation "$formulation" \
+      --reductions "$reductions" --device cuda:0 --out "$dir" 2>>"$work/results/record.log" || say "record failed: $dir"
+    dirs+=("$dir")
+  done
+  elapsed=$((SECONDS - started))
+  section "Adder on the GPU, formulation $formulation, reductions $reductions ($runs runs x $steps steps, ${elapsed}s)"
+  for step in 0 last; do
+    say "### step $step"
+    say '```'
+    "$repro" matrix "${dirs[@]}" --step "$step" --tensor predictions --tensor loss --tensor weight.grad \
+      --tensor bias.grad 2>&1 | sed "s#$work/runs/##g" | tee -a "$summary" "$work/results/matrix-$name-step-$step.txt"
+    say '```'
+  done
+  say "first divergence between r0 and each other run:"
+  say '```'
+  for i in $(seq 1 $((runs - 1))); do
+    "$repro" diff "${dirs[0]}" "${dirs[$i]}" --json > "$work/results/diff-$name-r0-r$i.json"
+    python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); f=d["first_divergence"]; print(sys.argv[2], "identical" if f is None else "step %d %s (%s ULP)" % (f["step"], f["tensor"], f["metrics"]["max_ulp"] if f["metrics"] else "hash only"))' \
+      "$work/results/diff-$name-r0-r$i.json" "r0 vs r$i:" | tee -a "$summary"
+  done
+  say '```'
+done
+
+section "CPU vs GPU (reduce formulation, ordered reductions, seed 0, $steps steps)"
+"$repro" record --workload adder --seed 0 --steps "$steps" --reductions ordered --capture all --device cpu --out "$work/runs/cpu" 2>>"$work/results/record.log"
+"$repro" record --workload adder --seed 0 --steps "$steps" --reductions ordered --capture all --device cuda:0 --out "$work/runs/gpu" 2>>"$work/results/record.log"
+say '```'
+"$repro" diff "$work/runs/cpu" "$work/runs/gpu" 2>&1 | sed "s#$work/runs/##g" | head -60 | tee -a "$summary"
+say '```'
+"$repro" diff "$work/runs/cpu" "$work/runs/gpu" --json > "$work/results/diff-cpu-gpu.json"
+
+# Small traces for CPU tests: 7 atomic and 7 ordered runs of 50 steps, steps 0 and 49 in full.
+for reductions in atomic ordered; do
+  for i in $(seq 0 $((runs - 1))); do
+    "$repro" record --workload adder --seed 0 --steps 50 --reductions "$reductions" --device cuda:0 \
+      --out "$work/fixtures/adder-$reductions-r$i" 2>>"$work/results/record.log"
+  done
+  "$repro" matrix "$work"/fixtures/adder-$reductions-r* --step 0 --tensor predictions --tensor loss \
+    --tensor weight.grad --tensor bias.grad 2>&1 | sed "s#$work/fixtures/##g" > "$work/fixtures/matrix-$reductions-step-0.txt"
+  "$repro" matrix "$work"/fixtures/adder-$reductions-r* --step last --tensor predictions --tensor loss \
+    --tensor weight.grad --tensor bias.grad 2>&1 | sed "s#$work/fixtures/##g" > "$work/fixtures/matrix-$reductions-step-last.txt"
+done
+"$repro" record --workload adder --seed 0 --steps 50 --reductions ordered --device cpu --out "$work/fixtures/adder-cpu-ordered" 2>>"$work/results/record.log"
+
+cp "$summary" "$out/summary.md"
+tar -C "$work" -czf "$out/results.tar.gz" results
+tar -C "$work" -czf "$out/fixtures.tar.gz" fixtures
+du -sh "$out"/* | tee -a "$out/summary.md"

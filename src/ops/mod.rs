@@ -1,0 +1,10 @@
+//! Custom candle ops whose numerics repro controls: the reductions that frameworks make
+//! non-deterministic in practice, each in an `atomic` and an `ordered` mode, plus (with the
+//! `cuda` feature) the kernels behind them and GPU hashing.
+
+mod reduce;
+
+#[cfg(feature = "cuda")]
+pub mod cuda;
+
+pub use reduce::{expand, sum_all, Reductions};
