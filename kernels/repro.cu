@@ -7,6 +7,7 @@
 // 2. Float sums in two modes: `atomic` (float atomicAdd, order decided by the hardware) and
 //    `ordered` (a fixed two-pass tree, bit-reproducible).
 // 3. `expand`: a scalar broadcast to a vector, whose backward is one of the sums above.
+// 4. `read_words`: a plain read of device memory, to measure bandwidth beside hashing.
 //
 // The file is also valid C for the host compiler when REPRO_HOST_TEST is defined, so the BLAKE3
 // part can be checked against a reference without a GPU (scripts/check-kernels.sh).
@@ -167,6 +168,18 @@ extern "C" __global__ void sum_f32_ordered(const float* x, u64 n, float* partial
     __syncthreads();
   }
   if (threadIdx.x == 0) partials[blockIdx.x] = shared[0];
+}
+
+// Reads n 16-byte words and folds them into one value: the device's read bandwidth, for
+// comparison with hashing throughput (`repro gpu-check`). The store is never taken unless the
+// data XORs to the sentinel, but keeps the loads from being optimized away.
+extern "C" __global__ void read_words(const uint4* p, u64 n, u32* sink) {
+  u32 acc = 0;
+  for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) {
+    uint4 v = p[i];
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x9e3779b9u) sink[0] = acc;
 }
 
 // out[i] = value[0] for i < n.

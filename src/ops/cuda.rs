@@ -181,3 +181,45 @@ fn hash_view<T: DeviceRepr>(dev: &CudaDevice, data: &CudaView<'_, T>, bytes: u64
         .collect();
     Ok(Some(finish_tree(cvs)))
 }
+
+/// Reads every byte of a contiguous F32 tensor once on the device (no output): the yardstick
+/// for memory read bandwidth. The tensor's byte length must be a multiple of 16.
+pub fn read_all(tensor: &Tensor) -> Result<()> {
+    let (storage, layout) = tensor.storage_and_layout();
+    let Storage::Cuda(cuda) = &*storage else {
+        return Err(Error::Msg("read_all needs a CUDA tensor".into()));
+    };
+    let (x, n) = f32_view(cuda, layout, "read_all")?;
+    if n % 4 != 0 {
+        return Err(Error::Msg("read_all needs a multiple of 4 floats".into()));
+    }
+    let dev = cuda.device().clone();
+    let mut sink = dev.alloc_zeros::<u32>(1)?;
+    let words = n / 4;
+    let f = dev.get_or_load_custom_func("read_words", MODULE, ptx()?)?;
+    let mut b = f.builder();
+    b.arg(&x);
+    b.arg(&words);
+    b.arg(&mut sink);
+    // A few waves of blocks over all SMs; each thread strides through the buffer.
+    let cfg = LaunchConfig {
+        grid_dim: (4096, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    unsafe { b.launch(cfg) }.w()?;
+    Ok(())
+}
+
+/// Copies a contiguous F32 tensor into a new device buffer with the driver's device-to-device
+/// copy: read plus write bandwidth.
+pub fn copy_all(tensor: &Tensor) -> Result<()> {
+    let (storage, layout) = tensor.storage_and_layout();
+    let Storage::Cuda(cuda) = &*storage else {
+        return Err(Error::Msg("copy_all needs a CUDA tensor".into()));
+    };
+    let (x, n) = f32_view(cuda, layout, "copy_all")?;
+    let dev = cuda.device().clone();
+    let mut dst = unsafe { dev.alloc::<f32>(n as usize) }?;
+    dev.memcpy_dtod(&x, &mut dst)
+}

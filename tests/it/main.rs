@@ -2,6 +2,8 @@
 
 mod util;
 
+/// Traces recorded on a GPU, read and compared on the CPU.
+mod gpu_fixtures;
 /// The canonical hash against the checked-in test vectors.
 mod hash_vectors;
 /// Bad input: missing, truncated, corrupted, foreign and newer traces; bad arguments.

@@ -1,0 +1,132 @@
+//! Traces recorded on an H100 (fixtures/gpu-h100, see fixtures/README.md), read on the CPU.
+
+use crate::util::{json, repro};
+use std::path::PathBuf;
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures/gpu-h100")
+        .join(name)
+}
+
+fn runs(reductions: &str) -> Vec<String> {
+    (0..7)
+        .map(|i| {
+            fixture(&format!("adder-{reductions}-r{i}"))
+                .to_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect()
+}
+
+fn matrix(reductions: &str, step: &str, extra: &[&str]) -> crate::util::Run {
+    let runs = runs(reductions);
+    let mut args: Vec<&str> = vec!["matrix"];
+    args.extend(runs.iter().map(String::as_str));
+    args.extend([
+        "--step",
+        step,
+        "--tensor",
+        "predictions",
+        "--tensor",
+        "loss",
+        "--tensor",
+        "weight.grad",
+    ]);
+    args.extend(["--tensor", "bias.grad"]);
+    args.extend_from_slice(extra);
+    repro(&args)
+}
+
+#[test]
+fn cpu_reproduces_the_matrices_printed_on_the_gpu() {
+    for reductions in ["atomic", "ordered"] {
+        for step in ["0", "last"] {
+            let printed = std::fs::read_to_string(fixture(&format!("matrix-{reductions}-step-{step}.txt"))).unwrap();
+            let run = matrix(reductions, step, &[]);
+            let prefix = format!("{}/", fixture("").to_str().unwrap().trim_end_matches('/'));
+            assert_eq!(run.stdout.replace(&prefix, ""), printed, "{reductions} step {step}");
+        }
+    }
+}
+
+/// Cells of the named tensor's matrix.
+fn cells(v: &serde_json::Value, tensor: &str) -> Vec<f64> {
+    let m = v["matrices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["tensor"] == tensor)
+        .unwrap();
+    m["values"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|row| row.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()))
+        .collect()
+}
+
+#[test]
+fn atomic_reductions_split_loss_and_bias_gradient_first_then_everything() {
+    let step0 = json(&matrix("atomic", "0", &["--json"]).stdout);
+    for tensor in ["predictions", "weight.grad"] {
+        assert!(
+            cells(&step0, tensor).iter().all(|&x| x == 0.0),
+            "{tensor} must agree at step 0"
+        );
+    }
+    for tensor in ["loss", "bias.grad"] {
+        assert!(
+            cells(&step0, tensor).iter().any(|&x| x > 0.0),
+            "{tensor} should differ at step 0"
+        );
+    }
+    let last = json(&matrix("atomic", "last", &["--json"]).stdout);
+    for tensor in ["predictions", "loss", "weight.grad", "bias.grad"] {
+        assert!(
+            cells(&last, tensor).iter().any(|&x| x > 0.0),
+            "{tensor} should differ by the last step"
+        );
+    }
+}
+
+#[test]
+fn ordered_reductions_are_bit_identical_on_the_gpu() {
+    for step in ["0", "last"] {
+        let run = matrix("ordered", step, &["--json"]);
+        assert_eq!(run.code, 0, "{}", run.stderr);
+        let v = json(&run.stdout);
+        for tensor in ["predictions", "loss", "weight.grad", "bias.grad"] {
+            assert!(cells(&v, tensor).iter().all(|&x| x == 0.0), "{tensor} at step {step}");
+        }
+    }
+    let ordered = runs("ordered");
+    let run = repro(&["diff", &ordered[0], &ordered[6]]);
+    assert_eq!(run.code, 0, "{}", run.stdout);
+}
+
+#[test]
+fn cpu_and_gpu_runs_of_one_config_split_at_the_first_matmul() {
+    let cpu = fixture("adder-cpu-ordered");
+    let gpu = fixture("adder-ordered-r0");
+    let run = repro(&["diff", cpu.to_str().unwrap(), gpu.to_str().unwrap(), "--json"]);
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    let v = json(&run.stdout);
+    assert_eq!(v["first_divergence"]["step"], 0);
+    assert_eq!(v["first_divergence"]["tensor"], "predictions");
+    assert!(v["first_divergence"]["metrics"]["max_ulp"].as_u64().unwrap() >= 1);
+    assert!(
+        v["config_differences"].as_array().unwrap().is_empty(),
+        "same config on both devices"
+    );
+    let env = v["environment_differences"].as_array().unwrap();
+    assert!(
+        env.iter().any(|d| d["field"] == "device" && d["b"] == "cuda:0"),
+        "{env:?}"
+    );
+    assert!(
+        env.iter().any(|d| d["b"].as_str().is_some_and(|s| s.contains("H100"))),
+        "{env:?}"
+    );
+}
