@@ -4,7 +4,7 @@
 CARGO ?= cargo
 REPRO := target/release/repro
 
-.PHONY: build run test lint fmt bench clean-runs
+.PHONY: build run test lint fmt bench cuda cuda-check gpu-experiments clean-runs
 
 ## build: the release binary at target/release/repro
 build:
@@ -31,6 +31,18 @@ fmt:
 ## bench: throughput and overhead table (also written to target/bench/core.md)
 bench:
 	$(CARGO) bench --locked --bench core
+
+## cuda: the CUDA build (pinned nvcc from PyPI, link stubs; no GPU needed) at target/cuda/release/repro
+cuda:
+	scripts/build-cuda.sh
+
+## cuda-check: type-check the `cuda` feature (what CI runs; the toolchain and build are cached)
+cuda-check:
+	REPRO_CUDA_TARGET=$${REPRO_CUDA_CACHE:-$$HOME/.cache/repro-cuda}/target scripts/build-cuda.sh check
+
+## gpu-experiments: on a GPU machine, after `make cuda`: OUT=dir make gpu-experiments
+gpu-experiments:
+	scripts/gpu-experiments.sh $${OUT:?set OUT to an output folder}
 
 clean-runs:
 	rm -rf runs

@@ -8,10 +8,7 @@ fn main() {
     // The BLAKE3 part of the CUDA kernels, built for the host so tests can check it without a GPU.
     println!("cargo:rerun-if-changed=kernels/repro.cu");
     println!("cargo:rerun-if-changed=kernels/host_test.c");
-    cc::Build::new()
-        .file("kernels/host_test.c")
-        .warnings(true)
-        .compile("repro_kernels_host");
+    cc::Build::new().file("kernels/host_test.c").warnings(true).compile("repro_kernels_host");
     let lock = std::fs::read_to_string("Cargo.lock").unwrap_or_default();
     let candle = lock
         .split("[[package]]")

@@ -39,11 +39,7 @@ fn main() {
     // itself this way so each measured process has a parent of its own.
     let args: Vec<String> = std::env::args().collect();
     if args.get(1).map(String::as_str) == Some("--peak-rss") {
-        let status = Command::new(&args[2])
-            .args(&args[3..])
-            .stdout(std::process::Stdio::null())
-            .status()
-            .unwrap();
+        let status = Command::new(&args[2]).args(&args[3..]).stdout(std::process::Stdio::null()).status().unwrap();
         println!("{} {}", children_peak_rss_mib(), status.code().unwrap_or(-1));
         return;
     }
@@ -69,34 +65,14 @@ fn main() {
     }
 
     // 2. Recording overhead on the adder (CPU).
-    let config = AdderConfig {
-        steps: 200,
-        ..AdderConfig::default()
-    };
-    let plain = best_of(3, || {
-        config
-            .run(&candle_core::Device::Cpu, &mut Recorder::discard(), None)
-            .unwrap()
-    });
+    let config = AdderConfig { steps: 200, ..AdderConfig::default() };
+    let plain = best_of(3, || config.run(&candle_core::Device::Cpu, &mut Recorder::discard(), None).unwrap());
     let dir = tempfile::tempdir().unwrap();
-    let dir = if std::env::var_os("REPRO_BENCH_KEEP").is_some() {
-        dir.keep()
-    } else {
-        dir.path().to_path_buf()
-    };
+    let dir = if std::env::var_os("REPRO_BENCH_KEEP").is_some() { dir.keep() } else { dir.path().to_path_buf() };
     let recorded = best_of(3, || {
-        let capture = CapturePolicy {
-            full: FullCapture::None,
-            ..CapturePolicy::default()
-        };
-        let mut r = Recorder::create_with(
-            dir.join("t"),
-            config.run_config(),
-            &candle_core::Device::Cpu,
-            capture,
-            true,
-        )
-        .unwrap();
+        let capture = CapturePolicy { full: FullCapture::None, ..CapturePolicy::default() };
+        let mut r = Recorder::create_with(dir.join("t"), config.run_config(), &candle_core::Device::Cpu, capture, true)
+            .unwrap();
         config.run(&candle_core::Device::Cpu, &mut r, None).unwrap();
         r.finish().unwrap()
     });
@@ -158,16 +134,9 @@ fn write_big_trace(dir: &Path, steps: u64, mib: usize, offset: u32) {
     let header = Header {
         format: CURRENT_FORMAT,
         producer: "repro bench".into(),
-        run: RunConfig {
-            workload: "bench".into(),
-            steps: Some(steps),
-            params: Default::default(),
-        },
+        run: RunConfig { workload: "bench".into(), steps: Some(steps), params: Default::default() },
         environment: Environment::default(),
-        capture: CapturePolicy {
-            full: FullCapture::All,
-            inline_max_bytes: 0,
-        },
+        capture: CapturePolicy { full: FullCapture::All, inline_max_bytes: 0 },
     };
     let mut w = TraceWriter::create(dir, &header, true).unwrap();
     let n = (mib << 20) / 4;
@@ -184,15 +153,10 @@ fn write_big_trace(dir: &Path, steps: u64, mib: usize, offset: u32) {
             shape,
             inline: None,
             in_payload: false,
+            phase: None,
+            inputs: vec![],
         };
-        w.write_step(
-            step,
-            vec![StepTensor {
-                record,
-                payload: Some(values),
-            }],
-        )
-        .unwrap();
+        w.write_step(step, vec![StepTensor { record, payload: Some(values) }]).unwrap();
     }
     w.finish().unwrap();
 }

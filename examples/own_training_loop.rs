@@ -1,8 +1,9 @@
 //! Recording your own candle training loop with repro's library API.
 //!
-//! A two-layer MLP regresses y = sin(x0) + x1 * x2 on seeded data. Every step records the
-//! parameters, the predictions, the loss and the gradients; then `repro diff` can compare two
-//! runs of it like any built-in workload:
+//! A two-layer MLP regresses y = sin(x0) + x1 * x2 on seeded data. Every step records its
+//! input, parameters, every forward op with the ops it was computed from, the gradient at the
+//! hidden activations (through a probe) and the parameter gradients; then `repro diff` compares
+//! two runs of it like any built-in workload, down to the first diverging op:
 //!
 //! ```text
 //! cargo run --release --example own_training_loop -- runs/mlp-a
@@ -13,7 +14,7 @@
 use candle_core::{DType, Device, Tensor};
 use candle_nn::{linear, Module, Optimizer, VarBuilder, VarMap, SGD};
 use repro::record::Recorder;
-use repro::trace::{CapturePolicy, RunConfig, TensorKind};
+use repro::trace::{CapturePolicy, Phase, RunConfig, TensorKind};
 use repro::workloads::seeded::{stream, uniform_vec};
 use std::collections::BTreeMap;
 
@@ -46,26 +47,30 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut sgd = SGD::new(varmap.all_vars(), 0.05)?;
 
     for step in 0..STEPS {
-        let x = Tensor::from_vec(
-            uniform_vec(&mut stream(7, "data", step), BATCH * 3, -1.0, 1.0),
-            (BATCH, 3),
-            &device,
-        )?;
+        let x = Tensor::from_vec(uniform_vec(&mut stream(7, "data", step), BATCH * 3, -1.0, 1.0), (BATCH, 3), &device)?;
         let y = (x.narrow(1, 0, 1)?.sin()? + (x.narrow(1, 1, 1)? * x.narrow(1, 2, 1)?)?)?;
-        let pred = output.forward(&hidden.forward(&x)?.relu()?)?;
-        let loss = (&pred - &y)?.sqr()?.mean_all()?;
-        let grads = loss.backward()?;
 
-        // One line per tensor: this is all the instrumentation a loop needs.
+        // One line per op: `s.op(name, inputs, output)` records the output and passes it on.
         let mut s = recorder.step(step);
+        s.record_as("x", TensorKind::Input, Some(Phase::Forward), &[], &x)?;
         for (name, var) in &params {
-            s.record(name, TensorKind::Weight, var.as_tensor())?;
+            s.record_as(name, TensorKind::Weight, Some(Phase::Forward), &[], var.as_tensor())?;
         }
-        s.record("predictions", TensorKind::Prediction, &pred)?;
-        s.record("loss", TensorKind::Loss, &loss)?;
+        let h = s.op("hidden", &["x", "hidden.weight", "hidden.bias"], hidden.forward(&x)?)?;
+        let h = s.op("hidden.relu", &["hidden"], h.relu()?)?;
+        let h = s.probe("hidden.relu", &h)?; // its gradient is recorded after backward
+        let pred = s.op_as(
+            "predictions",
+            TensorKind::Prediction,
+            &["hidden.relu", "output.weight", "output.bias"],
+            output.forward(&h)?,
+        )?;
+        let loss = s.op_as("loss", TensorKind::Loss, &["predictions"], (&pred - &y)?.sqr()?.mean_all()?)?;
+        let grads = loss.backward()?;
+        s.record_probed_gradients(&[("hidden.relu", &["predictions", "loss"])])?;
         for (name, var) in &params {
             if let Some(g) = grads.get(var) {
-                s.record(&format!("{name}.grad"), TensorKind::Gradient, g)?;
+                s.record_as(&format!("{name}.grad"), TensorKind::Gradient, Some(Phase::Backward), &["loss"], g)?;
             }
         }
         s.finish()?;

@@ -15,6 +15,7 @@ export CARGO_TARGET_DIR="${REPRO_CUDA_TARGET:-target/cuda}"
 stubs="$cache/stubs"
 # Always the same RUSTFLAGS: a change would rebuild everything, candle's kernels included.
 export RUSTFLAGS="-L $stubs"
+mkdir -p "$stubs"
 
 if [ "${1:-}" = check ]; then
   cargo check --locked --release --features cuda --all-targets

@@ -34,17 +34,8 @@ pub enum DType {
 
 impl DType {
     /// Every dtype, in tag order.
-    pub const ALL: [DType; 9] = [
-        DType::U8,
-        DType::U32,
-        DType::I16,
-        DType::I32,
-        DType::I64,
-        DType::F16,
-        DType::BF16,
-        DType::F32,
-        DType::F64,
-    ];
+    pub const ALL: [DType; 9] =
+        [DType::U8, DType::U32, DType::I16, DType::I32, DType::I64, DType::F16, DType::BF16, DType::F32, DType::F64];
 
     /// The dtype's name as written in traces and safetensors headers.
     pub fn name(self) -> &'static str {
@@ -188,10 +179,7 @@ pub struct UnknownDType(pub String);
 impl FromStr for DType {
     type Err = UnknownDType;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        DType::ALL
-            .into_iter()
-            .find(|d| d.name().eq_ignore_ascii_case(s))
-            .ok_or_else(|| UnknownDType(s.to_string()))
+        DType::ALL.into_iter().find(|d| d.name().eq_ignore_ascii_case(s)).ok_or_else(|| UnknownDType(s.to_string()))
     }
 }
 

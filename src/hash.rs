@@ -180,20 +180,12 @@ mod tests {
     fn tree_of_chunk_values_matches_blake3_at_every_level() {
         for len in [1025usize, 2048, 2049, 5 * 1024 + 3, 7 * 1024, 64 * 1024 + 1, 1 << 20] {
             let bytes: Vec<u8> = (0..len).map(|i| (i * 131 + 11) as u8).collect();
-            let mut level: Vec<ChainingValue> = bytes
-                .chunks(CHUNK_LEN)
-                .enumerate()
-                .map(|(i, c)| chunk_chaining_value(c, i as u64))
-                .collect();
+            let mut level: Vec<ChainingValue> =
+                bytes.chunks(CHUNK_LEN).enumerate().map(|(i, c)| chunk_chaining_value(c, i as u64)).collect();
             let expected = *blake3::hash(&bytes).as_bytes();
             // Finishing from any level of the pairwise merge gives the same root.
             while level.len() >= 2 {
-                assert_eq!(
-                    finish_tree(level.clone()),
-                    expected,
-                    "len {len}, level of {}",
-                    level.len()
-                );
+                assert_eq!(finish_tree(level.clone()), expected, "len {len}, level of {}", level.len());
                 level = level
                     .chunks(2)
                     .map(|p| {
@@ -231,11 +223,7 @@ mod tests {
             for (i, chunk) in bytes.chunks(CHUNK_LEN).enumerate() {
                 let mut cv = [0u32; 8];
                 unsafe { repro_host_chunk_cv(chunk.as_ptr(), chunk.len() as u32, i as u64, cv.as_mut_ptr()) };
-                assert_eq!(
-                    words_to_bytes(&cv),
-                    chunk_chaining_value(chunk, i as u64),
-                    "len {len}, chunk {i}"
-                );
+                assert_eq!(words_to_bytes(&cv), chunk_chaining_value(chunk, i as u64), "len {len}, chunk {i}");
                 words.push(cv);
             }
             // One parent level the way the device merges it, then the host finishes.

@@ -27,9 +27,5 @@ pub fn run(args: DiffArgs) -> Result<Exit, String> {
     } else {
         print!("{}", render_diff(&diff));
     }
-    Ok(if diff.is_identical() {
-        Exit::Same
-    } else {
-        Exit::Diverged
-    })
+    Ok(if diff.is_identical() { Exit::Same } else { Exit::Diverged })
 }

@@ -32,10 +32,6 @@ pub fn run(args: MatrixArgs) -> Result<Exit, String> {
     } else {
         print!("{}", render_matrix(&report));
     }
-    let all_zero = report
-        .matrices
-        .iter()
-        .flat_map(|m| m.values.iter().flatten())
-        .all(|&v| v == 0.0);
+    let all_zero = report.matrices.iter().flat_map(|m| m.values.iter().flatten()).all(|&v| v == 0.0);
     Ok(if all_zero { Exit::Same } else { Exit::Diverged })
 }

@@ -2,12 +2,14 @@
 
 use super::Exit;
 use clap::Args;
+use repro::diff::ReferenceCheck;
 use repro::ops::Reductions;
-use repro::record::{open_device, Perturbation, Recorder};
-use repro::report::bytes;
+use repro::record::{open_device, Perturbation, RecordError, Recorder};
+use repro::report::{bytes, render_online};
 use repro::trace::{summarize, CapturePolicy, FullCapture};
 use repro::workloads::{AdderConfig, Formulation, WORKLOADS};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 #[derive(Debug, Args)]
@@ -55,6 +57,13 @@ pub struct RecordArgs {
     /// Tensors up to this many bytes are stored at every step.
     #[arg(long, default_value_t = CapturePolicy::default().inline_max_bytes)]
     inline_max_bytes: u64,
+    /// Compare each step with this trace while recording; stop at the first divergence and
+    /// store the diverging step and the one before it in full.
+    #[arg(long, value_name = "RUN")]
+    against: Option<PathBuf>,
+    /// With --against: record to the end after a divergence instead of stopping.
+    #[arg(long, requires = "against")]
+    keep_going: bool,
     /// Fault injection: move element 0 of TENSOR by ULPS units in the last place at STEP.
     #[arg(long, value_name = "STEP:TENSOR:ULPS")]
     perturb: Option<Perturbation>,
@@ -78,16 +87,21 @@ pub fn run(args: RecordArgs) -> Result<Exit, String> {
     if let Some(p) = &perturb {
         run.params.insert("perturb".into(), p.to_string());
     }
-    let capture = CapturePolicy {
-        full: args.capture,
-        inline_max_bytes: args.inline_max_bytes,
-    };
+    let capture = CapturePolicy { full: args.capture, inline_max_bytes: args.inline_max_bytes };
     let started = Instant::now();
+    let reference = match &args.against {
+        Some(dir) => Some(Arc::new(Mutex::new(ReferenceCheck::open(dir).map_err(|e| e.to_string())?))),
+        None => None,
+    };
     let mut recorder =
         Recorder::create_with(&args.out, run, &device, capture, args.force).map_err(|e| e.to_string())?;
-    config
-        .run(&device, &mut recorder, perturb.as_ref())
-        .map_err(|e| format!("{e} (the partial trace in {} is marked incomplete)", args.out.display()))?;
+    if let Some(check) = &reference {
+        recorder.compare_with(Box::new(check.clone()), !args.keep_going);
+    }
+    match config.run(&device, &mut recorder, perturb.as_ref()) {
+        Ok(()) | Err(RecordError::Diverged { .. }) => {}
+        Err(e) => return Err(format!("{e} (the partial trace in {} is marked incomplete)", args.out.display())),
+    }
     let steps = recorder.finish().map_err(|e| e.to_string())?;
     let summary = summarize(&args.out).map_err(|e| e.to_string())?;
     eprintln!(
@@ -102,5 +116,17 @@ pub fn run(args: RecordArgs) -> Result<Exit, String> {
         bytes(summary.records_bytes),
         bytes(summary.payload_bytes)
     );
-    Ok(Exit::Same)
+    let Some(check) = reference else { return Ok(Exit::Same) };
+    let check = check.lock().expect("reference check");
+    let against = args.against.as_deref().unwrap_or(Path::new("")).display().to_string();
+    match check.divergence() {
+        Some(d) => {
+            print!("{}", render_online(d, &against, &args.out.display().to_string()));
+            Ok(Exit::Diverged)
+        }
+        None => {
+            println!("IDENTICAL  {} steps matched the reference {against} bit for bit", check.steps_checked());
+            Ok(Exit::Same)
+        }
+    }
 }

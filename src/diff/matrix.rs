@@ -135,17 +135,12 @@ pub fn error_matrices(
             runs[0].0.dir().display()
         )));
     }
-    let names: Vec<String> = if tensors.is_empty() {
-        runs[0].1.tensors.iter().map(|t| t.name.clone()).collect()
-    } else {
-        tensors.to_vec()
-    };
+    let names: Vec<String> =
+        if tensors.is_empty() { runs[0].1.tensors.iter().map(|t| t.name.clone()).collect() } else { tensors.to_vec() };
     let mut matrices = Vec::new();
     for name in &names {
-        let values = runs
-            .iter_mut()
-            .map(|(reader, record)| load(reader, record, name))
-            .collect::<Result<Vec<_>, _>>()?;
+        let values =
+            runs.iter_mut().map(|(reader, record)| load(reader, record, name)).collect::<Result<Vec<_>, _>>()?;
         for (i, v) in values.iter().enumerate().skip(1) {
             if v.dtype != values[0].dtype || v.shape != values[0].shape {
                 return Err(DiffError::Usage(format!(
@@ -168,17 +163,9 @@ pub fn error_matrices(
                 cells[j][i] = m;
             }
         }
-        matrices.push(ErrorMatrix {
-            tensor: name.clone(),
-            values: cells,
-        });
+        matrices.push(ErrorMatrix { tensor: name.clone(), values: cells });
     }
-    Ok(MatrixReport {
-        runs: dirs.iter().map(|d| d.display().to_string()).collect(),
-        step: chosen,
-        metric,
-        matrices,
-    })
+    Ok(MatrixReport { runs: dirs.iter().map(|d| d.display().to_string()).collect(), step: chosen, metric, matrices })
 }
 
 fn find_step(reader: &mut TraceReader, step: StepSelector) -> Result<StepRecord, DiffError> {

@@ -31,14 +31,7 @@ pub struct TensorMetrics {
 
 impl TensorMetrics {
     fn identical(elements: u64) -> Self {
-        TensorMetrics {
-            elements,
-            mismatched: 0,
-            max_abs: 0.0,
-            sum_abs: 0.0,
-            max_ulp: 0,
-            first_mismatch: None,
-        }
+        TensorMetrics { elements, mismatched: 0, max_abs: 0.0, sum_abs: 0.0, max_ulp: 0, first_mismatch: None }
     }
 
     fn merge(mut self, other: TensorMetrics, offset: u64) -> Self {
@@ -69,17 +62,12 @@ pub fn compare(dtype: DType, a: &[u8], b: &[u8]) -> TensorMetrics {
     assert_eq!(a.len(), b.len(), "compare() needs equal-sized tensors");
     let size = dtype.size_in_bytes();
     let chunk_bytes = CHUNK_ELEMENTS * size;
-    let partials: Vec<TensorMetrics> = a
-        .par_chunks(chunk_bytes)
-        .zip(b.par_chunks(chunk_bytes))
-        .map(|(ca, cb)| compare_chunk(dtype, ca, cb))
-        .collect();
+    let partials: Vec<TensorMetrics> =
+        a.par_chunks(chunk_bytes).zip(b.par_chunks(chunk_bytes)).map(|(ca, cb)| compare_chunk(dtype, ca, cb)).collect();
     partials
         .into_iter()
         .enumerate()
-        .fold(TensorMetrics::identical(0), |acc, (i, p)| {
-            acc.merge(p, (i * CHUNK_ELEMENTS) as u64)
-        })
+        .fold(TensorMetrics::identical(0), |acc, (i, p)| acc.merge(p, (i * CHUNK_ELEMENTS) as u64))
 }
 
 fn compare_chunk(dtype: DType, a: &[u8], b: &[u8]) -> TensorMetrics {

@@ -4,9 +4,11 @@
 //! Both traces are streamed one step at a time, and tensor values are loaded only for tensors
 //! whose hashes differ, so memory stays at one step's tensors however long the traces are.
 
+use super::align::{align, Pairing};
 use super::metrics::{compare, TensorMetrics};
+use super::root_cause::{analyze, Entry, RootCause};
 use crate::dtype::DType;
-use crate::trace::{Completeness, Header, StepRecord, TensorKind, TensorRecord, TraceError, TraceReader};
+use crate::trace::{Completeness, Header, Phase, StepRecord, TensorKind, TensorRecord, TraceError, TraceReader};
 use serde::Serialize;
 use std::collections::BTreeMap;
 
@@ -29,6 +31,9 @@ pub struct TraceDiff {
     pub tensors_diverged: u64,
     /// The earliest divergence: first step, then first tensor in A's recording order.
     pub first_divergence: Option<Divergence>,
+    /// Within the first diverging step: the root cause, independent divergences and
+    /// consequences (meaningful when traces record op inputs, format 1.1).
+    pub root_cause: Option<RootCause>,
     /// Per tensor name, in order of first appearance: when it first diverged and how the error
     /// developed.
     pub tensors: Vec<TensorHistory>,
@@ -80,6 +85,8 @@ pub struct Divergence {
     pub tensor: String,
     /// What the tensor is.
     pub kind: TensorKind,
+    /// Which part of the step produced it, if recorded.
+    pub phase: Option<Phase>,
     /// Element type.
     pub dtype: DType,
     /// Shape.
@@ -143,6 +150,18 @@ pub enum StructuralDifference {
         /// `dtype shape` in B.
         b: String,
     },
+    /// A tensor recorded under another name at the same place of the op sequence (same dtype
+    /// and shape); it is compared under both names.
+    Renamed {
+        /// Its name in A.
+        a: String,
+        /// Its name in B.
+        b: String,
+        /// The first step where it is renamed.
+        first_step: u64,
+        /// At how many steps.
+        steps: u64,
+    },
     /// Steps recorded in only one trace.
     MissingSteps {
         /// Which trace lacks them: "a" or "b".
@@ -194,6 +213,7 @@ pub fn diff_traces(a: &mut TraceReader, b: &mut TraceReader) -> Result<TraceDiff
         tensors_compared: state.tensors_compared,
         tensors_diverged: state.tensors_diverged,
         first_divergence: state.first,
+        root_cause: state.root_cause,
         tensors: state.histories.into_iter().map(HistoryBuilder::finish).collect(),
         first_divergence_by_kind: state.by_kind,
         structure: state.structure,
@@ -240,23 +260,14 @@ pub fn header_differences(a: &Header, b: &Header) -> (Vec<FieldDifference>, Vec<
     for (name, x, y) in fields {
         push_if_differs(&mut env, name, Some(x), Some(y));
     }
-    push_if_differs(
-        &mut env,
-        "threads",
-        Some(&ea.threads.to_string()),
-        Some(&eb.threads.to_string()),
-    );
+    push_if_differs(&mut env, "threads", Some(&ea.threads.to_string()), Some(&eb.threads.to_string()));
     map_differences(&mut env, "env.", &ea.env, &eb.env);
     (config, env)
 }
 
 fn push_if_differs(out: &mut Vec<FieldDifference>, field: &str, a: Option<&String>, b: Option<&String>) {
     if a != b {
-        out.push(FieldDifference {
-            field: field.to_string(),
-            a: a.cloned(),
-            b: b.cloned(),
-        });
+        out.push(FieldDifference { field: field.to_string(), a: a.cloned(), b: b.cloned() });
     }
 }
 
@@ -278,6 +289,7 @@ struct DiffState {
     tensors_compared: u64,
     tensors_diverged: u64,
     first: Option<Divergence>,
+    root_cause: Option<RootCause>,
     histories: Vec<HistoryBuilder>,
     index: BTreeMap<String, usize>,
     by_kind: BTreeMap<TensorKind, u64>,
@@ -298,20 +310,50 @@ impl DiffState {
         sb: &StepRecord,
     ) -> Result<(), TraceError> {
         self.steps_compared += 1;
-        let b_by_name: BTreeMap<&str, &TensorRecord> = sb.tensors.iter().map(|t| (t.name.as_str(), t)).collect();
-        for ta in &sa.tensors {
-            let Some(tb) = b_by_name.get(ta.name.as_str()) else {
-                self.missing_tensor("b", &ta.name, sa.step);
-                continue;
+        let first_divergent = self.first.is_none();
+        let mut entries = Vec::new();
+        for pairing in align(&sa.tensors, &sb.tensors) {
+            let (ta, tb) = match pairing {
+                Pairing::Same(ta, tb) => (ta, tb),
+                Pairing::Renamed(ta, tb) => {
+                    self.renamed(ta, tb, sa.step);
+                    (ta, tb)
+                }
+                Pairing::OnlyA(ta) => {
+                    self.missing_tensor("b", &ta.name, sa.step);
+                    entries.push(Entry {
+                        name: ta.name.clone(),
+                        inputs: ta.inputs.clone(),
+                        divergence: None,
+                        compared: false,
+                    });
+                    continue;
+                }
+                Pairing::OnlyB(tb) => {
+                    self.missing_tensor("a", &tb.name, sb.step);
+                    continue;
+                }
             };
             if ta.dtype != tb.dtype || ta.shape != tb.shape {
                 self.mismatch(ta, tb, sa.step);
+                entries.push(Entry {
+                    name: ta.name.clone(),
+                    inputs: ta.inputs.clone(),
+                    divergence: None,
+                    compared: false,
+                });
                 continue;
             }
             self.tensors_compared += 1;
             let h = self.history(ta);
             self.histories[h].history.steps_compared += 1;
             if ta.hash == tb.hash {
+                entries.push(Entry {
+                    name: ta.name.clone(),
+                    inputs: ta.inputs.clone(),
+                    divergence: None,
+                    compared: true,
+                });
                 continue;
             }
             self.tensors_diverged += 1;
@@ -320,25 +362,47 @@ impl DiffState {
                 _ => None,
             };
             self.by_kind.entry(ta.kind).or_insert(sa.step);
+            let divergence = Divergence {
+                step: sa.step,
+                tensor: ta.name.clone(),
+                kind: ta.kind,
+                phase: ta.phase,
+                dtype: ta.dtype,
+                shape: ta.shape.clone(),
+                metrics,
+            };
             if self.first.is_none() {
-                self.first = Some(Divergence {
-                    step: sa.step,
-                    tensor: ta.name.clone(),
-                    kind: ta.kind,
-                    dtype: ta.dtype,
-                    shape: ta.shape.clone(),
-                    metrics,
-                });
+                self.first = Some(divergence.clone());
             }
             self.histories[h].diverged(sa.step, metrics);
+            entries.push(Entry {
+                name: ta.name.clone(),
+                inputs: ta.inputs.clone(),
+                divergence: Some(divergence),
+                compared: true,
+            });
         }
-        let a_names: std::collections::BTreeSet<&str> = sa.tensors.iter().map(|t| t.name.as_str()).collect();
-        for tb in &sb.tensors {
-            if !a_names.contains(tb.name.as_str()) {
-                self.missing_tensor("a", &tb.name, sb.step);
-            }
+        if first_divergent && self.first.is_some() {
+            self.root_cause = analyze(entries);
         }
         Ok(())
+    }
+
+    fn renamed(&mut self, ta: &TensorRecord, tb: &TensorRecord, step: u64) {
+        for s in &mut self.structure {
+            if let StructuralDifference::Renamed { a, b, steps, .. } = s {
+                if *a == ta.name && *b == tb.name {
+                    *steps += 1;
+                    return;
+                }
+            }
+        }
+        self.structure.push(StructuralDifference::Renamed {
+            a: ta.name.clone(),
+            b: tb.name.clone(),
+            first_step: step,
+            steps: 1,
+        });
     }
 
     fn history(&mut self, t: &TensorRecord) -> usize {
@@ -362,10 +426,7 @@ impl DiffState {
 
     fn missing_step(&mut self, missing_in: &str, step: u64) {
         for s in &mut self.structure {
-            if let StructuralDifference::MissingSteps {
-                missing_in: m, steps, ..
-            } = s
-            {
+            if let StructuralDifference::MissingSteps { missing_in: m, steps, .. } = s {
                 if m == missing_in {
                     *steps += 1;
                     return;
@@ -381,13 +442,7 @@ impl DiffState {
 
     fn missing_tensor(&mut self, missing_in: &str, tensor: &str, step: u64) {
         for s in &mut self.structure {
-            if let StructuralDifference::MissingTensor {
-                tensor: t,
-                missing_in: m,
-                steps,
-                ..
-            } = s
-            {
+            if let StructuralDifference::MissingTensor { tensor: t, missing_in: m, steps, .. } = s {
                 if t == tensor && m == missing_in {
                     *steps += 1;
                     return;

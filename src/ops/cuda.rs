@@ -25,17 +25,12 @@ fn ptx() -> Result<&'static str> {
 
 fn grid(n: u64, block: u32) -> LaunchConfig {
     let blocks = n.div_ceil(block as u64).clamp(1, 65_535 * 8) as u32;
-    LaunchConfig {
-        grid_dim: (blocks, 1, 1),
-        block_dim: (block, 1, 1),
-        shared_mem_bytes: 0,
-    }
+    LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (block, 1, 1), shared_mem_bytes: 0 }
 }
 
 fn f32_view<'a>(storage: &'a CudaStorage, layout: &Layout, op: &str) -> Result<(CudaView<'a, f32>, u64)> {
-    let (start, end) = layout
-        .contiguous_offsets()
-        .ok_or_else(|| Error::Msg(format!("{op} needs a contiguous input")))?;
+    let (start, end) =
+        layout.contiguous_offsets().ok_or_else(|| Error::Msg(format!("{op} needs a contiguous input")))?;
     Ok((storage.as_cuda_slice::<f32>()?.slice(start..end), (end - start) as u64))
 }
 
@@ -59,22 +54,14 @@ pub fn sum_f32(storage: &CudaStorage, layout: &Layout, mode: Reductions) -> Resu
             let blocks = n.div_ceil(4096).clamp(1, 1024);
             let mut partials = dev.alloc_zeros::<f32>(blocks as usize)?;
             let f = dev.get_or_load_custom_func("sum_f32_ordered", MODULE, ptx()?)?;
-            let cfg = LaunchConfig {
-                grid_dim: (blocks as u32, 1, 1),
-                block_dim: (256, 1, 1),
-                shared_mem_bytes: 0,
-            };
+            let cfg = LaunchConfig { grid_dim: (blocks as u32, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
             let mut b = f.builder();
             b.arg(&x);
             b.arg(&n);
             b.arg(&mut partials);
             unsafe { b.launch(cfg) }.w()?;
             let mut out = dev.alloc_zeros::<f32>(1)?;
-            let one = LaunchConfig {
-                grid_dim: (1, 1, 1),
-                block_dim: (256, 1, 1),
-                shared_mem_bytes: 0,
-            };
+            let one = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
             let mut b = f.builder();
             b.arg(&partials);
             b.arg(&blocks);
@@ -202,24 +189,7 @@ pub fn read_all(tensor: &Tensor) -> Result<()> {
     b.arg(&words);
     b.arg(&mut sink);
     // A few waves of blocks over all SMs; each thread strides through the buffer.
-    let cfg = LaunchConfig {
-        grid_dim: (4096, 1, 1),
-        block_dim: (256, 1, 1),
-        shared_mem_bytes: 0,
-    };
+    let cfg = LaunchConfig { grid_dim: (4096, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
     unsafe { b.launch(cfg) }.w()?;
     Ok(())
-}
-
-/// Copies a contiguous F32 tensor into a new device buffer with the driver's device-to-device
-/// copy: read plus write bandwidth.
-pub fn copy_all(tensor: &Tensor) -> Result<()> {
-    let (storage, layout) = tensor.storage_and_layout();
-    let Storage::Cuda(cuda) = &*storage else {
-        return Err(Error::Msg("copy_all needs a CUDA tensor".into()));
-    };
-    let (x, n) = f32_view(cuda, layout, "copy_all")?;
-    let dev = cuda.device().clone();
-    let mut dst = unsafe { dev.alloc::<f32>(n as usize) }?;
-    dev.memcpy_dtod(&x, &mut dst)
 }

@@ -81,9 +81,8 @@ fn f32_input<'a>(op: &str, storage: &'a CpuStorage, layout: &Layout) -> Result<&
     let CpuStorage::F32(values) = storage else {
         return Err(Error::Msg(format!("{op} supports F32 only, got {:?}", storage.dtype())));
     };
-    let (start, end) = layout
-        .contiguous_offsets()
-        .ok_or_else(|| Error::Msg(format!("{op} needs a contiguous input")))?;
+    let (start, end) =
+        layout.contiguous_offsets().ok_or_else(|| Error::Msg(format!("{op} needs a contiguous input")))?;
     Ok(&values[start..end])
 }
 
@@ -199,9 +198,7 @@ mod tests {
     use candle_core::{Device, Var};
 
     fn data(n: usize) -> Vec<f32> {
-        (0..n)
-            .map(|i| ((i * 2654435761usize) % 1000) as f32 * 1e-3 + 0.1)
-            .collect()
+        (0..n).map(|i| ((i * 2654435761usize) % 1000) as f32 * 1e-3 + 0.1).collect()
     }
 
     #[test]
@@ -228,19 +225,10 @@ mod tests {
     #[test]
     fn atomic_sum_order_really_varies() {
         // Values of very different magnitudes make the order visible in the rounding.
-        let v: Vec<f32> = (0..20_000)
-            .map(|i| if i % 7 == 0 { 1e4 } else { 1.0 + i as f32 * 1e-4 })
-            .collect();
+        let v: Vec<f32> = (0..20_000).map(|i| if i % 7 == 0 { 1e4 } else { 1.0 + i as f32 * 1e-4 }).collect();
         let t = Tensor::new(v.as_slice(), &Device::Cpu).unwrap();
-        let results: std::collections::BTreeSet<u32> = (0..200)
-            .map(|_| {
-                sum_all(&t, Reductions::Atomic)
-                    .unwrap()
-                    .to_scalar::<f32>()
-                    .unwrap()
-                    .to_bits()
-            })
-            .collect();
+        let results: std::collections::BTreeSet<u32> =
+            (0..200).map(|_| sum_all(&t, Reductions::Atomic).unwrap().to_scalar::<f32>().unwrap().to_bits()).collect();
         assert!(results.len() > 1, "200 racing sums all gave the same bits");
     }
 
@@ -255,11 +243,7 @@ mod tests {
             // d/db sum((x + b)^2) = 2 * sum(x + b) = 2 * 7.5
             let gb: Vec<f32> = grads.get(&b).unwrap().to_vec1().unwrap();
             assert_eq!(gb, vec![15.0], "{mode}");
-            assert_eq!(
-                loss.to_scalar::<f32>().unwrap(),
-                1.5 * 1.5 + 2.5 * 2.5 + 3.5 * 3.5,
-                "{mode}"
-            );
+            assert_eq!(loss.to_scalar::<f32>().unwrap(), 1.5 * 1.5 + 2.5 * 2.5 + 3.5 * 3.5, "{mode}");
         }
     }
 }

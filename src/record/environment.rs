@@ -28,9 +28,7 @@ pub fn open_device(name: &str) -> Result<Device, RecordError> {
         _ => name.strip_prefix("cuda:").and_then(|n| n.parse::<usize>().ok()),
     };
     let Some(ordinal) = ordinal else {
-        return Err(RecordError::Unsupported(format!(
-            "unknown device `{name}`: expected cpu, cuda or cuda:N"
-        )));
+        return Err(RecordError::Unsupported(format!("unknown device `{name}`: expected cpu, cuda or cuda:N")));
     };
     if !candle_core::utils::cuda_is_available() {
         return Err(RecordError::Unsupported(format!(
@@ -62,10 +60,8 @@ pub fn environment(device: &Device) -> Environment {
             .unwrap_or_else(|e| format!("{} (name unavailable: {e})", device_label(device))),
         _ => device_label(device),
     };
-    let env: BTreeMap<String, String> = NUMERICS_ENV_VARS
-        .iter()
-        .filter_map(|&k| std::env::var(k).ok().map(|v| (k.to_string(), v)))
-        .collect();
+    let env: BTreeMap<String, String> =
+        NUMERICS_ENV_VARS.iter().filter_map(|&k| std::env::var(k).ok().map(|v| (k.to_string(), v))).collect();
     Environment {
         repro_version: env!("CARGO_PKG_VERSION").into(),
         candle_version: env!("REPRO_CANDLE_VERSION").into(),

@@ -14,6 +14,13 @@ pub enum RecordError {
     /// A request repro cannot carry out (bad device, dtype, perturbation, config).
     #[error("{0}")]
     Unsupported(String),
+    /// Online comparison found this step different from the reference run, and was asked to
+    /// stop there.
+    #[error("step {step} diverged from the reference run")]
+    Diverged {
+        /// The diverging step.
+        step: u64,
+    },
 }
 
 /// candle's message without the backtrace it attaches when `RUST_BACKTRACE` is set: users

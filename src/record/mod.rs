@@ -4,6 +4,7 @@
 mod environment;
 mod error;
 mod perturb;
+mod probe;
 mod recorder;
 mod tensor_bytes;
 

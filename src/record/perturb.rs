@@ -27,18 +27,12 @@ impl FromStr for Perturbation {
     type Err = RecordError;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let bad = || {
-            RecordError::Unsupported(format!(
-                "invalid perturbation `{s}`: expected STEP:TENSOR:ULPS, e.g. 5:loss:1"
-            ))
+            RecordError::Unsupported(format!("invalid perturbation `{s}`: expected STEP:TENSOR:ULPS, e.g. 5:loss:1"))
         };
         let mut parts = s.splitn(3, ':');
         let step = parts.next().and_then(|p| p.parse().ok()).ok_or_else(bad)?;
         let tensor = parts.next().filter(|t| !t.is_empty()).ok_or_else(bad)?.to_string();
-        let ulps: i64 = parts
-            .next()
-            .and_then(|p| p.parse().ok())
-            .filter(|&u| u != 0)
-            .ok_or_else(bad)?;
+        let ulps: i64 = parts.next().and_then(|p| p.parse().ok()).filter(|&u| u != 0).ok_or_else(bad)?;
         Ok(Perturbation { step, tensor, ulps })
     }
 }
@@ -58,9 +52,7 @@ impl Perturbation {
         }
         let flat = tensor.flatten_all()?;
         if flat.elem_count() == 0 {
-            return Err(RecordError::Unsupported(format!(
-                "cannot perturb `{name}`: it is empty"
-            )));
+            return Err(RecordError::Unsupported(format!("cannot perturb `{name}`: it is empty")));
         }
         // Element 0 becomes `x0 * m - s`: `m` is one ULP away from 1 (so the gradient through
         // the element is scaled too), and `s` corrects the product to land exactly on the
@@ -99,11 +91,7 @@ impl Perturbation {
 /// The float `ulps` representable values away from `x`.
 fn nudge_f32(x: f32, ulps: i64) -> f32 {
     let ord = ordinal_f32(x) + ulps;
-    let bits = if ord >= 0 {
-        ord as u32
-    } else {
-        (-ord) as u32 | 0x8000_0000
-    };
+    let bits = if ord >= 0 { ord as u32 } else { (-ord) as u32 | 0x8000_0000 };
     f32::from_bits(bits)
 }
 
@@ -133,14 +121,7 @@ mod tests {
     #[test]
     fn parses_and_rejects() {
         let p: Perturbation = "5:loss:1".parse().unwrap();
-        assert_eq!(
-            p,
-            Perturbation {
-                step: 5,
-                tensor: "loss".into(),
-                ulps: 1
-            }
-        );
+        assert_eq!(p, Perturbation { step: 5, tensor: "loss".into(), ulps: 1 });
         assert_eq!(p.to_string(), "5:loss:1");
         assert_eq!("3:a.b:-2".parse::<Perturbation>().unwrap().ulps, -2);
         for bad in ["5:loss", "x:loss:1", "5::1", "5:loss:0", "5:loss:1.5"] {
@@ -153,11 +134,7 @@ mod tests {
         let values = [0.1f32, -3.7, 0.0, -0.0, 1e-30];
         let t = Tensor::new(&values, &Device::Cpu).unwrap();
         for ulps in [1i64, -1, 3] {
-            let p = Perturbation {
-                step: 2,
-                tensor: "x".into(),
-                ulps,
-            };
+            let p = Perturbation { step: 2, tensor: "x".into(), ulps };
             let out: Vec<f32> = p.apply(2, "x", &t).unwrap().to_vec1().unwrap();
             assert_eq!(ordinal_f32(out[0]) - ordinal_f32(values[0]), ulps);
             for i in 1..values.len() {
@@ -171,11 +148,7 @@ mod tests {
     #[test]
     fn zero_and_scalar_targets_move_too() {
         let zero = Tensor::new(&[0.0f32, -0.0], &Device::Cpu).unwrap();
-        let p = Perturbation {
-            step: 0,
-            tensor: "z".into(),
-            ulps: 1,
-        };
+        let p = Perturbation { step: 0, tensor: "z".into(), ulps: 1 };
         let out: Vec<f32> = p.apply(0, "z", &zero).unwrap().to_vec1().unwrap();
         assert_eq!(out[0].to_bits(), 1);
         assert_eq!(out[1].to_bits(), (-0.0f32).to_bits());
@@ -194,11 +167,7 @@ mod gradient_tests {
     fn perturbed_loss_changes_the_gradient() {
         let x = Var::new(&[0.3f32, -1.7, 2.9], &Device::Cpu).unwrap();
         let loss = x.as_tensor().sqr().unwrap().sum_all().unwrap();
-        let p = Perturbation {
-            step: 0,
-            tensor: "loss".into(),
-            ulps: 1,
-        };
+        let p = Perturbation { step: 0, tensor: "loss".into(), ulps: 1 };
         let perturbed = p.apply(0, "loss", &loss).unwrap();
         let g0: Vec<f32> = loss.backward().unwrap().get(&x).unwrap().to_vec1().unwrap();
         let g1: Vec<f32> = perturbed.backward().unwrap().get(&x).unwrap().to_vec1().unwrap();

@@ -21,10 +21,13 @@
 
 use super::environment::environment;
 use super::error::RecordError;
+use super::perturb::Perturbation;
+use super::probe::{Probe, ProbedGradients};
 use super::tensor_bytes::{device_data_hash, trace_dtype, with_canonical_bytes};
 use crate::hash::{combine, tensor_hash};
 use crate::trace::{
-    CapturePolicy, Header, RunConfig, StepTensor, TensorKind, TensorRecord, TraceWriter, CURRENT_FORMAT,
+    CapturePolicy, Header, Phase, RunConfig, StepCheck, StepTensor, StepVerdict, TensorKind, TensorRecord, TraceWriter,
+    CURRENT_FORMAT,
 };
 use candle_core::{Device, Tensor};
 use std::path::Path;
@@ -36,6 +39,26 @@ pub struct Recorder {
     capture: CapturePolicy,
     total_steps: Option<u64>,
     first_step: Option<u64>,
+    perturbation: Option<Perturbation>,
+    perturbation_applied: bool,
+    online: Option<Online>,
+}
+
+/// Online comparison against a reference run (`Recorder::compare_with`).
+struct Online {
+    check: Box<dyn StepCheck>,
+    stop_at_divergence: bool,
+    /// The last step that matched, held back with its full values, so that if the next step
+    /// diverges the step before the divergence is written in full too.
+    pending: Option<PendingStep>,
+    diverged: bool,
+}
+
+struct PendingStep {
+    step: u64,
+    tensors: Vec<StepTensor>,
+    /// Whether the capture policy itself wanted this step's full values.
+    policy_full: bool,
 }
 
 impl Recorder {
@@ -66,23 +89,38 @@ impl Recorder {
             capture: capture.clone(),
         };
         let writer = TraceWriter::create(dir.as_ref(), &header, replace)?;
-        Ok(Recorder {
-            writer: Some(writer),
-            capture,
-            total_steps,
-            first_step: None,
-        })
+        Ok(Recorder { writer: Some(writer), ..Self::discard_with(capture, total_steps) })
     }
 
     /// A recorder that hashes nothing and writes nothing: the un-instrumented baseline that
     /// recording overhead is measured against.
     pub fn discard() -> Self {
+        Self::discard_with(CapturePolicy::default(), None)
+    }
+
+    fn discard_with(capture: CapturePolicy, total_steps: Option<u64>) -> Self {
         Recorder {
             writer: None,
-            capture: CapturePolicy::default(),
-            total_steps: None,
+            capture,
+            total_steps,
             first_step: None,
+            perturbation: None,
+            perturbation_applied: false,
+            online: None,
         }
+    }
+
+    /// Plants a fault (see `Perturbation`): the named tensor is moved when `StepRecorder::op`
+    /// or `StepRecorder::perturbed` sees it at the given step.
+    pub fn set_perturbation(&mut self, perturbation: Option<Perturbation>) {
+        self.perturbation = perturbation;
+    }
+
+    /// Compares every step, as it is recorded, with a reference run through `check`. On the
+    /// first divergence the step before it and the diverging step are written with full values;
+    /// with `stop_at_divergence`, `StepRecorder::finish` then returns `RecordError::Diverged`.
+    pub fn compare_with(&mut self, check: Box<dyn StepCheck>, stop_at_divergence: bool) {
+        self.online = Some(Online { check, stop_at_divergence, pending: None, diverged: false });
     }
 
     /// The trace directory (`None` for a discarding recorder).
@@ -93,22 +131,53 @@ impl Recorder {
     /// Begins recording step `step`. Record its tensors on the returned value, then `finish` it.
     pub fn step(&mut self, step: u64) -> StepRecorder<'_> {
         let first = *self.first_step.get_or_insert(step);
-        let full = self.capture.wants_full(step, first, self.total_steps);
+        let policy_full = self.capture.wants_full(step, first, self.total_steps);
+        // Online comparison keeps every step's values until the next step has been checked.
+        let full = policy_full || self.online.as_ref().is_some_and(|o| !o.diverged);
         StepRecorder {
             recorder: self,
             step,
             full,
+            policy_full,
             tensors: Vec::new(),
+            probes: ProbedGradients::default(),
         }
     }
 
     /// Marks the trace complete and syncs it to disk; returns the number of steps recorded.
-    pub fn finish(self) -> Result<u64, RecordError> {
+    pub fn finish(mut self) -> Result<u64, RecordError> {
+        let stopped_early = self.online.as_ref().is_some_and(|o| o.diverged && o.stop_at_divergence);
+        if let (Some(p), false, false) = (&self.perturbation, self.perturbation_applied, stopped_early) {
+            return Err(RecordError::Unsupported(format!(
+                "the perturbation {p} never applied: no tensor `{}` passed through the recorder at step {}",
+                p.tensor, p.step
+            )));
+        }
+        if let Some(pending) = self.online.as_mut().and_then(|o| o.pending.take()) {
+            self.write(pending.step, strip(pending.tensors, pending.policy_full))?;
+        }
         match self.writer {
             Some(writer) => Ok(writer.finish()?),
             None => Ok(0),
         }
     }
+
+    fn write(&mut self, step: u64, tensors: Vec<StepTensor>) -> Result<(), RecordError> {
+        match &mut self.writer {
+            Some(writer) => Ok(writer.write_step(step, tensors)?),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Drops the full values the capture policy did not ask for (small inline values stay).
+fn strip(mut tensors: Vec<StepTensor>, policy_full: bool) -> Vec<StepTensor> {
+    if !policy_full {
+        for t in &mut tensors {
+            t.payload = None;
+        }
+    }
+    tensors
 }
 
 /// Collects one step's tensors; nothing reaches the trace until `finish`.
@@ -116,7 +185,9 @@ pub struct StepRecorder<'a> {
     recorder: &'a mut Recorder,
     step: u64,
     full: bool,
+    policy_full: bool,
     tensors: Vec<StepTensor>,
+    probes: ProbedGradients,
 }
 
 impl StepRecorder<'_> {
@@ -127,12 +198,26 @@ impl StepRecorder<'_> {
 
     /// Whether this step stores full tensors under the capture policy.
     pub fn stores_full_tensors(&self) -> bool {
-        self.full
+        self.policy_full
     }
 
     /// Records `tensor` under `name`: its canonical hash always, its values when the capture
     /// policy asks for this step or when it is small enough to store inline.
     pub fn record(&mut self, name: &str, kind: TensorKind, tensor: &Tensor) -> Result<(), RecordError> {
+        self.record_as(name, kind, None, &[], tensor)
+    }
+
+    /// Records `tensor` with the phase that produced it and the names of the tensors of this
+    /// step it was computed from (each recorded earlier in the step). These let `repro diff`
+    /// find the root cause of a divergence.
+    pub fn record_as(
+        &mut self,
+        name: &str,
+        kind: TensorKind,
+        phase: Option<Phase>,
+        inputs: &[&str],
+        tensor: &Tensor,
+    ) -> Result<(), RecordError> {
         if self.recorder.writer.is_none() {
             return Ok(());
         }
@@ -166,17 +251,93 @@ impl StepRecorder<'_> {
                 hash,
                 inline,
                 in_payload: false,
+                phase,
+                inputs: inputs.iter().map(|s| s.to_string()).collect(),
             },
             payload,
         });
         Ok(())
     }
 
-    /// Writes the step to the trace.
+    /// Applies the run's planted perturbation if it targets `name` at this step; otherwise
+    /// returns `tensor` unchanged. Workloads call this for tensors they update themselves
+    /// (parameters); `op` calls it for every op.
+    pub fn perturbed(&mut self, name: &str, tensor: &Tensor) -> Result<Tensor, RecordError> {
+        match &self.recorder.perturbation {
+            Some(p) if p.step == self.step && p.tensor == name => {
+                self.recorder.perturbation_applied = true;
+                p.apply(self.step, name, tensor)
+            }
+            _ => Ok(tensor.clone()),
+        }
+    }
+
+    /// Records the output of one forward op under `name` (perturbing it first if the run plants
+    /// a fault there) and returns it, so ops can be recorded inline:
+    /// `let h = s.op("fc1.matmul", &["x", "fc1.weight"], x.matmul(&w)?)?;`
+    pub fn op(&mut self, name: &str, inputs: &[&str], output: Tensor) -> Result<Tensor, RecordError> {
+        self.op_as(name, TensorKind::OpOutput, inputs, output)
+    }
+
+    /// `op` for an output of another kind (the predictions, the loss).
+    pub fn op_as(
+        &mut self,
+        name: &str,
+        kind: TensorKind,
+        inputs: &[&str],
+        output: Tensor,
+    ) -> Result<Tensor, RecordError> {
+        let output = self.perturbed(name, &output)?;
+        self.record_as(name, kind, Some(Phase::Forward), inputs, &output)?;
+        Ok(output)
+    }
+
+    /// Returns `tensor` behind a probe: an identity op whose backward pass hands the gradient
+    /// with respect to `tensor` to this recorder. After `backward()`, `record_probed_gradients`
+    /// records it as `NAME.grad`.
+    pub fn probe(&mut self, name: &str, tensor: &Tensor) -> Result<Tensor, RecordError> {
+        Ok(tensor.apply_op1(Probe::new(name, self.probes.clone()))?)
+    }
+
+    /// Records the gradients the probes saw during `backward()`, in the order backpropagation
+    /// reached them, as `NAME.grad` (phase backward). `inputs` gives, per probe name, the
+    /// recorded tensors each gradient was computed from.
+    pub fn record_probed_gradients(&mut self, inputs: &[(&str, &[&str])]) -> Result<(), RecordError> {
+        for (name, grad) in self.probes.take() {
+            let deps = inputs.iter().find(|(n, _)| *n == name).map_or(&[][..], |(_, d)| *d);
+            let grad = self.perturbed(&format!("{name}.grad"), &grad)?;
+            self.record_as(&format!("{name}.grad"), TensorKind::Gradient, Some(Phase::Backward), deps, &grad)?;
+        }
+        Ok(())
+    }
+
+    /// Writes the step to the trace (or, when comparing online, checks it first).
     pub fn finish(self) -> Result<(), RecordError> {
-        match &mut self.recorder.writer {
-            Some(writer) => Ok(writer.write_step(self.step, self.tensors)?),
-            None => Ok(()),
+        let StepRecorder { recorder, step, policy_full, tensors, .. } = self;
+        let Some(online) = recorder.online.as_mut().filter(|o| !o.diverged) else {
+            return recorder.write(step, tensors);
+        };
+        match online.check.check_step(step, &tensors)? {
+            StepVerdict::Same => {
+                let previous = online.pending.replace(PendingStep { step, tensors, policy_full });
+                match previous {
+                    Some(p) => recorder.write(p.step, strip(p.tensors, p.policy_full)),
+                    None => Ok(()),
+                }
+            }
+            StepVerdict::Diverged => {
+                online.diverged = true;
+                let stop = online.stop_at_divergence;
+                if let Some(p) = online.pending.take() {
+                    recorder.write(p.step, p.tensors)?;
+                }
+                recorder.write(step, tensors)?;
+                if stop {
+                    Err(RecordError::Diverged { step })
+                } else {
+                    Ok(())
+                }
+            }
         }
     }
 }

@@ -21,11 +21,7 @@ pub fn trace_dtype(dtype: candle_core::DType) -> Result<DType, RecordError> {
         C::BF16 => DType::BF16,
         C::F32 => DType::F32,
         C::F64 => DType::F64,
-        other => {
-            return Err(RecordError::Unsupported(format!(
-                "cannot record tensors of dtype {other:?}"
-            )))
-        }
+        other => return Err(RecordError::Unsupported(format!("cannot record tensors of dtype {other:?}"))),
     })
 }
 
@@ -77,9 +73,7 @@ pub fn with_canonical_bytes<R>(tensor: &Tensor, f: impl FnOnce(&[u8]) -> R) -> R
         (Storage::Cpu(cpu), Some((start, end))) => cpu_bytes(cpu, start, end)
             .map(f)
             .ok_or_else(|| RecordError::Unsupported(format!("cannot read tensors of dtype {:?}", tensor.dtype()))),
-        _ => Err(RecordError::Unsupported(
-            "tensor did not arrive contiguously on the host".into(),
-        )),
+        _ => Err(RecordError::Unsupported("tensor did not arrive contiguously on the host".into())),
     }
 }
 
@@ -107,10 +101,7 @@ mod tests {
         let t = Tensor::new(&[[1f32, 2.0], [3.0, 4.0]], &Device::Cpu).unwrap();
         let tt = t.t().unwrap();
         let bytes = with_canonical_bytes(&tt, |b| b.to_vec()).unwrap();
-        let values: Vec<f32> = bytes
-            .chunks(4)
-            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-            .collect();
+        let values: Vec<f32> = bytes.chunks(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
         assert_eq!(values, vec![1.0, 3.0, 2.0, 4.0]);
     }
 
@@ -118,10 +109,7 @@ mod tests {
     fn narrowed_view_reads_only_its_window() {
         let t = Tensor::arange(0u32, 10, &Device::Cpu).unwrap().narrow(0, 3, 4).unwrap();
         let bytes = with_canonical_bytes(&t, |b| b.to_vec()).unwrap();
-        let values: Vec<u32> = bytes
-            .chunks(4)
-            .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
-            .collect();
+        let values: Vec<u32> = bytes.chunks(4).map(|c| u32::from_le_bytes(c.try_into().unwrap())).collect();
         assert_eq!(values, vec![3, 4, 5, 6]);
     }
 }

@@ -1,7 +1,7 @@
 //! The human-readable `repro diff` report.
 
 use super::format::{sci, shape};
-use crate::diff::{FieldDifference, StructuralDifference, TensorMetrics, TraceDiff, TraceSide};
+use crate::diff::{Divergence, FieldDifference, RootCause, StructuralDifference, TensorMetrics, TraceDiff, TraceSide};
 use std::fmt::{self, Write};
 
 /// Renders a diff for people.
@@ -19,11 +19,7 @@ fn write_diff(out: &mut String, d: &TraceDiff) -> fmt::Result {
     writeln!(out)?;
     let Some(first) = &d.first_divergence else {
         if d.structure.is_empty() {
-            writeln!(
-                out,
-                "IDENTICAL  {} steps, {} tensors compared, bit-exact",
-                d.steps_compared, d.tensors_compared
-            )?;
+            writeln!(out, "IDENTICAL  {} steps, {} tensors compared, bit-exact", d.steps_compared, d.tensors_compared)?;
         } else {
             writeln!(
                 out,
@@ -34,11 +30,7 @@ fn write_diff(out: &mut String, d: &TraceDiff) -> fmt::Result {
         }
         return Ok(());
     };
-    writeln!(
-        out,
-        "DIVERGED  first at step {}, tensor `{}` ({})",
-        first.step, first.tensor, first.kind
-    )?;
+    writeln!(out, "DIVERGED  first at step {}, tensor `{}` ({})", first.step, first.tensor, first.kind)?;
     write!(out, "  {} {}: ", first.dtype, shape(&first.shape))?;
     match &first.metrics {
         Some(m) => writeln!(out, "{}", metrics_sentence(m))?,
@@ -47,6 +39,10 @@ fn write_diff(out: &mut String, d: &TraceDiff) -> fmt::Result {
             "hashes differ; values not stored at this step (re-record with `--capture steps:{}` for exact metrics)",
             first.step
         )?,
+    }
+    if let Some(root) = d.root_cause.as_ref().filter(|r| has_input_edges(r)) {
+        writeln!(out)?;
+        write_root_cause(out, root)?;
     }
     writeln!(out)?;
     writeln!(
@@ -64,11 +60,7 @@ fn write_diff(out: &mut String, d: &TraceDiff) -> fmt::Result {
     }
     writeln!(out, "\nper tensor:")?;
     let width = d.tensors.iter().map(|t| t.name.len()).max().unwrap_or(6).max(6);
-    writeln!(
-        out,
-        "  {:<width$}  {:<10}  {:>11}  {:>9}",
-        "tensor", "kind", "first step", "diverged"
-    )?;
+    writeln!(out, "  {:<width$}  {:<10}  {:>11}  {:>9}", "tensor", "kind", "first step", "diverged")?;
     for t in &d.tensors {
         let first = t.first_divergent_step.map_or("-".to_string(), |s| s.to_string());
         writeln!(
@@ -80,11 +72,7 @@ fn write_diff(out: &mut String, d: &TraceDiff) -> fmt::Result {
             format!("{}/{}", t.steps_diverged, t.steps_compared)
         )?;
     }
-    let growth: Vec<_> = d
-        .tensors
-        .iter()
-        .flat_map(|t| t.growth.iter().map(move |g| (t, g)))
-        .collect();
+    let growth: Vec<_> = d.tensors.iter().flat_map(|t| t.growth.iter().map(move |g| (t, g))).collect();
     if !growth.is_empty() {
         writeln!(out, "\nerror growth (steps with stored values):")?;
         writeln!(
@@ -113,6 +101,51 @@ fn write_diff(out: &mut String, d: &TraceDiff) -> fmt::Result {
     Ok(())
 }
 
+/// Whether the traces recorded op inputs, so the root-cause analysis says more than "the first
+/// difference".
+fn has_input_edges(r: &RootCause) -> bool {
+    r.inputs_checked || !r.independent.is_empty() || r.consequences.iter().any(|c| !c.from.is_empty())
+}
+
+fn describe(d: &Divergence) -> String {
+    let phase = d.phase.map_or(String::new(), |p| format!(", {p}"));
+    format!("`{}` ({}{phase})", d.tensor, d.kind)
+}
+
+fn divergence_metrics(d: &Divergence) -> String {
+    match &d.metrics {
+        Some(m) => metrics_sentence(m),
+        None => "hashes differ; values not stored at this step".into(),
+    }
+}
+
+/// The root-cause block: the cause, divergences of their own, and what follows from them.
+pub fn write_root_cause(out: &mut String, r: &RootCause) -> fmt::Result {
+    writeln!(out, "root cause: {} at step {}", describe(&r.cause), r.cause.step)?;
+    if r.inputs_checked {
+        writeln!(out, "  its recorded inputs are identical in both runs; its output is not:")?;
+    } else {
+        writeln!(out, "  the first difference in the step (its inputs were not recorded or not comparable):")?;
+    }
+    writeln!(out, "  {} {}: {}", r.cause.dtype, shape(&r.cause.shape), divergence_metrics(&r.cause))?;
+    if !r.independent.is_empty() {
+        writeln!(out, "also diverging with identical inputs (separate causes):")?;
+        for d in &r.independent {
+            writeln!(out, "  {}: {}", describe(d), divergence_metrics(d))?;
+        }
+    }
+    if !r.consequences.is_empty() {
+        writeln!(out, "consequences in the same step:")?;
+        for c in &r.consequences {
+            let phase = c.phase.map_or(String::new(), |p| format!(", {p}"));
+            let from =
+                if c.from.is_empty() { "no recorded path".to_string() } else { format!("from {}", c.from.join(", ")) };
+            writeln!(out, "  `{}` ({}{phase}): {from}", c.tensor, c.kind)?;
+        }
+    }
+    Ok(())
+}
+
 /// One sentence summarizing tensor metrics.
 pub fn metrics_sentence(m: &TensorMetrics) -> String {
     format!(
@@ -122,8 +155,7 @@ pub fn metrics_sentence(m: &TensorMetrics) -> String {
         sci(m.max_abs),
         sci(m.sum_abs),
         m.max_ulp,
-        m.first_mismatch
-            .map_or(String::new(), |i| format!(" (first at element {i})"))
+        m.first_mismatch.map_or(String::new(), |i| format!(" (first at element {i})"))
     )
 }
 
@@ -132,11 +164,7 @@ fn write_side(out: &mut String, label: &str, s: &TraceSide) -> fmt::Result {
         None => "complete".to_string(),
         Some(why) => format!("INCOMPLETE: {why}"),
     };
-    writeln!(
-        out,
-        "{label}  {}  ({}, {} steps, {status})",
-        s.path, s.workload, s.steps
-    )
+    writeln!(out, "{label}  {}  ({}, {} steps, {status})", s.path, s.workload, s.steps)
 }
 
 fn write_fields(out: &mut String, title: &str, fields: &[FieldDifference]) -> fmt::Result {
@@ -154,39 +182,21 @@ fn write_fields(out: &mut String, title: &str, fields: &[FieldDifference]) -> fm
 fn write_structure(out: &mut String, items: &[StructuralDifference]) -> fmt::Result {
     for item in items {
         match item {
-            StructuralDifference::MissingSteps {
-                missing_in,
-                first_step,
-                steps,
-            } => {
+            StructuralDifference::MissingSteps { missing_in, first_step, steps } => {
                 let (has, lacks) = if missing_in == "a" { ("B", "A") } else { ("A", "B") };
-                writeln!(
-                    out,
-                    "  {steps} step(s) from step {first_step} recorded only in {has} ({lacks} lacks them)"
-                )?
+                writeln!(out, "  {steps} step(s) from step {first_step} recorded only in {has} ({lacks} lacks them)")?
             }
-            StructuralDifference::MissingTensor {
-                tensor,
-                missing_in,
-                first_step,
-                steps,
-            } => {
-                let has = if missing_in == "a" { "B" } else { "A" };
-                writeln!(
-                    out,
-                    "  `{tensor}` recorded only in {has}, at {steps} step(s) from step {first_step}"
-                )?
-            }
-            StructuralDifference::Mismatch {
-                tensor,
-                first_step,
-                steps,
-                a,
-                b,
-            } => writeln!(
+            StructuralDifference::Renamed { a, b, first_step, steps } => writeln!(
                 out,
-                "  `{tensor}` is {a} in A but {b} in B, at {steps} step(s) from step {first_step}"
+                "  `{a}` in A is `{b}` in B (same place, dtype and shape), at {steps} step(s) from step {first_step}"
             )?,
+            StructuralDifference::MissingTensor { tensor, missing_in, first_step, steps } => {
+                let has = if missing_in == "a" { "B" } else { "A" };
+                writeln!(out, "  `{tensor}` recorded only in {has}, at {steps} step(s) from step {first_step}")?
+            }
+            StructuralDifference::Mismatch { tensor, first_step, steps, a, b } => {
+                writeln!(out, "  `{tensor}` is {a} in A but {b} in B, at {steps} step(s) from step {first_step}")?
+            }
         }
     }
     Ok(())

@@ -43,12 +43,7 @@ pub fn step_list(steps: &[u64]) -> String {
     if steps.len() <= SHOWN {
         text(steps)
     } else {
-        format!(
-            "{}, ... ({} more), {}",
-            text(&steps[..SHOWN - 1]),
-            steps.len() - SHOWN,
-            steps[steps.len() - 1]
-        )
+        format!("{}, ... ({} more), {}", text(&steps[..SHOWN - 1]), steps.len() - SHOWN, steps[steps.len() - 1])
     }
 }
 
@@ -64,9 +59,6 @@ mod tests {
         assert_eq!(bytes(1536), "1.5 KiB");
         assert_eq!(shape(&[]), "scalar");
         assert_eq!(step_list(&[0, 99]), "0, 99");
-        assert_eq!(
-            step_list(&(0..20).collect::<Vec<_>>()),
-            "0, 1, 2, 3, 4, 5, 6, ... (12 more), 19"
-        );
+        assert_eq!(step_list(&(0..20).collect::<Vec<_>>()), "0, 1, 2, 3, 4, 5, 6, ... (12 more), 19");
     }
 }

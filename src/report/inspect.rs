@@ -50,40 +50,31 @@ pub fn render_summary(s: &TraceSummary) -> String {
         _ => "no steps".into(),
     };
     let _ = writeln!(out, "steps      {range}");
-    let _ = writeln!(
-        out,
-        "full steps {}",
-        if s.full_steps.is_empty() {
-            "none".into()
-        } else {
-            step_list(&s.full_steps)
-        }
-    );
+    let _ =
+        writeln!(out, "full steps {}", if s.full_steps.is_empty() { "none".into() } else { step_list(&s.full_steps) });
     if !s.tensors.is_empty() {
         let width = s.tensors.iter().map(|t| t.name.len()).max().unwrap_or(6).max(6);
-        let _ = writeln!(out, "\ntensors per step");
+        let _ = writeln!(out, "\ntensors per step, in recording order");
         let _ = writeln!(
             out,
-            "  {:<width$}  {:<10}  {:<5}  {:<14}  {:>10}",
-            "name", "kind", "dtype", "shape", "size"
+            "  {:<width$}  {:<10}  {:<8}  {:<5}  {:<14}  {:>10}  inputs",
+            "name", "kind", "phase", "dtype", "shape", "size"
         );
         for t in &s.tensors {
-            let _ = writeln!(
-                out,
-                "  {:<width$}  {:<10}  {:<5}  {:<14}  {:>10}",
+            let phase = t.phase.map_or("-", |p| p.name());
+            let line = format!(
+                "  {:<width$}  {:<10}  {:<8}  {:<5}  {:<14}  {:>10}  {}",
                 t.name,
                 t.kind.name(),
+                phase,
                 t.dtype.name(),
                 shape(&t.shape),
-                bytes(t.bytes)
+                bytes(t.bytes),
+                t.inputs.join(", ")
             );
+            let _ = writeln!(out, "{}", line.trim_end());
         }
     }
-    let _ = writeln!(
-        out,
-        "\nsize       records {}, payloads {}",
-        bytes(s.records_bytes),
-        bytes(s.payload_bytes)
-    );
+    let _ = writeln!(out, "\nsize       records {}, payloads {}", bytes(s.records_bytes), bytes(s.payload_bytes));
     out
 }

@@ -5,8 +5,10 @@ mod diff;
 mod format;
 mod inspect;
 mod matrix;
+mod online;
 
-pub use diff::{metrics_sentence, render_diff};
+pub use diff::{metrics_sentence, render_diff, write_root_cause};
 pub use format::{bytes, sci, shape};
 pub use inspect::render_summary;
 pub use matrix::render_matrix;
+pub use online::render_online;

@@ -19,7 +19,9 @@ pub struct FormatVersion {
 /// Changelog:
 /// - 1.0: first version: framed msgpack records (header, steps, footer), safetensors payloads,
 ///   canonical hash `repro.tensor.v1`.
-pub const CURRENT_FORMAT: FormatVersion = FormatVersion { major: 1, minor: 0 };
+/// - 1.1: tensor records may carry `phase` and `inputs` (per-op recording, root cause); tensor
+///   kind `input`; readers take unknown tensor kinds as `other`.
+pub const CURRENT_FORMAT: FormatVersion = FormatVersion { major: 1, minor: 1 };
 
 impl FormatVersion {
     /// Whether this build can read a trace written in `self`.
@@ -66,10 +68,7 @@ pub fn payload_name(step: u64) -> String {
 /// Parses a payload name back to its step, accepting only names `payload_name` makes, so a
 /// record can never point outside its trace directory.
 pub fn parse_payload_name(name: &str) -> Option<u64> {
-    let digits = name
-        .strip_prefix(TENSORS_DIR)?
-        .strip_prefix("/step-")?
-        .strip_suffix(".safetensors")?;
+    let digits = name.strip_prefix(TENSORS_DIR)?.strip_prefix("/step-")?.strip_suffix(".safetensors")?;
     if digits.len() < 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
@@ -84,10 +83,7 @@ mod tests {
     #[test]
     fn payload_names_round_trip_and_refuse_escapes() {
         assert_eq!(parse_payload_name(&payload_name(42)), Some(42));
-        assert_eq!(
-            parse_payload_name(&payload_name(123_456_789_012)),
-            Some(123_456_789_012)
-        );
+        assert_eq!(parse_payload_name(&payload_name(123_456_789_012)), Some(123_456_789_012));
         for bad in [
             "tensors/../step-00000001.safetensors",
             "/etc/passwd",

@@ -53,9 +53,7 @@ pub fn read_frame(input: &mut impl Read) -> io::Result<Frame> {
     let len = u32::from_le_bytes(header[..4].try_into().unwrap());
     let expected_crc = u32::from_le_bytes(header[4..].try_into().unwrap());
     if len > MAX_RECORD_BYTES {
-        return Ok(Frame::Corrupt(format!(
-            "record length {len} exceeds the limit of {MAX_RECORD_BYTES} bytes"
-        )));
+        return Ok(Frame::Corrupt(format!("record length {len} exceeds the limit of {MAX_RECORD_BYTES} bytes")));
     }
     let mut payload = vec![0u8; len as usize];
     if read_full(input, &mut payload)? < payload.len() {
@@ -66,9 +64,7 @@ pub fn read_frame(input: &mut impl Read) -> io::Result<Frame> {
     crc.update(&payload);
     let actual = crc.finalize();
     if actual != expected_crc {
-        return Ok(Frame::Corrupt(format!(
-            "checksum mismatch (stored {expected_crc:08x}, computed {actual:08x})"
-        )));
+        return Ok(Frame::Corrupt(format!("checksum mismatch (stored {expected_crc:08x}, computed {actual:08x})")));
     }
     Ok(Frame::Record(payload))
 }

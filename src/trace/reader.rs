@@ -74,10 +74,7 @@ impl TraceReader {
         }
         let records_path = dir.join(RECORDS_FILE);
         if !records_path.exists() {
-            return Err(TraceError::NotATrace {
-                path: dir,
-                reason: format!("it has no {RECORDS_FILE}"),
-            });
+            return Err(TraceError::NotATrace { path: dir, reason: format!("it has no {RECORDS_FILE}") });
         }
         let file = File::open(&records_path).map_err(TraceError::io(&records_path))?;
         let mut input = BufReader::with_capacity(1 << 16, file);
@@ -221,11 +218,7 @@ impl TraceReader {
                 reason: "the stored values do not match the recorded hash".into(),
             });
         }
-        Ok(Some(TensorValues {
-            dtype: tensor.dtype,
-            shape: tensor.shape.clone(),
-            bytes,
-        }))
+        Ok(Some(TensorValues { dtype: tensor.dtype, shape: tensor.shape.clone(), bytes }))
     }
 
     /// Maps the payload file of `step` (named `name`), unless it is already mapped.
@@ -267,9 +260,7 @@ impl TraceReader {
         };
         let file = safetensors::SafeTensors::deserialize(map)
             .map_err(|e| bad(format!("not a valid safetensors file: {e}")))?;
-        let view = file
-            .tensor(&tensor.name)
-            .map_err(|_| bad("the payload file does not hold this tensor".into()))?;
+        let view = file.tensor(&tensor.name).map_err(|_| bad("the payload file does not hold this tensor".into()))?;
         let shape: Vec<u64> = view.shape().iter().map(|&d| d as u64).collect();
         if view.dtype() != safetensors_dtype(tensor.dtype) || shape != tensor.shape {
             return Err(bad(format!(
@@ -307,10 +298,7 @@ impl TraceReader {
                 let mut de = rmp_serde::Deserializer::from_read_ref(&payload);
                 de.set_max_depth(MAX_NESTING);
                 Record::deserialize(&mut de).map(Some).map_err(|e| {
-                    self.corrupt(
-                        &format!("byte {start} ({})", self.here()),
-                        format!("undecodable record: {e}"),
-                    )
+                    self.corrupt(&format!("byte {start} ({})", self.here()), format!("undecodable record: {e}"))
                 })
             }
         }
@@ -319,17 +307,13 @@ impl TraceReader {
     fn check_step(&self, step: &StepRecord) -> Result<(), TraceError> {
         let where_ = format!("step {}", step.step);
         if let Some(last) = self.last_step.filter(|&l| step.step <= l) {
-            return Err(self.corrupt(
-                &where_,
-                format!("steps out of order (step {} follows step {last})", step.step),
-            ));
+            return Err(self.corrupt(&where_, format!("steps out of order (step {} follows step {last})", step.step)));
         }
         if let Some(name) = &step.payload {
             if format::parse_payload_name(name) != Some(step.step) {
-                return Err(self.corrupt(
-                    &where_,
-                    format!("payload reference `{name}` is not this step's payload file"),
-                ));
+                return Err(
+                    self.corrupt(&where_, format!("payload reference `{name}` is not this step's payload file"))
+                );
             }
         }
         let mut names = std::collections::BTreeSet::new();
@@ -340,42 +324,28 @@ impl TraceReader {
             if t.shape.len() > format::MAX_RANK {
                 return Err(self.corrupt(
                     &where_,
-                    format!(
-                        "tensor `{}` has rank {} (limit {})",
-                        t.name,
-                        t.shape.len(),
-                        format::MAX_RANK
-                    ),
+                    format!("tensor `{}` has rank {} (limit {})", t.name, t.shape.len(), format::MAX_RANK),
                 ));
             }
-            let bytes = t
-                .shape
-                .iter()
-                .try_fold(t.dtype.size_in_bytes() as u64, |acc, &d| acc.checked_mul(d));
+            let bytes = t.shape.iter().try_fold(t.dtype.size_in_bytes() as u64, |acc, &d| acc.checked_mul(d));
             match (bytes, &t.inline) {
                 (None, _) => {
-                    return Err(self.corrupt(
-                        &where_,
-                        format!("tensor `{}` has an impossible shape {:?}", t.name, t.shape),
-                    ))
+                    return Err(
+                        self.corrupt(&where_, format!("tensor `{}` has an impossible shape {:?}", t.name, t.shape))
+                    )
                 }
                 (Some(n), Some(inline)) if inline.len() as u64 != n => {
                     return Err(self.corrupt(
                         &where_,
-                        format!(
-                            "tensor `{}` stores {} inline bytes for {n} expected",
-                            t.name,
-                            inline.len()
-                        ),
+                        format!("tensor `{}` stores {} inline bytes for {n} expected", t.name, inline.len()),
                     ));
                 }
                 _ => {}
             }
             if t.in_payload && step.payload.is_none() {
-                return Err(self.corrupt(
-                    &where_,
-                    format!("tensor `{}` refers to a payload the step does not have", t.name),
-                ));
+                return Err(
+                    self.corrupt(&where_, format!("tensor `{}` refers to a payload the step does not have", t.name))
+                );
             }
         }
         Ok(())
@@ -385,10 +355,7 @@ impl TraceReader {
         if footer.steps != self.steps_read {
             return Err(self.corrupt(
                 "the footer",
-                format!(
-                    "footer counts {} steps, the trace holds {}",
-                    footer.steps, self.steps_read
-                ),
+                format!("footer counts {} steps, the trace holds {}", footer.steps, self.steps_read),
             ));
         }
         let mut extra = [0u8; 1];
@@ -406,10 +373,6 @@ impl TraceReader {
     }
 
     fn corrupt(&self, location: &str, reason: String) -> TraceError {
-        TraceError::Corrupt {
-            path: self.records_path.clone(),
-            location: location.to_string(),
-            reason,
-        }
+        TraceError::Corrupt { path: self.records_path.clone(), location: location.to_string(), reason }
     }
 }

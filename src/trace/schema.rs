@@ -100,6 +100,13 @@ pub struct TensorRecord {
     /// Whether the step's payload file holds this tensor.
     #[serde(default)]
     pub in_payload: bool,
+    /// Which part of the training step produced it (format 1.1; absent: not said).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<Phase>,
+    /// Names of the tensors of the same step it was computed from, recorded before it (format
+    /// 1.1). Root-cause analysis follows these edges.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub inputs: Vec<String>,
 }
 
 impl TensorRecord {
@@ -130,6 +137,11 @@ pub enum TensorKind {
     Activation,
     /// The output of one recorded op.
     OpOutput,
+    /// Data fed to the model: a batch of inputs or labels (format 1.1).
+    Input,
+    /// A kind this version of repro does not know (written by a newer minor version).
+    #[serde(other)]
+    Other,
 }
 
 impl TensorKind {
@@ -142,11 +154,42 @@ impl TensorKind {
             TensorKind::Loss => "loss",
             TensorKind::Activation => "activation",
             TensorKind::OpOutput => "op_output",
+            TensorKind::Input => "input",
+            TensorKind::Other => "other",
         }
     }
 }
 
 impl fmt::Display for TensorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The part of a training step a tensor belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    /// The forward pass (and the loss).
+    Forward,
+    /// Backpropagation: gradients.
+    Backward,
+    /// The optimizer's update of the parameters.
+    Update,
+}
+
+impl Phase {
+    /// The name used in traces and output.
+    pub fn name(self) -> &'static str {
+        match self {
+            Phase::Forward => "forward",
+            Phase::Backward => "backward",
+            Phase::Update => "update",
+        }
+    }
+}
+
+impl fmt::Display for Phase {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
     }
@@ -171,10 +214,7 @@ pub struct CapturePolicy {
 
 impl Default for CapturePolicy {
     fn default() -> Self {
-        CapturePolicy {
-            full: FullCapture::FirstAndLast,
-            inline_max_bytes: 256,
-        }
+        CapturePolicy { full: FullCapture::FirstAndLast, inline_max_bytes: 256 }
     }
 }
 
@@ -233,11 +273,8 @@ impl FromStr for FullCapture {
             if list.is_empty() {
                 return Ok(FullCapture::Steps(Vec::new()));
             }
-            let mut steps = list
-                .split(',')
-                .map(|x| x.trim().parse::<u64>())
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|_| bad())?;
+            let mut steps =
+                list.split(',').map(|x| x.trim().parse::<u64>()).collect::<Result<Vec<_>, _>>().map_err(|_| bad())?;
             steps.sort_unstable();
             steps.dedup();
             return Ok(FullCapture::Steps(steps));
@@ -300,10 +337,7 @@ mod tests {
         assert_eq!(unknown, vec![0]);
         let from_one: Vec<u64> = (1..=10).filter(|&s| p.wants_full(s, 1, Some(10))).collect();
         assert_eq!(from_one, vec![1, 10]);
-        let every_zero = CapturePolicy {
-            full: FullCapture::Every(0),
-            inline_max_bytes: 0,
-        };
+        let every_zero = CapturePolicy { full: FullCapture::Every(0), inline_max_bytes: 0 };
         assert!(!every_zero.wants_full(3, 0, None));
     }
 }

@@ -3,7 +3,7 @@
 use super::error::TraceError;
 use super::format::{FormatVersion, RECORDS_FILE};
 use super::reader::{Completeness, TraceReader};
-use super::schema::{Header, TensorKind};
+use super::schema::{Header, Phase, TensorKind};
 use crate::dtype::DType;
 use serde::Serialize;
 use std::path::Path;
@@ -44,6 +44,10 @@ pub struct TensorInfo {
     pub name: String,
     /// Kind.
     pub kind: TensorKind,
+    /// Phase that produced it, if recorded.
+    pub phase: Option<Phase>,
+    /// Names of the tensors it was computed from.
+    pub inputs: Vec<String>,
     /// Element type.
     pub dtype: DType,
     /// Shape.
@@ -80,6 +84,8 @@ pub fn summarize(dir: &Path) -> Result<TraceSummary, TraceError> {
                 .map(|t| TensorInfo {
                     name: t.name.clone(),
                     kind: t.kind,
+                    phase: t.phase,
+                    inputs: t.inputs.clone(),
                     dtype: t.dtype,
                     shape: t.shape.clone(),
                     bytes: t.numel() * t.dtype.size_in_bytes() as u64,

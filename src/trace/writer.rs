@@ -61,9 +61,7 @@ impl TraceWriter {
         let records_path = dir.join(RECORDS_FILE);
         if records_path.exists() {
             if !replace {
-                return Err(TraceError::AlreadyExists {
-                    path: dir.to_path_buf(),
-                });
+                return Err(TraceError::AlreadyExists { path: dir.to_path_buf() });
             }
             for stale in [RECORDS_FILE, RUN_META_FILE] {
                 let p = dir.join(stale);
@@ -118,15 +116,32 @@ impl TraceWriter {
         }
         let mut names = BTreeSet::new();
         for t in &tensors {
-            if !names.insert(t.record.name.as_str()) {
-                return Err(self.invalid(format!("tensor `{}` recorded twice in step {step}", t.record.name)));
-            }
-            if t.record.shape.len() > format::MAX_RANK {
+            let r = &t.record;
+            if let Some(input) = r.inputs.iter().find(|i| !names.contains(i.as_str())) {
                 return Err(self.invalid(format!(
-                    "tensor `{}` has rank above {}",
-                    t.record.name,
-                    format::MAX_RANK
+                    "input `{input}` of `{}` at step {step} is not a tensor recorded before it in the step",
+                    r.name
                 )));
+            }
+            if !names.insert(r.name.as_str()) {
+                return Err(self.invalid(format!("tensor `{}` recorded twice in step {step}", r.name)));
+            }
+            if r.shape.len() > format::MAX_RANK {
+                return Err(self.invalid(format!("tensor `{}` has rank above {}", r.name, format::MAX_RANK)));
+            }
+            let expected = r.shape.iter().try_fold(r.dtype.size_in_bytes() as u64, |acc, &d| acc.checked_mul(d));
+            let Some(expected) = expected else {
+                return Err(self.invalid(format!("tensor `{}` has an impossible shape {:?}", r.name, r.shape)));
+            };
+            for (what, len) in
+                [("inline", r.inline.as_ref().map(Vec::len)), ("payload", t.payload.as_ref().map(Vec::len))]
+            {
+                if let Some(len) = len.filter(|&len| len as u64 != expected) {
+                    return Err(self.invalid(format!(
+                        "tensor `{}` at step {step}: {what} holds {len} bytes, its shape needs {expected}",
+                        r.name
+                    )));
+                }
             }
         }
         let payload = self.write_payload(step, &tensors)?;
@@ -135,10 +150,7 @@ impl TraceWriter {
             payload,
             tensors: tensors
                 .into_iter()
-                .map(|t| TensorRecord {
-                    in_payload: t.payload.is_some(),
-                    ..t.record
-                })
+                .map(|t| TensorRecord { in_payload: t.payload.is_some(), ..t.record })
                 .collect(),
         };
         self.append(&Record::Step(record))?;
@@ -158,10 +170,7 @@ impl TraceWriter {
     }
 
     fn invalid(&self, reason: String) -> TraceError {
-        TraceError::InvalidRecord {
-            path: self.dir.clone(),
-            reason,
-        }
+        TraceError::InvalidRecord { path: self.dir.clone(), reason }
     }
 
     fn append(&mut self, record: &Record) -> Result<(), TraceError> {
@@ -188,15 +197,16 @@ impl TraceWriter {
         let parent = final_path.parent().expect("payload names have a directory");
         fs::create_dir_all(parent).map_err(TraceError::io(parent))?;
         safetensors::serialize_to_file(views, None, &tmp_path).map_err(|e| match e {
-            safetensors::SafeTensorError::IoError(source) => TraceError::Io {
-                path: tmp_path.clone(),
-                source,
-            },
+            safetensors::SafeTensorError::IoError(source) => TraceError::Io { path: tmp_path.clone(), source },
             other => self.invalid(format!("cannot write payload of step {step}: {other}")),
         })?;
-        File::open(&tmp_path)
-            .and_then(|f| f.sync_all())
-            .map_err(TraceError::io(&tmp_path))?;
+        // safetensors creates files readable by their owner only; traces are meant to be shared.
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            fs::set_permissions(&tmp_path, fs::Permissions::from_mode(0o644)).map_err(TraceError::io(&tmp_path))?;
+        }
+        File::open(&tmp_path).and_then(|f| f.sync_all()).map_err(TraceError::io(&tmp_path))?;
         fs::rename(&tmp_path, &final_path).map_err(TraceError::io(&final_path))?;
         Ok(Some(name))
     }
@@ -226,10 +236,7 @@ pub(crate) fn safetensors_dtype(dtype: DType) -> safetensors::Dtype {
 }
 
 fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }
 
 fn host_name() -> String {

@@ -11,8 +11,8 @@
 
 use super::seeded::{stream, uniform_vec};
 use crate::ops::{expand, sum_all, Reductions};
-use crate::record::{Perturbation, RecordError, Recorder};
-use crate::trace::{RunConfig, TensorKind};
+use crate::record::{Perturbation, RecordError, Recorder, StepRecorder};
+use crate::trace::{Phase, RunConfig, TensorKind};
 use candle_core::{DType, Device, Tensor, Var};
 use std::collections::BTreeMap;
 use std::fmt;
@@ -42,9 +42,7 @@ impl FromStr for Formulation {
         match s {
             "reduce" => Ok(Formulation::Reduce),
             "matmul" => Ok(Formulation::Matmul),
-            _ => Err(RecordError::Unsupported(format!(
-                "unknown formulation `{s}`: expected reduce or matmul"
-            ))),
+            _ => Err(RecordError::Unsupported(format!("unknown formulation `{s}`: expected reduce or matmul"))),
         }
     }
 }
@@ -86,9 +84,6 @@ impl Default for AdderConfig {
     }
 }
 
-/// Names of the tensors the adder records each step, in recording order.
-pub const ADDER_TENSORS: &[&str] = &["weight", "bias", "predictions", "loss", "weight.grad", "bias.grad"];
-
 impl AdderConfig {
     /// The run configuration written to the trace header.
     pub fn run_config(&self) -> RunConfig {
@@ -102,64 +97,108 @@ impl AdderConfig {
             ("reductions".to_string(), self.reductions.to_string()),
             ("seed".to_string(), self.seed.to_string()),
         ]);
-        RunConfig {
-            workload: "adder".into(),
-            steps: Some(self.steps),
-            params,
-        }
+        RunConfig { workload: "adder".into(), steps: Some(self.steps), params }
     }
 
     /// One batch: features uniform in [0, 1), labels their sum (computed in f64, rounded once).
     fn batch_data(&self, step: u64, device: &Device) -> Result<(Tensor, Tensor), RecordError> {
         let mut rng = stream(self.data_seed, "adder.data", step);
         let x = uniform_vec(&mut rng, self.batch * self.features, 0.0, 1.0);
-        let y: Vec<f32> = x
-            .chunks(self.features)
-            .map(|row| row.iter().map(|&v| v as f64).sum::<f64>() as f32)
-            .collect();
+        let y: Vec<f32> =
+            x.chunks(self.features).map(|row| row.iter().map(|&v| v as f64).sum::<f64>() as f32).collect();
         let x = Tensor::from_vec(x, (self.batch, self.features), &Device::Cpu)?.to_device(device)?;
         let y = Tensor::from_vec(y, self.batch, &Device::Cpu)?.to_device(device)?;
         Ok((x, y))
     }
 
-    fn predictions(&self, x: &Tensor, w: &Tensor, b: &Tensor) -> candle_core::Result<Tensor> {
-        let xw = x.matmul(w)?; // [batch, 1]
-        match self.formulation {
-            Formulation::Reduce => xw.squeeze(1)? + expand(b, self.batch, self.reductions)?,
-            Formulation::Matmul => {
-                let ones = xw.ones_like()?;
-                let lhs = Tensor::cat(&[&xw, &ones], 1)?; // [batch, 2]
-                let rhs = Tensor::cat(&[&b.ones_like()?, b], 0)?.reshape((2, 1))?; // [1; b]
-                lhs.matmul(&rhs)?.squeeze(1)
+    /// Names of the tensors recorded each step, in recording (execution) order.
+    pub fn tensor_names(&self) -> Vec<&'static str> {
+        let forward: &[&str] = match self.formulation {
+            Formulation::Reduce => {
+                &["linear.matmul", "linear.bias", "predictions", "loss.diff", "loss.square", "loss.sum"]
             }
-        }
+            Formulation::Matmul => &[
+                "linear.matmul",
+                "linear.concat",
+                "linear.bias_column",
+                "predictions",
+                "loss.diff",
+                "loss.square",
+                "loss.sum",
+            ],
+        };
+        let mut names = vec!["x", "y", "weight", "bias"];
+        names.extend_from_slice(forward);
+        names.extend(["loss", "predictions.grad", "weight.grad", "bias.grad", "weight.updated", "bias.updated"]);
+        names
     }
 
-    fn loss(&self, pred: &Tensor, y: &Tensor) -> candle_core::Result<Tensor> {
-        let sq = (y - pred)?.sqr()?;
-        match self.formulation {
-            Formulation::Reduce => sum_all(&sq, self.reductions)?.affine(1.0 / self.batch as f64, 0.0),
+    /// The forward pass, every op recorded with its inputs; returns the predictions and the loss.
+    fn forward(
+        &self,
+        s: &mut StepRecorder,
+        x: &Tensor,
+        y: &Tensor,
+        w: &Tensor,
+        b: &Tensor,
+    ) -> Result<(Tensor, Tensor), RecordError> {
+        let xw = s.op("linear.matmul", &["x", "weight"], x.matmul(w)?)?; // [batch, 1]
+        let pred = match self.formulation {
+            Formulation::Reduce => {
+                let bias = s.op("linear.bias", &["bias"], expand(b, self.batch, self.reductions)?)?;
+                s.op_as(
+                    "predictions",
+                    TensorKind::Prediction,
+                    &["linear.matmul", "linear.bias"],
+                    (xw.squeeze(1)? + bias)?,
+                )?
+            }
+            Formulation::Matmul => {
+                let lhs = s.op("linear.concat", &["linear.matmul"], Tensor::cat(&[&xw, &xw.ones_like()?], 1)?)?; // [x·w, 1]
+                let rhs =
+                    s.op("linear.bias_column", &["bias"], Tensor::cat(&[&b.ones_like()?, b], 0)?.reshape((2, 1))?)?; // [1; b]
+                s.op_as(
+                    "predictions",
+                    TensorKind::Prediction,
+                    &["linear.concat", "linear.bias_column"],
+                    lhs.matmul(&rhs)?.squeeze(1)?,
+                )?
+            }
+        };
+        // The probe hands backpropagation's gradient at the predictions to the recorder.
+        let pred = s.probe("predictions", &pred)?;
+        let diff = s.op("loss.diff", &["y", "predictions"], (y - &pred)?)?;
+        let sq = s.op("loss.square", &["loss.diff"], diff.sqr()?)?;
+        let total = match self.formulation {
+            Formulation::Reduce => sum_all(&sq, self.reductions)?,
             Formulation::Matmul => {
                 let ones = Tensor::ones((self.batch, 1), sq.dtype(), sq.device())?;
-                let total = sq.unsqueeze(0)?.matmul(&ones)?.reshape(())?;
-                total.affine(1.0 / self.batch as f64, 0.0)
+                sq.unsqueeze(0)?.matmul(&ones)?.reshape(())?
             }
-        }
+        };
+        let total = s.op("loss.sum", &["loss.square"], total)?;
+        let loss = s.op_as("loss", TensorKind::Loss, &["loss.sum"], total.affine(1.0 / self.batch as f64, 0.0)?)?;
+        Ok((pred, loss))
     }
 
     /// Checks the settings and the perturbation before anything is recorded.
     pub fn validate(&self, perturb: Option<&Perturbation>) -> Result<(), RecordError> {
         if self.batch == 0 || self.features == 0 || self.steps == 0 {
-            return Err(RecordError::Unsupported(
-                "the adder needs --steps, --batch and --features above 0".into(),
-            ));
+            return Err(RecordError::Unsupported("the adder needs --steps, --batch and --features above 0".into()));
+        }
+        if self.formulation == Formulation::Matmul && self.reductions != Reductions::Candle {
+            return Err(RecordError::Unsupported(format!(
+                "--reductions {} has no effect with --formulation matmul, which has no reductions; use --formulation reduce",
+                self.reductions
+            )));
         }
         if let Some(p) = perturb {
-            if !ADDER_TENSORS.contains(&p.tensor.as_str()) {
+            let names = self.tensor_names();
+            if !names.contains(&p.tensor.as_str()) {
                 return Err(RecordError::Unsupported(format!(
                     "the adder records no tensor `{}`; it records {}",
                     p.tensor,
-                    ADDER_TENSORS.join(", ")
+                    names.join(", ")
                 )));
             }
             if p.step >= self.steps {
@@ -186,40 +225,48 @@ impl AdderConfig {
         let w0 = uniform_vec(&mut init, self.features, -bound, bound);
         let w = Var::from_tensor(&Tensor::from_vec(w0, (self.features, 1), &Device::Cpu)?.to_device(device)?)?;
         let b = Var::from_tensor(&Tensor::zeros(1, DType::F32, device)?)?;
-        let nudge = |step: u64, name: &str, t: &Tensor| match perturb {
-            Some(p) => p.apply(step, name, t),
-            None => Ok(t.clone()),
-        };
+        recorder.set_perturbation(perturb.cloned());
 
         for step in 0..self.steps {
             let (x, y) = self.batch_data(step, device)?;
-            for (name, var) in [("weight", &w), ("bias", &b)] {
-                if perturb.is_some_and(|p| p.step == step && p.tensor == name) {
-                    var.set(&nudge(step, name, var.as_tensor())?.detach())?;
-                }
-            }
-            let pred = nudge(
-                step,
-                "predictions",
-                &self.predictions(&x, w.as_tensor(), b.as_tensor())?,
-            )?;
-            let loss = nudge(step, "loss", &self.loss(&pred, &y)?)?;
-            let grads = loss.backward()?;
-            let missing = || RecordError::Unsupported("the loss does not depend on the parameters".into());
-            let gw = nudge(step, "weight.grad", grads.get(&w).ok_or_else(missing)?)?;
-            let gb = nudge(step, "bias.grad", grads.get(&b).ok_or_else(missing)?)?;
-
             let mut s = recorder.step(step);
-            s.record("weight", TensorKind::Weight, w.as_tensor())?;
-            s.record("bias", TensorKind::Weight, b.as_tensor())?;
-            s.record("predictions", TensorKind::Prediction, &pred)?;
-            s.record("loss", TensorKind::Loss, &loss)?;
-            s.record("weight.grad", TensorKind::Gradient, &gw)?;
-            s.record("bias.grad", TensorKind::Gradient, &gb)?;
+            s.record_as("x", TensorKind::Input, Some(Phase::Forward), &[], &x)?;
+            s.record_as("y", TensorKind::Input, Some(Phase::Forward), &[], &y)?;
+            for (name, var) in [("weight", &w), ("bias", &b)] {
+                let value = s.perturbed(name, var.as_tensor())?;
+                if value.id() != var.as_tensor().id() {
+                    var.set(&value.detach())?;
+                }
+                s.record_as(name, TensorKind::Weight, Some(Phase::Forward), &[], var.as_tensor())?;
+            }
+            let (_, loss) = self.forward(&mut s, &x, &y, w.as_tensor(), b.as_tensor())?;
+            let grads = loss.backward()?;
+            // The gradient at the predictions is computed from everything between them and the loss.
+            s.record_probed_gradients(&[("predictions", &["loss.diff", "loss.square", "loss.sum", "loss"])])?;
+            let missing = || RecordError::Unsupported("the loss does not depend on the parameters".into());
+            let mut updates = Vec::new();
+            for (name, var, inputs) in
+                [("weight", &w, &["predictions.grad", "x"][..]), ("bias", &b, &["predictions.grad"][..])]
+            {
+                let grad_name = format!("{name}.grad");
+                let grad = s.perturbed(&grad_name, grads.get(var).ok_or_else(missing)?)?;
+                s.record_as(&grad_name, TensorKind::Gradient, Some(Phase::Backward), inputs, &grad)?;
+                updates.push((name, var, grad));
+            }
+            for (name, var, grad) in updates {
+                let updated_name = format!("{name}.updated");
+                let updated = s.perturbed(&updated_name, &(var.as_tensor() - grad.affine(self.lr, 0.0)?)?)?;
+                let grad_name = format!("{name}.grad");
+                s.record_as(
+                    &updated_name,
+                    TensorKind::Weight,
+                    Some(Phase::Update),
+                    &[name, grad_name.as_str()],
+                    &updated,
+                )?;
+                var.set(&updated.detach())?;
+            }
             s.finish()?;
-
-            w.set(&(w.as_tensor() - gw.affine(self.lr, 0.0)?)?)?;
-            b.set(&(b.as_tensor() - gb.affine(self.lr, 0.0)?)?)?;
         }
         Ok(())
     }

@@ -4,7 +4,7 @@
 mod adder;
 pub mod seeded;
 
-pub use adder::{AdderConfig, Formulation, ADDER_TENSORS};
+pub use adder::{AdderConfig, Formulation};
 
 /// Names of the built-in workloads.
 pub const WORKLOADS: &[&str] = &["adder"];

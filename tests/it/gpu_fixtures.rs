@@ -4,36 +4,18 @@ use crate::util::{json, repro};
 use std::path::PathBuf;
 
 fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("fixtures/gpu-h100")
-        .join(name)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/gpu-h100").join(name)
 }
 
 fn runs(reductions: &str) -> Vec<String> {
-    (0..7)
-        .map(|i| {
-            fixture(&format!("adder-{reductions}-r{i}"))
-                .to_str()
-                .unwrap()
-                .to_string()
-        })
-        .collect()
+    (0..7).map(|i| fixture(&format!("adder-{reductions}-r{i}")).to_str().unwrap().to_string()).collect()
 }
 
 fn matrix(reductions: &str, step: &str, extra: &[&str]) -> crate::util::Run {
     let runs = runs(reductions);
     let mut args: Vec<&str> = vec!["matrix"];
     args.extend(runs.iter().map(String::as_str));
-    args.extend([
-        "--step",
-        step,
-        "--tensor",
-        "predictions",
-        "--tensor",
-        "loss",
-        "--tensor",
-        "weight.grad",
-    ]);
+    args.extend(["--step", step, "--tensor", "predictions", "--tensor", "loss", "--tensor", "weight.grad"]);
     args.extend(["--tensor", "bias.grad"]);
     args.extend_from_slice(extra);
     repro(&args)
@@ -53,12 +35,7 @@ fn cpu_reproduces_the_matrices_printed_on_the_gpu() {
 
 /// Cells of the named tensor's matrix.
 fn cells(v: &serde_json::Value, tensor: &str) -> Vec<f64> {
-    let m = v["matrices"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|m| m["tensor"] == tensor)
-        .unwrap();
+    let m = v["matrices"].as_array().unwrap().iter().find(|m| m["tensor"] == tensor).unwrap();
     m["values"]
         .as_array()
         .unwrap()
@@ -71,23 +48,14 @@ fn cells(v: &serde_json::Value, tensor: &str) -> Vec<f64> {
 fn atomic_reductions_split_loss_and_bias_gradient_first_then_everything() {
     let step0 = json(&matrix("atomic", "0", &["--json"]).stdout);
     for tensor in ["predictions", "weight.grad"] {
-        assert!(
-            cells(&step0, tensor).iter().all(|&x| x == 0.0),
-            "{tensor} must agree at step 0"
-        );
+        assert!(cells(&step0, tensor).iter().all(|&x| x == 0.0), "{tensor} must agree at step 0");
     }
     for tensor in ["loss", "bias.grad"] {
-        assert!(
-            cells(&step0, tensor).iter().any(|&x| x > 0.0),
-            "{tensor} should differ at step 0"
-        );
+        assert!(cells(&step0, tensor).iter().any(|&x| x > 0.0), "{tensor} should differ at step 0");
     }
     let last = json(&matrix("atomic", "last", &["--json"]).stdout);
     for tensor in ["predictions", "loss", "weight.grad", "bias.grad"] {
-        assert!(
-            cells(&last, tensor).iter().any(|&x| x > 0.0),
-            "{tensor} should differ by the last step"
-        );
+        assert!(cells(&last, tensor).iter().any(|&x| x > 0.0), "{tensor} should differ by the last step");
     }
 }
 
@@ -116,17 +84,8 @@ fn cpu_and_gpu_runs_of_one_config_split_at_the_first_matmul() {
     assert_eq!(v["first_divergence"]["step"], 0);
     assert_eq!(v["first_divergence"]["tensor"], "predictions");
     assert!(v["first_divergence"]["metrics"]["max_ulp"].as_u64().unwrap() >= 1);
-    assert!(
-        v["config_differences"].as_array().unwrap().is_empty(),
-        "same config on both devices"
-    );
+    assert!(v["config_differences"].as_array().unwrap().is_empty(), "same config on both devices");
     let env = v["environment_differences"].as_array().unwrap();
-    assert!(
-        env.iter().any(|d| d["field"] == "device" && d["b"] == "cuda:0"),
-        "{env:?}"
-    );
-    assert!(
-        env.iter().any(|d| d["b"].as_str().is_some_and(|s| s.contains("H100"))),
-        "{env:?}"
-    );
+    assert!(env.iter().any(|d| d["field"] == "device" && d["b"] == "cuda:0"), "{env:?}");
+    assert!(env.iter().any(|d| d["b"].as_str().is_some_and(|s| s.contains("H100"))), "{env:?}");
 }

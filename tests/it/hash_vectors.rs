@@ -52,10 +52,7 @@ fn checked_in_hash_vectors_are_current() {
     }
     let text = std::fs::read_to_string(PATH).expect("fixtures/hash_vectors.json exists (REPRO_BLESS=1 writes it)");
     let stored: Value = serde_json::from_str(&text).unwrap();
-    let (stored, fresh) = (
-        stored["vectors"].as_array().unwrap(),
-        fresh["vectors"].as_array().unwrap(),
-    );
+    let (stored, fresh) = (stored["vectors"].as_array().unwrap(), fresh["vectors"].as_array().unwrap());
     assert_eq!(stored.len(), fresh.len(), "vector count changed");
     for (s, f) in stored.iter().zip(fresh) {
         assert_eq!(s, f, "hash vector changed");

@@ -8,5 +8,7 @@ mod gpu_fixtures;
 mod hash_vectors;
 /// Bad input: missing, truncated, corrupted, foreign and newer traces; bad arguments.
 mod hostile;
+/// Per-op recording: root cause, structural alignment, online comparison.
+mod root_cause;
 /// record → diff → matrix → inspect on good traces.
 mod workflow;

@@ -10,10 +10,7 @@ pub struct Run {
 }
 
 pub fn repro(args: &[&str]) -> Run {
-    let out: Output = Command::new(env!("CARGO_BIN_EXE_repro"))
-        .args(args)
-        .output()
-        .expect("repro runs");
+    let out: Output = Command::new(env!("CARGO_BIN_EXE_repro")).args(args).output().expect("repro runs");
     Run {
         code: out.status.code().expect("repro exits normally, not by a signal"),
         stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -25,17 +22,7 @@ pub fn repro(args: &[&str]) -> Run {
 pub fn record(dir: &Path, name: &str, extra: &[&str]) -> PathBuf {
     let out = dir.join(name);
     let out_s = out.to_str().unwrap().to_string();
-    let mut args = vec![
-        "record",
-        "--workload",
-        "adder",
-        "--steps",
-        "20",
-        "--batch",
-        "500",
-        "--out",
-        &out_s,
-    ];
+    let mut args = vec!["record", "--workload", "adder", "--steps", "20", "--batch", "500", "--out", &out_s];
     args.extend_from_slice(extra);
     let run = repro(&args);
     assert_eq!(run.code, 0, "record failed: {}", run.stderr);

@@ -1,0 +1,30 @@
+//! The report `repro record --against` prints when a step diverges from the reference.
+
+use super::diff::write_root_cause;
+use crate::diff::OnlineDivergence;
+use std::fmt::Write;
+
+/// Renders an online divergence for people; `trace` is the run being recorded.
+pub fn render_online(d: &OnlineDivergence, reference: &str, trace: &str) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "DIVERGED  step {} differs from the reference {reference}", d.step);
+    for line in &d.structure {
+        let _ = writeln!(out, "  {line}");
+    }
+    if let Some(root) = &d.root_cause {
+        let _ = write_root_cause(&mut out, root);
+    }
+    let ours: Vec<String> = d.reference_values.iter().map(|(s, _)| s.to_string()).collect();
+    if !ours.is_empty() {
+        let _ = writeln!(out, "\n{trace} stores full values for step(s) {}.", ours.join(" and "));
+        for (step, has) in &d.reference_values {
+            let _ = writeln!(
+                out,
+                "the reference {} full values for step {step}",
+                if *has { "stores" } else { "has only hashes, not" }
+            );
+        }
+    }
+    let _ = writeln!(out, "compare them with: repro diff {reference} {trace}");
+    out
+}

@@ -1,0 +1,164 @@
+//! Per-op recording: root cause of a planted divergence, structural differences, and online
+//! comparison while recording.
+
+use crate::util::{json, record, repro, s};
+use repro::dtype::DType;
+use repro::hash::tensor_hash;
+use repro::trace::{
+    CapturePolicy, Header, Phase, RunConfig, StepTensor, TensorKind, TensorRecord, TraceWriter, CURRENT_FORMAT,
+};
+use std::path::Path;
+
+#[test]
+fn a_one_ulp_change_in_one_op_is_the_root_cause_and_the_rest_are_consequences() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = record(dir.path(), "a", &["--capture", "steps:3"]);
+    let p = record(dir.path(), "p", &["--capture", "steps:3", "--perturb", "3:predictions:1"]);
+    let run = repro(&["diff", s(&a), s(&p)]);
+    assert_eq!(run.code, 1);
+    assert!(run.stdout.contains("root cause: `predictions` (prediction, forward) at step 3"), "{}", run.stdout);
+    assert!(run.stdout.contains("its recorded inputs are identical in both runs"), "{}", run.stdout);
+    assert!(run.stdout.contains("consequences in the same step:"), "{}", run.stdout);
+
+    let v = json(&repro(&["diff", s(&a), s(&p), "--json"]).stdout);
+    let root = &v["root_cause"];
+    assert_eq!(root["cause"]["tensor"], "predictions");
+    assert_eq!(root["cause"]["phase"], "forward");
+    assert_eq!(root["inputs_checked"], true);
+    assert_eq!(root["cause"]["metrics"]["mismatched"], 1);
+    assert_eq!(root["cause"]["metrics"]["max_ulp"], 1);
+    assert!(root["independent"].as_array().unwrap().is_empty(), "{root}");
+    let consequences: Vec<(&str, &serde_json::Value)> =
+        root["consequences"].as_array().unwrap().iter().map(|c| (c["tensor"].as_str().unwrap(), &c["from"])).collect();
+    let names: Vec<&str> = consequences.iter().map(|(n, _)| *n).collect();
+    for downstream in ["loss.diff", "loss.square", "predictions.grad"] {
+        assert!(names.contains(&downstream), "{downstream} missing from {names:?}");
+    }
+    for (name, from) in &consequences {
+        assert_eq!(from[0], "predictions", "{name} should follow from the planted op");
+    }
+    // Nothing upstream of the planted op is blamed.
+    for upstream in ["x", "weight", "bias", "linear.matmul", "linear.bias"] {
+        assert!(!names.contains(&upstream), "{upstream} listed as a consequence");
+    }
+}
+
+#[test]
+fn a_changed_gradient_is_placed_in_the_backward_pass() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = record(dir.path(), "a", &[]);
+    // Large enough to survive the rounding of the update w - lr * g.
+    let p = record(dir.path(), "p", &["--perturb", "2:weight.grad:100000"]);
+    let v = json(&repro(&["diff", s(&a), s(&p), "--json"]).stdout);
+    assert_eq!(v["root_cause"]["cause"]["tensor"], "weight.grad");
+    assert_eq!(v["root_cause"]["cause"]["phase"], "backward");
+    let consequences = v["root_cause"]["consequences"].as_array().unwrap();
+    assert!(consequences.iter().any(|c| c["tensor"] == "weight.updated" && c["phase"] == "update"), "{consequences:?}");
+}
+
+/// Writes a one-step trace whose tensors are (name, seed of its values, inputs).
+fn synthetic(dir: &Path, ops: &[(&str, u8, &[&str])]) {
+    let header = Header {
+        format: CURRENT_FORMAT,
+        producer: "test".into(),
+        run: RunConfig { workload: "synthetic".into(), steps: Some(1), params: Default::default() },
+        environment: Default::default(),
+        capture: CapturePolicy::default(),
+    };
+    let mut w = TraceWriter::create(dir, &header, false).unwrap();
+    let tensors = ops
+        .iter()
+        .map(|(name, seed, inputs)| {
+            let bytes = vec![*seed; 16];
+            StepTensor {
+                record: TensorRecord {
+                    name: name.to_string(),
+                    kind: TensorKind::OpOutput,
+                    dtype: DType::F32,
+                    shape: vec![4],
+                    hash: tensor_hash(DType::F32, &[4], &bytes),
+                    inline: Some(bytes),
+                    in_payload: false,
+                    phase: Some(Phase::Forward),
+                    inputs: inputs.iter().map(|s| s.to_string()).collect(),
+                },
+                payload: None,
+            }
+        })
+        .collect();
+    w.write_step(0, tensors).unwrap();
+    w.finish().unwrap();
+}
+
+#[test]
+fn inserted_removed_and_renamed_ops_are_aligned_not_failed_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    synthetic(
+        &a,
+        &[("x", 1, &[]), ("fc1", 2, &["x"]), ("relu", 3, &["fc1"]), ("fc2", 4, &["relu"]), ("loss", 5, &["fc2"])],
+    );
+    synthetic(
+        &b,
+        &[
+            ("x", 1, &[]),
+            ("fc1", 2, &["x"]),
+            ("gelu", 9, &["fc1"]),
+            ("dropout", 7, &["gelu"]),
+            ("fc2", 8, &["dropout"]),
+            ("loss", 8, &["fc2"]),
+        ],
+    );
+    let run = repro(&["diff", s(&a), s(&b)]);
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    assert!(run.stdout.contains("`relu` in A is `gelu` in B"), "{}", run.stdout);
+    assert!(run.stdout.contains("`dropout` recorded only in B"), "{}", run.stdout);
+    assert!(run.stdout.contains("root cause: `relu` (op_output, forward) at step 0"), "{}", run.stdout);
+    let v = json(&repro(&["diff", s(&a), s(&b), "--json"]).stdout);
+    let consequences: Vec<&str> =
+        v["root_cause"]["consequences"].as_array().unwrap().iter().map(|c| c["tensor"].as_str().unwrap()).collect();
+    assert_eq!(consequences, ["fc2", "loss"]);
+}
+
+#[test]
+fn the_adder_formulations_differ_in_structure_and_diff_says_how() {
+    let dir = tempfile::tempdir().unwrap();
+    let reduce = record(dir.path(), "reduce", &[]);
+    let matmul = record(dir.path(), "matmul", &["--formulation", "matmul"]);
+    let run = repro(&["diff", s(&reduce), s(&matmul)]);
+    assert_eq!(run.code, 1);
+    for line in [
+        "`linear.bias` recorded only in A",
+        "`linear.concat` recorded only in B",
+        "`linear.bias_column` recorded only in B",
+    ] {
+        assert!(run.stdout.contains(line), "`{line}` not in:\n{}", run.stdout);
+    }
+}
+
+#[test]
+fn recording_against_a_reference_stops_at_the_first_divergence() {
+    let dir = tempfile::tempdir().unwrap();
+    let reference = record(dir.path(), "reference", &["--capture", "none"]);
+    let same = dir.path().join("same");
+    let run = repro(&["record", "--steps", "20", "--batch", "500", "--against", s(&reference), "--out", s(&same)]);
+    assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+    assert!(run.stdout.contains("IDENTICAL  20 steps matched the reference"), "{}", run.stdout);
+    assert!(!same.join("tensors/step-00000005.safetensors").exists(), "matching steps keep the normal policy");
+
+    let diverged = dir.path().join("diverged");
+    let args = ["record", "--steps", "20", "--batch", "500", "--perturb", "7:loss.sum:1", "--against", s(&reference)];
+    let run = repro(&[&args[..], &["--out", s(&diverged)]].concat());
+    assert_eq!(run.code, 1, "{}{}", run.stdout, run.stderr);
+    assert!(run.stdout.contains("DIVERGED  step 7 differs from the reference"), "{}", run.stdout);
+    assert!(run.stdout.contains("root cause: `loss.sum`"), "{}", run.stdout);
+    let v = json(&repro(&["inspect", s(&diverged), "--json"]).stdout);
+    assert_eq!(v["steps"], 8, "recording stops after the diverging step");
+    assert_eq!(v["complete"], true);
+    assert_eq!(v["full_steps"], serde_json::json!([0, 6, 7]), "the step before and the diverging step in full");
+
+    let kept = dir.path().join("kept");
+    let run = repro(&[&args[..], &["--keep-going", "--out", s(&kept)]].concat());
+    assert_eq!(run.code, 1);
+    assert_eq!(json(&repro(&["inspect", s(&kept), "--json"]).stdout)["steps"], 20);
+}
