@@ -5,15 +5,21 @@
 #
 # then run on the GPU machine (the device tool carries target/cuda/release/repro):
 #
-#   scripts/gpu-experiments.sh OUT_DIR [STEPS]
+#   scripts/gpu-experiments.sh OUT_DIR [STEPS] [SECTION...]
 #
-# It checks GPU hashing against the CPU and benchmarks it, records seven same-seed adder runs for
-# each reduction mode and formulation, prints their error matrices at step 0 and the last step,
-# diffs a CPU run against a GPU run, and keeps small traces for fixtures/. Results land in
-# OUT_DIR: summary.md (everything printed), results.tar.gz (all outputs), fixtures.tar.gz.
+# Sections (all by default): `hash` checks GPU hashing against the CPU and benchmarks it;
+# `matrices` records seven same-seed adder runs for each reduction mode and formulation and
+# prints their error matrices at step 0 and the last step; `devices` diffs a CPU run against a
+# GPU run; `fixtures` keeps small traces for fixtures/; `rootcause` diffs two atomic runs op by
+# op and records one against another online; `overhead` times per-op recording against plain
+# steps. Results land in OUT_DIR: summary.md (everything printed), results.tar.gz (all outputs),
+# fixtures.tar.gz.
 set -uo pipefail
-out="${1:?usage: gpu-experiments.sh OUT_DIR [STEPS]}"
+out="${1:?usage: gpu-experiments.sh OUT_DIR [STEPS] [SECTION...]}"
 steps="${2:-1000}"
+shift $(( $# < 2 ? $# : 2 ))
+sections="${*:-hash matrices devices fixtures rootcause overhead}"
+want() { [[ " $sections " == *" $1 "* ]]; }
 repro="${REPRO_BIN:-target/cuda/release/repro}"
 work="$(mktemp -d)"
 mkdir -p "$out" "$work/results" "$work/fixtures"
@@ -31,11 +37,13 @@ say "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
 say "repro: $($repro --version)"
 say '```'
 
+if want hash; then
 section "GPU hashing: correctness and throughput"
 "$repro" gpu-check --device cuda:0 2>&1 | tee -a "$summary"
+fi
 
 # Seven runs per variant; matrices at step 0 and at the last step.
-for variant in reduce:atomic reduce:ordered reduce:candle matmul:candle; do
+want matrices && for variant in reduce:atomic reduce:ordered reduce:candle matmul:candle; do
   formulation="${variant%%:*}" reductions="${variant##*:}"
   name="$formulation-$reductions"
   dirs=()
@@ -65,6 +73,7 @@ for variant in reduce:atomic reduce:ordered reduce:candle matmul:candle; do
   say '```'
 done
 
+if want devices; then
 section "CPU vs GPU (reduce formulation, ordered reductions, seed 0, $steps steps)"
 "$repro" record --workload adder --seed 0 --steps "$steps" --reductions ordered --capture all --device cpu --out "$work/runs/cpu" 2>>"$work/results/record.log"
 "$repro" record --workload adder --seed 0 --steps "$steps" --reductions ordered --capture all --device cuda:0 --out "$work/runs/gpu" 2>>"$work/results/record.log"
@@ -72,9 +81,10 @@ say '```'
 "$repro" diff "$work/runs/cpu" "$work/runs/gpu" 2>&1 | sed "s#$work/runs/##g" | head -60 | tee -a "$summary"
 say '```'
 "$repro" diff "$work/runs/cpu" "$work/runs/gpu" --json > "$work/results/diff-cpu-gpu.json"
+fi
 
 # Small traces for CPU tests: 7 atomic and 7 ordered runs of 50 steps, steps 0 and 49 in full.
-for reductions in atomic ordered; do
+want fixtures && for reductions in atomic ordered; do
   for i in $(seq 0 $((runs - 1))); do
     "$repro" record --workload adder --seed 0 --steps 50 --reductions "$reductions" --device cuda:0 \
       --out "$work/fixtures/adder-$reductions-r$i" 2>>"$work/results/record.log"
@@ -84,7 +94,31 @@ for reductions in atomic ordered; do
   "$repro" matrix "$work"/fixtures/adder-$reductions-r* --step last --tensor predictions --tensor loss \
     --tensor weight.grad --tensor bias.grad 2>&1 | sed "s#$work/fixtures/##g" > "$work/fixtures/matrix-$reductions-step-last.txt"
 done
-"$repro" record --workload adder --seed 0 --steps 50 --reductions ordered --device cpu --out "$work/fixtures/adder-cpu-ordered" 2>>"$work/results/record.log"
+want fixtures && "$repro" record --workload adder --seed 0 --steps 50 --reductions ordered --device cpu \
+  --out "$work/fixtures/adder-cpu-ordered" 2>>"$work/results/record.log"
+
+if want rootcause; then
+section "Root cause of a real atomic-reduction divergence (two runs, $steps steps, hashes only)"
+for i in 0 1; do
+  "$repro" record --workload adder --seed 0 --steps "$steps" --reductions atomic --capture none --device cuda:0 \
+    --out "$work/runs/rc-$i" 2>>"$work/results/record.log"
+done
+say '```'
+"$repro" diff "$work/runs/rc-0" "$work/runs/rc-1" 2>&1 | sed "s#$work/runs/##g" | head -40 | tee -a "$summary"
+say '```'
+section "Online: an atomic run recorded against another (stops at the first divergence)"
+say '```'
+"$repro" record --workload adder --seed 0 --steps "$steps" --reductions atomic --device cuda:0 \
+  --against "$work/runs/rc-0" --out "$work/runs/online" 2>&1 | sed "s#$work/runs/##g" | tee -a "$summary"
+"$repro" inspect "$work/runs/online" | grep -E '^(steps|full steps)' | tee -a "$summary"
+say '```'
+fi
+
+if want overhead; then
+section "Per-op recording overhead (hashes only; GPU tensors hashed on the GPU)"
+"$repro" overhead --device cuda:0 --steps 200 --batch 10000 --batch 100000 --batch 1000000 2>&1 | tee -a "$summary"
+"$repro" overhead --device cpu --steps 50 --batch 10000 --batch 100000 2>&1 | tail -2 | tee -a "$summary"
+fi
 
 cp "$summary" "$out/summary.md"
 tar -C "$work" -czf "$out/results.tar.gz" results

@@ -22,8 +22,10 @@ use std::str::FromStr;
 /// Domain-separation prefix of the outer hash.
 pub const DOMAIN: &[u8] = b"repro.tensor.v1";
 
-/// Inputs at least this large are hashed with BLAKE3's multi-threaded tree hashing.
-const PARALLEL_THRESHOLD: usize = 128 * 1024;
+/// Inputs at least this large are hashed with BLAKE3's multi-threaded tree hashing; below it,
+/// handing work to other threads costs more than it saves (and competes with the training
+/// step's own threads).
+const PARALLEL_THRESHOLD: usize = 1 << 20;
 
 /// A 32-byte canonical tensor hash. Written as 64 lowercase hex digits.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]

@@ -7,6 +7,7 @@ mod exit;
 mod gpu_check;
 mod inspect;
 mod matrix;
+mod overhead;
 mod record;
 
 pub use exit::Exit;
@@ -33,6 +34,8 @@ enum Command {
     Matrix(matrix::MatrixArgs),
     /// Show a trace's header, environment, steps, tensors and sizes.
     Inspect(inspect::InspectArgs),
+    /// Time training steps with and without per-op recording on one device.
+    Overhead(overhead::OverheadArgs),
     /// Check GPU hashing against the CPU and measure its throughput (CUDA builds).
     #[cfg(feature = "cuda")]
     GpuCheck(gpu_check::GpuCheckArgs),
@@ -45,6 +48,7 @@ pub fn run(cli: Cli) -> Exit {
         Command::Diff(args) => diff::run(args),
         Command::Matrix(args) => matrix::run(args),
         Command::Inspect(args) => inspect::run(args),
+        Command::Overhead(args) => overhead::run(args),
         #[cfg(feature = "cuda")]
         Command::GpuCheck(args) => gpu_check::run(args),
     };
