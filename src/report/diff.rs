@@ -31,16 +31,12 @@ fn write_diff(out: &mut String, d: &TraceDiff) -> fmt::Result {
         return Ok(());
     };
     writeln!(out, "DIVERGED  first at step {}, tensor `{}` ({})", first.step, first.tensor, first.kind)?;
-    write!(out, "  {} {}: ", first.dtype, shape(&first.shape))?;
-    match &first.metrics {
-        Some(m) => writeln!(out, "{}", metrics_sentence(m))?,
-        None => writeln!(
-            out,
-            "hashes differ; values not stored at this step (re-record with `--capture steps:{}` for exact metrics)",
-            first.step
-        )?,
+    let root = d.root_cause.as_ref().filter(|r| has_input_edges(r));
+    // The root-cause block repeats the metrics when the cause is the first divergence.
+    if root.is_none_or(|r| r.cause.tensor != first.tensor) {
+        writeln!(out, "  {} {}: {}", first.dtype, shape(&first.shape), divergence_metrics(first))?;
     }
-    if let Some(root) = d.root_cause.as_ref().filter(|r| has_input_edges(r)) {
+    if let Some(root) = root {
         writeln!(out)?;
         write_root_cause(out, root)?;
     }
@@ -115,7 +111,10 @@ fn describe(d: &Divergence) -> String {
 fn divergence_metrics(d: &Divergence) -> String {
     match &d.metrics {
         Some(m) => metrics_sentence(m),
-        None => "hashes differ; values not stored at this step".into(),
+        None => format!(
+            "hashes differ; values not stored at this step (re-record with `--capture steps:{}` for exact metrics)",
+            d.step
+        ),
     }
 }
 

@@ -18,11 +18,8 @@ pub fn render_online(d: &OnlineDivergence, reference: &str, trace: &str) -> Stri
     if !ours.is_empty() {
         let _ = writeln!(out, "\n{trace} stores full values for step(s) {}.", ours.join(" and "));
         for (step, has) in &d.reference_values {
-            let _ = writeln!(
-                out,
-                "the reference {} full values for step {step}",
-                if *has { "stores" } else { "has only hashes, not" }
-            );
+            let what = if *has { "full values" } else { "only hashes" };
+            let _ = writeln!(out, "the reference stores {what} at step {step}");
         }
     }
     let _ = writeln!(out, "compare them with: repro diff {reference} {trace}");
