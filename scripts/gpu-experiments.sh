@@ -12,13 +12,13 @@
 # prints their error matrices at step 0 and the last step; `devices` diffs a CPU run against a
 # GPU run; `fixtures` keeps small traces for fixtures/; `rootcause` diffs two atomic runs op by
 # op and records one against another online; `overhead` times per-op recording against plain
-# steps. Results land in OUT_DIR: summary.md (everything printed), results.tar.gz (all outputs),
-# fixtures.tar.gz.
+# steps; `opfixtures` keeps small op-level traces for fixtures/. Results land in OUT_DIR:
+# summary.md (everything printed), results.tar.gz (all outputs), fixtures.tar.gz.
 set -uo pipefail
 out="${1:?usage: gpu-experiments.sh OUT_DIR [STEPS] [SECTION...]}"
 steps="${2:-1000}"
 shift $(( $# < 2 ? $# : 2 ))
-sections="${*:-hash matrices devices fixtures rootcause overhead}"
+sections="${*:-hash matrices devices fixtures opfixtures rootcause overhead}"
 want() { [[ " $sections " == *" $1 "* ]]; }
 repro="${REPRO_BIN:-target/cuda/release/repro}"
 work="$(mktemp -d)"
@@ -40,6 +40,15 @@ say '```'
 if want hash; then
 section "GPU hashing: correctness and throughput"
 "$repro" gpu-check --device cuda:0 2>&1 | tee -a "$summary"
+# The recorder's own path: hashes computed on the device (hash-only capture) must equal the
+# hashes of the same tensors copied to the host (full capture).
+for capture in none all; do
+  "$repro" record --workload adder --seed 0 --steps 50 --reductions ordered --capture "$capture" --device cuda:0 \
+    --out "$work/runs/capture-$capture" 2>>"$work/results/record.log"
+done
+say '```'
+"$repro" diff "$work/runs/capture-none" "$work/runs/capture-all" 2>&1 | sed "s#$work/runs/##g" | tail -3 | tee -a "$summary"
+say '```'
 fi
 
 # Seven runs per variant; matrices at step 0 and at the last step.
@@ -96,6 +105,25 @@ want fixtures && for reductions in atomic ordered; do
 done
 want fixtures && "$repro" record --workload adder --seed 0 --steps 50 --reductions ordered --device cpu \
   --out "$work/fixtures/adder-cpu-ordered" 2>>"$work/results/record.log"
+
+# Op-level traces (format 1.1) of two atomic runs and an ordered CPU/GPU pair, for CPU tests of
+# root-cause analysis on real GPU divergences.
+if want opfixtures; then
+  mkdir -p "$work/fixtures/ops"
+  for i in 0 1; do
+    "$repro" record --workload adder --seed 0 --steps 20 --reductions atomic --capture none --device cuda:0 \
+      --out "$work/fixtures/ops/atomic-r$i" 2>>"$work/results/record.log"
+  done
+  for device in cpu cuda:0; do
+    "$repro" record --workload adder --seed 0 --steps 20 --reductions ordered --capture none --device "$device" \
+      --out "$work/fixtures/ops/ordered-${device%%:*}" 2>>"$work/results/record.log"
+  done
+  rm -f "$work"/fixtures/ops/*/run-meta.json
+  section "Op-level fixtures"
+  say '```'
+  "$repro" diff "$work/fixtures/ops/atomic-r0" "$work/fixtures/ops/atomic-r1" 2>&1 | sed "s#$work/fixtures/ops/##g" | head -16 | tee -a "$summary"
+  say '```'
+fi
 
 if want rootcause; then
 section "Root cause of a real atomic-reduction divergence (two runs, $steps steps, hashes only)"

@@ -133,6 +133,14 @@ fn hash_view<T: DeviceRepr>(dev: &CudaDevice, data: &CudaView<'_, T>, bytes: u64
     if bytes <= CHUNK_LEN as u64 {
         return Ok(None);
     }
+    let (level, nodes) = tree_level(dev, data, bytes)?;
+    let words = dev.clone_dtoh(&level.slice(0..8 * nodes as usize))?;
+    Ok(Some(finish_tree(words_to_chaining_values(&words))))
+}
+
+/// Runs the BLAKE3 kernels over `bytes` (more than one chunk) bytes of `data`, down to a tree
+/// level of at most `HOST_MERGE_NODES` chaining values; returns the level and its node count.
+fn tree_level<T: DeviceRepr>(dev: &CudaDevice, data: &CudaView<'_, T>, bytes: u64) -> Result<(CudaSlice<u32>, u64)> {
     let mut nodes = bytes.div_ceil(CHUNK_LEN as u64);
     let mut level: CudaSlice<u32> = unsafe { dev.alloc::<u32>(8 * nodes as usize) }?;
     {
@@ -155,8 +163,11 @@ fn hash_view<T: DeviceRepr>(dev: &CudaDevice, data: &CudaView<'_, T>, bytes: u64
         level = next;
         nodes = next_nodes;
     }
-    let words = dev.clone_dtoh(&level.slice(0..8 * nodes as usize))?;
-    let cvs: Vec<ChainingValue> = words
+    Ok((level, nodes))
+}
+
+fn words_to_chaining_values(words: &[u32]) -> Vec<ChainingValue> {
+    words
         .chunks_exact(8)
         .map(|w| {
             let mut cv = [0u8; 32];
@@ -165,8 +176,159 @@ fn hash_view<T: DeviceRepr>(dev: &CudaDevice, data: &CudaView<'_, T>, bytes: u64
             }
             cv
         })
-        .collect();
-    Ok(Some(finish_tree(cvs)))
+        .collect()
+}
+
+/// What a queued tensor resolves to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Resolved {
+    /// The tensor's canonical bytes.
+    Bytes(Vec<u8>),
+    /// BLAKE3 of the tensor's canonical bytes, computed on the device.
+    DataHash([u8; 32]),
+}
+
+enum Queued {
+    /// A copy of a tensor's bytes, taken when it was queued: the tensor itself may be
+    /// overwritten in place later in the step (`Var::set` does that to parameters).
+    Bytes(CudaSlice<u8>),
+    /// A tensor without elements.
+    Empty,
+    /// The last tree level of a tensor hashed on the device.
+    Tree { level: CudaSlice<u32>, nodes: u64 },
+}
+
+/// One step's device-side recording work: tensors to copy and tensors to hash, gathered into
+/// one buffer and brought to the host with a single copy (one synchronization per step, not
+/// one per tensor).
+pub struct DeviceBatch {
+    dev: CudaDevice,
+    queued: Vec<Queued>,
+}
+
+impl DeviceBatch {
+    /// An empty batch on `dev`.
+    pub fn new(dev: CudaDevice) -> Self {
+        DeviceBatch { dev, queued: Vec::new() }
+    }
+
+    /// Queues a CUDA tensor. With `hash` (and more than one BLAKE3 chunk of data), its data
+    /// hash is computed on the device; otherwise its bytes are copied. Returns the ticket of
+    /// its result in `resolve`.
+    pub fn push(&mut self, tensor: &Tensor, hash: bool) -> Result<usize> {
+        let tensor = if tensor.is_contiguous() { tensor.clone() } else { tensor.contiguous()? };
+        let len = tensor.elem_count() * tensor.dtype().size_in_bytes();
+        let queued = if hash && len > CHUNK_LEN {
+            let (storage, layout) = tensor.storage_and_layout();
+            let Storage::Cuda(cuda) = &*storage else {
+                return Err(Error::Msg("DeviceBatch needs CUDA tensors".into()));
+            };
+            let (start, end) = layout.contiguous_offsets().expect("made contiguous above");
+            macro_rules! level_as {
+                ($t:ty) => {
+                    tree_level(&self.dev, &cuda.as_cuda_slice::<$t>()?.slice(start..end), len as u64)?
+                };
+            }
+            let (level, nodes) = match tensor.dtype() {
+                DType::U8 => level_as!(u8),
+                DType::U32 => level_as!(u32),
+                DType::I16 => level_as!(i16),
+                DType::I32 => level_as!(i32),
+                DType::I64 => level_as!(i64),
+                DType::F16 => level_as!(half::f16),
+                DType::BF16 => level_as!(half::bf16),
+                DType::F32 => level_as!(f32),
+                DType::F64 => level_as!(f64),
+                other => return Err(Error::Msg(format!("cannot hash {other:?} on the device"))),
+            };
+            Queued::Tree { level, nodes }
+        } else if len == 0 {
+            Queued::Empty
+        } else {
+            Queued::Bytes(self.copy_bytes(&tensor, len)?)
+        };
+        self.queued.push(queued);
+        Ok(self.queued.len() - 1)
+    }
+
+    /// A device copy of a contiguous tensor's `len` bytes, ordered on the stream before
+    /// anything that later overwrites the tensor.
+    fn copy_bytes(&self, tensor: &Tensor, len: usize) -> Result<CudaSlice<u8>> {
+        let mut copy: CudaSlice<u8> = unsafe { self.dev.alloc::<u8>(len) }?;
+        let (storage, layout) = tensor.storage_and_layout();
+        let Storage::Cuda(cuda) = &*storage else { return Err(Error::Msg("DeviceBatch needs CUDA tensors".into())) };
+        let (start, end) = layout.contiguous_offsets().expect("queued contiguous");
+        macro_rules! copy_as {
+            ($t:ty) => {{
+                let view = cuda.as_cuda_slice::<$t>()?.slice(start..end);
+                let src = unsafe { view.transmute::<u8>(len) }.expect("view holds its bytes");
+                self.dev.memcpy_dtod(&src, &mut copy)?
+            }};
+        }
+        match tensor.dtype() {
+            DType::U8 => copy_as!(u8),
+            DType::U32 => copy_as!(u32),
+            DType::I16 => copy_as!(i16),
+            DType::I32 => copy_as!(i32),
+            DType::I64 => copy_as!(i64),
+            DType::F16 => copy_as!(half::f16),
+            DType::BF16 => copy_as!(half::bf16),
+            DType::F32 => copy_as!(f32),
+            DType::F64 => copy_as!(f64),
+            other => return Err(Error::Msg(format!("cannot copy {other:?} from the device"))),
+        }
+        Ok(copy)
+    }
+
+    /// Gathers everything queued into one device buffer, copies it to the host once, and
+    /// returns the results in ticket order.
+    pub fn resolve(self) -> Result<Vec<Resolved>> {
+        let sizes: Vec<usize> = self
+            .queued
+            .iter()
+            .map(|q| match q {
+                Queued::Bytes(copy) => copy.len(),
+                Queued::Empty => 0,
+                Queued::Tree { nodes, .. } => 32 * *nodes as usize,
+            })
+            .collect();
+        let total: usize = sizes.iter().sum();
+        if total == 0 {
+            return Ok(sizes.iter().map(|_| Resolved::Bytes(Vec::new())).collect());
+        }
+        let mut staging: CudaSlice<u8> = unsafe { self.dev.alloc::<u8>(total) }?;
+        let mut offset = 0;
+        for (q, &size) in self.queued.iter().zip(&sizes) {
+            if size > 0 {
+                let mut dst = staging.slice_mut(offset..offset + size);
+                match q {
+                    Queued::Tree { level, .. } => {
+                        let src = unsafe { level.transmute::<u8>(size) }.expect("level holds its nodes");
+                        self.dev.memcpy_dtod(&src, &mut dst)?;
+                    }
+                    Queued::Bytes(copy) => self.dev.memcpy_dtod(copy, &mut dst)?,
+                    Queued::Empty => {}
+                }
+            }
+            offset += size;
+        }
+        let host = self.dev.clone_dtoh(&staging)?;
+        let mut out = Vec::with_capacity(sizes.len());
+        let mut offset = 0;
+        for (q, size) in self.queued.iter().zip(sizes) {
+            let part = &host[offset..offset + size];
+            offset += size;
+            out.push(match q {
+                Queued::Bytes(_) | Queued::Empty => Resolved::Bytes(part.to_vec()),
+                Queued::Tree { .. } => {
+                    let words: Vec<u32> =
+                        part.chunks_exact(4).map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes"))).collect();
+                    Resolved::DataHash(finish_tree(words_to_chaining_values(&words)))
+                }
+            });
+        }
+        Ok(out)
+    }
 }
 
 /// Reads every byte of a contiguous F32 tensor once on the device (no output): the yardstick

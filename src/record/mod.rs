@@ -12,4 +12,4 @@ pub use environment::{device_label, environment, open_device, NUMERICS_ENV_VARS}
 pub use error::RecordError;
 pub use perturb::Perturbation;
 pub use recorder::{Recorder, StepRecorder};
-pub use tensor_bytes::{candle_dtype, device_data_hash, trace_dtype, with_canonical_bytes};
+pub use tensor_bytes::{candle_dtype, trace_dtype, with_canonical_bytes};

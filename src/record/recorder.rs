@@ -23,8 +23,8 @@ use super::environment::environment;
 use super::error::RecordError;
 use super::perturb::Perturbation;
 use super::probe::{Probe, ProbedGradients};
-use super::tensor_bytes::{device_data_hash, trace_dtype, with_canonical_bytes};
-use crate::hash::{combine, tensor_hash};
+use super::tensor_bytes::{trace_dtype, with_canonical_bytes, DeviceQueue, DeviceResult};
+use crate::hash::{combine, tensor_hash, TensorHash, CHUNK_LEN};
 use crate::trace::{
     CapturePolicy, Header, Phase, RunConfig, StepCheck, StepTensor, StepVerdict, TensorKind, TensorRecord, TraceWriter,
     CURRENT_FORMAT,
@@ -141,6 +141,8 @@ impl Recorder {
             policy_full,
             tensors: Vec::new(),
             probes: ProbedGradients::default(),
+            device: DeviceQueue::default(),
+            deferred: Vec::new(),
         }
     }
 
@@ -188,6 +190,10 @@ pub struct StepRecorder<'a> {
     policy_full: bool,
     tensors: Vec<StepTensor>,
     probes: ProbedGradients,
+    /// GPU tensors' results, resolved in one copy when the step finishes.
+    device: DeviceQueue,
+    /// (index into `tensors`, ticket in `device`) of records still waiting for those results.
+    deferred: Vec<(usize, usize)>,
 }
 
 impl StepRecorder<'_> {
@@ -227,10 +233,12 @@ impl StepRecorder<'_> {
         let full = self.full;
         let byte_len = tensor.elem_count() as u64 * dtype.size_in_bytes() as u64;
         let keep_values = byte_len <= inline_max || full;
-        // Hash-only tensors on a GPU are hashed there: 32 bytes cross to the host, not the tensor.
-        let on_device = if keep_values { None } else { device_data_hash(tensor)? };
-        let (hash, inline, payload) = match on_device {
-            Some(data_hash) => (combine(dtype, &shape, &data_hash), None, None),
+        // GPU tensors are queued: hash-only ones are hashed on the device, and everything
+        // reaches the host in one copy when the step finishes.
+        let hash_on_device = !keep_values && byte_len > CHUNK_LEN as u64;
+        let deferred = self.device.push(tensor, hash_on_device)?;
+        let (hash, inline, payload) = match deferred {
+            Some(_) => (TensorHash([0; 32]), None, None),
             None => with_canonical_bytes(tensor, |bytes| {
                 let hash = tensor_hash(dtype, &shape, bytes);
                 if bytes.len() as u64 <= inline_max {
@@ -242,6 +250,9 @@ impl StepRecorder<'_> {
                 }
             })?,
         };
+        if let Some(ticket) = deferred {
+            self.deferred.push((self.tensors.len(), ticket));
+        }
         self.tensors.push(StepTensor {
             record: TensorRecord {
                 name: name.to_string(),
@@ -311,8 +322,31 @@ impl StepRecorder<'_> {
         Ok(())
     }
 
+    /// Fills in the records of GPU tensors from the step's single device-to-host copy.
+    fn resolve_device(&mut self) -> Result<(), RecordError> {
+        let results = std::mem::take(&mut self.device).resolve()?;
+        let inline_max = self.recorder.capture.inline_max_bytes;
+        for (index, ticket) in std::mem::take(&mut self.deferred) {
+            let t = &mut self.tensors[index];
+            let r = &mut t.record;
+            match &results[ticket] {
+                DeviceResult::DataHash(h) => r.hash = combine(r.dtype, &r.shape, h),
+                DeviceResult::Bytes(bytes) => {
+                    r.hash = tensor_hash(r.dtype, &r.shape, bytes);
+                    if bytes.len() as u64 <= inline_max {
+                        r.inline = Some(bytes.clone());
+                    } else if self.full {
+                        t.payload = Some(bytes.clone());
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Writes the step to the trace (or, when comparing online, checks it first).
-    pub fn finish(self) -> Result<(), RecordError> {
+    pub fn finish(mut self) -> Result<(), RecordError> {
+        self.resolve_device()?;
         let StepRecorder { recorder, step, policy_full, tensors, .. } = self;
         let Some(online) = recorder.online.as_mut().filter(|o| !o.diverged) else {
             return recorder.write(step, tensors);

@@ -41,17 +41,53 @@ pub fn candle_dtype(dtype: DType) -> candle_core::DType {
     }
 }
 
-/// BLAKE3 of the tensor's canonical element bytes computed where the tensor lives, if that is a
-/// GPU; `None` means: hash on the host.
-pub fn device_data_hash(tensor: &Tensor) -> Result<Option<[u8; 32]>, RecordError> {
+/// What a tensor on a GPU resolves to at the end of a step (see `DeviceQueue`).
+// Only CUDA builds queue anything.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub enum DeviceResult {
+    /// Its canonical bytes.
+    Bytes(Vec<u8>),
+    /// BLAKE3 of its canonical bytes, computed on the device.
+    DataHash([u8; 32]),
+}
+
+/// Tensors of one step that live on a GPU, queued so that their hashes (computed on the
+/// device) and the values that must be stored reach the host in one copy at the end of the
+/// step. On CPU-only builds, and for CPU tensors, nothing is queued.
+#[derive(Default)]
+pub struct DeviceQueue {
     #[cfg(feature = "cuda")]
-    {
-        Ok(crate::ops::cuda::data_hash(tensor)?)
-    }
-    #[cfg(not(feature = "cuda"))]
-    {
-        let _ = tensor;
+    batch: Option<crate::ops::cuda::DeviceBatch>,
+}
+
+impl DeviceQueue {
+    /// Queues `tensor` if it lives on a GPU: its data hash when `hash` (values not needed),
+    /// otherwise its bytes. Returns a ticket for `resolve`, or `None` for a CPU tensor.
+    pub fn push(&mut self, tensor: &Tensor, hash: bool) -> Result<Option<usize>, RecordError> {
+        #[cfg(feature = "cuda")]
+        if let Device::Cuda(dev) = tensor.device() {
+            let batch = self.batch.get_or_insert_with(|| crate::ops::cuda::DeviceBatch::new(dev.clone()));
+            return Ok(Some(batch.push(tensor, hash)?));
+        }
+        let _ = (tensor, hash);
         Ok(None)
+    }
+
+    /// Brings every queued result to the host, in ticket order.
+    pub fn resolve(self) -> Result<Vec<DeviceResult>, RecordError> {
+        #[cfg(feature = "cuda")]
+        if let Some(batch) = self.batch {
+            use crate::ops::cuda::Resolved;
+            return Ok(batch
+                .resolve()?
+                .into_iter()
+                .map(|r| match r {
+                    Resolved::Bytes(b) => DeviceResult::Bytes(b),
+                    Resolved::DataHash(h) => DeviceResult::DataHash(h),
+                })
+                .collect());
+        }
+        Ok(Vec::new())
     }
 }
 

@@ -89,3 +89,57 @@ fn cpu_and_gpu_runs_of_one_config_split_at_the_first_matmul() {
     assert!(env.iter().any(|d| d["field"] == "device" && d["b"] == "cuda:0"), "{env:?}");
     assert!(env.iter().any(|d| d["b"].as_str().is_some_and(|s| s.contains("H100"))), "{env:?}");
 }
+
+fn op_fixture(name: &str) -> String {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/gpu-h100-ops").join(name).to_str().unwrap().to_string()
+}
+
+#[test]
+fn atomic_gpu_runs_are_traced_to_the_two_reductions() {
+    let run = repro(&["diff", &op_fixture("atomic-r0"), &op_fixture("atomic-r1"), "--json"]);
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    let root = &json(&run.stdout)["root_cause"];
+    assert_eq!(root["cause"]["tensor"], "loss.sum");
+    assert_eq!(root["cause"]["phase"], "forward");
+    assert_eq!(root["inputs_checked"], true);
+    assert_eq!(root["independent"][0]["tensor"], "bias.grad");
+    assert_eq!(root["independent"][0]["phase"], "backward");
+}
+
+#[test]
+fn cpu_and_gpu_first_differ_in_the_matmul_with_identical_inputs() {
+    let run = repro(&["diff", &op_fixture("ordered-cpu"), &op_fixture("ordered-cuda"), "--json"]);
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    let v = json(&run.stdout);
+    assert_eq!(v["root_cause"]["cause"]["tensor"], "linear.matmul");
+    assert_eq!(v["root_cause"]["inputs_checked"], true);
+    for t in v["tensors"].as_array().unwrap() {
+        if ["x", "y", "weight", "bias"].contains(&t["name"].as_str().unwrap()) {
+            assert_ne!(t["first_divergent_step"], 0, "{} must agree at step 0: {t}", t["name"]);
+        }
+    }
+}
+
+/// Parameters are recorded at the start of a step and overwritten in place at its end; a GPU
+/// recorder that read them late would record the updated values. Each step's `weight` must
+/// equal the previous step's `weight.updated`.
+#[test]
+fn gpu_traces_record_parameters_before_their_update() {
+    for name in ["ordered-cuda", "atomic-r0"] {
+        let mut reader = repro::trace::TraceReader::open(op_fixture(name)).unwrap();
+        let mut previous: Option<repro::trace::StepRecord> = None;
+        let mut checked = 0;
+        while let Some(step) = reader.next_step().unwrap() {
+            if let Some(prev) = &previous {
+                for param in ["weight", "bias"] {
+                    let now = step.tensors.iter().find(|t| t.name == param).unwrap();
+                    let updated = prev.tensors.iter().find(|t| t.name == format!("{param}.updated")).unwrap();
+                    assert_eq!(now.hash, updated.hash, "{name}: {param} at step {}", step.step);
+                    checked += 1;
+                }
+            }
+            previous = Some(step);
+        }
+        assert_eq!(checked, 38, "{name}");
+    }
+}
