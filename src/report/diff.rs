@@ -2,6 +2,7 @@
 
 use super::format::{sci, shape};
 use crate::diff::{Divergence, FieldDifference, RootCause, StructuralDifference, TensorMetrics, TraceDiff, TraceSide};
+use crate::trace::TensorKind;
 use std::fmt::{self, Write};
 
 /// Renders a diff for people.
@@ -68,9 +69,15 @@ fn write_diff(out: &mut String, d: &TraceDiff) -> fmt::Result {
             format!("{}/{}", t.steps_diverged, t.steps_compared)
         )?;
     }
-    let growth: Vec<_> = d.tensors.iter().flat_map(|t| t.growth.iter().map(move |g| (t, g))).collect();
+    // Op outputs and inputs would swamp the table; `--json` has their growth too.
+    let growth: Vec<_> = d
+        .tensors
+        .iter()
+        .filter(|t| !matches!(t.kind, TensorKind::OpOutput | TensorKind::Input))
+        .flat_map(|t| t.growth.iter().map(move |g| (t, g)))
+        .collect();
     if !growth.is_empty() {
-        writeln!(out, "\nerror growth (steps with stored values):")?;
+        writeln!(out, "\nerror growth (steps with stored values; op outputs in --json):")?;
         writeln!(
             out,
             "  {:<width$}  {:>8}  {:>17}  {:>10}  {:>10}  {:>10}",
