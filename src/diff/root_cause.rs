@@ -16,11 +16,15 @@ pub struct RootCause {
     /// Whether every input of the cause was recorded and compared (false: it has no recorded
     /// inputs, or an input could not be compared, so "inputs identical" is not established).
     pub inputs_checked: bool,
-    /// Later tensors of the step that also differ although all their recorded inputs agree:
-    /// divergences with causes of their own (two non-deterministic reductions, say).
+    /// Later tensors of the step that also differ although all their recorded inputs agree (or
+    /// that record no inputs): divergences with causes of their own (two non-deterministic
+    /// reductions, say).
     pub independent: Vec<Divergence>,
     /// Differing tensors of the step that follow from the divergences above.
     pub consequences: Vec<Consequence>,
+    /// Whether the step recorded op inputs at all (format 1.1 per-op recording); without them
+    /// the analysis can only name the first difference.
+    pub inputs_recorded: bool,
 }
 
 /// A differing tensor explained by an earlier divergence.
@@ -48,6 +52,7 @@ pub(crate) struct Entry {
 
 /// Finds the root cause among the entries of one step; `None` when nothing differs.
 pub(crate) fn analyze(entries: Vec<Entry>) -> Option<RootCause> {
+    let inputs_recorded = entries.iter().any(|e| !e.inputs.is_empty());
     let identical: BTreeSet<&str> =
         entries.iter().filter(|e| e.compared && e.divergence.is_none()).map(|e| e.name.as_str()).collect();
     let inputs_agree = |e: &Entry| e.inputs.iter().all(|i| identical.contains(i.as_str()));
@@ -71,6 +76,10 @@ pub(crate) fn analyze(entries: Vec<Entry>) -> Option<RootCause> {
             // call it the cause, but say its inputs were not established as identical.
             taint.insert(&e.name, BTreeSet::from([e.name.clone()]));
             cause = Some((d.clone(), false));
+        } else if e.inputs.is_empty() && inputs_recorded {
+            // Differs, but nothing recorded explains it: a divergence of its own.
+            taint.insert(&e.name, BTreeSet::from([e.name.clone()]));
+            independent.push(d.clone());
         } else {
             taint.insert(&e.name, from.clone());
             consequences.push(Consequence {
@@ -82,7 +91,7 @@ pub(crate) fn analyze(entries: Vec<Entry>) -> Option<RootCause> {
         }
     }
     let (cause, inputs_checked) = cause?;
-    Some(RootCause { cause, inputs_checked, independent, consequences })
+    Some(RootCause { cause, inputs_checked, independent, consequences, inputs_recorded })
 }
 
 #[cfg(test)]
@@ -127,6 +136,20 @@ mod tests {
         let consequences: Vec<(&str, Vec<String>)> =
             r.consequences.iter().map(|c| (c.tensor.as_str(), c.from.clone())).collect();
         assert_eq!(consequences, [("loss", vec!["sum".to_string()]), ("w.new", vec!["sum".to_string()])]);
+    }
+
+    #[test]
+    fn an_unexplained_later_difference_is_its_own_cause() {
+        let r = analyze(vec![
+            entry("x", &[], false),
+            entry("mm", &["x"], true),
+            entry("x2", &[], true),
+            entry("out", &["mm", "x2"], true),
+        ])
+        .unwrap();
+        assert_eq!(r.cause.tensor, "mm");
+        assert_eq!(r.independent.iter().map(|d| d.tensor.as_str()).collect::<Vec<_>>(), ["x2"]);
+        assert_eq!(r.consequences[0].from, ["mm", "x2"]);
     }
 
     #[test]

@@ -173,6 +173,17 @@ pub enum StructuralDifference {
     },
 }
 
+impl StructuralDifference {
+    fn steps_mut(&mut self) -> &mut u64 {
+        match self {
+            StructuralDifference::MissingTensor { steps, .. }
+            | StructuralDifference::Mismatch { steps, .. }
+            | StructuralDifference::Renamed { steps, .. }
+            | StructuralDifference::MissingSteps { steps, .. } => steps,
+        }
+    }
+}
+
 /// Compares two open traces.
 pub fn diff_traces(a: &mut TraceReader, b: &mut TraceReader) -> Result<TraceDiff, TraceError> {
     let mut state = DiffState::default();
@@ -294,6 +305,8 @@ struct DiffState {
     index: BTreeMap<String, usize>,
     by_kind: BTreeMap<TensorKind, u64>,
     structure: Vec<StructuralDifference>,
+    /// Position in `structure` of each difference, by a key naming it.
+    structure_index: BTreeMap<String, usize>,
 }
 
 struct HistoryBuilder {
@@ -388,23 +401,6 @@ impl DiffState {
         Ok(())
     }
 
-    fn renamed(&mut self, ta: &TensorRecord, tb: &TensorRecord, step: u64) {
-        for s in &mut self.structure {
-            if let StructuralDifference::Renamed { a, b, steps, .. } = s {
-                if *a == ta.name && *b == tb.name {
-                    *steps += 1;
-                    return;
-                }
-            }
-        }
-        self.structure.push(StructuralDifference::Renamed {
-            a: ta.name.clone(),
-            b: tb.name.clone(),
-            first_step: step,
-            steps: 1,
-        });
-    }
-
     fn history(&mut self, t: &TensorRecord) -> usize {
         if let Some(&i) = self.index.get(&t.name) {
             return i;
@@ -424,16 +420,20 @@ impl DiffState {
         self.histories.len() - 1
     }
 
-    fn missing_step(&mut self, missing_in: &str, step: u64) {
-        for s in &mut self.structure {
-            if let StructuralDifference::MissingSteps { missing_in: m, steps, .. } = s {
-                if m == missing_in {
-                    *steps += 1;
-                    return;
-                }
+    /// Counts one more step for the structural difference `key`, adding it (made by `new`)
+    /// the first time it is seen.
+    fn structural(&mut self, key: String, new: impl FnOnce() -> StructuralDifference) {
+        match self.structure_index.get(&key) {
+            Some(&i) => *self.structure[i].steps_mut() += 1,
+            None => {
+                self.structure_index.insert(key, self.structure.len());
+                self.structure.push(new());
             }
         }
-        self.structure.push(StructuralDifference::MissingSteps {
+    }
+
+    fn missing_step(&mut self, missing_in: &str, step: u64) {
+        self.structural(format!("steps/{missing_in}"), || StructuralDifference::MissingSteps {
             missing_in: missing_in.into(),
             first_step: step,
             steps: 1,
@@ -441,15 +441,7 @@ impl DiffState {
     }
 
     fn missing_tensor(&mut self, missing_in: &str, tensor: &str, step: u64) {
-        for s in &mut self.structure {
-            if let StructuralDifference::MissingTensor { tensor: t, missing_in: m, steps, .. } = s {
-                if t == tensor && m == missing_in {
-                    *steps += 1;
-                    return;
-                }
-            }
-        }
-        self.structure.push(StructuralDifference::MissingTensor {
+        self.structural(format!("missing/{missing_in}/{tensor}"), || StructuralDifference::MissingTensor {
             tensor: tensor.into(),
             missing_in: missing_in.into(),
             first_step: step,
@@ -457,16 +449,17 @@ impl DiffState {
         });
     }
 
+    fn renamed(&mut self, ta: &TensorRecord, tb: &TensorRecord, step: u64) {
+        self.structural(format!("renamed/{}/{}", ta.name, tb.name), || StructuralDifference::Renamed {
+            a: ta.name.clone(),
+            b: tb.name.clone(),
+            first_step: step,
+            steps: 1,
+        });
+    }
+
     fn mismatch(&mut self, ta: &TensorRecord, tb: &TensorRecord, step: u64) {
-        for s in &mut self.structure {
-            if let StructuralDifference::Mismatch { tensor, steps, .. } = s {
-                if *tensor == ta.name {
-                    *steps += 1;
-                    return;
-                }
-            }
-        }
-        self.structure.push(StructuralDifference::Mismatch {
+        self.structural(format!("mismatch/{}", ta.name), || StructuralDifference::Mismatch {
             tensor: ta.name.clone(),
             first_step: step,
             steps: 1,

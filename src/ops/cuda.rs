@@ -212,6 +212,11 @@ impl DeviceBatch {
         DeviceBatch { dev, queued: Vec::new() }
     }
 
+    /// The device the batch belongs to.
+    pub fn device(&self) -> &CudaDevice {
+        &self.dev
+    }
+
     /// Queues a CUDA tensor. With `hash` (and more than one BLAKE3 chunk of data), its data
     /// hash is computed on the device; otherwise its bytes are copied. Returns the ticket of
     /// its result in `resolve`.
@@ -339,8 +344,8 @@ pub fn read_all(tensor: &Tensor) -> Result<()> {
         return Err(Error::Msg("read_all needs a CUDA tensor".into()));
     };
     let (x, n) = f32_view(cuda, layout, "read_all")?;
-    if n % 4 != 0 {
-        return Err(Error::Msg("read_all needs a multiple of 4 floats".into()));
+    if n % 4 != 0 || layout.start_offset() % 4 != 0 {
+        return Err(Error::Msg("read_all needs a 16-byte aligned view of a multiple of 4 floats".into()));
     }
     let dev = cuda.device().clone();
     let mut sink = dev.alloc_zeros::<u32>(1)?;

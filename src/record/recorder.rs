@@ -89,7 +89,9 @@ impl Recorder {
             capture: capture.clone(),
         };
         let writer = TraceWriter::create(dir.as_ref(), &header, replace)?;
-        Ok(Recorder { writer: Some(writer), ..Self::discard_with(capture, total_steps) })
+        let mut recorder = Self::discard_with(capture, total_steps);
+        recorder.writer = Some(writer);
+        Ok(recorder)
     }
 
     /// A recorder that hashes nothing and writes nothing: the un-instrumented baseline that
@@ -148,19 +150,27 @@ impl Recorder {
 
     /// Marks the trace complete and syncs it to disk; returns the number of steps recorded.
     pub fn finish(mut self) -> Result<u64, RecordError> {
+        self.flush_pending()?;
         let stopped_early = self.online.as_ref().is_some_and(|o| o.diverged && o.stop_at_divergence);
         if let (Some(p), false, false) = (&self.perturbation, self.perturbation_applied, stopped_early) {
+            // The recorded steps stay readable, but without a footer: this is not the run
+            // that was asked for.
             return Err(RecordError::Unsupported(format!(
                 "the perturbation {p} never applied: no tensor `{}` passed through the recorder at step {}",
                 p.tensor, p.step
             )));
         }
-        if let Some(pending) = self.online.as_mut().and_then(|o| o.pending.take()) {
-            self.write(pending.step, strip(pending.tensors, pending.policy_full))?;
-        }
-        match self.writer {
+        match self.writer.take() {
             Some(writer) => Ok(writer.finish()?),
             None => Ok(0),
+        }
+    }
+
+    /// Writes the step held back for online comparison, with the normal capture policy.
+    fn flush_pending(&mut self) -> Result<(), RecordError> {
+        match self.online.as_mut().and_then(|o| o.pending.take()) {
+            Some(p) => self.write(p.step, strip(p.tensors, p.policy_full)),
+            None => Ok(()),
         }
     }
 
@@ -169,6 +179,15 @@ impl Recorder {
             Some(writer) => Ok(writer.write_step(step, tensors)?),
             None => Ok(()),
         }
+    }
+}
+
+/// A recorder dropped without `finish` (an error elsewhere, a panic) still writes the step it
+/// held back for online comparison, so every step whose `finish` succeeded is in the trace,
+/// which then reads as incomplete.
+impl Drop for Recorder {
+    fn drop(&mut self) {
+        let _ = self.flush_pending();
     }
 }
 
@@ -226,6 +245,9 @@ impl StepRecorder<'_> {
     ) -> Result<(), RecordError> {
         if self.recorder.writer.is_none() {
             return Ok(());
+        }
+        if self.tensors.iter().any(|t| t.record.name == name) {
+            return Err(RecordError::Unsupported(format!("tensor `{name}` recorded twice in step {}", self.step)));
         }
         let dtype = trace_dtype(tensor.dtype())?;
         let shape: Vec<u64> = tensor.dims().iter().map(|&d| d as u64).collect();
@@ -351,7 +373,20 @@ impl StepRecorder<'_> {
         let Some(online) = recorder.online.as_mut().filter(|o| !o.diverged) else {
             return recorder.write(step, tensors);
         };
-        match online.check.check_step(step, &tensors)? {
+        let verdict = match online.check.check_step(step, &tensors) {
+            Ok(verdict) => verdict,
+            Err(e) => {
+                // The reference could not be read: keep the held step and this one, then stop.
+                let held = online.pending.take();
+                recorder.online = None;
+                if let Some(p) = held {
+                    recorder.write(p.step, strip(p.tensors, p.policy_full))?;
+                }
+                recorder.write(step, strip(tensors, policy_full))?;
+                return Err(e.into());
+            }
+        };
+        match verdict {
             StepVerdict::Same => {
                 let previous = online.pending.replace(PendingStep { step, tensors, policy_full });
                 match previous {

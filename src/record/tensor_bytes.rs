@@ -67,6 +67,11 @@ impl DeviceQueue {
         #[cfg(feature = "cuda")]
         if let Device::Cuda(dev) = tensor.device() {
             let batch = self.batch.get_or_insert_with(|| crate::ops::cuda::DeviceBatch::new(dev.clone()));
+            if batch.device().id() != dev.id() {
+                return Err(RecordError::Unsupported(
+                    "recording tensors of one step from several GPUs is not supported yet".into(),
+                ));
+            }
             return Ok(Some(batch.push(tensor, hash)?));
         }
         let _ = (tensor, hash);

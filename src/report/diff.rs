@@ -107,7 +107,7 @@ fn write_diff(out: &mut String, d: &TraceDiff) -> fmt::Result {
 /// Whether the traces recorded op inputs, so the root-cause analysis says more than "the first
 /// difference".
 fn has_input_edges(r: &RootCause) -> bool {
-    r.inputs_checked || !r.independent.is_empty() || r.consequences.iter().any(|c| !c.from.is_empty())
+    r.inputs_recorded
 }
 
 fn describe(d: &Divergence) -> String {

