@@ -9,6 +9,52 @@ use candle_core::cuda_backend::{CudaDevice, WrapErr};
 use candle_core::{CudaStorage, DType, Error, Layout, Result, Storage, Tensor};
 use std::sync::OnceLock;
 
+/// Runs `$body` with `$t` bound to the Rust element type of `$dtype` (the dtypes traces hold);
+/// evaluates `$other` for any other dtype.
+macro_rules! for_dtype {
+    ($dtype:expr, $t:ident => $body:expr, $other:pat => $fallback:expr) => {
+        match $dtype {
+            DType::U8 => {
+                type $t = u8;
+                $body
+            }
+            DType::U32 => {
+                type $t = u32;
+                $body
+            }
+            DType::I16 => {
+                type $t = i16;
+                $body
+            }
+            DType::I32 => {
+                type $t = i32;
+                $body
+            }
+            DType::I64 => {
+                type $t = i64;
+                $body
+            }
+            DType::F16 => {
+                type $t = half::f16;
+                $body
+            }
+            DType::BF16 => {
+                type $t = half::bf16;
+                $body
+            }
+            DType::F32 => {
+                type $t = f32;
+                $body
+            }
+            DType::F64 => {
+                type $t = f64;
+                $body
+            }
+            $other => $fallback,
+        }
+    };
+}
+
 const SOURCE: &str = include_str!("../../kernels/repro.cu");
 const MODULE: &str = "repro";
 
@@ -106,27 +152,8 @@ pub fn data_hash(tensor: &Tensor) -> Result<Option<[u8; 32]>> {
         return Ok(None);
     };
     let dev = cuda.device().clone();
-    macro_rules! hash_as {
-        ($t:ty) => {
-            hash_view(
-                &dev,
-                &cuda.as_cuda_slice::<$t>()?.slice(start..end),
-                ((end - start) * std::mem::size_of::<$t>()) as u64,
-            )
-        };
-    }
-    match tensor.dtype() {
-        DType::U8 => hash_as!(u8),
-        DType::U32 => hash_as!(u32),
-        DType::I16 => hash_as!(i16),
-        DType::I32 => hash_as!(i32),
-        DType::I64 => hash_as!(i64),
-        DType::F16 => hash_as!(half::f16),
-        DType::BF16 => hash_as!(half::bf16),
-        DType::F32 => hash_as!(f32),
-        DType::F64 => hash_as!(f64),
-        _ => Ok(None),
-    }
+    let bytes = |size: usize| ((end - start) * size) as u64;
+    for_dtype!(tensor.dtype(), T => hash_view(&dev, &cuda.as_cuda_slice::<T>()?.slice(start..end), bytes(std::mem::size_of::<T>())), _ => Ok(None))
 }
 
 fn hash_view<T: DeviceRepr>(dev: &CudaDevice, data: &CudaView<'_, T>, bytes: u64) -> Result<Option<[u8; 32]>> {
@@ -229,23 +256,11 @@ impl DeviceBatch {
                 return Err(Error::Msg("DeviceBatch needs CUDA tensors".into()));
             };
             let (start, end) = layout.contiguous_offsets().expect("made contiguous above");
-            macro_rules! level_as {
-                ($t:ty) => {
-                    tree_level(&self.dev, &cuda.as_cuda_slice::<$t>()?.slice(start..end), len as u64)?
-                };
-            }
-            let (level, nodes) = match tensor.dtype() {
-                DType::U8 => level_as!(u8),
-                DType::U32 => level_as!(u32),
-                DType::I16 => level_as!(i16),
-                DType::I32 => level_as!(i32),
-                DType::I64 => level_as!(i64),
-                DType::F16 => level_as!(half::f16),
-                DType::BF16 => level_as!(half::bf16),
-                DType::F32 => level_as!(f32),
-                DType::F64 => level_as!(f64),
-                other => return Err(Error::Msg(format!("cannot hash {other:?} on the device"))),
-            };
+            let (level, nodes) = for_dtype!(
+                tensor.dtype(),
+                T => tree_level(&self.dev, &cuda.as_cuda_slice::<T>()?.slice(start..end), len as u64)?,
+                other => return Err(Error::Msg(format!("cannot hash {other:?} on the device")))
+            );
             Queued::Tree { level, nodes }
         } else if len == 0 {
             Queued::Empty
@@ -263,25 +278,15 @@ impl DeviceBatch {
         let (storage, layout) = tensor.storage_and_layout();
         let Storage::Cuda(cuda) = &*storage else { return Err(Error::Msg("DeviceBatch needs CUDA tensors".into())) };
         let (start, end) = layout.contiguous_offsets().expect("queued contiguous");
-        macro_rules! copy_as {
-            ($t:ty) => {{
-                let view = cuda.as_cuda_slice::<$t>()?.slice(start..end);
+        for_dtype!(
+            tensor.dtype(),
+            T => {
+                let view = cuda.as_cuda_slice::<T>()?.slice(start..end);
                 let src = unsafe { view.transmute::<u8>(len) }.expect("view holds its bytes");
                 self.dev.memcpy_dtod(&src, &mut copy)?
-            }};
-        }
-        match tensor.dtype() {
-            DType::U8 => copy_as!(u8),
-            DType::U32 => copy_as!(u32),
-            DType::I16 => copy_as!(i16),
-            DType::I32 => copy_as!(i32),
-            DType::I64 => copy_as!(i64),
-            DType::F16 => copy_as!(half::f16),
-            DType::BF16 => copy_as!(half::bf16),
-            DType::F32 => copy_as!(f32),
-            DType::F64 => copy_as!(f64),
-            other => return Err(Error::Msg(format!("cannot copy {other:?} from the device"))),
-        }
+            },
+            other => return Err(Error::Msg(format!("cannot copy {other:?} from the device")))
+        );
         Ok(copy)
     }
 
