@@ -9,6 +9,7 @@
 //! cargo run --release --example own_training_loop -- runs/mlp-a
 //! cargo run --release --example own_training_loop -- runs/mlp-b
 //! repro diff runs/mlp-a runs/mlp-b
+//! repro gate -- target/release/examples/own_training_loop   # records it twice, compares
 //! ```
 
 use candle_core::{DType, Device, Tensor};
@@ -43,7 +44,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         steps: Some(STEPS),
         params: BTreeMap::from([("batch".into(), BATCH.to_string()), ("lr".into(), "0.05".into())]),
     };
-    let mut recorder = Recorder::create_with(&out, run, &device, CapturePolicy::default(), true)?;
+    // Under `repro gate -- CMD`, record where the gate says.
+    let mut recorder = if std::env::var_os(repro::record::TRACE_DIR_ENV).is_some() {
+        Recorder::from_env(run, &device, CapturePolicy::default())?
+    } else {
+        Recorder::create_with(&out, run, &device, CapturePolicy::default(), true)?
+    };
     let mut sgd = SGD::new(varmap.all_vars(), 0.05)?;
 
     for step in 0..STEPS {
@@ -78,6 +84,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         sgd.step(&grads)?;
     }
     let steps = recorder.finish()?;
-    eprintln!("recorded {steps} steps into {out}");
+    eprintln!("recorded {steps} steps");
     Ok(())
 }

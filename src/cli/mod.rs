@@ -1,14 +1,17 @@
 //! The command line: argument definitions and dispatch. Each subcommand lives in its own file
 //! and returns an `Exit`; errors become one `error:` line on stderr and exit code 2.
 
+mod baseline;
 mod diff;
 mod exit;
+mod gate;
 #[cfg(feature = "cuda")]
 mod gpu_check;
 mod inspect;
 mod matrix;
 mod overhead;
 mod record;
+mod workload_args;
 
 pub use exit::Exit;
 
@@ -34,6 +37,10 @@ enum Command {
     Matrix(matrix::MatrixArgs),
     /// Show a trace's header, environment, steps, tensors and sizes.
     Inspect(inspect::InspectArgs),
+    /// Fail (exit 1) when training is not bit-exact: across runs, or against a baseline.
+    Gate(gate::GateArgs),
+    /// Write a baseline: one run's hashes, to commit and gate against.
+    Baseline(baseline::BaselineArgs),
     /// Time training steps with and without per-op recording on one device.
     Overhead(overhead::OverheadArgs),
     /// Check GPU hashing against the CPU and measure its throughput (CUDA builds).
@@ -48,6 +55,8 @@ pub fn run(cli: Cli) -> Exit {
         Command::Diff(args) => diff::run(args),
         Command::Matrix(args) => matrix::run(args),
         Command::Inspect(args) => inspect::run(args),
+        Command::Gate(args) => gate::run(args),
+        Command::Baseline(args) => baseline::run(args),
         Command::Overhead(args) => overhead::run(args),
         #[cfg(feature = "cuda")]
         Command::GpuCheck(args) => gpu_check::run(args),

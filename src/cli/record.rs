@@ -1,56 +1,26 @@
 //! `repro record`: train a built-in workload and write its trace.
 
+use super::workload_args::WorkloadArgs;
 use super::Exit;
 use clap::Args;
 use repro::diff::ReferenceCheck;
-use repro::ops::Reductions;
-use repro::record::{open_device, Perturbation, RecordError, Recorder};
+use repro::record::{open_device, RecordError, Recorder};
 use repro::report::{bytes, render_online};
 use repro::trace::{summarize, CapturePolicy, FullCapture};
-use repro::workloads::{AdderConfig, Formulation, WORKLOADS};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 #[derive(Debug, Args)]
 pub struct RecordArgs {
-    /// Workload to train.
-    #[arg(long, default_value = "adder", value_parser = clap::builder::PossibleValuesParser::new(WORKLOADS))]
-    workload: String,
+    #[command(flatten)]
+    train: WorkloadArgs,
     /// Trace directory to write (must not hold a trace unless --force).
     #[arg(long)]
     out: PathBuf,
     /// Replace a trace already in --out.
     #[arg(long)]
     force: bool,
-    /// Seed of the initial weights.
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
-    /// Seed of the training data (defaults to --seed).
-    #[arg(long)]
-    data_seed: Option<u64>,
-    /// Training steps.
-    #[arg(long, default_value_t = AdderConfig::default().steps)]
-    steps: u64,
-    /// Examples per batch.
-    #[arg(long, default_value_t = AdderConfig::default().batch)]
-    batch: usize,
-    /// Input features.
-    #[arg(long, default_value_t = AdderConfig::default().features)]
-    features: usize,
-    /// Learning rate.
-    #[arg(long, default_value_t = AdderConfig::default().lr)]
-    lr: f64,
-    /// How the adder writes its reductions: reduce (sums, means) or matmul (matrix products).
-    #[arg(long, default_value = "reduce")]
-    formulation: Formulation,
-    /// How the reduce formulation's sums accumulate: candle (built-in kernels), atomic (float
-    /// atomics, order decided by timing) or ordered (fixed tree, bit-reproducible).
-    #[arg(long, default_value = "candle")]
-    reductions: Reductions,
-    /// Device: cpu, cuda or cuda:N.
-    #[arg(long, default_value = "cpu")]
-    device: String,
     /// Which steps store full tensors: first-and-last, none, all, every:N, steps:A,B,...
     #[arg(long, default_value = "first-and-last")]
     capture: FullCapture,
@@ -64,29 +34,13 @@ pub struct RecordArgs {
     /// With --against: record to the end after a divergence instead of stopping.
     #[arg(long, requires = "against")]
     keep_going: bool,
-    /// Fault injection: move element 0 of TENSOR by ULPS units in the last place at STEP.
-    #[arg(long, value_name = "STEP:TENSOR:ULPS")]
-    perturb: Option<Perturbation>,
 }
 
 pub fn run(args: RecordArgs) -> Result<Exit, String> {
-    let (perturb, formulation) = (args.perturb, args.formulation);
-    let config = AdderConfig {
-        seed: args.seed,
-        data_seed: args.data_seed.unwrap_or(args.seed),
-        steps: args.steps,
-        batch: args.batch,
-        features: args.features,
-        lr: args.lr,
-        formulation,
-        reductions: args.reductions,
-    };
-    config.validate(perturb.as_ref()).map_err(|e| e.to_string())?;
-    let device = open_device(&args.device).map_err(|e| e.to_string())?;
-    let mut run = config.run_config();
-    if let Some(p) = &perturb {
-        run.params.insert("perturb".into(), p.to_string());
-    }
+    let config = args.train.adder()?;
+    let perturb = args.train.perturb.clone();
+    let device = open_device(&args.train.device).map_err(|e| e.to_string())?;
+    let run = args.train.run_config(&config);
     let capture = CapturePolicy { full: args.capture, inline_max_bytes: args.inline_max_bytes };
     let started = Instant::now();
     let reference = match &args.against {
@@ -106,11 +60,11 @@ pub fn run(args: RecordArgs) -> Result<Exit, String> {
     let summary = summarize(&args.out).map_err(|e| e.to_string())?;
     eprintln!(
         "recorded {steps} steps of {} ({}, {} reductions, seed {}) on {} into {} in {:.2}s: records {}, payloads {}",
-        args.workload,
-        formulation,
-        args.reductions,
-        args.seed,
-        args.device,
+        args.train.workload,
+        config.formulation,
+        config.reductions,
+        config.seed,
+        args.train.device,
         args.out.display(),
         started.elapsed().as_secs_f64(),
         bytes(summary.records_bytes),

@@ -3,6 +3,7 @@
 
 mod align;
 mod error;
+mod gate;
 mod matrix;
 mod metrics;
 mod online;
@@ -10,6 +11,7 @@ mod root_cause;
 mod traces;
 
 pub use error::DiffError;
+pub use gate::{likely_causes, GateReport};
 pub use matrix::{error_matrices, ErrorMatrix, MatrixReport, Metric, StepSelector};
 pub use metrics::{compare, TensorMetrics};
 pub use online::{OnlineDivergence, ReferenceCheck};

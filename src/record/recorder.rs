@@ -32,6 +32,9 @@ use crate::trace::{
 use candle_core::{Device, Tensor};
 use std::path::Path;
 
+/// The environment variable through which `repro gate -- CMD` tells a program where to record.
+pub const TRACE_DIR_ENV: &str = "REPRO_TRACE_DIR";
+
 /// Records a run into a trace directory.
 pub struct Recorder {
     /// `None` for a recorder that discards everything (see `Recorder::discard`).
@@ -92,6 +95,15 @@ impl Recorder {
         let mut recorder = Self::discard_with(capture, total_steps);
         recorder.writer = Some(writer);
         Ok(recorder)
+    }
+
+    /// Starts recording into the directory named by `REPRO_TRACE_DIR`, which `repro gate --
+    /// CMD` sets for the program it runs (an existing trace there is replaced).
+    pub fn from_env(run: RunConfig, device: &Device, capture: CapturePolicy) -> Result<Self, RecordError> {
+        let dir = std::env::var_os(TRACE_DIR_ENV).ok_or_else(|| {
+            RecordError::Unsupported(format!("{TRACE_DIR_ENV} is not set: run this under `repro gate -- CMD`"))
+        })?;
+        Self::create_with(dir, run, device, capture, true)
     }
 
     /// A recorder that hashes nothing and writes nothing: the un-instrumented baseline that

@@ -58,23 +58,25 @@ pub struct TraceReader {
     completeness: Option<Completeness>,
     /// The payload file of the step last read from, mapped, so tensors are read in place.
     payload_cache: Option<(u64, memmap2::Mmap)>,
+    /// Opened from a lone record file: there are no payload files to read.
+    records_only: bool,
 }
 
 impl TraceReader {
-    /// Opens a trace directory and reads its header.
-    pub fn open(dir: impl AsRef<Path>) -> Result<Self, TraceError> {
-        let dir = dir.as_ref().to_path_buf();
-        let meta = fs::metadata(&dir).map_err(TraceError::io(&dir))?;
-        if !meta.is_dir() {
-            return Err(TraceError::NotATrace {
-                path: dir,
-                reason: "a trace is a directory (made by `repro record --out DIR`), this is a file".into(),
-            });
-        }
-        let records_path = dir.join(RECORDS_FILE);
-        if !records_path.exists() {
-            return Err(TraceError::NotATrace { path: dir, reason: format!("it has no {RECORDS_FILE}") });
-        }
+    /// Opens a trace and reads its header. `path` is a trace directory, or a lone record file
+    /// (a baseline: hashes and small values, no payloads).
+    pub fn open(path: impl AsRef<Path>) -> Result<Self, TraceError> {
+        let path = path.as_ref().to_path_buf();
+        let meta = fs::metadata(&path).map_err(TraceError::io(&path))?;
+        let (dir, records_path, records_only) = if meta.is_dir() {
+            let records_path = path.join(RECORDS_FILE);
+            if !records_path.exists() {
+                return Err(TraceError::NotATrace { path, reason: format!("it has no {RECORDS_FILE}") });
+            }
+            (path, records_path, false)
+        } else {
+            (path.clone(), path, true)
+        };
         let file = File::open(&records_path).map_err(TraceError::io(&records_path))?;
         let mut input = BufReader::with_capacity(1 << 16, file);
         let mut preamble = [0u8; PREAMBLE_LEN];
@@ -82,7 +84,7 @@ impl TraceReader {
         if got < MAGIC.len() || &preamble[..MAGIC.len()] != MAGIC {
             return Err(TraceError::NotATrace {
                 path: records_path,
-                reason: "it does not start with the trace magic bytes".into(),
+                reason: "it does not start with the trace magic bytes (a trace is a directory made by `repro record`, or a record file made by `repro baseline write`)".into(),
             });
         }
         if got < PREAMBLE_LEN {
@@ -120,6 +122,7 @@ impl TraceReader {
             steps_read: 0,
             completeness: None,
             payload_cache: None,
+            records_only,
         };
         match reader.next_record()? {
             Some(Record::Header(header)) => {
@@ -144,6 +147,11 @@ impl TraceReader {
     /// The trace directory.
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// The record file.
+    pub fn records_path(&self) -> &Path {
+        &self.records_path
     }
 
     /// The format version the trace was written in.
@@ -224,6 +232,12 @@ impl TraceReader {
     fn map_payload(&mut self, step: u64, name: &str) -> Result<(), TraceError> {
         if self.payload_cache.as_ref().map(|(s, _)| *s) == Some(step) {
             return Ok(());
+        }
+        if self.records_only {
+            return Err(self.corrupt(
+                &format!("step {step}"),
+                "refers to a payload file, but a lone record file has none (open the trace directory)".into(),
+            ));
         }
         self.payload_cache = None;
         let path = self.dir.join(name);

@@ -1,7 +1,7 @@
 //! A trace's summary for `repro inspect`: header, completeness, steps, tensors and sizes.
 
 use super::error::TraceError;
-use super::format::{FormatVersion, RECORDS_FILE};
+use super::format::FormatVersion;
 use super::reader::{Completeness, TraceReader};
 use super::schema::{Header, Phase, TensorKind};
 use crate::dtype::DType;
@@ -70,7 +70,7 @@ pub fn summarize(dir: &Path) -> Result<TraceSummary, TraceError> {
         last_step: None,
         full_steps: Vec::new(),
         tensors: Vec::new(),
-        records_bytes: file_size(&dir.join(RECORDS_FILE))?,
+        records_bytes: file_size(reader.records_path())?,
         payload_bytes: 0,
     };
     while let Some(step) = reader.next_step()? {
