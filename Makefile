@@ -4,7 +4,7 @@
 CARGO ?= cargo
 REPRO := target/release/repro
 
-.PHONY: build run test lint fmt bench cuda cuda-check gpu-experiments clean-runs
+.PHONY: build run test gate lint fmt bench cuda cuda-check gpu-experiments clean-runs
 
 ## build: the release binary at target/release/repro
 build:
@@ -19,6 +19,12 @@ run: build
 ## test: unit, integration and doc tests (release profile: the same build `make run` uses)
 test:
 	$(CARGO) test --release --locked
+
+## gate: the determinism gate on the built-in workload, in both formulations and ordered reductions
+gate: build
+	$(REPRO) gate --steps 50
+	$(REPRO) gate --steps 50 --formulation matmul
+	$(REPRO) gate --steps 50 --reductions ordered --runs 3
 
 ## lint: formatting and clippy, warnings as errors
 lint:

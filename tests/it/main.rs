@@ -2,6 +2,8 @@
 
 mod util;
 
+/// The determinism gate and baselines.
+mod gate;
 /// Traces recorded on a GPU, read and compared on the CPU.
 mod gpu_fixtures;
 /// The canonical hash against the checked-in test vectors.

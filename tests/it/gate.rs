@@ -1,0 +1,105 @@
+//! The determinism gate: pass, fail and error, with their exit codes and reports.
+
+use crate::util::{json, repro, s};
+use std::fs;
+
+const SMALL: [&str; 4] = ["--steps", "12", "--batch", "300"];
+
+fn gate(extra: &[&str]) -> crate::util::Run {
+    repro(&[&["gate"][..], &SMALL, extra].concat())
+}
+
+/// The human report with the machine-specific parts (temporary paths) replaced.
+fn redact(text: &str, dir: &std::path::Path) -> String {
+    text.replace(s(dir), "[DIR]")
+}
+
+#[test]
+fn identical_runs_pass() {
+    let run = gate(&[]);
+    assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+    insta::assert_snapshot!("gate_pass", run.stdout);
+}
+
+#[test]
+fn a_planted_change_fails_against_the_baseline_with_a_report() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path().join("base.rpr");
+    let written = repro(&[&["baseline", "write"][..], &SMALL, &["--out", s(&base)]].concat());
+    assert_eq!(written.code, 0, "{}", written.stderr);
+    assert_eq!(gate(&["--baseline", s(&base)]).code, 0, "the same code passes against its baseline");
+
+    let junit = dir.path().join("gate.xml");
+    let markdown = dir.path().join("gate.md");
+    let run = gate(&[
+        "--baseline",
+        s(&base),
+        "--perturb",
+        "4:linear.matmul:3",
+        "--junit",
+        s(&junit),
+        "--markdown",
+        s(&markdown),
+    ]);
+    assert_eq!(run.code, 1, "{}{}", run.stdout, run.stderr);
+    insta::assert_snapshot!("gate_fail", redact(&run.stdout, dir.path()));
+
+    let xml = fs::read_to_string(&junit).unwrap();
+    let doc = roxmltree::Document::parse(&xml).unwrap();
+    let suite = doc.descendants().find(|n| n.has_tag_name("testsuite")).unwrap();
+    assert_eq!(suite.attribute("tests"), Some("1"));
+    assert_eq!(suite.attribute("failures"), Some("1"));
+    let failure = doc.descendants().find(|n| n.has_tag_name("failure")).unwrap();
+    assert!(failure.attribute("message").unwrap().contains("step 4, `linear.matmul`"), "{xml}");
+    assert!(failure.text().unwrap().contains("root cause: `linear.matmul`"), "{xml}");
+
+    let md = fs::read_to_string(&markdown).unwrap();
+    assert!(md.contains("❌ FAIL"), "{md}");
+    assert!(md.contains("| run 0 | first differs at step 4"), "{md}");
+
+    let v = json(&gate(&["--baseline", s(&base), "--perturb", "4:linear.matmul:3", "--json"]).stdout);
+    assert_eq!(v["comparisons"][0][1]["first_divergence"]["step"], 4);
+}
+
+#[test]
+fn a_corrupt_or_mismatched_baseline_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path().join("base.rpr");
+    assert_eq!(repro(&[&["baseline", "write"][..], &SMALL, &["--out", s(&base)]].concat()).code, 0);
+
+    let run = gate(&["--baseline", s(&base), "--seed", "7"]);
+    assert_eq!(run.code, 2, "{}", run.stdout);
+    assert!(
+        run.stderr.contains("was written for another configuration (data_seed 0 vs 7, seed 0 vs 7"),
+        "{}",
+        run.stderr
+    );
+
+    let mut bytes = fs::read(&base).unwrap();
+    let n = bytes.len();
+    bytes[n / 2] ^= 0x40;
+    let corrupt = dir.path().join("corrupt.rpr");
+    fs::write(&corrupt, bytes).unwrap();
+    let run = gate(&["--baseline", s(&corrupt)]);
+    assert_eq!(run.code, 2, "{}", run.stdout);
+    assert!(run.stderr.contains("corrupt.rpr is corrupt"), "{}", run.stderr);
+
+    let run = gate(&["--baseline", s(&dir.path().join("missing.rpr"))]);
+    assert_eq!(run.code, 2);
+    assert!(run.stderr.contains("missing.rpr"), "{}", run.stderr);
+}
+
+#[test]
+fn a_users_own_program_is_gated_through_the_environment() {
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_repro"));
+    let example = bin.parent().unwrap().join("examples/own_training_loop");
+    let run = repro(&["gate", "--runs", "3", "--", s(&example)]);
+    assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+    assert!(run.stdout.contains("run 2: identical (50 steps"), "{}", run.stdout);
+    let run = repro(&["gate", "--", "false"]);
+    assert_eq!(run.code, 2);
+    assert!(run.stderr.contains("`false` failed"), "{}", run.stderr);
+    let run = repro(&["gate", "--", "true"]);
+    assert_eq!(run.code, 2);
+    assert!(run.stderr.contains("recorded nothing"), "{}", run.stderr);
+}
