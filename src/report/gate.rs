@@ -28,6 +28,12 @@ pub fn render_gate(r: &GateReport) -> String {
     let _ = writeln!(out);
     if r.passed() {
         let _ = writeln!(out, "PASS  bit-exact: {} run(s) identical to the reference", r.comparisons.len());
+        if !r.likely_causes.is_empty() {
+            let _ = writeln!(out, "note: the reference was recorded in another environment:");
+            for cause in &r.likely_causes {
+                let _ = writeln!(out, "  - {cause}");
+            }
+        }
         return out;
     }
     let failed = r.comparisons.iter().filter(|(_, d)| !d.is_identical()).count();

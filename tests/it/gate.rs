@@ -1,6 +1,6 @@
 //! The determinism gate: pass, fail and error, with their exit codes and reports.
 
-use crate::util::{json, repro, s};
+use crate::util::{json, repro, repro_with_env, s};
 use std::fs;
 
 const SMALL: [&str; 4] = ["--steps", "12", "--batch", "300"];
@@ -102,4 +102,31 @@ fn a_users_own_program_is_gated_through_the_environment() {
     let run = repro(&["gate", "--", "true"]);
     assert_eq!(run.code, 2);
     assert!(run.stderr.contains("recorded nothing"), "{}", run.stderr);
+}
+
+#[test]
+fn a_baseline_from_another_environment_names_the_likely_causes() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path().join("base.rpr");
+    let env = [("RAYON_NUM_THREADS", "1"), ("CUBLAS_WORKSPACE_CONFIG", ":4096:8")];
+    let written = repro_with_env(&[&["baseline", "write"][..], &SMALL, &["--out", s(&base)]].concat(), &env);
+    assert_eq!(written.code, 0, "{}", written.stderr);
+    let run = repro_with_env(
+        &[&["gate"][..], &SMALL, &["--baseline", s(&base), "--perturb", "2:loss:1", "--json"]].concat(),
+        &[("RAYON_NUM_THREADS", "2")],
+    );
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    let causes: Vec<String> = json(&run.stdout)["likely_causes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c.as_str().unwrap().to_string())
+        .collect();
+    assert!(causes.iter().any(|c| c.starts_with("RAYON_NUM_THREADS=1 vs 2")), "{causes:?}");
+    assert!(causes.iter().any(|c| c.starts_with("CUBLAS_WORKSPACE_CONFIG=:4096:8 vs (unset)")), "{causes:?}");
+    let human = repro_with_env(
+        &[&["gate"][..], &SMALL, &["--baseline", s(&base), "--perturb", "2:loss:1"]].concat(),
+        &[("RAYON_NUM_THREADS", "2")],
+    );
+    assert!(human.stdout.contains("the reference was recorded elsewhere; likely causes:"), "{}", human.stdout);
 }

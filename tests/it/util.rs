@@ -10,7 +10,17 @@ pub struct Run {
 }
 
 pub fn repro(args: &[&str]) -> Run {
-    let out: Output = Command::new(env!("CARGO_BIN_EXE_repro")).args(args).output().expect("repro runs");
+    repro_with_env(args, &[])
+}
+
+/// Runs repro with extra environment variables.
+pub fn repro_with_env(args: &[&str], env: &[(&str, &str)]) -> Run {
+    let out: Output = Command::new(env!("CARGO_BIN_EXE_repro"))
+        .args(args)
+        .envs(env.iter().copied())
+        .env_remove("GITHUB_STEP_SUMMARY")
+        .output()
+        .expect("repro runs");
     Run {
         code: out.status.code().expect("repro exits normally, not by a signal"),
         stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
