@@ -31,13 +31,6 @@ const PARALLEL_THRESHOLD: usize = 1 << 20;
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct TensorHash(pub [u8; 32]);
 
-impl TensorHash {
-    /// The first 12 hex digits, for compact human output.
-    pub fn short(&self) -> String {
-        self.to_string()[..12].to_string()
-    }
-}
-
 /// BLAKE3 of the element bytes alone (the inner hash).
 pub fn data_hash(bytes: &[u8]) -> [u8; 32] {
     let mut hasher = blake3::Hasher::new();

@@ -25,22 +25,6 @@ pub fn trace_dtype(dtype: candle_core::DType) -> Result<DType, RecordError> {
     })
 }
 
-/// The candle dtype of a trace dtype.
-pub fn candle_dtype(dtype: DType) -> candle_core::DType {
-    use candle_core::DType as C;
-    match dtype {
-        DType::U8 => C::U8,
-        DType::U32 => C::U32,
-        DType::I16 => C::I16,
-        DType::I32 => C::I32,
-        DType::I64 => C::I64,
-        DType::F16 => C::F16,
-        DType::BF16 => C::BF16,
-        DType::F32 => C::F32,
-        DType::F64 => C::F64,
-    }
-}
-
 /// What a tensor on a GPU resolves to at the end of a step (see `DeviceQueue`).
 // Only CUDA builds queue anything.
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]

@@ -114,11 +114,6 @@ impl TensorRecord {
     pub fn numel(&self) -> u64 {
         self.shape.iter().product()
     }
-
-    /// Whether the full values are available (inline or in the payload).
-    pub fn has_values(&self) -> bool {
-        self.inline.is_some() || self.in_payload
-    }
 }
 
 /// What a recorded tensor is.
