@@ -3,7 +3,7 @@
 use super::{print_json, Exit};
 use clap::Args;
 use repro::report::render_summary;
-use repro::trace::summarize;
+use repro::trace::{summarize, verify};
 use std::path::PathBuf;
 
 #[derive(Debug, Args)]
@@ -13,9 +13,23 @@ pub struct InspectArgs {
     /// Print the summary as JSON.
     #[arg(long)]
     json: bool,
+    /// Also read every stored value and check it against its recorded hash (exit 2 on damage).
+    #[arg(long)]
+    verify: bool,
 }
 
 pub fn run(args: InspectArgs) -> Result<Exit, String> {
+    if args.verify {
+        let v = verify(&args.trace).map_err(|e| e.to_string())?;
+        eprintln!(
+            "verified {}: {} steps, {} tensors, {} stored values match their hashes{}",
+            args.trace.display(),
+            v.steps,
+            v.tensors,
+            v.values_checked,
+            if v.complete { "" } else { " (trace incomplete)" }
+        );
+    }
     let summary = summarize(&args.trace).map_err(|e| e.to_string())?;
     if args.json {
         print_json(&summary)?;

@@ -18,5 +18,5 @@ pub use schema::{
     BadCapture, CapturePolicy, Environment, Footer, FullCapture, Header, Phase, Record, RunConfig, StepRecord,
     TensorKind, TensorRecord,
 };
-pub use summary::{summarize, TensorInfo, TraceSummary};
+pub use summary::{summarize, verify, TensorInfo, TraceSummary, Verification};
 pub use writer::{StepTensor, TraceWriter};

@@ -32,6 +32,9 @@ pub struct TraceWriter {
     dir: PathBuf,
     records_path: PathBuf,
     records: File,
+    /// Held (an OS file lock) while the trace is written; released when the writer goes away,
+    /// also when the process is killed.
+    _lock: File,
     /// Bytes of the record file that hold complete records.
     good_len: u64,
     /// Set after a failed append: nothing more is written.
@@ -62,6 +65,8 @@ impl TraceWriter {
                 reason: "capture every:0 is not a policy".into(),
             });
         }
+        fs::create_dir_all(dir).map_err(TraceError::io(dir))?;
+        let lock = lock_dir(dir)?;
         let records_path = dir.join(RECORDS_FILE);
         if records_path.exists() {
             if !replace {
@@ -93,6 +98,7 @@ impl TraceWriter {
             dir: dir.to_path_buf(),
             records_path,
             records,
+            _lock: lock,
             good_len: preamble.len() as u64,
             failed: false,
             last_step: None,
@@ -244,6 +250,39 @@ impl TraceWriter {
         let text = serde_json::to_string_pretty(&self.meta).expect("run metadata serializes");
         fs::write(&tmp, text + "\n").map_err(TraceError::io(&tmp))?;
         fs::rename(&tmp, &path).map_err(TraceError::io(&path))
+    }
+}
+
+/// The lock file that keeps two recorders out of one trace directory.
+pub const LOCK_FILE: &str = ".repro-lock";
+
+/// Takes the directory's recording lock, or explains who holds it.
+fn lock_dir(dir: &Path) -> Result<File, TraceError> {
+    let path = dir.join(LOCK_FILE);
+    let mut file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .map_err(TraceError::io(&path))?;
+    match file.try_lock() {
+        Ok(()) => {
+            let _ = file.set_len(0);
+            let _ = write!(file, "{}", std::process::id());
+            Ok(file)
+        }
+        Err(std::fs::TryLockError::WouldBlock) => {
+            let holder = fs::read_to_string(&path).unwrap_or_default();
+            Err(TraceError::InvalidRecord {
+                path: dir.to_path_buf(),
+                reason: format!(
+                    "another recorder (process {}) is writing this trace; wait for it or choose another directory",
+                    holder.trim()
+                ),
+            })
+        }
+        Err(std::fs::TryLockError::Error(e)) => Err(TraceError::Io { path, source: e }),
     }
 }
 

@@ -10,6 +10,8 @@ mod gpu_fixtures;
 mod hash_vectors;
 /// Bad input: missing, truncated, corrupted, foreign and newer traces; bad arguments.
 mod hostile;
+/// Killed recorders, flipped bytes, concurrent recorders.
+mod robustness;
 /// Per-op recording: root cause, structural alignment, online comparison.
 mod root_cause;
 /// record → diff → matrix → inspect on good traces.
