@@ -134,3 +134,25 @@ fn a_second_recorder_in_the_same_directory_is_refused() {
     // The lock dies with its process: now the directory can be reused.
     assert_eq!(repro(&["record", "--steps", "5", "--batch", "10", "--out", s(&out), "--force"]).code, 0);
 }
+
+#[test]
+fn a_failed_write_is_reported_and_leaves_a_readable_incomplete_trace() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("full-disk");
+    // A file-size limit makes writes fail part-way (EFBIG), as a full disk would.
+    let script = format!(
+        "ulimit -f 200; trap '' XFSZ; exec '{}' {} --out '{}'",
+        env!("CARGO_BIN_EXE_repro"),
+        ARGS[1..].join(" "),
+        s(&out)
+    );
+    let run = Command::new("bash").arg("-c").arg(&script).output().unwrap();
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(2), "recording must not report success it did not have: {stderr}");
+    assert!(stderr.contains("File too large") && stderr.contains("full-disk"), "{stderr}");
+    let verified = repro(&["inspect", "--verify", "--json", s(&out)]);
+    assert_eq!(verified.code, 0, "{}", verified.stderr);
+    let v = json(&verified.stdout);
+    assert_eq!(v["complete"], false);
+    assert!(v["steps"].as_u64().unwrap() > 0);
+}
