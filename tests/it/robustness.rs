@@ -143,7 +143,7 @@ fn a_failed_write_is_reported_and_leaves_a_readable_incomplete_trace() {
     let script = format!(
         "ulimit -f 200; trap '' XFSZ; exec '{}' {} --out '{}'",
         env!("CARGO_BIN_EXE_repro"),
-        ARGS[1..].join(" "),
+        ARGS.join(" "),
         s(&out)
     );
     let run = Command::new("bash").arg("-c").arg(&script).output().unwrap();
