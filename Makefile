@@ -4,7 +4,7 @@
 CARGO ?= cargo
 REPRO := target/release/repro
 
-.PHONY: build run test gate lint fmt bench cuda cuda-check gpu-experiments clean-runs
+.PHONY: build run test gate lint fmt bench bench-huge cuda cuda-check gpu-experiments clean-runs
 
 ## build: the release binary at target/release/repro
 build:
@@ -49,6 +49,10 @@ cuda-check:
 ## gpu-experiments: on a GPU machine, after `make cuda`: OUT=dir make gpu-experiments
 gpu-experiments:
 	scripts/gpu-experiments.sh $${OUT:?set OUT to an output folder}
+
+## bench-huge: the bench plus a diff of two traces holding 5 GiB of full tensors each (10 GiB of disk)
+bench-huge:
+	REPRO_BENCH_HUGE=1 $(CARGO) bench --locked --bench core
 
 clean-runs:
 	rm -rf runs

@@ -95,7 +95,12 @@ fn main() {
 
     // 3. Diff throughput and memory.
     let repro = env!("CARGO_BIN_EXE_repro");
-    for steps in [4u64, 16] {
+    // REPRO_BENCH_HUGE=1 (`make bench-huge`) adds traces of 5 GiB of full tensors each.
+    let mut lengths = vec![4u64, 16];
+    if std::env::var_os("REPRO_BENCH_HUGE").is_some() {
+        lengths.push(80);
+    }
+    for steps in lengths {
         let tensor_mib = 64;
         let a = dir.join(format!("big-a-{steps}"));
         let b = dir.join(format!("big-b-{steps}"));
