@@ -392,3 +392,74 @@ impl TraceReader {
         TraceError::Corrupt { path: self.records_path.clone(), location: location.to_string(), reason }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::trace::format::CURRENT_FORMAT;
+    use crate::trace::frame::write_frame;
+
+    /// A record file with the valid preamble and the given record payloads, each framed with a
+    /// correct checksum: what reaches the msgpack decoder when the damage is not random.
+    fn trace_with(records: &[Vec<u8>]) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        let mut bytes = MAGIC.to_vec();
+        bytes.extend_from_slice(&CURRENT_FORMAT.major.to_le_bytes());
+        bytes.extend_from_slice(&CURRENT_FORMAT.minor.to_le_bytes());
+        for r in records {
+            write_frame(&mut bytes, r).unwrap();
+        }
+        fs::write(dir.path().join(RECORDS_FILE), bytes).unwrap();
+        dir
+    }
+
+    fn read_all(dir: &Path) -> Result<u64, TraceError> {
+        let mut reader = TraceReader::open(dir)?;
+        let mut n = 0;
+        while let Some(step) = reader.next_step()? {
+            for t in &step.tensors {
+                let _ = reader.values(&step, t);
+            }
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    #[test]
+    fn deeply_nested_msgpack_is_refused_not_overflowing_the_stack() {
+        // 100,000 nested one-element arrays.
+        let mut payload = vec![0x91u8; 100_000];
+        payload.push(0xc0);
+        let dir = trace_with(&[payload]);
+        let err = read_all(dir.path()).unwrap_err().to_string();
+        assert!(err.contains("corrupt"), "{err}");
+    }
+
+    #[test]
+    fn random_well_framed_records_never_panic() {
+        let mut state = 0x2545F4914F6CDD1Du64;
+        let mut next = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        // Fragments of real msgpack records, recombined at random with random bytes.
+        let header = rmp_serde::to_vec_named(&Record::Footer(Footer { steps: 0 })).unwrap();
+        for _ in 0..2000 {
+            let mut records = Vec::new();
+            for _ in 0..(next() % 4) {
+                let len = (next() % 64) as usize;
+                let mut r: Vec<u8> = (0..len).map(|_| next() as u8).collect();
+                if next() % 2 == 0 {
+                    let cut = (next() as usize) % (header.len() + 1);
+                    r.splice(0..0, header[..cut].iter().copied());
+                }
+                records.push(r);
+            }
+            let dir = trace_with(&records);
+            // Any outcome but a panic (or an unbounded allocation) is acceptable here.
+            let _ = read_all(dir.path());
+        }
+    }
+}
