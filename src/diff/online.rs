@@ -93,12 +93,7 @@ impl StepCheck for ReferenceCheck {
             };
             if mine.dtype != theirs.dtype || mine.shape != theirs.shape {
                 structure.push(format!("`{}` has another dtype or shape than in the reference", mine.name));
-                entries.push(Entry {
-                    name: mine.name.clone(),
-                    inputs: mine.inputs.clone(),
-                    divergence: None,
-                    compared: false,
-                });
+                entries.push(Entry::new(mine, None, false));
                 continue;
             }
             let divergence = (mine.hash != theirs.hash).then(|| -> Result<Divergence, TraceError> {
@@ -121,7 +116,7 @@ impl StepCheck for ReferenceCheck {
                 })
             });
             let divergence = divergence.transpose()?;
-            entries.push(Entry { name: mine.name.clone(), inputs: mine.inputs.clone(), divergence, compared: true });
+            entries.push(Entry::new(mine, divergence, true));
         }
         let root_cause = analyze(entries);
         if root_cause.is_none() && structure.is_empty() {

@@ -50,6 +50,13 @@ pub(crate) struct Entry {
     pub(crate) compared: bool,
 }
 
+impl Entry {
+    /// The entry for a recorded tensor.
+    pub(crate) fn new(tensor: &crate::trace::TensorRecord, divergence: Option<Divergence>, compared: bool) -> Self {
+        Entry { name: tensor.name.clone(), inputs: tensor.inputs.clone(), divergence, compared }
+    }
+}
+
 /// Finds the root cause among the entries of one step; `None` when nothing differs.
 pub(crate) fn analyze(entries: Vec<Entry>) -> Option<RootCause> {
     let inputs_recorded = entries.iter().any(|e| !e.inputs.is_empty());

@@ -334,12 +334,7 @@ impl DiffState {
                 }
                 Pairing::OnlyA(ta) => {
                     self.missing_tensor("b", &ta.name, sa.step);
-                    entries.push(Entry {
-                        name: ta.name.clone(),
-                        inputs: ta.inputs.clone(),
-                        divergence: None,
-                        compared: false,
-                    });
+                    entries.push(Entry::new(ta, None, false));
                     continue;
                 }
                 Pairing::OnlyB(tb) => {
@@ -349,24 +344,14 @@ impl DiffState {
             };
             if ta.dtype != tb.dtype || ta.shape != tb.shape {
                 self.mismatch(ta, tb, sa.step);
-                entries.push(Entry {
-                    name: ta.name.clone(),
-                    inputs: ta.inputs.clone(),
-                    divergence: None,
-                    compared: false,
-                });
+                entries.push(Entry::new(ta, None, false));
                 continue;
             }
             self.tensors_compared += 1;
             let h = self.history(ta);
             self.histories[h].history.steps_compared += 1;
             if ta.hash == tb.hash {
-                entries.push(Entry {
-                    name: ta.name.clone(),
-                    inputs: ta.inputs.clone(),
-                    divergence: None,
-                    compared: true,
-                });
+                entries.push(Entry::new(ta, None, true));
                 continue;
             }
             self.tensors_diverged += 1;
@@ -388,12 +373,7 @@ impl DiffState {
                 self.first = Some(divergence.clone());
             }
             self.histories[h].diverged(sa.step, metrics);
-            entries.push(Entry {
-                name: ta.name.clone(),
-                inputs: ta.inputs.clone(),
-                divergence: Some(divergence),
-                compared: true,
-            });
+            entries.push(Entry::new(ta, Some(divergence), true));
         }
         if first_divergent && self.first.is_some() {
             self.root_cause = analyze(entries);
