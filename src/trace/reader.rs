@@ -398,6 +398,7 @@ mod tests {
     use super::*;
     use crate::trace::format::CURRENT_FORMAT;
     use crate::trace::frame::write_frame;
+    use crate::trace::schema::TensorRecord;
 
     /// A record file with the valid preamble and the given record payloads, each framed with a
     /// correct checksum: what reaches the msgpack decoder when the damage is not random.
@@ -418,11 +419,84 @@ mod tests {
         let mut n = 0;
         while let Some(step) = reader.next_step()? {
             for t in &step.tensors {
-                let _ = reader.values(&step, t);
+                reader.values(&step, t)?;
             }
             n += 1;
         }
         Ok(n)
+    }
+
+    fn header() -> Vec<u8> {
+        let h = Header {
+            format: CURRENT_FORMAT,
+            producer: "test".into(),
+            run: Default::default(),
+            environment: Default::default(),
+            capture: Default::default(),
+        };
+        rmp_serde::to_vec_named(&Record::Header(Box::new(h))).unwrap()
+    }
+
+    fn step_with(tensor: TensorRecord, payload: Option<&str>) -> Vec<u8> {
+        let step = StepRecord { step: 0, payload: payload.map(str::to_string), tensors: vec![tensor] };
+        rmp_serde::to_vec_named(&Record::Step(step)).unwrap()
+    }
+
+    fn tensor(shape: Vec<u64>, inline: Option<Vec<u8>>, in_payload: bool) -> TensorRecord {
+        TensorRecord {
+            name: "t".into(),
+            kind: crate::trace::TensorKind::Weight,
+            dtype: DType::F32,
+            hash: tensor_hash(DType::F32, &shape, inline.as_deref().unwrap_or(&[])),
+            shape,
+            inline,
+            in_payload,
+            phase: None,
+            inputs: vec![],
+        }
+    }
+
+    fn error_reading(records: &[Vec<u8>]) -> String {
+        let dir = trace_with(records);
+        read_all(dir.path()).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn each_record_limit_is_enforced() {
+        let cases = [
+            (step_with(tensor(vec![1; 17], None, false), None), "rank 17"),
+            (step_with(tensor(vec![u64::MAX, 2], None, false), None), "impossible shape"),
+            (step_with(tensor(vec![2], Some(vec![0; 4]), false), None), "4 inline bytes for 8 expected"),
+            (
+                step_with(tensor(vec![2], None, false), Some("tensors/step-00000001.safetensors")),
+                "not this step's payload",
+            ),
+            (step_with(tensor(vec![2], None, false), Some("../../etc/passwd")), "not this step's payload"),
+            (step_with(tensor(vec![2], None, true), None), "refers to a payload the step does not have"),
+        ];
+        for (record, expected) in cases {
+            let err = error_reading(&[header(), record]);
+            assert!(err.contains("corrupt") && err.contains(expected), "expected `{expected}`: {err}");
+        }
+    }
+
+    #[test]
+    fn payloads_must_be_regular_files_inside_the_trace() {
+        let dir =
+            trace_with(&[header(), step_with(tensor(vec![2], None, true), Some("tensors/step-00000000.safetensors"))]);
+        let outside = tempfile::tempdir().unwrap();
+        fs::write(outside.path().join("step-00000000.safetensors"), b"whatever").unwrap();
+        std::os::unix::fs::symlink(outside.path(), dir.path().join("tensors")).unwrap();
+        let err = read_all(dir.path()).unwrap_err().to_string();
+        assert!(err.contains("must not be symbolic links"), "{err}");
+    }
+
+    #[test]
+    fn a_lone_record_file_cannot_reach_payloads() {
+        let dir =
+            trace_with(&[header(), step_with(tensor(vec![2], None, true), Some("tensors/step-00000000.safetensors"))]);
+        let err = read_all(&dir.path().join(RECORDS_FILE)).unwrap_err().to_string();
+        assert!(err.contains("a lone record file has none"), "{err}");
     }
 
     #[test]
