@@ -1,8 +1,8 @@
 //! Element types a trace can hold, and how their little-endian bytes decode.
 //!
-//! This module is the one place that knows the bit layout of each dtype. Everything above it
-//! (hashing, diff metrics, the trace reader) works on `(DType, &[u8])` pairs, so reading and
-//! comparing traces never needs candle.
+//! This module is the one place that knows the bit layout of each dtype (`Element`). Everything
+//! above it (hashing, diff metrics, the trace reader) works on `(DType, &[u8])` pairs, so reading
+//! and comparing traces never needs candle.
 
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -61,57 +61,19 @@ impl DType {
             DType::I64 | DType::F64 => 8,
         }
     }
-
-    /// Whether the dtype is a floating-point type (ULP distances are defined for these).
-    pub fn is_float(self) -> bool {
-        matches!(self, DType::F16 | DType::BF16 | DType::F32 | DType::F64)
-    }
-
-    /// Decodes element `i` of `bytes` (little-endian) as `f64`. Exact for every dtype but I64
-    /// values beyond 2^53.
-    pub fn value_at(self, bytes: &[u8], i: usize) -> f64 {
-        self.with_element(bytes, i, |e| e.value())
-    }
-
-    /// Maps element `i` onto a line where neighbouring representable values are one apart, so
-    /// the ULP distance of two elements is the difference of their positions.
-    ///
-    /// For floats this is the usual sign-magnitude to two's-complement mapping of the raw bits
-    /// (`+0` and `-0` both map to 0; NaNs land beyond the infinities). Integers map to themselves.
-    pub fn ordinal_at(self, bytes: &[u8], i: usize) -> i64 {
-        self.with_element(bytes, i, |e| e.ordinal())
-    }
-
-    fn with_element<R>(self, bytes: &[u8], i: usize, f: impl Fn(&dyn ElementValue) -> R) -> R {
-        fn at<T: Element>(bytes: &[u8], i: usize) -> T {
-            T::load(&bytes[i * T::SIZE..(i + 1) * T::SIZE])
-        }
-        match self {
-            DType::U8 => f(&at::<u8>(bytes, i)),
-            DType::U32 => f(&at::<u32>(bytes, i)),
-            DType::I16 => f(&at::<i16>(bytes, i)),
-            DType::I32 => f(&at::<i32>(bytes, i)),
-            DType::I64 => f(&at::<i64>(bytes, i)),
-            DType::F16 => f(&at::<half::f16>(bytes, i)),
-            DType::BF16 => f(&at::<half::bf16>(bytes, i)),
-            DType::F32 => f(&at::<f32>(bytes, i)),
-            DType::F64 => f(&at::<f64>(bytes, i)),
-        }
-    }
-}
-
-/// The value view of one element, whatever its type.
-pub trait ElementValue {
-    /// The element as `f64`.
-    fn value(&self) -> f64;
-    /// The element's position on the ULP line (see `DType::ordinal_at`).
-    fn ordinal(&self) -> i64;
 }
 
 /// A Rust type that stores one element of a trace dtype.
-pub trait Element: Copy + ElementValue {
+pub trait Element: Copy {
     /// Bytes per element.
     const SIZE: usize;
+    /// The element as `f64` (exact for every type but i64 values beyond 2^53).
+    fn value(self) -> f64;
+    /// The element's position on a line where neighbouring representable values are one
+    /// apart, so the ULP distance of two elements is the difference of their positions. For
+    /// floats: the sign-magnitude to two's-complement mapping of the raw bits (`+0` and `-0`
+    /// both map to 0; NaNs land beyond the infinities). Integers map to themselves.
+    fn ordinal(self) -> i64;
     /// Reads one element from exactly `SIZE` little-endian bytes.
     fn load(bytes: &[u8]) -> Self;
     /// The element's raw bits, for bit-exact comparison.
@@ -130,12 +92,10 @@ fn float_ordinal(bits: u64, sign_bit: u64) -> i64 {
 
 macro_rules! int_element {
     ($($t:ty),*) => {$(
-        impl ElementValue for $t {
-            fn value(&self) -> f64 { *self as f64 }
-            fn ordinal(&self) -> i64 { *self as i64 }
-        }
         impl Element for $t {
             const SIZE: usize = std::mem::size_of::<$t>();
+            fn value(self) -> f64 { self as f64 }
+            fn ordinal(self) -> i64 { self as i64 }
             fn load(bytes: &[u8]) -> Self { <$t>::from_le_bytes(bytes.try_into().expect("element size")) }
             fn bits(self) -> u64 { self as u64 }
         }
@@ -145,14 +105,12 @@ int_element!(u8, u32, i16, i32, i64);
 
 macro_rules! float_element {
     ($($t:ty, $bits:ty, $to_f64:expr);*) => {$(
-        impl ElementValue for $t {
-            fn value(&self) -> f64 { $to_f64(*self) }
-            fn ordinal(&self) -> i64 {
-                float_ordinal(self.to_bits() as u64, 1 << (8 * std::mem::size_of::<$bits>() - 1))
-            }
-        }
         impl Element for $t {
             const SIZE: usize = std::mem::size_of::<$bits>();
+            fn value(self) -> f64 { $to_f64(self) }
+            fn ordinal(self) -> i64 {
+                float_ordinal(self.to_bits() as u64, 1 << (8 * std::mem::size_of::<$bits>() - 1))
+            }
             fn load(bytes: &[u8]) -> Self { <$t>::from_bits(<$bits>::from_le_bytes(bytes.try_into().expect("element size"))) }
             fn bits(self) -> u64 { self.to_bits() as u64 }
         }
@@ -192,7 +150,7 @@ mod tests {
         for x in [1.0f32, -1.0, 1e-30, -3.5e20, f32::MIN_POSITIVE] {
             let next = f32::from_bits(x.to_bits() + 1);
             let (a, b) = (x.to_le_bytes(), next.to_le_bytes());
-            let d = DType::F32.ordinal_at(&b, 0) - DType::F32.ordinal_at(&a, 0);
+            let d = f32::load(&b).ordinal() - f32::load(&a).ordinal();
             assert_eq!(d.abs(), 1, "{x}");
         }
     }
@@ -202,18 +160,18 @@ mod tests {
         let tiny = f32::from_bits(1);
         let a = tiny.to_le_bytes();
         let b = (-tiny).to_le_bytes();
-        assert_eq!(DType::F32.ordinal_at(&a, 0) - DType::F32.ordinal_at(&b, 0), 2);
+        assert_eq!(f32::load(&a).ordinal() - f32::load(&b).ordinal(), 2);
         let pz = 0.0f32.to_le_bytes();
         let nz = (-0.0f32).to_le_bytes();
-        assert_eq!(DType::F32.ordinal_at(&pz, 0), DType::F32.ordinal_at(&nz, 0));
+        assert_eq!(f32::load(&pz).ordinal(), f32::load(&nz).ordinal());
     }
 
     #[test]
     fn bf16_and_f16_decode() {
         let b = half::bf16::from_f32(1.5).to_bits().to_le_bytes();
-        assert_eq!(DType::BF16.value_at(&b, 0), 1.5);
+        assert_eq!(half::bf16::load(&b).value(), 1.5);
         let h = half::f16::from_f32(-2.25).to_bits().to_le_bytes();
-        assert_eq!(DType::F16.value_at(&h, 0), -2.25);
+        assert_eq!(half::f16::load(&h).value(), -2.25);
     }
 
     #[test]
