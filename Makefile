@@ -4,7 +4,7 @@
 CARGO ?= cargo
 REPRO := target/release/repro
 
-.PHONY: build run test gate lint fmt bench bench-huge cuda cuda-check gpu-experiments clean-runs
+.PHONY: build run test gate lint fmt fuzz bench bench-huge cuda cuda-check gpu-experiments clean-runs
 
 ## build: the release binary at target/release/repro
 build:
@@ -49,6 +49,10 @@ cuda-check:
 ## gpu-experiments: on a GPU machine, after `make cuda`: OUT=dir make gpu-experiments
 gpu-experiments:
 	scripts/gpu-experiments.sh $${OUT:?set OUT to an output folder}
+
+## fuzz: cargo-fuzz on the trace reader, FUZZ_SECONDS per target (default 60; stable toolchain)
+fuzz:
+	scripts/fuzz.sh
 
 ## bench-huge: the bench plus a diff of two traces holding 5 GiB of full tensors each (10 GiB of disk)
 bench-huge:

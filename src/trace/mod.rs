@@ -4,7 +4,7 @@
 mod check;
 mod error;
 pub mod format;
-mod frame;
+pub mod frame;
 mod reader;
 mod schema;
 mod summary;
