@@ -182,9 +182,37 @@ extern "C" __global__ void read_words(const uint4* p, u64 n, u32* sink) {
   if (acc == 0x9e3779b9u) sink[0] = acc;
 }
 
-// out[i] = value[0] for i < n.
-extern "C" __global__ void expand_f32(const float* value, u64 n, float* out) {
-  for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n; i += (u64)gridDim.x * blockDim.x) out[i] = value[0];
+// Column sums of a row-major [rows, cols] matrix, in segments of seg_rows rows: thread
+// (segment s, column c) adds rows [s * seg_rows, (s + 1) * seg_rows) of column c in order.
+// Adjacent threads take adjacent columns, so loads coalesce.
+__device__ float segment_sum(const float* x, u64 rows, u64 cols, u64 seg_rows, u64 s, u64 c) {
+  u64 end = (s + 1) * seg_rows < rows ? (s + 1) * seg_rows : rows;
+  float acc = 0.0f;
+  for (u64 r = s * seg_rows; r < end; r++) acc += x[r * cols + c];
+  return acc;
+}
+
+// Each segment's sum is atomicAdd-ed into out[c] (zeroed by the caller): the order in which
+// segments land is decided by scheduling.
+extern "C" __global__ void sum_rows_f32_atomic(const float* x, u64 rows, u64 cols, u64 seg_rows, float* out) {
+  u64 segments = (rows + seg_rows - 1) / seg_rows;
+  for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < segments * cols; i += (u64)gridDim.x * blockDim.x) {
+    atomicAdd(&out[i % cols], segment_sum(x, rows, cols, seg_rows, i / cols, i % cols));
+  }
+}
+
+// Each segment's sum goes to partials[s * cols + c]: a [segments, cols] matrix whose column
+// sums, taken again with one segment, give the result in an order fixed by (rows, cols).
+extern "C" __global__ void sum_rows_f32_segments(const float* x, u64 rows, u64 cols, u64 seg_rows, float* partials) {
+  u64 segments = (rows + seg_rows - 1) / seg_rows;
+  for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < segments * cols; i += (u64)gridDim.x * blockDim.x) {
+    partials[i] = segment_sum(x, rows, cols, seg_rows, i / cols, i % cols);
+  }
+}
+
+// out[r * cols + c] = value[c]: a vector repeated as the rows of a matrix.
+extern "C" __global__ void expand_rows_f32(const float* value, u64 rows, u64 cols, float* out) {
+  for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < rows * cols; i += (u64)gridDim.x * blockDim.x) out[i] = value[i % cols];
 }
 
 #endif

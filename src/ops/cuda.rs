@@ -81,7 +81,7 @@ fn f32_view<'a>(storage: &'a CudaStorage, layout: &Layout, op: &str) -> Result<(
 }
 
 /// The sum of a contiguous F32 tensor as a one-element device buffer.
-pub fn sum_f32(storage: &CudaStorage, layout: &Layout, mode: Reductions) -> Result<CudaStorage> {
+fn sum_f32(storage: &CudaStorage, layout: &Layout, mode: Reductions) -> Result<CudaStorage> {
     let dev = storage.device().clone();
     let (x, n) = f32_view(storage, layout, "sum")?;
     let out = match mode {
@@ -119,21 +119,82 @@ pub fn sum_f32(storage: &CudaStorage, layout: &Layout, mode: Reductions) -> Resu
     Ok(CudaStorage::wrap_cuda_slice(out, dev))
 }
 
-/// A one-element F32 tensor broadcast to `n` elements, as a new device buffer.
-pub fn expand_f32(storage: &CudaStorage, layout: &Layout, n: usize) -> Result<CudaStorage> {
-    let dev = storage.device().clone();
-    let (value, len) = f32_view(storage, layout, "expand")?;
-    if len != 1 {
-        return Err(Error::Msg(format!("expand needs one element, got {len}")));
+/// Threads the column-sum kernels aim for: segments of rows are sized so that
+/// `segments * cols` is about this many (and a segment never has fewer than 8 rows).
+const ROW_SUM_THREADS: u64 = 1 << 16;
+
+/// Rows per segment of the column sums of a `[rows, cols]` matrix: a function of the shape
+/// only, so the ordered sum's tree is the same in every run.
+fn segment_rows(rows: u64, cols: u64) -> u64 {
+    let segments = (ROW_SUM_THREADS / cols.max(1)).clamp(1, rows.div_ceil(8).max(1));
+    rows.div_ceil(segments).max(1)
+}
+
+/// Column sums of a contiguous F32 `[rows, cols]` matrix, as a new `[cols]` device buffer.
+pub fn sum_rows_f32(
+    storage: &CudaStorage,
+    layout: &Layout,
+    rows: usize,
+    cols: usize,
+    mode: Reductions,
+) -> Result<CudaStorage> {
+    if cols == 1 {
+        // One column: the whole-tensor sum kernels, which spread one sum over the whole GPU.
+        return sum_f32(storage, layout, mode);
     }
-    let mut out = unsafe { dev.alloc::<f32>(n) }?;
-    let n = n as u64;
-    let f = dev.get_or_load_custom_func("expand_f32", MODULE, ptx()?)?;
+    let dev = storage.device().clone();
+    let (x, _) = f32_view(storage, layout, "sum_rows")?;
+    let (rows, cols) = (rows as u64, cols as u64);
+    let seg_rows = segment_rows(rows, cols);
+    let segments = rows.div_ceil(seg_rows);
+    let mut out = dev.alloc_zeros::<f32>(cols as usize)?;
+    match mode {
+        Reductions::Atomic => {
+            let f = dev.get_or_load_custom_func("sum_rows_f32_atomic", MODULE, ptx()?)?;
+            let mut b = f.builder();
+            b.arg(&x);
+            b.arg(&rows);
+            b.arg(&cols);
+            b.arg(&seg_rows);
+            b.arg(&mut out);
+            unsafe { b.launch(grid(segments * cols, 256)) }.w()?;
+        }
+        _ => {
+            let f = dev.get_or_load_custom_func("sum_rows_f32_segments", MODULE, ptx()?)?;
+            let mut partials = dev.alloc_zeros::<f32>((segments * cols) as usize)?;
+            let mut b = f.builder();
+            b.arg(&x);
+            b.arg(&rows);
+            b.arg(&cols);
+            b.arg(&seg_rows);
+            b.arg(&mut partials);
+            unsafe { b.launch(grid(segments * cols, 256)) }.w()?;
+            // The partials' column sums, each column's segments added in order by one thread.
+            let mut b = f.builder();
+            b.arg(&partials);
+            b.arg(&segments);
+            b.arg(&cols);
+            b.arg(&segments);
+            b.arg(&mut out);
+            unsafe { b.launch(grid(cols, 256)) }.w()?;
+        }
+    }
+    Ok(CudaStorage::wrap_cuda_slice(out, dev))
+}
+
+/// A contiguous F32 vector repeated as the `rows` rows of a new device matrix.
+pub fn expand_rows_f32(storage: &CudaStorage, layout: &Layout, rows: usize) -> Result<CudaStorage> {
+    let dev = storage.device().clone();
+    let (value, cols) = f32_view(storage, layout, "expand_rows")?;
+    let rows = rows as u64;
+    let mut out = unsafe { dev.alloc::<f32>((rows * cols) as usize) }?;
+    let f = dev.get_or_load_custom_func("expand_rows_f32", MODULE, ptx()?)?;
     let mut b = f.builder();
     b.arg(&value);
-    b.arg(&n);
+    b.arg(&rows);
+    b.arg(&cols);
     b.arg(&mut out);
-    unsafe { b.launch(grid(n, 256)) }.w()?;
+    unsafe { b.launch(grid(rows * cols, 256)) }.w()?;
     Ok(CudaStorage::wrap_cuda_slice(out, dev))
 }
 

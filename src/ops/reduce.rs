@@ -55,25 +55,41 @@ impl FromStr for Reductions {
 pub fn sum_all(x: &Tensor, mode: Reductions) -> Result<Tensor> {
     match mode {
         Reductions::Candle => x.sum_all(),
-        mode => x.contiguous()?.apply_op1(SumAll { mode }),
+        mode => sum_rows(&x.flatten_all()?.unsqueeze(1)?, mode)?.reshape(()),
     }
 }
 
 /// `value` (one element) broadcast to a vector of `n` elements. Its gradient is the incoming
 /// gradient summed with `mode`: this is how a bias added over a batch gets its gradient.
 pub fn expand(value: &Tensor, n: usize, mode: Reductions) -> Result<Tensor> {
+    expand_rows(&value.reshape(1)?, n, mode)?.reshape(n)
+}
+
+/// Column sums of a `[rows, cols]` matrix: a `[cols]` vector, each column accumulated as `mode`
+/// says. This is the reduction over a batch (bias gradients, batch-norm statistics, partial
+/// weight gradients). Its gradient broadcasts the incoming one back over the rows.
+pub fn sum_rows(x: &Tensor, mode: Reductions) -> Result<Tensor> {
     match mode {
-        Reductions::Candle => value.reshape(())?.broadcast_as(n),
-        mode => value.contiguous()?.apply_op1(Expand { n, mode }),
+        Reductions::Candle => x.sum(0),
+        mode => x.contiguous()?.apply_op1(SumRows { mode }),
     }
 }
 
-struct SumAll {
+/// A `[cols]` vector repeated as the `rows` rows of a `[rows, cols]` matrix. Its gradient is the
+/// incoming gradient's column sums, accumulated as `mode` says (see `sum_rows`).
+pub fn expand_rows(value: &Tensor, rows: usize, mode: Reductions) -> Result<Tensor> {
+    match mode {
+        Reductions::Candle => value.unsqueeze(0)?.broadcast_as((rows, value.elem_count())),
+        mode => value.contiguous()?.apply_op1(ExpandRows { rows, mode }),
+    }
+}
+
+struct SumRows {
     mode: Reductions,
 }
 
-struct Expand {
-    n: usize,
+struct ExpandRows {
+    rows: usize,
     mode: Reductions,
 }
 
@@ -86,21 +102,29 @@ fn f32_input<'a>(op: &str, storage: &'a CpuStorage, layout: &Layout) -> Result<&
     Ok(&values[start..end])
 }
 
-impl CustomOp1 for SumAll {
+fn matrix_dims(op: &str, layout: &Layout) -> Result<(usize, usize)> {
+    match layout.dims() {
+        &[rows, cols] => Ok((rows, cols)),
+        dims => Err(Error::Msg(format!("{op} needs a [rows, cols] matrix, got shape {dims:?}"))),
+    }
+}
+
+impl CustomOp1 for SumRows {
     fn name(&self) -> &'static str {
         match self.mode {
-            Reductions::Atomic => "repro-sum-atomic",
-            _ => "repro-sum-ordered",
+            Reductions::Atomic => "repro-sum-rows-atomic",
+            _ => "repro-sum-rows-ordered",
         }
     }
 
     fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
+        let (rows, cols) = matrix_dims(self.name(), layout)?;
         let x = f32_input(self.name(), storage, layout)?;
-        let sum = match self.mode {
-            Reductions::Atomic => cpu_sum_atomic(x),
-            _ => cpu_sum_ordered(x),
+        let sums = match self.mode {
+            Reductions::Atomic => cpu_sum_rows_atomic(x, rows, cols),
+            _ => cpu_sum_rows_ordered(x, cols),
         };
-        Ok((CpuStorage::F32(vec![sum]), Shape::from(())))
+        Ok((CpuStorage::F32(sums), Shape::from(cols)))
     }
 
     #[cfg(feature = "cuda")]
@@ -109,26 +133,24 @@ impl CustomOp1 for SumAll {
         storage: &candle_core::CudaStorage,
         layout: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        let out = super::cuda::sum_f32(storage, layout, self.mode)?;
-        Ok((out, Shape::from(())))
+        let (rows, cols) = matrix_dims(self.name(), layout)?;
+        let out = super::cuda::sum_rows_f32(storage, layout, rows, cols, self.mode)?;
+        Ok((out, Shape::from(cols)))
     }
 
     fn bwd(&self, arg: &Tensor, _res: &Tensor, grad_res: &Tensor) -> Result<Option<Tensor>> {
-        Ok(Some(grad_res.broadcast_as(arg.shape())?.contiguous()?))
+        Ok(Some(grad_res.unsqueeze(0)?.broadcast_as(arg.shape())?.contiguous()?))
     }
 }
 
-impl CustomOp1 for Expand {
+impl CustomOp1 for ExpandRows {
     fn name(&self) -> &'static str {
-        "repro-expand"
+        "repro-expand-rows"
     }
 
     fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
         let x = f32_input(self.name(), storage, layout)?;
-        let &[value] = x else {
-            return Err(Error::Msg(format!("expand needs one element, got {}", x.len())));
-        };
-        Ok((CpuStorage::F32(vec![value; self.n]), Shape::from(self.n)))
+        Ok((CpuStorage::F32(x.repeat(self.rows)), Shape::from((self.rows, x.len()))))
     }
 
     #[cfg(feature = "cuda")]
@@ -137,34 +159,53 @@ impl CustomOp1 for Expand {
         storage: &candle_core::CudaStorage,
         layout: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        let out = super::cuda::expand_f32(storage, layout, self.n)?;
-        Ok((out, Shape::from(self.n)))
+        let cols = layout.shape().elem_count();
+        let out = super::cuda::expand_rows_f32(storage, layout, self.rows)?;
+        Ok((out, Shape::from((self.rows, cols))))
     }
 
     fn bwd(&self, arg: &Tensor, _res: &Tensor, grad_res: &Tensor) -> Result<Option<Tensor>> {
-        Ok(Some(sum_all(grad_res, self.mode)?.reshape(arg.shape())?))
+        Ok(Some(sum_rows(grad_res, self.mode)?.reshape(arg.shape())?))
     }
 }
 
-/// Elements per block of the ordered CPU sum; blocks are summed sequentially, then combined in
-/// a pairwise tree.
+/// Rows per block of the ordered CPU sum; each block's rows are added in order, then the
+/// block sums are combined in a pairwise tree.
 const ORDERED_BLOCK: usize = 256;
 
-fn cpu_sum_ordered(x: &[f32]) -> f32 {
-    let mut level: Vec<f32> = x.chunks(ORDERED_BLOCK).map(|c| c.iter().sum()).collect();
-    while level.len() > 1 {
-        level = level.chunks(2).map(|p| p.iter().sum()).collect();
+fn cpu_sum_rows_ordered(x: &[f32], cols: usize) -> Vec<f32> {
+    if cols == 0 {
+        return Vec::new();
     }
-    level.first().copied().unwrap_or(0.0)
+    let block_sum = |block: &[f32]| {
+        let mut acc = vec![0.0f32; cols];
+        for row in block.chunks(cols) {
+            acc.iter_mut().zip(row).for_each(|(a, v)| *a += v);
+        }
+        acc
+    };
+    let mut level: Vec<Vec<f32>> = x.chunks(ORDERED_BLOCK * cols).map(block_sum).collect();
+    while level.len() > 1 {
+        level = level
+            .chunks(2)
+            .map(|pair| match pair {
+                [a, b] => a.iter().zip(b).map(|(a, b)| a + b).collect(),
+                [a] => a.clone(),
+                _ => unreachable!("chunks(2) yields one or two"),
+            })
+            .collect();
+    }
+    level.pop().unwrap_or_else(|| vec![0.0; cols])
 }
 
 /// Threads racing on the atomic CPU sum; more than the cores so scheduling reorders them.
 const ATOMIC_THREADS: usize = 8;
-/// Elements each thread claims at a time.
+/// Elements each thread claims at a time (rounded up to whole rows).
 const ATOMIC_CHUNK: usize = 16;
 
-fn cpu_sum_atomic(x: &[f32]) -> f32 {
-    let accumulator = AtomicU32::new(0.0f32.to_bits());
+fn cpu_sum_rows_atomic(x: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    let accumulators: Vec<AtomicU32> = (0..cols).map(|_| AtomicU32::new(0.0f32.to_bits())).collect();
+    let rows_per_claim = ATOMIC_CHUNK.div_ceil(cols.max(1));
     let next = AtomicUsize::new(0);
     // All threads start together, so they really race for chunks.
     let start_line = std::sync::Barrier::new(ATOMIC_THREADS);
@@ -173,23 +214,28 @@ fn cpu_sum_atomic(x: &[f32]) -> f32 {
             scope.spawn(|| {
                 start_line.wait();
                 loop {
-                    let start = next.fetch_add(ATOMIC_CHUNK, Ordering::Relaxed);
-                    if start >= x.len() {
+                    let first = next.fetch_add(rows_per_claim, Ordering::Relaxed);
+                    if first >= rows {
                         break;
                     }
-                    let partial: f32 = x[start..(start + ATOMIC_CHUNK).min(x.len())].iter().sum();
-                    // Let the scheduler interleave the threads between claiming a chunk and
-                    // adding it, as warps interleave on a GPU.
+                    let mut partial = vec![0.0f32; cols];
+                    for row in x[first * cols..(first + rows_per_claim).min(rows) * cols].chunks(cols) {
+                        partial.iter_mut().zip(row).for_each(|(a, v)| *a += v);
+                    }
+                    // Let the scheduler interleave the threads between claiming rows and adding
+                    // them, as warps interleave on a GPU.
                     std::thread::yield_now();
-                    // A float atomicAdd: whichever thread gets here first adds first.
-                    let _ = accumulator.fetch_update(Ordering::AcqRel, Ordering::Acquire, |bits| {
-                        Some((f32::from_bits(bits) + partial).to_bits())
-                    });
+                    // Float atomicAdds: whichever thread gets here first adds first.
+                    for (acc, p) in accumulators.iter().zip(partial) {
+                        let _ = acc.fetch_update(Ordering::AcqRel, Ordering::Acquire, |bits| {
+                            Some((f32::from_bits(bits) + p).to_bits())
+                        });
+                    }
                 }
             });
         }
     });
-    f32::from_bits(accumulator.into_inner())
+    accumulators.into_iter().map(|a| f32::from_bits(a.into_inner())).collect()
 }
 
 #[cfg(test)]
@@ -230,6 +276,57 @@ mod tests {
         let results: std::collections::BTreeSet<u32> =
             (0..200).map(|_| sum_all(&t, Reductions::Atomic).unwrap().to_scalar::<f32>().unwrap().to_bits()).collect();
         assert!(results.len() > 1, "200 racing sums all gave the same bits");
+    }
+
+    #[test]
+    fn column_sums_agree_across_modes_and_ordered_ones_repeat() {
+        let (rows, cols) = (1000, 7);
+        let v = data(rows * cols);
+        let t = Tensor::from_vec(v.clone(), (rows, cols), &Device::Cpu).unwrap();
+        let exact: Vec<f64> = (0..cols).map(|c| (0..rows).map(|r| v[r * cols + c] as f64).sum()).collect();
+        for mode in [Reductions::Candle, Reductions::Atomic, Reductions::Ordered] {
+            let sums: Vec<f32> = sum_rows(&t, mode).unwrap().to_vec1().unwrap();
+            for (s, e) in sums.iter().zip(&exact) {
+                assert!((*s as f64 - e).abs() / e < 1e-5, "{mode}: {s} vs {e}");
+            }
+        }
+        let first: Vec<f32> = sum_rows(&t, Reductions::Ordered).unwrap().to_vec1().unwrap();
+        for _ in 0..10 {
+            let again: Vec<f32> = sum_rows(&t, Reductions::Ordered).unwrap().to_vec1().unwrap();
+            assert_eq!(
+                first.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                again.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+            );
+        }
+    }
+
+    #[test]
+    fn atomic_column_sums_vary_between_calls() {
+        let (rows, cols) = (4000, 3);
+        let v: Vec<f32> = (0..rows * cols).map(|i| if i % 11 == 0 { 1e4 } else { 1.0 + i as f32 * 1e-4 }).collect();
+        let t = Tensor::from_vec(v, (rows, cols), &Device::Cpu).unwrap();
+        let results: std::collections::BTreeSet<Vec<u32>> = (0..200)
+            .map(|_| {
+                let s: Vec<f32> = sum_rows(&t, Reductions::Atomic).unwrap().to_vec1().unwrap();
+                s.iter().map(|x| x.to_bits()).collect()
+            })
+            .collect();
+        assert!(results.len() > 1, "200 racing column sums all gave the same bits");
+    }
+
+    #[test]
+    fn gradients_flow_through_row_expansion_and_column_sums() {
+        for mode in [Reductions::Atomic, Reductions::Ordered, Reductions::Candle] {
+            let b = Var::new(&[0.5f32, -1.0], &Device::Cpu).unwrap();
+            let x = Tensor::new(&[[1.0f32, 2.0], [3.0, 4.0], [5.0, 6.0]], &Device::Cpu).unwrap();
+            let y = (x + expand_rows(b.as_tensor(), 3, mode).unwrap()).unwrap();
+            let col = sum_rows(&y.sqr().unwrap(), mode).unwrap();
+            let loss = sum_all(&col, mode).unwrap();
+            let grads = loss.backward().unwrap();
+            // d/db_c sum_r (x_rc + b_c)^2 = 2 * sum_r (x_rc + b_c)
+            let gb: Vec<f32> = grads.get(&b).unwrap().to_vec1().unwrap();
+            assert_eq!(gb, vec![2.0 * (9.0 + 1.5), 2.0 * (12.0 - 3.0)], "{mode}");
+        }
     }
 
     #[test]
