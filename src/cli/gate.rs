@@ -88,11 +88,7 @@ pub fn run(args: GateArgs) -> Result<Exit, String> {
 
 fn gate(args: &GateArgs, runs: usize, baseline: Option<TraceReader>, work: &Path) -> Result<GateReport, String> {
     let subject = if args.command.is_empty() {
-        let t = &args.train;
-        format!(
-            "{} (seed {}, {} steps, batch {}, {} formulation, {} reductions) on {}",
-            t.workload, t.seed, t.steps, t.batch, t.formulation, t.reductions, t.device
-        )
+        format!("{} on {}", args.train.workload()?.describe(), args.train.device)
     } else {
         format!("`{}`", args.command.join(" "))
     };
@@ -174,11 +170,11 @@ pub fn gate_capture() -> CapturePolicy {
 
 /// Records one run of a built-in workload into `dir`.
 pub fn record_builtin(train: &WorkloadArgs, dir: &Path) -> Result<(), String> {
-    let config = train.adder()?;
+    let workload = train.workload()?;
     let device = open_device(&train.device).map_err(|e| e.to_string())?;
-    let mut recorder = Recorder::create_with(dir, train.run_config(&config), &device, gate_capture(), true)
+    let mut recorder = Recorder::create_with(dir, train.run_config(&workload), &device, gate_capture(), true)
         .map_err(|e| e.to_string())?;
-    config.run(&device, &mut recorder, train.perturb.as_ref()).map_err(|e| e.to_string())?;
+    workload.run(&device, &mut recorder, train.perturb.as_ref()).map_err(|e| e.to_string())?;
     recorder.finish().map_err(|e| e.to_string())?;
     Ok(())
 }

@@ -37,10 +37,10 @@ pub struct RecordArgs {
 }
 
 pub fn run(args: RecordArgs) -> Result<Exit, String> {
-    let config = args.train.adder()?;
+    let workload = args.train.workload()?;
     let perturb = args.train.perturb.clone();
     let device = open_device(&args.train.device).map_err(|e| e.to_string())?;
-    let run = args.train.run_config(&config);
+    let run = args.train.run_config(&workload);
     let capture = CapturePolicy { full: args.capture, inline_max_bytes: args.inline_max_bytes };
     let started = Instant::now();
     let reference = match &args.against {
@@ -52,18 +52,15 @@ pub fn run(args: RecordArgs) -> Result<Exit, String> {
     if let Some(check) = &reference {
         recorder.compare_with(Box::new(check.clone()), !args.keep_going);
     }
-    match config.run(&device, &mut recorder, perturb.as_ref()) {
+    match workload.run(&device, &mut recorder, perturb.as_ref()) {
         Ok(()) | Err(RecordError::Diverged { .. }) => {}
         Err(e) => return Err(format!("{e} (the partial trace in {} is marked incomplete)", args.out.display())),
     }
     let steps = recorder.finish().map_err(|e| e.to_string())?;
     let summary = summarize(&args.out).map_err(|e| e.to_string())?;
     eprintln!(
-        "recorded {steps} steps of {} ({}, {} reductions, seed {}) on {} into {} in {:.2}s: records {}, payloads {}",
-        args.train.workload,
-        config.formulation,
-        config.reductions,
-        config.seed,
+        "recorded {steps} steps of {} on {} into {} in {:.2}s: records {}, payloads {}",
+        workload.describe(),
         args.train.device,
         args.out.display(),
         started.elapsed().as_secs_f64(),

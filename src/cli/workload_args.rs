@@ -1,38 +1,40 @@
-//! The arguments that say what to train, shared by `record`, `gate` and `baseline`.
+//! The arguments that say what to train, shared by `record`, `gate`, `baseline` and `study`.
 
 use clap::Args;
 use repro::ops::Reductions;
 use repro::record::Perturbation;
-use repro::workloads::{AdderConfig, Formulation, WORKLOADS};
+use repro::workloads::{AdderConfig, ClassifierConfig, DatasetName, Formulation, ModelKind, Workload, WORKLOADS};
 
 #[derive(Debug, Clone, Args)]
 pub struct WorkloadArgs {
-    /// Workload to train.
+    /// Workload to train: adder (linear, MSE, SGD), or a classifier trained with Adam and
+    /// cross-entropy: mlp (26 hidden units), cnn (three conv layers), resnet18.
     #[arg(long, default_value = "adder", value_parser = clap::builder::PossibleValuesParser::new(WORKLOADS))]
     pub workload: String,
-    /// Seed of the initial weights.
+    /// Seed of the initial weights (classifiers: and of every other seed not given).
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// Seed of the training data (defaults to --seed).
+    /// Seed of the training data: the adder's batches, a classifier's synthetic dataset
+    /// (defaults to --seed for the adder, 0 for classifiers).
     #[arg(long)]
     pub data_seed: Option<u64>,
-    /// Training steps.
-    #[arg(long, default_value_t = AdderConfig::default().steps)]
-    pub steps: u64,
-    /// Examples per batch.
-    #[arg(long, default_value_t = AdderConfig::default().batch)]
-    pub batch: usize,
-    /// Input features.
+    /// Training steps [adder default: 1000; classifiers: all epochs].
+    #[arg(long)]
+    pub steps: Option<u64>,
+    /// Examples per batch [adder: 10000, mlp and cnn: 32, resnet18: 128].
+    #[arg(long)]
+    pub batch: Option<usize>,
+    /// Input features (adder).
     #[arg(long, default_value_t = AdderConfig::default().features)]
     pub features: usize,
-    /// Learning rate.
-    #[arg(long, default_value_t = AdderConfig::default().lr)]
-    pub lr: f64,
+    /// Learning rate [adder: 0.01 (SGD); Adam: mlp 0.0005, cnn 0.002, resnet18 0.001].
+    #[arg(long)]
+    pub lr: Option<f64>,
     /// How the adder writes its reductions: reduce (sums, means) or matmul (matrix products).
     #[arg(long, default_value = "reduce")]
     pub formulation: Formulation,
-    /// How the reduce formulation's sums accumulate: candle (built-in kernels), atomic (float
-    /// atomics, order decided by timing) or ordered (fixed tree, bit-reproducible).
+    /// How batch reductions accumulate: candle (built-in kernels), atomic (float atomics, order
+    /// decided by timing) or ordered (fixed order, bit-reproducible).
     #[arg(long, default_value = "candle")]
     pub reductions: Reductions,
     /// Device: cpu, cuda or cuda:N.
@@ -41,18 +43,65 @@ pub struct WorkloadArgs {
     /// Fault injection: move element 0 of TENSOR by ULPS units in the last place at STEP.
     #[arg(long, value_name = "STEP:TENSOR:ULPS")]
     pub perturb: Option<Perturbation>,
+    #[command(flatten)]
+    pub classifier: ClassifierArgs,
+}
+
+/// Settings of the classifier workloads.
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Classifiers (mlp, cnn, resnet18)")]
+pub struct ClassifierArgs {
+    /// Dataset [mlp: gauss2d; cnn: digits; resnet18: cifar-synthetic].
+    #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(DatasetName::ALL))]
+    pub dataset: Option<String>,
+    /// Use only the first N training and test examples.
+    #[arg(long, value_name = "N")]
+    pub examples: Option<usize>,
+    /// Passes over the training data [mlp: 5, cnn: 10, resnet18: 2].
+    #[arg(long)]
+    pub epochs: Option<u64>,
+    /// Seed of the data order (default: --seed).
+    #[arg(long)]
+    pub order_seed: Option<u64>,
+    /// Seed of the augmentation shifts (default: --seed).
+    #[arg(long)]
+    pub augment_seed: Option<u64>,
+    /// Seed of the dropout masks (default: --seed).
+    #[arg(long)]
+    pub dropout_seed: Option<u64>,
+    /// Batch norm after each convolution (cnn; resnet18 always has it).
+    #[arg(long)]
+    pub batch_norm: bool,
+    /// Dropout probability after the hidden dense layer (mlp, cnn).
+    #[arg(long, default_value_t = 0.0)]
+    pub dropout: f64,
+    /// Random image shifts of up to N pixels [cnn: 1, resnet18: 2; 0 turns augmentation off].
+    #[arg(long, value_name = "N")]
+    pub augment_shift: Option<usize>,
+    /// Channels of ResNet-18's first stage.
+    #[arg(long, default_value_t = 64)]
+    pub width: usize,
 }
 
 impl WorkloadArgs {
-    /// The adder configuration these arguments describe, checked (with the perturbation).
-    pub fn adder(&self) -> Result<AdderConfig, String> {
+    /// The workload these arguments describe, checked (with the perturbation).
+    pub fn workload(&self) -> Result<Workload, String> {
+        if self.workload == "adder" {
+            return self.adder().map(Workload::Adder);
+        }
+        let model: ModelKind = self.workload.parse()?;
+        self.classifier(model).map(Workload::Classifier)
+    }
+
+    fn adder(&self) -> Result<AdderConfig, String> {
+        let defaults = AdderConfig::default();
         let config = AdderConfig {
             seed: self.seed,
             data_seed: self.data_seed.unwrap_or(self.seed),
-            steps: self.steps,
-            batch: self.batch,
+            steps: self.steps.unwrap_or(defaults.steps),
+            batch: self.batch.unwrap_or(defaults.batch),
             features: self.features,
-            lr: self.lr,
+            lr: self.lr.unwrap_or(defaults.lr),
             formulation: self.formulation,
             reductions: self.reductions,
         };
@@ -60,9 +109,40 @@ impl WorkloadArgs {
         Ok(config)
     }
 
+    fn classifier(&self, model: ModelKind) -> Result<ClassifierConfig, String> {
+        let c = &self.classifier;
+        let d = ClassifierConfig::defaults(model);
+        let config = ClassifierConfig {
+            model,
+            dataset: c.dataset.as_deref().map_or(Ok(d.dataset), str::parse)?,
+            dataset_seed: self.data_seed.unwrap_or(d.dataset_seed),
+            examples: c.examples,
+            epochs: c.epochs.unwrap_or(d.epochs),
+            max_steps: self.steps,
+            batch: self.batch.unwrap_or(d.batch),
+            lr: self.lr.unwrap_or(d.lr),
+            seeds: repro::workloads::Seeds {
+                init: self.seed,
+                order: c.order_seed.unwrap_or(self.seed),
+                augment: c.augment_seed.unwrap_or(self.seed),
+                dropout: c.dropout_seed.unwrap_or(self.seed),
+            },
+            reductions: self.reductions,
+            batch_norm: c.batch_norm || d.batch_norm,
+            dropout: c.dropout,
+            augment_shift: c.augment_shift.unwrap_or(d.augment_shift),
+            width: c.width,
+        };
+        config.validate().map_err(|e| e.to_string())?;
+        if self.formulation != Formulation::Reduce {
+            return Err(format!("--formulation is a setting of the adder, not of {model}"));
+        }
+        Ok(config)
+    }
+
     /// The run configuration written to the trace header, the perturbation included.
-    pub fn run_config(&self, config: &AdderConfig) -> repro::trace::RunConfig {
-        let mut run = config.run_config();
+    pub fn run_config(&self, workload: &Workload) -> repro::trace::RunConfig {
+        let mut run = workload.run_config();
         if let Some(p) = &self.perturb {
             run.params.insert("perturb".into(), p.to_string());
         }

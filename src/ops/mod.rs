@@ -7,4 +7,4 @@ mod reduce;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 
-pub use reduce::{expand, sum_all, Reductions};
+pub use reduce::{expand, expand_rows, sum_all, sum_rows, Reductions};

@@ -2,9 +2,64 @@
 //! `Recorder` API that users' own training loops use.
 
 mod adder;
+pub mod classifier;
 pub mod seeded;
 
 pub use adder::{AdderConfig, Formulation};
+pub use classifier::{ClassifierConfig, Dataset, DatasetName, ModelKind, Seeds, TrainOutcome};
+
+use crate::record::{Perturbation, RecordError, Recorder};
+use crate::trace::RunConfig;
+use candle_core::Device;
 
 /// Names of the built-in workloads.
-pub const WORKLOADS: &[&str] = &["adder"];
+pub const WORKLOADS: &[&str] = &["adder", "mlp", "cnn", "resnet18"];
+
+/// A built-in workload with its settings.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Workload {
+    /// The linear adder.
+    Adder(AdderConfig),
+    /// A classifier (mlp, cnn, resnet18).
+    Classifier(ClassifierConfig),
+}
+
+impl Workload {
+    /// The run configuration written to the trace header.
+    pub fn run_config(&self) -> RunConfig {
+        match self {
+            Workload::Adder(c) => c.run_config(),
+            Workload::Classifier(c) => c.run_config(),
+        }
+    }
+
+    /// One line saying what is trained, for progress messages.
+    pub fn describe(&self) -> String {
+        match self {
+            Workload::Adder(c) => format!(
+                "adder (seed {}, {} steps, batch {}, {} formulation, {} reductions)",
+                c.seed, c.steps, c.batch, c.formulation, c.reductions
+            ),
+            Workload::Classifier(c) => format!(
+                "{} on {} ({} reductions, {} epoch(s) of batch {}, init seed {})",
+                c.model, c.dataset, c.reductions, c.epochs, c.batch, c.seeds.init
+            ),
+        }
+    }
+
+    /// Trains and records every step into `recorder`, planting `perturb` if given.
+    pub fn run(
+        &self,
+        device: &Device,
+        recorder: &mut Recorder,
+        perturb: Option<&Perturbation>,
+    ) -> Result<(), RecordError> {
+        match self {
+            Workload::Adder(c) => c.run(device, recorder, perturb),
+            Workload::Classifier(c) => {
+                let data = Dataset::load(c.dataset, c.dataset_seed, c.examples).map_err(RecordError::Unsupported)?;
+                classifier::train(c, &data, device, recorder, perturb).map(|_| ())
+            }
+        }
+    }
+}
