@@ -11,6 +11,7 @@ mod inspect;
 mod matrix;
 mod overhead;
 mod record;
+mod study;
 mod workload_args;
 
 pub use exit::Exit;
@@ -41,6 +42,8 @@ enum Command {
     Gate(gate::GateArgs),
     /// Write a baseline: one run's hashes, to commit and gate against.
     Baseline(baseline::BaselineArgs),
+    /// The seeds' multi-run studies: noise sources, devices, cost of determinism.
+    Study(study::StudyArgs),
     /// Time training steps with and without per-op recording on one device.
     Overhead(overhead::OverheadArgs),
     /// Check GPU hashing against the CPU and measure its throughput (CUDA builds).
@@ -57,6 +60,7 @@ pub fn run(cli: Cli) -> Exit {
         Command::Inspect(args) => inspect::run(args),
         Command::Gate(args) => gate::run(args),
         Command::Baseline(args) => baseline::run(args),
+        Command::Study(args) => study::run(args),
         Command::Overhead(args) => overhead::run(args),
         #[cfg(feature = "cuda")]
         Command::GpuCheck(args) => gpu_check::run(args),

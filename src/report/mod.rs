@@ -1,5 +1,5 @@
-//! Rendering results for people. Every function here takes plain data from `diff` or `trace`
-//! and returns text; machine output is the same data serialized as JSON by the CLI.
+//! Rendering results for people. Every function here takes plain data from `diff`, `trace` or
+//! `study` and returns text (or SVG); machine output is the same data serialized as JSON by the CLI.
 
 mod diff;
 mod format;
@@ -7,6 +7,8 @@ mod gate;
 mod inspect;
 mod matrix;
 mod online;
+mod plot;
+mod study;
 
 pub use diff::{metrics_sentence, render_diff, write_root_cause};
 pub use format::{bytes, sci, shape};
@@ -14,3 +16,5 @@ pub use gate::{render_gate, render_gate_junit, render_gate_markdown};
 pub use inspect::render_summary;
 pub use matrix::render_matrix;
 pub use online::render_online;
+pub use plot::{plot_cost, plot_devices, plot_noise};
+pub use study::{render_cost, render_devices, render_noise};

@@ -35,6 +35,22 @@ impl DatasetName {
     /// Names accepted on the command line.
     pub const ALL: &'static [&'static str] = &["gauss2d", "gauss5d", "digits", "cifar-synthetic"];
 
+    /// (training, test) examples of the full dataset.
+    pub fn sizes(self) -> (usize, usize) {
+        match self {
+            DatasetName::Gauss2d => (10_000, 2_000),
+            DatasetName::Gauss5d => (100_000, 10_000),
+            DatasetName::Digits => (1_438, 359),
+            DatasetName::CifarSynthetic => (10_000, 2_000),
+        }
+    }
+
+    /// Training examples when at most `limit` are used.
+    pub fn train_len(self, limit: Option<usize>) -> usize {
+        let n = self.sizes().0;
+        limit.map_or(n, |l| l.min(n))
+    }
+
     /// Whether examples are images (`[channels, height, width]`).
     pub fn is_image(self) -> bool {
         matches!(self, DatasetName::Digits | DatasetName::CifarSynthetic)
@@ -110,11 +126,12 @@ impl Dataset {
     /// Loads (or generates) `name`. `limit` caps the number of training and test examples
     /// (the first ones are kept), for quick runs.
     pub fn load(name: DatasetName, dataset_seed: u64, limit: Option<usize>) -> Result<Dataset, String> {
+        let (train, test) = name.sizes();
         let mut data = match name {
-            DatasetName::Gauss2d => gaussian(name, dataset_seed, 2, 0.0, 1.0, 10_000, 2_000),
-            DatasetName::Gauss5d => gaussian(name, dataset_seed, 5, 0.7, 0.15, 100_000, 10_000),
+            DatasetName::Gauss2d => gaussian(name, dataset_seed, 2, 0.0, 1.0, train, test),
+            DatasetName::Gauss5d => gaussian(name, dataset_seed, 5, 0.7, 0.15, train, test),
             DatasetName::Digits => digits()?,
-            DatasetName::CifarSynthetic => cifar_synthetic(dataset_seed, 10_000, 2_000),
+            DatasetName::CifarSynthetic => cifar_synthetic(dataset_seed, train, test),
         };
         if let Some(n) = limit {
             let len = data.example_len();

@@ -139,7 +139,8 @@ impl ClassifierConfig {
             ("reductions".to_string(), self.reductions.to_string()),
             ("width".to_string(), self.width.to_string()),
         ]);
-        RunConfig { workload: self.model.workload_name().into(), steps: None, params }
+        let steps = Some(self.total_steps(self.dataset.train_len(self.examples)));
+        RunConfig { workload: self.model.workload_name().into(), steps, params }
     }
 
     /// Checks the settings.
@@ -163,6 +164,11 @@ impl ClassifierConfig {
     /// Training steps per epoch for a training split of `n` examples.
     fn steps_per_epoch(&self, n: usize) -> u64 {
         (n / self.batch) as u64
+    }
+
+    /// Training steps of a run on a training split of `n` examples.
+    pub fn total_steps(&self, n: usize) -> u64 {
+        self.steps_per_epoch(n).saturating_mul(self.epochs).min(self.max_steps.unwrap_or(u64::MAX))
     }
 }
 
@@ -218,7 +224,7 @@ pub fn train(
             data.train.len()
         )));
     }
-    let total = (per_epoch * config.epochs).min(config.max_steps.unwrap_or(u64::MAX));
+    let total = config.total_steps(data.train.len());
     let len = data.example_len();
     let mut step_times = Vec::new();
     let mut final_loss = f32::NAN;

@@ -1,0 +1,232 @@
+//! `repro study noise|devices|cost`: the seeds' multi-run experiments.
+
+use super::exit::Exit;
+use super::workload_args::WorkloadArgs;
+use clap::{Args, Subcommand};
+use repro::record::open_device;
+use repro::report::{plot_cost, plot_devices, plot_noise, render_cost, render_devices, render_noise};
+use repro::study::{run_cost, run_devices, run_noise, Progress, StudyDir, VARIANTS};
+use repro::workloads::{ClassifierConfig, ModelKind, Workload};
+use std::path::PathBuf;
+
+#[derive(Debug, Args)]
+pub struct StudyArgs {
+    #[command(subcommand)]
+    study: Study,
+}
+
+#[derive(Debug, Subcommand)]
+enum Study {
+    /// Algorithmic vs implementation noise: N runs each of control (fixed seeds, ordered
+    /// reductions), algo (seeds vary), impl (atomic reductions) and algo+impl; accuracy spread,
+    /// predictive churn, distance of normalized weights, per-class spread.
+    Noise(NoiseArgs),
+    /// One configuration on several devices: test error side by side, where the runs first
+    /// differ, and how the weights' ULP distance grows.
+    Devices(DevicesArgs),
+    /// Time per training step of each workload in each reduction mode, and the overhead of the
+    /// deterministic modes over atomic.
+    Cost(CostArgs),
+}
+
+/// Output options shared by the studies.
+#[derive(Debug, Args)]
+struct Output {
+    /// Study directory: settings, finished runs (a rerun resumes), report and plots.
+    #[arg(long)]
+    out: PathBuf,
+    /// Delete the runs of a different study found in --out and start over.
+    #[arg(long)]
+    restart: bool,
+    /// Print the report as JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct NoiseArgs {
+    #[command(flatten)]
+    train: WorkloadArgs,
+    /// Runs per variant.
+    #[arg(long, default_value_t = 10)]
+    runs: usize,
+    #[command(flatten)]
+    output: Output,
+}
+
+#[derive(Debug, Args)]
+pub struct DevicesArgs {
+    #[command(flatten)]
+    train: WorkloadArgs,
+    /// Devices to train on, compared with the first [default: cpu,cuda:0 in CUDA builds,
+    /// cpu,cpu otherwise].
+    #[arg(long, value_delimiter = ',')]
+    devices: Vec<String>,
+    #[command(flatten)]
+    output: Output,
+}
+
+#[derive(Debug, Args)]
+pub struct CostArgs {
+    /// Workloads to time.
+    #[arg(long, value_delimiter = ',', default_value = "mlp,cnn,resnet18")]
+    workloads: Vec<String>,
+    /// Device.
+    #[arg(long, default_value = "cpu")]
+    device: String,
+    /// Steps timed per mode and round (after one warm-up step).
+    #[arg(long, default_value_t = 20)]
+    steps: u64,
+    /// Rounds: the modes are timed in turn this many times.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// ResNet-18 width [default: 64 on a GPU, 8 on the CPU].
+    #[arg(long)]
+    width: Option<usize>,
+    /// Batch size for every workload [default: each workload's].
+    #[arg(long)]
+    batch: Option<usize>,
+    #[command(flatten)]
+    output: Output,
+}
+
+pub fn run(args: StudyArgs) -> Result<Exit, String> {
+    match args.study {
+        Study::Noise(a) => noise(a),
+        Study::Devices(a) => devices(a),
+        Study::Cost(a) => cost(a),
+    }
+}
+
+fn classifier(train: &WorkloadArgs) -> Result<ClassifierConfig, String> {
+    match train.workload()? {
+        Workload::Classifier(c) => Ok(c),
+        Workload::Adder(_) => Err("studies train a classifier: pass --workload mlp, cnn or resnet18".into()),
+    }
+}
+
+/// The indicatif bar behind a study's `Progress` (hidden when stderr is not a terminal).
+struct Bar(indicatif::ProgressBar);
+
+impl Bar {
+    fn new() -> Self {
+        let bar = indicatif::ProgressBar::new(0);
+        bar.set_style(
+            indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} runs  {elapsed_precise}  {msg}")
+                .expect("valid template"),
+        );
+        Bar(bar)
+    }
+}
+
+impl Progress for Bar {
+    fn update(&mut self, done: usize, total: usize, message: &str) {
+        self.0.set_length(total as u64);
+        self.0.set_position(done as u64);
+        self.0.set_message(message.to_string());
+    }
+}
+
+impl Drop for Bar {
+    fn drop(&mut self) {
+        self.0.finish_and_clear();
+    }
+}
+
+fn finish(
+    dir: &StudyDir,
+    name: &str,
+    json: bool,
+    report: &impl serde::Serialize,
+    text: String,
+    markdown: String,
+    svg: Result<String, String>,
+) -> Result<(), String> {
+    let encoded = serde_json::to_string_pretty(report).map_err(|e| e.to_string())?;
+    dir.write(&format!("{name}.json"), encoded.as_bytes()).map_err(|e| e.to_string())?;
+    dir.write(&format!("{name}.md"), markdown.as_bytes()).map_err(|e| e.to_string())?;
+    let plot = dir.write(&format!("{name}.svg"), svg?.as_bytes()).map_err(|e| e.to_string())?;
+    if json {
+        println!("{encoded}");
+    } else {
+        print!("{text}");
+        println!("\nreport: {0}/{name}.md, {0}/{name}.json; plot: {1}", dir.path().display(), plot.display());
+    }
+    Ok(())
+}
+
+fn noise(a: NoiseArgs) -> Result<Exit, String> {
+    let config = classifier(&a.train)?;
+    let device = open_device(&a.train.device).map_err(|e| e.to_string())?;
+    let settings = serde_json::json!({
+        "run": config.run_config().params,
+        "workload": config.model.workload_name(),
+        "runs": a.runs,
+        "device": a.train.device,
+        "variants": VARIANTS.iter().map(|v| v.name()).collect::<Vec<_>>(),
+    });
+    let dir = StudyDir::open(&a.output.out, "noise", &settings, a.output.restart).map_err(|e| e.to_string())?;
+    let report = {
+        let mut bar = Bar::new();
+        run_noise(&config, a.runs, &device, &a.train.device, &dir, &mut bar).map_err(|e| e.to_string())?
+    };
+    let accuracies: Vec<Vec<f64>> = VARIANTS
+        .iter()
+        .map(|v| {
+            (0..a.runs)
+                .map(|i| Ok(dir.load_run(v.name(), i).map_err(|e| e.to_string())?.map_or(f64::NAN, |r| r.accuracy)))
+                .collect::<Result<Vec<_>, String>>()
+        })
+        .collect::<Result<_, _>>()?;
+    let svg = plot_noise(&report, &accuracies);
+    finish(&dir, "noise", a.output.json, &report, render_noise(&report, false), render_noise(&report, true), svg)?;
+    Ok(Exit::Same)
+}
+
+fn devices(a: DevicesArgs) -> Result<Exit, String> {
+    let config = classifier(&a.train)?;
+    let devices = if a.devices.is_empty() {
+        if cfg!(feature = "cuda") {
+            vec!["cpu".to_string(), "cuda:0".to_string()]
+        } else {
+            eprintln!("note: a CPU-only build compares the CPU with itself; pass --devices to choose");
+            vec!["cpu".to_string(), "cpu".to_string()]
+        }
+    } else {
+        a.devices.clone()
+    };
+    let settings = serde_json::json!({ "run": config.run_config().params, "workload": config.model.workload_name(), "devices": devices });
+    let dir = StudyDir::open(&a.output.out, "devices", &settings, a.output.restart).map_err(|e| e.to_string())?;
+    let report = run_devices(&config, &devices, &dir).map_err(|e| e.to_string())?;
+    let svg = plot_devices(&report);
+    finish(&dir, "devices", a.output.json, &report, render_devices(&report, false), render_devices(&report, true), svg)?;
+    Ok(if report.comparisons.iter().all(|c| c.identical) { Exit::Same } else { Exit::Diverged })
+}
+
+fn cost(a: CostArgs) -> Result<Exit, String> {
+    let device = open_device(&a.device).map_err(|e| e.to_string())?;
+    let width = a.width.unwrap_or(if a.device == "cpu" { 8 } else { 64 });
+    let configs = a
+        .workloads
+        .iter()
+        .map(|w| {
+            let model: ModelKind = w.parse()?;
+            let mut c = ClassifierConfig::defaults(model);
+            c.width = width;
+            if let Some(b) = a.batch {
+                c.batch = b;
+            }
+            c.validate().map_err(|e| e.to_string())?;
+            Ok(c)
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    let settings = serde_json::json!({ "workloads": a.workloads, "device": a.device, "steps": a.steps, "rounds": a.rounds, "width": width, "batch": a.batch });
+    let dir = StudyDir::open(&a.output.out, "cost", &settings, a.output.restart).map_err(|e| e.to_string())?;
+    let bar = indicatif::ProgressBar::new_spinner();
+    let report = run_cost(&configs, a.steps, a.rounds, &device, &a.device, |m| bar.set_message(m.to_string()))
+        .map_err(|e| e.to_string())?;
+    bar.finish_and_clear();
+    let svg = plot_cost(&report);
+    finish(&dir, "cost", a.output.json, &report, render_cost(&report, false), render_cost(&report, true), svg)?;
+    Ok(Exit::Same)
+}

@@ -1,0 +1,172 @@
+//! Tables of the studies' results: plain text for the terminal, Markdown for docs/results.
+
+use super::format::sci;
+use crate::study::{CostReport, DevicesReport, NoiseReport};
+use std::fmt::Write;
+
+fn pct(x: f64) -> String {
+    format!("{:.2}%", x * 100.0)
+}
+
+/// Renders rows as an aligned text table (`markdown`: a Markdown table).
+fn table(header: &[&str], rows: &[Vec<String>], markdown: bool) -> String {
+    let mut out = String::new();
+    if markdown {
+        let _ = writeln!(out, "| {} |", header.join(" | "));
+        let _ = writeln!(out, "|{}", "---|".repeat(header.len()));
+        for row in rows {
+            let _ = writeln!(out, "| {} |", row.join(" | "));
+        }
+        return out;
+    }
+    let widths: Vec<usize> = (0..header.len())
+        .map(|c| rows.iter().map(|r| r[c].chars().count()).chain([header[c].len()]).max().unwrap_or(0))
+        .collect();
+    let line = |cells: Vec<&str>| {
+        let padded: Vec<String> = cells.iter().zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect();
+        padded.join("  ").trim_end().to_string()
+    };
+    let _ = writeln!(out, "  {}", line(header.to_vec()));
+    for row in rows {
+        let _ = writeln!(out, "  {}", line(row.iter().map(String::as_str).collect()));
+    }
+    out
+}
+
+/// The noise study's table and the implementation share of the accuracy spread.
+pub fn render_noise(r: &NoiseReport, markdown: bool) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "noise study: {} on {}, {} runs per variant, {} test examples\n",
+        r.subject, r.device, r.runs, r.test_examples
+    );
+    let header = [
+        "variant",
+        "seeds",
+        "reductions",
+        "accuracy mean ± sd",
+        "min – max",
+        "churn",
+        "L2 (normalized w)",
+        "class sd max",
+        "class sd mean",
+    ];
+    let rows: Vec<Vec<String>> = r
+        .variants
+        .iter()
+        .map(|v| {
+            let s = &v.stats;
+            vec![
+                v.variant.to_string(),
+                if v.seeds_vary { "vary" } else { "fixed" }.to_string(),
+                v.reductions.clone(),
+                format!("{} ± {}", pct(s.accuracy_mean), pct(s.accuracy_stdev)),
+                format!("{} – {}", pct(s.accuracy_min), pct(s.accuracy_max)),
+                pct(s.churn),
+                sci(s.l2_normalized),
+                pct(s.per_class_stdev_max),
+                pct(s.per_class_stdev_mean),
+            ]
+        })
+        .collect();
+    out.push_str(&table(&header, &rows, markdown));
+    out.push('\n');
+    match r.impl_share_of_accuracy_stdev {
+        Some(share) => {
+            let _ = writeln!(
+                out,
+                "implementation share of the accuracy spread: sd(impl) / sd(algo+impl) = {share:.2} (the ResNet study in the seeds measured 0.74)"
+            );
+        }
+        None => {
+            let _ = writeln!(out, "implementation share of the accuracy spread: undefined (algo+impl runs all scored the same)");
+        }
+    }
+    if let Some(control) = r.variants.iter().find(|v| v.variant == "control") {
+        let s = &control.stats;
+        let verdict = if s.accuracy_stdev == 0.0 && s.churn == 0.0 && s.l2_normalized == 0.0 {
+            "control runs agree exactly: with fixed seeds and ordered reductions training is reproducible here"
+        } else {
+            "control runs DIFFER: something besides the seeds and the reductions is non-deterministic here"
+        };
+        let _ = writeln!(out, "{verdict}");
+    }
+    out
+}
+
+/// The devices study: error rates side by side, then each comparison.
+pub fn render_devices(r: &DevicesReport, markdown: bool) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "devices study: {}, {} steps per run\n", r.subject, r.steps);
+    let rows: Vec<Vec<String>> = r
+        .runs
+        .iter()
+        .map(|d| vec![d.device.clone(), pct(d.error_rate), format!("{:.6}", d.final_loss), format!("{:.1}", d.seconds)])
+        .collect();
+    out.push_str(&table(&["device", "test error", "final loss", "seconds"], &rows, markdown));
+    for c in &r.comparisons {
+        out.push('\n');
+        if c.identical {
+            let _ = writeln!(
+                out,
+                "{} vs {}: IDENTICAL, {} tensors bit for bit over {} steps",
+                c.device, c.reference, c.tensors_compared, r.steps
+            );
+            continue;
+        }
+        let first = c.first_divergence.as_ref().map_or("?".into(), |(s, t)| format!("step {s}, `{t}`"));
+        let _ = writeln!(
+            out,
+            "{} vs {}: DIVERGED, first at {first}; {} of {} recorded tensors differ",
+            c.device, c.reference, c.tensors_diverged, c.tensors_compared
+        );
+        if let Some(cause) = &c.root_cause {
+            let _ = writeln!(out, "root cause: {cause}");
+        }
+        if !c.weight_gap.is_empty() {
+            let _ = writeln!(out, "weights over training (steps with stored values):");
+            let rows: Vec<Vec<String>> = c
+                .weight_gap
+                .iter()
+                .map(|g| {
+                    vec![
+                        g.step.to_string(),
+                        g.max_ulp.to_string(),
+                        sci(g.max_abs),
+                        format!("{} of {}", g.mismatched, g.elements),
+                    ]
+                })
+                .collect();
+            out.push_str(&table(&["step", "max ULP", "max |a-b|", "elements differing"], &rows, markdown));
+        }
+    }
+    out
+}
+
+/// The cost study: time per step per mode and the overhead over atomic.
+pub fn render_cost(r: &CostReport, markdown: bool) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "cost study on {}: median time per training step\n", r.device);
+    let rows: Vec<Vec<String>> = r
+        .rows
+        .iter()
+        .map(|row| {
+            vec![
+                row.workload.clone(),
+                row.reductions.clone(),
+                if row.deterministic { "yes" } else { "no" }.to_string(),
+                format!("{:.3}", row.median_ms),
+                format!("{:.3}", row.min_ms),
+                row.steps_timed.to_string(),
+                if row.reductions == "atomic" { "—".to_string() } else { format!("{:+.1}%", row.overhead_vs_atomic_percent) },
+            ]
+        })
+        .collect();
+    out.push_str(&table(
+        &["workload", "reductions", "deterministic", "median ms", "min ms", "steps", "vs atomic"],
+        &rows,
+        markdown,
+    ));
+    out
+}

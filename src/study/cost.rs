@@ -1,0 +1,95 @@
+//! `repro study cost`: what determinism costs. Times training steps of each workload with each
+//! reduction mode on one device, in one process, and reports the deterministic modes' overhead
+//! over the non-deterministic one (atomic).
+
+use super::error::StudyError;
+use crate::ops::Reductions;
+use crate::record::Recorder;
+use crate::workloads::classifier::train;
+use crate::workloads::{ClassifierConfig, Dataset};
+use candle_core::Device;
+use serde::Serialize;
+use std::time::Duration;
+
+/// The modes timed, deterministic ones first.
+pub const MODES: [Reductions; 3] = [Reductions::Candle, Reductions::Ordered, Reductions::Atomic];
+
+/// One workload timed in one mode.
+#[derive(Debug, Clone, Serialize)]
+pub struct CostRow {
+    /// The workload, in words.
+    pub workload: String,
+    /// The reduction mode.
+    pub reductions: String,
+    /// Whether the mode is bit-reproducible.
+    pub deterministic: bool,
+    /// Median wall time of a training step, in milliseconds.
+    pub median_ms: f64,
+    /// Fastest step, in milliseconds.
+    pub min_ms: f64,
+    /// Steps timed.
+    pub steps_timed: usize,
+    /// (median / median of atomic − 1) × 100: the price of this mode over the
+    /// non-deterministic one.
+    pub overhead_vs_atomic_percent: f64,
+}
+
+/// The result of a cost study.
+#[derive(Debug, Clone, Serialize)]
+pub struct CostReport {
+    /// Device label.
+    pub device: String,
+    /// One row per workload and mode.
+    pub rows: Vec<CostRow>,
+}
+
+/// Times `steps` training steps (after one warm-up step) of each configuration in each mode,
+/// the modes interleaved `rounds` times so slow drifts of the machine hit every mode alike.
+pub fn run_cost(
+    configs: &[ClassifierConfig],
+    steps: u64,
+    rounds: usize,
+    device: &Device,
+    device_label: &str,
+    mut progress: impl FnMut(&str),
+) -> Result<CostReport, StudyError> {
+    let mut rows = Vec::new();
+    for base in configs {
+        let data = Dataset::load(base.dataset, base.dataset_seed, base.examples).map_err(StudyError::Invalid)?;
+        let mut times: Vec<Vec<Duration>> = vec![Vec::new(); MODES.len()];
+        for round in 0..rounds.max(1) {
+            for (m, mode) in MODES.iter().enumerate() {
+                progress(&format!("{} {mode} (round {})", base.model, round + 1));
+                let config = ClassifierConfig {
+                    reductions: *mode,
+                    max_steps: Some(steps + 1),
+                    epochs: steps + 1,
+                    ..base.clone()
+                };
+                let outcome = train(&config, &data, device, &mut Recorder::discard(), None)?;
+                times[m].extend(outcome.step_times);
+            }
+        }
+        let medians: Vec<(f64, f64)> = times
+            .iter_mut()
+            .map(|t| {
+                t.sort();
+                let ms = |d: Duration| d.as_secs_f64() * 1e3;
+                (t.get(t.len() / 2).map_or(f64::NAN, |&d| ms(d)), t.first().map_or(f64::NAN, |&d| ms(d)))
+            })
+            .collect();
+        let atomic = medians[MODES.iter().position(|m| *m == Reductions::Atomic).expect("atomic is timed")].0;
+        for (m, mode) in MODES.iter().enumerate() {
+            rows.push(CostRow {
+                workload: format!("{} ({}, batch {})", base.model, base.dataset, base.batch),
+                reductions: mode.to_string(),
+                deterministic: *mode != Reductions::Atomic,
+                median_ms: medians[m].0,
+                min_ms: medians[m].1,
+                steps_timed: times[m].len(),
+                overhead_vs_atomic_percent: (medians[m].0 / atomic - 1.0) * 100.0,
+            });
+        }
+    }
+    Ok(CostReport { device: device_label.to_string(), rows })
+}

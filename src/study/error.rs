@@ -1,0 +1,59 @@
+//! Errors of the studies.
+
+use crate::record::RecordError;
+use crate::trace::TraceError;
+use std::path::{Path, PathBuf};
+
+/// Why a study could not run or resume.
+#[derive(Debug, thiserror::Error)]
+pub enum StudyError {
+    /// Reading or writing a study file failed.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// A study file is damaged.
+    #[error("{}: {reason}", path.display())]
+    Corrupt {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The directory holds a study with other settings.
+    #[error(
+        "{} holds a study with other settings ({differences}); pass --restart to delete its runs and start over, or choose another --out",
+        dir.display()
+    )]
+    OtherStudy {
+        /// The study directory.
+        dir: PathBuf,
+        /// What differs.
+        differences: String,
+    },
+    /// The directory holds other files.
+    #[error("{} is not a study directory (it has files but no study.json); choose an empty or new --out", dir.display())]
+    NotAStudy {
+        /// The directory.
+        dir: PathBuf,
+    },
+    /// Training failed.
+    #[error(transparent)]
+    Record(#[from] RecordError),
+    /// Reading a recorded trace failed.
+    #[error(transparent)]
+    Trace(#[from] TraceError),
+    /// The settings cannot be run.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+impl StudyError {
+    /// An adapter for `map_err` on I/O results about `path`.
+    pub fn io(path: &Path) -> impl FnOnce(std::io::Error) -> StudyError + '_ {
+        move |source| StudyError::Io { path: path.to_path_buf(), source }
+    }
+}

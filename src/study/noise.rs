@@ -1,0 +1,178 @@
+//! `repro study noise`: how much of the run-to-run variation comes from algorithmic randomness
+//! (seeds) and how much from the implementation (reduction order), in four variants of N runs:
+//!
+//! | variant     | seeds              | reductions |
+//! |-------------|--------------------|------------|
+//! | `control`   | fixed              | ordered    |
+//! | `algo`      | run i uses seed+i  | ordered    |
+//! | `impl`      | fixed              | atomic     |
+//! | `algo+impl` | run i uses seed+i  | atomic     |
+
+use super::error::StudyError;
+use super::stats::{variant_stats, RunResult, VariantStats};
+use super::store::StudyDir;
+use crate::ops::Reductions;
+use crate::record::Recorder;
+use crate::workloads::classifier::train;
+use crate::workloads::{ClassifierConfig, Dataset, Seeds};
+use candle_core::Device;
+use serde::Serialize;
+use std::time::Instant;
+
+/// The four variants, in report order.
+pub const VARIANTS: [Variant; 4] = [Variant::Control, Variant::Algo, Variant::Impl, Variant::AlgoImpl];
+
+/// A combination of noise sources.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Variant {
+    /// Fixed seeds, ordered reductions: every run should be bit-identical.
+    Control,
+    /// Seeds vary, ordered reductions.
+    Algo,
+    /// Fixed seeds, atomic reductions.
+    Impl,
+    /// Seeds vary, atomic reductions.
+    AlgoImpl,
+}
+
+impl Variant {
+    /// The variant's name in reports and file names.
+    pub fn name(self) -> &'static str {
+        match self {
+            Variant::Control => "control",
+            Variant::Algo => "algo",
+            Variant::Impl => "impl",
+            Variant::AlgoImpl => "algo+impl",
+        }
+    }
+
+    /// The seeds of run `run` given the study's base seed.
+    pub fn seeds(self, base: u64, run: usize) -> Seeds {
+        match self {
+            Variant::Control | Variant::Impl => Seeds::all(base),
+            Variant::Algo | Variant::AlgoImpl => Seeds::all(base + run as u64),
+        }
+    }
+
+    /// The variant's reductions.
+    pub fn reductions(self) -> Reductions {
+        match self {
+            Variant::Control | Variant::Algo => Reductions::Ordered,
+            Variant::Impl | Variant::AlgoImpl => Reductions::Atomic,
+        }
+    }
+}
+
+/// One variant's statistics.
+#[derive(Debug, Clone, Serialize)]
+pub struct VariantReport {
+    /// The variant's name.
+    pub variant: &'static str,
+    /// Reductions used.
+    pub reductions: String,
+    /// Whether the seeds varied between runs.
+    pub seeds_vary: bool,
+    /// The statistics.
+    #[serde(flatten)]
+    pub stats: VariantStats,
+}
+
+/// The result of a noise study.
+#[derive(Debug, Clone, Serialize)]
+pub struct NoiseReport {
+    /// The workload, dataset and settings, in words.
+    pub subject: String,
+    /// Device label.
+    pub device: String,
+    /// Runs per variant.
+    pub runs: usize,
+    /// Test examples per run.
+    pub test_examples: usize,
+    /// Per variant.
+    pub variants: Vec<VariantReport>,
+    /// stdev(accuracy | impl) / stdev(accuracy | algo+impl): the share of the total spread
+    /// that the implementation alone produces (the seed paper's 0.74). `None` when the total
+    /// spread is zero.
+    pub impl_share_of_accuracy_stdev: Option<f64>,
+}
+
+/// Progress of a study, for the command line's progress bar.
+pub trait Progress {
+    /// `done` of `total` runs are finished; `message` says which one comes next.
+    fn update(&mut self, done: usize, total: usize, message: &str);
+}
+
+/// Runs (or resumes) the noise study: `runs` runs of `base` per variant in `dir`.
+pub fn run_noise(
+    base: &ClassifierConfig,
+    runs: usize,
+    device: &Device,
+    device_label: &str,
+    dir: &StudyDir,
+    progress: &mut dyn Progress,
+) -> Result<NoiseReport, StudyError> {
+    if runs < 2 {
+        return Err(StudyError::Invalid("a noise study needs --runs 2 or more".into()));
+    }
+    let data = Dataset::load(base.dataset, base.dataset_seed, base.examples).map_err(StudyError::Invalid)?;
+    let total = runs * VARIANTS.len();
+    let mut variants = Vec::new();
+    for (v, variant) in VARIANTS.into_iter().enumerate() {
+        let mut results = Vec::with_capacity(runs);
+        for run in 0..runs {
+            let done = v * runs + run;
+            if let Some(saved) = dir.load_run(variant.name(), run)? {
+                results.push(saved);
+                continue;
+            }
+            progress.update(done, total, &format!("{} run {}", variant.name(), run + 1));
+            let config = ClassifierConfig {
+                seeds: variant.seeds(base.seeds.init, run),
+                reductions: variant.reductions(),
+                ..base.clone()
+            };
+            let started = Instant::now();
+            let outcome = train(&config, &data, device, &mut Recorder::discard(), None)?;
+            let (accuracy, per_class_accuracy) = RunResult::score(&outcome.predictions, &outcome.labels, outcome.classes);
+            let result = RunResult {
+                accuracy,
+                per_class_accuracy,
+                predictions: outcome.predictions,
+                final_loss: outcome.final_loss as f64,
+                steps: outcome.steps,
+                seconds: started.elapsed().as_secs_f64(),
+            };
+            dir.save_run(variant.name(), run, &result, &outcome.weights)?;
+            results.push(result);
+        }
+        let stats = variant_stats(&results, |i| dir.load_weights(variant.name(), i))?;
+        variants.push(VariantReport {
+            variant: variant.name(),
+            reductions: variant.reductions().to_string(),
+            seeds_vary: matches!(variant, Variant::Algo | Variant::AlgoImpl),
+            stats,
+        });
+    }
+    progress.update(total, total, "done");
+    let stdev = |name: &str| variants.iter().find(|v| v.variant == name).map(|v| v.stats.accuracy_stdev);
+    let impl_share = match (stdev("impl"), stdev("algo+impl")) {
+        (Some(i), Some(t)) if t > 0.0 => Some(i / t),
+        _ => None,
+    };
+    Ok(NoiseReport {
+        subject: format!(
+            "{} on {} ({} epoch(s), batch {}, lr {}{})",
+            base.model,
+            base.dataset,
+            base.epochs,
+            base.batch,
+            base.lr,
+            if base.batch_norm { ", batch norm" } else { "" }
+        ),
+        device: device_label.to_string(),
+        runs,
+        test_examples: data.test.len(),
+        variants,
+        impl_share_of_accuracy_stdev: impl_share,
+    })
+}
