@@ -16,7 +16,7 @@ pub mod dtype;
 pub mod hash;
 pub mod ops;
 pub mod record;
-pub mod study;
 pub mod report;
+pub mod study;
 pub mod trace;
 pub mod workloads;

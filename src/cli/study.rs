@@ -5,7 +5,7 @@ use super::workload_args::WorkloadArgs;
 use clap::{Args, Subcommand};
 use repro::record::open_device;
 use repro::report::{plot_cost, plot_devices, plot_noise, render_cost, render_devices, render_noise};
-use repro::study::{run_cost, run_devices, run_noise, Progress, StudyDir, VARIANTS};
+use repro::study::{run_cost, run_devices, run_noise, Progress, StudyDir, StudyOut, VARIANTS};
 use repro::workloads::{ClassifierConfig, ModelKind, Workload};
 use std::path::PathBuf;
 
@@ -133,6 +133,12 @@ impl Drop for Bar {
     }
 }
 
+impl Output {
+    fn study_out(&self) -> StudyOut {
+        StudyOut { dir: self.out.clone(), restart: self.restart }
+    }
+}
+
 fn finish(
     dir: &StudyDir,
     name: &str,
@@ -158,17 +164,10 @@ fn finish(
 fn noise(a: NoiseArgs) -> Result<Exit, String> {
     let config = classifier(&a.train)?;
     let device = open_device(&a.train.device).map_err(|e| e.to_string())?;
-    let settings = serde_json::json!({
-        "run": config.run_config().params,
-        "workload": config.model.workload_name(),
-        "runs": a.runs,
-        "device": a.train.device,
-        "variants": VARIANTS.iter().map(|v| v.name()).collect::<Vec<_>>(),
-    });
-    let dir = StudyDir::open(&a.output.out, "noise", &settings, a.output.restart).map_err(|e| e.to_string())?;
-    let report = {
+    let (report, dir) = {
         let mut bar = Bar::new();
-        run_noise(&config, a.runs, &device, &a.train.device, &dir, &mut bar).map_err(|e| e.to_string())?
+        run_noise(&config, a.runs, &device, &a.train.device, &a.output.study_out(), &mut bar)
+            .map_err(|e| e.to_string())?
     };
     let accuracies: Vec<Vec<f64>> = VARIANTS
         .iter()
@@ -195,11 +194,17 @@ fn devices(a: DevicesArgs) -> Result<Exit, String> {
     } else {
         a.devices.clone()
     };
-    let settings = serde_json::json!({ "run": config.run_config().params, "workload": config.model.workload_name(), "devices": devices });
-    let dir = StudyDir::open(&a.output.out, "devices", &settings, a.output.restart).map_err(|e| e.to_string())?;
-    let report = run_devices(&config, &devices, &dir).map_err(|e| e.to_string())?;
+    let (report, dir) = run_devices(&config, &devices, &a.output.study_out()).map_err(|e| e.to_string())?;
     let svg = plot_devices(&report);
-    finish(&dir, "devices", a.output.json, &report, render_devices(&report, false), render_devices(&report, true), svg)?;
+    finish(
+        &dir,
+        "devices",
+        a.output.json,
+        &report,
+        render_devices(&report, false),
+        render_devices(&report, true),
+        svg,
+    )?;
     Ok(if report.comparisons.iter().all(|c| c.identical) { Exit::Same } else { Exit::Diverged })
 }
 
@@ -216,15 +221,14 @@ fn cost(a: CostArgs) -> Result<Exit, String> {
             if let Some(b) = a.batch {
                 c.batch = b;
             }
-            c.validate().map_err(|e| e.to_string())?;
             Ok(c)
         })
         .collect::<Result<Vec<_>, String>>()?;
-    let settings = serde_json::json!({ "workloads": a.workloads, "device": a.device, "steps": a.steps, "rounds": a.rounds, "width": width, "batch": a.batch });
-    let dir = StudyDir::open(&a.output.out, "cost", &settings, a.output.restart).map_err(|e| e.to_string())?;
     let bar = indicatif::ProgressBar::new_spinner();
-    let report = run_cost(&configs, a.steps, a.rounds, &device, &a.device, |m| bar.set_message(m.to_string()))
-        .map_err(|e| e.to_string())?;
+    let (report, dir) = run_cost(&configs, a.steps, a.rounds, &device, &a.device, &a.output.study_out(), |m| {
+        bar.set_message(m.to_string())
+    })
+    .map_err(|e| e.to_string())?;
     bar.finish_and_clear();
     let svg = plot_cost(&report);
     finish(&dir, "cost", a.output.json, &report, render_cost(&report, false), render_cost(&report, true), svg)?;

@@ -62,7 +62,10 @@ pub fn sum_all(x: &Tensor, mode: Reductions) -> Result<Tensor> {
 /// `value` (one element) broadcast to a vector of `n` elements. Its gradient is the incoming
 /// gradient summed with `mode`: this is how a bias added over a batch gets its gradient.
 pub fn expand(value: &Tensor, n: usize, mode: Reductions) -> Result<Tensor> {
-    expand_rows(&value.reshape(1)?, n, mode)?.reshape(n)
+    match mode {
+        Reductions::Candle => value.reshape(())?.broadcast_as(n),
+        mode => expand_rows(&value.reshape(1)?, n, mode)?.reshape(n),
+    }
 }
 
 /// Column sums of a `[rows, cols]` matrix: a `[cols]` vector, each column accumulated as `mode`

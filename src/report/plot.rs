@@ -1,7 +1,7 @@
 //! SVG charts of the studies (plotters): run accuracies, churn and weight distance per noise
 //! variant; the weights' ULP distance over training per device pair; time per step per mode.
 
-use crate::study::{CostReport, DevicesReport, NoiseReport};
+use crate::study::results::{CostReport, DevicesReport, NoiseReport};
 use plotters::prelude::*;
 
 type PlotResult = Result<String, String>;
@@ -10,10 +10,17 @@ fn err(e: impl std::fmt::Display) -> String {
     format!("cannot draw the chart: {e}")
 }
 
-const PALETTE: [RGBColor; 4] = [RGBColor(31, 119, 180), RGBColor(255, 127, 14), RGBColor(44, 160, 44), RGBColor(214, 39, 40)];
+const PALETTE: [RGBColor; 4] =
+    [RGBColor(31, 119, 180), RGBColor(255, 127, 14), RGBColor(44, 160, 44), RGBColor(214, 39, 40)];
 
 /// Bars of `values` labelled by `names` on one chart area.
-fn bars(area: &DrawingArea<SVGBackend, plotters::coord::Shift>, title: &str, names: &[String], values: &[f64], y_label: &str) -> Result<(), String> {
+fn bars(
+    area: &DrawingArea<SVGBackend, plotters::coord::Shift>,
+    title: &str,
+    names: &[String],
+    values: &[f64],
+    y_label: &str,
+) -> Result<(), String> {
     let top = values.iter().copied().fold(0.0f64, f64::max).max(1e-12) * 1.15;
     let n = names.len();
     let mut chart = ChartBuilder::on(area)
@@ -25,7 +32,11 @@ fn bars(area: &DrawingArea<SVGBackend, plotters::coord::Shift>, title: &str, nam
         .map_err(err)?;
     let label = |x: &f64| {
         let i = x.round();
-        if (x - i).abs() < 1e-9 && i >= 0.0 && (i as usize) < n { names[i as usize].clone() } else { String::new() }
+        if (x - i).abs() < 1e-9 && i >= 0.0 && (i as usize) < n {
+            names[i as usize].clone()
+        } else {
+            String::new()
+        }
     };
     chart
         .configure_mesh()
@@ -65,9 +76,20 @@ pub fn plot_noise(r: &NoiseReport, run_accuracies: &[Vec<f64>]) -> PlotResult {
             .map_err(err)?;
         let label = |x: &f64| {
             let i = x.round();
-            if (x - i).abs() < 1e-9 && i >= 0.0 && (i as usize) < n { names[i as usize].clone() } else { String::new() }
+            if (x - i).abs() < 1e-9 && i >= 0.0 && (i as usize) < n {
+                names[i as usize].clone()
+            } else {
+                String::new()
+            }
         };
-        chart.configure_mesh().disable_x_mesh().x_labels(n).x_label_formatter(&label).y_desc("accuracy (%)").draw().map_err(err)?;
+        chart
+            .configure_mesh()
+            .disable_x_mesh()
+            .x_labels(n)
+            .x_label_formatter(&label)
+            .y_desc("accuracy (%)")
+            .draw()
+            .map_err(err)?;
         for (i, runs) in run_accuracies.iter().enumerate() {
             let color = PALETTE[i % PALETTE.len()];
             let count = runs.len().max(2) as f64;
@@ -103,13 +125,8 @@ pub fn plot_devices(r: &DevicesReport) -> PlotResult {
         let root = SVGBackend::with_string(&mut svg, (800, 480)).into_drawing_area();
         root.fill(&WHITE).map_err(err)?;
         let max_step = r.steps.max(2) as f64;
-        let max_ulp = r
-            .comparisons
-            .iter()
-            .flat_map(|c| c.weight_gap.iter().map(|g| g.max_ulp))
-            .max()
-            .unwrap_or(1)
-            .max(1) as f64;
+        let max_ulp =
+            r.comparisons.iter().flat_map(|c| c.weight_gap.iter().map(|g| g.max_ulp)).max().unwrap_or(1).max(1) as f64;
         let mut chart = ChartBuilder::on(&root)
             .caption(format!("weights' largest ULP distance over training: {}", r.subject), ("sans-serif", 16))
             .margin(15)

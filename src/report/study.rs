@@ -1,7 +1,7 @@
 //! Tables of the studies' results: plain text for the terminal, Markdown for docs/results.
 
 use super::format::sci;
-use crate::study::{CostReport, DevicesReport, NoiseReport};
+use crate::study::results::{CostReport, DevicesReport, NoiseReport};
 use std::fmt::Write;
 
 fn pct(x: f64) -> String {
@@ -80,7 +80,10 @@ pub fn render_noise(r: &NoiseReport, markdown: bool) -> String {
             );
         }
         None => {
-            let _ = writeln!(out, "implementation share of the accuracy spread: undefined (algo+impl runs all scored the same)");
+            let _ = writeln!(
+                out,
+                "implementation share of the accuracy spread: undefined (algo+impl runs all scored the same)"
+            );
         }
     }
     if let Some(control) = r.variants.iter().find(|v| v.variant == "control") {
@@ -138,7 +141,7 @@ pub fn render_devices(r: &DevicesReport, markdown: bool) -> String {
                     ]
                 })
                 .collect();
-            out.push_str(&table(&["step", "max ULP", "max |a-b|", "elements differing"], &rows, markdown));
+            out.push_str(&table(&["step", "max ULP", "max abs diff", "elements differing"], &rows, markdown));
         }
     }
     out
@@ -159,7 +162,11 @@ pub fn render_cost(r: &CostReport, markdown: bool) -> String {
                 format!("{:.3}", row.median_ms),
                 format!("{:.3}", row.min_ms),
                 row.steps_timed.to_string(),
-                if row.reductions == "atomic" { "—".to_string() } else { format!("{:+.1}%", row.overhead_vs_atomic_percent) },
+                if row.reductions == "atomic" {
+                    "—".to_string()
+                } else {
+                    format!("{:+.1}%", row.overhead_vs_atomic_percent)
+                },
             ]
         })
         .collect();

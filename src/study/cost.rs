@@ -3,56 +3,40 @@
 //! over the non-deterministic one (atomic).
 
 use super::error::StudyError;
+use super::results::{CostReport, CostRow};
+use super::store::{StudyDir, StudyOut};
 use crate::ops::Reductions;
 use crate::record::Recorder;
 use crate::workloads::classifier::train;
 use crate::workloads::{ClassifierConfig, Dataset};
 use candle_core::Device;
-use serde::Serialize;
 use std::time::Duration;
 
 /// The modes timed, deterministic ones first.
 pub const MODES: [Reductions; 3] = [Reductions::Candle, Reductions::Ordered, Reductions::Atomic];
 
-/// One workload timed in one mode.
-#[derive(Debug, Clone, Serialize)]
-pub struct CostRow {
-    /// The workload, in words.
-    pub workload: String,
-    /// The reduction mode.
-    pub reductions: String,
-    /// Whether the mode is bit-reproducible.
-    pub deterministic: bool,
-    /// Median wall time of a training step, in milliseconds.
-    pub median_ms: f64,
-    /// Fastest step, in milliseconds.
-    pub min_ms: f64,
-    /// Steps timed.
-    pub steps_timed: usize,
-    /// (median / median of atomic − 1) × 100: the price of this mode over the
-    /// non-deterministic one.
-    pub overhead_vs_atomic_percent: f64,
-}
-
-/// The result of a cost study.
-#[derive(Debug, Clone, Serialize)]
-pub struct CostReport {
-    /// Device label.
-    pub device: String,
-    /// One row per workload and mode.
-    pub rows: Vec<CostRow>,
-}
-
 /// Times `steps` training steps (after one warm-up step) of each configuration in each mode,
-/// the modes interleaved `rounds` times so slow drifts of the machine hit every mode alike.
+/// the modes interleaved `rounds` times so slow drifts of the machine hit every mode alike. The
+/// report is kept in the study directory `out`, which is returned.
 pub fn run_cost(
     configs: &[ClassifierConfig],
     steps: u64,
     rounds: usize,
     device: &Device,
     device_label: &str,
+    out: &StudyOut,
     mut progress: impl FnMut(&str),
-) -> Result<CostReport, StudyError> {
+) -> Result<(CostReport, StudyDir), StudyError> {
+    for c in configs {
+        c.validate()?;
+    }
+    let settings = serde_json::json!({
+        "runs": configs.iter().map(|c| c.run_config()).collect::<Vec<_>>(),
+        "device": device_label,
+        "steps": steps,
+        "rounds": rounds,
+    });
+    let dir = StudyDir::open(&out.dir, "cost", &settings, out.restart)?;
     let mut rows = Vec::new();
     for base in configs {
         let data = Dataset::load(base.dataset, base.dataset_seed, base.examples).map_err(StudyError::Invalid)?;
@@ -91,5 +75,5 @@ pub fn run_cost(
             });
         }
     }
-    Ok(CostReport { device: device_label.to_string(), rows })
+    Ok((CostReport { device: device_label.to_string(), rows }, dir))
 }

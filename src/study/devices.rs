@@ -3,79 +3,15 @@
 //! runs first differ and how the weights' ULP distance grows over training.
 
 use super::error::StudyError;
+use super::results::{DeviceComparison, DeviceRun, DevicesReport, WeightGap};
 use super::stats::RunResult;
-use super::store::StudyDir;
-use crate::diff::{diff_traces, RootCause};
+use super::store::{StudyDir, StudyOut};
+use crate::diff::{compare, diff_traces, RootCause};
 use crate::record::{open_device, Recorder};
 use crate::trace::{CapturePolicy, FullCapture, TensorKind, TraceReader};
 use crate::workloads::classifier::train;
 use crate::workloads::{ClassifierConfig, Dataset};
-use serde::Serialize;
 use std::time::Instant;
-
-/// One device's run.
-#[derive(Debug, Clone, Serialize)]
-pub struct DeviceRun {
-    /// Device label (`cpu`, `cuda:0`).
-    pub device: String,
-    /// Test error rate (1 - accuracy).
-    pub error_rate: f64,
-    /// Training loss at the last step.
-    pub final_loss: f64,
-    /// Wall time of training and evaluation, in seconds.
-    pub seconds: f64,
-    /// Where its trace is.
-    pub trace: String,
-}
-
-/// The error of the weights at one step, over all weight tensors.
-#[derive(Debug, Clone, Serialize)]
-pub struct WeightGap {
-    /// The step.
-    pub step: u64,
-    /// Largest ULP distance of any weight element.
-    pub max_ulp: u64,
-    /// Largest |a - b| of any weight element.
-    pub max_abs: f64,
-    /// Weight elements that differ.
-    pub mismatched: u64,
-    /// Weight elements compared.
-    pub elements: u64,
-}
-
-/// A device compared with the first device.
-#[derive(Debug, Clone, Serialize)]
-pub struct DeviceComparison {
-    /// The first device.
-    pub reference: String,
-    /// The other device.
-    pub device: String,
-    /// Whether every recorded tensor agreed bit for bit.
-    pub identical: bool,
-    /// (step, tensor) pairs compared and differing.
-    pub tensors_compared: u64,
-    /// Of those, how many differ.
-    pub tensors_diverged: u64,
-    /// First differing step and tensor.
-    pub first_divergence: Option<(u64, String)>,
-    /// The root cause in the first differing step.
-    pub root_cause: Option<String>,
-    /// The weights' gap at the steps whose values were stored (powers of two and the last).
-    pub weight_gap: Vec<WeightGap>,
-}
-
-/// The result of a devices study.
-#[derive(Debug, Clone, Serialize)]
-pub struct DevicesReport {
-    /// The workload, in words.
-    pub subject: String,
-    /// Training steps per run.
-    pub steps: u64,
-    /// Per device.
-    pub runs: Vec<DeviceRun>,
-    /// Each further device against the first.
-    pub comparisons: Vec<DeviceComparison>,
-}
 
 /// The steps whose full tensors a devices study stores: 0, 1, 2, 4, ... and the last.
 pub fn sampled_steps(total: u64) -> Vec<u64> {
@@ -87,10 +23,22 @@ pub fn sampled_steps(total: u64) -> Vec<u64> {
 }
 
 /// Trains `config` on each of `devices` (recording into `dir`) and compares the runs.
-pub fn run_devices(config: &ClassifierConfig, devices: &[String], dir: &StudyDir) -> Result<DevicesReport, StudyError> {
+/// The traces and reports are kept in the study directory `out`, which is returned.
+pub fn run_devices(
+    config: &ClassifierConfig,
+    devices: &[String],
+    out: &StudyOut,
+) -> Result<(DevicesReport, StudyDir), StudyError> {
     if devices.len() < 2 {
         return Err(StudyError::Invalid("a devices study needs two or more devices, e.g. --devices cpu,cuda:0".into()));
     }
+    config.validate()?;
+    let settings = serde_json::json!({
+        "run": config.run_config().params,
+        "workload": config.model.workload_name(),
+        "devices": devices,
+    });
+    let dir = StudyDir::open(&out.dir, "devices", &settings, out.restart)?;
     let data = Dataset::load(config.dataset, config.dataset_seed, config.examples).map_err(StudyError::Invalid)?;
     let steps = config.total_steps(data.train.len());
     let capture = CapturePolicy { full: FullCapture::Steps(sampled_steps(steps)), inline_max_bytes: 4096 };
@@ -116,24 +64,7 @@ pub fn run_devices(config: &ClassifierConfig, devices: &[String], dir: &StudyDir
         let mut a = TraceReader::open(&runs[0].trace)?;
         let mut b = TraceReader::open(&run.trace)?;
         let diff = diff_traces(&mut a, &mut b)?;
-        let mut gaps: Vec<WeightGap> = Vec::new();
-        for history in diff.tensors.iter().filter(|h| h.kind == TensorKind::Weight) {
-            for g in &history.growth {
-                let at = match gaps.iter().position(|x| x.step == g.step) {
-                    Some(at) => at,
-                    None => {
-                        gaps.push(WeightGap { step: g.step, max_ulp: 0, max_abs: 0.0, mismatched: 0, elements: 0 });
-                        gaps.len() - 1
-                    }
-                };
-                let gap = &mut gaps[at];
-                gap.max_ulp = gap.max_ulp.max(g.metrics.max_ulp);
-                gap.max_abs = gap.max_abs.max(g.metrics.max_abs);
-                gap.mismatched += g.metrics.mismatched;
-                gap.elements += g.metrics.elements;
-            }
-        }
-        gaps.sort_by_key(|g| g.step);
+        let gaps = weight_gaps(&runs[0].trace, &run.trace, &sampled_steps(steps))?;
         comparisons.push(DeviceComparison {
             reference: runs[0].device.clone(),
             device: run.device.clone(),
@@ -145,12 +76,39 @@ pub fn run_devices(config: &ClassifierConfig, devices: &[String], dir: &StudyDir
             weight_gap: gaps,
         });
     }
-    Ok(DevicesReport {
+    let report = DevicesReport {
         subject: format!("{} on {} ({} epoch(s), batch {})", config.model, config.dataset, config.epochs, config.batch),
         steps,
         runs,
         comparisons,
-    })
+    };
+    Ok((report, dir))
+}
+
+/// The gap between the weights of two traces at each of `steps` where both stored them.
+fn weight_gaps(a: &str, b: &str, steps: &[u64]) -> Result<Vec<WeightGap>, StudyError> {
+    let (mut ra, mut rb) = (TraceReader::open(a)?, TraceReader::open(b)?);
+    let mut gaps = Vec::new();
+    while let (Some(sa), Some(sb)) = (ra.next_step()?, rb.next_step()?) {
+        if sa.step != sb.step || !steps.contains(&sa.step) {
+            continue;
+        }
+        let mut gap = WeightGap { step: sa.step, max_ulp: 0, max_abs: 0.0, mismatched: 0, elements: 0 };
+        for ta in sa.tensors.iter().filter(|t| t.kind == TensorKind::Weight) {
+            let Some(tb) = sb.tensors.iter().find(|t| t.name == ta.name && t.shape == ta.shape && t.dtype == ta.dtype)
+            else {
+                continue;
+            };
+            let (Some(va), Some(vb)) = (ra.values(&sa, ta)?, rb.values(&sb, tb)?) else { continue };
+            let m = compare(va.dtype, va.bytes, vb.bytes);
+            gap.max_ulp = gap.max_ulp.max(m.max_ulp);
+            gap.max_abs = gap.max_abs.max(m.max_abs);
+            gap.mismatched += m.mismatched;
+            gap.elements += m.elements;
+        }
+        gaps.push(gap);
+    }
+    Ok(gaps)
 }
 
 fn describe_cause(cause: &RootCause) -> String {

@@ -9,14 +9,14 @@
 //! | `algo+impl` | run i uses seed+i  | atomic     |
 
 use super::error::StudyError;
-use super::stats::{variant_stats, RunResult, VariantStats};
-use super::store::StudyDir;
+use super::results::{NoiseReport, VariantReport};
+use super::stats::{variant_stats, RunResult};
+use super::store::{StudyDir, StudyOut};
 use crate::ops::Reductions;
 use crate::record::Recorder;
 use crate::workloads::classifier::train;
 use crate::workloads::{ClassifierConfig, Dataset, Seeds};
 use candle_core::Device;
-use serde::Serialize;
 use std::time::Instant;
 
 /// The four variants, in report order.
@@ -63,57 +63,34 @@ impl Variant {
     }
 }
 
-/// One variant's statistics.
-#[derive(Debug, Clone, Serialize)]
-pub struct VariantReport {
-    /// The variant's name.
-    pub variant: &'static str,
-    /// Reductions used.
-    pub reductions: String,
-    /// Whether the seeds varied between runs.
-    pub seeds_vary: bool,
-    /// The statistics.
-    #[serde(flatten)]
-    pub stats: VariantStats,
-}
-
-/// The result of a noise study.
-#[derive(Debug, Clone, Serialize)]
-pub struct NoiseReport {
-    /// The workload, dataset and settings, in words.
-    pub subject: String,
-    /// Device label.
-    pub device: String,
-    /// Runs per variant.
-    pub runs: usize,
-    /// Test examples per run.
-    pub test_examples: usize,
-    /// Per variant.
-    pub variants: Vec<VariantReport>,
-    /// stdev(accuracy | impl) / stdev(accuracy | algo+impl): the share of the total spread
-    /// that the implementation alone produces (the seed paper's 0.74). `None` when the total
-    /// spread is zero.
-    pub impl_share_of_accuracy_stdev: Option<f64>,
-}
-
 /// Progress of a study, for the command line's progress bar.
 pub trait Progress {
     /// `done` of `total` runs are finished; `message` says which one comes next.
     fn update(&mut self, done: usize, total: usize, message: &str);
 }
 
-/// Runs (or resumes) the noise study: `runs` runs of `base` per variant in `dir`.
+/// Runs (or resumes) the noise study: `runs` runs of `base` per variant, kept in the study
+/// directory `out` (see `StudyDir`), which is returned with the report.
 pub fn run_noise(
     base: &ClassifierConfig,
     runs: usize,
     device: &Device,
     device_label: &str,
-    dir: &StudyDir,
+    out: &StudyOut,
     progress: &mut dyn Progress,
-) -> Result<NoiseReport, StudyError> {
+) -> Result<(NoiseReport, StudyDir), StudyError> {
     if runs < 2 {
         return Err(StudyError::Invalid("a noise study needs --runs 2 or more".into()));
     }
+    base.validate()?;
+    let settings = serde_json::json!({
+        "run": base.run_config().params,
+        "workload": base.model.workload_name(),
+        "runs": runs,
+        "device": device_label,
+        "variants": VARIANTS.iter().map(|v| v.name()).collect::<Vec<_>>(),
+    });
+    let dir = StudyDir::open(&out.dir, "noise", &settings, out.restart)?;
     let data = Dataset::load(base.dataset, base.dataset_seed, base.examples).map_err(StudyError::Invalid)?;
     let total = runs * VARIANTS.len();
     let mut variants = Vec::new();
@@ -133,7 +110,8 @@ pub fn run_noise(
             };
             let started = Instant::now();
             let outcome = train(&config, &data, device, &mut Recorder::discard(), None)?;
-            let (accuracy, per_class_accuracy) = RunResult::score(&outcome.predictions, &outcome.labels, outcome.classes);
+            let (accuracy, per_class_accuracy) =
+                RunResult::score(&outcome.predictions, &outcome.labels, outcome.classes);
             let result = RunResult {
                 accuracy,
                 per_class_accuracy,
@@ -159,7 +137,7 @@ pub fn run_noise(
         (Some(i), Some(t)) if t > 0.0 => Some(i / t),
         _ => None,
     };
-    Ok(NoiseReport {
+    let report = NoiseReport {
         subject: format!(
             "{} on {} ({} epoch(s), batch {}, lr {}{})",
             base.model,
@@ -174,5 +152,6 @@ pub fn run_noise(
         test_examples: data.test.len(),
         variants,
         impl_share_of_accuracy_stdev: impl_share,
-    })
+    };
+    Ok((report, dir))
 }

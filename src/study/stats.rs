@@ -105,9 +105,8 @@ pub fn variant_stats<E>(
         }
     }
     let classes = runs.first().map_or(0, |r| r.per_class_accuracy.len());
-    let per_class: Vec<f64> = (0..classes)
-        .map(|c| mean_stdev(&runs.iter().map(|r| r.per_class_accuracy[c]).collect::<Vec<_>>()).1)
-        .collect();
+    let per_class: Vec<f64> =
+        (0..classes).map(|c| mean_stdev(&runs.iter().map(|r| r.per_class_accuracy[c]).collect::<Vec<_>>()).1).collect();
     let pair_mean = |sum: f64| if pairs == 0 { 0.0 } else { sum / pairs as f64 };
     Ok(VariantStats {
         runs: runs.len(),

@@ -18,6 +18,16 @@ use std::path::{Path, PathBuf};
 /// The settings file of a study directory.
 pub const STUDY_FILE: &str = "study.json";
 
+/// Where a study keeps its files, and whether it may delete the runs of a different study
+/// found there.
+#[derive(Debug, Clone)]
+pub struct StudyOut {
+    /// The study directory.
+    pub dir: PathBuf,
+    /// Start over when the directory holds a study with other settings.
+    pub restart: bool,
+}
+
 /// An open study directory.
 pub struct StudyDir {
     dir: PathBuf,
@@ -34,7 +44,10 @@ impl StudyDir {
             let found: Value = serde_json::from_str(&text)
                 .map_err(|e| StudyError::Corrupt { path: study_file.clone(), reason: e.to_string() })?;
             if found != wanted && !restart {
-                return Err(StudyError::OtherStudy { dir: dir.to_path_buf(), differences: differences(&found, &wanted) });
+                return Err(StudyError::OtherStudy {
+                    dir: dir.to_path_buf(),
+                    differences: differences(&found, &wanted),
+                });
             }
             if found != wanted {
                 let runs = dir.join("runs");
@@ -76,13 +89,7 @@ impl StudyDir {
     }
 
     /// Saves a finished run: its weights, then its result.
-    pub fn save_run(
-        &self,
-        variant: &str,
-        run: usize,
-        result: &RunResult,
-        weights: &[f32],
-    ) -> Result<(), StudyError> {
+    pub fn save_run(&self, variant: &str, run: usize, result: &RunResult, weights: &[f32]) -> Result<(), StudyError> {
         let path = self.run_file(variant, run, "safetensors");
         let bytes: &[u8] = bytemuck::cast_slice(weights);
         let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![weights.len()], bytes)

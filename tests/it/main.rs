@@ -14,5 +14,7 @@ mod hostile;
 mod robustness;
 /// Per-op recording: root cause, structural alignment, online comparison.
 mod root_cause;
+/// The multi-run studies (noise, devices, cost) and the classifier workloads.
+mod study;
 /// record → diff → matrix → inspect on good traces.
 mod workflow;

@@ -191,9 +191,12 @@ impl Conv {
         let mut inputs = vec![x.name.as_str(), w.as_str()];
         let b_name = format!("{}.bias", self.name);
         if let Some(b) = &self.b {
-            y = per_channel(ctx, &y, |ctx, rows| ctx.add_rows(rows, b.as_tensor()), |y| {
-                Ok(y.broadcast_add(&b.as_tensor().reshape((1, (), 1, 1))?)?)
-            })?;
+            y = per_channel(
+                ctx,
+                &y,
+                |ctx, rows| ctx.add_rows(rows, b.as_tensor()),
+                |y| Ok(y.broadcast_add(&b.as_tensor().reshape((1, (), 1, 1))?)?),
+            )?;
             inputs.push(&b_name);
         }
         ctx.op(&self.name, &inputs, y)
@@ -260,7 +263,9 @@ impl BatchNorm {
         let var = (sum_rows(&centered.sqr()?, mode)? / m as f64)?;
         let inv_std = (var.clone() + BN_EPS)?.sqrt()?.recip()?;
         let normalized = centered.broadcast_mul(&expand(&inv_std)?)?;
-        let y = normalized.broadcast_mul(&expand(self.gamma.as_tensor())?)?.broadcast_add(&expand(self.beta.as_tensor())?)?;
+        let y = normalized
+            .broadcast_mul(&expand(self.gamma.as_tensor())?)?
+            .broadcast_add(&expand(self.beta.as_tensor())?)?;
         let unbiased = (var.detach() * (m as f64 / (m.max(2) - 1) as f64))?;
         let update = |running: &Var, batch: &Tensor| -> Result<(), RecordError> {
             let next = ((running.as_tensor() * (1.0 - BN_MOMENTUM))? + (batch * BN_MOMENTUM)?)?;

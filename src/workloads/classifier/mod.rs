@@ -101,13 +101,9 @@ impl ClassifierConfig {
         };
         match model {
             ModelKind::Mlp => base,
-            ModelKind::Cnn => ClassifierConfig {
-                dataset: DatasetName::Digits,
-                epochs: 10,
-                lr: 0.002,
-                augment_shift: 1,
-                ..base
-            },
+            ModelKind::Cnn => {
+                ClassifierConfig { dataset: DatasetName::Digits, epochs: 10, lr: 0.002, augment_shift: 1, ..base }
+            }
             ModelKind::ResNet18 => ClassifierConfig {
                 dataset: DatasetName::CifarSynthetic,
                 epochs: 2,
@@ -211,7 +207,8 @@ pub fn train(
 ) -> Result<TrainOutcome, RecordError> {
     config.validate()?;
     let mut params = ParamStore::new(config.seeds.init, device);
-    let model = Model::new(config.model, &mut params, &data.example_shape, data.classes, config.batch_norm, config.width)?;
+    let model =
+        Model::new(config.model, &mut params, &data.example_shape, data.classes, config.batch_norm, config.width)?;
     let vars: Vec<_> = params.trainable.iter().map(|(_, v)| v.clone()).collect();
     let mut opt = AdamW::new(vars, ParamsAdamW { lr: config.lr, weight_decay: 0.0, ..Default::default() })?;
     recorder.set_perturbation(perturb.cloned());
@@ -242,7 +239,12 @@ pub fn train(
         indices.iter().for_each(|&i| x.extend_from_slice(&data.train.x[i * len..(i + 1) * len]));
         let labels: Vec<u32> = indices.iter().map(|&i| data.train.y[i]).collect();
         if config.augment_shift > 0 && data.name.is_image() {
-            shift_images(&mut x, &data.example_shape, config.augment_shift, stream(config.seeds.augment, "augment", step));
+            shift_images(
+                &mut x,
+                &data.example_shape,
+                config.augment_shift,
+                stream(config.seeds.augment, "augment", step),
+            );
         }
         let mut shape = vec![config.batch];
         shape.extend(&data.example_shape);
@@ -275,12 +277,15 @@ pub fn train(
         let grads = loss.t.backward()?;
         s.record_probed_gradients(&[("predictions", &["loss.log_likelihood", "loss.sum", "loss"])])?;
         for (name, var) in &params.trainable {
-            let grad = grads.get(var).ok_or_else(|| {
-                RecordError::Unsupported(format!("parameter `{name}` does not affect the loss"))
-            })?;
+            let grad = grads
+                .get(var)
+                .ok_or_else(|| RecordError::Unsupported(format!("parameter `{name}` does not affect the loss")))?;
             let grad_name = format!("{name}.grad");
             let grad = s.perturbed(&grad_name, grad)?;
-            s.record_as(&grad_name, TensorKind::Gradient, Some(Phase::Backward), &["predictions.grad"], &grad)?;
+            // Computed from the gradient at the predictions, back through the forward pass
+            // that produced them.
+            let inputs = ["predictions.grad", "predictions"];
+            s.record_as(&grad_name, TensorKind::Gradient, Some(Phase::Backward), &inputs, &grad)?;
         }
         opt.step(&grads)?;
         final_loss = loss.t.to_scalar::<f32>()?;

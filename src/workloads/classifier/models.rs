@@ -97,8 +97,7 @@ impl Model {
                 let mut cin = channels;
                 for (i, cout) in [16, 32, 32].into_iter().enumerate() {
                     let conv = Conv::new(p, &format!("conv{}", i + 1), cin, cout, 3, 1, 1, !batch_norm)?;
-                    let bn =
-                        if batch_norm { Some(BatchNorm::new(p, &format!("bn{}", i + 1), cout)?) } else { None };
+                    let bn = if batch_norm { Some(BatchNorm::new(p, &format!("bn{}", i + 1), cout)?) } else { None };
                     blocks.push((conv, bn));
                     cin = cout;
                 }

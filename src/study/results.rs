@@ -1,0 +1,131 @@
+//! The studies' results: plain data, serializable, with no model code, so reports and plots
+//! (and anything reading a study's JSON) need neither candle nor a GPU.
+
+use super::stats::VariantStats;
+use serde::Serialize;
+
+/// One variant's statistics.
+#[derive(Debug, Clone, Serialize)]
+pub struct VariantReport {
+    /// The variant's name.
+    pub variant: &'static str,
+    /// Reductions used.
+    pub reductions: String,
+    /// Whether the seeds varied between runs.
+    pub seeds_vary: bool,
+    /// The statistics.
+    #[serde(flatten)]
+    pub stats: VariantStats,
+}
+
+/// The result of a noise study.
+#[derive(Debug, Clone, Serialize)]
+pub struct NoiseReport {
+    /// The workload, dataset and settings, in words.
+    pub subject: String,
+    /// Device label.
+    pub device: String,
+    /// Runs per variant.
+    pub runs: usize,
+    /// Test examples per run.
+    pub test_examples: usize,
+    /// Per variant.
+    pub variants: Vec<VariantReport>,
+    /// stdev(accuracy | impl) / stdev(accuracy | algo+impl): the share of the total spread
+    /// that the implementation alone produces (the seed paper's 0.74). `None` when the total
+    /// spread is zero.
+    pub impl_share_of_accuracy_stdev: Option<f64>,
+}
+
+/// One device's run.
+#[derive(Debug, Clone, Serialize)]
+pub struct DeviceRun {
+    /// Device label (`cpu`, `cuda:0`).
+    pub device: String,
+    /// Test error rate (1 - accuracy).
+    pub error_rate: f64,
+    /// Training loss at the last step.
+    pub final_loss: f64,
+    /// Wall time of training and evaluation, in seconds.
+    pub seconds: f64,
+    /// Where its trace is.
+    pub trace: String,
+}
+
+/// The error of the weights at one step, over all weight tensors.
+#[derive(Debug, Clone, Serialize)]
+pub struct WeightGap {
+    /// The step.
+    pub step: u64,
+    /// Largest ULP distance of any weight element.
+    pub max_ulp: u64,
+    /// Largest |a - b| of any weight element.
+    pub max_abs: f64,
+    /// Weight elements that differ.
+    pub mismatched: u64,
+    /// Weight elements compared.
+    pub elements: u64,
+}
+
+/// A device compared with the first device.
+#[derive(Debug, Clone, Serialize)]
+pub struct DeviceComparison {
+    /// The first device.
+    pub reference: String,
+    /// The other device.
+    pub device: String,
+    /// Whether every recorded tensor agreed bit for bit.
+    pub identical: bool,
+    /// (step, tensor) pairs compared and differing.
+    pub tensors_compared: u64,
+    /// Of those, how many differ.
+    pub tensors_diverged: u64,
+    /// First differing step and tensor.
+    pub first_divergence: Option<(u64, String)>,
+    /// The root cause in the first differing step.
+    pub root_cause: Option<String>,
+    /// The weights' gap at the steps whose values were stored (powers of two and the last).
+    pub weight_gap: Vec<WeightGap>,
+}
+
+/// The result of a devices study.
+#[derive(Debug, Clone, Serialize)]
+pub struct DevicesReport {
+    /// The workload, in words.
+    pub subject: String,
+    /// Training steps per run.
+    pub steps: u64,
+    /// Per device.
+    pub runs: Vec<DeviceRun>,
+    /// Each further device against the first.
+    pub comparisons: Vec<DeviceComparison>,
+}
+
+/// One workload timed in one mode.
+#[derive(Debug, Clone, Serialize)]
+pub struct CostRow {
+    /// The workload, in words.
+    pub workload: String,
+    /// The reduction mode.
+    pub reductions: String,
+    /// Whether the mode is bit-reproducible.
+    pub deterministic: bool,
+    /// Median wall time of a training step, in milliseconds.
+    pub median_ms: f64,
+    /// Fastest step, in milliseconds.
+    pub min_ms: f64,
+    /// Steps timed.
+    pub steps_timed: usize,
+    /// (median / median of atomic − 1) × 100: the price of this mode over the
+    /// non-deterministic one.
+    pub overhead_vs_atomic_percent: f64,
+}
+
+/// The result of a cost study.
+#[derive(Debug, Clone, Serialize)]
+pub struct CostReport {
+    /// Device label.
+    pub device: String,
+    /// One row per workload and mode.
+    pub rows: Vec<CostRow>,
+}

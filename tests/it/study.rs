@@ -1,0 +1,177 @@
+use crate::util::{json, repro, s};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A small but real noise study: mlp on 2,000 gauss2d examples, 2 epochs at a high learning rate.
+const NOISE: &[&str] =
+    &["study", "noise", "--workload", "mlp", "--examples", "2000", "--epochs", "2", "--lr", "0.01", "--runs", "3"];
+
+fn with_out<'a>(base: &[&'a str], out: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut args = base.to_vec();
+    args.extend_from_slice(&["--out", out]);
+    args.extend_from_slice(extra);
+    args
+}
+
+fn finished_runs(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir.join("runs"))
+        .map(|r| r.filter_map(|e| e.ok()?.file_name().into_string().ok()).filter(|n| n.ends_with(".json")).collect())
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+#[test]
+fn noise_study_reports_every_variant_and_resumes_after_a_kill() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (full, resumed) = (tmp.path().join("full"), tmp.path().join("resumed"));
+
+    let run = repro(&with_out(NOISE, s(&full), &["--json"]));
+    assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+    let report = json(&run.stdout);
+    let variants = report["variants"].as_array().unwrap();
+    let names: Vec<&str> = variants.iter().map(|v| v["variant"].as_str().unwrap()).collect();
+    assert_eq!(names, ["control", "algo", "impl", "algo+impl"]);
+    let control = &variants[0];
+    assert_eq!(control["accuracy_stdev"], 0.0, "fixed seeds and ordered reductions repeat exactly");
+    assert_eq!(control["churn"], 0.0);
+    assert_eq!(control["l2_normalized"], 0.0);
+    assert!(variants[1]["l2_normalized"].as_f64().unwrap() > 0.1, "different seeds give different weights");
+    assert!(control["accuracy_mean"].as_f64().unwrap() > 0.8, "the mlp learns gauss2d: {control}");
+    for file in ["noise.md", "noise.json", "noise.svg", "study.json"] {
+        assert!(full.join(file).exists(), "{file} missing");
+    }
+    assert!(std::fs::read_to_string(full.join("noise.svg")).unwrap().starts_with("<svg"));
+    assert_eq!(finished_runs(&full).len(), 12);
+
+    // Interrupt a second study after some runs, then resume it.
+    let out = s(&resumed).to_string();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_repro"))
+        .args(with_out(NOISE, &out, &[]))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    while finished_runs(&resumed).len() < 3 && started.elapsed() < Duration::from_secs(120) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let before = finished_runs(&resumed);
+    assert!((3..12).contains(&before.len()), "killed after {} runs", before.len());
+    let stamps: Vec<_> =
+        before.iter().map(|n| std::fs::metadata(resumed.join("runs").join(n)).unwrap().modified().unwrap()).collect();
+
+    let run = repro(&with_out(NOISE, &out, &["--json"]));
+    assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+    for (name, stamp) in before.iter().zip(&stamps) {
+        let now = std::fs::metadata(resumed.join("runs").join(name)).unwrap().modified().unwrap();
+        assert_eq!(&now, stamp, "finished run {name} was redone");
+    }
+    assert_eq!(finished_runs(&resumed).len(), 12);
+    // The deterministic variants give the same numbers whether or not the study was interrupted.
+    let again = json(&run.stdout);
+    for v in 0..2 {
+        assert_eq!(again["variants"][v], report["variants"][v], "variant {v}");
+    }
+
+    // Other settings in the same directory are refused, not mixed in.
+    let run = repro(&with_out(NOISE, &out, &["--seed", "5"]));
+    assert_eq!(run.code, 2, "{}", run.stderr);
+    assert!(run.stderr.contains("other settings") && run.stderr.contains("--restart"), "{}", run.stderr);
+}
+
+#[test]
+fn devices_study_finds_identical_runs_and_the_root_cause_of_atomic_ones() {
+    let tmp = tempfile::tempdir().unwrap();
+    let base = ["study", "devices", "--workload", "cnn", "--batch-norm", "--epochs", "1", "--devices", "cpu,cpu"];
+    let same = tmp.path().join("same");
+    let run = repro(&with_out(&base, s(&same), &[]));
+    assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+    assert!(run.stdout.contains("cpu vs cpu: IDENTICAL"), "{}", run.stdout);
+
+    let atomic = tmp.path().join("atomic");
+    let run = repro(&with_out(&base, s(&atomic), &["--reductions", "atomic", "--json"]));
+    assert_eq!(run.code, 1, "{}{}", run.stdout, run.stderr);
+    let report = json(&run.stdout);
+    let c = &report["comparisons"][0];
+    assert_eq!(c["identical"], false);
+    // The first batch-norm layer's statistics are the first atomic reduction of step 0.
+    assert_eq!(c["first_divergence"][0], 0);
+    assert_eq!(c["first_divergence"][1], "bn1");
+    assert!(c["root_cause"].as_str().unwrap().contains("`bn1`"), "{c}");
+    let gaps = c["weight_gap"].as_array().unwrap();
+    assert_eq!(gaps[0]["step"], 0);
+    assert_eq!(gaps[0]["max_ulp"], 0, "both runs start from the same weights");
+    assert!(gaps.last().unwrap()["max_ulp"].as_u64().unwrap() > 0, "{gaps:?}");
+    assert!(std::fs::read_to_string(atomic.join("devices.svg")).unwrap().starts_with("<svg"));
+}
+
+#[test]
+fn cost_study_times_every_mode_of_every_workload() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("cost");
+    let args = ["study", "cost", "--workloads", "mlp,cnn", "--steps", "3", "--rounds", "1", "--batch", "16", "--json"];
+    let run = repro(&with_out(&args, s(&out), &[]));
+    assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+    let rows = json(&run.stdout)["rows"].as_array().unwrap().clone();
+    let modes: Vec<&str> = rows.iter().map(|r| r["reductions"].as_str().unwrap()).collect();
+    assert_eq!(modes, ["candle", "ordered", "atomic", "candle", "ordered", "atomic"]);
+    for r in &rows {
+        assert_eq!(r["steps_timed"], 3, "{r}");
+        assert!(r["median_ms"].as_f64().unwrap() > 0.0, "{r}");
+        assert_eq!(r["deterministic"], r["reductions"] != "atomic");
+    }
+    assert_eq!(rows[2]["overhead_vs_atomic_percent"], 0.0);
+    assert!(out.join("cost.md").exists() && out.join("cost.svg").exists());
+}
+
+#[test]
+fn studies_refuse_bad_settings_with_a_clear_error() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("x");
+    for (args, expected) in [
+        (vec!["study", "noise", "--workload", "adder"], "studies train a classifier"),
+        (vec!["study", "noise", "--workload", "mlp", "--runs", "1"], "--runs 2 or more"),
+        (vec!["study", "noise", "--workload", "cnn", "--dataset", "gauss2d"], "trains on images"),
+        (vec!["study", "devices", "--workload", "mlp", "--devices", "cpu"], "two or more devices"),
+        (vec!["study", "cost", "--workloads", "vgg"], "unknown model `vgg`"),
+    ] {
+        let run = repro(&with_out(&args, s(&out), &[]));
+        assert_eq!(run.code, 2, "{args:?}: {}", run.stderr);
+        assert!(run.stderr.contains(expected), "{args:?}: {}", run.stderr);
+    }
+    std::fs::write(tmp.path().join("mine.txt"), "keep").unwrap();
+    let run = repro(&["study", "noise", "--workload", "mlp", "--out", s(tmp.path())]);
+    assert_eq!(run.code, 2);
+    assert!(run.stderr.contains("not a study directory"), "{}", run.stderr);
+    assert!(tmp.path().join("mine.txt").exists());
+}
+
+#[test]
+fn a_classifier_run_records_per_layer_and_a_planted_ulp_is_traced_to_its_layer() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (a, p) = (tmp.path().join("a"), tmp.path().join("p"));
+    let base = ["record", "--workload", "cnn", "--steps", "4", "--examples", "256"];
+    for (out, extra) in [(&a, vec![]), (&p, vec!["--perturb", "2:fc2:1"])] {
+        let mut args = base.to_vec();
+        args.extend_from_slice(&["--out", s(out)]);
+        args.extend(extra);
+        let run = repro(&args);
+        assert_eq!(run.code, 0, "{}", run.stderr);
+    }
+    let run = repro(&["diff", s(&a), s(&p), "--json"]);
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    let v = json(&run.stdout);
+    assert_eq!(v["first_divergence"]["step"], 2);
+    assert_eq!(v["first_divergence"]["tensor"], "fc2");
+    assert_eq!(v["root_cause"]["cause"]["tensor"], "fc2");
+    let consequences: Vec<&str> =
+        v["root_cause"]["consequences"].as_array().unwrap().iter().map(|c| c["tensor"].as_str().unwrap()).collect();
+    assert_eq!(v["root_cause"]["independent"], serde_json::json!([]), "every other difference follows from fc2");
+    for later in ["predictions", "fc2.weight.grad", "conv1.weight.grad"] {
+        assert!(consequences.contains(&later), "{later} not among {consequences:?}");
+    }
+}
