@@ -12,7 +12,9 @@
 # prints their error matrices at step 0 and the last step; `devices` diffs a CPU run against a
 # GPU run; `fixtures` keeps small traces for fixtures/; `rootcause` diffs two atomic runs op by
 # op and records one against another online; `overhead` times per-op recording against plain
-# steps; `opfixtures` keeps small op-level traces for fixtures/. Results land in OUT_DIR:
+# steps; `opfixtures` keeps small op-level traces for fixtures/. The studies: `cost`,
+# `devices-study`, `noise-mlp`, `noise-cnn`, `noise-resnet18` (RESNET_RUNS, RESNET_EPOCHS), and
+# `studyfixtures` (atomic cnn traces for fixtures/), not run by default. Results land in OUT_DIR:
 # summary.md (everything printed), results.tar.gz (all outputs), fixtures.tar.gz.
 set -uo pipefail
 out="${1:?usage: gpu-experiments.sh OUT_DIR [STEPS] [SECTION...]}"
@@ -146,6 +148,52 @@ if want overhead; then
 section "Per-op recording overhead (hashes only; GPU tensors hashed on the GPU)"
 "$repro" overhead --device cuda:0 --steps 200 --batch 10000 --batch 100000 --batch 1000000 2>&1 | tee -a "$summary"
 "$repro" overhead --device cpu --steps 50 --batch 10000 --batch 100000 2>&1 | tail -2 | tee -a "$summary"
+fi
+
+# The seeds' studies (`repro study`). Each study directory stays in $work (a ResNet study keeps
+# tens of MB of weights per run); its report, JSON and plot are copied to $out/studies/ as soon
+# as it finishes, so a run cut short still returns the studies it completed.
+study() {
+  local name="$1"; shift
+  local dir="$work/studies/$name" started=$SECONDS
+  mkdir -p "$out/studies"
+  "$repro" study "$@" --out "$dir" > "$work/results/study-$name.txt" 2>&1
+  local code=$?
+  section "Study $name (\`repro study $*\`, exit $code, $((SECONDS - started))s)"
+  say '```'
+  sed "s#$work/studies/##g" "$work/results/study-$name.txt" | tee -a "$summary"
+  say '```'
+  for f in "$dir"/*.md "$dir"/*.json "$dir"/*.svg; do
+    [ -f "$f" ] && [ "$(basename "$f")" != study.json ] && cp "$f" "$out/studies/$name-$(basename "$f")"
+  done
+  cp "$summary" "$out/summary.md"
+}
+want cost && study cost cost --device cuda:0 --steps 20 --rounds 3
+want devices-study && {
+  study devices-mlp-gauss2d devices --workload mlp --devices cpu,cuda:0
+  study devices-mlp-gauss5d devices --workload mlp --dataset gauss5d --epochs 1 --devices cpu,cuda:0
+  study devices-cnn devices --workload cnn --devices cpu,cuda:0
+}
+want noise-mlp && study noise-mlp noise --workload mlp --device cuda:0 --runs 10
+want noise-cnn && {
+  study noise-cnn noise --workload cnn --device cuda:0 --runs 10
+  study noise-cnn-bn noise --workload cnn --batch-norm --device cuda:0 --runs 10
+}
+want noise-resnet18 && study noise-resnet18 noise --workload resnet18 --device cuda:0 --runs "${RESNET_RUNS:-10}" --epochs "${RESNET_EPOCHS:-2}"
+
+# Two atomic cnn runs with batch norm, per-op hashes, for CPU tests of root cause on real GPU
+# batch-norm and weight-gradient divergences.
+if want studyfixtures; then
+  mkdir -p "$work/fixtures/cnn"
+  for i in 0 1; do
+    "$repro" record --workload cnn --batch-norm --reductions atomic --steps 5 --capture none --device cuda:0 \
+      --out "$work/fixtures/cnn/atomic-r$i" 2>>"$work/results/record.log"
+  done
+  rm -f "$work"/fixtures/cnn/*/run-meta.json
+  section "cnn fixtures (atomic, batch norm, 5 steps)"
+  say '```'
+  "$repro" diff "$work/fixtures/cnn/atomic-r0" "$work/fixtures/cnn/atomic-r1" 2>&1 | sed "s#$work/fixtures/cnn/##g" | head -30 | tee -a "$summary"
+  say '```'
 fi
 
 cp "$summary" "$out/summary.md"
