@@ -151,12 +151,12 @@ section "Per-op recording overhead (hashes only; GPU tensors hashed on the GPU)"
 fi
 
 # The seeds' studies (`repro study`). Each study directory stays in $work (a ResNet study keeps
-# tens of MB of weights per run); its report, JSON and plot are copied to $out/studies/ as soon
+# tens of MB of weights per run); its report, JSON and plot go into $out/studies.tar.gz as soon
 # as it finishes, so a run cut short still returns the studies it completed.
 study() {
   local name="$1"; shift
   local dir="$work/studies/$name" started=$SECONDS
-  mkdir -p "$out/studies"
+  mkdir -p "$work/studies-out"
   "$repro" study "$@" --out "$dir" > "$work/results/study-$name.txt" 2>&1
   local code=$?
   section "Study $name (\`repro study $*\`, exit $code, $((SECONDS - started))s)"
@@ -164,9 +164,10 @@ study() {
   sed "s#$work/studies/##g" "$work/results/study-$name.txt" | tee -a "$summary"
   say '```'
   for f in "$dir"/*.md "$dir"/*.json "$dir"/*.svg; do
-    [ -f "$f" ] && [ "$(basename "$f")" != study.json ] && cp "$f" "$out/studies/$name-$(basename "$f")"
+    [ -f "$f" ] && [ "$(basename "$f")" != study.json ] && cp "$f" "$work/studies-out/$name-$(basename "$f")"
   done
   cp "$summary" "$out/summary.md"
+  tar -C "$work" -czf "$out/studies.tar.gz" studies-out
 }
 want cost && study cost cost --device cuda:0 --steps 20 --rounds 3
 want devices-study && {

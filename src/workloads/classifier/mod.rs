@@ -409,7 +409,7 @@ mod tests {
     }
 
     #[test]
-    fn each_seed_changes_only_what_it_seeds() {
+    fn each_source_of_randomness_has_a_seed_that_changes_the_run() {
         let (mut config, data) = quick(ModelKind::Cnn);
         config.dropout = 0.3;
         let base = run(&config, &data);
@@ -439,7 +439,6 @@ mod tests {
     #[test]
     fn shifts_move_pixels_and_fill_with_zeros() {
         let mut x: Vec<f32> = (1..=9).map(|v| v as f32).collect();
-        // Seeded: find a seed whose first draw is a non-zero shift, then check the invariants.
         shift_images(&mut x, &[1, 3, 3], 1, stream(0, "augment", 0));
         let nonzero: Vec<f32> = x.iter().copied().filter(|&v| v != 0.0).collect();
         assert!(nonzero.windows(2).all(|w| w[0] < w[1]), "pixels keep their order: {x:?}");
