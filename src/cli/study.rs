@@ -5,7 +5,7 @@ use super::workload_args::WorkloadArgs;
 use clap::{Args, Subcommand};
 use repro::record::open_device;
 use repro::report::{plot_cost, plot_devices, plot_noise, render_cost, render_devices, render_noise};
-use repro::study::{run_cost, run_devices, run_noise, Progress, StudyDir, StudyOut, VARIANTS};
+use repro::study::{run_cost, run_devices, run_noise, Progress, StudyDir, StudyOut, StudyReport, VARIANTS};
 use repro::workloads::{ClassifierConfig, ModelKind, Workload};
 use std::path::PathBuf;
 
@@ -27,6 +27,17 @@ enum Study {
     /// Time per training step of each workload in each reduction mode, and the overhead of the
     /// deterministic modes over atomic.
     Cost(CostArgs),
+    /// Print a finished study's report (its NAME.json) as a table again.
+    Show(ShowArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ShowArgs {
+    /// A study's JSON report (noise.json, devices.json or cost.json).
+    file: PathBuf,
+    /// Print a Markdown table instead.
+    #[arg(long)]
+    markdown: bool,
 }
 
 /// Output options shared by the studies.
@@ -95,7 +106,25 @@ pub fn run(args: StudyArgs) -> Result<Exit, String> {
         Study::Noise(a) => noise(a),
         Study::Devices(a) => devices(a),
         Study::Cost(a) => cost(a),
+        Study::Show(a) => show(a),
     }
+}
+
+fn show(a: ShowArgs) -> Result<Exit, String> {
+    let path = a.file.display();
+    let text = std::fs::read_to_string(&a.file).map_err(|e| format!("{path}: {e}"))?;
+    let report: StudyReport = serde_json::from_str(&text).map_err(|_| {
+        format!("{path}: not a study report (the noise.json, devices.json or cost.json of `repro study`)")
+    })?;
+    print!(
+        "{}",
+        match &report {
+            StudyReport::Noise(r) => render_noise(r, a.markdown),
+            StudyReport::Devices(r) => render_devices(r, a.markdown),
+            StudyReport::Cost(r) => render_cost(r, a.markdown),
+        }
+    );
+    Ok(Exit::Same)
 }
 
 fn classifier(train: &WorkloadArgs) -> Result<ClassifierConfig, String> {

@@ -16,6 +16,6 @@ pub use devices::{run_devices, sampled_steps};
 pub use error::StudyError;
 pub use noise::{run_noise, Progress, Variant, VARIANTS};
 pub use results::{
-    CostReport, CostRow, DeviceComparison, DeviceRun, DevicesReport, NoiseReport, VariantReport, WeightGap,
+    CostReport, CostRow, DeviceComparison, DeviceRun, DevicesReport, NoiseReport, StudyReport, VariantReport, WeightGap,
 };
 pub use store::{StudyDir, StudyOut, STUDY_FILE};

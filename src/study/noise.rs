@@ -125,7 +125,7 @@ pub fn run_noise(
         }
         let stats = variant_stats(&results, |i| dir.load_weights(variant.name(), i))?;
         variants.push(VariantReport {
-            variant: variant.name(),
+            variant: variant.name().to_string(),
             reductions: variant.reductions().to_string(),
             seeds_vary: matches!(variant, Variant::Algo | Variant::AlgoImpl),
             stats,

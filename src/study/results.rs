@@ -2,13 +2,13 @@
 //! (and anything reading a study's JSON) need neither candle nor a GPU.
 
 use super::stats::VariantStats;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// One variant's statistics.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct VariantReport {
     /// The variant's name.
-    pub variant: &'static str,
+    pub variant: String,
     /// Reductions used.
     pub reductions: String,
     /// Whether the seeds varied between runs.
@@ -19,7 +19,7 @@ pub struct VariantReport {
 }
 
 /// The result of a noise study.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct NoiseReport {
     /// The workload, dataset and settings, in words.
     pub subject: String,
@@ -38,7 +38,7 @@ pub struct NoiseReport {
 }
 
 /// One device's run.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct DeviceRun {
     /// Device label (`cpu`, `cuda:0`).
     pub device: String,
@@ -53,7 +53,7 @@ pub struct DeviceRun {
 }
 
 /// The error of the weights at one step, over all weight tensors.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct WeightGap {
     /// The step.
     pub step: u64,
@@ -68,7 +68,7 @@ pub struct WeightGap {
 }
 
 /// A device compared with the first device.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct DeviceComparison {
     /// The first device.
     pub reference: String,
@@ -89,7 +89,7 @@ pub struct DeviceComparison {
 }
 
 /// The result of a devices study.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct DevicesReport {
     /// The workload, in words.
     pub subject: String,
@@ -102,7 +102,7 @@ pub struct DevicesReport {
 }
 
 /// One workload timed in one mode.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct CostRow {
     /// The workload, in words.
     pub workload: String,
@@ -122,10 +122,22 @@ pub struct CostRow {
 }
 
 /// The result of a cost study.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct CostReport {
     /// Device label.
     pub device: String,
     /// One row per workload and mode.
     pub rows: Vec<CostRow>,
+}
+
+/// Any study's report, as its JSON file holds it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum StudyReport {
+    /// `repro study noise`.
+    Noise(NoiseReport),
+    /// `repro study devices`.
+    Devices(DevicesReport),
+    /// `repro study cost`.
+    Cost(CostReport),
 }

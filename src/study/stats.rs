@@ -66,10 +66,11 @@ pub fn mean_stdev(values: &[f64]) -> (f64, f64) {
     if n == 0 {
         return (f64::NAN, f64::NAN);
     }
-    let mean = values.iter().sum::<f64>() / n as f64;
-    if n < 2 {
-        return (mean, 0.0);
+    if values.iter().all(|v| v.to_bits() == values[0].to_bits()) {
+        // Equal values spread by exactly nothing (the mean's rounding would say 1e-17).
+        return (values[0], 0.0);
     }
+    let mean = values.iter().sum::<f64>() / n as f64;
     let var = values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (n - 1) as f64;
     (mean, var.sqrt())
 }
@@ -135,6 +136,8 @@ mod tests {
         assert_eq!(m, 2.5);
         assert!((s - 1.2909944487358056).abs() < 1e-15);
         assert_eq!(mean_stdev(&[5.0]), (5.0, 0.0));
+        // Ten equal accuracies: the mean rounds, but the spread is exactly zero.
+        assert_eq!(mean_stdev(&[0.9442896935933147; 10]), (0.9442896935933147, 0.0));
     }
 
     #[test]

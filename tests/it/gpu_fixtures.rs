@@ -106,6 +106,27 @@ fn atomic_gpu_runs_are_traced_to_the_two_reductions() {
     assert_eq!(root["independent"][0]["phase"], "backward");
 }
 
+/// Two `cnn --batch-norm --reductions atomic` runs on the H100: the first atomic reduction of
+/// the step, the first batch norm's statistics, is the root cause; everything after follows.
+#[test]
+fn atomic_gpu_cnn_runs_are_traced_to_the_first_batch_norm() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/gpu-h100-cnn");
+    let (a, b) = (dir.join("atomic-r0"), dir.join("atomic-r1"));
+    let run = repro(&["diff", a.to_str().unwrap(), b.to_str().unwrap(), "--json"]);
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    let v = json(&run.stdout);
+    let root = &v["root_cause"];
+    assert_eq!(root["cause"]["step"], 0);
+    assert_eq!(root["cause"]["tensor"], "bn1");
+    assert_eq!(root["inputs_checked"], true, "conv1 and the parameters agree");
+    assert_eq!(root["independent"], serde_json::json!([]));
+    let consequences: Vec<&str> =
+        root["consequences"].as_array().unwrap().iter().map(|c| c["tensor"].as_str().unwrap()).collect();
+    for t in ["relu1", "bn2", "predictions", "loss", "conv1.weight.grad", "bn1.gamma.grad"] {
+        assert!(consequences.contains(&t), "{t} not among {consequences:?}");
+    }
+}
+
 #[test]
 fn cpu_and_gpu_first_differ_in_the_matmul_with_identical_inputs() {
     let run = repro(&["diff", &op_fixture("ordered-cpu"), &op_fixture("ordered-cuda"), "--json"]);

@@ -44,6 +44,10 @@ fn noise_study_reports_every_variant_and_resumes_after_a_kill() {
     }
     assert!(std::fs::read_to_string(full.join("noise.svg")).unwrap().starts_with("<svg"));
     assert_eq!(finished_runs(&full).len(), 12);
+    let shown = repro(&["study", "show", s(&full.join("noise.json"))]);
+    assert_eq!(shown.code, 0, "{}", shown.stderr);
+    assert!(shown.stdout.contains("control runs agree exactly"), "{}", shown.stdout);
+    assert!(shown.stdout.contains("algo+impl"), "{}", shown.stdout);
 
     // Interrupt a second study after some runs, then resume it.
     let out = s(&resumed).to_string();
@@ -144,6 +148,9 @@ fn studies_refuse_bad_settings_with_a_clear_error() {
         assert!(run.stderr.contains(expected), "{args:?}: {}", run.stderr);
     }
     std::fs::write(tmp.path().join("mine.txt"), "keep").unwrap();
+    let run = repro(&["study", "show", s(&tmp.path().join("mine.txt"))]);
+    assert_eq!(run.code, 2);
+    assert!(run.stderr.contains("mine.txt: not a study report"), "{}", run.stderr);
     let run = repro(&["study", "noise", "--workload", "mlp", "--out", s(tmp.path())]);
     assert_eq!(run.code, 2);
     assert!(run.stderr.contains("not a study directory"), "{}", run.stderr);
