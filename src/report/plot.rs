@@ -2,6 +2,7 @@
 //! variant; the weights' ULP distance over training per device pair; time per step per mode.
 
 use crate::study::results::{CostReport, DevicesReport, NoiseReport};
+use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 
 type PlotResult = Result<String, String>;
@@ -13,22 +14,24 @@ fn err(e: impl std::fmt::Display) -> String {
 const PALETTE: [RGBColor; 4] =
     [RGBColor(31, 119, 180), RGBColor(255, 127, 14), RGBColor(44, 160, 44), RGBColor(214, 39, 40)];
 
-/// Bars of `values` labelled by `names` on one chart area.
-fn bars(
-    area: &DrawingArea<SVGBackend, plotters::coord::Shift>,
+type Area<'a> = DrawingArea<SVGBackend<'a>, plotters::coord::Shift>;
+type CategoryChart<'a, 'b> = ChartContext<'a, SVGBackend<'b>, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
+
+/// A chart with one column per name (at x = 0, 1, ...) and a value axis spanning `y`.
+fn category_chart<'a, 'b>(
+    area: &'a Area<'b>,
     title: &str,
     names: &[String],
-    values: &[f64],
+    y: std::ops::Range<f64>,
     y_label: &str,
-) -> Result<(), String> {
-    let top = values.iter().copied().fold(0.0f64, f64::max).max(1e-12) * 1.15;
+) -> Result<CategoryChart<'a, 'b>, String> {
     let n = names.len();
     let mut chart = ChartBuilder::on(area)
         .caption(title, ("sans-serif", 16))
         .margin(10)
         .x_label_area_size(30)
         .y_label_area_size(60)
-        .build_cartesian_2d(-0.5f64..n as f64 - 0.5, 0.0..top)
+        .build_cartesian_2d(-0.5f64..n as f64 - 0.5, y)
         .map_err(err)?;
     let label = |x: &f64| {
         let i = x.round();
@@ -46,6 +49,13 @@ fn bars(
         .y_desc(y_label)
         .draw()
         .map_err(err)?;
+    Ok(chart)
+}
+
+/// Bars of `values` labelled by `names` on one chart area.
+fn bars(area: &Area, title: &str, names: &[String], values: &[f64], y_label: &str) -> Result<(), String> {
+    let top = values.iter().copied().fold(0.0f64, f64::max).max(1e-12) * 1.15;
+    let mut chart = category_chart(area, title, names, 0.0..top, y_label)?;
     chart
         .draw_series(values.iter().enumerate().map(|(i, &v)| {
             Rectangle::new([(i as f64 - 0.35, 0.0), (i as f64 + 0.35, v)], PALETTE[i % PALETTE.len()].filled())
@@ -62,34 +72,12 @@ pub fn plot_noise(r: &NoiseReport, run_accuracies: &[Vec<f64>]) -> PlotResult {
         root.fill(&WHITE).map_err(err)?;
         let panels = root.split_evenly((1, 3));
         let names: Vec<String> = r.variants.iter().map(|v| v.variant.to_string()).collect();
-        let n = names.len();
         let all: Vec<f64> = run_accuracies.iter().flatten().map(|a| a * 100.0).collect();
         let lo = all.iter().copied().fold(f64::INFINITY, f64::min);
         let hi = all.iter().copied().fold(f64::NEG_INFINITY, f64::max);
         let pad = ((hi - lo) * 0.15).max(0.05);
-        let mut chart = ChartBuilder::on(&panels[0])
-            .caption(format!("test accuracy, {} runs per variant", r.runs), ("sans-serif", 16))
-            .margin(10)
-            .x_label_area_size(30)
-            .y_label_area_size(60)
-            .build_cartesian_2d(-0.5f64..n as f64 - 0.5, (lo - pad)..(hi + pad))
-            .map_err(err)?;
-        let label = |x: &f64| {
-            let i = x.round();
-            if (x - i).abs() < 1e-9 && i >= 0.0 && (i as usize) < n {
-                names[i as usize].clone()
-            } else {
-                String::new()
-            }
-        };
-        chart
-            .configure_mesh()
-            .disable_x_mesh()
-            .x_labels(n)
-            .x_label_formatter(&label)
-            .y_desc("accuracy (%)")
-            .draw()
-            .map_err(err)?;
+        let title = format!("test accuracy, {} runs per variant", r.runs);
+        let mut chart = category_chart(&panels[0], &title, &names, (lo - pad)..(hi + pad), "accuracy (%)")?;
         for (i, runs) in run_accuracies.iter().enumerate() {
             let color = PALETTE[i % PALETTE.len()];
             let count = runs.len().max(2) as f64;
