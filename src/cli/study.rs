@@ -85,12 +85,13 @@ pub struct CostArgs {
     /// Device.
     #[arg(long, default_value = "cpu")]
     device: String,
-    /// Steps timed per mode and round (after one warm-up step).
-    #[arg(long, default_value_t = 20)]
-    steps: u64,
-    /// Rounds: the modes are timed in turn this many times.
-    #[arg(long, default_value_t = 3)]
-    rounds: usize,
+    /// Steps timed per mode and round, after one warm-up step [default: 20 on a GPU, 5 on
+    /// the CPU].
+    #[arg(long)]
+    steps: Option<u64>,
+    /// Rounds: the modes are timed in turn this many times [default: 3 on a GPU, 1 on the CPU].
+    #[arg(long)]
+    rounds: Option<usize>,
     /// ResNet-18 width [default: 64 on a GPU, 8 on the CPU].
     #[arg(long)]
     width: Option<usize>,
@@ -239,7 +240,11 @@ fn devices(a: DevicesArgs) -> Result<Exit, String> {
 
 fn cost(a: CostArgs) -> Result<Exit, String> {
     let device = open_device(&a.device).map_err(|e| e.to_string())?;
-    let width = a.width.unwrap_or(if a.device == "cpu" { 8 } else { 64 });
+    // The CPU defaults keep the study to a couple of minutes there.
+    let cpu = a.device == "cpu";
+    let width = a.width.unwrap_or(if cpu { 8 } else { 64 });
+    let steps = a.steps.unwrap_or(if cpu { 5 } else { 20 });
+    let rounds = a.rounds.unwrap_or(if cpu { 1 } else { 3 });
     let configs = a
         .workloads
         .iter()
@@ -254,7 +259,7 @@ fn cost(a: CostArgs) -> Result<Exit, String> {
         })
         .collect::<Result<Vec<_>, String>>()?;
     let bar = indicatif::ProgressBar::new_spinner();
-    let (report, dir) = run_cost(&configs, a.steps, a.rounds, &device, &a.device, &a.output.study_out(), |m| {
+    let (report, dir) = run_cost(&configs, steps, rounds, &device, &a.device, &a.output.study_out(), |m| {
         bar.set_message(m.to_string())
     })
     .map_err(|e| e.to_string())?;
