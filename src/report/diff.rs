@@ -142,15 +142,21 @@ pub fn write_root_cause(out: &mut String, r: &RootCause) -> fmt::Result {
     }
     if !r.consequences.is_empty() {
         writeln!(out, "consequences in the same step:")?;
-        for c in &r.consequences {
+        for c in r.consequences.iter().take(SHOWN_CONSEQUENCES) {
             let phase = c.phase.map_or(String::new(), |p| format!(", {p}"));
             let from =
                 if c.from.is_empty() { "no recorded path".to_string() } else { format!("from {}", c.from.join(", ")) };
             writeln!(out, "  `{}` ({}{phase}): {from}", c.tensor, c.kind)?;
         }
+        if let Some(more) = r.consequences.len().checked_sub(SHOWN_CONSEQUENCES).filter(|&n| n > 0) {
+            writeln!(out, "  ... and {more} more (all of them with --json)")?;
+        }
     }
     Ok(())
 }
+
+/// Consequences listed in text reports; a large model has hundreds, all in the JSON report.
+const SHOWN_CONSEQUENCES: usize = 12;
 
 /// One sentence summarizing tensor metrics.
 pub fn metrics_sentence(m: &TensorMetrics) -> String {

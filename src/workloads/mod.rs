@@ -40,10 +40,16 @@ impl Workload {
                 "adder (seed {}, {} steps, batch {}, {} formulation, {} reductions)",
                 c.seed, c.steps, c.batch, c.formulation, c.reductions
             ),
-            Workload::Classifier(c) => format!(
-                "{} on {} ({} reductions, {} epoch(s) of batch {}, init seed {})",
-                c.model, c.dataset, c.reductions, c.epochs, c.batch, c.seeds.init
-            ),
+            Workload::Classifier(c) => {
+                let length = match c.max_steps {
+                    Some(steps) => format!("{steps} step(s)"),
+                    None => format!("{} epoch(s)", c.epochs),
+                };
+                format!(
+                    "{} on {} ({} reductions, {length} of batch {}, init seed {})",
+                    c.model, c.dataset, c.reductions, c.batch, c.seeds.init
+                )
+            }
         }
     }
 

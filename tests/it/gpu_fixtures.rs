@@ -125,6 +125,14 @@ fn atomic_gpu_cnn_runs_are_traced_to_the_first_batch_norm() {
     for t in ["relu1", "bn2", "predictions", "loss", "conv1.weight.grad", "bn1.gamma.grad"] {
         assert!(consequences.contains(&t), "{t} not among {consequences:?}");
     }
+    // The text report lists the first consequences and counts the rest.
+    let text = repro(&["diff", a.to_str().unwrap(), b.to_str().unwrap()]).stdout;
+    let more = format!("... and {} more (all of them with --json)", consequences.len() - 12);
+    assert!(text.contains(&more), "{text}");
+    assert!(
+        text.contains("`relu1` (op_output, forward): from bn1") && !text.contains("`bn1.gamma.grad` (gradient"),
+        "{text}"
+    );
 }
 
 #[test]

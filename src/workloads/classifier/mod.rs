@@ -188,14 +188,6 @@ pub struct TrainOutcome {
     pub step_times: Vec<Duration>,
 }
 
-impl TrainOutcome {
-    /// Fraction of test examples classified correctly.
-    pub fn accuracy(&self) -> f64 {
-        let correct = self.predictions.iter().zip(&self.labels).filter(|(p, l)| p == l).count();
-        correct as f64 / self.labels.len().max(1) as f64
-    }
-}
-
 /// Trains `config` on `device`, recording every step into `recorder` (which may discard), and
 /// evaluates on the test split.
 pub fn train(
