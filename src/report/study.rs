@@ -109,6 +109,18 @@ pub fn render_devices(r: &DevicesReport, markdown: bool) -> String {
         .map(|d| vec![d.device.clone(), pct(d.error_rate), format!("{:.6}", d.final_loss), format!("{:.1}", d.seconds)])
         .collect();
     out.push_str(&table(&["device", "test error", "final loss", "seconds"], &rows, markdown));
+    if !r.cross_error.is_empty() {
+        let _ = writeln!(out, "\ntest error, trained on (row) and evaluated on (column):");
+        let mut header = vec!["trained on".to_string()];
+        header.extend(r.runs.iter().map(|d| format!("eval {}", d.device)));
+        let rows: Vec<Vec<String>> = r
+            .runs
+            .iter()
+            .zip(&r.cross_error)
+            .map(|(d, errors)| std::iter::once(d.device.clone()).chain(errors.iter().map(|&e| pct(e))).collect())
+            .collect();
+        out.push_str(&table(&header.iter().map(String::as_str).collect::<Vec<_>>(), &rows, markdown));
+    }
     for c in &r.comparisons {
         out.push('\n');
         if c.identical {

@@ -9,7 +9,7 @@ use super::store::{StudyDir, StudyOut};
 use crate::diff::{compare, diff_traces, RootCause};
 use crate::record::{open_device, Recorder};
 use crate::trace::{CapturePolicy, FullCapture, TensorKind, TraceReader};
-use crate::workloads::classifier::train;
+use crate::workloads::classifier::{evaluate, train};
 use crate::workloads::{ClassifierConfig, Dataset};
 use std::time::Instant;
 
@@ -43,6 +43,7 @@ pub fn run_devices(
     let steps = config.total_steps(data.train.len());
     let capture = CapturePolicy { full: FullCapture::Steps(sampled_steps(steps)), inline_max_bytes: 4096 };
     let mut runs = Vec::new();
+    let mut states = Vec::new();
     for (i, label) in devices.iter().enumerate() {
         let device = open_device(label)?;
         let trace = dir.path().join(format!("trace-{i}-{}", label.replace(':', "")));
@@ -58,6 +59,17 @@ pub fn run_devices(
             seconds: started.elapsed().as_secs_f64(),
             trace: trace.display().to_string(),
         });
+        states.push((outcome.state, outcome.predictions));
+    }
+    // Every trained model evaluated on every device (its own device's predictions are reused).
+    let mut cross_error = Vec::new();
+    for (i, (state, own)) in states.iter().enumerate() {
+        let mut row = Vec::new();
+        for (j, label) in devices.iter().enumerate() {
+            let predictions = if i == j { own.clone() } else { evaluate(config, &data, &open_device(label)?, state)? };
+            row.push(1.0 - RunResult::score(&predictions, &data.test.y, data.classes).0);
+        }
+        cross_error.push(row);
     }
     let mut comparisons = Vec::new();
     for run in &runs[1..] {
@@ -80,6 +92,7 @@ pub fn run_devices(
         subject: format!("{} on {} ({} epoch(s), batch {})", config.model, config.dataset, config.epochs, config.batch),
         steps,
         runs,
+        cross_error,
         comparisons,
     };
     Ok((report, dir))

@@ -120,7 +120,7 @@ pub fn run_noise(
                 steps: outcome.steps,
                 seconds: started.elapsed().as_secs_f64(),
             };
-            dir.save_run(variant.name(), run, &result, &outcome.weights)?;
+            dir.save_run(variant.name(), run, &result, &outcome.state.weights)?;
             results.push(result);
         }
         let stats = variant_stats(&results, |i| dir.load_weights(variant.name(), i))?;

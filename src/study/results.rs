@@ -97,6 +97,10 @@ pub struct DevicesReport {
     pub steps: u64,
     /// Per device.
     pub runs: Vec<DeviceRun>,
+    /// Test error of the model trained on device i (row) evaluated on device j (column), in
+    /// the order of `runs`.
+    #[serde(default)]
+    pub cross_error: Vec<Vec<f64>>,
     /// Each further device against the first.
     pub comparisons: Vec<DeviceComparison>,
 }

@@ -106,6 +106,13 @@ fn devices_study_finds_identical_runs_and_the_root_cause_of_atomic_ones() {
     assert_eq!(c["first_divergence"][0], 0);
     assert_eq!(c["first_divergence"][1], "bn1");
     assert!(c["root_cause"].as_str().unwrap().contains("`bn1`"), "{c}");
+    // Each model evaluated on each device: its own device's error on the diagonal.
+    let cross = report["cross_error"].as_array().unwrap();
+    assert_eq!(cross.len(), 2);
+    for (i, row) in cross.iter().enumerate() {
+        assert_eq!(row.as_array().unwrap().len(), 2);
+        assert_eq!(row[i], report["runs"][i]["error_rate"], "{cross:?}");
+    }
     let gaps = c["weight_gap"].as_array().unwrap();
     assert_eq!(gaps[0]["step"], 0);
     assert_eq!(gaps[0]["max_ulp"], 0, "both runs start from the same weights");

@@ -97,12 +97,15 @@ pub struct ParamStore {
     device: Device,
     /// Trainable parameters in creation order.
     pub trainable: Vec<(String, Var)>,
+    /// State that is not trained but needed for evaluation (batch-norm running statistics), in
+    /// creation order.
+    pub buffers: Vec<Var>,
 }
 
 impl ParamStore {
     /// An empty store; values come from `stream(seed, "init", index)`.
     pub fn new(seed: u64, device: &Device) -> Self {
-        ParamStore { seed, device: device.clone(), trainable: Vec::new() }
+        ParamStore { seed, device: device.clone(), trainable: Vec::new(), buffers: Vec::new() }
     }
 
     fn add(&mut self, name: String, values: Vec<f32>, shape: &[usize]) -> Result<Var, RecordError> {
@@ -124,9 +127,56 @@ impl ParamStore {
         self.add(name, vec![value; len], &[len])
     }
 
-    fn buffer(&self, len: usize, value: f32) -> Result<Var, RecordError> {
-        Ok(Var::from_tensor(&Tensor::full(value, len, &self.device)?)?)
+    fn buffer(&mut self, len: usize, value: f32) -> Result<Var, RecordError> {
+        let var = Var::from_tensor(&Tensor::full(value, len, &self.device)?)?;
+        self.buffers.push(var.clone());
+        Ok(var)
     }
+
+    /// Every trainable parameter, then every buffer, flattened and concatenated.
+    pub fn state(&self) -> Result<ModelState, RecordError> {
+        let flat = |vars: &mut dyn Iterator<Item = &Var>| -> Result<Vec<f32>, RecordError> {
+            let mut out = Vec::new();
+            for v in vars {
+                out.extend(v.as_tensor().flatten_all()?.to_vec1::<f32>()?);
+            }
+            Ok(out)
+        };
+        Ok(ModelState {
+            weights: flat(&mut self.trainable.iter().map(|(_, v)| v))?,
+            buffers: flat(&mut self.buffers.iter())?,
+        })
+    }
+
+    /// Sets every parameter and buffer from `state` (as `state()` returns it).
+    pub fn load(&self, state: &ModelState) -> Result<(), RecordError> {
+        let load = |vars: &mut dyn Iterator<Item = &Var>, values: &[f32], what: &str| -> Result<(), RecordError> {
+            let mut at = 0;
+            for v in vars {
+                let n = v.as_tensor().elem_count();
+                let part = values.get(at..at + n).ok_or_else(|| {
+                    RecordError::Unsupported(format!("the saved {what} are too short for this model"))
+                })?;
+                v.set(&Tensor::from_slice(part, v.as_tensor().shape(), &Device::Cpu)?.to_device(&self.device)?)?;
+                at += n;
+            }
+            if at != values.len() {
+                return Err(RecordError::Unsupported(format!("the saved {what} are too long for this model")));
+            }
+            Ok(())
+        };
+        load(&mut self.trainable.iter().map(|(_, v)| v), &state.weights, "weights")?;
+        load(&mut self.buffers.iter(), &state.buffers, "buffers")
+    }
+}
+
+/// A trained model's values, independent of the device it was trained on.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelState {
+    /// Trainable parameters, flattened in creation order.
+    pub weights: Vec<f32>,
+    /// Buffers (batch-norm running statistics), flattened in creation order.
+    pub buffers: Vec<f32>,
 }
 
 /// A fully connected layer.

@@ -20,6 +20,7 @@ use crate::trace::{Phase, RunConfig, TensorKind};
 use crate::workloads::seeded::stream;
 use candle_core::{Device, Tensor, D};
 use candle_nn::{AdamW, Optimizer, ParamsAdamW};
+pub use layers::ModelState;
 use layers::{cross_entropy, one_hot, Ctx, Node, ParamStore};
 use models::Model;
 use rand::seq::SliceRandom;
@@ -179,8 +180,9 @@ pub struct TrainOutcome {
     pub labels: Vec<u32>,
     /// Number of classes.
     pub classes: usize,
-    /// Every trainable parameter, flattened and concatenated in creation order.
-    pub weights: Vec<f32>,
+    /// The trained values: every trainable parameter (`state.weights`, flattened and
+    /// concatenated in creation order) and the batch-norm statistics.
+    pub state: ModelState,
     /// Loss of the last training step.
     pub final_loss: f32,
     /// Wall time of the training steps after the first (which pays for warm-up), synchronized
@@ -289,19 +291,31 @@ pub fn train(
     }
 
     let predictions = predict(&model, config, &data.test, &data.example_shape, device)?;
-    let mut weights = Vec::new();
-    for (_, var) in &params.trainable {
-        weights.extend(var.as_tensor().flatten_all()?.to_vec1::<f32>()?);
-    }
+    let state = params.state()?;
     Ok(TrainOutcome {
         steps: total,
         predictions,
         labels: data.test.y.clone(),
         classes: data.classes,
-        weights,
+        state,
         final_loss,
         step_times,
     })
+}
+
+/// Predicted classes of the test split by a model of `config` holding `state` (trained
+/// anywhere), evaluated on `device`.
+pub fn evaluate(
+    config: &ClassifierConfig,
+    data: &Dataset,
+    device: &Device,
+    state: &ModelState,
+) -> Result<Vec<u32>, RecordError> {
+    let mut params = ParamStore::new(config.seeds.init, device);
+    let model =
+        Model::new(config.model, &mut params, &data.example_shape, data.classes, config.batch_norm, config.width)?;
+    params.load(state)?;
+    predict(&model, config, &data.test, &data.example_shape, device)
 }
 
 /// Evaluation batch size.
@@ -394,7 +408,7 @@ mod tests {
                 assert!(a.final_loss.is_finite(), "{model} {reductions}: loss {}", a.final_loss);
                 if reductions != Reductions::Atomic {
                     let b = run(&config, &data);
-                    assert_eq!(a.weights, b.weights, "{model} {reductions}: same seeds, different weights");
+                    assert_eq!(a.state.weights, b.state.weights, "{model} {reductions}: same seeds, different weights");
                 }
             }
         }
@@ -413,7 +427,7 @@ mod tests {
                 "augment" => c.seeds.augment = 9,
                 _ => c.seeds.dropout = 9,
             }
-            assert_ne!(run(&c, &data).weights, base.weights, "changing the {vary} seed changed nothing");
+            assert_ne!(run(&c, &data).state.weights, base.state.weights, "changing the {vary} seed changed nothing");
         }
     }
 
@@ -424,8 +438,23 @@ mod tests {
         let plain = run(&config, &data);
         config.reductions = Reductions::Ordered;
         let chunked = run(&config, &data);
-        let max_diff = plain.weights.iter().zip(&chunked.weights).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+        let max_diff =
+            plain.state.weights.iter().zip(&chunked.state.weights).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
         assert!(max_diff < 1e-3, "ordered chunked training drifted from plain training by {max_diff}");
+    }
+
+    #[test]
+    fn a_trained_state_evaluates_the_same_in_a_fresh_model() {
+        let (mut config, data) = quick(ModelKind::Cnn);
+        config.batch_norm = true;
+        let trained = run(&config, &data);
+        assert!(!trained.state.buffers.is_empty(), "batch norm keeps running statistics");
+        let again = evaluate(&config, &data, &Device::Cpu, &trained.state).unwrap();
+        assert_eq!(again, trained.predictions);
+        let mut short = trained.state.clone();
+        short.weights.pop();
+        let err = evaluate(&config, &data, &Device::Cpu, &short).unwrap_err().to_string();
+        assert!(err.contains("too short"), "{err}");
     }
 
     #[test]
