@@ -13,7 +13,9 @@ cat <<'EOF'
 Made with `scripts/gpu-experiments.sh OUT 1000 studyfixtures cost devices-study noise-mlp`,
 then `... noise-cnn` and `RESNET_RUNS=8 RESNET_EPOCHS=1 ... noise-resnet18` (each heading gives
 the `repro study` command), on an NVIDIA H100 80GB HBM3, driver 580.159.04, CUDA 13.0 (NVRTC),
-repro 0.1.0 built with `make cuda`, 2026-11-21. The JSON reports and SVG charts are in
+repro 0.1.0 built with `make cuda`, 2026-11-21. The devices studies were run again, on a second
+machine of the same kind, by the build that adds the train × eval table; their comparisons
+(divergence, root cause, every ULP figure) came out identical to the first run's. The JSON reports and SVG charts are in
 [studies-h100/](studies-h100/); the tables are `repro study show --markdown FILE.json` of those
 files (`scripts/render-study-results.sh`). Each study ran once.
 
