@@ -43,7 +43,7 @@ for target in trace_records trace_payload; do
     if ! (cd fuzz && cargo fuzz run --sanitizer none -O "$target" -- \
         -max_total_time="$seconds" -rss_limit_mb=1024 -timeout=10 -print_final_stats=1) >"$log" 2>&1; then
         tail -40 "$log"
-        echo "error: fuzz target $target failed; the input is under fuzz/artifacts/$target/" >&2
+        echo "error: fuzz target $target failed (log above); a crashing input is kept under fuzz/artifacts/$target/" >&2
         exit 1
     fi
     runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)

@@ -5,7 +5,7 @@ use super::workload_args::WorkloadArgs;
 use clap::{Args, Subcommand};
 use repro::record::open_device;
 use repro::report::{plot_cost, plot_devices, plot_noise, render_cost, render_devices, render_noise};
-use repro::study::{run_cost, run_devices, run_noise, Progress, StudyDir, StudyOut, StudyReport, VARIANTS};
+use repro::study::{run_cost, run_devices, run_noise, Progress, StudyDir, StudyOut, StudyReport};
 use repro::workloads::{ClassifierConfig, ModelKind, Workload};
 use std::path::PathBuf;
 
@@ -139,12 +139,11 @@ fn classifier(train: &WorkloadArgs) -> Result<ClassifierConfig, String> {
 struct Bar(indicatif::ProgressBar);
 
 impl Bar {
-    fn new() -> Self {
+    /// A bar counting `unit` (runs, timings).
+    fn new(unit: &str) -> Self {
         let bar = indicatif::ProgressBar::new(0);
-        bar.set_style(
-            indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} runs  {elapsed_precise}  {msg}")
-                .expect("valid template"),
-        );
+        let template = format!("{{bar:30}} {{pos}}/{{len}} {unit}  {{elapsed_precise}}  {{msg}}");
+        bar.set_style(indicatif::ProgressStyle::with_template(&template).expect("valid template"));
         Bar(bar)
     }
 }
@@ -195,19 +194,11 @@ fn noise(a: NoiseArgs) -> Result<Exit, String> {
     let config = classifier(&a.train)?;
     let device = open_device(&a.train.device).map_err(|e| e.to_string())?;
     let (report, dir) = {
-        let mut bar = Bar::new();
+        let mut bar = Bar::new("runs");
         run_noise(&config, a.runs, &device, &a.train.device, &a.output.study_out(), &mut bar)
             .map_err(|e| e.to_string())?
     };
-    let accuracies: Vec<Vec<f64>> = VARIANTS
-        .iter()
-        .map(|v| {
-            (0..a.runs)
-                .map(|i| Ok(dir.load_run(v.name(), i).map_err(|e| e.to_string())?.map_or(f64::NAN, |r| r.accuracy)))
-                .collect::<Result<Vec<_>, String>>()
-        })
-        .collect::<Result<_, _>>()?;
-    let svg = plot_noise(&report, &accuracies);
+    let svg = plot_noise(&report);
     finish(&dir, "noise", a.output.json, &report, render_noise(&report, false), render_noise(&report, true), svg)?;
     Ok(Exit::Same)
 }
@@ -258,12 +249,11 @@ fn cost(a: CostArgs) -> Result<Exit, String> {
             Ok(c)
         })
         .collect::<Result<Vec<_>, String>>()?;
-    let bar = indicatif::ProgressBar::new_spinner();
-    let (report, dir) = run_cost(&configs, steps, rounds, &device, &a.device, &a.output.study_out(), |m| {
-        bar.set_message(m.to_string())
-    })
-    .map_err(|e| e.to_string())?;
-    bar.finish_and_clear();
+    let (report, dir) = {
+        let mut bar = Bar::new("timings");
+        run_cost(&configs, steps, rounds, &device, &a.device, &a.output.study_out(), &mut bar)
+            .map_err(|e| e.to_string())?
+    };
     let svg = plot_cost(&report);
     finish(&dir, "cost", a.output.json, &report, render_cost(&report, false), render_cost(&report, true), svg)?;
     Ok(Exit::Same)

@@ -63,6 +63,8 @@ pub fn sum_all(x: &Tensor, mode: Reductions) -> Result<Tensor> {
 /// gradient summed with `mode`: this is how a bias added over a batch gets its gradient.
 pub fn expand(value: &Tensor, n: usize, mode: Reductions) -> Result<Tensor> {
     match mode {
+        // Not `expand_rows`: its `[n, 1]` view makes candle's backward sum the gradient in
+        // another order, which would change the adder's recorded numbers.
         Reductions::Candle => value.reshape(())?.broadcast_as(n),
         mode => expand_rows(&value.reshape(1)?, n, mode)?.reshape(n),
     }

@@ -65,20 +65,20 @@ fn bars(area: &Area, title: &str, names: &[String], values: &[f64], y_label: &st
 }
 
 /// The noise study: every run's accuracy per variant, and the mean churn and L2 distance.
-pub fn plot_noise(r: &NoiseReport, run_accuracies: &[Vec<f64>]) -> PlotResult {
+pub fn plot_noise(r: &NoiseReport) -> PlotResult {
     let mut svg = String::new();
     {
         let root = SVGBackend::with_string(&mut svg, (1200, 420)).into_drawing_area();
         root.fill(&WHITE).map_err(err)?;
         let panels = root.split_evenly((1, 3));
         let names: Vec<String> = r.variants.iter().map(|v| v.variant.to_string()).collect();
-        let all: Vec<f64> = run_accuracies.iter().flatten().map(|a| a * 100.0).collect();
+        let all: Vec<f64> = r.variants.iter().flat_map(|v| &v.run_accuracies).map(|a| a * 100.0).collect();
         let lo = all.iter().copied().fold(f64::INFINITY, f64::min);
         let hi = all.iter().copied().fold(f64::NEG_INFINITY, f64::max);
         let pad = ((hi - lo) * 0.15).max(0.05);
         let title = format!("test accuracy, {} runs per variant", r.runs);
         let mut chart = category_chart(&panels[0], &title, &names, (lo - pad)..(hi + pad), "accuracy (%)")?;
-        for (i, runs) in run_accuracies.iter().enumerate() {
+        for (i, runs) in r.variants.iter().map(|v| &v.run_accuracies).enumerate() {
             let color = PALETTE[i % PALETTE.len()];
             let count = runs.len().max(2) as f64;
             chart

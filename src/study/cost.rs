@@ -5,6 +5,7 @@
 use super::error::StudyError;
 use super::results::{CostReport, CostRow};
 use super::store::{StudyDir, StudyOut};
+use super::Progress;
 use crate::ops::Reductions;
 use crate::record::Recorder;
 use crate::workloads::classifier::train;
@@ -25,7 +26,7 @@ pub fn run_cost(
     device: &Device,
     device_label: &str,
     out: &StudyOut,
-    mut progress: impl FnMut(&str),
+    progress: &mut dyn Progress,
 ) -> Result<(CostReport, StudyDir), StudyError> {
     for c in configs {
         c.validate()?;
@@ -38,12 +39,15 @@ pub fn run_cost(
     });
     let dir = StudyDir::open(&out.dir, "cost", &settings, out.restart)?;
     let mut rows = Vec::new();
+    let total = configs.len() * rounds.max(1) * MODES.len();
+    let mut done = 0;
     for base in configs {
         let data = Dataset::load(base.dataset, base.dataset_seed, base.examples).map_err(StudyError::Invalid)?;
         let mut times: Vec<Vec<Duration>> = vec![Vec::new(); MODES.len()];
         for round in 0..rounds.max(1) {
             for (m, mode) in MODES.iter().enumerate() {
-                progress(&format!("{} {mode} (round {})", base.model, round + 1));
+                progress.update(done, total, &format!("{} {mode} (round {})", base.model, round + 1));
+                done += 1;
                 let config = ClassifierConfig {
                     reductions: *mode,
                     max_steps: Some(steps + 1),
@@ -75,5 +79,6 @@ pub fn run_cost(
             });
         }
     }
+    progress.update(total, total, "done");
     Ok((CostReport { device: device_label.to_string(), rows }, dir))
 }

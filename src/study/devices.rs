@@ -42,14 +42,14 @@ pub fn run_devices(
     let data = Dataset::load(config.dataset, config.dataset_seed, config.examples).map_err(StudyError::Invalid)?;
     let steps = config.total_steps(data.train.len());
     let capture = CapturePolicy { full: FullCapture::Steps(sampled_steps(steps)), inline_max_bytes: 4096 };
+    let opened = devices.iter().map(|label| open_device(label)).collect::<Result<Vec<_>, _>>()?;
     let mut runs = Vec::new();
     let mut states = Vec::new();
-    for (i, label) in devices.iter().enumerate() {
-        let device = open_device(label)?;
+    for (i, (label, device)) in devices.iter().zip(&opened).enumerate() {
         let trace = dir.path().join(format!("trace-{i}-{}", label.replace(':', "")));
-        let mut recorder = Recorder::create_with(&trace, config.run_config(), &device, capture.clone(), true)?;
+        let mut recorder = Recorder::create_with(&trace, config.run_config(), device, capture.clone(), true)?;
         let started = Instant::now();
-        let outcome = train(config, &data, &device, &mut recorder, None)?;
+        let outcome = train(config, &data, device, &mut recorder, None)?;
         recorder.finish()?;
         let (accuracy, _) = RunResult::score(&outcome.predictions, &outcome.labels, outcome.classes);
         runs.push(DeviceRun {
@@ -65,8 +65,8 @@ pub fn run_devices(
     let mut cross_error = Vec::new();
     for (i, (state, own)) in states.iter().enumerate() {
         let mut row = Vec::new();
-        for (j, label) in devices.iter().enumerate() {
-            let predictions = if i == j { own.clone() } else { evaluate(config, &data, &open_device(label)?, state)? };
+        for (j, device) in opened.iter().enumerate() {
+            let predictions = if i == j { own.clone() } else { evaluate(config, &data, device, state)? };
             row.push(1.0 - RunResult::score(&predictions, &data.test.y, data.classes).0);
         }
         cross_error.push(row);

@@ -14,8 +14,15 @@ mod store;
 pub use cost::{run_cost, MODES};
 pub use devices::{run_devices, sampled_steps};
 pub use error::StudyError;
-pub use noise::{run_noise, Progress, Variant, VARIANTS};
+pub use noise::{run_noise, Variant, VARIANTS};
 pub use results::{
     CostReport, CostRow, DeviceComparison, DeviceRun, DevicesReport, NoiseReport, StudyReport, VariantReport, WeightGap,
 };
 pub use store::{StudyDir, StudyOut, STUDY_FILE};
+
+/// Progress of a study, for the command line's progress bar.
+pub trait Progress {
+    /// `done` of `total` units of work (runs, timings) are finished; `message` says which one
+    /// comes next.
+    fn update(&mut self, done: usize, total: usize, message: &str);
+}

@@ -12,6 +12,7 @@ use super::error::StudyError;
 use super::results::{NoiseReport, VariantReport};
 use super::stats::{variant_stats, RunResult};
 use super::store::{StudyDir, StudyOut};
+use super::Progress;
 use crate::ops::Reductions;
 use crate::record::Recorder;
 use crate::workloads::classifier::train;
@@ -61,12 +62,6 @@ impl Variant {
             Variant::Impl | Variant::AlgoImpl => Reductions::Atomic,
         }
     }
-}
-
-/// Progress of a study, for the command line's progress bar.
-pub trait Progress {
-    /// `done` of `total` runs are finished; `message` says which one comes next.
-    fn update(&mut self, done: usize, total: usize, message: &str);
 }
 
 /// Runs (or resumes) the noise study: `runs` runs of `base` per variant, kept in the study
@@ -128,6 +123,7 @@ pub fn run_noise(
             variant: variant.name().to_string(),
             reductions: variant.reductions().to_string(),
             seeds_vary: matches!(variant, Variant::Algo | Variant::AlgoImpl),
+            run_accuracies: results.iter().map(|r| r.accuracy).collect(),
             stats,
         });
     }

@@ -13,6 +13,9 @@ pub struct VariantReport {
     pub reductions: String,
     /// Whether the seeds varied between runs.
     pub seeds_vary: bool,
+    /// Test accuracy of each run, in run order.
+    #[serde(default)]
+    pub run_accuracies: Vec<f64>,
     /// The statistics.
     #[serde(flatten)]
     pub stats: VariantStats,

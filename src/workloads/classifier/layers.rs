@@ -17,7 +17,7 @@ use crate::ops::{expand_rows, sum_all, sum_rows, Reductions};
 use crate::record::{RecordError, StepRecorder};
 use crate::trace::TensorKind;
 use crate::workloads::seeded::{stream, uniform_vec, unit_f32};
-use candle_core::{DType, Device, Tensor, Var, D};
+use candle_core::{Device, Tensor, Var, D};
 
 /// Chunks a training batch is split into for weight-gradient accumulation (atomic and ordered).
 pub const CHUNKS: usize = 4;
@@ -376,5 +376,5 @@ pub fn one_hot(labels: &[u32], classes: usize, device: &Device) -> Result<Tensor
     for (i, &l) in labels.iter().enumerate() {
         v[i * classes + l as usize] = 1.0;
     }
-    Ok(Tensor::from_vec(v, (labels.len(), classes), &Device::Cpu)?.to_device(device)?.to_dtype(DType::F32)?)
+    Ok(Tensor::from_vec(v, (labels.len(), classes), &Device::Cpu)?.to_device(device)?)
 }
