@@ -16,9 +16,9 @@ run: build
 	$(REPRO) record --workload adder --seed 0 --out runs/b --force
 	$(REPRO) diff runs/a runs/b
 
-## test: unit, integration and doc tests (release profile: the same build `make run` uses)
+## test: unit, integration and doc tests of every crate in the workspace (release profile)
 test:
-	$(CARGO) test --release --locked
+	$(CARGO) test --workspace --release --locked
 
 ## gate: the determinism gate on the built-in workload, in both formulations and ordered reductions
 gate: build
@@ -29,7 +29,7 @@ gate: build
 ## lint: formatting and clippy, warnings as errors
 lint:
 	$(CARGO) fmt --all -- --check
-	$(CARGO) clippy --release --locked --all-targets -- -D warnings
+	$(CARGO) clippy --workspace --release --locked --all-targets -- -D warnings
 
 fmt:
 	$(CARGO) fmt --all

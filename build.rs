@@ -1,14 +1,10 @@
-//! Compiles the host test build of the kernels, and captures the candle-core version (from Cargo.lock) and the rustc version at build time, so
+//! Captures the candle-core version (from Cargo.lock) and the rustc version at build time, so
 //! traces can name the exact toolchain that produced them.
 
 use std::process::Command;
 
 fn main() {
     println!("cargo:rerun-if-changed=Cargo.lock");
-    // The BLAKE3 part of the CUDA kernels, built for the host so tests can check it without a GPU.
-    println!("cargo:rerun-if-changed=kernels/repro.cu");
-    println!("cargo:rerun-if-changed=kernels/host_test.c");
-    cc::Build::new().file("kernels/host_test.c").warnings(true).compile("repro_kernels_host");
     let lock = std::fs::read_to_string("Cargo.lock").unwrap_or_default();
     let candle = lock
         .split("[[package]]")

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Checks the BLAKE3 part of kernels/repro.cu on the host: compiles it as C and compares the
 # chunk and parent chaining values it computes, merged into a root on the host, with the
-# blake3 crate's hash (via `cargo test kernel_blake3_matches_reference`).
+# blake3 crate's hash (the test crate crates/kernel-host-check).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-exec cargo test --release --locked kernel_blake3 -- --nocapture
+exec cargo test --release --locked -p kernel-host-check -- --nocapture

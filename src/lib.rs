@@ -7,16 +7,18 @@
 //! - [`record`] hashes tensors ([`hash`]) and writes them as a [`trace`];
 //! - [`diff`] compares traces, and [`report`] renders the comparison.
 //!
-//! `trace`, `hash`, `diff` and `report` never touch candle: reading and comparing traces needs
-//! no model code and no GPU. The trace format is specified in `docs/trace-format.md`.
+//! `trace` (with `hash` and `dtype`) is the `repro-trace` crate, and `diff` (with `report`) the
+//! `repro-diff` crate, re-exported here under the names the library has always used. Neither
+//! depends on candle, so the compiler keeps the layering: reading and comparing traces needs no
+//! model code and no GPU. The trace format is specified in `docs/trace-format.md`.
 #![deny(missing_docs)]
 
-pub mod diff;
-pub mod dtype;
-pub mod hash;
 pub mod ops;
 pub mod record;
-pub mod report;
 pub mod study;
-pub mod trace;
 pub mod workloads;
+
+pub use repro_diff as diff;
+pub use repro_diff::report;
+pub use repro_trace as trace;
+pub use repro_trace::{dtype, hash};

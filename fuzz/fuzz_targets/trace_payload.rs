@@ -5,9 +5,9 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use repro::dtype::DType;
-use repro::hash::tensor_hash;
-use repro::trace::{
+use repro_trace::dtype::DType;
+use repro_trace::hash::tensor_hash;
+use repro_trace::{
     format::payload_name, CapturePolicy, Environment, FullCapture, Header, RunConfig, StepTensor, TensorKind,
     TensorRecord, TraceReader, TraceWriter, CURRENT_FORMAT,
 };
@@ -75,7 +75,7 @@ fn traces() -> &'static Traces {
 fuzz_target!(|data: &[u8]| {
     let t = traces();
     std::fs::write(&t.payload, data).expect("writing the fuzzed payload");
-    let verified = repro::trace::verify(&t.fuzzed);
+    let verified = repro_trace::verify(&t.fuzzed);
     let original = std::fs::read(t.intact.join(payload_name(0))).expect("reading the intact payload");
     if data != original.as_slice() {
         // Any other bytes may still decode to the same tensors (e.g. reordered JSON header), but
@@ -90,6 +90,6 @@ fuzz_target!(|data: &[u8]| {
         }
     }
     if let (Ok(mut a), Ok(mut b)) = (TraceReader::open(&t.intact), TraceReader::open(&t.fuzzed)) {
-        let _ = repro::diff::diff_traces(&mut a, &mut b);
+        let _ = repro_diff::diff_traces(&mut a, &mut b);
     }
 });

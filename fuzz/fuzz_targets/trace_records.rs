@@ -8,8 +8,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use repro::trace::format::{CURRENT_FORMAT, MAGIC, RECORDS_FILE};
-use repro::trace::frame::write_frame;
+use repro_trace::format::{CURRENT_FORMAT, MAGIC, RECORDS_FILE};
+use repro_trace::frame::write_frame;
 use std::sync::OnceLock;
 
 fn scratch() -> &'static tempfile::TempDir {
@@ -50,8 +50,8 @@ fuzz_target!(|data: &[u8]| {
 /// Reads everything a user's `repro diff` / `inspect --verify` would read. Errors are fine;
 /// panics, hangs and unbounded allocations are what the fuzzer looks for.
 fn repro_fuzz_read_all(dir: &std::path::Path) {
-    let _ = repro::trace::verify(dir);
-    if let (Ok(mut a), Ok(mut b)) = (repro::trace::TraceReader::open(dir), repro::trace::TraceReader::open(dir)) {
-        let _ = repro::diff::diff_traces(&mut a, &mut b);
+    let _ = repro_trace::verify(dir);
+    if let (Ok(mut a), Ok(mut b)) = (repro_trace::TraceReader::open(dir), repro_trace::TraceReader::open(dir)) {
+        let _ = repro_diff::diff_traces(&mut a, &mut b);
     }
 }

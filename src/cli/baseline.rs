@@ -1,7 +1,6 @@
 //! `repro baseline write`: record a configuration once and keep its hashes (and environment
 //! fingerprint) in one small record file, meant to be committed and gated against.
 
-use super::gate::record_builtin;
 use super::workload_args::WorkloadArgs;
 use super::Exit;
 use clap::{Args, Subcommand};
@@ -29,7 +28,7 @@ enum BaselineAction {
 pub fn run(args: BaselineArgs) -> Result<Exit, String> {
     let BaselineAction::Write { train, out } = args.action;
     let work = std::env::temp_dir().join(format!("repro-baseline-{}", std::process::id()));
-    let result = record_builtin(&train, &work).and_then(|()| {
+    let result = train.record_for_gate(&work).and_then(|()| {
         let records = work.join(repro::trace::format::RECORDS_FILE);
         std::fs::copy(&records, &out).map_err(|e| format!("cannot write {}: {e}", out.display()))
     });

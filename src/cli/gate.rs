@@ -5,10 +5,10 @@
 use super::workload_args::WorkloadArgs;
 use super::Exit;
 use clap::Args;
-use repro::diff::{diff_traces, header_differences, likely_causes, GateReport};
-use repro::record::{open_device, Recorder, TRACE_DIR_ENV};
+use repro::diff::{gate_traces, GateReference, GateReport};
+use repro::record::TRACE_DIR_ENV;
 use repro::report::{render_gate, render_gate_junit, render_gate_markdown};
-use repro::trace::{CapturePolicy, FullCapture, TraceReader};
+use repro::trace::TraceReader;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -47,16 +47,16 @@ pub fn run(args: GateArgs) -> Result<Exit, String> {
     if runs == 0 || (args.baseline.is_none() && runs < 2) {
         return Err("a gate needs --runs 2 or more (or --baseline FILE with --runs 1 or more)".into());
     }
-    let baseline = match &args.baseline {
-        Some(file) => Some(TraceReader::open(file).map_err(|e| e.to_string())?),
-        None => None,
-    };
+    // A baseline that cannot be read fails the gate before anything is recorded.
+    if let Some(file) = &args.baseline {
+        TraceReader::open(file).map_err(|e| e.to_string())?;
+    }
     let work = match &args.keep {
         Some(dir) => dir.clone(),
         None => std::env::temp_dir().join(format!("repro-gate-{}", std::process::id())),
     };
     std::fs::create_dir_all(&work).map_err(|e| format!("cannot create {}: {e}", work.display()))?;
-    let result = gate(&args, runs, baseline, &work);
+    let result = gate(&args, runs, &work);
     if args.keep.is_none() {
         let _ = std::fs::remove_dir_all(&work);
     }
@@ -86,7 +86,7 @@ pub fn run(args: GateArgs) -> Result<Exit, String> {
     Ok(if report.passed() { Exit::Same } else { Exit::Diverged })
 }
 
-fn gate(args: &GateArgs, runs: usize, baseline: Option<TraceReader>, work: &Path) -> Result<GateReport, String> {
+fn gate(args: &GateArgs, runs: usize, work: &Path) -> Result<GateReport, String> {
     let subject = if args.command.is_empty() {
         format!("{} on {}", args.train.workload()?.describe(), args.train.device)
     } else {
@@ -102,81 +102,24 @@ fn gate(args: &GateArgs, runs: usize, baseline: Option<TraceReader>, work: &Path
     for i in 0..runs {
         let dir = work.join(format!("run-{i}"));
         if args.command.is_empty() {
-            record_builtin(&args.train, &dir)?;
+            args.train.record_for_gate(&dir)?;
         } else {
             record_command(&args.command, &dir)?;
         }
         traces.push(dir);
         progress.inc(1);
-        let enough = traces.len() + usize::from(baseline.is_some()) >= 2;
+        let enough = traces.len() + usize::from(args.baseline.is_some()) >= 2;
         if enough && args.budget.is_some_and(|b| started.elapsed() > Duration::from_secs(b)) {
             break;
         }
     }
     progress.finish_and_clear();
 
-    let (mut comparisons, mut likely) = (Vec::new(), Vec::new());
-    match baseline {
-        Some(base) => {
-            let reference = args.baseline.as_ref().expect("baseline given").display().to_string();
-            let path = base.records_path().to_path_buf();
-            for (i, dir) in traces.iter().enumerate() {
-                let mut a = TraceReader::open(&path).map_err(|e| e.to_string())?;
-                let mut b = TraceReader::open(dir).map_err(|e| e.to_string())?;
-                let (mut config, env) = header_differences(a.header(), b.header());
-                // A planted fault stands for a code change: that is what the gate should catch.
-                config.retain(|f| f.field != "perturb");
-                if !config.is_empty() {
-                    let fields: Vec<String> = config
-                        .iter()
-                        .map(|f| {
-                            format!(
-                                "{} {} vs {}",
-                                f.field,
-                                f.a.as_deref().unwrap_or("-"),
-                                f.b.as_deref().unwrap_or("-")
-                            )
-                        })
-                        .collect();
-                    return Err(format!(
-                        "{reference} was written for another configuration ({}); rewrite it with `repro baseline write` or gate the same settings",
-                        fields.join(", ")
-                    ));
-                }
-                if likely.is_empty() {
-                    likely = likely_causes(&env);
-                }
-                let d = diff_traces(&mut a, &mut b).map_err(|e| e.to_string())?;
-                comparisons.push((format!("run {i}"), d));
-            }
-            Ok(GateReport { subject, reference, comparisons, likely_causes: likely })
-        }
-        None => {
-            for (i, dir) in traces.iter().enumerate().skip(1) {
-                let mut a = TraceReader::open(&traces[0]).map_err(|e| e.to_string())?;
-                let mut b = TraceReader::open(dir).map_err(|e| e.to_string())?;
-                let d = diff_traces(&mut a, &mut b).map_err(|e| e.to_string())?;
-                comparisons.push((format!("run {i}"), d));
-            }
-            Ok(GateReport { subject, reference: "run 0".into(), comparisons, likely_causes: Vec::new() })
-        }
-    }
-}
-
-/// The capture a gate records with: hashes, and small tensors' values for exact metrics.
-pub fn gate_capture() -> CapturePolicy {
-    CapturePolicy { full: FullCapture::None, ..CapturePolicy::default() }
-}
-
-/// Records one run of a built-in workload into `dir`.
-pub fn record_builtin(train: &WorkloadArgs, dir: &Path) -> Result<(), String> {
-    let workload = train.workload()?;
-    let device = open_device(&train.device).map_err(|e| e.to_string())?;
-    let mut recorder = Recorder::create_with(dir, train.run_config(&workload), &device, gate_capture(), true)
-        .map_err(|e| e.to_string())?;
-    workload.run(&device, &mut recorder, train.perturb.as_ref()).map_err(|e| e.to_string())?;
-    recorder.finish().map_err(|e| e.to_string())?;
-    Ok(())
+    let reference = match &args.baseline {
+        Some(file) => GateReference::Baseline(file),
+        None => GateReference::FirstRun,
+    };
+    gate_traces(subject, reference, &traces).map_err(|e| e.to_string())
 }
 
 /// Runs a self-recording program with `REPRO_TRACE_DIR` set to `dir`.

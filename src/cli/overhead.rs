@@ -32,20 +32,17 @@ pub fn run(args: OverheadArgs) -> Result<Exit, String> {
     for &batch in &args.batch {
         let config = AdderConfig { steps: args.steps, batch, ..AdderConfig::default() };
         let time = |record: bool| -> Result<Duration, String> {
-            {
-                let started = Instant::now();
-                let mut recorder = if record {
-                    let capture = CapturePolicy { full: FullCapture::None, ..CapturePolicy::default() };
-                    Recorder::create_with(&dir, config.run_config(), &device, capture, true)
-                        .map_err(|e| e.to_string())?
-                } else {
-                    Recorder::discard()
-                };
-                config.run(&device, &mut recorder, None).map_err(|e| e.to_string())?;
-                recorder.finish().map_err(|e| e.to_string())?;
-                device.synchronize().map_err(|e| e.to_string())?;
-                Ok(started.elapsed())
-            }
+            let started = Instant::now();
+            let mut recorder = if record {
+                let capture = CapturePolicy { full: FullCapture::None, ..CapturePolicy::default() };
+                Recorder::create_with(&dir, config.run_config(), &device, capture, true).map_err(|e| e.to_string())?
+            } else {
+                Recorder::discard()
+            };
+            config.run(&device, &mut recorder, None).map_err(|e| e.to_string())?;
+            recorder.finish().map_err(|e| e.to_string())?;
+            device.synchronize().map_err(|e| e.to_string())?;
+            Ok(started.elapsed())
         };
         // Alternate the two so that warm-up and machine noise hit both alike.
         let (mut plain, mut recorded) = (Duration::MAX, Duration::MAX);

@@ -2,8 +2,10 @@
 
 use clap::Args;
 use repro::ops::Reductions;
-use repro::record::Perturbation;
+use repro::record::{open_device, Perturbation, Recorder};
+use repro::trace::{CapturePolicy, FullCapture};
 use repro::workloads::{AdderConfig, ClassifierConfig, DatasetName, Formulation, ModelKind, Workload, WORKLOADS};
+use std::path::Path;
 
 #[derive(Debug, Clone, Args)]
 pub struct WorkloadArgs {
@@ -147,5 +149,18 @@ impl WorkloadArgs {
             run.params.insert("perturb".into(), p.to_string());
         }
         run
+    }
+
+    /// Records one run of the built-in workload into `dir` the way a gate compares runs:
+    /// hashes at every step, and small tensors' values for exact metrics.
+    pub fn record_for_gate(&self, dir: &Path) -> Result<(), String> {
+        let workload = self.workload()?;
+        let device = open_device(&self.device).map_err(|e| e.to_string())?;
+        let capture = CapturePolicy { full: FullCapture::None, ..CapturePolicy::default() };
+        let mut recorder = Recorder::create_with(dir, self.run_config(&workload), &device, capture, true)
+            .map_err(|e| e.to_string())?;
+        workload.run(&device, &mut recorder, self.perturb.as_ref()).map_err(|e| e.to_string())?;
+        recorder.finish().map_err(|e| e.to_string())?;
+        Ok(())
     }
 }

@@ -233,11 +233,6 @@ impl StepRecorder<'_> {
         self.step
     }
 
-    /// Whether this step stores full tensors under the capture policy.
-    pub fn stores_full_tensors(&self) -> bool {
-        self.policy_full
-    }
-
     /// Records `tensor` under `name`: its canonical hash always, its values when the capture
     /// policy asks for this step or when it is small enough to store inline.
     pub fn record(&mut self, name: &str, kind: TensorKind, tensor: &Tensor) -> Result<(), RecordError> {

@@ -1,15 +1,16 @@
 //! The seeds' multi-run studies as library calls: `noise` (algorithmic vs implementation
 //! randomness over N runs), `devices` (one configuration on several devices, diffed) and `cost`
-//! (time per step of deterministic and non-deterministic modes). Their statistics (`stats`)
-//! and results (`results`) need no model code; the runners train the built-in classifiers.
+//! (time per step of deterministic and non-deterministic modes). The runners here train the
+//! built-in classifiers; their statistics (`stats`) and results (`results`) need no model code
+//! and live in `repro_diff::study`, re-exported here.
 
 mod cost;
 mod devices;
 mod error;
 mod noise;
-pub mod results;
-pub mod stats;
 mod store;
+
+pub use repro_diff::study::{results, stats};
 
 pub use cost::{run_cost, MODES};
 pub use devices::{run_devices, sampled_steps};

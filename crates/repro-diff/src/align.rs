@@ -1,0 +1,135 @@
+//! Aligning two steps' tensor lists. When both record the same names in the same order (the
+//! usual case) tensors pair up one to one. When the op sequences differ (code changed, other
+//! options), a sequence diff (the `similar` crate, Myers' algorithm) over the names finds what
+//! was inserted, removed or renamed, so the rest still compares.
+
+use repro_trace::TensorRecord;
+use similar::{capture_diff_slices, Algorithm, DiffOp};
+use std::collections::BTreeMap;
+
+/// How one tensor of either step lines up with the other step.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum Pairing<'a> {
+    /// Same name in both.
+    Same(&'a TensorRecord, &'a TensorRecord),
+    /// Different names at the same place of the sequence, same dtype and shape.
+    Renamed(&'a TensorRecord, &'a TensorRecord),
+    /// Only in the first step (removed in the second).
+    OnlyA(&'a TensorRecord),
+    /// Only in the second step (inserted in the second).
+    OnlyB(&'a TensorRecord),
+}
+
+/// Pairs the tensors of two steps, in the first step's order with the second's insertions
+/// at their place.
+pub(crate) fn align<'a>(a: &'a [TensorRecord], b: &'a [TensorRecord]) -> Vec<Pairing<'a>> {
+    if a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.name == y.name) {
+        return a.iter().zip(b).map(|(x, y)| Pairing::Same(x, y)).collect();
+    }
+    let names_a: Vec<&str> = a.iter().map(|t| t.name.as_str()).collect();
+    let names_b: Vec<&str> = b.iter().map(|t| t.name.as_str()).collect();
+    // Tensors that moved keep their name: pair them by name whatever the sequence diff says.
+    let b_index: BTreeMap<&str, usize> = names_b.iter().enumerate().map(|(i, n)| (*n, i)).collect();
+    let a_index: BTreeMap<&str, usize> = names_a.iter().enumerate().map(|(i, n)| (*n, i)).collect();
+    let mut out = Vec::new();
+    for op in capture_diff_slices(Algorithm::Myers, &names_a, &names_b) {
+        match op {
+            DiffOp::Equal { old_index, new_index, len } => {
+                out.extend((0..len).map(|k| Pairing::Same(&a[old_index + k], &b[new_index + k])));
+            }
+            DiffOp::Delete { old_index, old_len, .. } => {
+                out.extend((old_index..old_index + old_len).filter_map(|i| moved_or_only_a(a, b, &b_index, i)));
+            }
+            DiffOp::Insert { new_index, new_len, .. } => {
+                out.extend(
+                    (new_index..new_index + new_len)
+                        .filter(|&j| !a_index.contains_key(names_b[j]))
+                        .map(|j| Pairing::OnlyB(&b[j])),
+                );
+            }
+            DiffOp::Replace { old_index, old_len, new_index, new_len } => {
+                let olds: Vec<usize> = (old_index..old_index + old_len).collect();
+                let news: Vec<usize> =
+                    (new_index..new_index + new_len).filter(|&j| !a_index.contains_key(names_b[j])).collect();
+                let mut news = news.into_iter().peekable();
+                for i in olds {
+                    if let Some(p) = moved_or_only_a(a, b, &b_index, i).filter(|p| matches!(p, Pairing::Same(..))) {
+                        out.push(p);
+                        continue;
+                    }
+                    match news.peek() {
+                        Some(&j) if a[i].dtype == b[j].dtype && a[i].shape == b[j].shape => {
+                            out.push(Pairing::Renamed(&a[i], &b[j]));
+                            news.next();
+                        }
+                        _ => out.push(Pairing::OnlyA(&a[i])),
+                    }
+                }
+                out.extend(news.map(|j| Pairing::OnlyB(&b[j])));
+            }
+        }
+    }
+    out
+}
+
+/// A tensor of `a` the diff calls deleted: paired by name if it moved, else only in `a`.
+fn moved_or_only_a<'a>(
+    a: &'a [TensorRecord],
+    b: &'a [TensorRecord],
+    b_index: &BTreeMap<&str, usize>,
+    i: usize,
+) -> Option<Pairing<'a>> {
+    Some(match b_index.get(a[i].name.as_str()) {
+        Some(&j) => Pairing::Same(&a[i], &b[j]),
+        None => Pairing::OnlyA(&a[i]),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use repro_trace::dtype::DType;
+    use repro_trace::hash::tensor_hash;
+    use repro_trace::TensorKind;
+
+    fn t(name: &str, len: u64) -> TensorRecord {
+        TensorRecord {
+            name: name.into(),
+            kind: TensorKind::OpOutput,
+            dtype: DType::F32,
+            shape: vec![len],
+            hash: tensor_hash(DType::F32, &[0], &[]),
+            inline: None,
+            in_payload: false,
+            phase: None,
+            inputs: vec![],
+        }
+    }
+
+    fn describe(p: &[Pairing]) -> Vec<String> {
+        p.iter()
+            .map(|p| match p {
+                Pairing::Same(x, _) => format!("={}", x.name),
+                Pairing::Renamed(x, y) => format!("{}>{}", x.name, y.name),
+                Pairing::OnlyA(x) => format!("-{}", x.name),
+                Pairing::OnlyB(y) => format!("+{}", y.name),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn insertions_removals_renames_and_moves() {
+        let a = [t("x", 4), t("fc1", 8), t("relu", 8), t("fc2", 2), t("loss", 1)];
+        let b = [t("x", 4), t("fc1", 8), t("gelu", 8), t("dropout", 8), t("fc2", 2), t("loss", 1)];
+        assert_eq!(describe(&align(&a, &b)), ["=x", "=fc1", "relu>gelu", "+dropout", "=fc2", "=loss"]);
+        let c = [t("x", 4), t("fc2", 2), t("loss", 1)];
+        assert_eq!(describe(&align(&a, &c)), ["=x", "-fc1", "-relu", "=fc2", "=loss"]);
+        let moved = [t("fc1", 8), t("x", 4), t("relu", 8), t("fc2", 2), t("loss", 1)];
+        let d = describe(&align(&a, &moved));
+        assert!(d.contains(&"=x".to_string()) && d.contains(&"=fc1".to_string()), "{d:?}");
+        assert_eq!(d.len(), 5);
+        // A different shape is not a rename.
+        let e = [t("x", 4), t("fc1", 8), t("wide", 16), t("fc2", 2), t("loss", 1)];
+        assert_eq!(describe(&align(&a, &e)), ["=x", "=fc1", "-relu", "+wide", "=fc2", "=loss"]);
+    }
+}

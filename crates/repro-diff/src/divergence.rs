@@ -1,0 +1,27 @@
+//! A divergence: one tensor whose bits differ between two runs at one step, with what it is and,
+//! when both runs stored its values, by how much. The diff, the root-cause analysis and the
+//! online check all speak in these.
+
+use crate::metrics::TensorMetrics;
+use repro_trace::dtype::DType;
+use repro_trace::{Phase, TensorKind};
+use serde::Serialize;
+
+/// One tensor that differs at one step.
+#[derive(Debug, Clone, Serialize)]
+pub struct Divergence {
+    /// The step.
+    pub step: u64,
+    /// The tensor's name.
+    pub tensor: String,
+    /// What the tensor is.
+    pub kind: TensorKind,
+    /// Which part of the step produced it, if recorded.
+    pub phase: Option<Phase>,
+    /// Element type.
+    pub dtype: DType,
+    /// Shape.
+    pub shape: Vec<u64>,
+    /// Exact metrics, when both traces stored the values; `None` when only hashes exist.
+    pub metrics: Option<TensorMetrics>,
+}

@@ -1,0 +1,40 @@
+//! Errors from comparing traces.
+
+use crate::traces::FieldDifference;
+use repro_trace::TraceError;
+use std::path::PathBuf;
+
+/// A failure to compare traces: unreadable input, or a comparison that cannot be made.
+#[derive(Debug, thiserror::Error)]
+pub enum DiffError {
+    /// A trace could not be read.
+    #[error(transparent)]
+    Trace(#[from] TraceError),
+    /// The traces cannot be compared as asked; the message says why and what to do.
+    #[error("{0}")]
+    Usage(String),
+    /// A gate's baseline was written for other run settings than the run gated against it.
+    #[error(
+        "{} was written for another configuration ({}); rewrite it with `repro baseline write` or gate the same settings",
+        baseline.display(),
+        describe_fields(fields)
+    )]
+    BaselineMismatch {
+        /// The baseline file.
+        baseline: PathBuf,
+        /// The settings that differ (baseline's value first).
+        fields: Vec<FieldDifference>,
+    },
+}
+
+/// `steps 50 vs 1000, seed 0 vs 1`: settings with the value on each side.
+fn describe_fields(fields: &[FieldDifference]) -> String {
+    let described: Vec<String> = fields
+        .iter()
+        .map(|f| {
+            let (a, b) = f.values();
+            format!("{} {a} vs {b}", f.field)
+        })
+        .collect();
+    described.join(", ")
+}

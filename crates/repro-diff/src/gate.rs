@@ -1,0 +1,205 @@
+//! The determinism gate's policy and verdict: which runs are compared with what, when a baseline
+//! fits a run, and, when the reference was recorded elsewhere, what in the environment most
+//! likely explains a failure. Recording the runs is the caller's job; this module only reads them.
+
+use crate::error::DiffError;
+use crate::traces::{diff_traces, header_differences, FieldDifference, TraceDiff};
+use repro_trace::{Header, TraceReader};
+use serde::Serialize;
+use std::path::{Path, PathBuf};
+
+/// The outcome of a gate.
+#[derive(Debug, Clone, Serialize)]
+pub struct GateReport {
+    /// What was gated (workload and settings, or the command).
+    pub subject: String,
+    /// The reference: `run 0` or the baseline file.
+    pub reference: String,
+    /// One comparison per run against the reference, with its label.
+    pub comparisons: Vec<(String, TraceDiff)>,
+    /// Environment differences that most likely explain a failure, most likely first.
+    pub likely_causes: Vec<String>,
+}
+
+impl GateReport {
+    /// True when every run is bit-identical to the reference.
+    pub fn passed(&self) -> bool {
+        self.comparisons.iter().all(|(_, d)| d.is_identical())
+    }
+}
+
+/// What a gate compares its runs with.
+#[derive(Debug, Clone, Copy)]
+pub enum GateReference<'a> {
+    /// The first of the gate's own runs (needs two runs or more).
+    FirstRun,
+    /// A committed baseline: a trace directory or a lone record file.
+    Baseline(&'a Path),
+}
+
+/// Run settings that may differ between a baseline and a run gated against it: a planted fault
+/// (`--perturb`) stands for a code change, which is exactly what the gate should catch.
+pub const MAY_DIFFER_FROM_BASELINE: &[&str] = &["perturb"];
+
+/// The run settings for which `baseline` was not written, compared with `run`'s header: every
+/// config difference except those in [`MAY_DIFFER_FROM_BASELINE`]. Empty when they fit.
+pub fn baseline_mismatch(baseline: &Header, run: &Header) -> Vec<FieldDifference> {
+    let (mut config, _) = header_differences(baseline, run);
+    config.retain(|f| !MAY_DIFFER_FROM_BASELINE.contains(&f.field.as_str()));
+    config
+}
+
+/// Compares each recorded run in `runs` with `reference` and returns the gate's verdict about
+/// `subject` (what was gated, in words). Against a baseline, every run must fit the baseline's
+/// settings ([`baseline_mismatch`]); environment differences become the likely causes.
+pub fn gate_traces(subject: String, reference: GateReference, runs: &[PathBuf]) -> Result<GateReport, DiffError> {
+    let mut comparisons = Vec::new();
+    match reference {
+        GateReference::Baseline(baseline) => {
+            let records = TraceReader::open(baseline)?.records_path().to_path_buf();
+            let mut likely = Vec::new();
+            for (i, run) in runs.iter().enumerate() {
+                let mut a = TraceReader::open(&records)?;
+                let mut b = TraceReader::open(run)?;
+                let fields = baseline_mismatch(a.header(), b.header());
+                if !fields.is_empty() {
+                    return Err(DiffError::BaselineMismatch { baseline: baseline.to_path_buf(), fields });
+                }
+                if likely.is_empty() {
+                    likely = likely_causes(&header_differences(a.header(), b.header()).1);
+                }
+                comparisons.push((format!("run {i}"), diff_traces(&mut a, &mut b)?));
+            }
+            let reference = baseline.display().to_string();
+            Ok(GateReport { subject, reference, comparisons, likely_causes: likely })
+        }
+        GateReference::FirstRun => {
+            let Some(first) = runs.first().filter(|_| runs.len() >= 2) else {
+                return Err(DiffError::Usage("a gate without a baseline needs two runs or more".into()));
+            };
+            for (i, run) in runs.iter().enumerate().skip(1) {
+                let mut a = TraceReader::open(first)?;
+                let mut b = TraceReader::open(run)?;
+                comparisons.push((format!("run {i}"), diff_traces(&mut a, &mut b)?));
+            }
+            Ok(GateReport { subject, reference: "run 0".into(), comparisons, likely_causes: Vec::new() })
+        }
+    }
+}
+
+/// Names, from environment differences, the likely causes of a divergence, most likely first.
+pub fn likely_causes(env: &[FieldDifference]) -> Vec<String> {
+    let mut causes: Vec<(u8, String)> = env
+        .iter()
+        .map(|d| {
+            let (a, b) = d.values();
+            let (rank, text) = match d.field.as_str() {
+                "device" => (0, format!("another device ({a} vs {b}): kernels sum in other orders")),
+                "device_name" => (1, format!("another device model ({a} vs {b}): libraries pick other kernels")),
+                "cpu_model" => (2, format!("another CPU ({a} vs {b}): CPU matrix kernels are chosen per CPU")),
+                "candle_version" => (3, format!("candle {a} vs {b}: kernels may have changed")),
+                "threads" => (4, format!("{a} vs {b} worker threads")),
+                "repro_version" => (5, format!("repro {a} vs {b}: built-in workloads may have changed")),
+                "rustc" => (6, format!("another compiler ({a} vs {b}): code generation may differ")),
+                field => match field.strip_prefix("env.") {
+                    Some(var) => (4, format!("{var}={a} vs {b}: this variable changes numerics")),
+                    None => (7, format!("{field}: {a} vs {b}")),
+                },
+            };
+            (rank, text)
+        })
+        .collect();
+    causes.sort_by_key(|(rank, _)| *rank);
+    causes.into_iter().map(|(_, text)| text).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use repro_trace::dtype::DType;
+    use repro_trace::hash::tensor_hash;
+    use repro_trace::{CapturePolicy, RunConfig, StepTensor, TensorKind, TensorRecord, TraceWriter, CURRENT_FORMAT};
+
+    /// Writes a one-step trace of one tensor holding `value`, with `params` as its settings.
+    fn trace(dir: &Path, value: f32, params: &[(&str, &str)], device: &str) -> PathBuf {
+        let mut header = Header {
+            format: CURRENT_FORMAT,
+            producer: "test".into(),
+            run: RunConfig {
+                workload: "synthetic".into(),
+                steps: Some(1),
+                params: params.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            },
+            environment: Default::default(),
+            capture: CapturePolicy::default(),
+        };
+        header.environment.device = device.into();
+        let mut w = TraceWriter::create(dir, &header, false).unwrap();
+        let bytes = value.to_le_bytes().to_vec();
+        let record = TensorRecord {
+            name: "loss".into(),
+            kind: TensorKind::Loss,
+            dtype: DType::F32,
+            shape: vec![1],
+            hash: tensor_hash(DType::F32, &[1], &bytes),
+            inline: Some(bytes),
+            in_payload: false,
+            phase: None,
+            inputs: Vec::new(),
+        };
+        w.write_step(0, vec![StepTensor { record, payload: None }]).unwrap();
+        w.finish().unwrap();
+        dir.to_path_buf()
+    }
+
+    #[test]
+    fn runs_are_compared_with_the_first_run() {
+        let tmp = tempfile::tempdir().unwrap();
+        let runs = [
+            trace(&tmp.path().join("0"), 1.0, &[], "cpu"),
+            trace(&tmp.path().join("1"), 1.0, &[], "cpu"),
+            trace(&tmp.path().join("2"), 1.5, &[], "cpu"),
+        ];
+        let report = gate_traces("t".into(), GateReference::FirstRun, &runs).unwrap();
+        assert_eq!(report.reference, "run 0");
+        let labels: Vec<&str> = report.comparisons.iter().map(|(l, _)| l.as_str()).collect();
+        assert_eq!(labels, ["run 1", "run 2"]);
+        assert!(report.comparisons[0].1.is_identical());
+        assert!(!report.comparisons[1].1.is_identical());
+        assert!(!report.passed());
+        assert!(gate_traces("t".into(), GateReference::FirstRun, &runs[..1]).is_err());
+    }
+
+    #[test]
+    fn a_baseline_for_other_settings_is_refused_but_a_planted_fault_is_gated() {
+        let tmp = tempfile::tempdir().unwrap();
+        let base = trace(&tmp.path().join("base"), 1.0, &[("seed", "0")], "cpu");
+        let other = trace(&tmp.path().join("other"), 1.0, &[("seed", "1")], "cpu");
+        let planted = trace(&tmp.path().join("planted"), 2.0, &[("seed", "0"), ("perturb", "0:loss:1")], "cuda:0");
+
+        let err = gate_traces("t".into(), GateReference::Baseline(&base), &[other]).unwrap_err();
+        let message = err.to_string();
+        assert!(message.contains("written for another configuration (seed 0 vs 1)"), "{message}");
+
+        let report = gate_traces("t".into(), GateReference::Baseline(&base), &[planted]).unwrap();
+        assert!(!report.passed());
+        assert_eq!(report.reference, base.display().to_string());
+        assert!(report.likely_causes[0].starts_with("another device (cpu vs cuda:0)"), "{:?}", report.likely_causes);
+    }
+
+    fn field(name: &str, a: &str, b: &str) -> FieldDifference {
+        FieldDifference { field: name.into(), a: Some(a.into()), b: Some(b.into()) }
+    }
+
+    #[test]
+    fn device_changes_rank_before_threads_and_variables() {
+        let causes = likely_causes(&[
+            field("threads", "2", "16"),
+            field("env.CUBLAS_WORKSPACE_CONFIG", ":4096:8", ":16:8"),
+            field("device_name", "NVIDIA H100 80GB HBM3", "NVIDIA H200"),
+        ]);
+        assert!(causes[0].starts_with("another device model"), "{causes:?}");
+        assert_eq!(causes.len(), 3);
+        assert!(causes.iter().any(|c| c.starts_with("CUBLAS_WORKSPACE_CONFIG=:4096:8")));
+    }
+}

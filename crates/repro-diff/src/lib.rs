@@ -1,0 +1,31 @@
+//! repro-diff: comparing traces. The diff of two runs (alignment, error metrics, root cause),
+//! N-run error matrices, the determinism gate's policy and verdict, the statistics of multi-run
+//! studies, and [`report`], which renders all of it as text, Markdown, JUnit XML or SVG.
+//!
+//! Everything here reads traces through `repro_trace` and returns plain data; only `report`
+//! turns data into text. No candle and no model code: diffing traces needs no GPU.
+#![deny(missing_docs)]
+
+mod align;
+mod divergence;
+mod error;
+mod gate;
+mod matrix;
+mod metrics;
+mod online;
+pub mod report;
+mod root_cause;
+pub mod study;
+mod traces;
+
+pub use divergence::Divergence;
+pub use error::DiffError;
+pub use gate::{baseline_mismatch, gate_traces, likely_causes, GateReference, GateReport, MAY_DIFFER_FROM_BASELINE};
+pub use matrix::{error_matrices, ErrorMatrix, MatrixReport, Metric, StepSelector};
+pub use metrics::{compare, TensorMetrics};
+pub use online::{OnlineDivergence, ReferenceCheck};
+pub use root_cause::{Consequence, RootCause};
+pub use traces::{
+    diff_traces, header_differences, FieldDifference, StepMetrics, StructuralDifference, TensorHistory, TraceDiff,
+    TraceSide,
+};

@@ -1,0 +1,206 @@
+//! Pairwise error matrices across N runs: for one step and each chosen tensor, the N×N matrix
+//! of a metric (by default the sum of absolute errors) between every two runs' values.
+
+use crate::error::DiffError;
+use crate::metrics::{compare, TensorMetrics};
+use repro_trace::{StepRecord, TensorValues, TraceReader};
+use serde::Serialize;
+use std::fmt;
+use std::path::PathBuf;
+use std::str::FromStr;
+
+/// What each matrix cell holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Metric {
+    /// Sum of |a - b| over elements.
+    SumAbs,
+    /// Largest |a - b|.
+    MaxAbs,
+    /// Largest distance in ULPs.
+    Ulp,
+    /// Number of elements whose bits differ.
+    Mismatch,
+}
+
+impl Metric {
+    /// Every metric, for help texts.
+    pub const ALL: [Metric; 4] = [Metric::SumAbs, Metric::MaxAbs, Metric::Ulp, Metric::Mismatch];
+
+    fn name(self) -> &'static str {
+        match self {
+            Metric::SumAbs => "sum-abs",
+            Metric::MaxAbs => "max-abs",
+            Metric::Ulp => "ulp",
+            Metric::Mismatch => "mismatch",
+        }
+    }
+
+    fn of(self, m: &TensorMetrics) -> f64 {
+        match self {
+            Metric::SumAbs => m.sum_abs,
+            Metric::MaxAbs => m.max_abs,
+            Metric::Ulp => m.max_ulp as f64,
+            Metric::Mismatch => m.mismatched as f64,
+        }
+    }
+}
+
+impl fmt::Display for Metric {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Metric {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Metric::ALL
+            .into_iter()
+            .find(|m| m.name() == s)
+            .ok_or_else(|| format!("unknown metric `{s}`: expected sum-abs, max-abs, ulp or mismatch"))
+    }
+}
+
+/// Which step to compare.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StepSelector {
+    /// The first recorded step.
+    First,
+    /// The last recorded step.
+    Last,
+    /// A step number.
+    At(u64),
+}
+
+impl FromStr for StepSelector {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "first" => Ok(StepSelector::First),
+            "last" => Ok(StepSelector::Last),
+            _ => s
+                .parse()
+                .map(StepSelector::At)
+                .map_err(|_| format!("invalid step `{s}`: expected a step number, first or last")),
+        }
+    }
+}
+
+/// The matrices for one step.
+#[derive(Debug, Clone, Serialize)]
+pub struct MatrixReport {
+    /// Run directories, in the order given (row and column order).
+    pub runs: Vec<String>,
+    /// The step compared.
+    pub step: u64,
+    /// The metric in each cell.
+    pub metric: Metric,
+    /// One matrix per tensor.
+    pub matrices: Vec<ErrorMatrix>,
+}
+
+/// One tensor's N×N matrix; symmetric with a zero diagonal.
+#[derive(Debug, Clone, Serialize)]
+pub struct ErrorMatrix {
+    /// The tensor's name.
+    pub tensor: String,
+    /// `values[i][j]`: the metric between run i and run j.
+    pub values: Vec<Vec<f64>>,
+}
+
+/// Computes the matrices of `metric` at `step` for `tensors` (all tensors of the step when
+/// empty) across the traces in `dirs`.
+pub fn error_matrices(
+    dirs: &[PathBuf],
+    step: StepSelector,
+    tensors: &[String],
+    metric: Metric,
+) -> Result<MatrixReport, DiffError> {
+    if dirs.len() < 2 {
+        return Err(DiffError::Usage("a matrix needs at least two runs".into()));
+    }
+    let mut runs = Vec::new();
+    for dir in dirs {
+        let mut reader = TraceReader::open(dir)?;
+        let record = find_step(&mut reader, step)?;
+        runs.push((reader, record));
+    }
+    let chosen = runs[0].1.step;
+    if let Some((reader, record)) = runs.iter().find(|(_, r)| r.step != chosen) {
+        return Err(DiffError::Usage(format!(
+            "the runs' selected steps differ ({} is at step {}, {} at step {chosen}); pass --step N",
+            reader.dir().display(),
+            record.step,
+            runs[0].0.dir().display()
+        )));
+    }
+    let names: Vec<String> =
+        if tensors.is_empty() { runs[0].1.tensors.iter().map(|t| t.name.clone()).collect() } else { tensors.to_vec() };
+    let mut matrices = Vec::new();
+    for name in &names {
+        let values =
+            runs.iter_mut().map(|(reader, record)| load(reader, record, name)).collect::<Result<Vec<_>, _>>()?;
+        for (i, v) in values.iter().enumerate().skip(1) {
+            if v.dtype != values[0].dtype || v.shape != values[0].shape {
+                return Err(DiffError::Usage(format!(
+                    "`{name}` is {} {:?} in {} but {} {:?} in {}",
+                    values[0].dtype,
+                    values[0].shape,
+                    dirs[0].display(),
+                    v.dtype,
+                    v.shape,
+                    dirs[i].display()
+                )));
+            }
+        }
+        let n = values.len();
+        let mut cells = vec![vec![0.0; n]; n];
+        for i in 0..n {
+            for j in i + 1..n {
+                let m = metric.of(&compare(values[i].dtype, values[i].bytes, values[j].bytes));
+                cells[i][j] = m;
+                cells[j][i] = m;
+            }
+        }
+        matrices.push(ErrorMatrix { tensor: name.clone(), values: cells });
+    }
+    Ok(MatrixReport { runs: dirs.iter().map(|d| d.display().to_string()).collect(), step: chosen, metric, matrices })
+}
+
+fn find_step(reader: &mut TraceReader, step: StepSelector) -> Result<StepRecord, DiffError> {
+    let mut last = None;
+    while let Some(record) = reader.next_step()? {
+        match step {
+            StepSelector::First => return Ok(record),
+            StepSelector::At(n) if record.step == n => return Ok(record),
+            StepSelector::At(n) if record.step > n => break,
+            _ => last = Some(record),
+        }
+    }
+    match (step, last) {
+        (StepSelector::Last, Some(record)) => Ok(record),
+        (StepSelector::At(n), _) => Err(DiffError::Usage(format!("{} has no step {n}", reader.dir().display()))),
+        _ => Err(DiffError::Usage(format!("{} has no steps", reader.dir().display()))),
+    }
+}
+
+fn load<'a>(reader: &'a mut TraceReader, record: &'a StepRecord, name: &str) -> Result<TensorValues<'a>, DiffError> {
+    let Some(tensor) = record.tensors.iter().find(|t| t.name == name) else {
+        let known: Vec<&str> = record.tensors.iter().map(|t| t.name.as_str()).collect();
+        return Err(DiffError::Usage(format!(
+            "{} has no tensor `{name}` at step {}; it has {}",
+            reader.dir().display(),
+            record.step,
+            known.join(", ")
+        )));
+    };
+    let dir = reader.dir().display().to_string();
+    reader.values(record, tensor)?.ok_or_else(|| {
+        DiffError::Usage(format!(
+            "{dir} stored only the hash of `{name}` at step {}; record with `--capture steps:{}` (or `--capture all`) to compare values",
+            record.step,
+            record.step
+        ))
+    })
+}

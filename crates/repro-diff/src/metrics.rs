@@ -1,0 +1,183 @@
+//! Element-wise error metrics between two tensors of the same dtype and shape: how many
+//! elements differ, the largest and summed absolute error, and the largest distance in units in
+//! the last place (ULPs).
+//!
+//! Work is split into fixed-size chunks compared in parallel and combined in chunk order, so the
+//! result (including the floating-point sum) does not depend on the thread count.
+
+use rayon::prelude::*;
+use repro_trace::dtype::{DType, Element};
+use serde::Serialize;
+
+/// Elements per parallel chunk. Fixed, so sums are combined in the same order on every machine.
+const CHUNK_ELEMENTS: usize = 1 << 16;
+
+/// How two tensors differ.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct TensorMetrics {
+    /// Elements compared.
+    pub elements: u64,
+    /// Elements whose bits differ.
+    pub mismatched: u64,
+    /// Largest |a - b| (computed in f64).
+    pub max_abs: f64,
+    /// Sum of |a - b| over all elements (f64, summed chunk by chunk in a fixed order).
+    pub sum_abs: f64,
+    /// Largest distance in ULPs (for integers: the largest integer difference).
+    pub max_ulp: u64,
+    /// Flat index of the first element that differs.
+    pub first_mismatch: Option<u64>,
+}
+
+impl TensorMetrics {
+    fn identical(elements: u64) -> Self {
+        TensorMetrics { elements, mismatched: 0, max_abs: 0.0, sum_abs: 0.0, max_ulp: 0, first_mismatch: None }
+    }
+
+    fn merge(mut self, other: TensorMetrics, offset: u64) -> Self {
+        self.elements += other.elements;
+        self.mismatched += other.mismatched;
+        self.max_abs = max_nan(self.max_abs, other.max_abs);
+        self.sum_abs += other.sum_abs;
+        self.max_ulp = self.max_ulp.max(other.max_ulp);
+        if self.first_mismatch.is_none() {
+            self.first_mismatch = other.first_mismatch.map(|i| i + offset);
+        }
+        self
+    }
+}
+
+/// NaN-propagating max: a NaN error (one side NaN) must not vanish from the summary.
+fn max_nan(a: f64, b: f64) -> f64 {
+    if a.is_nan() || b.is_nan() {
+        f64::NAN
+    } else {
+        a.max(b)
+    }
+}
+
+/// Compares the element bytes of two tensors of dtype `dtype`. Both slices must hold the same
+/// whole number of elements.
+pub fn compare(dtype: DType, a: &[u8], b: &[u8]) -> TensorMetrics {
+    assert_eq!(a.len(), b.len(), "compare() needs equal-sized tensors");
+    let size = dtype.size_in_bytes();
+    let chunk_bytes = CHUNK_ELEMENTS * size;
+    let partials: Vec<TensorMetrics> =
+        a.par_chunks(chunk_bytes).zip(b.par_chunks(chunk_bytes)).map(|(ca, cb)| compare_chunk(dtype, ca, cb)).collect();
+    partials
+        .into_iter()
+        .enumerate()
+        .fold(TensorMetrics::identical(0), |acc, (i, p)| acc.merge(p, (i * CHUNK_ELEMENTS) as u64))
+}
+
+fn compare_chunk(dtype: DType, a: &[u8], b: &[u8]) -> TensorMetrics {
+    match dtype {
+        DType::U8 => compare_typed::<u8>(a, b),
+        DType::U32 => compare_typed::<u32>(a, b),
+        DType::I16 => compare_typed::<i16>(a, b),
+        DType::I32 => compare_typed::<i32>(a, b),
+        DType::I64 => compare_typed::<i64>(a, b),
+        DType::F16 => compare_typed::<half::f16>(a, b),
+        DType::BF16 => compare_typed::<half::bf16>(a, b),
+        DType::F32 => compare_typed::<f32>(a, b),
+        DType::F64 => compare_typed::<f64>(a, b),
+    }
+}
+
+fn compare_typed<T: Element>(a: &[u8], b: &[u8]) -> TensorMetrics {
+    let n = a.len() / T::SIZE;
+    let mut m = TensorMetrics::identical(n as u64);
+    if a == b {
+        return m;
+    }
+    // Local accumulators keep the loop free of branches on the metrics struct; a NaN error
+    // (one side NaN) is tracked on the side because `f64::max` would drop it.
+    let (mut mismatched, mut max_abs, mut sum_abs, mut max_ulp, mut any_nan) = (0u64, 0f64, 0f64, 0u64, false);
+    let mut first = None;
+    for (i, (ea, eb)) in a.chunks_exact(T::SIZE).zip(b.chunks_exact(T::SIZE)).enumerate() {
+        let (x, y) = (T::load(ea), T::load(eb));
+        if x.bits() == y.bits() {
+            continue;
+        }
+        mismatched += 1;
+        first.get_or_insert(i as u64);
+        let abs = (x.value() - y.value()).abs();
+        any_nan |= abs.is_nan();
+        max_abs = max_abs.max(abs);
+        sum_abs += abs;
+        max_ulp = max_ulp.max(x.ordinal().abs_diff(y.ordinal()));
+    }
+    m.mismatched = mismatched;
+    m.max_abs = if any_nan { f64::NAN } else { max_abs };
+    m.sum_abs = sum_abs;
+    m.max_ulp = max_ulp;
+    m.first_mismatch = first;
+    m
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bytes(v: &[f32]) -> Vec<u8> {
+        v.iter().flat_map(|x| x.to_le_bytes()).collect()
+    }
+
+    /// A straightforward reference: one loop, no chunks.
+    fn reference(a: &[f32], b: &[f32]) -> (u64, f64, f64, u64) {
+        let mut out = (0u64, 0f64, 0f64, 0u64);
+        for (x, y) in a.iter().zip(b) {
+            if x.to_bits() != y.to_bits() {
+                out.0 += 1;
+                let d = (*x as f64 - *y as f64).abs();
+                out.1 = out.1.max(d);
+                out.2 += d;
+                let ord = |v: f32| {
+                    let bits = v.to_bits();
+                    let m = (bits & 0x7fff_ffff) as i64;
+                    if bits >> 31 == 1 {
+                        -m
+                    } else {
+                        m
+                    }
+                };
+                out.3 = out.3.max(ord(*x).abs_diff(ord(*y)));
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn matches_reference_across_chunks() {
+        let n = CHUNK_ELEMENTS * 2 + 123;
+        let a: Vec<f32> = (0..n).map(|i| (i as f32).sin()).collect();
+        let mut b = a.clone();
+        for i in (0..n).step_by(997) {
+            b[i] = f32::from_bits(b[i].to_bits() + (i % 5) as u32);
+        }
+        let m = compare(DType::F32, &bytes(&a), &bytes(&b));
+        let (mismatched, max_abs, _, max_ulp) = reference(&a, &b);
+        assert_eq!(m.elements, n as u64);
+        assert_eq!(m.mismatched, mismatched);
+        assert_eq!(m.max_abs, max_abs);
+        assert_eq!(m.max_ulp, max_ulp);
+        assert_eq!(m.first_mismatch, Some(997));
+    }
+
+    #[test]
+    fn one_ulp_is_one_ulp() {
+        let a = [1.0f32, 2.0];
+        let b = [1.0f32, f32::from_bits(2.0f32.to_bits() + 1)];
+        let m = compare(DType::F32, &bytes(&a), &bytes(&b));
+        assert_eq!((m.mismatched, m.max_ulp, m.first_mismatch), (1, 1, Some(1)));
+        assert_eq!(m.max_abs, 2.0f64.powi(-22));
+    }
+
+    #[test]
+    fn identical_and_nan() {
+        let a = bytes(&[1.0, f32::NAN]);
+        assert_eq!(compare(DType::F32, &a, &a).mismatched, 0);
+        let b = bytes(&[1.0, 0.0]);
+        assert!(compare(DType::F32, &a, &b).max_abs.is_nan());
+    }
+}

@@ -1,0 +1,133 @@
+//! Online comparison: checking each step against a reference trace while it is recorded
+//! (`repro record --against RUN`). Implements the trace module's `StepCheck` hook, so the
+//! recorder needs no knowledge of diffing.
+
+use crate::align::{align, Pairing};
+use crate::divergence::Divergence;
+use crate::metrics::compare;
+use crate::root_cause::{analyze, Entry, RootCause};
+use repro_trace::{StepCheck, StepRecord, StepTensor, StepVerdict, TraceError, TraceReader};
+use serde::Serialize;
+use std::path::Path;
+
+/// Compares recorded steps with a reference trace, step by step.
+pub struct ReferenceCheck {
+    reader: TraceReader,
+    next: Option<StepRecord>,
+    steps_checked: u64,
+    divergence: Option<OnlineDivergence>,
+}
+
+/// The first step found to differ from the reference.
+#[derive(Debug, Clone, Serialize)]
+pub struct OnlineDivergence {
+    /// The step.
+    pub step: u64,
+    /// Root cause and consequences within the step (`None` when the reference lacks the step).
+    pub root_cause: Option<RootCause>,
+    /// What differs in the structure of the step (tensors only in one run, other shapes), or
+    /// that the reference has no such step.
+    pub structure: Vec<String>,
+    /// Whether the reference stored full values at this step and the step before.
+    pub reference_values: Vec<(u64, bool)>,
+}
+
+impl ReferenceCheck {
+    /// Opens the reference trace.
+    pub fn open(dir: &Path) -> Result<Self, TraceError> {
+        let mut reader = TraceReader::open(dir)?;
+        let next = reader.next_step()?;
+        Ok(ReferenceCheck { reader, next, steps_checked: 0, divergence: None })
+    }
+
+    /// Steps compared so far.
+    pub fn steps_checked(&self) -> u64 {
+        self.steps_checked
+    }
+
+    /// The first divergence, once found.
+    pub fn divergence(&self) -> Option<&OnlineDivergence> {
+        self.divergence.as_ref()
+    }
+
+    /// Moves the reference forward to `step`; returns its record if it has that step.
+    fn reference_step(&mut self, step: u64) -> Result<Option<StepRecord>, TraceError> {
+        while self.next.as_ref().is_some_and(|r| r.step < step) {
+            self.next = self.reader.next_step()?;
+        }
+        Ok(self.next.clone().filter(|r| r.step == step))
+    }
+}
+
+impl StepCheck for ReferenceCheck {
+    fn check_step(&mut self, step: u64, tensors: &[StepTensor]) -> Result<StepVerdict, TraceError> {
+        let previous_had_values = self.next.as_ref().filter(|r| r.step + 1 == step).map(|r| r.payload.is_some());
+        let Some(reference) = self.reference_step(step)? else {
+            self.divergence = Some(OnlineDivergence {
+                step,
+                root_cause: None,
+                structure: vec![format!("the reference has no step {step}")],
+                reference_values: vec![],
+            });
+            return Ok(StepVerdict::Diverged);
+        };
+        self.steps_checked += 1;
+        let ours: Vec<_> = tensors.iter().map(|t| t.record.clone()).collect();
+        let mut entries = Vec::new();
+        let mut structure = Vec::new();
+        for pairing in align(&ours, &reference.tensors) {
+            let (mine, theirs) = match pairing {
+                Pairing::Same(a, b) => (a, b),
+                Pairing::Renamed(a, b) => {
+                    structure.push(format!("`{}` is `{}` in the reference", a.name, b.name));
+                    (a, b)
+                }
+                Pairing::OnlyA(a) => {
+                    structure.push(format!("`{}` is not in the reference", a.name));
+                    continue;
+                }
+                Pairing::OnlyB(b) => {
+                    structure.push(format!("`{}` is only in the reference", b.name));
+                    continue;
+                }
+            };
+            if mine.dtype != theirs.dtype || mine.shape != theirs.shape {
+                structure.push(format!("`{}` has another dtype or shape than in the reference", mine.name));
+                entries.push(Entry::new(mine, None, false));
+                continue;
+            }
+            let divergence = (mine.hash != theirs.hash).then(|| -> Result<Divergence, TraceError> {
+                let my_values = tensors
+                    .iter()
+                    .find(|t| t.record.name == mine.name)
+                    .and_then(|t| t.record.inline.as_deref().or(t.payload.as_deref()));
+                let metrics = match (my_values, self.reader.values(&reference, theirs)?) {
+                    (Some(a), Some(b)) => Some(compare(mine.dtype, a, b.bytes)),
+                    _ => None,
+                };
+                Ok(Divergence {
+                    step,
+                    tensor: mine.name.clone(),
+                    kind: mine.kind,
+                    phase: mine.phase,
+                    dtype: mine.dtype,
+                    shape: mine.shape.clone(),
+                    metrics,
+                })
+            });
+            let divergence = divergence.transpose()?;
+            entries.push(Entry::new(mine, divergence, true));
+        }
+        let root_cause = analyze(entries);
+        if root_cause.is_none() && structure.is_empty() {
+            return Ok(StepVerdict::Same);
+        }
+        let mut reference_values = Vec::new();
+        if let Some(had) = previous_had_values {
+            reference_values.push((step - 1, had));
+        }
+        reference_values.push((step, reference.payload.is_some()));
+        self.divergence = Some(OnlineDivergence { step, root_cause, structure, reference_values });
+        Ok(StepVerdict::Diverged)
+    }
+}

@@ -1,0 +1,210 @@
+//! The human-readable `repro diff` report.
+
+use super::format::{sci, shape};
+use crate::{Divergence, FieldDifference, RootCause, StructuralDifference, TensorMetrics, TraceDiff, TraceSide};
+use repro_trace::TensorKind;
+use std::fmt::{self, Write};
+
+/// Renders a diff for people.
+pub fn render_diff(d: &TraceDiff) -> String {
+    let mut out = String::new();
+    write_diff(&mut out, d).expect("writing to a String cannot fail");
+    out
+}
+
+fn write_diff(out: &mut String, d: &TraceDiff) -> fmt::Result {
+    write_side(out, "A", &d.a)?;
+    write_side(out, "B", &d.b)?;
+    write_fields(out, "config differs", &d.config_differences)?;
+    write_fields(out, "environment differs", &d.environment_differences)?;
+    writeln!(out)?;
+    let Some(first) = &d.first_divergence else {
+        if d.structure.is_empty() {
+            writeln!(out, "IDENTICAL  {} steps, {} tensors compared, bit-exact", d.steps_compared, d.tensors_compared)?;
+        } else {
+            writeln!(
+                out,
+                "DIVERGED  in structure: {} steps and {} tensors compared bit-exact, but the traces recorded different things",
+                d.steps_compared, d.tensors_compared
+            )?;
+            write_structure(out, &d.structure)?;
+        }
+        return Ok(());
+    };
+    writeln!(out, "DIVERGED  first at step {}, tensor `{}` ({})", first.step, first.tensor, first.kind)?;
+    // Without recorded op inputs the analysis says no more than the first difference does.
+    let root = d.root_cause.as_ref().filter(|r| r.inputs_recorded);
+    // The root-cause block repeats the metrics when the cause is the first divergence.
+    if root.is_none_or(|r| r.cause.tensor != first.tensor) {
+        writeln!(out, "  {} {}: {}", first.dtype, shape(&first.shape), divergence_metrics(first))?;
+    }
+    if let Some(root) = root {
+        writeln!(out)?;
+        write_root_cause(out, root)?;
+    }
+    writeln!(out)?;
+    writeln!(
+        out,
+        "{} of {} tensors differ over {} common steps",
+        d.tensors_diverged, d.tensors_compared, d.steps_compared
+    )?;
+    if !d.first_divergence_by_kind.is_empty() {
+        writeln!(out, "\nfirst divergent step by kind:")?;
+        let mut kinds: Vec<_> = d.first_divergence_by_kind.iter().collect();
+        kinds.sort_by_key(|(_, step)| **step);
+        for (kind, step) in kinds {
+            writeln!(out, "  {:<12} step {step}", kind.name())?;
+        }
+    }
+    writeln!(out, "\nper tensor:")?;
+    let width = d.tensors.iter().map(|t| t.name.len()).max().unwrap_or(6).max(6);
+    writeln!(out, "  {:<width$}  {:<10}  {:>11}  {:>9}", "tensor", "kind", "first step", "diverged")?;
+    for t in &d.tensors {
+        let first = t.first_divergent_step.map_or("-".to_string(), |s| s.to_string());
+        writeln!(
+            out,
+            "  {:<width$}  {:<10}  {:>11}  {:>9}",
+            t.name,
+            t.kind.name(),
+            first,
+            format!("{}/{}", t.steps_diverged, t.steps_compared)
+        )?;
+    }
+    // Op outputs and inputs would swamp the table; `--json` has their growth too.
+    let growth: Vec<_> = d
+        .tensors
+        .iter()
+        .filter(|t| !matches!(t.kind, TensorKind::OpOutput | TensorKind::Input))
+        .flat_map(|t| t.growth.iter().map(move |g| (t, g)))
+        .collect();
+    if !growth.is_empty() {
+        writeln!(out, "\nerror growth (steps with stored values; op outputs in --json):")?;
+        writeln!(
+            out,
+            "  {:<width$}  {:>8}  {:>17}  {:>10}  {:>10}  {:>10}",
+            "tensor", "step", "elements differ", "max|a-b|", "sum|a-b|", "max ULP"
+        )?;
+        for (t, g) in growth {
+            let m = &g.metrics;
+            writeln!(
+                out,
+                "  {:<width$}  {:>8}  {:>17}  {:>10}  {:>10}  {:>10}",
+                t.name,
+                g.step,
+                format!("{}/{}", m.mismatched, m.elements),
+                sci(m.max_abs),
+                sci(m.sum_abs),
+                m.max_ulp
+            )?;
+        }
+    }
+    if !d.structure.is_empty() {
+        writeln!(out, "\nstructure differs:")?;
+        write_structure(out, &d.structure)?;
+    }
+    Ok(())
+}
+
+fn describe(d: &Divergence) -> String {
+    let phase = d.phase.map_or(String::new(), |p| format!(", {p}"));
+    format!("`{}` ({}{phase})", d.tensor, d.kind)
+}
+
+fn divergence_metrics(d: &Divergence) -> String {
+    match &d.metrics {
+        Some(m) => metrics_sentence(m),
+        None => format!(
+            "hashes differ; values not stored at this step (re-record with `--capture steps:{}` for exact metrics)",
+            d.step
+        ),
+    }
+}
+
+/// The root-cause block: the cause, divergences of their own, and what follows from them.
+pub fn write_root_cause(out: &mut String, r: &RootCause) -> fmt::Result {
+    writeln!(out, "root cause: {} at step {}", describe(&r.cause), r.cause.step)?;
+    if r.inputs_checked {
+        writeln!(out, "  its recorded inputs are identical in both runs; its output is not:")?;
+    } else {
+        writeln!(out, "  the first difference in the step (its inputs were not recorded or not comparable):")?;
+    }
+    writeln!(out, "  {} {}: {}", r.cause.dtype, shape(&r.cause.shape), divergence_metrics(&r.cause))?;
+    if !r.independent.is_empty() {
+        writeln!(out, "also diverging with identical inputs (separate causes):")?;
+        for d in &r.independent {
+            writeln!(out, "  {}: {}", describe(d), divergence_metrics(d))?;
+        }
+    }
+    if !r.consequences.is_empty() {
+        writeln!(out, "consequences in the same step:")?;
+        for c in r.consequences.iter().take(SHOWN_CONSEQUENCES) {
+            let phase = c.phase.map_or(String::new(), |p| format!(", {p}"));
+            let from =
+                if c.from.is_empty() { "no recorded path".to_string() } else { format!("from {}", c.from.join(", ")) };
+            writeln!(out, "  `{}` ({}{phase}): {from}", c.tensor, c.kind)?;
+        }
+        if let Some(more) = r.consequences.len().checked_sub(SHOWN_CONSEQUENCES).filter(|&n| n > 0) {
+            writeln!(out, "  ... and {more} more (all of them with --json)")?;
+        }
+    }
+    Ok(())
+}
+
+/// Consequences listed in text reports; a large model has hundreds, all in the JSON report.
+const SHOWN_CONSEQUENCES: usize = 12;
+
+/// One sentence summarizing tensor metrics.
+pub fn metrics_sentence(m: &TensorMetrics) -> String {
+    format!(
+        "{} of {} elements differ, max |a-b| {}, sum |a-b| {}, max {} ULP{}",
+        m.mismatched,
+        m.elements,
+        sci(m.max_abs),
+        sci(m.sum_abs),
+        m.max_ulp,
+        m.first_mismatch.map_or(String::new(), |i| format!(" (first at element {i})"))
+    )
+}
+
+fn write_side(out: &mut String, label: &str, s: &TraceSide) -> fmt::Result {
+    let status = match &s.incomplete_reason {
+        None => "complete".to_string(),
+        Some(why) => format!("INCOMPLETE: {why}"),
+    };
+    writeln!(out, "{label}  {}  ({}, {} steps, {status})", s.path, s.workload, s.steps)
+}
+
+fn write_fields(out: &mut String, title: &str, fields: &[FieldDifference]) -> fmt::Result {
+    if fields.is_empty() {
+        return Ok(());
+    }
+    writeln!(out, "\n{title}:")?;
+    for f in fields {
+        let (a, b) = f.values();
+        writeln!(out, "  {}: {a} | {b}", f.field)?;
+    }
+    Ok(())
+}
+
+fn write_structure(out: &mut String, items: &[StructuralDifference]) -> fmt::Result {
+    for item in items {
+        match item {
+            StructuralDifference::MissingSteps { missing_in, first_step, steps } => {
+                let (has, lacks) = if missing_in == "a" { ("B", "A") } else { ("A", "B") };
+                writeln!(out, "  {steps} step(s) from step {first_step} recorded only in {has} ({lacks} lacks them)")?
+            }
+            StructuralDifference::Renamed { a, b, first_step, steps } => writeln!(
+                out,
+                "  `{a}` in A is `{b}` in B (same place, dtype and shape), at {steps} step(s) from step {first_step}"
+            )?,
+            StructuralDifference::MissingTensor { tensor, missing_in, first_step, steps } => {
+                let has = if missing_in == "a" { "B" } else { "A" };
+                writeln!(out, "  `{tensor}` recorded only in {has}, at {steps} step(s) from step {first_step}")?
+            }
+            StructuralDifference::Mismatch { tensor, first_step, steps, a, b } => {
+                writeln!(out, "  `{tensor}` is {a} in A but {b} in B, at {steps} step(s) from step {first_step}")?
+            }
+        }
+    }
+    Ok(())
+}

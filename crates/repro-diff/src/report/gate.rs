@@ -1,0 +1,114 @@
+//! The gate's reports: for people (terminal), for pull requests (Markdown), for CI systems
+//! (JUnit XML).
+
+use super::diff::{metrics_sentence, write_root_cause};
+use crate::{GateReport, TraceDiff};
+use std::fmt::Write;
+
+/// One line on what a comparison found.
+fn verdict_line(d: &TraceDiff) -> String {
+    match &d.first_divergence {
+        _ if d.is_identical() => format!("identical ({} steps, {} tensors)", d.steps_compared, d.tensors_compared),
+        Some(f) => {
+            let metrics = f.metrics.as_ref().map_or("hashes differ".to_string(), metrics_sentence);
+            format!("first differs at step {}, `{}` ({}): {metrics}", f.step, f.tensor, f.kind)
+        }
+        None => "the runs recorded different steps or tensors".into(),
+    }
+}
+
+/// The terminal report.
+pub fn render_gate(r: &GateReport) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "gate: {}", r.subject);
+    let _ = writeln!(out, "reference: {}", r.reference);
+    for (label, d) in &r.comparisons {
+        let _ = writeln!(out, "  {label}: {}", verdict_line(d));
+    }
+    let _ = writeln!(out);
+    if r.passed() {
+        let _ = writeln!(out, "PASS  bit-exact: {} run(s) identical to the reference", r.comparisons.len());
+        if !r.likely_causes.is_empty() {
+            let _ = writeln!(out, "note: the reference was recorded in another environment:");
+            for cause in &r.likely_causes {
+                let _ = writeln!(out, "  - {cause}");
+            }
+        }
+        return out;
+    }
+    let failed = r.comparisons.iter().filter(|(_, d)| !d.is_identical()).count();
+    let _ = writeln!(out, "FAIL  {failed} of {} run(s) differ from the reference", r.comparisons.len());
+    if let Some((label, d)) = r.comparisons.iter().find(|(_, d)| !d.is_identical()) {
+        if let Some(root) = &d.root_cause {
+            let _ = writeln!(out, "\n{label}:");
+            let _ = write_root_cause(&mut out, root);
+        }
+        if !d.config_differences.is_empty() {
+            let _ = writeln!(out, "\nconfig differs from the reference:");
+            for f in &d.config_differences {
+                let (a, b) = f.values();
+                let _ = writeln!(out, "  {}: {a} | {b}", f.field);
+            }
+        }
+    }
+    if !r.likely_causes.is_empty() {
+        let _ = writeln!(out, "\nthe reference was recorded elsewhere; likely causes:");
+        for cause in &r.likely_causes {
+            let _ = writeln!(out, "  - {cause}");
+        }
+    }
+    out
+}
+
+/// The Markdown report, for a pull-request comment or `GITHUB_STEP_SUMMARY`.
+pub fn render_gate_markdown(r: &GateReport) -> String {
+    let mut out = String::new();
+    let status = if r.passed() { "✅ PASS: bit-exact" } else { "❌ FAIL: training is not bit-exact" };
+    let _ = writeln!(out, "### repro determinism gate: {status}\n");
+    let _ = writeln!(out, "{}, against {}.\n", r.subject, r.reference);
+    let _ = writeln!(out, "| run | result |\n|---|---|");
+    for (label, d) in &r.comparisons {
+        let _ = writeln!(out, "| {label} | {} |", verdict_line(d).replace('|', "\\|"));
+    }
+    if let Some(root) = r.comparisons.iter().find_map(|(_, d)| d.root_cause.as_ref().filter(|_| !d.is_identical())) {
+        let mut text = String::new();
+        let _ = write_root_cause(&mut text, root);
+        let _ = writeln!(out, "\n```\n{}```", text);
+    }
+    if !r.likely_causes.is_empty() {
+        let _ = writeln!(out, "\nLikely causes (the reference was recorded elsewhere):\n");
+        for cause in &r.likely_causes {
+            let _ = writeln!(out, "- {cause}");
+        }
+    }
+    out
+}
+
+/// The JUnit XML report: one test suite, one test case per comparison.
+pub fn render_gate_junit(r: &GateReport) -> Result<String, String> {
+    use quick_junit::{NonSuccessKind, Report, TestCase, TestCaseStatus, TestSuite};
+    let mut report = Report::new("repro");
+    let mut suite = TestSuite::new("repro gate");
+    for (label, d) in &r.comparisons {
+        let status = if d.is_identical() {
+            TestCaseStatus::success()
+        } else {
+            let mut s = TestCaseStatus::non_success(NonSuccessKind::Failure);
+            s.set_message(verdict_line(d));
+            let mut detail = String::new();
+            if let Some(root) = &d.root_cause {
+                let _ = write_root_cause(&mut detail, root);
+            }
+            for cause in &r.likely_causes {
+                let _ = writeln!(detail, "likely cause: {cause}");
+            }
+            s.set_description(detail);
+            s
+        };
+        let mut case = TestCase::new(format!("{label} vs {}", r.reference), status);
+        case.set_classname(r.subject.clone());
+        suite.add_test_case(case);
+    }
+    report.add_test_suite(suite);
+    report.to_string().map_err(|e| format!("cannot write JUnit XML: {e}"))
+}

@@ -1,0 +1,80 @@
+//! The human-readable `repro inspect` report.
+
+use super::format::{bytes, shape, step_list};
+use repro_trace::TraceSummary;
+use std::fmt::Write;
+
+/// Renders a trace summary for people.
+pub fn render_summary(s: &TraceSummary) -> String {
+    let mut out = String::new();
+    let h = &s.header;
+    let e = &h.environment;
+    let status = match &s.incomplete_reason {
+        None => "complete".to_string(),
+        Some(why) => format!("INCOMPLETE: {why}"),
+    };
+    let _ = writeln!(out, "trace      {}", s.path);
+    let _ = writeln!(out, "format     {} (written by {})", s.format, h.producer);
+    let _ = writeln!(out, "status     {status}");
+    let _ = writeln!(out, "\nrun");
+    let _ = writeln!(out, "  workload       {}", h.run.workload);
+    if let Some(n) = h.run.steps {
+        let _ = writeln!(out, "  steps          {n}");
+    }
+    for (k, v) in &h.run.params {
+        let _ = writeln!(out, "  {k:<14} {v}");
+    }
+    let _ = writeln!(out, "\nenvironment");
+    let rows = [
+        ("device", format!("{} ({})", e.device, e.device_name)),
+        ("cpu", e.cpu_model.clone()),
+        ("os", e.os.clone()),
+        ("threads", e.threads.to_string()),
+        ("repro", e.repro_version.clone()),
+        ("candle", e.candle_version.clone()),
+        ("rustc", e.rustc.clone()),
+    ];
+    for (k, v) in rows {
+        let _ = writeln!(out, "  {k:<14} {v}");
+    }
+    for (k, v) in &e.env {
+        let _ = writeln!(out, "  {k:<14} {v}");
+    }
+    let _ = writeln!(
+        out,
+        "\ncapture    full tensors: {}; inline up to {} bytes",
+        h.capture.full, h.capture.inline_max_bytes
+    );
+    let range = match (s.first_step, s.last_step) {
+        (Some(a), Some(b)) => format!("{} steps ({a} to {b})", s.steps),
+        _ => "no steps".into(),
+    };
+    let _ = writeln!(out, "steps      {range}");
+    let _ =
+        writeln!(out, "full steps {}", if s.full_steps.is_empty() { "none".into() } else { step_list(&s.full_steps) });
+    if !s.tensors.is_empty() {
+        let width = s.tensors.iter().map(|t| t.name.len()).max().unwrap_or(6).max(6);
+        let _ = writeln!(out, "\ntensors per step, in recording order");
+        let _ = writeln!(
+            out,
+            "  {:<width$}  {:<10}  {:<8}  {:<5}  {:<14}  {:>10}  inputs",
+            "name", "kind", "phase", "dtype", "shape", "size"
+        );
+        for t in &s.tensors {
+            let phase = t.phase.map_or("-", |p| p.name());
+            let line = format!(
+                "  {:<width$}  {:<10}  {:<8}  {:<5}  {:<14}  {:>10}  {}",
+                t.name,
+                t.kind.name(),
+                phase,
+                t.dtype.name(),
+                shape(&t.shape),
+                bytes(t.bytes),
+                t.inputs.join(", ")
+            );
+            let _ = writeln!(out, "{}", line.trim_end());
+        }
+    }
+    let _ = writeln!(out, "\nsize       records {}, payloads {}", bytes(s.records_bytes), bytes(s.payload_bytes));
+    out
+}

@@ -1,0 +1,54 @@
+//! The human-readable `repro matrix` report: one N×N table per tensor.
+
+use super::format::sci;
+use crate::{MatrixReport, Metric};
+use std::fmt::Write;
+
+/// Renders error matrices for people.
+pub fn render_matrix(r: &MatrixReport) -> String {
+    let mut out = String::new();
+    let what = match r.metric {
+        Metric::SumAbs => "sum |a-b|",
+        Metric::MaxAbs => "max |a-b|",
+        Metric::Ulp => "max ULP distance",
+        Metric::Mismatch => "elements that differ",
+    };
+    let _ = writeln!(out, "step {}: {what} between every two runs", r.step);
+    for (i, run) in r.runs.iter().enumerate() {
+        let _ = writeln!(out, "  r{i}  {run}");
+    }
+    for m in &r.matrices {
+        let cells: Vec<Vec<String>> = m
+            .values
+            .iter()
+            .map(|row| {
+                row.iter()
+                    .map(|&v| match r.metric {
+                        Metric::Ulp | Metric::Mismatch => format!("{v}"),
+                        _ => sci(v),
+                    })
+                    .collect()
+            })
+            .collect();
+        let width =
+            cells.iter().flatten().map(String::len).max().unwrap_or(1).max(format!("r{}", r.runs.len() - 1).len());
+        let _ = writeln!(out, "\n{}", m.tensor);
+        let mut header = format!("{:>w$}", "", w = 4);
+        for j in 0..r.runs.len() {
+            let _ = write!(header, "  {:>width$}", format!("r{j}"));
+        }
+        let _ = writeln!(out, "{}", header.trim_end());
+        for (i, row) in cells.iter().enumerate() {
+            let mut line = format!("{:>4}", format!("r{i}"));
+            for cell in row {
+                let _ = write!(line, "  {cell:>width$}");
+            }
+            let _ = writeln!(out, "{line}");
+        }
+        let zero = m.values.iter().flatten().all(|&v| v == 0.0);
+        if zero {
+            let _ = writeln!(out, "  (all runs bit-identical)");
+        }
+    }
+    out
+}

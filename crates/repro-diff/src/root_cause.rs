@@ -1,0 +1,166 @@
+//! Root cause within the first diverging step: the first tensor, in recording (execution)
+//! order, whose recorded inputs are identical in both runs but which itself differs. Every other
+//! differing tensor of the step is either another such independent divergence, or a consequence
+//! of one, found by following the recorded input edges.
+
+use crate::divergence::Divergence;
+use repro_trace::{Phase, TensorKind};
+use serde::Serialize;
+use std::collections::{BTreeMap, BTreeSet};
+
+/// The analysis of the first diverging step.
+#[derive(Debug, Clone, Serialize)]
+pub struct RootCause {
+    /// The first tensor whose inputs agree but which differs.
+    pub cause: Divergence,
+    /// Whether every input of the cause was recorded and compared (false: it has no recorded
+    /// inputs, or an input could not be compared, so "inputs identical" is not established).
+    pub inputs_checked: bool,
+    /// Later tensors of the step that also differ although all their recorded inputs agree (or
+    /// that record no inputs): divergences with causes of their own (two non-deterministic
+    /// reductions, say).
+    pub independent: Vec<Divergence>,
+    /// Differing tensors of the step that follow from the divergences above.
+    pub consequences: Vec<Consequence>,
+    /// Whether the step recorded op inputs at all (format 1.1 per-op recording); without them
+    /// the analysis can only name the first difference.
+    pub inputs_recorded: bool,
+}
+
+/// A differing tensor explained by an earlier divergence.
+#[derive(Debug, Clone, Serialize)]
+pub struct Consequence {
+    /// The tensor.
+    pub tensor: String,
+    /// Its kind.
+    pub kind: TensorKind,
+    /// Its phase, if recorded.
+    pub phase: Option<Phase>,
+    /// The root divergences it descends from through recorded inputs (empty: no recorded path).
+    pub from: Vec<String>,
+}
+
+/// One tensor of the first diverging step, in recording order.
+pub(crate) struct Entry {
+    pub(crate) name: String,
+    pub(crate) inputs: Vec<String>,
+    /// `None`: identical in both runs. `Some`: differs (with details).
+    pub(crate) divergence: Option<Divergence>,
+    /// Whether it was compared at all (false: only in one run, or dtype/shape differ).
+    pub(crate) compared: bool,
+}
+
+impl Entry {
+    /// The entry for a recorded tensor.
+    pub(crate) fn new(tensor: &repro_trace::TensorRecord, divergence: Option<Divergence>, compared: bool) -> Self {
+        Entry { name: tensor.name.clone(), inputs: tensor.inputs.clone(), divergence, compared }
+    }
+}
+
+/// Finds the root cause among the entries of one step; `None` when nothing differs.
+pub(crate) fn analyze(entries: Vec<Entry>) -> Option<RootCause> {
+    let inputs_recorded = entries.iter().any(|e| !e.inputs.is_empty());
+    let identical: BTreeSet<&str> =
+        entries.iter().filter(|e| e.compared && e.divergence.is_none()).map(|e| e.name.as_str()).collect();
+    let inputs_agree = |e: &Entry| e.inputs.iter().all(|i| identical.contains(i.as_str()));
+    let mut cause: Option<(Divergence, bool)> = None;
+    let mut independent = Vec::new();
+    let mut consequences = Vec::new();
+    // Which roots each tensor descends from.
+    let mut taint: BTreeMap<&str, BTreeSet<String>> = BTreeMap::new();
+    for e in &entries {
+        let from: BTreeSet<String> =
+            e.inputs.iter().flat_map(|i| taint.get(i.as_str()).cloned().unwrap_or_default()).collect();
+        let Some(d) = &e.divergence else { continue };
+        if !e.inputs.is_empty() && from.is_empty() && inputs_agree(e) {
+            taint.insert(&e.name, BTreeSet::from([e.name.clone()]));
+            match cause {
+                None => cause = Some((d.clone(), true)),
+                Some(_) => independent.push(d.clone()),
+            }
+        } else if cause.is_none() {
+            // The first difference, without recorded inputs or with one we could not compare:
+            // call it the cause, but say its inputs were not established as identical.
+            taint.insert(&e.name, BTreeSet::from([e.name.clone()]));
+            cause = Some((d.clone(), false));
+        } else if e.inputs.is_empty() && inputs_recorded {
+            // Differs, but nothing recorded explains it: a divergence of its own.
+            taint.insert(&e.name, BTreeSet::from([e.name.clone()]));
+            independent.push(d.clone());
+        } else {
+            taint.insert(&e.name, from.clone());
+            consequences.push(Consequence {
+                tensor: e.name.clone(),
+                kind: d.kind,
+                phase: d.phase,
+                from: from.into_iter().collect(),
+            });
+        }
+    }
+    let (cause, inputs_checked) = cause?;
+    Some(RootCause { cause, inputs_checked, independent, consequences, inputs_recorded })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use repro_trace::dtype::DType;
+
+    fn entry(name: &str, inputs: &[&str], differs: bool) -> Entry {
+        Entry {
+            name: name.into(),
+            inputs: inputs.iter().map(|s| s.to_string()).collect(),
+            divergence: differs.then(|| Divergence {
+                step: 3,
+                tensor: name.into(),
+                kind: TensorKind::OpOutput,
+                phase: Some(Phase::Forward),
+                dtype: DType::F32,
+                shape: vec![1],
+                metrics: None,
+            }),
+            compared: true,
+        }
+    }
+
+    #[test]
+    fn first_op_with_agreeing_inputs_is_the_cause_and_the_rest_follow() {
+        let r = analyze(vec![
+            entry("x", &[], false),
+            entry("w", &[], false),
+            entry("mm", &["x", "w"], false),
+            entry("sum", &["mm"], true),
+            entry("loss", &["sum"], true),
+            entry("mm.grad", &["mm"], false),
+            entry("bias.grad", &["mm.grad"], true),
+            entry("w.new", &["w", "loss"], true),
+        ])
+        .unwrap();
+        assert_eq!(r.cause.tensor, "sum");
+        assert!(r.inputs_checked);
+        let independent: Vec<&str> = r.independent.iter().map(|d| d.tensor.as_str()).collect();
+        assert_eq!(independent, ["bias.grad"]);
+        let consequences: Vec<(&str, Vec<String>)> =
+            r.consequences.iter().map(|c| (c.tensor.as_str(), c.from.clone())).collect();
+        assert_eq!(consequences, [("loss", vec!["sum".to_string()]), ("w.new", vec!["sum".to_string()])]);
+    }
+
+    #[test]
+    fn an_unexplained_later_difference_is_its_own_cause() {
+        let r = analyze(vec![
+            entry("x", &[], false),
+            entry("mm", &["x"], true),
+            entry("x2", &[], true),
+            entry("out", &["mm", "x2"], true),
+        ])
+        .unwrap();
+        assert_eq!(r.cause.tensor, "mm");
+        assert_eq!(r.independent.iter().map(|d| d.tensor.as_str()).collect::<Vec<_>>(), ["x2"]);
+        assert_eq!(r.consequences[0].from, ["mm", "x2"]);
+    }
+
+    #[test]
+    fn nothing_differs_means_no_cause() {
+        assert!(analyze(vec![entry("a", &[], false)]).is_none());
+    }
+}

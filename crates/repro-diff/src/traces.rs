@@ -1,0 +1,460 @@
+//! Comparing two traces: steps aligned by number, tensors by name. Produces plain data
+//! (`TraceDiff`); rendering is the report module's job.
+//!
+//! Both traces are streamed one step at a time, and tensor values are loaded only for tensors
+//! whose hashes differ, so memory stays at one step's tensors however long the traces are.
+
+use crate::align::{align, Pairing};
+use crate::divergence::Divergence;
+use crate::metrics::{compare, TensorMetrics};
+use crate::root_cause::{analyze, Entry, RootCause};
+use repro_trace::{Completeness, Header, StepRecord, TensorKind, TensorRecord, TraceError, TraceReader};
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+/// The outcome of comparing two traces.
+#[derive(Debug, Clone, Serialize)]
+pub struct TraceDiff {
+    /// The first trace.
+    pub a: TraceSide,
+    /// The second trace.
+    pub b: TraceSide,
+    /// Run-config settings that differ (workload, steps, params).
+    pub config_differences: Vec<FieldDifference>,
+    /// Environment fields that differ (device, versions, threads, variables).
+    pub environment_differences: Vec<FieldDifference>,
+    /// Steps present in both traces.
+    pub steps_compared: u64,
+    /// (step, tensor) pairs present in both traces.
+    pub tensors_compared: u64,
+    /// (step, tensor) pairs whose hashes differ.
+    pub tensors_diverged: u64,
+    /// The earliest divergence: first step, then first tensor in A's recording order.
+    pub first_divergence: Option<Divergence>,
+    /// Within the first diverging step: the root cause, independent divergences and
+    /// consequences (meaningful when traces record op inputs, format 1.1).
+    pub root_cause: Option<RootCause>,
+    /// Per tensor name, in order of first appearance: when it first diverged and how the error
+    /// developed.
+    pub tensors: Vec<TensorHistory>,
+    /// Per tensor kind, the first step at which a tensor of that kind diverged.
+    pub first_divergence_by_kind: BTreeMap<TensorKind, u64>,
+    /// Differences in what was recorded (missing steps or tensors, shapes, dtypes).
+    pub structure: Vec<StructuralDifference>,
+}
+
+impl TraceDiff {
+    /// True when the traces recorded the same tensors with the same bits at the same steps.
+    pub fn is_identical(&self) -> bool {
+        self.first_divergence.is_none() && self.structure.is_empty()
+    }
+}
+
+/// One side of a diff.
+#[derive(Debug, Clone, Serialize)]
+pub struct TraceSide {
+    /// The trace directory as given.
+    pub path: String,
+    /// Workload name.
+    pub workload: String,
+    /// Step records read.
+    pub steps: u64,
+    /// Whether the trace was finished.
+    pub complete: bool,
+    /// Why the trace is incomplete, if it is.
+    pub incomplete_reason: Option<String>,
+}
+
+/// A setting with different values in the two traces (`None`: absent on that side).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct FieldDifference {
+    /// The setting's name.
+    pub field: String,
+    /// Its value in A.
+    pub a: Option<String>,
+    /// Its value in B.
+    pub b: Option<String>,
+}
+
+impl FieldDifference {
+    /// The values in A and B as shown to people: `(unset)` where a side lacks the setting.
+    pub fn values(&self) -> (&str, &str) {
+        (self.a.as_deref().unwrap_or("(unset)"), self.b.as_deref().unwrap_or("(unset)"))
+    }
+}
+
+/// How one tensor compared over the run.
+#[derive(Debug, Clone, Serialize)]
+pub struct TensorHistory {
+    /// The tensor's name.
+    pub name: String,
+    /// What the tensor is.
+    pub kind: TensorKind,
+    /// Steps at which both traces recorded it (with equal dtype and shape).
+    pub steps_compared: u64,
+    /// Of those, steps at which its hashes differ.
+    pub steps_diverged: u64,
+    /// The first such step.
+    pub first_divergent_step: Option<u64>,
+    /// Exact metrics at a sample of divergent steps where values were stored: the first, then
+    /// at power-of-two distances from it, and the last (bounded in size however long the run).
+    pub growth: Vec<StepMetrics>,
+}
+
+/// Metrics of one tensor at one step.
+#[derive(Debug, Clone, Serialize)]
+pub struct StepMetrics {
+    /// The step.
+    pub step: u64,
+    /// The metrics there.
+    pub metrics: TensorMetrics,
+}
+
+/// A difference in what the traces recorded, reported once per kind and tensor.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum StructuralDifference {
+    /// A tensor recorded in only one trace.
+    MissingTensor {
+        /// The tensor.
+        tensor: String,
+        /// Which trace lacks it: "a" or "b".
+        missing_in: String,
+        /// The first step where it is missing.
+        first_step: u64,
+        /// At how many steps it is missing.
+        steps: u64,
+    },
+    /// A tensor with a different dtype or shape.
+    Mismatch {
+        /// The tensor.
+        tensor: String,
+        /// The first step where it differs.
+        first_step: u64,
+        /// At how many steps.
+        steps: u64,
+        /// `dtype shape` in A.
+        a: String,
+        /// `dtype shape` in B.
+        b: String,
+    },
+    /// A tensor recorded under another name at the same place of the op sequence (same dtype
+    /// and shape); it is compared under both names.
+    Renamed {
+        /// Its name in A.
+        a: String,
+        /// Its name in B.
+        b: String,
+        /// The first step where it is renamed.
+        first_step: u64,
+        /// At how many steps.
+        steps: u64,
+    },
+    /// Steps recorded in only one trace.
+    MissingSteps {
+        /// Which trace lacks them: "a" or "b".
+        missing_in: String,
+        /// The first such step.
+        first_step: u64,
+        /// How many.
+        steps: u64,
+    },
+}
+
+impl StructuralDifference {
+    fn steps_mut(&mut self) -> &mut u64 {
+        match self {
+            StructuralDifference::MissingTensor { steps, .. }
+            | StructuralDifference::Mismatch { steps, .. }
+            | StructuralDifference::Renamed { steps, .. }
+            | StructuralDifference::MissingSteps { steps, .. } => steps,
+        }
+    }
+}
+
+/// Compares two open traces.
+pub fn diff_traces(a: &mut TraceReader, b: &mut TraceReader) -> Result<TraceDiff, TraceError> {
+    let mut state = DiffState::default();
+    let (config_differences, environment_differences) = header_differences(a.header(), b.header());
+    let mut next_a = a.next_step()?;
+    let mut next_b = b.next_step()?;
+    let (mut steps_a, mut steps_b) = (0u64, 0u64);
+    loop {
+        match (&next_a, &next_b) {
+            (None, None) => break,
+            (Some(sa), Some(sb)) if sa.step == sb.step => {
+                let (sa, sb) = (next_a.take().unwrap(), next_b.take().unwrap());
+                state.compare_step(a, &sa, b, &sb)?;
+                steps_a += 1;
+                steps_b += 1;
+                next_a = a.next_step()?;
+                next_b = b.next_step()?;
+            }
+            (Some(sa), sb) if sb.as_ref().is_none_or(|sb| sa.step < sb.step) => {
+                state.missing_step("b", sa.step);
+                steps_a += 1;
+                next_a = a.next_step()?;
+            }
+            (_, Some(sb)) => {
+                state.missing_step("a", sb.step);
+                steps_b += 1;
+                next_b = b.next_step()?;
+            }
+            (Some(_), None) => unreachable!("handled by the arm above"),
+        }
+    }
+    Ok(TraceDiff {
+        a: side(a, steps_a),
+        b: side(b, steps_b),
+        config_differences,
+        environment_differences,
+        steps_compared: state.steps_compared,
+        tensors_compared: state.tensors_compared,
+        tensors_diverged: state.tensors_diverged,
+        first_divergence: state.first,
+        root_cause: state.root_cause,
+        tensors: state.histories.into_iter().map(HistoryBuilder::finish).collect(),
+        first_divergence_by_kind: state.by_kind,
+        structure: state.structure,
+    })
+}
+
+fn side(reader: &TraceReader, steps: u64) -> TraceSide {
+    let incomplete_reason = match reader.completeness() {
+        Some(Completeness::Complete) => None,
+        Some(Completeness::Incomplete(why)) => Some(why.clone()),
+        None => Some("not read to the end".into()),
+    };
+    TraceSide {
+        path: reader.dir().display().to_string(),
+        workload: reader.header().run.workload.clone(),
+        steps,
+        complete: incomplete_reason.is_none(),
+        incomplete_reason,
+    }
+}
+
+/// Differences between the headers' run configs and environments, in a fixed order.
+pub fn header_differences(a: &Header, b: &Header) -> (Vec<FieldDifference>, Vec<FieldDifference>) {
+    let mut config = Vec::new();
+    push_if_differs(&mut config, "workload", Some(&a.run.workload), Some(&b.run.workload));
+    push_if_differs(
+        &mut config,
+        "steps",
+        a.run.steps.map(|s| s.to_string()).as_ref(),
+        b.run.steps.map(|s| s.to_string()).as_ref(),
+    );
+    map_differences(&mut config, "", &a.run.params, &b.run.params);
+    let (ea, eb) = (&a.environment, &b.environment);
+    let mut env = Vec::new();
+    let fields: [(&str, &String, &String); 7] = [
+        ("device", &ea.device, &eb.device),
+        ("device_name", &ea.device_name, &eb.device_name),
+        ("cpu_model", &ea.cpu_model, &eb.cpu_model),
+        ("os", &ea.os, &eb.os),
+        ("repro_version", &ea.repro_version, &eb.repro_version),
+        ("candle_version", &ea.candle_version, &eb.candle_version),
+        ("rustc", &ea.rustc, &eb.rustc),
+    ];
+    for (name, x, y) in fields {
+        push_if_differs(&mut env, name, Some(x), Some(y));
+    }
+    push_if_differs(&mut env, "threads", Some(&ea.threads.to_string()), Some(&eb.threads.to_string()));
+    map_differences(&mut env, "env.", &ea.env, &eb.env);
+    (config, env)
+}
+
+fn push_if_differs(out: &mut Vec<FieldDifference>, field: &str, a: Option<&String>, b: Option<&String>) {
+    if a != b {
+        out.push(FieldDifference { field: field.to_string(), a: a.cloned(), b: b.cloned() });
+    }
+}
+
+fn map_differences(
+    out: &mut Vec<FieldDifference>,
+    prefix: &str,
+    a: &BTreeMap<String, String>,
+    b: &BTreeMap<String, String>,
+) {
+    let keys: std::collections::BTreeSet<&String> = a.keys().chain(b.keys()).collect();
+    for key in keys {
+        push_if_differs(out, &format!("{prefix}{key}"), a.get(key), b.get(key));
+    }
+}
+
+#[derive(Default)]
+struct DiffState {
+    steps_compared: u64,
+    tensors_compared: u64,
+    tensors_diverged: u64,
+    first: Option<Divergence>,
+    root_cause: Option<RootCause>,
+    histories: Vec<HistoryBuilder>,
+    index: BTreeMap<String, usize>,
+    by_kind: BTreeMap<TensorKind, u64>,
+    structure: Vec<StructuralDifference>,
+    /// Position in `structure` of each difference, by a key naming it.
+    structure_index: BTreeMap<String, usize>,
+}
+
+struct HistoryBuilder {
+    history: TensorHistory,
+    last: Option<StepMetrics>,
+}
+
+impl DiffState {
+    fn compare_step(
+        &mut self,
+        ra: &mut TraceReader,
+        sa: &StepRecord,
+        rb: &mut TraceReader,
+        sb: &StepRecord,
+    ) -> Result<(), TraceError> {
+        self.steps_compared += 1;
+        let first_divergent = self.first.is_none();
+        let mut entries = Vec::new();
+        for pairing in align(&sa.tensors, &sb.tensors) {
+            let (ta, tb) = match pairing {
+                Pairing::Same(ta, tb) => (ta, tb),
+                Pairing::Renamed(ta, tb) => {
+                    self.renamed(ta, tb, sa.step);
+                    (ta, tb)
+                }
+                Pairing::OnlyA(ta) => {
+                    self.missing_tensor("b", &ta.name, sa.step);
+                    entries.push(Entry::new(ta, None, false));
+                    continue;
+                }
+                Pairing::OnlyB(tb) => {
+                    self.missing_tensor("a", &tb.name, sb.step);
+                    continue;
+                }
+            };
+            if ta.dtype != tb.dtype || ta.shape != tb.shape {
+                self.mismatch(ta, tb, sa.step);
+                entries.push(Entry::new(ta, None, false));
+                continue;
+            }
+            self.tensors_compared += 1;
+            let h = self.history(ta);
+            self.histories[h].history.steps_compared += 1;
+            if ta.hash == tb.hash {
+                entries.push(Entry::new(ta, None, true));
+                continue;
+            }
+            self.tensors_diverged += 1;
+            let metrics = match (ra.values(sa, ta)?, rb.values(sb, tb)?) {
+                (Some(va), Some(vb)) => Some(compare(ta.dtype, va.bytes, vb.bytes)),
+                _ => None,
+            };
+            self.by_kind.entry(ta.kind).or_insert(sa.step);
+            let divergence = Divergence {
+                step: sa.step,
+                tensor: ta.name.clone(),
+                kind: ta.kind,
+                phase: ta.phase,
+                dtype: ta.dtype,
+                shape: ta.shape.clone(),
+                metrics,
+            };
+            if self.first.is_none() {
+                self.first = Some(divergence.clone());
+            }
+            self.histories[h].diverged(sa.step, metrics);
+            entries.push(Entry::new(ta, Some(divergence), true));
+        }
+        if first_divergent && self.first.is_some() {
+            self.root_cause = analyze(entries);
+        }
+        Ok(())
+    }
+
+    fn history(&mut self, t: &TensorRecord) -> usize {
+        if let Some(&i) = self.index.get(&t.name) {
+            return i;
+        }
+        self.histories.push(HistoryBuilder {
+            history: TensorHistory {
+                name: t.name.clone(),
+                kind: t.kind,
+                steps_compared: 0,
+                steps_diverged: 0,
+                first_divergent_step: None,
+                growth: Vec::new(),
+            },
+            last: None,
+        });
+        self.index.insert(t.name.clone(), self.histories.len() - 1);
+        self.histories.len() - 1
+    }
+
+    /// Counts one more step for the structural difference `key`, adding it (made by `new`)
+    /// the first time it is seen.
+    fn structural(&mut self, key: String, new: impl FnOnce() -> StructuralDifference) {
+        match self.structure_index.get(&key) {
+            Some(&i) => *self.structure[i].steps_mut() += 1,
+            None => {
+                self.structure_index.insert(key, self.structure.len());
+                self.structure.push(new());
+            }
+        }
+    }
+
+    fn missing_step(&mut self, missing_in: &str, step: u64) {
+        self.structural(format!("steps/{missing_in}"), || StructuralDifference::MissingSteps {
+            missing_in: missing_in.into(),
+            first_step: step,
+            steps: 1,
+        });
+    }
+
+    fn missing_tensor(&mut self, missing_in: &str, tensor: &str, step: u64) {
+        self.structural(format!("missing/{missing_in}/{tensor}"), || StructuralDifference::MissingTensor {
+            tensor: tensor.into(),
+            missing_in: missing_in.into(),
+            first_step: step,
+            steps: 1,
+        });
+    }
+
+    fn renamed(&mut self, ta: &TensorRecord, tb: &TensorRecord, step: u64) {
+        self.structural(format!("renamed/{}/{}", ta.name, tb.name), || StructuralDifference::Renamed {
+            a: ta.name.clone(),
+            b: tb.name.clone(),
+            first_step: step,
+            steps: 1,
+        });
+    }
+
+    fn mismatch(&mut self, ta: &TensorRecord, tb: &TensorRecord, step: u64) {
+        self.structural(format!("mismatch/{}", ta.name), || StructuralDifference::Mismatch {
+            tensor: ta.name.clone(),
+            first_step: step,
+            steps: 1,
+            a: format!("{} {:?}", ta.dtype, ta.shape),
+            b: format!("{} {:?}", tb.dtype, tb.shape),
+        });
+    }
+}
+
+impl HistoryBuilder {
+    fn finish(mut self) -> TensorHistory {
+        self.history.growth.extend(self.last);
+        self.history
+    }
+
+    fn diverged(&mut self, step: u64, metrics: Option<TensorMetrics>) {
+        let h = &mut self.history;
+        h.steps_diverged += 1;
+        let first = *h.first_divergent_step.get_or_insert(step);
+        let Some(metrics) = metrics else { return };
+        let sample = StepMetrics { step, metrics };
+        let distance = step - first;
+        if distance == 0 || distance.is_power_of_two() || h.growth.is_empty() {
+            h.growth.push(sample);
+            self.last = None;
+        } else {
+            self.last = Some(sample);
+        }
+    }
+}

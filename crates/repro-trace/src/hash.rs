@@ -1,0 +1,207 @@
+//! The canonical tensor hash: a BLAKE3 digest that depends on a tensor's dtype, shape and
+//! element values, and on nothing else (not its device, strides or memory layout).
+//!
+//! The encoding is two-level so that the expensive part can run wherever the data lives:
+//!
+//! ```text
+//! data_hash = BLAKE3(elements as contiguous row-major little-endian bytes)
+//! hash      = BLAKE3("repro.tensor.v1" || u8 len(dtype) || dtype name || u64le ndim
+//!                    || u64le dim[0] || ... || u64le dim[ndim-1] || data_hash)
+//! ```
+//!
+//! `data_hash` is plain BLAKE3 over the element bytes, so a GPU (or any BLAKE3 implementation)
+//! can compute it over device memory and only 32 bytes need to cross to the host. The outer
+//! hash is a few dozen bytes and costs nothing measurable. `docs/trace-format.md` specifies the
+//! same encoding; `fixtures/hash_vectors.json` pins it.
+
+use crate::dtype::DType;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use std::fmt;
+use std::str::FromStr;
+
+/// Domain-separation prefix of the outer hash.
+pub const DOMAIN: &[u8] = b"repro.tensor.v1";
+
+/// Inputs at least this large are hashed with BLAKE3's multi-threaded tree hashing; below it,
+/// handing work to other threads costs more than it saves (and competes with the training
+/// step's own threads).
+const PARALLEL_THRESHOLD: usize = 1 << 20;
+
+/// A 32-byte canonical tensor hash. Written as 64 lowercase hex digits.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct TensorHash(pub [u8; 32]);
+
+/// BLAKE3 of the element bytes alone (the inner hash).
+pub fn data_hash(bytes: &[u8]) -> [u8; 32] {
+    let mut hasher = blake3::Hasher::new();
+    if bytes.len() >= PARALLEL_THRESHOLD {
+        hasher.update_rayon(bytes);
+    } else {
+        hasher.update(bytes);
+    }
+    *hasher.finalize().as_bytes()
+}
+
+/// Combines a dtype, a shape and an inner data hash into the canonical hash.
+pub fn combine(dtype: DType, shape: &[u64], data_hash: &[u8; 32]) -> TensorHash {
+    let mut hasher = blake3::Hasher::new();
+    hasher.update(DOMAIN);
+    let name = dtype.name().as_bytes();
+    hasher.update(&[name.len() as u8]);
+    hasher.update(name);
+    hasher.update(&(shape.len() as u64).to_le_bytes());
+    for dim in shape {
+        hasher.update(&dim.to_le_bytes());
+    }
+    hasher.update(data_hash);
+    TensorHash(*hasher.finalize().as_bytes())
+}
+
+/// The canonical hash of a tensor given its contiguous little-endian element bytes.
+pub fn tensor_hash(dtype: DType, shape: &[u64], bytes: &[u8]) -> TensorHash {
+    combine(dtype, shape, &data_hash(bytes))
+}
+
+/// Bytes per BLAKE3 chunk: the leaves of its hash tree.
+pub const CHUNK_LEN: usize = 1024;
+
+/// A BLAKE3 chaining value: a node of the hash tree.
+pub type ChainingValue = [u8; 32];
+
+/// Finishes a BLAKE3 hash from one level of its tree.
+///
+/// `level` is what merging chunk chaining values pairwise, left to right, a number of times
+/// yields, where each pass keeps an odd last node unchanged (level 0 is the chunk values
+/// themselves). That is how a device computes most of the tree in parallel; the host merges the
+/// rest here. Needs at least two nodes (inputs of one chunk are hashed directly).
+pub fn finish_tree(mut level: Vec<ChainingValue>) -> [u8; 32] {
+    use blake3::hazmat::{merge_subtrees_non_root, merge_subtrees_root, Mode};
+    assert!(level.len() >= 2, "a tree of one chunk has no parents to merge");
+    while level.len() > 2 {
+        level = level
+            .chunks(2)
+            .map(|pair| match pair {
+                [left, right] => merge_subtrees_non_root(left, right, Mode::Hash),
+                [single] => *single,
+                _ => unreachable!("chunks(2) yields one or two nodes"),
+            })
+            .collect();
+    }
+    *merge_subtrees_root(&level[0], &level[1], Mode::Hash).as_bytes()
+}
+
+/// The chaining value of chunk `index`, computed on the host (the reference for device code).
+pub fn chunk_chaining_value(chunk: &[u8], index: u64) -> ChainingValue {
+    use blake3::hazmat::HasherExt;
+    let mut hasher = blake3::Hasher::new();
+    hasher.set_input_offset(index * CHUNK_LEN as u64);
+    hasher.update(chunk);
+    hasher.finalize_non_root()
+}
+
+impl fmt::Display for TensorHash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for b in self.0 {
+            write!(f, "{b:02x}")?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for TensorHash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "TensorHash({self})")
+    }
+}
+
+/// The error for a string that is not 64 lowercase hex digits.
+#[derive(Debug, thiserror::Error)]
+#[error("`{0}` is not a tensor hash (expected 64 lowercase hex digits)")]
+pub struct BadHash(pub String);
+
+impl FromStr for TensorHash {
+    type Err = BadHash;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = || BadHash(s.chars().take(80).collect());
+        if s.len() != 64 || !s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
+            return Err(bad());
+        }
+        let mut out = [0u8; 32];
+        for (i, byte) in out.iter_mut().enumerate() {
+            *byte = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).map_err(|_| bad())?;
+        }
+        Ok(TensorHash(out))
+    }
+}
+
+impl Serialize for TensorHash {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for TensorHash {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = <std::borrow::Cow<'de, str>>::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hash_depends_on_dtype_shape_and_order() {
+        let bytes: Vec<u8> = [1.0f32, 2.0, 3.0, 4.0].iter().flat_map(|x| x.to_le_bytes()).collect();
+        let base = tensor_hash(DType::F32, &[4], &bytes);
+        assert_ne!(base, tensor_hash(DType::F32, &[2, 2], &bytes));
+        assert_ne!(base, tensor_hash(DType::U32, &[4], &bytes));
+        let mut swapped = bytes.clone();
+        swapped[..4].copy_from_slice(&2.0f32.to_le_bytes());
+        swapped[4..8].copy_from_slice(&1.0f32.to_le_bytes());
+        assert_ne!(base, tensor_hash(DType::F32, &[4], &swapped));
+        assert_eq!(base, tensor_hash(DType::F32, &[4], &bytes));
+    }
+
+    #[test]
+    fn parallel_and_serial_paths_agree() {
+        let bytes: Vec<u8> = (0..PARALLEL_THRESHOLD * 3 + 17).map(|i| (i * 31) as u8).collect();
+        let serial = *blake3::hash(&bytes).as_bytes();
+        assert_eq!(data_hash(&bytes), serial);
+    }
+
+    #[test]
+    fn tree_of_chunk_values_matches_blake3_at_every_level() {
+        for len in [1025usize, 2048, 2049, 5 * 1024 + 3, 7 * 1024, 64 * 1024 + 1, 1 << 20] {
+            let bytes: Vec<u8> = (0..len).map(|i| (i * 131 + 11) as u8).collect();
+            let mut level: Vec<ChainingValue> =
+                bytes.chunks(CHUNK_LEN).enumerate().map(|(i, c)| chunk_chaining_value(c, i as u64)).collect();
+            let expected = *blake3::hash(&bytes).as_bytes();
+            // Finishing from any level of the pairwise merge gives the same root.
+            while level.len() >= 2 {
+                assert_eq!(finish_tree(level.clone()), expected, "len {len}, level of {}", level.len());
+                level = level
+                    .chunks(2)
+                    .map(|p| {
+                        if p.len() == 2 {
+                            blake3::hazmat::merge_subtrees_non_root(&p[0], &p[1], blake3::hazmat::Mode::Hash)
+                        } else {
+                            p[0]
+                        }
+                    })
+                    .collect();
+            }
+        }
+    }
+
+    #[test]
+    fn hex_round_trip_and_rejects_garbage() {
+        let h = tensor_hash(DType::U8, &[0], &[]);
+        assert_eq!(h.to_string().parse::<TensorHash>().unwrap(), h);
+        assert!("xyz".parse::<TensorHash>().is_err());
+        assert!(h.to_string().to_uppercase().parse::<TensorHash>().is_err());
+        assert!(format!("+a{}", &h.to_string()[2..]).parse::<TensorHash>().is_err());
+        assert!("é".repeat(32).parse::<TensorHash>().is_err());
+    }
+}

@@ -1,0 +1,30 @@
+//! repro-trace: the trace format. A trace is a directory holding one run's records; this crate is
+//! the only code that reads or writes one, and it owns what a record means: the element types
+//! ([`dtype`]), the canonical tensor hash ([`hash`]), the framing ([`frame`]) and the schema.
+//!
+//! No candle and no model code: anything that reads, verifies or writes traces (the `repro`
+//! binary, the diff, the fuzz targets, another tool) depends on this crate alone.
+//! `docs/trace-format.md` is the specification.
+#![deny(missing_docs)]
+
+mod check;
+pub mod dtype;
+mod error;
+pub mod format;
+pub mod frame;
+pub mod hash;
+mod reader;
+mod schema;
+mod summary;
+mod writer;
+
+pub use check::{StepCheck, StepVerdict};
+pub use error::TraceError;
+pub use format::{FormatVersion, CURRENT_FORMAT};
+pub use reader::{Completeness, TensorValues, TraceReader};
+pub use schema::{
+    BadCapture, CapturePolicy, Environment, Footer, FullCapture, Header, Phase, Record, RunConfig, StepRecord,
+    TensorKind, TensorRecord,
+};
+pub use summary::{summarize, verify, TensorInfo, TraceSummary, Verification};
+pub use writer::{StepTensor, TraceWriter};

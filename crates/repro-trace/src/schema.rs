@@ -1,0 +1,338 @@
+//! The records a trace holds, as serde types. Each is written as a msgpack map with field
+//! names as keys and a `type` key naming the record (`header`, `step`, `footer`).
+
+use crate::dtype::DType;
+use crate::format::FormatVersion;
+use crate::hash::TensorHash;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+
+/// One record of the record file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Record {
+    /// The first record: what ran, where, and what was captured.
+    Header(Box<Header>),
+    /// One training step's tensors.
+    Step(StepRecord),
+    /// The last record of a complete trace.
+    Footer(Footer),
+}
+
+/// What ran, where, and what was captured.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Header {
+    /// Format version of this trace (also in the file preamble).
+    pub format: FormatVersion,
+    /// The program that wrote the trace, e.g. `repro 0.1.0`.
+    pub producer: String,
+    /// The training configuration: two runs with equal configs are meant to compute the same.
+    pub run: RunConfig,
+    /// Where the run happened: versions, device, threads, numerics-relevant variables.
+    pub environment: Environment,
+    /// Which tensors were stored in full.
+    pub capture: CapturePolicy,
+}
+
+/// The training configuration.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct RunConfig {
+    /// Workload name (`adder`, or any name a library user picks).
+    pub workload: String,
+    /// Total steps the run intends to record, if known.
+    pub steps: Option<u64>,
+    /// Every other setting, as text, sorted by key.
+    pub params: BTreeMap<String, String>,
+}
+
+/// The environment fingerprint: what can change numerics between otherwise equal runs.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct Environment {
+    /// repro's version.
+    pub repro_version: String,
+    /// candle-core's version.
+    pub candle_version: String,
+    /// Device the run computed on: `cpu` or `cuda:N`.
+    pub device: String,
+    /// Human name of the device (CPU model or GPU name).
+    pub device_name: String,
+    /// CPU model of the host.
+    pub cpu_model: String,
+    /// Operating system and architecture.
+    pub os: String,
+    /// rustc that built the producer.
+    pub rustc: String,
+    /// Worker threads candle's CPU backend uses.
+    pub threads: u64,
+    /// Environment variables that change numerics, as set for the run (unset ones are absent).
+    pub env: BTreeMap<String, String>,
+}
+
+/// What one step recorded.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StepRecord {
+    /// Step number; strictly increasing within a trace.
+    pub step: u64,
+    /// Relative path of the safetensors file with this step's full tensors, if any.
+    pub payload: Option<String>,
+    /// Tensors in the order they were recorded; names are unique within a step.
+    pub tensors: Vec<TensorRecord>,
+}
+
+/// One recorded tensor.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TensorRecord {
+    /// Name, unique within the step (`weight`, `block2.conv1.matmul`, `bias.grad`).
+    pub name: String,
+    /// What the tensor is.
+    pub kind: TensorKind,
+    /// Element type.
+    pub dtype: DType,
+    /// Dimensions, outermost first.
+    pub shape: Vec<u64>,
+    /// Canonical hash (see `crate::hash`).
+    pub hash: TensorHash,
+    /// Element bytes of a small tensor, stored in the record itself.
+    #[serde(with = "serde_bytes", default, skip_serializing_if = "Option::is_none")]
+    pub inline: Option<Vec<u8>>,
+    /// Whether the step's payload file holds this tensor.
+    #[serde(default)]
+    pub in_payload: bool,
+    /// Which part of the training step produced it (format 1.1; absent: not said).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<Phase>,
+    /// Names of the tensors of the same step it was computed from, recorded before it (format
+    /// 1.1). Root-cause analysis follows these edges.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub inputs: Vec<String>,
+}
+
+impl TensorRecord {
+    /// Number of elements.
+    pub fn numel(&self) -> u64 {
+        self.shape.iter().product()
+    }
+}
+
+/// What a recorded tensor is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TensorKind {
+    /// A trainable parameter, before the step's update.
+    Weight,
+    /// A gradient of the loss.
+    Gradient,
+    /// A model output.
+    Prediction,
+    /// A loss value.
+    Loss,
+    /// An intermediate activation.
+    Activation,
+    /// The output of one recorded op.
+    OpOutput,
+    /// Data fed to the model: a batch of inputs or labels (format 1.1).
+    Input,
+    /// A kind this version of repro does not know (written by a newer minor version).
+    #[serde(other)]
+    Other,
+}
+
+impl TensorKind {
+    /// The name used in traces and output.
+    pub fn name(self) -> &'static str {
+        match self {
+            TensorKind::Weight => "weight",
+            TensorKind::Gradient => "gradient",
+            TensorKind::Prediction => "prediction",
+            TensorKind::Loss => "loss",
+            TensorKind::Activation => "activation",
+            TensorKind::OpOutput => "op_output",
+            TensorKind::Input => "input",
+            TensorKind::Other => "other",
+        }
+    }
+}
+
+impl fmt::Display for TensorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The part of a training step a tensor belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    /// The forward pass (and the loss).
+    Forward,
+    /// Backpropagation: gradients.
+    Backward,
+    /// The optimizer's update of the parameters.
+    Update,
+}
+
+impl Phase {
+    /// The name used in traces and output.
+    pub fn name(self) -> &'static str {
+        match self {
+            Phase::Forward => "forward",
+            Phase::Backward => "backward",
+            Phase::Update => "update",
+        }
+    }
+}
+
+impl fmt::Display for Phase {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The last record of a complete trace.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Footer {
+    /// Number of step records before the footer.
+    pub steps: u64,
+}
+
+/// Which steps store full tensors. Hashes are recorded at every step regardless, and tensors of
+/// at most `inline_max_bytes` bytes are always stored inline.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CapturePolicy {
+    /// Steps whose tensors go to a payload file.
+    pub full: FullCapture,
+    /// Tensors this small (in bytes) are stored inline at every step.
+    pub inline_max_bytes: u64,
+}
+
+impl Default for CapturePolicy {
+    fn default() -> Self {
+        CapturePolicy { full: FullCapture::FirstAndLast, inline_max_bytes: 256 }
+    }
+}
+
+impl CapturePolicy {
+    /// Whether `step` stores full tensors, given the run's total step count if known (without
+    /// it, `first-and-last` stores only the first step).
+    pub fn wants_full(&self, step: u64, first_step: u64, total_steps: Option<u64>) -> bool {
+        match &self.full {
+            FullCapture::None => false,
+            FullCapture::All => true,
+            FullCapture::FirstAndLast => {
+                step == first_step || total_steps.is_some_and(|n| n > 0 && step == first_step.saturating_add(n - 1))
+            }
+            FullCapture::Every(n) => step.is_multiple_of(*n),
+            FullCapture::Steps(steps) => steps.contains(&step),
+        }
+    }
+}
+
+/// Which steps store full tensors; written as text: `none`, `all`, `first-and-last`,
+/// `every:N`, or `steps:A,B,C`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FullCapture {
+    /// Hashes only (plus small inline tensors).
+    None,
+    /// Every step.
+    All,
+    /// The first and the last step (the default).
+    FirstAndLast,
+    /// Every N-th step (N > 0): the steps divisible by N.
+    Every(u64),
+    /// The listed steps (sorted, deduplicated).
+    Steps(Vec<u64>),
+}
+
+/// The error for a capture policy that does not parse.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid capture policy `{0}`: expected none, all, first-and-last, every:N (N > 0) or steps:A,B,...")]
+pub struct BadCapture(pub String);
+
+impl FromStr for FullCapture {
+    type Err = BadCapture;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = || BadCapture(s.to_string());
+        match s {
+            "none" | "hashes" => return Ok(FullCapture::None),
+            "all" => return Ok(FullCapture::All),
+            "first-and-last" | "default" => return Ok(FullCapture::FirstAndLast),
+            _ => {}
+        }
+        if let Some(n) = s.strip_prefix("every:") {
+            let n: u64 = n.parse().map_err(|_| bad())?;
+            return if n == 0 { Err(bad()) } else { Ok(FullCapture::Every(n)) };
+        }
+        if let Some(list) = s.strip_prefix("steps:") {
+            if list.is_empty() {
+                return Ok(FullCapture::Steps(Vec::new()));
+            }
+            let mut steps =
+                list.split(',').map(|x| x.trim().parse::<u64>()).collect::<Result<Vec<_>, _>>().map_err(|_| bad())?;
+            steps.sort_unstable();
+            steps.dedup();
+            return Ok(FullCapture::Steps(steps));
+        }
+        Err(bad())
+    }
+}
+
+impl fmt::Display for FullCapture {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FullCapture::None => f.write_str("none"),
+            FullCapture::All => f.write_str("all"),
+            FullCapture::FirstAndLast => f.write_str("first-and-last"),
+            FullCapture::Every(n) => write!(f, "every:{n}"),
+            FullCapture::Steps(steps) => {
+                let list: Vec<String> = steps.iter().map(u64::to_string).collect();
+                write!(f, "steps:{}", list.join(","))
+            }
+        }
+    }
+}
+
+impl Serialize for FullCapture {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for FullCapture {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn capture_policies_parse_and_print_back() {
+        for text in ["none", "all", "first-and-last", "every:5", "steps:1,5,9"] {
+            let parsed: FullCapture = text.parse().unwrap();
+            assert_eq!(parsed.to_string(), text);
+        }
+        assert_eq!("steps:9,1,9".parse::<FullCapture>().unwrap().to_string(), "steps:1,9");
+        assert_eq!("steps:".parse::<FullCapture>().unwrap(), FullCapture::Steps(vec![]));
+        for bad in ["every:0", "every:x", "steps:1,,2", "sometimes"] {
+            assert!(bad.parse::<FullCapture>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn default_policy_stores_first_and_last_step() {
+        let p = CapturePolicy::default();
+        let full: Vec<u64> = (0..10).filter(|&s| p.wants_full(s, 0, Some(10))).collect();
+        assert_eq!(full, vec![0, 9]);
+        let unknown: Vec<u64> = (0..10).filter(|&s| p.wants_full(s, 0, None)).collect();
+        assert_eq!(unknown, vec![0]);
+        let from_one: Vec<u64> = (1..=10).filter(|&s| p.wants_full(s, 1, Some(10))).collect();
+        assert_eq!(from_one, vec![1, 10]);
+        let every_zero = CapturePolicy { full: FullCapture::Every(0), inline_max_bytes: 0 };
+        assert!(!every_zero.wants_full(3, 0, None));
+    }
+}

@@ -1,0 +1,142 @@
+//! A trace's summary for `repro inspect`: header, completeness, steps, tensors and sizes.
+
+use crate::dtype::DType;
+use crate::error::TraceError;
+use crate::format::FormatVersion;
+use crate::reader::{Completeness, TraceReader};
+use crate::schema::{Header, Phase, TensorKind};
+use serde::Serialize;
+use std::path::Path;
+
+/// What `repro inspect` shows.
+#[derive(Debug, Clone, Serialize)]
+pub struct TraceSummary {
+    /// The trace directory.
+    pub path: String,
+    /// Format version of the trace.
+    pub format: FormatVersion,
+    /// The header record.
+    pub header: Header,
+    /// Whether the trace has its footer.
+    pub complete: bool,
+    /// Why not, if not.
+    pub incomplete_reason: Option<String>,
+    /// Number of step records.
+    pub steps: u64,
+    /// First step number.
+    pub first_step: Option<u64>,
+    /// Last step number.
+    pub last_step: Option<u64>,
+    /// Steps whose full tensors are stored in a payload file.
+    pub full_steps: Vec<u64>,
+    /// Tensors of the first step, in recording order.
+    pub tensors: Vec<TensorInfo>,
+    /// Size of the record file in bytes.
+    pub records_bytes: u64,
+    /// Total size of the payload files in bytes.
+    pub payload_bytes: u64,
+}
+
+/// One tensor as recorded at the first step.
+#[derive(Debug, Clone, Serialize)]
+pub struct TensorInfo {
+    /// Name.
+    pub name: String,
+    /// Kind.
+    pub kind: TensorKind,
+    /// Phase that produced it, if recorded.
+    pub phase: Option<Phase>,
+    /// Names of the tensors it was computed from.
+    pub inputs: Vec<String>,
+    /// Element type.
+    pub dtype: DType,
+    /// Shape.
+    pub shape: Vec<u64>,
+    /// Size of its values in bytes.
+    pub bytes: u64,
+}
+
+/// Reads a whole trace (records only, not payload contents) and summarizes it.
+pub fn summarize(dir: &Path) -> Result<TraceSummary, TraceError> {
+    let mut reader = TraceReader::open(dir)?;
+    let mut summary = TraceSummary {
+        path: dir.display().to_string(),
+        format: reader.version(),
+        header: reader.header().clone(),
+        complete: false,
+        incomplete_reason: None,
+        steps: 0,
+        first_step: None,
+        last_step: None,
+        full_steps: Vec::new(),
+        tensors: Vec::new(),
+        records_bytes: file_size(reader.records_path())?,
+        payload_bytes: 0,
+    };
+    while let Some(step) = reader.next_step()? {
+        summary.steps += 1;
+        summary.first_step.get_or_insert(step.step);
+        summary.last_step = Some(step.step);
+        if summary.tensors.is_empty() {
+            summary.tensors = step
+                .tensors
+                .iter()
+                .map(|t| TensorInfo {
+                    name: t.name.clone(),
+                    kind: t.kind,
+                    phase: t.phase,
+                    inputs: t.inputs.clone(),
+                    dtype: t.dtype,
+                    shape: t.shape.clone(),
+                    bytes: t.numel() * t.dtype.size_in_bytes() as u64,
+                })
+                .collect();
+        }
+        if let Some(payload) = &step.payload {
+            summary.full_steps.push(step.step);
+            summary.payload_bytes += file_size(&dir.join(payload))?;
+        }
+    }
+    match reader.completeness() {
+        Some(Completeness::Complete) => summary.complete = true,
+        Some(Completeness::Incomplete(why)) => summary.incomplete_reason = Some(why.clone()),
+        None => {}
+    }
+    Ok(summary)
+}
+
+fn file_size(path: &Path) -> Result<u64, TraceError> {
+    std::fs::metadata(path).map(|m| m.len()).map_err(TraceError::io(path))
+}
+
+/// What `verify` checked.
+#[derive(Debug, Clone, Serialize)]
+pub struct Verification {
+    /// Step records read.
+    pub steps: u64,
+    /// Tensor records read.
+    pub tensors: u64,
+    /// Stored values (inline or in payloads) checked against their hashes.
+    pub values_checked: u64,
+    /// Whether the trace has its footer.
+    pub complete: bool,
+}
+
+/// Reads a whole trace and checks every stored value against its recorded hash: the check
+/// for a trace that was copied, shared or attached to a bug report. Any damage is an error
+/// naming the file and the step.
+pub fn verify(path: &Path) -> Result<Verification, TraceError> {
+    let mut reader = TraceReader::open(path)?;
+    let mut v = Verification { steps: 0, tensors: 0, values_checked: 0, complete: false };
+    while let Some(step) = reader.next_step()? {
+        v.steps += 1;
+        for tensor in &step.tensors {
+            v.tensors += 1;
+            if reader.values(&step, tensor)?.is_some() {
+                v.values_checked += 1;
+            }
+        }
+    }
+    v.complete = matches!(reader.completeness(), Some(Completeness::Complete));
+    Ok(v)
+}
