@@ -166,6 +166,7 @@ fn write_big_trace(dir: &Path, steps: u64, mib: usize, offset: u32) {
             in_payload: false,
             phase: None,
             inputs: vec![],
+            node: None,
         };
         w.write_step(step, vec![StepTensor { record, payload: Some(values) }]).unwrap();
     }

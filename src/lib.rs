@@ -3,7 +3,8 @@
 //! Data flows one way, and the modules follow it:
 //!
 //! - [`workloads`] train models with candle (using [`ops`] where repro controls the numerics)
-//!   and hand their tensors to a [`record::Recorder`];
+//!   and hand their tensors to a [`record::Recorder`], op by op or through [`capture`], which
+//!   records any candle model's parameters, forward graph and gradients with no per-op code;
 //! - [`record`] hashes tensors ([`hash`]) and writes them as a [`trace`];
 //! - [`diff`] compares traces, and [`report`] renders the comparison.
 //!
@@ -13,6 +14,7 @@
 //! model code and no GPU. The trace format is specified in `docs/trace-format.md`.
 #![deny(missing_docs)]
 
+pub mod capture;
 pub mod ops;
 pub mod record;
 pub mod study;

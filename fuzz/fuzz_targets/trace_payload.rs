@@ -48,6 +48,7 @@ fn write_trace(dir: &std::path::Path) {
                 in_payload: false,
                 phase: None,
                 inputs: vec![],
+                node: None,
             },
             payload: Some(bytes),
         })

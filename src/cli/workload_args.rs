@@ -4,13 +4,17 @@ use clap::Args;
 use repro::ops::Reductions;
 use repro::record::{open_device, Perturbation, Recorder};
 use repro::trace::{CapturePolicy, FullCapture};
-use repro::workloads::{AdderConfig, ClassifierConfig, DatasetName, Formulation, ModelKind, Workload, WORKLOADS};
+use repro::workloads::gpt::model::Norm;
+use repro::workloads::{
+    AdderConfig, ClassifierConfig, DatasetName, Formulation, GptConfig, ModelKind, Workload, WORKLOADS,
+};
 use std::path::Path;
 
 #[derive(Debug, Clone, Args)]
 pub struct WorkloadArgs {
-    /// Workload to train: adder (linear, MSE, SGD), or a classifier trained with Adam and
-    /// cross-entropy: mlp (26 hidden units), cnn (three conv layers), resnet18.
+    /// Workload to train: adder (linear, MSE, SGD); a classifier trained with Adam and
+    /// cross-entropy: mlp (26 hidden units), cnn (three conv layers), resnet18; or gpt (a small
+    /// transformer trained with AdamW, recorded by automatic graph capture).
     #[arg(long, default_value = "adder", value_parser = clap::builder::PossibleValuesParser::new(WORKLOADS))]
     pub workload: String,
     /// Seed of the initial weights (classifiers: and of every other seed not given).
@@ -20,16 +24,19 @@ pub struct WorkloadArgs {
     /// (defaults to --seed for the adder, 0 for classifiers).
     #[arg(long)]
     pub data_seed: Option<u64>,
-    /// Training steps [adder default: 1000; classifiers: all epochs].
+    /// Training steps [adder default: 1000; classifiers: all epochs; gpt: 20].
     #[arg(long)]
     pub steps: Option<u64>,
-    /// Examples per batch [adder: 10000, mlp and cnn: 32, resnet18: 128].
+    /// Examples per batch [adder: 10000, mlp and cnn: 32, resnet18: 128, gpt: 8 sequences].
     #[arg(long)]
     pub batch: Option<usize>,
+    /// Width: channels of ResNet-18's first stage [64], gpt's embedding width [128].
+    #[arg(long)]
+    pub width: Option<usize>,
     /// Input features (adder).
     #[arg(long, default_value_t = AdderConfig::default().features)]
     pub features: usize,
-    /// Learning rate [adder: 0.01 (SGD); Adam: mlp 0.0005, cnn 0.002, resnet18 0.001].
+    /// Learning rate [adder: 0.01 (SGD); Adam: mlp 0.0005, cnn 0.002, resnet18 0.001; gpt: 0.001].
     #[arg(long)]
     pub lr: Option<f64>,
     /// How the adder writes its reductions: reduce (sums, means) or matmul (matrix products).
@@ -47,6 +54,27 @@ pub struct WorkloadArgs {
     pub perturb: Option<Perturbation>,
     #[command(flatten)]
     pub classifier: ClassifierArgs,
+    #[command(flatten)]
+    pub gpt: GptArgs,
+}
+
+/// Settings of the transformer workload.
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Transformer (gpt)")]
+pub struct GptArgs {
+    /// Transformer blocks.
+    #[arg(long, default_value_t = GptConfig::default().layers)]
+    pub layers: usize,
+    /// Tokens per sequence (bytes of the corpus).
+    #[arg(long, default_value_t = GptConfig::default().context)]
+    pub context: usize,
+    /// Attention heads.
+    #[arg(long, default_value_t = GptConfig::default().heads)]
+    pub heads: usize,
+    /// Normalisation: ops (layer norm from tensor ops) or fused (candle's kernel, which has no
+    /// backward pass: the parameters before it get no gradient).
+    #[arg(long, default_value = "ops", value_parser = ["ops", "fused"])]
+    pub norm: String,
 }
 
 /// Settings of the classifier workloads.
@@ -80,9 +108,6 @@ pub struct ClassifierArgs {
     /// Random image shifts of up to N pixels [cnn: 1, resnet18: 2; 0 turns augmentation off].
     #[arg(long, value_name = "N")]
     pub augment_shift: Option<usize>,
-    /// Channels of ResNet-18's first stage.
-    #[arg(long, default_value_t = 64)]
-    pub width: usize,
 }
 
 impl WorkloadArgs {
@@ -90,6 +115,9 @@ impl WorkloadArgs {
     pub fn workload(&self) -> Result<Workload, String> {
         if self.workload == "adder" {
             return self.adder().map(Workload::Adder);
+        }
+        if self.workload == "gpt" {
+            return self.gpt().map(Workload::Gpt);
         }
         let model: ModelKind = self.workload.parse()?;
         self.classifier(model).map(Workload::Classifier)
@@ -108,6 +136,28 @@ impl WorkloadArgs {
             reductions: self.reductions,
         };
         config.validate(self.perturb.as_ref()).map_err(|e| e.to_string())?;
+        Ok(config)
+    }
+
+    fn gpt(&self) -> Result<GptConfig, String> {
+        let d = GptConfig::default();
+        let g = &self.gpt;
+        let config = GptConfig {
+            seed: self.seed,
+            data_seed: self.data_seed.unwrap_or(self.seed),
+            steps: self.steps.unwrap_or(d.steps),
+            batch: self.batch.unwrap_or(d.batch),
+            context: g.context,
+            layers: g.layers,
+            width: self.width.unwrap_or(d.width),
+            heads: g.heads,
+            lr: self.lr.unwrap_or(d.lr),
+            norm: if g.norm == "fused" { Norm::Fused } else { Norm::Ops },
+        };
+        config.validate(self.reductions, self.perturb.as_ref()).map_err(|e| e.to_string())?;
+        if self.formulation != Formulation::Reduce {
+            return Err("--formulation is a setting of the adder, not of gpt".into());
+        }
         Ok(config)
     }
 
@@ -133,7 +183,7 @@ impl WorkloadArgs {
             batch_norm: c.batch_norm || d.batch_norm,
             dropout: c.dropout,
             augment_shift: c.augment_shift.unwrap_or(d.augment_shift),
-            width: c.width,
+            width: self.width.unwrap_or(d.width),
         };
         config.validate().map_err(|e| e.to_string())?;
         if self.formulation != Formulation::Reduce {

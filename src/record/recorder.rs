@@ -30,6 +30,7 @@ use crate::trace::{
     CURRENT_FORMAT,
 };
 use candle_core::{Device, Tensor};
+use std::collections::BTreeMap;
 use std::path::Path;
 
 /// The environment variable through which `repro gate -- CMD` tells a program where to record.
@@ -45,6 +46,8 @@ pub struct Recorder {
     perturbation: Option<Perturbation>,
     perturbation_applied: bool,
     online: Option<Online>,
+    /// Per step not yet written: trainable parameters that received no gradient.
+    no_gradient: BTreeMap<u64, Vec<String>>,
 }
 
 /// Online comparison against a reference run (`Recorder::compare_with`).
@@ -121,6 +124,7 @@ impl Recorder {
             perturbation: None,
             perturbation_applied: false,
             online: None,
+            no_gradient: BTreeMap::new(),
         }
     }
 
@@ -187,8 +191,9 @@ impl Recorder {
     }
 
     fn write(&mut self, step: u64, tensors: Vec<StepTensor>) -> Result<(), RecordError> {
+        let no_gradient = self.no_gradient.remove(&step).unwrap_or_default();
         match &mut self.writer {
-            Some(writer) => Ok(writer.write_step(step, tensors)?),
+            Some(writer) => Ok(writer.write_step_with(step, tensors, no_gradient)?),
             None => Ok(()),
         }
     }
@@ -250,6 +255,35 @@ impl StepRecorder<'_> {
         inputs: &[&str],
         tensor: &Tensor,
     ) -> Result<(), RecordError> {
+        self.push(name, kind, phase, inputs, None, tensor)
+    }
+
+    /// Records a node of an automatically captured graph at `position` of its topological
+    /// order (see `repro::capture`).
+    pub fn record_node(
+        &mut self,
+        name: &str,
+        kind: TensorKind,
+        position: u64,
+        tensor: &Tensor,
+    ) -> Result<(), RecordError> {
+        self.push(name, kind, Some(Phase::Forward), &[], Some(position), tensor)
+    }
+
+    /// Notes trainable parameters that received no gradient at this step; the trace lists them.
+    pub fn note_no_gradient(&mut self, names: impl IntoIterator<Item = String>) {
+        self.recorder.no_gradient.entry(self.step).or_default().extend(names);
+    }
+
+    fn push(
+        &mut self,
+        name: &str,
+        kind: TensorKind,
+        phase: Option<Phase>,
+        inputs: &[&str],
+        node: Option<u64>,
+        tensor: &Tensor,
+    ) -> Result<(), RecordError> {
         if self.recorder.writer.is_none() {
             return Ok(());
         }
@@ -293,6 +327,7 @@ impl StepRecorder<'_> {
                 in_payload: false,
                 phase,
                 inputs: inputs.iter().map(|s| s.to_string()).collect(),
+                node,
             },
             payload,
         });

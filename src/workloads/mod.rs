@@ -3,17 +3,19 @@
 
 mod adder;
 pub mod classifier;
+pub mod gpt;
 pub mod seeded;
 
 pub use adder::{AdderConfig, Formulation};
 pub use classifier::{ClassifierConfig, Dataset, DatasetName, ModelKind, Seeds, TrainOutcome};
+pub use gpt::GptConfig;
 
 use crate::record::{Perturbation, RecordError, Recorder};
 use crate::trace::RunConfig;
 use candle_core::Device;
 
 /// Names of the built-in workloads.
-pub const WORKLOADS: &[&str] = &["adder", "mlp", "cnn", "resnet18"];
+pub const WORKLOADS: &[&str] = &["adder", "mlp", "cnn", "resnet18", "gpt"];
 
 /// A built-in workload with its settings.
 #[derive(Debug, Clone, PartialEq)]
@@ -22,6 +24,8 @@ pub enum Workload {
     Adder(AdderConfig),
     /// A classifier (mlp, cnn, resnet18).
     Classifier(ClassifierConfig),
+    /// The transformer, recorded by automatic capture.
+    Gpt(GptConfig),
 }
 
 impl Workload {
@@ -30,6 +34,7 @@ impl Workload {
         match self {
             Workload::Adder(c) => c.run_config(),
             Workload::Classifier(c) => c.run_config(),
+            Workload::Gpt(c) => c.run_config(),
         }
     }
 
@@ -50,6 +55,10 @@ impl Workload {
                     c.model, c.dataset, c.reductions, c.batch, c.seeds.init
                 )
             }
+            Workload::Gpt(c) => format!(
+                "gpt ({} layers, width {}, context {}; seed {}, {} steps of batch {})",
+                c.layers, c.width, c.context, c.seed, c.steps, c.batch
+            ),
         }
     }
 
@@ -66,6 +75,7 @@ impl Workload {
                 let data = Dataset::load(c.dataset, c.dataset_seed, c.examples).map_err(RecordError::Unsupported)?;
                 classifier::train(c, &data, device, recorder, perturb).map(|_| ())
             }
+            Workload::Gpt(c) => c.run(device, recorder, perturb),
         }
     }
 }

@@ -2,6 +2,8 @@
 
 mod util;
 
+/// Automatic graph capture: the gpt workload, named nodes, the leaf rule, missing gradients.
+mod capture;
 /// The determinism gate and baselines.
 mod gate;
 /// Traces recorded on a GPU, read and compared on the CPU.

@@ -81,6 +81,7 @@ fn synthetic(dir: &Path, ops: &[(&str, u8, &[&str])]) {
                     in_payload: false,
                     phase: Some(Phase::Forward),
                     inputs: inputs.iter().map(|s| s.to_string()).collect(),
+                    node: None,
                 },
                 payload: None,
             }

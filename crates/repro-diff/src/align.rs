@@ -103,6 +103,7 @@ mod tests {
             in_payload: false,
             phase: None,
             inputs: vec![],
+            node: None,
         }
     }
 

@@ -146,6 +146,7 @@ mod tests {
             in_payload: false,
             phase: None,
             inputs: Vec::new(),
+            node: None,
         };
         w.write_step(0, vec![StepTensor { record, payload: None }]).unwrap();
         w.finish().unwrap();

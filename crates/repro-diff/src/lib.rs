@@ -24,7 +24,7 @@ pub use gate::{baseline_mismatch, gate_traces, likely_causes, GateReference, Gat
 pub use matrix::{error_matrices, ErrorMatrix, MatrixReport, Metric, StepSelector};
 pub use metrics::{compare, TensorMetrics};
 pub use online::{OnlineDivergence, ReferenceCheck};
-pub use root_cause::{Consequence, RootCause};
+pub use root_cause::{CauseRule, Consequence, RootCause};
 pub use traces::{
     diff_traces, header_differences, FieldDifference, StepMetrics, StructuralDifference, TensorHistory, TraceDiff,
     TraceSide,

@@ -1,18 +1,40 @@
-//! Root cause within the first diverging step: the first tensor, in recording (execution)
-//! order, whose recorded inputs are identical in both runs but which itself differs. Every other
-//! differing tensor of the step is either another such independent divergence, or a consequence
-//! of one, found by following the recorded input edges.
+//! Root cause within the first diverging step, by one of two rules (docs/diff.md):
+//!
+//! - Recorded inputs (hand-recorded ops): the first tensor, in recording (execution) order, whose
+//!   recorded inputs are identical in both runs but which itself differs. Every other differing
+//!   tensor of the step is either another such independent divergence, or a consequence of one,
+//!   found by following the recorded input edges.
+//! - Identical leaves (automatically captured graphs, which have no edges): when every leaf that
+//!   feeds the graph (data, parameters) is identical in both runs, the first node that differs
+//!   in topological order is a root cause; when a leaf differs, that leaf is.
 
 use crate::divergence::Divergence;
 use repro_trace::{Phase, TensorKind};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
 
+/// Which rule established the root cause.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CauseRule {
+    /// Every recorded input of the cause is identical in both runs; its output is not.
+    RecordedInputs,
+    /// A captured graph: every leaf (data, parameter) is identical in both runs, and the cause is
+    /// the first node of the graph, in topological order, that differs.
+    IdenticalLeaves,
+    /// The cause is itself a leaf (data or a parameter): the runs were fed different values.
+    Leaf,
+    /// Only that the cause is the first difference of the step (inputs unknown or not comparable).
+    FirstDifference,
+}
+
 /// The analysis of the first diverging step.
 #[derive(Debug, Clone, Serialize)]
 pub struct RootCause {
     /// The first tensor whose inputs agree but which differs.
     pub cause: Divergence,
+    /// The rule that makes it the cause.
+    pub rule: CauseRule,
     /// Whether every input of the cause was recorded and compared (false: it has no recorded
     /// inputs, or an input could not be compared, so "inputs identical" is not established).
     pub inputs_checked: bool,
@@ -44,6 +66,10 @@ pub struct Consequence {
 pub(crate) struct Entry {
     pub(crate) name: String,
     pub(crate) inputs: Vec<String>,
+    /// A node of an automatically captured graph.
+    pub(crate) node: bool,
+    /// A leaf that feeds the model: data, or a parameter before the update.
+    pub(crate) leaf: bool,
     /// `None`: identical in both runs. `Some`: differs (with details).
     pub(crate) divergence: Option<Divergence>,
     /// Whether it was compared at all (false: only in one run, or dtype/shape differ).
@@ -53,12 +79,24 @@ pub(crate) struct Entry {
 impl Entry {
     /// The entry for a recorded tensor.
     pub(crate) fn new(tensor: &repro_trace::TensorRecord, divergence: Option<Divergence>, compared: bool) -> Self {
-        Entry { name: tensor.name.clone(), inputs: tensor.inputs.clone(), divergence, compared }
+        let leaf = tensor.kind == TensorKind::Input
+            || (tensor.kind == TensorKind::Weight && tensor.phase != Some(Phase::Update));
+        Entry {
+            name: tensor.name.clone(),
+            inputs: tensor.inputs.clone(),
+            node: tensor.node.is_some(),
+            leaf,
+            divergence,
+            compared,
+        }
     }
 }
 
 /// Finds the root cause among the entries of one step; `None` when nothing differs.
 pub(crate) fn analyze(entries: Vec<Entry>) -> Option<RootCause> {
+    if entries.iter().any(|e| e.node) {
+        return analyze_captured(entries);
+    }
     let inputs_recorded = entries.iter().any(|e| !e.inputs.is_empty());
     let identical: BTreeSet<&str> =
         entries.iter().filter(|e| e.compared && e.divergence.is_none()).map(|e| e.name.as_str()).collect();
@@ -98,7 +136,40 @@ pub(crate) fn analyze(entries: Vec<Entry>) -> Option<RootCause> {
         }
     }
     let (cause, inputs_checked) = cause?;
-    Some(RootCause { cause, inputs_checked, independent, consequences, inputs_recorded })
+    let rule = if inputs_checked { CauseRule::RecordedInputs } else { CauseRule::FirstDifference };
+    Some(RootCause { cause, rule, inputs_checked, independent, consequences, inputs_recorded })
+}
+
+/// The leaf rule, for a step whose graph was captured automatically (no edges): a differing leaf
+/// is the cause; with every leaf identical, the first differing graph node is. Every later
+/// difference is listed as a consequence without a path (it is downstream of the cause, or of a
+/// separate cause the missing edges cannot tell apart).
+fn analyze_captured(entries: Vec<Entry>) -> Option<RootCause> {
+    let differing: Vec<&Entry> = entries.iter().filter(|e| e.divergence.is_some()).collect();
+    let leaves_identical = entries.iter().filter(|e| e.leaf).all(|e| e.compared && e.divergence.is_none());
+    let (cause, rule) = if let Some(leaf) = differing.iter().find(|e| e.leaf) {
+        (*leaf, CauseRule::Leaf)
+    } else if let Some(node) = differing.iter().find(|e| e.node).filter(|_| leaves_identical) {
+        (*node, CauseRule::IdenticalLeaves)
+    } else {
+        (*differing.first()?, CauseRule::FirstDifference)
+    };
+    let consequences = differing
+        .iter()
+        .filter(|e| e.name != cause.name)
+        .map(|e| {
+            let d = e.divergence.as_ref().expect("differing");
+            Consequence { tensor: e.name.clone(), kind: d.kind, phase: d.phase, from: Vec::new() }
+        })
+        .collect();
+    Some(RootCause {
+        cause: cause.divergence.clone().expect("differing"),
+        rule,
+        inputs_checked: rule == CauseRule::IdenticalLeaves,
+        independent: Vec::new(),
+        consequences,
+        inputs_recorded: false,
+    })
 }
 
 #[cfg(test)]
@@ -110,6 +181,8 @@ mod tests {
         Entry {
             name: name.into(),
             inputs: inputs.iter().map(|s| s.to_string()).collect(),
+            node: false,
+            leaf: false,
             divergence: differs.then(|| Divergence {
                 step: 3,
                 tensor: name.into(),
@@ -157,6 +230,48 @@ mod tests {
         assert_eq!(r.cause.tensor, "mm");
         assert_eq!(r.independent.iter().map(|d| d.tensor.as_str()).collect::<Vec<_>>(), ["x2"]);
         assert_eq!(r.consequences[0].from, ["mm", "x2"]);
+    }
+
+    fn captured(name: &str, leaf: bool, differs: bool) -> Entry {
+        Entry { node: !leaf, leaf, ..entry(name, &[], differs) }
+    }
+
+    #[test]
+    fn with_identical_leaves_the_first_differing_node_is_the_cause() {
+        let r = analyze(vec![
+            captured("x", true, false),
+            captured("w", true, false),
+            captured("layers[0]/mlp#0", false, false),
+            captured("layers[1]/mlp#0", false, true),
+            captured("loss", false, true),
+        ])
+        .unwrap();
+        assert_eq!(r.cause.tensor, "layers[1]/mlp#0");
+        assert_eq!(r.rule, CauseRule::IdenticalLeaves);
+        assert!(r.inputs_checked);
+        assert_eq!(r.consequences.iter().map(|c| c.tensor.as_str()).collect::<Vec<_>>(), ["loss"]);
+    }
+
+    #[test]
+    fn a_differing_leaf_is_the_cause_wherever_it_was_recorded() {
+        let r = analyze(vec![
+            captured("layers[0]/mlp#0", false, true),
+            captured("x", true, false),
+            captured("w", true, true),
+        ])
+        .unwrap();
+        assert_eq!(r.cause.tensor, "w");
+        assert_eq!(r.rule, CauseRule::Leaf);
+        assert!(!r.inputs_checked);
+    }
+
+    #[test]
+    fn a_leaf_that_was_not_compared_leaves_only_the_first_difference() {
+        let mut x = captured("x", true, false);
+        x.compared = false;
+        let r = analyze(vec![x, captured("n#0", false, false), captured("n#1", false, true)]).unwrap();
+        assert_eq!(r.cause.tensor, "n#1");
+        assert_eq!(r.rule, CauseRule::FirstDifference);
     }
 
     #[test]

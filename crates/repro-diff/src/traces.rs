@@ -8,7 +8,10 @@ use crate::align::{align, Pairing};
 use crate::divergence::Divergence;
 use crate::metrics::{compare, TensorMetrics};
 use crate::root_cause::{analyze, Entry, RootCause};
-use repro_trace::{Completeness, Header, StepRecord, TensorKind, TensorRecord, TraceError, TraceReader};
+use repro_trace::{
+    Completeness, Header, MissingGradient, MissingGradients, StepRecord, TensorKind, TensorRecord, TraceError,
+    TraceReader,
+};
 use serde::Serialize;
 use std::collections::BTreeMap;
 
@@ -63,6 +66,8 @@ pub struct TraceSide {
     pub complete: bool,
     /// Why the trace is incomplete, if it is.
     pub incomplete_reason: Option<String>,
+    /// Trainable parameters that received no gradient at some step of this run.
+    pub no_gradient: Vec<MissingGradient>,
 }
 
 /// A setting with different values in the two traces (`None`: absent on that side).
@@ -176,8 +181,19 @@ impl StructuralDifference {
 pub fn diff_traces(a: &mut TraceReader, b: &mut TraceReader) -> Result<TraceDiff, TraceError> {
     let mut state = DiffState::default();
     let (config_differences, environment_differences) = header_differences(a.header(), b.header());
-    let mut next_a = a.next_step()?;
-    let mut next_b = b.next_step()?;
+    let (mut missing_a, mut missing_b) = (MissingGradients::default(), MissingGradients::default());
+    let mut read_a = |r: &mut TraceReader| -> Result<Option<StepRecord>, TraceError> {
+        let step = r.next_step()?;
+        step.iter().for_each(|s| missing_a.observe(s));
+        Ok(step)
+    };
+    let mut read_b = |r: &mut TraceReader| -> Result<Option<StepRecord>, TraceError> {
+        let step = r.next_step()?;
+        step.iter().for_each(|s| missing_b.observe(s));
+        Ok(step)
+    };
+    let mut next_a = read_a(a)?;
+    let mut next_b = read_b(b)?;
     let (mut steps_a, mut steps_b) = (0u64, 0u64);
     loop {
         match (&next_a, &next_b) {
@@ -187,25 +203,25 @@ pub fn diff_traces(a: &mut TraceReader, b: &mut TraceReader) -> Result<TraceDiff
                 state.compare_step(a, &sa, b, &sb)?;
                 steps_a += 1;
                 steps_b += 1;
-                next_a = a.next_step()?;
-                next_b = b.next_step()?;
+                next_a = read_a(a)?;
+                next_b = read_b(b)?;
             }
             (Some(sa), sb) if sb.as_ref().is_none_or(|sb| sa.step < sb.step) => {
                 state.missing_step("b", sa.step);
                 steps_a += 1;
-                next_a = a.next_step()?;
+                next_a = read_a(a)?;
             }
             (_, Some(sb)) => {
                 state.missing_step("a", sb.step);
                 steps_b += 1;
-                next_b = b.next_step()?;
+                next_b = read_b(b)?;
             }
             (Some(_), None) => unreachable!("handled by the arm above"),
         }
     }
     Ok(TraceDiff {
-        a: side(a, steps_a),
-        b: side(b, steps_b),
+        a: side(a, steps_a, missing_a.finish()),
+        b: side(b, steps_b, missing_b.finish()),
         config_differences,
         environment_differences,
         steps_compared: state.steps_compared,
@@ -219,7 +235,7 @@ pub fn diff_traces(a: &mut TraceReader, b: &mut TraceReader) -> Result<TraceDiff
     })
 }
 
-fn side(reader: &TraceReader, steps: u64) -> TraceSide {
+fn side(reader: &TraceReader, steps: u64, no_gradient: Vec<MissingGradient>) -> TraceSide {
     let incomplete_reason = match reader.completeness() {
         Some(Completeness::Complete) => None,
         Some(Completeness::Incomplete(why)) => Some(why.clone()),
@@ -231,6 +247,7 @@ fn side(reader: &TraceReader, steps: u64) -> TraceSide {
         steps,
         complete: incomplete_reason.is_none(),
         incomplete_reason,
+        no_gradient,
     }
 }
 

@@ -21,7 +21,9 @@ pub struct FormatVersion {
 ///   canonical hash `repro.tensor.v1`.
 /// - 1.1: tensor records may carry `phase` and `inputs` (per-op recording, root cause); tensor
 ///   kind `input`; readers take unknown tensor kinds as `other`.
-pub const CURRENT_FORMAT: FormatVersion = FormatVersion { major: 1, minor: 1 };
+/// - 1.2: tensor records may carry `node` (position in an automatically captured graph); step
+///   records may carry `no_gradient` (parameters that received no gradient).
+pub const CURRENT_FORMAT: FormatVersion = FormatVersion { major: 1, minor: 2 };
 
 impl FormatVersion {
     /// Whether this build can read a trace written in `self`.

@@ -26,5 +26,5 @@ pub use schema::{
     BadCapture, CapturePolicy, Environment, Footer, FullCapture, Header, Phase, Record, RunConfig, StepRecord,
     TensorKind, TensorRecord,
 };
-pub use summary::{summarize, verify, TensorInfo, TraceSummary, Verification};
+pub use summary::{summarize, verify, MissingGradient, MissingGradients, TensorInfo, TraceSummary, Verification};
 pub use writer::{StepTensor, TraceWriter};

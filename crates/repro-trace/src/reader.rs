@@ -438,7 +438,12 @@ mod tests {
     }
 
     fn step_with(tensor: TensorRecord, payload: Option<&str>) -> Vec<u8> {
-        let step = StepRecord { step: 0, payload: payload.map(str::to_string), tensors: vec![tensor] };
+        let step = StepRecord {
+            step: 0,
+            payload: payload.map(str::to_string),
+            tensors: vec![tensor],
+            no_gradient: Vec::new(),
+        };
         rmp_serde::to_vec_named(&Record::Step(step)).unwrap()
     }
 
@@ -453,6 +458,7 @@ mod tests {
             in_payload,
             phase: None,
             inputs: vec![],
+            node: None,
         }
     }
 

@@ -79,6 +79,10 @@ pub struct StepRecord {
     pub payload: Option<String>,
     /// Tensors in the order they were recorded; names are unique within a step.
     pub tensors: Vec<TensorRecord>,
+    /// Trainable parameters that received no gradient at this step (format 1.2), sorted: the
+    /// loss does not depend on them, or an op without a backward pass cut them off.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub no_gradient: Vec<String>,
 }
 
 /// One recorded tensor.
@@ -107,6 +111,11 @@ pub struct TensorRecord {
     /// 1.1). Root-cause analysis follows these edges.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub inputs: Vec<String>,
+    /// For a node of an automatically captured graph (format 1.2): its position in the graph's
+    /// topological order (leaves first). Such records carry no `inputs`; root-cause analysis
+    /// uses the leaf rule instead (docs/diff.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<u64>,
 }
 
 impl TensorRecord {

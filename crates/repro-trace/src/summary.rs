@@ -4,8 +4,9 @@ use crate::dtype::DType;
 use crate::error::TraceError;
 use crate::format::FormatVersion;
 use crate::reader::{Completeness, TraceReader};
-use crate::schema::{Header, Phase, TensorKind};
+use crate::schema::{Header, Phase, StepRecord, TensorKind};
 use serde::Serialize;
+use std::collections::BTreeMap;
 use std::path::Path;
 
 /// What `repro inspect` shows.
@@ -35,6 +36,46 @@ pub struct TraceSummary {
     pub records_bytes: u64,
     /// Total size of the payload files in bytes.
     pub payload_bytes: u64,
+    /// Trainable parameters that received no gradient at some step, by name.
+    pub no_gradient: Vec<MissingGradient>,
+}
+
+/// A trainable parameter that received no gradient, and at which steps.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct MissingGradient {
+    /// The parameter's name.
+    pub name: String,
+    /// At how many steps it had no gradient.
+    pub steps: u64,
+    /// The first such step.
+    pub first_step: u64,
+    /// The last such step.
+    pub last_step: u64,
+}
+
+/// Collects, over the steps of a trace, the parameters that received no gradient.
+#[derive(Debug, Default)]
+pub struct MissingGradients(BTreeMap<String, MissingGradient>);
+
+impl MissingGradients {
+    /// Notes the parameters `step` lists as without a gradient.
+    pub fn observe(&mut self, step: &StepRecord) {
+        for name in &step.no_gradient {
+            let entry = self.0.entry(name.clone()).or_insert(MissingGradient {
+                name: name.clone(),
+                steps: 0,
+                first_step: step.step,
+                last_step: step.step,
+            });
+            entry.steps += 1;
+            entry.last_step = step.step;
+        }
+    }
+
+    /// The parameters, sorted by name.
+    pub fn finish(self) -> Vec<MissingGradient> {
+        self.0.into_values().collect()
+    }
 }
 
 /// One tensor as recorded at the first step.
@@ -48,6 +89,8 @@ pub struct TensorInfo {
     pub phase: Option<Phase>,
     /// Names of the tensors it was computed from.
     pub inputs: Vec<String>,
+    /// Position in the captured graph, for a node of one.
+    pub node: Option<u64>,
     /// Element type.
     pub dtype: DType,
     /// Shape.
@@ -72,8 +115,11 @@ pub fn summarize(dir: &Path) -> Result<TraceSummary, TraceError> {
         tensors: Vec::new(),
         records_bytes: file_size(reader.records_path())?,
         payload_bytes: 0,
+        no_gradient: Vec::new(),
     };
+    let mut missing = MissingGradients::default();
     while let Some(step) = reader.next_step()? {
+        missing.observe(&step);
         summary.steps += 1;
         summary.first_step.get_or_insert(step.step);
         summary.last_step = Some(step.step);
@@ -86,6 +132,7 @@ pub fn summarize(dir: &Path) -> Result<TraceSummary, TraceError> {
                     kind: t.kind,
                     phase: t.phase,
                     inputs: t.inputs.clone(),
+                    node: t.node,
                     dtype: t.dtype,
                     shape: t.shape.clone(),
                     bytes: t.numel() * t.dtype.size_in_bytes() as u64,
@@ -97,6 +144,7 @@ pub fn summarize(dir: &Path) -> Result<TraceSummary, TraceError> {
             summary.payload_bytes += file_size(&dir.join(payload))?;
         }
     }
+    summary.no_gradient = missing.finish();
     match reader.completeness() {
         Some(Completeness::Complete) => summary.complete = true,
         Some(Completeness::Incomplete(why)) => summary.incomplete_reason = Some(why.clone()),

@@ -123,6 +123,16 @@ impl TraceWriter {
 
     /// Appends one step. Steps must be strictly increasing and tensor names unique.
     pub fn write_step(&mut self, step: u64, tensors: Vec<StepTensor>) -> Result<(), TraceError> {
+        self.write_step_with(step, tensors, Vec::new())
+    }
+
+    /// `write_step`, also naming the trainable parameters that received no gradient.
+    pub fn write_step_with(
+        &mut self,
+        step: u64,
+        tensors: Vec<StepTensor>,
+        mut no_gradient: Vec<String>,
+    ) -> Result<(), TraceError> {
         if let Some(last) = self.last_step.filter(|&last| step <= last) {
             return Err(self.invalid(format!("step {step} recorded after step {last}; steps must increase")));
         }
@@ -169,6 +179,11 @@ impl TraceWriter {
                 .into_iter()
                 .map(|t| TensorRecord { in_payload: t.payload.is_some(), ..t.record })
                 .collect(),
+            no_gradient: {
+                no_gradient.sort();
+                no_gradient.dedup();
+                no_gradient
+            },
         };
         self.append(&Record::Step(record))?;
         self.last_step = Some(step);

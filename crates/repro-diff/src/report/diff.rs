@@ -1,7 +1,9 @@
 //! The human-readable `repro diff` report.
 
-use super::format::{sci, shape};
-use crate::{Divergence, FieldDifference, RootCause, StructuralDifference, TensorMetrics, TraceDiff, TraceSide};
+use super::format::{missing_gradients, sci, shape};
+use crate::{
+    CauseRule, Divergence, FieldDifference, RootCause, StructuralDifference, TensorMetrics, TraceDiff, TraceSide,
+};
 use repro_trace::TensorKind;
 use std::fmt::{self, Write};
 
@@ -17,6 +19,7 @@ fn write_diff(out: &mut String, d: &TraceDiff) -> fmt::Result {
     write_side(out, "B", &d.b)?;
     write_fields(out, "config differs", &d.config_differences)?;
     write_fields(out, "environment differs", &d.environment_differences)?;
+    write_missing_gradients(out, &d.a, &d.b)?;
     writeln!(out)?;
     let Some(first) = &d.first_divergence else {
         if d.structure.is_empty() {
@@ -32,8 +35,9 @@ fn write_diff(out: &mut String, d: &TraceDiff) -> fmt::Result {
         return Ok(());
     };
     writeln!(out, "DIVERGED  first at step {}, tensor `{}` ({})", first.step, first.tensor, first.kind)?;
-    // Without recorded op inputs the analysis says no more than the first difference does.
-    let root = d.root_cause.as_ref().filter(|r| r.inputs_recorded);
+    // Without recorded op inputs or a captured graph the analysis says no more than the first
+    // difference does.
+    let root = d.root_cause.as_ref().filter(|r| r.inputs_recorded || r.rule != CauseRule::FirstDifference);
     // The root-cause block repeats the metrics when the cause is the first divergence.
     if root.is_none_or(|r| r.cause.tensor != first.tensor) {
         writeln!(out, "  {} {}: {}", first.dtype, shape(&first.shape), divergence_metrics(first))?;
@@ -123,11 +127,18 @@ fn divergence_metrics(d: &Divergence) -> String {
 /// The root-cause block: the cause, divergences of their own, and what follows from them.
 pub fn write_root_cause(out: &mut String, r: &RootCause) -> fmt::Result {
     writeln!(out, "root cause: {} at step {}", describe(&r.cause), r.cause.step)?;
-    if r.inputs_checked {
-        writeln!(out, "  its recorded inputs are identical in both runs; its output is not:")?;
-    } else {
-        writeln!(out, "  the first difference in the step (its inputs were not recorded or not comparable):")?;
-    }
+    let why = match r.rule {
+        CauseRule::RecordedInputs => "its recorded inputs are identical in both runs; its output is not",
+        CauseRule::IdenticalLeaves => {
+            "every leaf of the graph (data, parameters) is identical in both runs, and this is the first node, \
+             in topological order, that differs"
+        }
+        CauseRule::Leaf => "it is a leaf of the graph (data or a parameter): the runs were fed different values",
+        CauseRule::FirstDifference => {
+            "the first difference in the step (its inputs were not recorded or not comparable)"
+        }
+    };
+    writeln!(out, "  {why}:")?;
     writeln!(out, "  {} {}: {}", r.cause.dtype, shape(&r.cause.shape), divergence_metrics(&r.cause))?;
     if !r.independent.is_empty() {
         writeln!(out, "also diverging with identical inputs (separate causes):")?;
@@ -136,12 +147,21 @@ pub fn write_root_cause(out: &mut String, r: &RootCause) -> fmt::Result {
         }
     }
     if !r.consequences.is_empty() {
-        writeln!(out, "consequences in the same step:")?;
+        let traced = r.inputs_recorded || r.rule == CauseRule::RecordedInputs;
+        if traced {
+            writeln!(out, "consequences in the same step:")?;
+        } else {
+            // A captured graph has no edges: later differences cannot be traced to a cause.
+            writeln!(out, "later differences in the same step (downstream of it, or of separate causes):")?;
+        }
         for c in r.consequences.iter().take(SHOWN_CONSEQUENCES) {
             let phase = c.phase.map_or(String::new(), |p| format!(", {p}"));
-            let from =
-                if c.from.is_empty() { "no recorded path".to_string() } else { format!("from {}", c.from.join(", ")) };
-            writeln!(out, "  `{}` ({}{phase}): {from}", c.tensor, c.kind)?;
+            let from = match (traced, c.from.is_empty()) {
+                (false, _) => String::new(),
+                (true, true) => ": no recorded path".to_string(),
+                (true, false) => format!(": from {}", c.from.join(", ")),
+            };
+            writeln!(out, "  `{}` ({}{phase}){from}", c.tensor, c.kind)?;
         }
         if let Some(more) = r.consequences.len().checked_sub(SHOWN_CONSEQUENCES).filter(|&n| n > 0) {
             writeln!(out, "  ... and {more} more (all of them with --json)")?;
@@ -182,6 +202,27 @@ fn write_fields(out: &mut String, title: &str, fields: &[FieldDifference]) -> fm
     for f in fields {
         let (a, b) = f.values();
         writeln!(out, "  {}: {a} | {b}", f.field)?;
+    }
+    Ok(())
+}
+
+/// Trainable parameters that backpropagation never reached: a silent bug worth the top of the
+/// report (an op without a backward pass, or a parameter the loss does not use).
+fn write_missing_gradients(out: &mut String, a: &TraceSide, b: &TraceSide) -> fmt::Result {
+    const WHAT: &str = "trainable parameters that received no gradient";
+    let names = |s: &TraceSide| s.no_gradient.iter().map(|m| m.name.clone()).collect::<Vec<_>>();
+    if a.no_gradient.is_empty() && b.no_gradient.is_empty() {
+        return Ok(());
+    }
+    writeln!(out)?;
+    if names(a) == names(b) {
+        writeln!(out, "{WHAT}, in both runs: {}", missing_gradients(&a.no_gradient))?;
+    } else {
+        for (label, side) in [("A", a), ("B", b)] {
+            if !side.no_gradient.is_empty() {
+                writeln!(out, "{WHAT} in {label}: {}", missing_gradients(&side.no_gradient))?;
+            }
+        }
     }
     Ok(())
 }

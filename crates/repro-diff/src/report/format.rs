@@ -47,6 +47,22 @@ pub fn step_list(steps: &[u64]) -> String {
     }
 }
 
+/// `` `a.weight` (steps 0 to 9), `b.bias` (step 3) ``: parameters that received no gradient.
+pub fn missing_gradients(list: &[repro_trace::MissingGradient]) -> String {
+    let described: Vec<String> = list
+        .iter()
+        .map(|m| {
+            let steps = if m.first_step == m.last_step {
+                format!("step {}", m.first_step)
+            } else {
+                format!("{} steps from {} to {}", m.steps, m.first_step, m.last_step)
+            };
+            format!("`{}` ({steps})", m.name)
+        })
+        .collect();
+    described.join(", ")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,6 +1,6 @@
 //! The human-readable `repro inspect` report.
 
-use super::format::{bytes, shape, step_list};
+use super::format::{bytes, missing_gradients, shape, step_list};
 use repro_trace::TraceSummary;
 use std::fmt::Write;
 
@@ -74,6 +74,15 @@ pub fn render_summary(s: &TraceSummary) -> String {
             );
             let _ = writeln!(out, "{}", line.trim_end());
         }
+    }
+    if !s.no_gradient.is_empty() {
+        let _ = writeln!(
+            out,
+            "\nno gradient {} trainable parameter(s) that backpropagation never reached (an op without a \
+             backward pass, or unused by the loss): {}",
+            s.no_gradient.len(),
+            missing_gradients(&s.no_gradient)
+        );
     }
     let _ = writeln!(out, "\nsize       records {}, payloads {}", bytes(s.records_bytes), bytes(s.payload_bytes));
     out

@@ -1,0 +1,157 @@
+//! The forward graph behind a root tensor (a loss, or logits), as an ordered list of named nodes.
+//!
+//! The nodes are candle's `Tensor::sorted_nodes()`: every tensor on a path from a variable to the
+//! root. Stock candle does not expose a node's op or inputs, so a node is known by its position
+//! in topological order (leaves first, the root last), its dtype and shape, and a name built from
+//! the scopes it was created in (see `scope`). The order comes from a depth-first walk over the
+//! ops' operands in their fixed order, so it is the same on every device and in every run of the
+//! same code.
+
+use super::scope::{tensor_number, ScopeSpan};
+use candle_core::Tensor;
+use std::collections::BTreeMap;
+
+/// One node of the captured graph.
+#[derive(Debug, Clone)]
+pub struct GraphNode {
+    /// Position in topological order, leaves first.
+    pub position: u64,
+    /// The name the trace uses: the variable's name, `scope#k` for the k-th node created in a
+    /// scope, or `anchor+k` for the k-th unscoped node after the last named one.
+    pub name: String,
+    /// Whether the node is a variable (a parameter: a leaf of the graph).
+    pub is_variable: bool,
+    /// The tensor.
+    pub tensor: Tensor,
+}
+
+/// Orders and names the nodes behind `root`. `variables` maps tensor ids of named variables to
+/// their names; `spans` are the step's scopes.
+pub(crate) fn graph_nodes(root: &Tensor, variables: &BTreeMap<u64, String>, spans: &[ScopeSpan]) -> Vec<GraphNode> {
+    let scope_names = display_paths(spans);
+    let mut sorted: Vec<&Tensor> = root.sorted_nodes();
+    sorted.reverse();
+    let mut per_scope: BTreeMap<usize, usize> = BTreeMap::new();
+    let mut anchor = String::from("graph");
+    let mut since_anchor = 0usize;
+    let mut nodes = Vec::with_capacity(sorted.len());
+    for (position, t) in sorted.into_iter().enumerate() {
+        let id = tensor_number(t);
+        let name = if let Some(var) = variables.get(&id).filter(|_| t.is_variable()) {
+            anchor = var.clone();
+            since_anchor = 0;
+            var.clone()
+        } else if let Some(scope) = innermost(spans, id) {
+            let k = per_scope.entry(scope).or_insert(0);
+            let name = format!("{}#{k}", scope_names[scope]);
+            *k += 1;
+            anchor = name.clone();
+            since_anchor = 0;
+            name
+        } else {
+            since_anchor += 1;
+            format!("{anchor}+{since_anchor}")
+        };
+        nodes.push(GraphNode { position: position as u64, name, is_variable: t.is_variable(), tensor: t.clone() });
+    }
+    nodes
+}
+
+/// The innermost scope whose id interval holds `id`.
+fn innermost(spans: &[ScopeSpan], id: u64) -> Option<usize> {
+    spans
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| s.start <= id && id < s.end)
+        .max_by_key(|(_, s)| (s.path.len(), s.start))
+        .map(|(i, _)| i)
+}
+
+/// One level of a scope path: its name and its ordinal among same-named siblings.
+type ScopeLevel = (String, usize);
+
+/// Each scope's path as text: `layers[3]/attn/linear[1]`, with an ordinal on a level only where
+/// its parent holds several scopes of that name.
+fn display_paths(spans: &[ScopeSpan]) -> Vec<String> {
+    // How many same-named siblings each (parent path, name) has: the highest ordinal + 1.
+    let mut siblings: BTreeMap<(&[ScopeLevel], &str), usize> = BTreeMap::new();
+    for s in spans {
+        for depth in 0..s.path.len() {
+            let (name, ordinal) = &s.path[depth];
+            let count = siblings.entry((&s.path[..depth], name.as_str())).or_insert(0);
+            *count = (*count).max(ordinal + 1);
+        }
+    }
+    spans
+        .iter()
+        .map(|s| {
+            let levels: Vec<String> = (0..s.path.len())
+                .map(|depth| {
+                    let (name, ordinal) = &s.path[depth];
+                    if siblings[&(&s.path[..depth], name.as_str())] > 1 {
+                        format!("{name}[{ordinal}]")
+                    } else {
+                        name.clone()
+                    }
+                })
+                .collect();
+            levels.join("/")
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::scope::{scope, take_step};
+    use super::*;
+    use candle_core::{DType, Device, Var};
+
+    #[test]
+    fn nodes_are_named_by_variable_scope_or_anchor_in_topological_order() {
+        let dev = Device::Cpu;
+        let w = Var::ones((2, 2), DType::F32, &dev).unwrap();
+        let x = Tensor::ones((1, 2), DType::F32, &dev).unwrap();
+        take_step();
+        let h = scope("layer", || scope("linear", || x.matmul(w.as_tensor()).unwrap()));
+        let h = h.relu().unwrap();
+        let loss = scope("loss", || h.sum_all().unwrap());
+        let spans = take_step();
+        let vars = BTreeMap::from([(tensor_number(w.as_tensor()), "layer.weight".to_string())]);
+        let nodes = graph_nodes(&loss, &vars, &spans);
+        let names: Vec<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
+        // sum_all is two candle ops (a sum and a reshape): both land in the `loss` scope.
+        assert_eq!(names, ["layer.weight", "layer/linear#0", "layer/linear#0+1", "loss#0", "loss#1"]);
+        assert!(nodes[0].is_variable && !nodes[1].is_variable);
+        let positions: Vec<u64> = nodes.iter().map(|n| n.position).collect();
+        assert_eq!(positions, [0, 1, 2, 3, 4]);
+    }
+
+    #[test]
+    fn repeated_scopes_get_ordinals_and_single_ones_do_not() {
+        let span = |path: &[(&str, usize)], start| ScopeSpan {
+            path: path.iter().map(|(n, o)| (n.to_string(), *o)).collect(),
+            start,
+            end: start + 1,
+        };
+        let spans = [
+            span(&[("layers", 0), ("attn", 0)], 1),
+            span(&[("layers", 0)], 1),
+            span(&[("layers", 1), ("attn", 0)], 3),
+            span(&[("layers", 1), ("linear", 0)], 4),
+            span(&[("layers", 1), ("linear", 1)], 5),
+            span(&[("layers", 1)], 3),
+        ];
+        let names = display_paths(&spans);
+        assert_eq!(
+            names,
+            [
+                "layers[0]/attn",
+                "layers[0]",
+                "layers[1]/attn",
+                "layers[1]/linear[0]",
+                "layers[1]/linear[1]",
+                "layers[1]"
+            ]
+        );
+    }
+}

@@ -1,0 +1,287 @@
+//! `ModelCapture` records a model's parameters, forward graph, gradients and updated parameters
+//! into a `StepRecorder`; `ModelRecorder` bundles it with a `Recorder` so that a training loop
+//! records itself in four lines.
+
+use super::graph::{graph_nodes, GraphNode};
+use super::scope::{take_step, tensor_number};
+use crate::record::{RecordError, Recorder, StepRecorder};
+use crate::trace::{CapturePolicy, Phase, RunConfig, TensorKind};
+use candle_core::backprop::GradStore;
+use candle_core::{Device, Tensor, Var};
+use candle_nn::VarMap;
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// The named parameters of a model, and how to record them and the graph they feed.
+#[derive(Clone)]
+pub struct ModelCapture {
+    /// Parameters sorted by name.
+    params: Vec<(String, Var)>,
+    /// Tensor number of each parameter, to name graph leaves.
+    by_id: BTreeMap<u64, String>,
+}
+
+impl ModelCapture {
+    /// The parameters of `varmap`, sorted by name.
+    pub fn new(varmap: &VarMap) -> Self {
+        let data = varmap.data().lock().expect("VarMap lock");
+        Self::from_vars(data.iter().map(|(name, var)| (name.clone(), var.clone())))
+    }
+
+    /// Parameters given by name (from any source; sorted here).
+    pub fn from_vars(vars: impl IntoIterator<Item = (String, Var)>) -> Self {
+        let mut params: Vec<(String, Var)> = vars.into_iter().collect();
+        params.sort_by(|a, b| a.0.cmp(&b.0));
+        let by_id = params.iter().map(|(name, var)| (tensor_number(var.as_tensor()), name.clone())).collect();
+        ModelCapture { params, by_id }
+    }
+
+    /// The parameters, sorted by name.
+    pub fn parameters(&self) -> &[(String, Var)] {
+        &self.params
+    }
+
+    /// Records every parameter under its name (kind `weight`), as it is before the update.
+    pub fn record_parameters(&self, s: &mut StepRecorder) -> Result<(), RecordError> {
+        for (name, var) in &self.params {
+            s.record(name, TensorKind::Weight, var.as_tensor())?;
+        }
+        Ok(())
+    }
+
+    /// The nodes of the graph behind `root`, named, in topological order (leaves first). Takes
+    /// the step's scopes: call it once per step, after the forward pass.
+    pub fn graph(&self, root: &Tensor) -> Result<Vec<GraphNode>, RecordError> {
+        let spans = take_step();
+        let nodes = graph_nodes(root, &self.by_id, &spans);
+        if nodes.is_empty() {
+            return Err(RecordError::Unsupported(
+                "the root tensor depends on no variable, so it has no graph to capture: compute it from the \
+                 model's output, and build the model on a VarMap (candle_nn::VarBuilder::from_varmap)"
+                    .into(),
+            ));
+        }
+        Ok(nodes)
+    }
+
+    /// Records every node of the graph behind `root` except the parameters (which
+    /// `record_parameters` names), in topological order; the root itself as `root_name` of kind
+    /// `root_kind`. Returns the number of nodes recorded.
+    pub fn record_graph(
+        &self,
+        s: &mut StepRecorder,
+        root: &Tensor,
+        root_name: &str,
+        root_kind: TensorKind,
+    ) -> Result<usize, RecordError> {
+        let nodes = self.graph(root)?;
+        // Checked before anything is recorded, so a refused graph leaves no partial step.
+        if let Some(stray) = nodes.iter().find(|n| n.is_variable && !self.by_id.contains_key(&tensor_number(&n.tensor)))
+        {
+            return Err(RecordError::Unsupported(format!(
+                "the graph uses a variable that is not among the model's parameters (node {}, shape {:?}): \
+                 create every Var through the VarMap given to the capture",
+                stray.position,
+                stray.tensor.dims()
+            )));
+        }
+        let last = nodes.len() - 1;
+        let mut recorded = 0;
+        for (i, node) in nodes.iter().enumerate().filter(|(_, n)| !n.is_variable) {
+            let (name, kind) =
+                if i == last { (root_name, root_kind) } else { (node.name.as_str(), TensorKind::OpOutput) };
+            s.record_node(name, kind, node.position, &node.tensor)?;
+            recorded += 1;
+        }
+        Ok(recorded)
+    }
+
+    /// Records the gradient of every floating-point parameter as `NAME.grad` (phase backward),
+    /// and notes in the trace those that received none. Returns their names.
+    pub fn record_gradients(&self, s: &mut StepRecorder, grads: &GradStore) -> Result<Vec<String>, RecordError> {
+        let mut missing = Vec::new();
+        for (name, var) in &self.params {
+            if !var.dtype().is_float() {
+                continue;
+            }
+            match grads.get(var.as_tensor()) {
+                Some(grad) => {
+                    let grad_name = format!("{name}.grad");
+                    s.record_as(&grad_name, TensorKind::Gradient, Some(Phase::Backward), &[], grad)?;
+                }
+                None => missing.push(name.clone()),
+            }
+        }
+        s.note_no_gradient(missing.iter().cloned());
+        Ok(missing)
+    }
+
+    /// Records every parameter after the optimizer's update as `NAME.updated` (phase update).
+    pub fn record_updated(&self, s: &mut StepRecorder) -> Result<(), RecordError> {
+        for (name, var) in &self.params {
+            s.record_as(&format!("{name}.updated"), TensorKind::Weight, Some(Phase::Update), &[], var.as_tensor())?;
+        }
+        Ok(())
+    }
+}
+
+/// A `Recorder` that captures a model: the few lines a training loop adds to record itself.
+pub struct ModelRecorder {
+    recorder: Recorder,
+    capture: ModelCapture,
+}
+
+impl ModelRecorder {
+    /// Records into `dir` (which must not hold a trace), capturing the parameters of `varmap`:
+    /// hashes at every step, full values at the first and last.
+    pub fn create(
+        dir: impl AsRef<Path>,
+        run: RunConfig,
+        device: &Device,
+        varmap: &VarMap,
+    ) -> Result<Self, RecordError> {
+        let recorder = Recorder::create(dir, run, device, CapturePolicy::default())?;
+        Ok(Self::new(recorder, ModelCapture::new(varmap)))
+    }
+
+    /// Captures into a recorder made by any of `Recorder`'s constructors (`from_env` for
+    /// `repro gate -- CMD`, another capture policy, online comparison).
+    pub fn new(recorder: Recorder, capture: ModelCapture) -> Self {
+        ModelRecorder { recorder, capture }
+    }
+
+    /// The underlying recorder.
+    pub fn recorder(&mut self) -> &mut Recorder {
+        &mut self.recorder
+    }
+
+    /// The capture (parameters by name).
+    pub fn capture(&self) -> &ModelCapture {
+        &self.capture
+    }
+
+    /// Records a training step up to its update: the `inputs` (data, as kind `input`), the
+    /// parameters, every node of the graph behind `loss`, and the gradients. Run the optimizer
+    /// step, then call `finish` on the result to record the updated parameters.
+    pub fn training_step(
+        &mut self,
+        step: u64,
+        inputs: &[(&str, &Tensor)],
+        loss: &Tensor,
+        grads: &GradStore,
+    ) -> Result<CapturedStep<'_>, RecordError> {
+        let mut s = self.recorder.step(step);
+        for (name, tensor) in inputs {
+            s.record(name, TensorKind::Input, tensor)?;
+        }
+        self.capture.record_parameters(&mut s)?;
+        self.capture.record_graph(&mut s, loss, "loss", TensorKind::Loss)?;
+        self.capture.record_gradients(&mut s, grads)?;
+        Ok(CapturedStep { step: s, capture: &self.capture })
+    }
+
+    /// Records one forward pass at inference: the `inputs`, the parameters and every node of
+    /// the graph behind `logits` (recorded as `logits`, kind prediction).
+    pub fn forward_step(&mut self, step: u64, inputs: &[(&str, &Tensor)], logits: &Tensor) -> Result<(), RecordError> {
+        let mut s = self.recorder.step(step);
+        for (name, tensor) in inputs {
+            s.record(name, TensorKind::Input, tensor)?;
+        }
+        self.capture.record_parameters(&mut s)?;
+        self.capture.record_graph(&mut s, logits, "logits", TensorKind::Prediction)?;
+        s.finish()
+    }
+
+    /// Marks the trace complete; returns the number of steps recorded.
+    pub fn finish(self) -> Result<u64, RecordError> {
+        self.recorder.finish()
+    }
+}
+
+/// A training step recorded up to its update (see `ModelRecorder::training_step`).
+pub struct CapturedStep<'a> {
+    step: StepRecorder<'a>,
+    capture: &'a ModelCapture,
+}
+
+impl<'a> CapturedStep<'a> {
+    /// The step recorder, to record more tensors of this step.
+    pub fn recorder(&mut self) -> &mut StepRecorder<'a> {
+        &mut self.step
+    }
+
+    /// Records the parameters as updated by the optimizer, and writes the step.
+    pub fn finish(mut self) -> Result<(), RecordError> {
+        self.capture.record_updated(&mut self.step)?;
+        self.step.finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::DType;
+
+    fn linear_model(varmap: &VarMap) -> candle_nn::Linear {
+        let vb = candle_nn::VarBuilder::from_varmap(varmap, DType::F32, &Device::Cpu);
+        candle_nn::linear(3, 2, vb.pp("fc")).unwrap()
+    }
+
+    #[test]
+    fn a_root_without_variables_has_no_graph_and_says_what_to_do() {
+        let varmap = VarMap::new();
+        let capture = ModelCapture::new(&varmap);
+        let data = Tensor::ones(4, DType::F32, &Device::Cpu).unwrap().sum_all().unwrap();
+        let err = capture.graph(&data).unwrap_err().to_string();
+        assert!(err.contains("depends on no variable") && err.contains("VarMap"), "{err}");
+    }
+
+    #[test]
+    fn a_variable_outside_the_capture_is_refused() {
+        use candle_core::Module;
+        let known = VarMap::new();
+        let model = linear_model(&known);
+        let stray = Var::ones(2, DType::F32, &Device::Cpu).unwrap();
+        let x = Tensor::ones((1, 3), DType::F32, &Device::Cpu).unwrap();
+        let loss = model.forward(&x).unwrap().broadcast_mul(stray.as_tensor()).unwrap().sum_all().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let mut rec =
+            Recorder::create(dir.path().join("t"), RunConfig::default(), &Device::Cpu, CapturePolicy::default())
+                .unwrap();
+        let mut s = rec.step(0);
+        let err = ModelCapture::new(&known).record_graph(&mut s, &loss, "loss", TensorKind::Loss).unwrap_err();
+        assert!(err.to_string().contains("not among the model's parameters"), "{err}");
+        // With every variable known, the same graph records.
+        let all = ModelCapture::from_vars(
+            known.data().lock().unwrap().iter().map(|(n, v)| (n.clone(), v.clone())).chain([("stray".into(), stray)]),
+        );
+        assert!(all.record_graph(&mut s, &loss, "loss", TensorKind::Loss).unwrap() > 0);
+    }
+
+    #[test]
+    fn parameters_cut_off_by_an_op_without_backward_are_reported() {
+        use candle_core::Module;
+        let varmap = VarMap::new();
+        let model = linear_model(&varmap);
+        let vb = candle_nn::VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
+        let (alpha, beta) = (vb.get(2, "norm.weight").unwrap(), vb.get(2, "norm.bias").unwrap());
+        let x = Tensor::ones((1, 3), DType::F32, &Device::Cpu).unwrap();
+        // candle's fused layer norm has no backward pass: fc and the norm's own parameters
+        // receive nothing.
+        let y = candle_nn::ops::layer_norm(&model.forward(&x).unwrap(), &alpha, &beta, 1e-5).unwrap();
+        let head = vb.get((2, 2), "head.weight").unwrap();
+        let loss = y.matmul(&head).unwrap().sum_all().unwrap();
+        let grads = loss.backward().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let mut rec =
+            Recorder::create(dir.path().join("t"), RunConfig::default(), &Device::Cpu, CapturePolicy::default())
+                .unwrap();
+        let mut s = rec.step(0);
+        let missing = ModelCapture::new(&varmap).record_gradients(&mut s, &grads).unwrap();
+        assert_eq!(missing, ["fc.bias", "fc.weight", "norm.bias", "norm.weight"]);
+        s.finish().unwrap();
+        rec.finish().unwrap();
+        let mut reader = crate::trace::TraceReader::open(dir.path().join("t")).unwrap();
+        assert_eq!(reader.next_step().unwrap().unwrap().no_gradient, missing);
+    }
+}

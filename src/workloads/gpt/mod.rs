@@ -1,0 +1,239 @@
+//! `gpt`: a small decoder-only transformer trained with AdamW on next-token prediction over a
+//! generated English-like corpus (`data/gpt/corpus.txt`, made by `scripts/make-corpus.py`),
+//! byte-level, with seeded batching and seeded host initialisation.
+//!
+//! The model ([`model`]) has no recording calls: `repro::capture` records its parameters, every
+//! node of its forward graph (named after the model's `tracing` spans), its gradients and its
+//! updated parameters from the training loop here.
+
+pub mod model;
+
+use crate::capture::{ModelCapture, SpanScopes};
+use crate::ops::Reductions;
+use crate::record::{Perturbation, RecordError, Recorder};
+use crate::trace::{RunConfig, TensorKind};
+use crate::workloads::seeded::{stream, uniform_vec};
+use candle_core::{DType, Device, Tensor};
+use candle_nn::{AdamW, Optimizer, ParamsAdamW, VarBuilder, VarMap};
+use model::{Gpt, GptShape, Norm};
+use rand::Rng;
+use std::collections::BTreeMap;
+
+/// The training text: generated, about 96 KiB of ASCII.
+pub const CORPUS: &str = include_str!("../../../data/gpt/corpus.txt");
+
+/// A `gpt` training run's settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GptConfig {
+    /// Seed of the initial weights.
+    pub seed: u64,
+    /// Seed of the batches (which windows of the corpus each step trains on).
+    pub data_seed: u64,
+    /// Training steps.
+    pub steps: u64,
+    /// Sequences per batch.
+    pub batch: usize,
+    /// Tokens per sequence (and the model's context).
+    pub context: usize,
+    /// Transformer blocks.
+    pub layers: usize,
+    /// Embedding width.
+    pub width: usize,
+    /// Attention heads.
+    pub heads: usize,
+    /// AdamW learning rate.
+    pub lr: f64,
+    /// How the blocks normalise.
+    pub norm: Norm,
+}
+
+impl Default for GptConfig {
+    fn default() -> Self {
+        GptConfig {
+            seed: 0,
+            data_seed: 0,
+            steps: 20,
+            batch: 8,
+            context: 64,
+            layers: 2,
+            width: 128,
+            heads: 4,
+            lr: 1e-3,
+            norm: Norm::Ops,
+        }
+    }
+}
+
+impl GptConfig {
+    /// The run configuration written to a trace header.
+    pub fn run_config(&self) -> RunConfig {
+        let norm = match self.norm {
+            Norm::Ops => "ops",
+            Norm::Fused => "fused",
+        };
+        let params = BTreeMap::from([
+            ("batch".to_string(), self.batch.to_string()),
+            ("context".to_string(), self.context.to_string()),
+            ("data_seed".to_string(), self.data_seed.to_string()),
+            ("heads".to_string(), self.heads.to_string()),
+            ("layers".to_string(), self.layers.to_string()),
+            ("lr".to_string(), self.lr.to_string()),
+            ("norm".to_string(), norm.to_string()),
+            ("seed".to_string(), self.seed.to_string()),
+            ("width".to_string(), self.width.to_string()),
+        ]);
+        RunConfig { workload: "gpt".into(), steps: Some(self.steps), params }
+    }
+
+    fn shape(&self) -> GptShape {
+        GptShape {
+            vocab: 256,
+            context: self.context,
+            layers: self.layers,
+            width: self.width,
+            heads: self.heads,
+            norm: self.norm,
+        }
+    }
+
+    /// Checks the settings, and that `perturb` names a parameter of this model.
+    pub fn validate(&self, reductions: Reductions, perturb: Option<&Perturbation>) -> Result<(), RecordError> {
+        let bad = |m: String| Err(RecordError::Unsupported(m));
+        if reductions != Reductions::Candle {
+            return bad(format!(
+                "gpt trains with candle's own reductions only (--reductions candle), not {reductions}"
+            ));
+        }
+        if self.steps == 0 || self.batch == 0 || self.layers == 0 {
+            return bad("gpt needs --steps, --batch and --layers of at least 1".into());
+        }
+        if self.context < 2 || self.context + 1 > CORPUS.len() {
+            return bad(format!("--context must be between 2 and {} tokens", CORPUS.len() - 1));
+        }
+        if self.width == 0 || self.heads == 0 || !self.width.is_multiple_of(self.heads) {
+            return bad(format!("--width ({}) must be a positive multiple of --heads ({})", self.width, self.heads));
+        }
+        if !(self.lr.is_finite() && self.lr > 0.0) {
+            return bad(format!("--lr must be a positive number, not {}", self.lr));
+        }
+        if let Some(p) = perturb {
+            let names = self.parameter_names()?;
+            if !names.contains(&p.tensor) {
+                return bad(format!(
+                    "--perturb: `{}` is not a parameter of this gpt; its parameters are {}",
+                    p.tensor,
+                    names.join(", ")
+                ));
+            }
+            if p.step >= self.steps {
+                return bad(format!("--perturb: step {} is past the last step {}", p.step, self.steps - 1));
+            }
+        }
+        Ok(())
+    }
+
+    /// The model's parameter names, sorted.
+    pub fn parameter_names(&self) -> Result<Vec<String>, RecordError> {
+        let varmap = VarMap::new();
+        Gpt::new(self.shape(), VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu))?;
+        let mut names: Vec<String> = varmap.data().lock().expect("VarMap lock").keys().cloned().collect();
+        names.sort();
+        Ok(names)
+    }
+
+    /// One batch: `batch` windows of `context + 1` bytes at seeded offsets; inputs are the
+    /// first `context` bytes, targets the last `context`.
+    fn batch_data(&self, step: u64, device: &Device) -> Result<(Tensor, Tensor), RecordError> {
+        let mut rng = stream(self.data_seed, "gpt.batch", step);
+        let bytes = CORPUS.as_bytes();
+        let (mut inputs, mut targets) = (Vec::new(), Vec::new());
+        for _ in 0..self.batch {
+            let start = rng.random_range(0..bytes.len() - self.context);
+            let window = &bytes[start..start + self.context + 1];
+            inputs.extend(window[..self.context].iter().map(|&b| b as u32));
+            targets.extend(window[1..].iter().map(|&b| b as u32));
+        }
+        let shape = (self.batch, self.context);
+        let inputs = Tensor::from_vec(inputs, shape, &Device::Cpu)?.to_device(device)?;
+        let targets = Tensor::from_vec(targets, shape, &Device::Cpu)?.to_device(device)?;
+        Ok((inputs, targets))
+    }
+
+    /// Builds the model on `device` with seeded initial weights drawn on the host: N(0, 0.02)
+    /// approximated by a uniform of the same spread for matrices and embeddings, ones and zeros
+    /// for norms and biases; keyed by parameter name, so identical on every device.
+    fn build(&self, device: &Device) -> Result<(Gpt, VarMap), RecordError> {
+        let mut varmap = VarMap::new();
+        let model = Gpt::new(self.shape(), VarBuilder::from_varmap(&varmap, DType::F32, device))?;
+        let params: Vec<(String, Vec<usize>)> = {
+            let data = varmap.data().lock().expect("VarMap lock");
+            let mut v: Vec<_> = data.iter().map(|(n, var)| (n.clone(), var.dims().to_vec())).collect();
+            v.sort();
+            v
+        };
+        let spread = 0.02 * 3f64.sqrt();
+        for (name, dims) in params {
+            let n: usize = dims.iter().product();
+            let values = if name.ends_with(".bias") {
+                vec![0.0; n]
+            } else if name.contains("ln_") {
+                vec![1.0; n]
+            } else {
+                uniform_vec(&mut stream(self.seed, &format!("gpt.init.{name}"), 0), n, -spread, spread)
+            };
+            varmap.set_one(&name, Tensor::from_vec(values, dims, &Device::Cpu)?.to_device(device)?)?;
+        }
+        Ok((model, varmap))
+    }
+
+    /// Trains and records every step into `recorder` through `repro::capture`: the batch, the
+    /// parameters, every graph node, the gradients and the updated parameters. `perturb` moves a
+    /// parameter for the forward pass of one step (the recorded parameter keeps its true value),
+    /// which stands for a kernel that computed one op differently.
+    pub fn run(
+        &self,
+        device: &Device,
+        recorder: &mut Recorder,
+        perturb: Option<&Perturbation>,
+    ) -> Result<(), RecordError> {
+        // Name graph nodes after the model's spans, for this thread.
+        use tracing_subscriber::layer::SubscriberExt;
+        let _spans = tracing::subscriber::set_default(tracing_subscriber::registry().with(SpanScopes));
+        let (model, varmap) = self.build(device)?;
+        let capture = ModelCapture::new(&varmap);
+        let params = ParamsAdamW { lr: self.lr, ..ParamsAdamW::default() };
+        let vars: Vec<_> = capture.parameters().iter().map(|(_, v)| v.clone()).collect();
+        let mut opt = AdamW::new(vars, params)?;
+        recorder.set_perturbation(perturb.cloned());
+        for step in 0..self.steps {
+            let (inputs, targets) = self.batch_data(step, device)?;
+            let mut s = recorder.step(step);
+            s.record("tokens", TensorKind::Input, &inputs)?;
+            s.record("targets", TensorKind::Input, &targets)?;
+            capture.record_parameters(&mut s)?;
+            // A planted fault: the forward pass sees the parameter moved, the trace its true value.
+            let planted = match perturb.filter(|p| p.step == step) {
+                Some(p) => {
+                    let (_, var) = capture.parameters().iter().find(|(n, _)| *n == p.tensor).expect("validated");
+                    let original = var.as_tensor().copy()?;
+                    var.set(&s.perturbed(&p.tensor, &original)?)?;
+                    Some((var.clone(), original))
+                }
+                None => None,
+            };
+            let logits = model.forward(&inputs)?;
+            let (b, t, v) = logits.dims3()?;
+            let loss = candle_nn::loss::cross_entropy(&logits.reshape((b * t, v))?, &targets.reshape(b * t)?)?;
+            let grads = loss.backward()?;
+            capture.record_graph(&mut s, &loss, "loss", TensorKind::Loss)?;
+            capture.record_gradients(&mut s, &grads)?;
+            if let Some((var, original)) = planted {
+                var.set(&original)?;
+            }
+            opt.step(&grads)?;
+            capture.record_updated(&mut s)?;
+            s.finish()?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,144 @@
+//! Automatic graph capture, through the `gpt` workload: its model code has no recording calls,
+//! and every node of its graph is recorded and named after the model's `tracing` spans.
+
+use crate::util::{json, repro, s};
+use std::path::{Path, PathBuf};
+
+/// A small gpt run (2 layers, width 32, context 16, batch 2) into `dir/name`.
+fn gpt(dir: &Path, name: &str, extra: &[&str]) -> PathBuf {
+    let out = dir.join(name);
+    let mut args = vec![
+        "record",
+        "--workload",
+        "gpt",
+        "--steps",
+        "3",
+        "--batch",
+        "2",
+        "--context",
+        "16",
+        "--width",
+        "32",
+        "--heads",
+        "2",
+        "--capture",
+        "all",
+        "--out",
+        s(&out),
+    ];
+    args.extend_from_slice(extra);
+    let run = repro(&args);
+    assert_eq!(run.code, 0, "record failed: {}", run.stderr);
+    out
+}
+
+#[test]
+fn two_gpt_runs_capture_the_same_named_nodes_bit_for_bit() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (gpt(dir.path(), "a", &[]), gpt(dir.path(), "b", &[]));
+    let run = repro(&["diff", s(&a), s(&b)]);
+    assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+    assert!(run.stdout.contains("IDENTICAL  3 steps"), "{}", run.stdout);
+
+    let summary = json(&repro(&["inspect", s(&a), "--json"]).stdout);
+    let tensors = summary["tensors"].as_array().unwrap();
+    let names: Vec<&str> = tensors.iter().map(|t| t["name"].as_str().unwrap()).collect();
+    // Data, then parameters by VarMap path, then graph nodes by span path, then gradients.
+    assert_eq!(&names[..2], ["tokens", "targets"]);
+    for expected in [
+        "h.1.attn.c_attn.weight",
+        "h[1]/attn/c_attn#0",
+        "h[0]/mlp/c_fc#0",
+        "h[1]/ln_2#0",
+        "lm_head#0",
+        "loss",
+        "wte.weight.grad",
+        "h.1.mlp.c_proj.bias.updated",
+    ] {
+        assert!(names.contains(&expected), "{expected} not among {names:?}");
+    }
+    let positions: Vec<u64> = tensors.iter().filter_map(|t| t["node"].as_u64()).collect();
+    assert!(positions.len() > 50, "only {} graph nodes", positions.len());
+    assert!(positions.windows(2).all(|w| w[0] < w[1]), "graph nodes out of topological order");
+    assert!(summary["no_gradient"].as_array().unwrap().is_empty());
+}
+
+#[test]
+fn a_fault_in_a_middle_layer_is_found_at_its_node_by_the_leaf_rule() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = gpt(dir.path(), "a", &[]);
+    let p = gpt(dir.path(), "p", &["--perturb", "1:h.1.mlp.c_fc.weight:1"]);
+    let run = repro(&["diff", s(&a), s(&p)]);
+    assert_eq!(run.code, 1, "{}", run.stdout);
+    assert!(run.stdout.contains("root cause: `h[1]/mlp/c_fc#"), "{}", run.stdout);
+    assert!(
+        run.stdout.contains("every leaf of the graph (data, parameters) is identical in both runs"),
+        "{}",
+        run.stdout
+    );
+
+    let v = json(&repro(&["diff", s(&a), s(&p), "--json"]).stdout);
+    let root = &v["root_cause"];
+    assert_eq!(root["rule"], "identical_leaves");
+    // The first node computed from the moved weight, inside the planted layer: one element, 1 ULP.
+    let cause = root["cause"]["tensor"].as_str().unwrap();
+    assert!(cause.starts_with("h[1]/mlp/c_fc#"), "{cause}");
+    assert_eq!(root["cause"]["step"], 1);
+    assert_eq!(root["cause"]["metrics"]["mismatched"], 1);
+    assert_eq!(root["cause"]["metrics"]["max_ulp"], 1);
+    // Nothing before the planted layer differs: the cause is the first divergence of the run.
+    assert_eq!(v["first_divergence"]["tensor"], cause);
+}
+
+#[test]
+fn parameters_behind_an_op_without_backward_are_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let fused = gpt(dir.path(), "fused", &["--norm", "fused"]);
+    let run = repro(&["inspect", s(&fused)]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert!(run.stdout.contains("backpropagation never reached"), "{}", run.stdout);
+    // Everything before the last fused norm loses its gradient: embeddings and block 0 included.
+    for name in ["`wte.weight`", "`h.0.attn.c_attn.weight`", "`ln_f.weight`"] {
+        assert!(run.stdout.contains(name), "{name} missing in:\n{}", run.stdout);
+    }
+    let v = json(&repro(&["inspect", s(&fused), "--json"]).stdout);
+    let missing: Vec<&str> = v["no_gradient"].as_array().unwrap().iter().map(|m| m["name"].as_str().unwrap()).collect();
+    assert!(!missing.contains(&"lm_head.weight"), "lm_head is after every norm: {missing:?}");
+    assert!(v["no_gradient"][0]["steps"] == 3);
+
+    let ops = gpt(dir.path(), "ops", &[]);
+    let diff = repro(&["diff", s(&ops), s(&fused)]);
+    assert!(
+        diff.stdout.contains("trainable parameters that received no gradient in B: `h.0.attn.c_attn.bias`"),
+        "{}",
+        diff.stdout
+    );
+}
+
+#[test]
+fn a_graph_of_another_shape_is_a_structural_difference_not_a_failure() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (gpt(dir.path(), "a", &[]), gpt(dir.path(), "b", &["--layers", "3"]));
+    let run = repro(&["diff", s(&a), s(&b)]);
+    assert_eq!(run.code, 1, "{}{}", run.stdout, run.stderr);
+    assert!(run.stdout.contains("config differs"), "{}", run.stdout);
+    assert!(run.stdout.contains("h.2.attn.c_attn.weight"), "{}", run.stdout);
+}
+
+#[test]
+fn bad_gpt_settings_are_refused_before_recording() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("x");
+    for (args, needle) in [
+        (&["--width", "30", "--heads", "4"][..], "multiple of --heads"),
+        (&["--perturb", "1:h.9.mlp.c_fc.weight:1"][..], "not a parameter of this gpt"),
+        (&["--reductions", "ordered"][..], "--reductions candle"),
+    ] {
+        let mut a = vec!["record", "--workload", "gpt", "--out", s(&out)];
+        a.extend_from_slice(args);
+        let run = repro(&a);
+        assert_eq!(run.code, 2, "{args:?}: {}", run.stderr);
+        assert!(run.stderr.contains(needle), "{args:?}: {}", run.stderr);
+        assert!(!out.exists(), "{args:?} created {}", out.display());
+    }
+}
