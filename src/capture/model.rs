@@ -4,7 +4,7 @@
 
 use super::graph::{graph_nodes, GraphNode};
 use super::scope::{take_step, tensor_number};
-use crate::record::{RecordError, Recorder, StepRecorder};
+use crate::record::{RecordError, Recorder, StepRecorder, TRACE_DIR_ENV};
 use crate::trace::{CapturePolicy, Phase, RunConfig, TensorKind};
 use candle_core::backprop::GradStore;
 use candle_core::{Device, Tensor, Var};
@@ -141,6 +141,21 @@ impl ModelRecorder {
         varmap: &VarMap,
     ) -> Result<Self, RecordError> {
         let recorder = Recorder::create(dir, run, device, CapturePolicy::default())?;
+        Ok(Self::new(recorder, ModelCapture::new(varmap)))
+    }
+
+    /// Records into the directory `repro gate -- CMD` names (`REPRO_TRACE_DIR`) when it runs this
+    /// program, and into `dir` otherwise: one constructor for both uses.
+    pub fn create_or_gated(
+        dir: impl AsRef<Path>,
+        run: RunConfig,
+        device: &Device,
+        varmap: &VarMap,
+    ) -> Result<Self, RecordError> {
+        if std::env::var_os(TRACE_DIR_ENV).is_none() {
+            return Self::create(dir, run, device, varmap);
+        }
+        let recorder = Recorder::from_env(run, device, CapturePolicy::default())?;
         Ok(Self::new(recorder, ModelCapture::new(varmap)))
     }
 

@@ -142,3 +142,27 @@ fn bad_gpt_settings_are_refused_before_recording() {
         assert!(!out.exists(), "{args:?} created {}", out.display());
     }
 }
+
+#[test]
+fn an_unmodified_candle_nn_model_records_itself_and_gates() {
+    // `cargo test` builds examples next to the binary's directory.
+    let bin = Path::new(env!("CARGO_BIN_EXE_repro"));
+    let example = bin.parent().unwrap().join("examples/any_model");
+    assert!(example.exists(), "example not built at {}", example.display());
+    let dir = tempfile::tempdir().unwrap();
+    for name in ["x", "y"] {
+        let status = std::process::Command::new(&example).arg(dir.path().join(name)).status().unwrap();
+        assert!(status.success());
+    }
+    let (x, y) = (dir.path().join("x"), dir.path().join("y"));
+    let run = repro(&["diff", s(&x), s(&y)]);
+    assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+    let summary = json(&repro(&["inspect", s(&x), "--json"]).stdout);
+    let names: Vec<&str> = summary["tensors"].as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap()).collect();
+    for expected in ["x", "conv1.weight", "net#0", "loss", "head.bias.grad", "conv2.weight.updated"] {
+        assert!(names.contains(&expected), "{expected} not among {names:?}");
+    }
+    let gate = repro(&["gate", "--", s(&example)]);
+    assert_eq!(gate.code, 0, "{}{}", gate.stdout, gate.stderr);
+    assert!(gate.stdout.contains("PASS"), "{}", gate.stdout);
+}
