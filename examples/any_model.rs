@@ -14,7 +14,7 @@
 //! ```
 
 use candle_core::{DType, Device, Module, Tensor};
-use candle_nn::{conv2d, linear, Conv2d, Conv2dConfig, Linear, Optimizer, VarBuilder, VarMap, AdamW};
+use candle_nn::{conv2d, linear, AdamW, Conv2d, Conv2dConfig, Linear, Optimizer, VarBuilder, VarMap};
 use repro::capture::{scope, ModelRecorder};
 use repro::workloads::seeded::{stream, uniform_vec};
 

@@ -41,6 +41,15 @@ impl ModelCapture {
         &self.params
     }
 
+    /// The parameters the graph behind `root` reaches, by name (sorted). At inference, the others
+    /// are cut off by an op without a backward pass, or unused.
+    pub fn reached(&self, root: &Tensor) -> Vec<String> {
+        let mut names: Vec<String> =
+            root.sorted_nodes().iter().filter_map(|t| self.by_id.get(&tensor_number(t)).cloned()).collect();
+        names.sort();
+        names
+    }
+
     /// Records every parameter under its name (kind `weight`), as it is before the update.
     pub fn record_parameters(&self, s: &mut StepRecorder) -> Result<(), RecordError> {
         for (name, var) in &self.params {

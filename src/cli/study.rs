@@ -131,7 +131,7 @@ fn show(a: ShowArgs) -> Result<Exit, String> {
 fn classifier(train: &WorkloadArgs) -> Result<ClassifierConfig, String> {
     match train.workload()? {
         Workload::Classifier(c) => Ok(c),
-        Workload::Adder(_) | Workload::Gpt(_) => {
+        Workload::Adder(_) | Workload::Gpt(_) | Workload::Qwen2(_) => {
             Err("studies train a classifier (so far): pass --workload mlp, cnn or resnet18".into())
         }
     }

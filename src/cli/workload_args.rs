@@ -6,7 +6,7 @@ use repro::record::{open_device, Perturbation, Recorder};
 use repro::trace::{CapturePolicy, FullCapture};
 use repro::workloads::gpt::model::Norm;
 use repro::workloads::{
-    AdderConfig, ClassifierConfig, DatasetName, Formulation, GptConfig, ModelKind, Workload, WORKLOADS,
+    AdderConfig, ClassifierConfig, DatasetName, Formulation, GptConfig, ModelKind, Qwen2Config, Workload, WORKLOADS,
 };
 use std::path::Path;
 
@@ -60,7 +60,7 @@ pub struct WorkloadArgs {
 
 /// Settings of the transformer workload.
 #[derive(Debug, Clone, Args)]
-#[command(next_help_heading = "Transformer (gpt)")]
+#[command(next_help_heading = "Transformers (gpt; qwen2 takes --layers and --context as its prompt length)")]
 pub struct GptArgs {
     /// Transformer blocks.
     #[arg(long, default_value_t = GptConfig::default().layers)]
@@ -119,6 +119,9 @@ impl WorkloadArgs {
         if self.workload == "gpt" {
             return self.gpt().map(Workload::Gpt);
         }
+        if self.workload == "qwen2" {
+            return self.qwen2().map(Workload::Qwen2);
+        }
         let model: ModelKind = self.workload.parse()?;
         self.classifier(model).map(Workload::Classifier)
     }
@@ -157,6 +160,24 @@ impl WorkloadArgs {
         config.validate(self.reductions, self.perturb.as_ref()).map_err(|e| e.to_string())?;
         if self.formulation != Formulation::Reduce {
             return Err("--formulation is a setting of the adder, not of gpt".into());
+        }
+        Ok(config)
+    }
+
+    fn qwen2(&self) -> Result<Qwen2Config, String> {
+        let d = Qwen2Config::default();
+        let config = Qwen2Config {
+            seed: self.seed,
+            data_seed: self.data_seed.unwrap_or(self.seed),
+            steps: self.steps.unwrap_or(d.steps),
+            batch: self.batch.unwrap_or(d.batch),
+            tokens: self.gpt.context,
+            layers: self.gpt.layers,
+            width: self.width.unwrap_or(d.width),
+        };
+        config.validate().map_err(|e| e.to_string())?;
+        if self.perturb.is_some() || self.reductions != Reductions::Candle || self.formulation != Formulation::Reduce {
+            return Err("qwen2 records inference: --perturb, --reductions and --formulation do not apply".into());
         }
         Ok(config)
     }

@@ -166,3 +166,24 @@ fn an_unmodified_candle_nn_model_records_itself_and_gates() {
     assert_eq!(gate.code, 0, "{}{}", gate.stdout, gate.stderr);
     assert!(gate.stdout.contains("PASS"), "{}", gate.stdout);
 }
+
+#[test]
+fn candle_transformers_qwen2_records_its_forward_pass_the_same_way_twice() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut traces = Vec::new();
+    for name in ["a", "b"] {
+        let out = dir.path().join(name);
+        let run = repro(&["record", "--workload", "qwen2", "--steps", "2", "--context", "8", "--out", s(&out)]);
+        assert_eq!(run.code, 0, "{}", run.stderr);
+        // The recording says how much of the model candle's graph reaches (fused ops cut it).
+        assert!(run.stderr.contains("reaches 1 of 26 parameters"), "{}", run.stderr);
+        traces.push(out);
+    }
+    let run = repro(&["diff", s(&traces[0]), s(&traces[1])]);
+    assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+    let summary = json(&repro(&["inspect", s(&traces[0]), "--json"]).stdout);
+    let names: Vec<&str> = summary["tensors"].as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap()).collect();
+    for expected in ["prompts", "model.layers.1.self_attn.q_proj.weight", "model.embed_tokens.weight", "logits"] {
+        assert!(names.contains(&expected), "{expected} not among {names:?}");
+    }
+}
