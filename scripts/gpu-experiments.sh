@@ -14,7 +14,8 @@
 # op and records one against another online; `overhead` times per-op recording against plain
 # steps; `opfixtures` keeps small op-level traces for fixtures/. The studies: `cost`,
 # `devices-study`, `noise-mlp`, `noise-cnn`, `noise-resnet18` (RESNET_RUNS, RESNET_EPOCHS), and
-# `studyfixtures` (atomic cnn traces for fixtures/), not run by default. Results land in OUT_DIR:
+# `studyfixtures` (atomic cnn traces for fixtures/), not run by default. `gpt`: the
+# transformer recorded by automatic capture (same-seed GPU runs, CPU vs GPU, Qwen2, fixtures). Results land in OUT_DIR:
 # summary.md (everything printed), results.tar.gz (all outputs), fixtures.tar.gz.
 set -uo pipefail
 out="${1:?usage: gpu-experiments.sh OUT_DIR [STEPS] [SECTION...]}"
@@ -145,9 +146,47 @@ say '```'
 fi
 
 if want overhead; then
-section "Per-op recording overhead (hashes only; GPU tensors hashed on the GPU)"
-"$repro" overhead --device cuda:0 --steps 200 --batch 10000 --batch 100000 --batch 1000000 2>&1 | tee -a "$summary"
-"$repro" overhead --device cpu --steps 50 --batch 10000 --batch 100000 2>&1 | tail -2 | tee -a "$summary"
+section "Recording overhead per training step (hashes only, every recorded tensor or graph node; GPU tensors hashed on the GPU)"
+{
+  "$repro" overhead --header --device cuda:0 --steps 200 --batch 10000
+  "$repro" overhead --device cuda:0 --steps 200 --batch 1000000
+  "$repro" overhead --device cuda:0 --workload mlp --steps 200
+  "$repro" overhead --device cuda:0 --workload cnn --steps 100
+  "$repro" overhead --device cuda:0 --workload resnet18 --steps 20
+  "$repro" overhead --device cuda:0 --workload gpt --steps 50
+  "$repro" overhead --device cuda:0 --workload gpt --steps 50 --layers 4 --width 256 --context 128 --batch 32
+  "$repro" overhead --device cpu --workload gpt --steps 10
+} 2>&1 | tee -a "$summary"
+fi
+
+# The gpt workload, recorded by automatic graph capture: two same-seed GPU runs, CPU against
+# GPU (first diverging graph node), and candle-transformers' Qwen2 at inference on both.
+if want gpt; then
+section "gpt: same-seed GPU runs, CPU vs GPU (automatic capture)"
+gpt_args=(--workload gpt --steps 50 --capture first-and-last)
+for run in cuda-0 cuda-1; do
+  "$repro" record "${gpt_args[@]}" --device cuda:0 --out "$work/runs/gpt-$run" 2>>"$work/results/record.log"
+done
+"$repro" record "${gpt_args[@]}" --device cpu --out "$work/runs/gpt-cpu" 2>>"$work/results/record.log"
+say '```'
+"$repro" diff "$work/runs/gpt-cuda-0" "$work/runs/gpt-cuda-1" 2>&1 | sed "s#$work/runs/##g" | tail -4 | tee -a "$summary"
+say '```'
+say '```'
+"$repro" diff "$work/runs/gpt-cpu" "$work/runs/gpt-cuda-0" 2>&1 | sed "s#$work/runs/##g" | head -40 | tee -a "$summary"
+say '```'
+"$repro" diff "$work/runs/gpt-cpu" "$work/runs/gpt-cuda-0" --json > "$work/results/gpt-cpu-vs-cuda.json" 2>&1
+for device in cpu cuda:0; do
+  "$repro" record --workload qwen2 --steps 4 --device "$device" --out "$work/runs/qwen2-${device%%:*}" \
+    2>>"$work/results/record.log"
+done
+say '```'
+"$repro" diff "$work/runs/qwen2-cpu" "$work/runs/qwen2-cuda" 2>&1 | sed "s#$work/runs/##g" | head -20 | tee -a "$summary"
+say '```'
+# Small GPU gpt traces for CPU tests: the same graph, named the same, on another device.
+mkdir -p "$work/fixtures/gpt"
+"$repro" record --workload gpt --steps 3 --batch 2 --context 16 --width 32 --heads 2 --capture none \
+  --device cuda:0 --out "$work/fixtures/gpt/cuda" 2>>"$work/results/record.log"
+rm -f "$work"/fixtures/gpt/*/run-meta.json
 fi
 
 # The seeds' studies (`repro study`). Each study directory stays in $work (a ResNet study keeps

@@ -44,7 +44,7 @@ enum Command {
     Baseline(baseline::BaselineArgs),
     /// The seeds' multi-run studies: noise sources, devices, cost of determinism.
     Study(study::StudyArgs),
-    /// Time training steps with and without per-op recording on one device.
+    /// Time training steps of any workload with and without hashes-only recording on one device.
     Overhead(overhead::OverheadArgs),
     /// Check GPU hashing against the CPU and measure its throughput (CUDA builds).
     #[cfg(feature = "cuda")]
