@@ -187,3 +187,62 @@ fn candle_transformers_qwen2_records_its_forward_pass_the_same_way_twice() {
         assert!(names.contains(&expected), "{expected} not among {names:?}");
     }
 }
+
+#[test]
+fn overhead_times_any_workload_with_every_graph_node_recorded() {
+    let run = repro(&[
+        "overhead",
+        "--header",
+        "--workload",
+        "gpt",
+        "--steps",
+        "2",
+        "--batch",
+        "2",
+        "--context",
+        "8",
+        "--width",
+        "16",
+        "--heads",
+        "2",
+        "--repeats",
+        "1",
+    ]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let lines: Vec<&str> = run.stdout.lines().collect();
+    assert_eq!(lines[0], "| device | workload | tensors/step | plain step | hashes-only recording | ratio |");
+    let cells: Vec<&str> = lines[2].split('|').map(str::trim).collect();
+    assert_eq!(cells[1], "cpu");
+    assert!(cells[2].starts_with("gpt (2 layers, width 16"), "{}", lines[2]);
+    // The trace it timed holds every graph node, parameter, gradient and updated parameter.
+    assert!(cells[3].parse::<usize>().unwrap() > 200, "{}", lines[2]);
+    let ratio: f64 = cells[6].trim_end_matches('x').parse().unwrap();
+    assert!(ratio > 0.0, "{}", lines[2]);
+}
+
+#[test]
+fn gate_and_matrix_work_on_a_captured_workload() {
+    let small =
+        ["--workload", "gpt", "--steps", "2", "--batch", "2", "--context", "8", "--width", "16", "--heads", "2"];
+    let gate = repro(&[&["gate"][..], &small[..]].concat());
+    assert_eq!(gate.code, 0, "{}{}", gate.stdout, gate.stderr);
+    assert!(gate.stdout.contains("PASS"), "{}", gate.stdout);
+
+    let dir = tempfile::tempdir().unwrap();
+    let runs: Vec<PathBuf> = (0..3).map(|i| gpt(dir.path(), &format!("r{i}"), &[])).collect();
+    let run = repro(&[
+        "matrix",
+        s(&runs[0]),
+        s(&runs[1]),
+        s(&runs[2]),
+        "--step",
+        "last",
+        "--tensor",
+        "loss",
+        "--tensor",
+        "h[1]/mlp/c_fc#3",
+    ]);
+    assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+    assert!(run.stdout.contains("h[1]/mlp/c_fc#3"), "{}", run.stdout);
+    assert!(run.stdout.contains("all runs bit-identical"), "{}", run.stdout);
+}

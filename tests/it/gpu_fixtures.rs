@@ -172,3 +172,41 @@ fn gpu_traces_record_parameters_before_their_update() {
         assert_eq!(checked, 38, "{name}");
     }
 }
+
+/// A gpt trace recorded on the H100 by automatic capture (fixtures/gpu-h100-gpt/cuda) has the
+/// graph this CPU captures: the same nodes under the same names, in the same order. The first
+/// node that differs comes after identical leaves.
+#[test]
+fn a_gpu_gpt_trace_has_the_cpu_graph_and_first_differs_at_a_named_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let cpu = dir.path().join("cpu");
+    let run = repro(&[
+        "record",
+        "--workload",
+        "gpt",
+        "--steps",
+        "3",
+        "--batch",
+        "2",
+        "--context",
+        "16",
+        "--width",
+        "32",
+        "--heads",
+        "2",
+        "--capture",
+        "none",
+        "--out",
+        cpu.to_str().unwrap(),
+    ]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let gpu = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/gpu-h100-gpt/cuda");
+    let v = json(&repro(&["diff", cpu.to_str().unwrap(), gpu.to_str().unwrap(), "--json"]).stdout);
+    assert_eq!(v["structure"].as_array().unwrap().len(), 0, "{}", v["structure"]);
+    assert!(v["tensors_compared"].as_u64().unwrap() > 3 * 200);
+    let root = &v["root_cause"];
+    assert_eq!(root["rule"], "identical_leaves");
+    assert_eq!(root["cause"]["step"], 0);
+    // The layer norm's first reduction: CPU and GPU sum the row in different orders.
+    assert_eq!(root["cause"]["tensor"], "h[0]/ln_1#0");
+}
