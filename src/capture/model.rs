@@ -308,4 +308,25 @@ mod tests {
         let mut reader = crate::trace::TraceReader::open(dir.path().join("t")).unwrap();
         assert_eq!(reader.next_step().unwrap().unwrap().no_gradient, missing);
     }
+
+    #[test]
+    fn a_graph_of_a_hundred_thousand_nodes_records_in_one_step() {
+        let varmap = VarMap::new();
+        let vb = candle_nn::VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
+        let w = vb.get(1, "w").unwrap();
+        // 100,000 one-element nodes computed from the parameter, joined by one concatenation.
+        let parts: Vec<Tensor> = (0..100_000).map(|i| w.affine(1.0, i as f64).unwrap()).collect();
+        let root = Tensor::cat(&parts, 0).unwrap().sum_all().unwrap();
+        drop(parts);
+        let dir = tempfile::tempdir().unwrap();
+        let policy = CapturePolicy { full: crate::trace::FullCapture::None, ..CapturePolicy::default() };
+        let mut rec = Recorder::create(dir.path().join("t"), RunConfig::default(), &Device::Cpu, policy).unwrap();
+        let mut s = rec.step(0);
+        let recorded = ModelCapture::new(&varmap).record_graph(&mut s, &root, "root", TensorKind::Loss).unwrap();
+        s.finish().unwrap();
+        rec.finish().unwrap();
+        assert!(recorded >= 100_002, "{recorded} nodes");
+        let mut reader = crate::trace::TraceReader::open(dir.path().join("t")).unwrap();
+        assert_eq!(reader.next_step().unwrap().unwrap().tensors.len(), recorded);
+    }
 }

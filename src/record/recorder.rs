@@ -30,7 +30,7 @@ use crate::trace::{
     CURRENT_FORMAT,
 };
 use candle_core::{Device, Tensor};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 /// The environment variable through which `repro gate -- CMD` tells a program where to record.
@@ -158,6 +158,7 @@ impl Recorder {
             full,
             policy_full,
             tensors: Vec::new(),
+            names: BTreeSet::new(),
             probes: ProbedGradients::default(),
             device: DeviceQueue::default(),
             deferred: Vec::new(),
@@ -225,6 +226,8 @@ pub struct StepRecorder<'a> {
     full: bool,
     policy_full: bool,
     tensors: Vec<StepTensor>,
+    /// Names recorded so far in the step (a graph can hold 100,000 nodes: no linear search).
+    names: BTreeSet<String>,
     probes: ProbedGradients,
     /// GPU tensors' results, resolved in one copy when the step finishes.
     device: DeviceQueue,
@@ -287,7 +290,7 @@ impl StepRecorder<'_> {
         if self.recorder.writer.is_none() {
             return Ok(());
         }
-        if self.tensors.iter().any(|t| t.record.name == name) {
+        if !self.names.insert(name.to_string()) {
             return Err(RecordError::Unsupported(format!("tensor `{name}` recorded twice in step {}", self.step)));
         }
         let dtype = trace_dtype(tensor.dtype())?;
