@@ -17,11 +17,12 @@ pub struct BaselineArgs {
 enum BaselineAction {
     /// Record once and write the baseline file.
     Write {
-        #[command(flatten)]
-        train: WorkloadArgs,
         /// The baseline file to write (e.g. repro-baseline.rpr).
         #[arg(long)]
         out: PathBuf,
+        // What to train: last, so that its help headings come after this command's own options.
+        #[command(flatten)]
+        train: WorkloadArgs,
     },
 }
 

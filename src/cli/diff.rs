@@ -25,7 +25,7 @@ pub fn run(args: DiffArgs) -> Result<Exit, String> {
     if args.json {
         print_json(&diff)?;
     } else {
-        print!("{}", render_diff(&diff));
+        super::output::emit(&render_diff(&diff));
     }
     Ok(if diff.is_identical() { Exit::Same } else { Exit::Diverged })
 }

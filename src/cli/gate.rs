@@ -14,8 +14,6 @@ use std::time::{Duration, Instant};
 
 #[derive(Debug, Args)]
 pub struct GateArgs {
-    #[command(flatten)]
-    train: WorkloadArgs,
     /// How many runs to record (default: 2, or 1 with --baseline).
     #[arg(long)]
     runs: Option<usize>,
@@ -40,6 +38,9 @@ pub struct GateArgs {
     /// A program that records itself with repro's library into $REPRO_TRACE_DIR.
     #[arg(last = true, value_name = "CMD")]
     command: Vec<String>,
+    // What to train: last, so that its help headings come after this command's own options.
+    #[command(flatten)]
+    train: WorkloadArgs,
 }
 
 pub fn run(args: GateArgs) -> Result<Exit, String> {
@@ -64,7 +65,7 @@ pub fn run(args: GateArgs) -> Result<Exit, String> {
     if args.json {
         super::print_json(&report)?;
     } else {
-        print!("{}", render_gate(&report));
+        super::output::emit(&render_gate(&report));
     }
     if let Some(file) = &args.junit {
         std::fs::write(file, render_gate_junit(&report)?)

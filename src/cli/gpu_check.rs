@@ -66,9 +66,9 @@ fn check(dev: &Device) -> Result<usize, Box<dyn std::error::Error>> {
             }
         }
     }
-    println!(
+    super::output::line(&format!(
         "GPU hash check: {checked} cases, {failures} mismatches (all dtypes; 0 B to 64 MiB; aligned and offset views)"
-    );
+    ));
     Ok(failures)
 }
 
@@ -91,8 +91,10 @@ fn median_seconds(
 }
 
 fn bench(dev: &Device) -> Result<(), Box<dyn std::error::Error>> {
-    println!("\n| tensor | GPU BLAKE3 (canonical hash) | device memory read | hash / read | host BLAKE3, same bytes |");
-    println!("|---|---|---|---|---|");
+    super::output::line(
+        "\n| tensor | GPU BLAKE3 (canonical hash) | device memory read | hash / read | host BLAKE3, same bytes |",
+    );
+    super::output::line("|---|---|---|---|---|");
     for (label, bytes) in [("1 MiB", 1usize << 20), ("64 MiB", 64 << 20), ("1 GiB", 1 << 30)] {
         let n = bytes / 4;
         let t = Tensor::rand(0f32, 1f32, n, dev)?;
@@ -105,13 +107,13 @@ fn bench(dev: &Device) -> Result<(), Box<dyn std::error::Error>> {
         let t0 = Instant::now();
         let _ = host_data_hash(host_bytes);
         let host = t0.elapsed().as_secs_f64();
-        println!(
+        super::output::line(&format!(
             "| {label} | {:.0} GB/s | {:.0} GB/s | {:.0}% | {:.1} GB/s |",
             gb(hash, bytes),
             gb(read, bytes),
             100.0 * read / hash,
             gb(host, bytes)
-        );
+        ));
     }
     Ok(())
 }

@@ -34,7 +34,7 @@ pub fn run(args: InspectArgs) -> Result<Exit, String> {
     if args.json {
         print_json(&summary)?;
     } else {
-        print!("{}", render_summary(&summary));
+        super::output::emit(&render_summary(&summary));
     }
     Ok(Exit::Same)
 }

@@ -30,7 +30,7 @@ pub fn run(args: MatrixArgs) -> Result<Exit, String> {
     if args.json {
         print_json(&report)?;
     } else {
-        print!("{}", render_matrix(&report));
+        super::output::emit(&render_matrix(&report));
     }
     let all_zero = report.matrices.iter().flat_map(|m| m.values.iter().flatten()).all(|&v| v == 0.0);
     Ok(if all_zero { Exit::Same } else { Exit::Diverged })

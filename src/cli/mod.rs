@@ -9,6 +9,7 @@ mod gate;
 mod gpu_check;
 mod inspect;
 mod matrix;
+mod output;
 mod overhead;
 mod record;
 mod study;
@@ -77,6 +78,6 @@ pub fn run(cli: Cli) -> Exit {
 /// Prints `value` as pretty JSON on stdout.
 fn print_json(value: &impl serde::Serialize) -> Result<(), String> {
     let text = serde_json::to_string_pretty(value).map_err(|e| format!("cannot encode JSON: {e}"))?;
-    println!("{text}");
+    output::line(&text);
     Ok(())
 }

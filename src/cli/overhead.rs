@@ -11,14 +11,15 @@ use std::time::{Duration, Instant};
 
 #[derive(Debug, Args)]
 pub struct OverheadArgs {
-    #[command(flatten)]
-    train: WorkloadArgs,
     /// Measurements of each mode; the fastest counts.
     #[arg(long, default_value_t = 3)]
     repeats: usize,
     /// Print the table header too.
     #[arg(long)]
     header: bool,
+    // What to train: last, so that its help headings come after this command's own options.
+    #[command(flatten)]
+    train: WorkloadArgs,
 }
 
 pub fn run(args: OverheadArgs) -> Result<Exit, String> {
@@ -50,16 +51,16 @@ pub fn run(args: OverheadArgs) -> Result<Exit, String> {
     let _ = std::fs::remove_dir_all(&dir);
     let per_step = |d: Duration| d.as_secs_f64() * 1e3 / steps as f64;
     if args.header {
-        println!("| device | workload | tensors/step | plain step | hashes-only recording | ratio |");
-        println!("|---|---|---|---|---|---|");
+        super::output::line("| device | workload | tensors/step | plain step | hashes-only recording | ratio |");
+        super::output::line("|---|---|---|---|---|---|");
     }
-    println!(
+    super::output::line(&format!(
         "| {} | {} | {tensors} | {:.3} ms | {:.3} ms | {:.3}x |",
         args.train.device,
         workload.describe(),
         per_step(plain),
         per_step(recorded),
         recorded.as_secs_f64() / plain.as_secs_f64()
-    );
+    ));
     Ok(Exit::Same)
 }

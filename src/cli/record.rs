@@ -13,8 +13,6 @@ use std::time::Instant;
 
 #[derive(Debug, Args)]
 pub struct RecordArgs {
-    #[command(flatten)]
-    train: WorkloadArgs,
     /// Trace directory to write (must not hold a trace unless --force).
     #[arg(long)]
     out: PathBuf,
@@ -34,6 +32,9 @@ pub struct RecordArgs {
     /// With --against: record to the end after a divergence instead of stopping.
     #[arg(long, requires = "against")]
     keep_going: bool,
+    // What to train: last, so that its help headings come after this command's own options.
+    #[command(flatten)]
+    train: WorkloadArgs,
 }
 
 pub fn run(args: RecordArgs) -> Result<Exit, String> {
@@ -72,11 +73,14 @@ pub fn run(args: RecordArgs) -> Result<Exit, String> {
     let against = args.against.as_deref().unwrap_or(Path::new("")).display().to_string();
     match check.divergence() {
         Some(d) => {
-            print!("{}", render_online(d, &against, &args.out.display().to_string()));
+            super::output::emit(&render_online(d, &against, &args.out.display().to_string()));
             Ok(Exit::Diverged)
         }
         None => {
-            println!("IDENTICAL  {} steps matched the reference {against} bit for bit", check.steps_checked());
+            super::output::line(&format!(
+                "IDENTICAL  {} steps matched the reference {against} bit for bit",
+                check.steps_checked()
+            ));
             Ok(Exit::Same)
         }
     }

@@ -56,13 +56,14 @@ struct Output {
 
 #[derive(Debug, Args)]
 pub struct NoiseArgs {
-    #[command(flatten)]
-    train: WorkloadArgs,
     /// Runs per variant.
     #[arg(long, default_value_t = 10)]
     runs: usize,
     #[command(flatten)]
     output: Output,
+    // What to train: last, so that its help headings come after this command's own options.
+    #[command(flatten)]
+    train: WorkloadArgs,
 }
 
 #[derive(Debug, Args)]
@@ -184,10 +185,14 @@ fn finish(
     dir.write(&format!("{name}.md"), markdown.as_bytes()).map_err(|e| e.to_string())?;
     let plot = dir.write(&format!("{name}.svg"), svg?.as_bytes()).map_err(|e| e.to_string())?;
     if json {
-        println!("{encoded}");
+        super::output::line(&encoded);
     } else {
-        print!("{text}");
-        println!("\nreport: {0}/{name}.md, {0}/{name}.json; plot: {1}", dir.path().display(), plot.display());
+        super::output::emit(&text);
+        super::output::line(&format!(
+            "\nreport: {0}/{name}.md, {0}/{name}.json; plot: {1}",
+            dir.path().display(),
+            plot.display()
+        ));
     }
     Ok(())
 }

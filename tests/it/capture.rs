@@ -246,3 +246,26 @@ fn gate_and_matrix_work_on_a_captured_workload() {
     assert!(run.stdout.contains("h[1]/mlp/c_fc#3"), "{}", run.stdout);
     assert!(run.stdout.contains("all runs bit-identical"), "{}", run.stdout);
 }
+
+#[test]
+fn a_reader_that_closes_the_pipe_early_ends_the_report_quietly() {
+    use std::io::Read;
+    let dir = tempfile::tempdir().unwrap();
+    let (a, p) = (gpt(dir.path(), "a", &[]), gpt(dir.path(), "p", &["--perturb", "1:h.1.mlp.c_fc.weight:1"]));
+    for _ in 0..3 {
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_repro"))
+            .args(["diff", s(&a), s(&p), "--json"])
+            .env("RUST_BACKTRACE", "1")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Read a little of a report far larger than the pipe's buffer, then hang up.
+        let mut head = [0u8; 10];
+        child.stdout.take().unwrap().read_exact(&mut head).unwrap();
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "the verdict (diverged) stays the exit code: {stderr}");
+        assert!(!stderr.contains("panicked"), "{stderr}");
+    }
+}

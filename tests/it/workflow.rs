@@ -236,3 +236,61 @@ fn ordered_reductions_are_bit_reproducible_and_atomic_ones_still_record() {
         assert!(m["max_ulp"].as_u64().unwrap() < 1000, "{m:?}");
     }
 }
+
+#[test]
+fn each_command_lists_its_own_options_before_the_workload_headings() {
+    for (command, own) in [
+        (&["record"][..], &["--out", "--force", "--capture", "--against"][..]),
+        (&["gate"][..], &["--runs", "--baseline", "--budget", "--json", "--junit"][..]),
+        (&["baseline", "write"][..], &["--out"][..]),
+        (&["study", "noise"][..], &["--runs", "--out", "--json"][..]),
+        (&["overhead"][..], &["--repeats"][..]),
+    ] {
+        let help = repro(&[command, &["--help"][..]].concat()).stdout;
+        let lines: Vec<&str> = help.lines().collect();
+        let headings = lines.iter().position(|l| l.starts_with("Classifiers (")).expect("classifier heading");
+        for option in own {
+            let at = lines
+                .iter()
+                .position(|l| l.split_whitespace().next() == Some(option))
+                .unwrap_or_else(|| panic!("{command:?}: no {option}"));
+            assert!(at < headings, "{command:?}: {option} is listed under the workload headings:\n{help}");
+        }
+    }
+}
+
+#[test]
+fn a_trace_against_itself_or_another_workload_is_flagged() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = record(dir.path(), "a", &[]);
+    let run = repro(&["diff", s(&a), s(&a)]);
+    assert_eq!(run.code, 0);
+    assert!(run.stdout.contains("warning: A and B are the same trace"), "{}", run.stdout);
+    let v = json(&repro(&["diff", s(&a), &format!("{}/.", s(&a)), "--json"]).stdout);
+    assert!(v["warnings"][0].as_str().unwrap().contains("same trace"), "{v}");
+
+    let other = dir.path().join("gpt");
+    let made = repro(&[
+        "record",
+        "--workload",
+        "gpt",
+        "--steps",
+        "1",
+        "--batch",
+        "1",
+        "--context",
+        "4",
+        "--width",
+        "8",
+        "--heads",
+        "2",
+        "--out",
+        s(&other),
+    ]);
+    assert_eq!(made.code, 0, "{}", made.stderr);
+    let run = repro(&["diff", s(&a), s(&other)]);
+    assert!(run.stdout.contains("warning: A records workload `adder` and B `gpt`"), "{}", run.stdout);
+
+    let b = record(dir.path(), "b", &[]);
+    assert!(json(&repro(&["diff", s(&a), s(&b), "--json"]).stdout)["warnings"].as_array().unwrap().is_empty());
+}

@@ -44,6 +44,9 @@ pub struct TraceDiff {
     pub first_divergence_by_kind: BTreeMap<TensorKind, u64>,
     /// Differences in what was recorded (missing steps or tensors, shapes, dtypes).
     pub structure: Vec<StructuralDifference>,
+    /// Reasons the comparison may not mean what it seems to: A and B are the same trace, or
+    /// traces of different workloads.
+    pub warnings: Vec<String>,
 }
 
 impl TraceDiff {
@@ -219,7 +222,9 @@ pub fn diff_traces(a: &mut TraceReader, b: &mut TraceReader) -> Result<TraceDiff
             (Some(_), None) => unreachable!("handled by the arm above"),
         }
     }
+    let warnings = comparison_warnings(a, b);
     Ok(TraceDiff {
+        warnings,
         a: side(a, steps_a, missing_a.finish()),
         b: side(b, steps_b, missing_b.finish()),
         config_differences,
@@ -233,6 +238,28 @@ pub fn diff_traces(a: &mut TraceReader, b: &mut TraceReader) -> Result<TraceDiff
         first_divergence_by_kind: state.by_kind,
         structure: state.structure,
     })
+}
+
+/// What makes a comparison meaningless, said before anyone trusts its verdict.
+fn comparison_warnings(a: &TraceReader, b: &TraceReader) -> Vec<String> {
+    let mut warnings = Vec::new();
+    let same_file = match (std::fs::canonicalize(a.records_path()), std::fs::canonicalize(b.records_path())) {
+        (Ok(x), Ok(y)) => x == y,
+        _ => false,
+    };
+    if same_file {
+        warnings.push(format!(
+            "A and B are the same trace ({}): this comparison cannot find a difference",
+            a.records_path().display()
+        ));
+    }
+    let (wa, wb) = (&a.header().run.workload, &b.header().run.workload);
+    if wa != wb {
+        warnings.push(format!(
+            "A records workload `{wa}` and B `{wb}`: their tensors are not the same computation, so the differences below are expected"
+        ));
+    }
+    warnings
 }
 
 fn side(reader: &TraceReader, steps: u64, no_gradient: Vec<MissingGradient>) -> TraceSide {

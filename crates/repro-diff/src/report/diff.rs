@@ -17,6 +17,9 @@ pub fn render_diff(d: &TraceDiff) -> String {
 fn write_diff(out: &mut String, d: &TraceDiff) -> fmt::Result {
     write_side(out, "A", &d.a)?;
     write_side(out, "B", &d.b)?;
+    for warning in &d.warnings {
+        writeln!(out, "warning: {warning}")?;
+    }
     write_fields(out, "config differs", &d.config_differences)?;
     write_fields(out, "environment differs", &d.environment_differences)?;
     write_missing_gradients(out, &d.a, &d.b)?;
