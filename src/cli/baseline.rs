@@ -1,6 +1,7 @@
 //! `repro baseline write`: record a configuration once and keep its hashes (and environment
 //! fingerprint) in one small record file, meant to be committed and gated against.
 
+use super::gate::record_command;
 use super::workload_args::WorkloadArgs;
 use super::Exit;
 use clap::{Args, Subcommand};
@@ -20,6 +21,10 @@ enum BaselineAction {
         /// The baseline file to write (e.g. repro-baseline.rpr).
         #[arg(long)]
         out: PathBuf,
+        /// Your own training program, which records itself with repro's library into
+        /// $REPRO_TRACE_DIR (instead of a built-in workload).
+        #[arg(last = true, value_name = "CMD")]
+        command: Vec<String>,
         // What to train: last, so that its help headings come after this command's own options.
         #[command(flatten)]
         train: WorkloadArgs,
@@ -27,19 +32,20 @@ enum BaselineAction {
 }
 
 pub fn run(args: BaselineArgs) -> Result<Exit, String> {
-    let BaselineAction::Write { train, out } = args.action;
+    let BaselineAction::Write { train, out, command } = args.action;
     let work = std::env::temp_dir().join(format!("repro-baseline-{}", std::process::id()));
-    let result = train.record_for_gate(&work).and_then(|()| {
+    let recorded = if command.is_empty() { train.record_for_gate(&work) } else { record_command(&command, &work) };
+    let result = recorded.and_then(|()| {
         let records = work.join(repro::trace::format::RECORDS_FILE);
         std::fs::copy(&records, &out).map_err(|e| format!("cannot write {}: {e}", out.display()))
     });
     let _ = std::fs::remove_dir_all(&work);
     let size = result?;
-    eprintln!(
-        "wrote baseline {} ({}): commit it, then gate with `repro gate --baseline {}`",
-        out.display(),
-        bytes(size),
-        out.display()
-    );
+    let gate = if command.is_empty() {
+        format!("repro gate --baseline {} (with the same workload options)", out.display())
+    } else {
+        format!("repro gate --baseline {} -- {}", out.display(), command.join(" "))
+    };
+    eprintln!("wrote baseline {} ({}): commit it, then gate with `{gate}`", out.display(), bytes(size));
     Ok(Exit::Same)
 }

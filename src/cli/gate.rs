@@ -5,8 +5,8 @@
 use super::workload_args::WorkloadArgs;
 use super::Exit;
 use clap::Args;
-use repro::diff::{gate_traces, GateReference, GateReport};
-use repro::record::TRACE_DIR_ENV;
+use repro::diff::{baseline_mismatch, gate_traces, DiffError, GateReference, GateReport};
+use repro::record::{CAPTURE_ENV, TRACE_DIR_ENV};
 use repro::report::{render_gate, render_gate_junit, render_gate_markdown};
 use repro::trace::TraceReader;
 use std::path::{Path, PathBuf};
@@ -48,9 +48,17 @@ pub fn run(args: GateArgs) -> Result<Exit, String> {
     if runs == 0 || (args.baseline.is_none() && runs < 2) {
         return Err("a gate needs --runs 2 or more (or --baseline FILE with --runs 1 or more)".into());
     }
-    // A baseline that cannot be read fails the gate before anything is recorded.
+    // A baseline that cannot be read, or that was written for other settings, fails the gate
+    // before anything is recorded.
     if let Some(file) = &args.baseline {
-        TraceReader::open(file).map_err(|e| e.to_string())?;
+        let baseline = TraceReader::open(file).map_err(|e| e.to_string())?;
+        if args.command.is_empty() {
+            let planned = args.train.run_config(&args.train.workload()?);
+            let fields = baseline_mismatch(&baseline.header().run, &planned);
+            if !fields.is_empty() {
+                return Err(DiffError::BaselineMismatch { baseline: file.clone(), fields }.to_string());
+            }
+        }
     }
     let work = match &args.keep {
         Some(dir) => dir.clone(),
@@ -124,11 +132,13 @@ fn gate(args: &GateArgs, runs: usize, work: &Path) -> Result<GateReport, String>
 }
 
 /// Runs a self-recording program with `REPRO_TRACE_DIR` set to `dir`.
-fn record_command(command: &[String], dir: &Path) -> Result<(), String> {
+pub fn record_command(command: &[String], dir: &Path) -> Result<(), String> {
     let _ = std::fs::remove_dir_all(dir);
     let status = std::process::Command::new(&command[0])
         .args(&command[1..])
         .env(TRACE_DIR_ENV, dir)
+        // A gate compares hashes: the program need not store full values.
+        .env(CAPTURE_ENV, "none")
         .stdout(std::process::Stdio::null())
         .status()
         .map_err(|e| format!("cannot run `{}`: {e}", command[0]))?;

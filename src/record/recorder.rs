@@ -36,6 +36,10 @@ use std::path::Path;
 /// The environment variable through which `repro gate -- CMD` tells a program where to record.
 pub const TRACE_DIR_ENV: &str = "REPRO_TRACE_DIR";
 
+/// The environment variable through which the gate tells a program which steps to store in
+/// full (`none`: hashes only, all a gate compares).
+pub const CAPTURE_ENV: &str = "REPRO_CAPTURE";
+
 /// Records a run into a trace directory.
 pub struct Recorder {
     /// `None` for a recorder that discards everything (see `Recorder::discard`).
@@ -101,11 +105,18 @@ impl Recorder {
     }
 
     /// Starts recording into the directory named by `REPRO_TRACE_DIR`, which `repro gate --
-    /// CMD` sets for the program it runs (an existing trace there is replaced).
-    pub fn from_env(run: RunConfig, device: &Device, capture: CapturePolicy) -> Result<Self, RecordError> {
+    /// CMD` and `repro baseline write -- CMD` set for the program they run (an existing trace
+    /// there is replaced). They also set `REPRO_CAPTURE` to the full-value policy they need
+    /// (hashes only), which then replaces `capture.full`.
+    pub fn from_env(run: RunConfig, device: &Device, mut capture: CapturePolicy) -> Result<Self, RecordError> {
         let dir = std::env::var_os(TRACE_DIR_ENV).ok_or_else(|| {
             RecordError::Unsupported(format!("{TRACE_DIR_ENV} is not set: run this under `repro gate -- CMD`"))
         })?;
+        if let Some(policy) = std::env::var_os(CAPTURE_ENV) {
+            let policy = policy.to_string_lossy();
+            capture.full =
+                policy.parse().map_err(|e| RecordError::Unsupported(format!("{CAPTURE_ENV}={policy}: {e}")))?;
+        }
         Self::create_with(dir, run, device, capture, true)
     }
 

@@ -67,13 +67,16 @@ fn a_corrupt_or_mismatched_baseline_is_an_error() {
     let base = dir.path().join("base.rpr");
     assert_eq!(repro(&[&["baseline", "write"][..], &SMALL, &["--out", s(&base)]].concat()).code, 0);
 
-    let run = gate(&["--baseline", s(&base), "--seed", "7"]);
+    let keep = dir.path().join("kept");
+    let run = gate(&["--baseline", s(&base), "--seed", "7", "--keep", s(&keep)]);
     assert_eq!(run.code, 2, "{}", run.stdout);
     assert!(
         run.stderr.contains("was written for another configuration (data_seed 0 vs 7, seed 0 vs 7"),
         "{}",
         run.stderr
     );
+    // Refused before anything was trained or recorded.
+    assert!(!keep.exists(), "the gate recorded runs before checking the baseline");
 
     let mut bytes = fs::read(&base).unwrap();
     let n = bytes.len();
@@ -129,4 +132,26 @@ fn a_baseline_from_another_environment_names_the_likely_causes() {
         &[("RAYON_NUM_THREADS", "2")],
     );
     assert!(human.stdout.contains("the reference was recorded elsewhere; likely causes:"), "{}", human.stdout);
+}
+
+#[test]
+fn a_baseline_of_a_users_own_program_is_written_and_gated() {
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_repro"));
+    let example = bin.parent().unwrap().join("examples/any_model");
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path().join("own.rpr");
+    let run = repro(&["baseline", "write", "--out", s(&base), "--", s(&example)]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert!(run.stderr.contains(&format!("-- {}", s(&example))), "the advice names the program: {}", run.stderr);
+    let run = repro(&["inspect", s(&base)]);
+    assert!(run.stdout.contains("workload       any-model"), "{}", run.stdout);
+
+    let run = repro(&["gate", "--baseline", s(&base), "--", s(&example)]);
+    assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+    assert!(run.stdout.contains("PASS"), "{}", run.stdout);
+    // Another program is not what the baseline was written for.
+    let other = bin.parent().unwrap().join("examples/own_training_loop");
+    let run = repro(&["gate", "--baseline", s(&base), "--", s(&other)]);
+    assert_eq!(run.code, 2, "{}{}", run.stdout, run.stderr);
+    assert!(run.stderr.contains("written for another configuration (workload any-model vs own-mlp"), "{}", run.stderr);
 }

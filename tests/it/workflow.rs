@@ -294,3 +294,14 @@ fn a_trace_against_itself_or_another_workload_is_flagged() {
     let b = record(dir.path(), "b", &[]);
     assert!(json(&repro(&["diff", s(&a), s(&b), "--json"]).stdout)["warnings"].as_array().unwrap().is_empty());
 }
+
+#[test]
+fn inspect_reads_a_traces_lone_record_file() {
+    let dir = tempfile::tempdir().unwrap();
+    // Default capture: payloads at the first and last steps, referenced from the record file.
+    let a = record(dir.path(), "a", &[]);
+    let run = repro(&["inspect", s(&a.join("records.rpr"))]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert!(run.stdout.contains("20 steps (0 to 19)"), "{}", run.stdout);
+    assert!(run.stdout.contains("full steps none"), "{}", run.stdout);
+}

@@ -3,8 +3,8 @@
 //! likely explains a failure. Recording the runs is the caller's job; this module only reads them.
 
 use crate::error::DiffError;
-use crate::traces::{diff_traces, header_differences, FieldDifference, TraceDiff};
-use repro_trace::{Header, TraceReader};
+use crate::traces::{config_differences, diff_traces, header_differences, FieldDifference, TraceDiff};
+use repro_trace::{RunConfig, TraceReader};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 
@@ -41,10 +41,11 @@ pub enum GateReference<'a> {
 /// (`--perturb`) stands for a code change, which is exactly what the gate should catch.
 pub const MAY_DIFFER_FROM_BASELINE: &[&str] = &["perturb"];
 
-/// The run settings for which `baseline` was not written, compared with `run`'s header: every
-/// config difference except those in [`MAY_DIFFER_FROM_BASELINE`]. Empty when they fit.
-pub fn baseline_mismatch(baseline: &Header, run: &Header) -> Vec<FieldDifference> {
-    let (mut config, _) = header_differences(baseline, run);
+/// The run settings for which `baseline` was not written, compared with `run`'s: every config
+/// difference except those in [`MAY_DIFFER_FROM_BASELINE`]. Empty when they fit. A gate checks
+/// this before it records anything, and again on every recorded run.
+pub fn baseline_mismatch(baseline: &RunConfig, run: &RunConfig) -> Vec<FieldDifference> {
+    let mut config = config_differences(baseline, run);
     config.retain(|f| !MAY_DIFFER_FROM_BASELINE.contains(&f.field.as_str()));
     config
 }
@@ -61,7 +62,7 @@ pub fn gate_traces(subject: String, reference: GateReference, runs: &[PathBuf]) 
             for (i, run) in runs.iter().enumerate() {
                 let mut a = TraceReader::open(&records)?;
                 let mut b = TraceReader::open(run)?;
-                let fields = baseline_mismatch(a.header(), b.header());
+                let fields = baseline_mismatch(&a.header().run, &b.header().run);
                 if !fields.is_empty() {
                     return Err(DiffError::BaselineMismatch { baseline: baseline.to_path_buf(), fields });
                 }
@@ -118,7 +119,7 @@ mod tests {
     use super::*;
     use repro_trace::dtype::DType;
     use repro_trace::hash::tensor_hash;
-    use repro_trace::{CapturePolicy, RunConfig, StepTensor, TensorKind, TensorRecord, TraceWriter, CURRENT_FORMAT};
+    use repro_trace::{CapturePolicy, Header, StepTensor, TensorKind, TensorRecord, TraceWriter, CURRENT_FORMAT};
 
     /// Writes a one-step trace of one tensor holding `value`, with `params` as its settings.
     fn trace(dir: &Path, value: f32, params: &[(&str, &str)], device: &str) -> PathBuf {

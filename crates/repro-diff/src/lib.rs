@@ -26,6 +26,6 @@ pub use metrics::{compare, TensorMetrics};
 pub use online::{OnlineDivergence, ReferenceCheck};
 pub use root_cause::{CauseRule, Consequence, RootCause};
 pub use traces::{
-    diff_traces, header_differences, FieldDifference, StepMetrics, StructuralDifference, TensorHistory, TraceDiff,
-    TraceSide,
+    config_differences, diff_traces, header_differences, FieldDifference, StepMetrics, StructuralDifference,
+    TensorHistory, TraceDiff, TraceSide,
 };

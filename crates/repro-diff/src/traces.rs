@@ -9,8 +9,8 @@ use crate::divergence::Divergence;
 use crate::metrics::{compare, TensorMetrics};
 use crate::root_cause::{analyze, Entry, RootCause};
 use repro_trace::{
-    Completeness, Header, MissingGradient, MissingGradients, StepRecord, TensorKind, TensorRecord, TraceError,
-    TraceReader,
+    Completeness, Header, MissingGradient, MissingGradients, RunConfig, StepRecord, TensorKind, TensorRecord,
+    TraceError, TraceReader,
 };
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -280,15 +280,7 @@ fn side(reader: &TraceReader, steps: u64, no_gradient: Vec<MissingGradient>) -> 
 
 /// Differences between the headers' run configs and environments, in a fixed order.
 pub fn header_differences(a: &Header, b: &Header) -> (Vec<FieldDifference>, Vec<FieldDifference>) {
-    let mut config = Vec::new();
-    push_if_differs(&mut config, "workload", Some(&a.run.workload), Some(&b.run.workload));
-    push_if_differs(
-        &mut config,
-        "steps",
-        a.run.steps.map(|s| s.to_string()).as_ref(),
-        b.run.steps.map(|s| s.to_string()).as_ref(),
-    );
-    map_differences(&mut config, "", &a.run.params, &b.run.params);
+    let config = config_differences(&a.run, &b.run);
     let (ea, eb) = (&a.environment, &b.environment);
     let mut env = Vec::new();
     let fields: [(&str, &String, &String); 7] = [
@@ -306,6 +298,20 @@ pub fn header_differences(a: &Header, b: &Header) -> (Vec<FieldDifference>, Vec<
     push_if_differs(&mut env, "threads", Some(&ea.threads.to_string()), Some(&eb.threads.to_string()));
     map_differences(&mut env, "env.", &ea.env, &eb.env);
     (config, env)
+}
+
+/// Differences between two run configs: workload, steps, then every setting, in a fixed order.
+pub fn config_differences(a: &RunConfig, b: &RunConfig) -> Vec<FieldDifference> {
+    let mut config = Vec::new();
+    push_if_differs(&mut config, "workload", Some(&a.workload), Some(&b.workload));
+    push_if_differs(
+        &mut config,
+        "steps",
+        a.steps.map(|s| s.to_string()).as_ref(),
+        b.steps.map(|s| s.to_string()).as_ref(),
+    );
+    map_differences(&mut config, "", &a.params, &b.params);
+    config
 }
 
 fn push_if_differs(out: &mut Vec<FieldDifference>, field: &str, a: Option<&String>, b: Option<&String>) {

@@ -228,6 +228,12 @@ impl TraceReader {
         Ok(Some(TensorValues { dtype: tensor.dtype, shape: tensor.shape.clone(), bytes }))
     }
 
+    /// Whether this is a lone record file (a baseline): its payload references, if any, cannot
+    /// be followed.
+    pub fn records_only(&self) -> bool {
+        self.records_only
+    }
+
     /// Maps the payload file of `step` (named `name`), unless it is already mapped.
     fn map_payload(&mut self, step: u64, name: &str) -> Result<(), TraceError> {
         if self.payload_cache.as_ref().map(|(s, _)| *s) == Some(step) {

@@ -139,7 +139,8 @@ pub fn summarize(dir: &Path) -> Result<TraceSummary, TraceError> {
                 })
                 .collect();
         }
-        if let Some(payload) = &step.payload {
+        // A lone record file (a baseline) keeps hashes only: its payload references lead nowhere.
+        if let Some(payload) = step.payload.as_ref().filter(|_| !reader.records_only()) {
             summary.full_steps.push(step.step);
             summary.payload_bytes += file_size(&dir.join(payload))?;
         }
