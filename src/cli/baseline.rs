@@ -6,6 +6,7 @@ use super::workload_args::WorkloadArgs;
 use super::Exit;
 use clap::{Args, Subcommand};
 use repro::report::bytes;
+use repro::trace::FullCapture;
 use std::path::PathBuf;
 
 #[derive(Debug, Args)]
@@ -34,7 +35,12 @@ enum BaselineAction {
 pub fn run(args: BaselineArgs) -> Result<Exit, String> {
     let BaselineAction::Write { train, out, command } = args.action;
     let work = std::env::temp_dir().join(format!("repro-baseline-{}", std::process::id()));
-    let recorded = if command.is_empty() { train.record_for_gate(&work) } else { record_command(&command, &work) };
+    // A baseline keeps hashes only: it is committed, and the gate compares hashes.
+    let recorded = if command.is_empty() {
+        train.record_for_gate(&work, &FullCapture::None)
+    } else {
+        record_command(&command, &work, &FullCapture::None)
+    };
     let result = recorded.and_then(|()| {
         let records = work.join(repro::trace::format::RECORDS_FILE);
         std::fs::copy(&records, &out).map_err(|e| format!("cannot write {}: {e}", out.display()))

@@ -23,7 +23,8 @@ pub fn run(args: DiffArgs) -> Result<Exit, String> {
     let mut b = TraceReader::open(&args.b).map_err(|e| e.to_string())?;
     let diff = diff_traces(&mut a, &mut b).map_err(|e| e.to_string())?;
     if args.json {
-        print_json(&diff)?;
+        let verdict = if diff.is_identical() { "identical" } else { "diverged" };
+        print_json("repro.diff.v1", Some(verdict), &diff)?;
     } else {
         super::output::emit(&render_diff(&diff));
     }

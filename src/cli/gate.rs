@@ -8,7 +8,7 @@ use clap::Args;
 use repro::diff::{baseline_mismatch, gate_traces, DiffError, GateReference, GateReport};
 use repro::record::{CAPTURE_ENV, TRACE_DIR_ENV};
 use repro::report::{render_gate, render_gate_junit, render_gate_markdown};
-use repro::trace::TraceReader;
+use repro::trace::{FullCapture, TraceReader};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -26,6 +26,11 @@ pub struct GateArgs {
     /// Keep the recorded traces in this directory (default: a temporary one, removed).
     #[arg(long, value_name = "DIR")]
     keep: Option<PathBuf>,
+    /// Steps whose full values are kept, for exact metrics of a failure: none (hashes only),
+    /// all, first-and-last, every:N, steps:A,B,... (a program run with -- CMD is told through
+    /// $REPRO_CAPTURE).
+    #[arg(long, default_value = "none")]
+    capture: FullCapture,
     /// Print the result as JSON.
     #[arg(long)]
     json: bool,
@@ -71,7 +76,8 @@ pub fn run(args: GateArgs) -> Result<Exit, String> {
     }
     let report = result?;
     if args.json {
-        super::print_json(&report)?;
+        let verdict = if report.passed() { "pass" } else { "fail" };
+        super::print_json("repro.gate.v1", Some(verdict), &report)?;
     } else {
         super::output::emit(&render_gate(&report));
     }
@@ -111,9 +117,9 @@ fn gate(args: &GateArgs, runs: usize, work: &Path) -> Result<GateReport, String>
     for i in 0..runs {
         let dir = work.join(format!("run-{i}"));
         if args.command.is_empty() {
-            args.train.record_for_gate(&dir)?;
+            args.train.record_for_gate(&dir, &args.capture)?;
         } else {
-            record_command(&args.command, &dir)?;
+            record_command(&args.command, &dir, &args.capture)?;
         }
         traces.push(dir);
         progress.inc(1);
@@ -131,14 +137,15 @@ fn gate(args: &GateArgs, runs: usize, work: &Path) -> Result<GateReport, String>
     gate_traces(subject, reference, &traces).map_err(|e| e.to_string())
 }
 
-/// Runs a self-recording program with `REPRO_TRACE_DIR` set to `dir`.
-pub fn record_command(command: &[String], dir: &Path) -> Result<(), String> {
+/// Runs a self-recording program with `REPRO_TRACE_DIR` set to `dir` and `REPRO_CAPTURE` to
+/// `capture`.
+pub fn record_command(command: &[String], dir: &Path, capture: &FullCapture) -> Result<(), String> {
     let _ = std::fs::remove_dir_all(dir);
     let status = std::process::Command::new(&command[0])
         .args(&command[1..])
         .env(TRACE_DIR_ENV, dir)
-        // A gate compares hashes: the program need not store full values.
-        .env(CAPTURE_ENV, "none")
+        // A gate compares hashes: the program stores full values only where the gate asks.
+        .env(CAPTURE_ENV, capture.to_string())
         .stdout(std::process::Stdio::null())
         .status()
         .map_err(|e| format!("cannot run `{}`: {e}", command[0]))?;

@@ -32,7 +32,7 @@ pub fn run(args: InspectArgs) -> Result<Exit, String> {
     }
     let summary = summarize(&args.trace).map_err(|e| e.to_string())?;
     if args.json {
-        print_json(&summary)?;
+        print_json("repro.inspect.v1", None, &summary)?;
     } else {
         super::output::emit(&render_summary(&summary));
     }

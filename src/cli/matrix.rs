@@ -27,11 +27,11 @@ pub struct MatrixArgs {
 
 pub fn run(args: MatrixArgs) -> Result<Exit, String> {
     let report = error_matrices(&args.runs, args.step, &args.tensor, args.metric).map_err(|e| e.to_string())?;
+    let all_zero = report.matrices.iter().flat_map(|m| m.values.iter().flatten()).all(|&v| v == 0.0);
     if args.json {
-        print_json(&report)?;
+        print_json("repro.matrix.v1", Some(if all_zero { "identical" } else { "diverged" }), &report)?;
     } else {
         super::output::emit(&render_matrix(&report));
     }
-    let all_zero = report.matrices.iter().flat_map(|m| m.values.iter().flatten()).all(|&v| v == 0.0);
     Ok(if all_zero { Exit::Same } else { Exit::Diverged })
 }

@@ -223,11 +223,11 @@ impl WorkloadArgs {
     }
 
     /// Records one run of the built-in workload into `dir` the way a gate compares runs:
-    /// hashes at every step, and small tensors' values for exact metrics.
-    pub fn record_for_gate(&self, dir: &Path) -> Result<(), String> {
+    /// hashes at every step, small tensors' values, and full values at the steps `full` names.
+    pub fn record_for_gate(&self, dir: &Path, full: &FullCapture) -> Result<(), String> {
         let workload = self.workload()?;
         let device = open_device(&self.device).map_err(|e| e.to_string())?;
-        let capture = CapturePolicy { full: FullCapture::None, ..CapturePolicy::default() };
+        let capture = CapturePolicy { full: full.clone(), ..CapturePolicy::default() };
         let mut recorder = Recorder::create_with(dir, self.run_config(&workload), &device, capture, true)
             .map_err(|e| e.to_string())?;
         workload.run(&device, &mut recorder, self.perturb.as_ref()).map_err(|e| e.to_string())?;

@@ -155,3 +155,21 @@ fn a_baseline_of_a_users_own_program_is_written_and_gated() {
     assert_eq!(run.code, 2, "{}{}", run.stdout, run.stderr);
     assert!(run.stderr.contains("written for another configuration (workload any-model vs own-mlp"), "{}", run.stderr);
 }
+
+#[test]
+fn the_gate_keeps_full_values_where_capture_asks_also_in_a_users_program() {
+    let dir = tempfile::tempdir().unwrap();
+    let keep = dir.path().join("kept");
+    let run = gate(&["--capture", "steps:2", "--keep", s(&keep)]);
+    assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+    let inspect = repro(&["inspect", s(&keep.join("run-1"))]);
+    assert!(inspect.stdout.contains("full steps 2"), "{}", inspect.stdout);
+
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_repro"));
+    let example = bin.parent().unwrap().join("examples/any_model");
+    let own = dir.path().join("own");
+    let run = repro(&["gate", "--capture", "steps:3", "--keep", s(&own), "--", s(&example)]);
+    assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+    let inspect = repro(&["inspect", s(&own.join("run-0"))]);
+    assert!(inspect.stdout.contains("full steps 3"), "{}", inspect.stdout);
+}

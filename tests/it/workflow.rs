@@ -305,3 +305,22 @@ fn inspect_reads_a_traces_lone_record_file() {
     assert!(run.stdout.contains("20 steps (0 to 19)"), "{}", run.stdout);
     assert!(run.stdout.contains("full steps none"), "{}", run.stdout);
 }
+
+#[test]
+fn json_reports_name_their_schema_and_verdict() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = record(dir.path(), "a", &[]);
+    let b = record(dir.path(), "b", &[]);
+    let p = record(dir.path(), "p", &["--perturb", "3:predictions:1"]);
+    let same = json(&repro(&["diff", s(&a), s(&b), "--json"]).stdout);
+    assert_eq!((same["schema"].as_str(), same["verdict"].as_str()), (Some("repro.diff.v1"), Some("identical")));
+    let differs = json(&repro(&["diff", s(&a), s(&p), "--json"]).stdout);
+    assert_eq!(differs["verdict"], "diverged");
+    assert_eq!(differs["first_divergence"]["step"], 3, "the report's own fields stay at the top level");
+    let m = json(&repro(&["matrix", s(&a), s(&b), "--step", "last", "--json"]).stdout);
+    assert_eq!((m["schema"].as_str(), m["verdict"].as_str()), (Some("repro.matrix.v1"), Some("identical")));
+    let i = json(&repro(&["inspect", s(&a), "--json"]).stdout);
+    assert_eq!(i["schema"], "repro.inspect.v1");
+    let g = json(&repro(&["gate", "--steps", "5", "--batch", "100", "--json"]).stdout);
+    assert_eq!((g["schema"].as_str(), g["verdict"].as_str()), (Some("repro.gate.v1"), Some("pass")));
+}
