@@ -163,3 +163,21 @@ fn recording_against_a_reference_stops_at_the_first_divergence() {
     assert_eq!(run.code, 1);
     assert_eq!(json(&repro(&["inspect", s(&kept), "--json"]).stdout)["steps"], 20);
 }
+
+#[test]
+fn an_input_of_another_shape_is_the_first_divergence_and_its_setting_explains_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    for (out, batch) in [(&a, "100"), (&b, "200")] {
+        assert_eq!(repro(&["record", "--steps", "5", "--batch", batch, "--out", s(out)]).code, 0);
+    }
+    let run = repro(&["diff", s(&a), s(&b)]);
+    assert_eq!(run.code, 1);
+    assert!(run.stdout.contains("DIVERGED  first at step 0, tensor `x` (input)"), "{}", run.stdout);
+    assert!(run.stdout.contains("other settings, which explains it: batch 100 vs 200"), "{}", run.stdout);
+    assert!(run.stdout.contains("F32 [100, 10] in A, F32 [200, 10] in B"), "{}", run.stdout);
+    let v = json(&repro(&["diff", s(&a), s(&b), "--json"]).stdout);
+    assert_eq!(v["root_cause"]["rule"], "leaf");
+    assert_eq!(v["root_cause"]["cause"]["tensor"], "x");
+    assert_eq!(v["first_divergence"]["b_layout"][1], serde_json::json!([200, 10]));
+}

@@ -24,4 +24,7 @@ pub struct Divergence {
     pub shape: Vec<u64>,
     /// Exact metrics, when both traces stored the values; `None` when only hashes exist.
     pub metrics: Option<TensorMetrics>,
+    /// B's dtype and shape, when they differ from A's (then there are no metrics).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub b_layout: Option<(DType, Vec<u64>)>,
 }

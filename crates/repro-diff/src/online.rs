@@ -113,6 +113,7 @@ impl StepCheck for ReferenceCheck {
                     dtype: mine.dtype,
                     shape: mine.shape.clone(),
                     metrics,
+                    b_layout: None,
                 })
             });
             let divergence = divergence.transpose()?;

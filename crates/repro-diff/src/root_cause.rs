@@ -102,6 +102,7 @@ pub(crate) fn analyze(entries: Vec<Entry>) -> Option<RootCause> {
         entries.iter().filter(|e| e.compared && e.divergence.is_none()).map(|e| e.name.as_str()).collect();
     let inputs_agree = |e: &Entry| e.inputs.iter().all(|i| identical.contains(i.as_str()));
     let mut cause: Option<(Divergence, bool)> = None;
+    let mut cause_is_leaf = false;
     let mut independent = Vec::new();
     let mut consequences = Vec::new();
     // Which roots each tensor descends from.
@@ -118,8 +119,10 @@ pub(crate) fn analyze(entries: Vec<Entry>) -> Option<RootCause> {
             }
         } else if cause.is_none() {
             // The first difference, without recorded inputs or with one we could not compare:
-            // call it the cause, but say its inputs were not established as identical.
+            // call it the cause, but say its inputs were not established as identical (or that
+            // it is itself data or a parameter the runs were fed differently).
             taint.insert(&e.name, BTreeSet::from([e.name.clone()]));
+            cause_is_leaf = e.leaf;
             cause = Some((d.clone(), false));
         } else if e.inputs.is_empty() && inputs_recorded {
             // Differs, but nothing recorded explains it: a divergence of its own.
@@ -136,7 +139,11 @@ pub(crate) fn analyze(entries: Vec<Entry>) -> Option<RootCause> {
         }
     }
     let (cause, inputs_checked) = cause?;
-    let rule = if inputs_checked { CauseRule::RecordedInputs } else { CauseRule::FirstDifference };
+    let rule = match (inputs_checked, cause_is_leaf) {
+        (true, _) => CauseRule::RecordedInputs,
+        (false, true) => CauseRule::Leaf,
+        (false, false) => CauseRule::FirstDifference,
+    };
     Some(RootCause { cause, rule, inputs_checked, independent, consequences, inputs_recorded })
 }
 
@@ -191,6 +198,7 @@ mod tests {
                 dtype: DType::F32,
                 shape: vec![1],
                 metrics: None,
+                b_layout: None,
             }),
             compared: true,
         }

@@ -381,8 +381,24 @@ impl DiffState {
                 }
             };
             if ta.dtype != tb.dtype || ta.shape != tb.shape {
+                // A tensor of another dtype or shape differs as surely as one of other values:
+                // it can be the first divergence (an input batch of another size, say).
                 self.mismatch(ta, tb, sa.step);
-                entries.push(Entry::new(ta, None, false));
+                self.by_kind.entry(ta.kind).or_insert(sa.step);
+                let divergence = Divergence {
+                    step: sa.step,
+                    tensor: ta.name.clone(),
+                    kind: ta.kind,
+                    phase: ta.phase,
+                    dtype: ta.dtype,
+                    shape: ta.shape.clone(),
+                    metrics: None,
+                    b_layout: Some((tb.dtype, tb.shape.clone())),
+                };
+                if self.first.is_none() {
+                    self.first = Some(divergence.clone());
+                }
+                entries.push(Entry::new(ta, Some(divergence), false));
                 continue;
             }
             self.tensors_compared += 1;
@@ -406,6 +422,7 @@ impl DiffState {
                 dtype: ta.dtype,
                 shape: ta.shape.clone(),
                 metrics,
+                b_layout: None,
             };
             if self.first.is_none() {
                 self.first = Some(divergence.clone());

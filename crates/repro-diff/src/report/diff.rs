@@ -43,9 +43,20 @@ fn write_diff(out: &mut String, d: &TraceDiff) -> fmt::Result {
     let root = d.root_cause.as_ref().filter(|r| r.inputs_recorded || r.rule != CauseRule::FirstDifference);
     // The root-cause block repeats the metrics when the cause is the first divergence.
     if root.is_none_or(|r| r.cause.tensor != first.tensor) {
-        writeln!(out, "  {} {}: {}", first.dtype, shape(&first.shape), divergence_metrics(first))?;
+        writeln!(out, "  {}", layout_and_metrics(first))?;
     }
     if let Some(root) = root {
+        if root.rule == CauseRule::Leaf && !d.config_differences.is_empty() {
+            let settings: Vec<String> = d
+                .config_differences
+                .iter()
+                .map(|f| {
+                    let (a, b) = f.values();
+                    format!("{} {a} vs {b}", f.field)
+                })
+                .collect();
+            writeln!(out, "  the runs were recorded with other settings, which explains it: {}", settings.join(", "))?;
+        }
         writeln!(out)?;
         write_root_cause(out, root)?;
     }
@@ -117,7 +128,18 @@ fn describe(d: &Divergence) -> String {
     format!("`{}` ({}{phase})", d.tensor, d.kind)
 }
 
+/// `F32 [4]: 1 of 4 elements differ, ...`, or `F32 [100, 10] in A, F32 [200, 10] in B`.
+fn layout_and_metrics(d: &Divergence) -> String {
+    match &d.b_layout {
+        Some((dtype, shape_b)) => format!("{} {} in A, {dtype} {} in B", d.dtype, shape(&d.shape), shape(shape_b)),
+        None => format!("{} {}: {}", d.dtype, shape(&d.shape), divergence_metrics(d)),
+    }
+}
+
 fn divergence_metrics(d: &Divergence) -> String {
+    if let Some((dtype, shape_b)) = &d.b_layout {
+        return format!("{dtype} {} in B", shape(shape_b));
+    }
     match &d.metrics {
         Some(m) => metrics_sentence(m),
         None => format!(
@@ -136,13 +158,13 @@ pub fn write_root_cause(out: &mut String, r: &RootCause) -> fmt::Result {
             "every leaf of the graph (data, parameters) is identical in both runs, and this is the first node, \
              in topological order, that differs"
         }
-        CauseRule::Leaf => "it is a leaf of the graph (data or a parameter): the runs were fed different values",
+        CauseRule::Leaf => "it is data or a parameter the step starts from: the runs were fed different values",
         CauseRule::FirstDifference => {
             "the first difference in the step (its inputs were not recorded or not comparable)"
         }
     };
     writeln!(out, "  {why}:")?;
-    writeln!(out, "  {} {}: {}", r.cause.dtype, shape(&r.cause.shape), divergence_metrics(&r.cause))?;
+    writeln!(out, "  {}", layout_and_metrics(&r.cause))?;
     if !r.independent.is_empty() {
         writeln!(out, "also diverging with identical inputs (separate causes):")?;
         for d in &r.independent {
