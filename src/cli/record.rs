@@ -3,10 +3,10 @@
 use super::workload_args::WorkloadArgs;
 use super::Exit;
 use clap::Args;
-use repro::diff::ReferenceCheck;
+use repro::diff::{config_differences, ReferenceCheck};
 use repro::record::{open_device, RecordError, Recorder};
 use repro::report::{bytes, render_online};
-use repro::trace::{summarize, CapturePolicy, FullCapture};
+use repro::trace::{summarize, CapturePolicy, FullCapture, TraceReader};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -48,6 +48,14 @@ pub fn run(args: RecordArgs) -> Result<Exit, String> {
         Some(dir) => Some(Arc::new(Mutex::new(ReferenceCheck::open(dir).map_err(|e| e.to_string())?))),
         None => None,
     };
+    // Settings that differ from the reference's explain a divergence before anyone looks for one.
+    let settings = match &args.against {
+        Some(dir) => {
+            let reference = TraceReader::open(dir).map_err(|e| e.to_string())?;
+            config_differences(&reference.header().run, &run)
+        }
+        None => Vec::new(),
+    };
     let mut recorder =
         Recorder::create_with(&args.out, run, &device, capture, args.force).map_err(|e| e.to_string())?;
     if let Some(check) = &reference {
@@ -69,6 +77,14 @@ pub fn run(args: RecordArgs) -> Result<Exit, String> {
         bytes(summary.payload_bytes)
     );
     let Some(check) = reference else { return Ok(Exit::Same) };
+    if !settings.is_empty() {
+        let mut text = String::from("config differs from the reference:\n");
+        for f in &settings {
+            let (a, b) = f.values();
+            text.push_str(&format!("  {}: {a} | {b}\n", f.field));
+        }
+        super::output::line(&text);
+    }
     let check = check.lock().expect("reference check");
     let against = args.against.as_deref().unwrap_or(Path::new("")).display().to_string();
     match check.divergence() {

@@ -189,6 +189,10 @@ impl Recorder {
             )));
         }
         match self.writer.take() {
+            Some(writer) if stopped_early => Ok(writer.finish_stopped(
+                "at the first divergence from the reference run (`repro record --keep-going` records to the end)"
+                    .into(),
+            )?),
             Some(writer) => Ok(writer.finish()?),
             None => Ok(0),
         }

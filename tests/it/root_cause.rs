@@ -155,13 +155,14 @@ fn recording_against_a_reference_stops_at_the_first_divergence() {
     assert!(run.stdout.contains("root cause: `loss.sum`"), "{}", run.stdout);
     let v = json(&repro(&["inspect", s(&diverged), "--json"]).stdout);
     assert_eq!(v["steps"], 8, "recording stops after the diverging step");
-    assert_eq!(v["complete"], true);
+    assert_eq!(v["complete"], false, "8 of the 20 steps its header announces: finished, not complete");
     assert_eq!(v["full_steps"], serde_json::json!([0, 6, 7]), "the step before and the diverging step in full");
 
     let kept = dir.path().join("kept");
     let run = repro(&[&args[..], &["--keep-going", "--out", s(&kept)]].concat());
     assert_eq!(run.code, 1);
-    assert_eq!(json(&repro(&["inspect", s(&kept), "--json"]).stdout)["steps"], 20);
+    let v = json(&repro(&["inspect", s(&kept), "--json"]).stdout);
+    assert_eq!((v["steps"].as_u64(), v["complete"].as_bool()), (Some(20), Some(true)));
 }
 
 #[test]
@@ -180,4 +181,32 @@ fn an_input_of_another_shape_is_the_first_divergence_and_its_setting_explains_it
     assert_eq!(v["root_cause"]["rule"], "leaf");
     assert_eq!(v["root_cause"]["cause"]["tensor"], "x");
     assert_eq!(v["first_divergence"]["b_layout"][1], serde_json::json!([200, 10]));
+}
+
+#[test]
+fn recording_against_a_reference_names_other_settings_and_a_stopped_run_reads_as_stopped() {
+    let dir = tempfile::tempdir().unwrap();
+    let reference = record(dir.path(), "ref", &[]);
+    let out = dir.path().join("b");
+    let run = repro(&[
+        "record",
+        "--steps",
+        "20",
+        "--batch",
+        "500",
+        "--seed",
+        "1",
+        "--against",
+        s(&reference),
+        "--out",
+        s(&out),
+    ]);
+    assert_eq!(run.code, 1, "{}{}", run.stdout, run.stderr);
+    assert!(run.stdout.starts_with("config differs from the reference:\n  data_seed: 0 | 1\n"), "{}", run.stdout);
+    assert!(run.stdout.contains("  seed: 0 | 1"), "{}", run.stdout);
+    // It stopped at the divergence: finished, but not the 20 steps its header announces.
+    let summary = json(&repro(&["inspect", s(&out), "--json"]).stdout);
+    assert_eq!(summary["complete"], false);
+    let reason = summary["incomplete_reason"].as_str().unwrap();
+    assert!(reason.starts_with("stopped early: at the first divergence"), "{reason}");
 }

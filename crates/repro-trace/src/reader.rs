@@ -183,7 +183,10 @@ impl TraceReader {
             }
             Some(Record::Footer(footer)) => {
                 self.check_footer(&footer)?;
-                self.completeness = Some(Completeness::Complete);
+                self.completeness = Some(match footer.stopped {
+                    None => Completeness::Complete,
+                    Some(why) => Completeness::Incomplete(format!("stopped early: {why}")),
+                });
                 Ok(None)
             }
             Some(Record::Header(_)) => Err(self.corrupt(&self.here(), "a second header record".into())),
@@ -531,7 +534,7 @@ mod tests {
             state
         };
         // Fragments of real msgpack records, recombined at random with random bytes.
-        let header = rmp_serde::to_vec_named(&Record::Footer(Footer { steps: 0 })).unwrap();
+        let header = rmp_serde::to_vec_named(&Record::Footer(Footer { steps: 0, stopped: None })).unwrap();
         for _ in 0..2000 {
             let mut records = Vec::new();
             for _ in 0..(next() % 4) {

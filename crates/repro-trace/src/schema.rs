@@ -204,6 +204,10 @@ impl fmt::Display for Phase {
 pub struct Footer {
     /// Number of step records before the footer.
     pub steps: u64,
+    /// Why the run stopped before the steps its header announced, when it did on purpose
+    /// (format 1.2): such a trace is finished but not complete.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stopped: Option<String>,
 }
 
 /// Which steps store full tensors. Hashes are recorded at every step regardless, and tensors of

@@ -192,9 +192,19 @@ impl TraceWriter {
     }
 
     /// Writes the footer, syncs everything to disk and returns the number of steps written.
-    pub fn finish(mut self) -> Result<u64, TraceError> {
+    pub fn finish(self) -> Result<u64, TraceError> {
+        self.finish_with(None)
+    }
+
+    /// `finish` for a run that stopped on purpose before its announced steps: readers then see
+    /// the trace as finished but incomplete, saying `stopped`.
+    pub fn finish_stopped(self, stopped: String) -> Result<u64, TraceError> {
+        self.finish_with(Some(stopped))
+    }
+
+    fn finish_with(mut self, stopped: Option<String>) -> Result<u64, TraceError> {
         let steps = self.steps_written;
-        self.append(&Record::Footer(Footer { steps }))?;
+        self.append(&Record::Footer(Footer { steps, stopped }))?;
         self.records.sync_all().map_err(TraceError::io(&self.records_path))?;
         self.meta.finished_unix_s = Some(unix_now());
         self.write_meta()?;
