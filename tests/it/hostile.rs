@@ -115,3 +115,32 @@ fn bad_arguments_are_explained() {
     let run = repro(&["matrix", s(&out)]);
     assert_eq!(run.code, 2);
 }
+
+#[test]
+fn recording_never_writes_among_or_deletes_files_it_did_not_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let run_with = |out: &std::path::Path, extra: &[&str]| {
+        repro(&[&["record", "--steps", "3", "--batch", "10", "--out", s(out)][..], extra].concat())
+    };
+    // A directory of someone else's files is refused, even with --force.
+    let foreign = dir.path().join("notes");
+    fs::create_dir_all(&foreign).unwrap();
+    fs::write(foreign.join("todo.txt"), "precious").unwrap();
+    for extra in [&[][..], &["--force"][..]] {
+        let run = run_with(&foreign, extra);
+        assert_eq!(run.code, 2, "{extra:?}");
+        assert!(run.stderr.contains("is not empty and holds no trace"), "{}", run.stderr);
+    }
+    assert_eq!(fs::read_dir(&foreign).unwrap().count(), 1, "nothing was written there");
+
+    // --force replaces the trace and only the trace.
+    let trace = dir.path().join("t");
+    assert_eq!(run_with(&trace, &[]).code, 0);
+    fs::write(trace.join("tensors/keep.txt"), "precious").unwrap();
+    let lock = fs::read(trace.join(".repro-lock")).unwrap();
+    let refused = run_with(&trace, &[]);
+    assert_eq!(refused.code, 2);
+    assert_eq!(fs::read(trace.join(".repro-lock")).unwrap(), lock, "a refused record changes nothing");
+    assert_eq!(run_with(&trace, &["--force"]).code, 0);
+    assert_eq!(fs::read_to_string(trace.join("tensors/keep.txt")).unwrap(), "precious");
+}

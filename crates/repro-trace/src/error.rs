@@ -54,6 +54,13 @@ pub enum TraceError {
         /// The trace directory.
         path: PathBuf,
     },
+    /// The directory holds files but no trace: repro never writes among, or deletes, files it
+    /// did not write.
+    #[error("{path} is not empty and holds no trace: record into a new or empty directory")]
+    NotEmpty {
+        /// The directory.
+        path: PathBuf,
+    },
     /// The caller asked the writer for something the format cannot hold.
     #[error("cannot record into {path}: {reason}")]
     InvalidRecord {

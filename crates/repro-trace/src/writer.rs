@@ -65,23 +65,21 @@ impl TraceWriter {
                 reason: "capture every:0 is not a policy".into(),
             });
         }
+        let records_path = dir.join(RECORDS_FILE);
+        // Refused before the lock is taken, so a refused call changes nothing on disk.
+        if records_path.exists() && !replace {
+            return Err(TraceError::AlreadyExists { path: dir.to_path_buf() });
+        }
+        if !records_path.exists() && holds_foreign_files(dir)? {
+            return Err(TraceError::NotEmpty { path: dir.to_path_buf() });
+        }
         fs::create_dir_all(dir).map_err(TraceError::io(dir))?;
         let lock = lock_dir(dir)?;
-        let records_path = dir.join(RECORDS_FILE);
         if records_path.exists() {
             if !replace {
                 return Err(TraceError::AlreadyExists { path: dir.to_path_buf() });
             }
-            for stale in [RECORDS_FILE, RUN_META_FILE] {
-                let p = dir.join(stale);
-                if p.exists() {
-                    fs::remove_file(&p).map_err(TraceError::io(&p))?;
-                }
-            }
-            let tensors = dir.join(TENSORS_DIR);
-            if tensors.exists() {
-                fs::remove_dir_all(&tensors).map_err(TraceError::io(&tensors))?;
-            }
+            remove_trace_files(dir)?;
         }
         fs::create_dir_all(dir).map_err(TraceError::io(dir))?;
         let mut records = OpenOptions::new()
@@ -280,6 +278,47 @@ impl TraceWriter {
 
 /// The lock file that keeps two recorders out of one trace directory.
 pub const LOCK_FILE: &str = ".repro-lock";
+
+/// Whether `dir` holds anything but what a trace writer leaves (a lock file).
+fn holds_foreign_files(dir: &Path) -> Result<bool, TraceError> {
+    match fs::read_dir(dir) {
+        Ok(entries) => {
+            for entry in entries {
+                let entry = entry.map_err(TraceError::io(dir))?;
+                if entry.file_name() != LOCK_FILE {
+                    return Ok(true);
+                }
+            }
+            Ok(false)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(TraceError::io(dir)(e)),
+    }
+}
+
+/// Deletes the files of the trace in `dir`: the record file, run metadata and the payload
+/// files the writer names `tensors/step-*.safetensors` (and their `.tmp` leftovers). Anything
+/// else stays, and `tensors/` goes only if it is left empty.
+fn remove_trace_files(dir: &Path) -> Result<(), TraceError> {
+    for stale in [RECORDS_FILE, RUN_META_FILE] {
+        let p = dir.join(stale);
+        if p.exists() {
+            fs::remove_file(&p).map_err(TraceError::io(&p))?;
+        }
+    }
+    let tensors = dir.join(TENSORS_DIR);
+    let Ok(entries) = fs::read_dir(&tensors) else { return Ok(()) };
+    for entry in entries {
+        let entry = entry.map_err(TraceError::io(&tensors))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let ours = name.starts_with("step-") && (name.ends_with(".safetensors") || name.ends_with(".safetensors.tmp"));
+        if ours && entry.file_type().map_err(TraceError::io(&tensors))?.is_file() {
+            fs::remove_file(entry.path()).map_err(TraceError::io(&entry.path()))?;
+        }
+    }
+    let _ = fs::remove_dir(&tensors);
+    Ok(())
+}
 
 /// Takes the directory's recording lock, or explains who holds it.
 fn lock_dir(dir: &Path) -> Result<File, TraceError> {
