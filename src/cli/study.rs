@@ -116,16 +116,25 @@ fn show(a: ShowArgs) -> Result<Exit, String> {
     let path = a.file.display();
     let text = std::fs::read_to_string(&a.file).map_err(|e| format!("{path}: {e}"))?;
     let report: StudyReport = serde_json::from_str(&text).map_err(|_| {
-        format!("{path}: not a study report (the noise.json, devices.json or cost.json of `repro study`)")
-    })?;
-    print!(
-        "{}",
-        match &report {
-            StudyReport::Noise(r) => render_noise(r, a.markdown),
-            StudyReport::Devices(r) => render_devices(r, a.markdown),
-            StudyReport::Cost(r) => render_cost(r, a.markdown),
+        // The kinds of report are told apart by their fields; a file named like one of them
+        // gets that kind's exact problem.
+        let name = a.file.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+        let problem = match name {
+            "noise.json" => serde_json::from_str::<repro::study::NoiseReport>(&text).err(),
+            "devices.json" => serde_json::from_str::<repro::study::DevicesReport>(&text).err(),
+            "cost.json" => serde_json::from_str::<repro::study::CostReport>(&text).err(),
+            _ => None,
+        };
+        match problem {
+            Some(e) => format!("{path}: not a readable {} report: {e}", name.trim_end_matches(".json")),
+            None => format!("{path}: not a study report (the noise.json, devices.json or cost.json of `repro study`)"),
         }
-    );
+    })?;
+    super::output::emit(&match &report {
+        StudyReport::Noise(r) => render_noise(r, a.markdown),
+        StudyReport::Devices(r) => render_devices(r, a.markdown),
+        StudyReport::Cost(r) => render_cost(r, a.markdown),
+    });
     Ok(Exit::Same)
 }
 

@@ -189,3 +189,26 @@ fn a_classifier_run_records_per_layer_and_a_planted_ulp_is_traced_to_its_layer()
         assert!(consequences.contains(&later), "{later} not among {consequences:?}");
     }
 }
+
+#[test]
+fn a_study_whose_training_diverges_says_so_and_stays_readable() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("nan");
+    let args =
+        ["study", "noise", "--workload", "mlp", "--lr=1e30", "--runs", "2", "--examples", "200", "--epochs", "1"];
+    for _ in 0..2 {
+        // The second call resumes from the saved runs, which hold NaN as JSON null.
+        let run = repro(&[&args[..], &["--out", s(&out)]].concat());
+        assert_eq!(run.code, 0, "{}", run.stderr);
+        assert!(run.stdout.contains("control runs cannot be compared: training diverged"), "{}", run.stdout);
+        assert!(!run.stdout.contains("DIFFER"), "{}", run.stdout);
+    }
+    let shown = repro(&["study", "show", s(&out.join("noise.json"))]);
+    assert_eq!(shown.code, 0, "{}", shown.stderr);
+    assert!(shown.stdout.contains("training diverged"), "{}", shown.stdout);
+
+    std::fs::write(dir.path().join("noise.json"), "{\"variants\": []}").unwrap();
+    let bad = repro(&["study", "show", s(&dir.path().join("noise.json"))]);
+    assert_eq!(bad.code, 2);
+    assert!(bad.stderr.contains("not a readable noise report: missing field"), "{}", bad.stderr);
+}

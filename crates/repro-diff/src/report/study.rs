@@ -89,7 +89,9 @@ pub fn render_noise(r: &NoiseReport, markdown: bool) -> String {
     if let Some(control) = r.variants.iter().find(|v| v.variant == "control") {
         let s = &control.stats;
         // Identical final weights give a distance of exactly 0; any difference a positive one.
-        let verdict = if s.accuracy_min == s.accuracy_max && s.churn == 0.0 && s.l2_normalized == 0.0 {
+        let verdict = if s.l2_normalized.is_nan() || s.accuracy_mean.is_nan() {
+            "control runs cannot be compared: training diverged (NaN weights or accuracy); lower the learning rate"
+        } else if s.accuracy_min == s.accuracy_max && s.churn == 0.0 && s.l2_normalized == 0.0 {
             "control runs agree exactly: with fixed seeds and ordered reductions training is reproducible here"
         } else {
             "control runs DIFFER: something besides the seeds and the reductions is non-deterministic here"

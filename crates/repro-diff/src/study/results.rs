@@ -15,6 +15,7 @@ pub struct VariantReport {
     pub seeds_vary: bool,
     /// Test accuracy of each run, in run order.
     #[serde(default)]
+    #[serde(deserialize_with = "crate::study::nans_from_nulls")]
     pub run_accuracies: Vec<f64>,
     /// The statistics.
     #[serde(flatten)]
@@ -46,10 +47,13 @@ pub struct DeviceRun {
     /// Device label (`cpu`, `cuda:0`).
     pub device: String,
     /// Test error rate (1 - accuracy).
+    #[serde(deserialize_with = "crate::study::nan_from_null")]
     pub error_rate: f64,
     /// Training loss at the last step.
+    #[serde(deserialize_with = "crate::study::nan_from_null")]
     pub final_loss: f64,
     /// Wall time of training and evaluation, in seconds.
+    #[serde(deserialize_with = "crate::study::nan_from_null")]
     pub seconds: f64,
     /// Where its trace is.
     pub trace: String,
@@ -63,6 +67,7 @@ pub struct WeightGap {
     /// Largest ULP distance of any weight element.
     pub max_ulp: u64,
     /// Largest |a - b| of any weight element.
+    #[serde(deserialize_with = "crate::study::nan_from_null")]
     pub max_abs: f64,
     /// Weight elements that differ.
     pub mismatched: u64,
@@ -118,13 +123,16 @@ pub struct CostRow {
     /// Whether the mode is bit-reproducible.
     pub deterministic: bool,
     /// Median wall time of a training step, in milliseconds.
+    #[serde(deserialize_with = "crate::study::nan_from_null")]
     pub median_ms: f64,
     /// Fastest step, in milliseconds.
+    #[serde(deserialize_with = "crate::study::nan_from_null")]
     pub min_ms: f64,
     /// Steps timed.
     pub steps_timed: usize,
     /// (median / median of atomic − 1) × 100: the price of this mode over the
     /// non-deterministic one.
+    #[serde(deserialize_with = "crate::study::nan_from_null")]
     pub overhead_vs_atomic_percent: f64,
 }
 

@@ -9,16 +9,20 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RunResult {
     /// Test accuracy (fraction correct).
+    #[serde(deserialize_with = "crate::study::nan_from_null")]
     pub accuracy: f64,
     /// Accuracy on the test examples of each class.
+    #[serde(deserialize_with = "crate::study::nans_from_nulls")]
     pub per_class_accuracy: Vec<f64>,
     /// Predicted class of every test example.
     pub predictions: Vec<u32>,
     /// Loss of the last training step.
+    #[serde(deserialize_with = "crate::study::nan_from_null")]
     pub final_loss: f64,
     /// Training steps.
     pub steps: u64,
     /// Wall time of the training run, in seconds.
+    #[serde(deserialize_with = "crate::study::nan_from_null")]
     pub seconds: f64,
 }
 
@@ -43,20 +47,28 @@ pub struct VariantStats {
     /// Runs summarized.
     pub runs: usize,
     /// Mean test accuracy.
+    #[serde(deserialize_with = "crate::study::nan_from_null")]
     pub accuracy_mean: f64,
     /// Sample standard deviation of the test accuracy (n - 1 in the denominator).
+    #[serde(deserialize_with = "crate::study::nan_from_null")]
     pub accuracy_stdev: f64,
     /// Smallest and largest accuracy.
+    #[serde(deserialize_with = "crate::study::nan_from_null")]
     pub accuracy_min: f64,
     /// Largest accuracy.
+    #[serde(deserialize_with = "crate::study::nan_from_null")]
     pub accuracy_max: f64,
     /// Mean over pairs of runs of the fraction of test examples predicted differently.
+    #[serde(deserialize_with = "crate::study::nan_from_null")]
     pub churn: f64,
     /// Mean over pairs of runs of `‖w₁/‖w₁‖ − w₂/‖w₂‖‖` for the final weight vectors.
+    #[serde(deserialize_with = "crate::study::nan_from_null")]
     pub l2_normalized: f64,
     /// Largest standard deviation of a class's accuracy.
+    #[serde(deserialize_with = "crate::study::nan_from_null")]
     pub per_class_stdev_max: f64,
     /// Mean over classes of the standard deviation of the class's accuracy.
+    #[serde(deserialize_with = "crate::study::nan_from_null")]
     pub per_class_stdev_mean: f64,
 }
 
