@@ -43,7 +43,7 @@ enum Command {
     Gate(gate::GateArgs),
     /// Write a baseline: one run's hashes, to commit and gate against.
     Baseline(baseline::BaselineArgs),
-    /// The seeds' multi-run studies: noise sources, devices, cost of determinism.
+    /// Multi-run studies from the reproducibility literature: noise sources, devices, cost of determinism.
     Study(study::StudyArgs),
     /// Time training steps of any workload with and without hashes-only recording on one device.
     Overhead(overhead::OverheadArgs),

@@ -1,4 +1,4 @@
-//! `repro study noise|devices|cost`: the seeds' multi-run experiments.
+//! `repro study noise|devices|cost`: multi-run experiments from the reproducibility literature.
 
 use super::exit::Exit;
 use super::workload_args::WorkloadArgs;

@@ -1,4 +1,4 @@
-//! The seeds' multi-run studies as library calls: `noise` (algorithmic vs implementation
+//! Multi-run studies from the reproducibility literature as library calls: `noise` (algorithmic vs implementation
 //! randomness over N runs), `devices` (one configuration on several devices, diffed) and `cost`
 //! (time per step of deterministic and non-deterministic modes). The runners here train the
 //! built-in classifiers; their statistics (`stats`) and results (`results`) need no model code

@@ -1,4 +1,4 @@
-//! Image and vector classifiers trained with Adam and cross-entropy: the workloads of the seeds'
+//! Image and vector classifiers trained with Adam and cross-entropy: the workloads of the published reproducibility
 //! studies (`mlp`, `cnn`, `resnet18`).
 //!
 //! Every source of algorithmic randomness has its own seed (`Seeds`): initial weights, the

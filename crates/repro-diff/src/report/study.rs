@@ -76,7 +76,7 @@ pub fn render_noise(r: &NoiseReport, markdown: bool) -> String {
         Some(share) => {
             let _ = writeln!(
                 out,
-                "implementation share of the accuracy spread: sd(impl) / sd(algo+impl) = {share:.2} (the ResNet study in the seeds measured 0.74)"
+                "implementation share of the accuracy spread: sd(impl) / sd(algo+impl) = {share:.2} (the published ResNet-18 study measured 0.74)"
             );
         }
         None => {
