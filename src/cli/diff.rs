@@ -2,7 +2,7 @@
 
 use super::{print_json, Exit};
 use clap::Args;
-use repro::diff::diff_traces;
+use repro::diff::{diff_traces_within, Tolerance};
 use repro::report::render_diff;
 use repro::trace::TraceReader;
 use std::path::PathBuf;
@@ -13,6 +13,10 @@ pub struct DiffArgs {
     a: PathBuf,
     /// The trace to compare with it.
     b: PathBuf,
+    /// Count tensors that differ by no more than this as agreeing: ulp:N, abs:X or rel:X
+    /// (element by element). Default: bit-exact.
+    #[arg(long, value_name = "ulp:N|abs:X|rel:X")]
+    tolerance: Option<Tolerance>,
     /// Print the result as JSON.
     #[arg(long)]
     json: bool,
@@ -21,9 +25,13 @@ pub struct DiffArgs {
 pub fn run(args: DiffArgs) -> Result<Exit, String> {
     let mut a = TraceReader::open(&args.a).map_err(|e| e.to_string())?;
     let mut b = TraceReader::open(&args.b).map_err(|e| e.to_string())?;
-    let diff = diff_traces(&mut a, &mut b).map_err(|e| e.to_string())?;
+    let diff = diff_traces_within(&mut a, &mut b, args.tolerance).map_err(|e| e.to_string())?;
     if args.json {
-        let verdict = if diff.is_identical() { "identical" } else { "diverged" };
+        let verdict = match (diff.is_identical(), args.tolerance) {
+            (false, _) => "diverged",
+            (true, None) => "identical",
+            (true, Some(_)) => "within_tolerance",
+        };
         print_json("repro.diff.v1", Some(verdict), &diff)?;
     } else {
         super::output::emit(&render_diff(&diff));

@@ -269,3 +269,58 @@ fn a_reader_that_closes_the_pipe_early_ends_the_report_quietly() {
         assert!(!stderr.contains("panicked"), "{stderr}");
     }
 }
+
+#[test]
+fn a_tolerance_decides_which_differences_count_and_says_what_it_cannot_judge() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = gpt(dir.path(), "a", &[]);
+    let p = gpt(dir.path(), "p", &["--perturb", "1:h.1.mlp.c_fc.weight:1"]);
+    // Loose enough: every difference is within it.
+    let run = repro(&["diff", s(&a), s(&p), "--tolerance", "abs:1e-3"]);
+    assert_eq!(run.code, 0, "{}", run.stdout);
+    assert!(run.stdout.contains("WITHIN TOLERANCE  abs:1e-3: 3 steps"), "{}", run.stdout);
+    let v = json(&repro(&["diff", s(&a), s(&p), "--tolerance", "abs:1e-3", "--json"]).stdout);
+    assert_eq!(v["verdict"], "within_tolerance");
+    assert!(v["tensors_within_tolerance"].as_u64().unwrap() > 0);
+    // 1 ULP at the planted node is within ulp:4; the cause is the first tensor beyond it.
+    let v = json(&repro(&["diff", s(&a), s(&p), "--tolerance", "ulp:4", "--json"]).stdout);
+    assert_eq!(v["verdict"], "diverged");
+    let cause = &v["root_cause"]["cause"];
+    assert!(cause["metrics"]["max_ulp"].as_u64().unwrap() > 4, "{cause}");
+    assert_ne!(cause["tensor"], v["largest_within_tolerance"]["tensor"]);
+    assert_eq!(v["first_divergence"]["step"], 1);
+
+    // Hashes alone cannot be judged: they count as divergences, and the report says why.
+    let (ha, hp) = (dir.path().join("ha"), dir.path().join("hp"));
+    for (out, extra) in [(&ha, &[][..]), (&hp, &["--perturb", "1:h.1.mlp.c_fc.weight:1"][..])] {
+        let mut args = vec![
+            "record",
+            "--workload",
+            "gpt",
+            "--steps",
+            "3",
+            "--batch",
+            "2",
+            "--context",
+            "16",
+            "--width",
+            "32",
+            "--heads",
+            "2",
+            "--capture",
+            "none",
+            "--out",
+            s(out),
+        ];
+        args.extend_from_slice(extra);
+        assert_eq!(repro(&args).code, 0);
+    }
+    let run = repro(&["diff", s(&ha), s(&hp), "--tolerance", "abs:1"]);
+    assert_eq!(run.code, 1, "{}", run.stdout);
+    assert!(run.stdout.contains("a tolerance needs values"), "{}", run.stdout);
+    assert!(run.stdout.contains("--capture all"), "{}", run.stdout);
+
+    let bad = repro(&["diff", s(&a), s(&p), "--tolerance", "ulps:4"]);
+    assert_eq!(bad.code, 2);
+    assert!(bad.stderr.contains("use ulp:N"), "{}", bad.stderr);
+}

@@ -16,6 +16,7 @@ mod online;
 pub mod report;
 mod root_cause;
 pub mod study;
+mod tolerance;
 mod traces;
 
 pub use divergence::Divergence;
@@ -25,7 +26,8 @@ pub use matrix::{error_matrices, ErrorMatrix, MatrixReport, Metric, StepSelector
 pub use metrics::{compare, TensorMetrics};
 pub use online::{OnlineDivergence, ReferenceCheck};
 pub use root_cause::{CauseRule, Consequence, RootCause};
+pub use tolerance::Tolerance;
 pub use traces::{
-    config_differences, diff_traces, header_differences, FieldDifference, StepMetrics, StructuralDifference,
-    TensorHistory, TraceDiff, TraceSide,
+    config_differences, diff_traces, diff_traces_within, header_differences, FieldDifference, StepMetrics,
+    StructuralDifference, TensorHistory, TraceDiff, TraceSide,
 };

@@ -25,13 +25,23 @@ pub struct TensorMetrics {
     pub sum_abs: f64,
     /// Largest distance in ULPs (for integers: the largest integer difference).
     pub max_ulp: u64,
+    /// Largest relative error |a - b| / max(|a|, |b|) over the elements that differ.
+    pub max_rel: f64,
     /// Flat index of the first element that differs.
     pub first_mismatch: Option<u64>,
 }
 
 impl TensorMetrics {
     fn identical(elements: u64) -> Self {
-        TensorMetrics { elements, mismatched: 0, max_abs: 0.0, sum_abs: 0.0, max_ulp: 0, first_mismatch: None }
+        TensorMetrics {
+            elements,
+            mismatched: 0,
+            max_abs: 0.0,
+            sum_abs: 0.0,
+            max_ulp: 0,
+            max_rel: 0.0,
+            first_mismatch: None,
+        }
     }
 
     fn merge(mut self, other: TensorMetrics, offset: u64) -> Self {
@@ -40,6 +50,7 @@ impl TensorMetrics {
         self.max_abs = max_nan(self.max_abs, other.max_abs);
         self.sum_abs += other.sum_abs;
         self.max_ulp = self.max_ulp.max(other.max_ulp);
+        self.max_rel = max_nan(self.max_rel, other.max_rel);
         if self.first_mismatch.is_none() {
             self.first_mismatch = other.first_mismatch.map(|i| i + offset);
         }
@@ -93,6 +104,7 @@ fn compare_typed<T: Element>(a: &[u8], b: &[u8]) -> TensorMetrics {
     // Local accumulators keep the loop free of branches on the metrics struct; a NaN error
     // (one side NaN) is tracked on the side because `f64::max` would drop it.
     let (mut mismatched, mut max_abs, mut sum_abs, mut max_ulp, mut any_nan) = (0u64, 0f64, 0f64, 0u64, false);
+    let mut max_rel = 0f64;
     let mut first = None;
     for (i, (ea, eb)) in a.chunks_exact(T::SIZE).zip(b.chunks_exact(T::SIZE)).enumerate() {
         let (x, y) = (T::load(ea), T::load(eb));
@@ -106,11 +118,16 @@ fn compare_typed<T: Element>(a: &[u8], b: &[u8]) -> TensorMetrics {
         max_abs = max_abs.max(abs);
         sum_abs += abs;
         max_ulp = max_ulp.max(x.ordinal().abs_diff(y.ordinal()));
+        // +0 and -0 differ in bits but not in value: no relative error.
+        if abs > 0.0 {
+            max_rel = max_rel.max(abs / x.value().abs().max(y.value().abs()));
+        }
     }
     m.mismatched = mismatched;
     m.max_abs = if any_nan { f64::NAN } else { max_abs };
     m.sum_abs = sum_abs;
     m.max_ulp = max_ulp;
+    m.max_rel = if any_nan { f64::NAN } else { max_rel };
     m.first_mismatch = first;
     m
 }

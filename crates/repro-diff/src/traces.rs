@@ -8,6 +8,7 @@ use crate::align::{align, Pairing};
 use crate::divergence::Divergence;
 use crate::metrics::{compare, TensorMetrics};
 use crate::root_cause::{analyze, Entry, RootCause};
+use crate::tolerance::Tolerance;
 use repro_trace::{
     Completeness, Header, MissingGradient, MissingGradients, RunConfig, StepRecord, TensorKind, TensorRecord,
     TraceError, TraceReader,
@@ -47,6 +48,15 @@ pub struct TraceDiff {
     /// Reasons the comparison may not mean what it seems to: A and B are the same trace, or
     /// traces of different workloads.
     pub warnings: Vec<String>,
+    /// The tolerance the comparison used (`None`: bit-exact).
+    pub tolerance: Option<Tolerance>,
+    /// (step, tensor) pairs whose bits differ but stay within the tolerance.
+    pub tensors_within_tolerance: u64,
+    /// The largest of those differences (by ULP), if any.
+    pub largest_within_tolerance: Option<Divergence>,
+    /// (step, tensor) pairs whose hashes differ where a trace stored no values: a tolerance
+    /// cannot judge them, so they count as divergences (record with `--capture all`).
+    pub hash_only_differences: u64,
 }
 
 impl TraceDiff {
@@ -182,7 +192,17 @@ impl StructuralDifference {
 
 /// Compares two open traces.
 pub fn diff_traces(a: &mut TraceReader, b: &mut TraceReader) -> Result<TraceDiff, TraceError> {
-    let mut state = DiffState::default();
+    diff_traces_within(a, b, None)
+}
+
+/// `diff_traces`, where tensors that differ by no more than `tolerance` count as agreeing: the
+/// first divergence, the root cause and the verdict are then about differences beyond it.
+pub fn diff_traces_within(
+    a: &mut TraceReader,
+    b: &mut TraceReader,
+    tolerance: Option<Tolerance>,
+) -> Result<TraceDiff, TraceError> {
+    let mut state = DiffState { tolerance, ..DiffState::default() };
     let (config_differences, environment_differences) = header_differences(a.header(), b.header());
     let (mut missing_a, mut missing_b) = (MissingGradients::default(), MissingGradients::default());
     let mut read_a = |r: &mut TraceReader| -> Result<Option<StepRecord>, TraceError> {
@@ -225,6 +245,10 @@ pub fn diff_traces(a: &mut TraceReader, b: &mut TraceReader) -> Result<TraceDiff
     let warnings = comparison_warnings(a, b);
     Ok(TraceDiff {
         warnings,
+        tolerance,
+        tensors_within_tolerance: state.within,
+        largest_within_tolerance: state.largest_within,
+        hash_only_differences: state.hash_only,
         a: side(a, steps_a, missing_a.finish()),
         b: side(b, steps_b, missing_b.finish()),
         config_differences,
@@ -345,6 +369,10 @@ struct DiffState {
     structure: Vec<StructuralDifference>,
     /// Position in `structure` of each difference, by a key naming it.
     structure_index: BTreeMap<String, usize>,
+    tolerance: Option<Tolerance>,
+    within: u64,
+    largest_within: Option<Divergence>,
+    hash_only: u64,
 }
 
 struct HistoryBuilder {
@@ -353,6 +381,23 @@ struct HistoryBuilder {
 }
 
 impl DiffState {
+    /// Notes a difference that the tolerance allows, keeping the largest (by ULP).
+    fn within_tolerance(&mut self, t: &TensorRecord, step: u64, m: TensorMetrics) {
+        self.within += 1;
+        if self.largest_within.as_ref().and_then(|d| d.metrics).is_none_or(|l| m.max_ulp > l.max_ulp) {
+            self.largest_within = Some(Divergence {
+                step,
+                tensor: t.name.clone(),
+                kind: t.kind,
+                phase: t.phase,
+                dtype: t.dtype,
+                shape: t.shape.clone(),
+                metrics: Some(m),
+                b_layout: None,
+            });
+        }
+    }
+
     fn compare_step(
         &mut self,
         ra: &mut TraceReader,
@@ -408,11 +453,22 @@ impl DiffState {
                 entries.push(Entry::new(ta, None, true));
                 continue;
             }
-            self.tensors_diverged += 1;
             let metrics = match (ra.values(sa, ta)?, rb.values(sb, tb)?) {
                 (Some(va), Some(vb)) => Some(compare(ta.dtype, va.bytes, vb.bytes)),
                 _ => None,
             };
+            if let Some(tolerance) = self.tolerance {
+                match metrics {
+                    Some(m) if tolerance.allows(&m) => {
+                        self.within_tolerance(ta, sa.step, m);
+                        entries.push(Entry::new(ta, None, true));
+                        continue;
+                    }
+                    None => self.hash_only += 1,
+                    Some(_) => {}
+                }
+            }
+            self.tensors_diverged += 1;
             self.by_kind.entry(ta.kind).or_insert(sa.step);
             let divergence = Divergence {
                 step: sa.step,

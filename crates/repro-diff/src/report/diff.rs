@@ -23,9 +23,30 @@ fn write_diff(out: &mut String, d: &TraceDiff) -> fmt::Result {
     write_fields(out, "config differs", &d.config_differences)?;
     write_fields(out, "environment differs", &d.environment_differences)?;
     write_missing_gradients(out, &d.a, &d.b)?;
+    if let Some(t) = &d.tolerance {
+        writeln!(out, "\ntolerance: {t} (tensors that differ by no more count as agreeing)")?;
+    }
     writeln!(out)?;
+    if d.hash_only_differences > 0 {
+        writeln!(
+            out,
+            "{} tensor(s) differ where a trace stored only hashes: a tolerance needs values, so they count as \
+             divergences (record both runs with `--capture all`)",
+            d.hash_only_differences
+        )?;
+    }
     let Some(first) = &d.first_divergence else {
-        if d.structure.is_empty() {
+        if let (Some(t), true) = (&d.tolerance, d.structure.is_empty()) {
+            let largest = match &d.largest_within_tolerance {
+                Some(l) => format!("; largest: `{}` at step {}, {}", l.tensor, l.step, divergence_metrics(l)),
+                None => String::new(),
+            };
+            writeln!(
+                out,
+                "WITHIN TOLERANCE  {t}: {} steps, {} tensors compared, {} differ within it{largest}",
+                d.steps_compared, d.tensors_compared, d.tensors_within_tolerance
+            )?;
+        } else if d.structure.is_empty() {
             writeln!(out, "IDENTICAL  {} steps, {} tensors compared, bit-exact", d.steps_compared, d.tensors_compared)?;
         } else {
             writeln!(
@@ -37,7 +58,21 @@ fn write_diff(out: &mut String, d: &TraceDiff) -> fmt::Result {
         }
         return Ok(());
     };
-    writeln!(out, "DIVERGED  first at step {}, tensor `{}` ({})", first.step, first.tensor, first.kind)?;
+    match &d.tolerance {
+        Some(t) => {
+            writeln!(
+                out,
+                "DIVERGED  beyond {t} first at step {}, tensor `{}` ({})",
+                first.step, first.tensor, first.kind
+            )?;
+            writeln!(
+                out,
+                "  the runs stay within {t} for {} step(s) before it ({} tensor differences within it)",
+                first.step, d.tensors_within_tolerance
+            )?;
+        }
+        None => writeln!(out, "DIVERGED  first at step {}, tensor `{}` ({})", first.step, first.tensor, first.kind)?,
+    }
     // Without recorded op inputs or a captured graph the analysis says no more than the first
     // difference does.
     let root = d.root_cause.as_ref().filter(|r| r.inputs_recorded || r.rule != CauseRule::FirstDifference);
