@@ -5,7 +5,7 @@
 use super::workload_args::WorkloadArgs;
 use super::Exit;
 use clap::Args;
-use repro::diff::{baseline_mismatch, gate_traces, DiffError, GateReference, GateReport};
+use repro::diff::{baseline_mismatch, gate_traces, DiffError, GateReference, GateReport, Tolerance};
 use repro::record::{CAPTURE_ENV, TRACE_DIR_ENV};
 use repro::report::{render_gate, render_gate_junit, render_gate_markdown};
 use repro::trace::{FullCapture, TraceReader};
@@ -31,6 +31,10 @@ pub struct GateArgs {
     /// $REPRO_CAPTURE).
     #[arg(long, default_value = "none")]
     capture: FullCapture,
+    /// Pass runs that differ by no more than this: ulp:N, abs:X or rel:X (default: bit-exact).
+    /// Needs values: combine with --capture (e.g. all) for the steps to judge.
+    #[arg(long, value_name = "ulp:N|abs:X|rel:X")]
+    tolerance: Option<Tolerance>,
     /// Print the result as JSON.
     #[arg(long)]
     json: bool,
@@ -134,7 +138,7 @@ fn gate(args: &GateArgs, runs: usize, work: &Path) -> Result<GateReport, String>
         Some(file) => GateReference::Baseline(file),
         None => GateReference::FirstRun,
     };
-    gate_traces(subject, reference, &traces).map_err(|e| e.to_string())
+    gate_traces(subject, reference, &traces, args.tolerance).map_err(|e| e.to_string())
 }
 
 /// Runs a self-recording program with `REPRO_TRACE_DIR` set to `dir` and `REPRO_CAPTURE` to

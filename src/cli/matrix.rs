@@ -2,7 +2,7 @@
 
 use super::{print_json, Exit};
 use clap::Args;
-use repro::diff::{error_matrices, Metric, StepSelector};
+use repro::diff::{error_matrices, Metric, StepSelector, Tolerance};
 use repro::report::render_matrix;
 use std::path::PathBuf;
 
@@ -20,18 +20,28 @@ pub struct MatrixArgs {
     /// Cell value: sum-abs, max-abs, ulp or mismatch.
     #[arg(long, default_value = "sum-abs")]
     metric: Metric,
+    /// Judge every pair of runs by this tolerance: ulp:N, abs:X or rel:X (exit 0 when every
+    /// pair is within it; default: bit-exact).
+    #[arg(long, value_name = "ulp:N|abs:X|rel:X")]
+    tolerance: Option<Tolerance>,
     /// Print the matrices as JSON.
     #[arg(long)]
     json: bool,
 }
 
 pub fn run(args: MatrixArgs) -> Result<Exit, String> {
-    let report = error_matrices(&args.runs, args.step, &args.tensor, args.metric).map_err(|e| e.to_string())?;
-    let all_zero = report.matrices.iter().flat_map(|m| m.values.iter().flatten()).all(|&v| v == 0.0);
+    let report =
+        error_matrices(&args.runs, args.step, &args.tensor, args.metric, args.tolerance).map_err(|e| e.to_string())?;
+    let agrees = report.agrees();
     if args.json {
-        print_json("repro.matrix.v1", Some(if all_zero { "identical" } else { "diverged" }), &report)?;
+        let verdict = match (agrees, args.tolerance) {
+            (false, _) => "diverged",
+            (true, None) => "identical",
+            (true, Some(_)) => "within_tolerance",
+        };
+        print_json("repro.matrix.v1", Some(verdict), &report)?;
     } else {
         super::output::emit(&render_matrix(&report));
     }
-    Ok(if all_zero { Exit::Same } else { Exit::Diverged })
+    Ok(if agrees { Exit::Same } else { Exit::Diverged })
 }

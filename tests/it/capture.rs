@@ -320,6 +320,15 @@ fn a_tolerance_decides_which_differences_count_and_says_what_it_cannot_judge() {
     assert!(run.stdout.contains("a tolerance needs values"), "{}", run.stdout);
     assert!(run.stdout.contains("--capture all"), "{}", run.stdout);
 
+    // The matrix judges every pair of runs by the same tolerance.
+    let m = repro(&["matrix", s(&a), s(&p), "--step", "last", "--tensor", "loss", "--tolerance", "abs:1e-3"]);
+    assert_eq!(m.code, 0, "{}{}", m.stdout, m.stderr);
+    let m = json(&repro(&["matrix", s(&a), s(&p), "--step", "last", "--tolerance", "ulp:0", "--json"]).stdout);
+    assert_eq!(m["verdict"], "diverged");
+    let beyond: Vec<&serde_json::Value> =
+        m["matrices"].as_array().unwrap().iter().filter(|x| x.get("beyond_tolerance").is_some()).collect();
+    assert!(!beyond.is_empty() && beyond[0]["beyond_tolerance"][0] == serde_json::json!([0, 1]), "{m}");
+
     let bad = repro(&["diff", s(&a), s(&p), "--tolerance", "ulps:4"]);
     assert_eq!(bad.code, 2);
     assert!(bad.stderr.contains("use ulp:N"), "{}", bad.stderr);

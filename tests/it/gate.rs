@@ -173,3 +173,27 @@ fn the_gate_keeps_full_values_where_capture_asks_also_in_a_users_program() {
     let inspect = repro(&["inspect", s(&own.join("run-0"))]);
     assert!(inspect.stdout.contains("full steps 3"), "{}", inspect.stdout);
 }
+
+#[test]
+fn a_gate_with_a_tolerance_passes_small_differences_and_fails_large_ones() {
+    // A program whose second run differs from its first by a planted 1-ULP fault.
+    let dir = tempfile::tempdir().unwrap();
+    let flag = dir.path().join("ran-once");
+    let bin = env!("CARGO_BIN_EXE_repro");
+    let script = format!(
+        "if [ -e {flag} ]; then p='--perturb 3:predictions:1'; else p=''; touch {flag}; fi; \
+         {bin} record --steps 6 --batch 200 --capture all --force --out \"$REPRO_TRACE_DIR\" $p",
+        flag = flag.display()
+    );
+    let gate_with = |tolerance: &str| {
+        let _ = std::fs::remove_file(&flag);
+        repro(&["gate", "--tolerance", tolerance, "--", "sh", "-c", &script])
+    };
+    let loose = gate_with("abs:1e-2");
+    assert_eq!(loose.code, 0, "{}{}", loose.stdout, loose.stderr);
+    assert!(loose.stdout.contains("PASS  within abs:1e-2"), "{}", loose.stdout);
+    assert!(loose.stdout.contains("differ within it"), "{}", loose.stdout);
+    let strict = gate_with("ulp:0");
+    assert_eq!(strict.code, 1, "{}{}", strict.stdout, strict.stderr);
+    assert!(strict.stdout.contains("first differs at step 3"), "{}", strict.stdout);
+}

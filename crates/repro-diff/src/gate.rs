@@ -3,7 +3,8 @@
 //! likely explains a failure. Recording the runs is the caller's job; this module only reads them.
 
 use crate::error::DiffError;
-use crate::traces::{config_differences, diff_traces, header_differences, FieldDifference, TraceDiff};
+use crate::tolerance::Tolerance;
+use crate::traces::{config_differences, diff_traces_within, header_differences, FieldDifference, TraceDiff};
 use repro_trace::{RunConfig, TraceReader};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
@@ -50,10 +51,15 @@ pub fn baseline_mismatch(baseline: &RunConfig, run: &RunConfig) -> Vec<FieldDiff
     config
 }
 
-/// Compares each recorded run in `runs` with `reference` and returns the gate's verdict about
-/// `subject` (what was gated, in words). Against a baseline, every run must fit the baseline's
+/// Compares each recorded run in `runs` with `reference` (within `tolerance`, if given, else
+/// bit for bit) and returns the gate's verdict about `subject` (what was gated, in words). Against a baseline, every run must fit the baseline's
 /// settings ([`baseline_mismatch`]); environment differences become the likely causes.
-pub fn gate_traces(subject: String, reference: GateReference, runs: &[PathBuf]) -> Result<GateReport, DiffError> {
+pub fn gate_traces(
+    subject: String,
+    reference: GateReference,
+    runs: &[PathBuf],
+    tolerance: Option<Tolerance>,
+) -> Result<GateReport, DiffError> {
     let mut comparisons = Vec::new();
     match reference {
         GateReference::Baseline(baseline) => {
@@ -69,7 +75,7 @@ pub fn gate_traces(subject: String, reference: GateReference, runs: &[PathBuf]) 
                 if likely.is_empty() {
                     likely = likely_causes(&header_differences(a.header(), b.header()).1);
                 }
-                comparisons.push((format!("run {i}"), diff_traces(&mut a, &mut b)?));
+                comparisons.push((format!("run {i}"), diff_traces_within(&mut a, &mut b, tolerance)?));
             }
             let reference = baseline.display().to_string();
             Ok(GateReport { subject, reference, comparisons, likely_causes: likely })
@@ -81,7 +87,7 @@ pub fn gate_traces(subject: String, reference: GateReference, runs: &[PathBuf]) 
             for (i, run) in runs.iter().enumerate().skip(1) {
                 let mut a = TraceReader::open(first)?;
                 let mut b = TraceReader::open(run)?;
-                comparisons.push((format!("run {i}"), diff_traces(&mut a, &mut b)?));
+                comparisons.push((format!("run {i}"), diff_traces_within(&mut a, &mut b, tolerance)?));
             }
             Ok(GateReport { subject, reference: "run 0".into(), comparisons, likely_causes: Vec::new() })
         }
@@ -162,14 +168,14 @@ mod tests {
             trace(&tmp.path().join("1"), 1.0, &[], "cpu"),
             trace(&tmp.path().join("2"), 1.5, &[], "cpu"),
         ];
-        let report = gate_traces("t".into(), GateReference::FirstRun, &runs).unwrap();
+        let report = gate_traces("t".into(), GateReference::FirstRun, &runs, None).unwrap();
         assert_eq!(report.reference, "run 0");
         let labels: Vec<&str> = report.comparisons.iter().map(|(l, _)| l.as_str()).collect();
         assert_eq!(labels, ["run 1", "run 2"]);
         assert!(report.comparisons[0].1.is_identical());
         assert!(!report.comparisons[1].1.is_identical());
         assert!(!report.passed());
-        assert!(gate_traces("t".into(), GateReference::FirstRun, &runs[..1]).is_err());
+        assert!(gate_traces("t".into(), GateReference::FirstRun, &runs[..1], None).is_err());
     }
 
     #[test]
@@ -179,11 +185,11 @@ mod tests {
         let other = trace(&tmp.path().join("other"), 1.0, &[("seed", "1")], "cpu");
         let planted = trace(&tmp.path().join("planted"), 2.0, &[("seed", "0"), ("perturb", "0:loss:1")], "cuda:0");
 
-        let err = gate_traces("t".into(), GateReference::Baseline(&base), &[other]).unwrap_err();
+        let err = gate_traces("t".into(), GateReference::Baseline(&base), &[other], None).unwrap_err();
         let message = err.to_string();
         assert!(message.contains("written for another configuration (seed 0 vs 1)"), "{message}");
 
-        let report = gate_traces("t".into(), GateReference::Baseline(&base), &[planted]).unwrap();
+        let report = gate_traces("t".into(), GateReference::Baseline(&base), &[planted], None).unwrap();
         assert!(!report.passed());
         assert_eq!(report.reference, base.display().to_string());
         assert!(report.likely_causes[0].starts_with("another device (cpu vs cuda:0)"), "{:?}", report.likely_causes);

@@ -3,6 +3,7 @@
 
 use crate::error::DiffError;
 use crate::metrics::{compare, TensorMetrics};
+use crate::tolerance::Tolerance;
 use repro_trace::{StepRecord, TensorValues, TraceReader};
 use serde::Serialize;
 use std::fmt;
@@ -98,6 +99,19 @@ pub struct MatrixReport {
     pub metric: Metric,
     /// One matrix per tensor.
     pub matrices: Vec<ErrorMatrix>,
+    /// The tolerance pairs were judged by, if any.
+    pub tolerance: Option<Tolerance>,
+}
+
+impl MatrixReport {
+    /// Whether every pair of runs agrees: within the tolerance when there is one, else with
+    /// every cell zero.
+    pub fn agrees(&self) -> bool {
+        match self.tolerance {
+            Some(_) => self.matrices.iter().all(|m| m.beyond_tolerance.is_empty()),
+            None => self.matrices.iter().flat_map(|m| m.values.iter().flatten()).all(|&v| v == 0.0),
+        }
+    }
 }
 
 /// One tensor's N×N matrix; symmetric with a zero diagonal.
@@ -107,6 +121,9 @@ pub struct ErrorMatrix {
     pub tensor: String,
     /// `values[i][j]`: the metric between run i and run j.
     pub values: Vec<Vec<f64>>,
+    /// With a tolerance: the pairs `[i, j]` (i < j) that differ beyond it.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub beyond_tolerance: Vec<[usize; 2]>,
 }
 
 /// Computes the matrices of `metric` at `step` for `tensors` (all tensors of the step when
@@ -116,6 +133,7 @@ pub fn error_matrices(
     step: StepSelector,
     tensors: &[String],
     metric: Metric,
+    tolerance: Option<Tolerance>,
 ) -> Result<MatrixReport, DiffError> {
     if dirs.len() < 2 {
         return Err(DiffError::Usage("a matrix needs at least two runs".into()));
@@ -156,16 +174,22 @@ pub fn error_matrices(
         }
         let n = values.len();
         let mut cells = vec![vec![0.0; n]; n];
+        let mut beyond_tolerance = Vec::new();
         for i in 0..n {
             for j in i + 1..n {
-                let m = metric.of(&compare(values[i].dtype, values[i].bytes, values[j].bytes));
+                let metrics = compare(values[i].dtype, values[i].bytes, values[j].bytes);
+                if tolerance.is_some_and(|t| !t.allows(&metrics)) {
+                    beyond_tolerance.push([i, j]);
+                }
+                let m = metric.of(&metrics);
                 cells[i][j] = m;
                 cells[j][i] = m;
             }
         }
-        matrices.push(ErrorMatrix { tensor: name.clone(), values: cells });
+        matrices.push(ErrorMatrix { tensor: name.clone(), values: cells, beyond_tolerance });
     }
-    Ok(MatrixReport { runs: dirs.iter().map(|d| d.display().to_string()).collect(), step: chosen, metric, matrices })
+    let runs = dirs.iter().map(|d| d.display().to_string()).collect();
+    Ok(MatrixReport { runs, step: chosen, metric, matrices, tolerance })
 }
 
 fn find_step(reader: &mut TraceReader, step: StepSelector) -> Result<StepRecord, DiffError> {

@@ -8,7 +8,13 @@ use std::fmt::Write;
 /// One line on what a comparison found.
 fn verdict_line(d: &TraceDiff) -> String {
     match &d.first_divergence {
-        _ if d.is_identical() => format!("identical ({} steps, {} tensors)", d.steps_compared, d.tensors_compared),
+        _ if d.is_identical() => match &d.tolerance {
+            Some(t) => format!(
+                "within {t} ({} steps, {} tensors, {} differ within it)",
+                d.steps_compared, d.tensors_compared, d.tensors_within_tolerance
+            ),
+            None => format!("identical ({} steps, {} tensors)", d.steps_compared, d.tensors_compared),
+        },
         Some(f) => {
             let metrics = f.metrics.as_ref().map_or("hashes differ".to_string(), metrics_sentence);
             format!("first differs at step {}, `{}` ({}): {metrics}", f.step, f.tensor, f.kind)
@@ -27,7 +33,14 @@ pub fn render_gate(r: &GateReport) -> String {
     }
     let _ = writeln!(out);
     if r.passed() {
-        let _ = writeln!(out, "PASS  bit-exact: {} run(s) identical to the reference", r.comparisons.len());
+        match r.comparisons.first().and_then(|(_, d)| d.tolerance) {
+            Some(t) => {
+                let _ = writeln!(out, "PASS  within {t}: {} run(s) agree with the reference", r.comparisons.len());
+            }
+            None => {
+                let _ = writeln!(out, "PASS  bit-exact: {} run(s) identical to the reference", r.comparisons.len());
+            }
+        }
         if !r.likely_causes.is_empty() {
             let _ = writeln!(out, "note: the reference was recorded in another environment:");
             for cause in &r.likely_causes {

@@ -46,8 +46,18 @@ pub fn render_matrix(r: &MatrixReport) -> String {
             let _ = writeln!(out, "{line}");
         }
         let zero = m.values.iter().flatten().all(|&v| v == 0.0);
-        if zero {
-            let _ = writeln!(out, "  (all runs bit-identical)");
+        match (&r.tolerance, zero) {
+            (_, true) => {
+                let _ = writeln!(out, "  (all runs bit-identical)");
+            }
+            (Some(t), false) if m.beyond_tolerance.is_empty() => {
+                let _ = writeln!(out, "  (every pair within {t})");
+            }
+            (Some(t), false) => {
+                let pairs: Vec<String> = m.beyond_tolerance.iter().map(|[i, j]| format!("r{i}-r{j}")).collect();
+                let _ = writeln!(out, "  beyond {t}: {}", pairs.join(", "));
+            }
+            (None, false) => {}
         }
     }
     out
