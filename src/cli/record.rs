@@ -4,7 +4,7 @@ use super::workload_args::WorkloadArgs;
 use super::Exit;
 use clap::Args;
 use repro::diff::{config_differences, ReferenceCheck};
-use repro::record::{open_device, RecordError, Recorder};
+use repro::record::{open_device, RecordError, Recorder, StepProgress};
 use repro::report::{bytes, render_online};
 use repro::trace::{summarize, CapturePolicy, FullCapture, TraceReader};
 use std::path::{Path, PathBuf};
@@ -61,6 +61,7 @@ pub fn run(args: RecordArgs) -> Result<Exit, String> {
     if let Some(check) = &reference {
         recorder.compare_with(Box::new(check.clone()), !args.keep_going);
     }
+    recorder.on_step(progress_display());
     match workload.run(&device, &mut recorder, perturb.as_ref()) {
         Ok(()) | Err(RecordError::Diverged { .. }) => {}
         Err(e) => return Err(format!("{e} (the partial trace in {} is marked incomplete)", args.out.display())),
@@ -98,6 +99,39 @@ pub fn run(args: RecordArgs) -> Result<Exit, String> {
                 check.steps_checked()
             ));
             Ok(Exit::Same)
+        }
+    }
+}
+
+/// A progress bar on a terminal (hidden otherwise), and, at the first step that stores full
+/// values, how much the payloads will take in all.
+fn progress_display() -> impl FnMut(&StepProgress) + 'static {
+    let bar = indicatif::ProgressBar::new(0);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{spinner} recording step {pos}/{len} {wide_bar} {elapsed} (eta {eta})",
+        )
+        .expect("valid template"),
+    );
+    let mut told = false;
+    move |p: &StepProgress| {
+        if let Some(total) = p.total_steps {
+            bar.set_length(total);
+        }
+        bar.set_position(p.step + 1);
+        if !told && p.payload_bytes > 0 {
+            told = true;
+            if let Some(n) = p.full_steps {
+                let note = format!(
+                    "note: full values take about {} per stored step; {n} step(s) store them: about {} in all (--capture sets which)",
+                    bytes(p.payload_bytes),
+                    bytes(p.payload_bytes.saturating_mul(n))
+                );
+                bar.suspend(|| eprintln!("{note}"));
+            }
+        }
+        if p.total_steps.is_some_and(|t| p.step + 1 >= t) {
+            bar.finish_and_clear();
         }
     }
 }

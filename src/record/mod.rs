@@ -11,5 +11,5 @@ mod tensor_bytes;
 pub use environment::{device_label, environment, open_device, NUMERICS_ENV_VARS};
 pub use error::RecordError;
 pub use perturb::Perturbation;
-pub use recorder::{Recorder, StepRecorder, CAPTURE_ENV, TRACE_DIR_ENV};
+pub use recorder::{Recorder, StepProgress, StepRecorder, CAPTURE_ENV, TRACE_DIR_ENV};
 pub use tensor_bytes::{trace_dtype, with_canonical_bytes};

@@ -52,6 +52,26 @@ pub struct Recorder {
     online: Option<Online>,
     /// Per step not yet written: trainable parameters that received no gradient.
     no_gradient: BTreeMap<u64, Vec<String>>,
+    /// Told about every finished step (a progress bar).
+    on_step: Option<StepCallback>,
+    /// How many steps of the run store full values (computed once, for `StepProgress`).
+    full_steps: Option<Option<u64>>,
+}
+
+/// A progress display's hook, called after every recorded step.
+type StepCallback = Box<dyn FnMut(&StepProgress)>;
+
+/// What a finished step tells a progress display.
+#[derive(Debug, Clone, Copy)]
+pub struct StepProgress {
+    /// The step just recorded.
+    pub step: u64,
+    /// Steps the run intends to record, if known.
+    pub total_steps: Option<u64>,
+    /// Bytes of full values this step stored (0 on hashes-only steps).
+    pub payload_bytes: u64,
+    /// Steps of the run whose full values the capture policy stores, if the length is known.
+    pub full_steps: Option<u64>,
 }
 
 /// Online comparison against a reference run (`Recorder::compare_with`).
@@ -136,6 +156,8 @@ impl Recorder {
             perturbation_applied: false,
             online: None,
             no_gradient: BTreeMap::new(),
+            on_step: None,
+            full_steps: None,
         }
     }
 
@@ -150,6 +172,11 @@ impl Recorder {
     /// with `stop_at_divergence`, `StepRecorder::finish` then returns `RecordError::Diverged`.
     pub fn compare_with(&mut self, check: Box<dyn StepCheck>, stop_at_divergence: bool) {
         self.online = Some(Online { check, stop_at_divergence, pending: None, diverged: false });
+    }
+
+    /// Calls `f` after every recorded step, for a progress display.
+    pub fn on_step(&mut self, f: impl FnMut(&StepProgress) + 'static) {
+        self.on_step = Some(Box::new(f));
     }
 
     /// The trace directory (`None` for a discarding recorder).
@@ -430,6 +457,20 @@ impl StepRecorder<'_> {
     pub fn finish(mut self) -> Result<(), RecordError> {
         self.resolve_device()?;
         let StepRecorder { recorder, step, policy_full, tensors, .. } = self;
+        if let Some(report) = recorder.on_step.as_mut() {
+            let first = recorder.first_step.unwrap_or(step);
+            let total = recorder.total_steps;
+            let payload_bytes = if policy_full {
+                tensors.iter().filter_map(|t| t.payload.as_ref()).map(|p| p.len() as u64).sum()
+            } else {
+                0
+            };
+            let capture = &recorder.capture;
+            let full_steps = *recorder.full_steps.get_or_insert_with(|| {
+                total.map(|n| (first..first + n).filter(|&s| capture.wants_full(s, first, total)).count() as u64)
+            });
+            report(&StepProgress { step, total_steps: total, payload_bytes, full_steps });
+        }
         let Some(online) = recorder.online.as_mut().filter(|o| !o.diverged) else {
             return recorder.write(step, tensors);
         };

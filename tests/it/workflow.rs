@@ -324,3 +324,16 @@ fn json_reports_name_their_schema_and_verdict() {
     let g = json(&repro(&["gate", "--steps", "5", "--batch", "100", "--json"]).stdout);
     assert_eq!((g["schema"].as_str(), g["verdict"].as_str()), (Some("repro.gate.v1"), Some("pass")));
 }
+
+#[test]
+fn record_says_how_much_the_full_values_will_take() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("a");
+    let run = repro(&["record", "--steps", "20", "--batch", "500", "--capture", "every:5", "--out", s(&out)]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    // Steps 0, 5, 10 and 15 store full values.
+    assert!(run.stderr.contains("4 step(s) store them"), "{}", run.stderr);
+    let hashes_only =
+        repro(&["record", "--steps", "5", "--batch", "500", "--capture", "none", "--out", s(&dir.path().join("b"))]);
+    assert!(!hashes_only.stderr.contains("full values take"), "{}", hashes_only.stderr);
+}
