@@ -144,3 +144,17 @@ fn recording_never_writes_among_or_deletes_files_it_did_not_write() {
     assert_eq!(run_with(&trace, &["--force"]).code, 0);
     assert_eq!(fs::read_to_string(trace.join("tensors/keep.txt")).unwrap(), "precious");
 }
+
+#[test]
+fn classifier_settings_that_cannot_train_are_refused_before_any_file_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("x");
+    for (args, needle) in [
+        (&["--workload", "mlp", "--dataset", "digits"][..], "mlp trains on vectors"),
+        (&["--workload", "mlp", "--examples", "1"][..], "fewer than one batch of 32"),
+        (&["--workload", "cnn", "--dataset", "gauss2d"][..], "cnn trains on images"),
+    ] {
+        expect_error(&[&["record", "--steps", "2", "--out", s(&out)][..], args].concat(), &[needle]);
+        assert!(!out.exists(), "{args:?} created {}", out.display());
+    }
+}

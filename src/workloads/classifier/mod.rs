@@ -149,6 +149,18 @@ impl ClassifierConfig {
         if self.model != ModelKind::Mlp && !self.dataset.is_image() {
             return bad(format!("{} trains on images: use --dataset digits or cifar-synthetic", self.model));
         }
+        if self.model == ModelKind::Mlp && self.dataset.is_image() {
+            return bad(format!("mlp trains on vectors: use --dataset gauss2d or gauss5d, not {}", self.dataset));
+        }
+        let train = self.dataset.train_len(self.examples);
+        if train < self.batch {
+            return bad(format!(
+                "{} has {train} training example(s) (--examples {}), fewer than one batch of {}: lower --batch or raise --examples",
+                self.dataset,
+                self.examples.map_or("all".into(), |n| n.to_string()),
+                self.batch
+            ));
+        }
         if !(0.0..1.0).contains(&self.dropout) {
             return bad(format!("--dropout must be in [0, 1), got {}", self.dropout));
         }
