@@ -44,6 +44,14 @@ impl fmt::Display for Perturbation {
 }
 
 impl Perturbation {
+    /// The error for a move past the largest finite float.
+    fn out_of_range(&self, name: &str, x: f64) -> RecordError {
+        RecordError::Unsupported(format!(
+            "--perturb {self}: moving element 0 of `{name}` ({x:e}) by {} ULPs leaves the finite floats; choose fewer",
+            self.ulps
+        ))
+    }
+
     /// Returns `tensor` perturbed if this perturbation targets `name` at `step`, otherwise
     /// `tensor` itself.
     pub fn apply(&self, step: u64, name: &str, tensor: &Tensor) -> Result<Tensor, RecordError> {
@@ -60,14 +68,14 @@ impl Perturbation {
         let (factor, shift) = match tensor.dtype() {
             DType::F32 => {
                 let x = flat.get(0)?.to_scalar::<f32>()?;
-                let target = nudge_f32(x, self.ulps);
-                let m = nudge_f32(1.0, self.ulps.signum());
+                let target = nudge_f32(x, self.ulps).ok_or_else(|| self.out_of_range(name, x as f64))?;
+                let m = nudge_f32(1.0, self.ulps.signum()).expect("1 ULP from 1 is finite");
                 (m as f64, ((x * m) as f64 - target as f64))
             }
             DType::F64 => {
                 let x = flat.get(0)?.to_scalar::<f64>()?;
-                let target = nudge_f64(x, self.ulps);
-                let m = nudge_f64(1.0, self.ulps.signum());
+                let target = nudge_f64(x, self.ulps).ok_or_else(|| self.out_of_range(name, x))?;
+                let m = nudge_f64(1.0, self.ulps.signum()).expect("1 ULP from 1 is finite");
                 (m, x * m - target)
             }
             other => {
@@ -88,11 +96,15 @@ impl Perturbation {
     }
 }
 
-/// The float `ulps` representable values away from `x`.
-fn nudge_f32(x: f32, ulps: i64) -> f32 {
-    let ord = ordinal_f32(x) + ulps;
+/// The float `ulps` representable values away from `x`, or `None` past the finite floats
+/// (no silent wrap-around).
+fn nudge_f32(x: f32, ulps: i64) -> Option<f32> {
+    let ord = ordinal_f32(x).checked_add(ulps)?;
+    if ord.unsigned_abs() > 0x7f7f_ffff {
+        return None;
+    }
     let bits = if ord >= 0 { ord as u32 } else { (-ord) as u32 | 0x8000_0000 };
-    f32::from_bits(bits)
+    Some(f32::from_bits(bits))
 }
 
 fn ordinal_f32(x: f32) -> i64 {
@@ -105,12 +117,15 @@ fn ordinal_f32(x: f32) -> i64 {
     }
 }
 
-fn nudge_f64(x: f64, ulps: i64) -> f64 {
+fn nudge_f64(x: f64, ulps: i64) -> Option<f64> {
     let b = x.to_bits();
     let m = (b & 0x7fff_ffff_ffff_ffff) as i128;
     let ord = if b >> 63 == 1 { -m } else { m } + ulps as i128;
+    if ord.unsigned_abs() > 0x7fef_ffff_ffff_ffff {
+        return None;
+    }
     let bits = if ord >= 0 { ord as u64 } else { (-ord) as u64 | 1 << 63 };
-    f64::from_bits(bits)
+    Some(f64::from_bits(bits))
 }
 
 #[cfg(test)]
@@ -172,5 +187,15 @@ mod gradient_tests {
         let g0: Vec<f32> = loss.backward().unwrap().get(&x).unwrap().to_vec1().unwrap();
         let g1: Vec<f32> = perturbed.backward().unwrap().get(&x).unwrap().to_vec1().unwrap();
         assert_ne!(g0, g1);
+    }
+
+    #[test]
+    fn a_move_past_the_finite_floats_is_refused_not_wrapped() {
+        assert_eq!(nudge_f32(1.0, 1), Some(f32::from_bits(1.0f32.to_bits() + 1)));
+        assert_eq!(nudge_f32(f32::MAX, 1), None);
+        assert_eq!(nudge_f32(23.3, 99_999_999_999), None);
+        assert_eq!(nudge_f32(-f32::MAX, -1), None);
+        assert_eq!(nudge_f64(f64::MAX, 1), None);
+        assert_eq!(nudge_f64(0.0, -1), Some(-f64::from_bits(1)));
     }
 }
