@@ -70,6 +70,12 @@ pub fn run(args: GateArgs) -> Result<Exit, String> {
         }
     }
     let work = match &args.keep {
+        Some(dir) if std::fs::read_dir(dir).is_ok_and(|mut d| d.next().is_some()) => {
+            return Err(format!(
+                "{} is not empty: --keep needs a new or empty directory (the gate would replace the runs in it)",
+                dir.display()
+            ));
+        }
         Some(dir) => dir.clone(),
         None => std::env::temp_dir().join(format!("repro-gate-{}", std::process::id())),
     };
@@ -133,6 +139,13 @@ fn gate(args: &GateArgs, runs: usize, work: &Path) -> Result<GateReport, String>
         }
     }
     progress.finish_and_clear();
+    // Say so when the budget cut the runs short: "2 runs identical" must not read as the 5 asked.
+    let subject = match args.budget {
+        Some(b) if traces.len() < runs => {
+            format!("{subject} (--budget {b}s stopped it after {} of {runs} runs)", traces.len())
+        }
+        _ => subject,
+    };
 
     let reference = match &args.baseline {
         Some(file) => GateReference::Baseline(file),

@@ -197,3 +197,17 @@ fn a_gate_with_a_tolerance_passes_small_differences_and_fails_large_ones() {
     assert_eq!(strict.code, 1, "{}{}", strict.stdout, strict.stderr);
     assert!(strict.stdout.contains("first differs at step 3"), "{}", strict.stdout);
 }
+
+#[test]
+fn a_budget_cut_is_reported_and_kept_runs_are_never_overwritten() {
+    let run = repro(&["gate", "--steps", "300", "--batch", "2000", "--runs", "5", "--budget", "0"]);
+    assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+    assert!(run.stdout.contains("(--budget 0s stopped it after 2 of 5 runs)"), "{}", run.stdout);
+
+    let dir = tempfile::tempdir().unwrap();
+    let keep = dir.path().join("kept");
+    assert_eq!(gate(&["--keep", s(&keep)]).code, 0);
+    let again = gate(&["--keep", s(&keep)]);
+    assert_eq!(again.code, 2);
+    assert!(again.stderr.contains("is not empty: --keep needs a new or empty directory"), "{}", again.stderr);
+}
