@@ -104,12 +104,12 @@ pub struct MatrixReport {
 }
 
 impl MatrixReport {
-    /// Whether every pair of runs agrees: within the tolerance when there is one, else with
-    /// every cell zero.
+    /// Whether every pair of runs agrees: within the tolerance when there is one, else bit for
+    /// bit.
     pub fn agrees(&self) -> bool {
         match self.tolerance {
             Some(_) => self.matrices.iter().all(|m| m.beyond_tolerance.is_empty()),
-            None => self.matrices.iter().flat_map(|m| m.values.iter().flatten()).all(|&v| v == 0.0),
+            None => self.matrices.iter().all(|m| m.bit_identical),
         }
     }
 }
@@ -121,6 +121,8 @@ pub struct ErrorMatrix {
     pub tensor: String,
     /// `values[i][j]`: the metric between run i and run j.
     pub values: Vec<Vec<f64>>,
+    /// Whether every run holds the same bits (a zero cell can hide +0 against -0).
+    pub bit_identical: bool,
     /// With a tolerance: the pairs `[i, j]` (i < j) that differ beyond it.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub beyond_tolerance: Vec<[usize; 2]>,
@@ -175,9 +177,11 @@ pub fn error_matrices(
         let n = values.len();
         let mut cells = vec![vec![0.0; n]; n];
         let mut beyond_tolerance = Vec::new();
+        let mut bit_identical = true;
         for i in 0..n {
             for j in i + 1..n {
                 let metrics = compare(values[i].dtype, values[i].bytes, values[j].bytes);
+                bit_identical &= metrics.mismatched == 0;
                 if tolerance.is_some_and(|t| !t.allows(&metrics)) {
                     beyond_tolerance.push([i, j]);
                 }
@@ -186,7 +190,7 @@ pub fn error_matrices(
                 cells[j][i] = m;
             }
         }
-        matrices.push(ErrorMatrix { tensor: name.clone(), values: cells, beyond_tolerance });
+        matrices.push(ErrorMatrix { tensor: name.clone(), values: cells, bit_identical, beyond_tolerance });
     }
     let runs = dirs.iter().map(|d| d.display().to_string()).collect();
     Ok(MatrixReport { runs, step: chosen, metric, matrices, tolerance })
@@ -227,4 +231,52 @@ fn load<'a>(reader: &'a mut TraceReader, record: &'a StepRecord, name: &str) -> 
             record.step
         ))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use repro_trace::dtype::DType;
+    use repro_trace::hash::tensor_hash;
+    use repro_trace::{CapturePolicy, Header, RunConfig, StepTensor, TensorKind, TensorRecord, TraceWriter};
+
+    /// A one-step trace holding one F32 scalar with `value`'s bits.
+    fn trace(dir: &std::path::Path, value: f32) -> PathBuf {
+        let header = Header {
+            format: repro_trace::CURRENT_FORMAT,
+            producer: "test".into(),
+            run: RunConfig { workload: "t".into(), steps: Some(1), params: Default::default() },
+            environment: Default::default(),
+            capture: CapturePolicy::default(),
+        };
+        let mut w = TraceWriter::create(dir, &header, false).unwrap();
+        let bytes = value.to_le_bytes().to_vec();
+        let record = TensorRecord {
+            name: "x".into(),
+            kind: TensorKind::Activation,
+            dtype: DType::F32,
+            shape: vec![],
+            hash: tensor_hash(DType::F32, &[], &bytes),
+            inline: Some(bytes),
+            in_payload: false,
+            phase: None,
+            inputs: Vec::new(),
+            node: None,
+        };
+        w.write_step(0, vec![StepTensor { record, payload: None }]).unwrap();
+        w.finish().unwrap();
+        dir.to_path_buf()
+    }
+
+    #[test]
+    fn zero_cells_are_not_taken_for_identical_bits() {
+        let tmp = tempfile::tempdir().unwrap();
+        let runs = [trace(&tmp.path().join("p"), 0.0), trace(&tmp.path().join("n"), -0.0)];
+        let report = error_matrices(&runs, StepSelector::Last, &[], Metric::SumAbs, None).unwrap();
+        assert_eq!(report.matrices[0].values, vec![vec![0.0, 0.0], vec![0.0, 0.0]]);
+        assert!(!report.matrices[0].bit_identical);
+        assert!(!report.agrees(), "+0 and -0 have other bits");
+        let same = [trace(&tmp.path().join("a"), 1.5), trace(&tmp.path().join("b"), 1.5)];
+        assert!(error_matrices(&same, StepSelector::Last, &[], Metric::SumAbs, None).unwrap().agrees());
+    }
 }

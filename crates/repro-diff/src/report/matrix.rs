@@ -45,8 +45,7 @@ pub fn render_matrix(r: &MatrixReport) -> String {
             }
             let _ = writeln!(out, "{line}");
         }
-        let zero = m.values.iter().flatten().all(|&v| v == 0.0);
-        match (&r.tolerance, zero) {
+        match (&r.tolerance, m.bit_identical) {
             (_, true) => {
                 let _ = writeln!(out, "  (all runs bit-identical)");
             }
@@ -56,6 +55,9 @@ pub fn render_matrix(r: &MatrixReport) -> String {
             (Some(t), false) => {
                 let pairs: Vec<String> = m.beyond_tolerance.iter().map(|[i, j]| format!("r{i}-r{j}")).collect();
                 let _ = writeln!(out, "  beyond {t}: {}", pairs.join(", "));
+            }
+            (None, false) if m.values.iter().flatten().all(|&v| v == 0.0) => {
+                let _ = writeln!(out, "  (every cell is 0, but the bits differ: +0 against -0)");
             }
             (None, false) => {}
         }
