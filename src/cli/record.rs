@@ -6,7 +6,7 @@ use clap::Args;
 use repro::diff::{config_differences, ReferenceCheck};
 use repro::record::{open_device, RecordError, Recorder, StepProgress};
 use repro::report::{bytes, render_online};
-use repro::trace::{summarize, CapturePolicy, FullCapture, TraceReader};
+use repro::trace::{summarize, CapturePolicy, FullCapture};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -45,17 +45,12 @@ pub fn run(args: RecordArgs) -> Result<Exit, String> {
     let capture = CapturePolicy { full: args.capture, inline_max_bytes: args.inline_max_bytes };
     let started = Instant::now();
     let reference = match &args.against {
-        Some(dir) => Some(Arc::new(Mutex::new(ReferenceCheck::open(dir).map_err(|e| e.to_string())?))),
+        Some(dir) => Some(ReferenceCheck::open(dir).map_err(|e| e.to_string())?),
         None => None,
     };
     // Settings that differ from the reference's explain a divergence before anyone looks for one.
-    let settings = match &args.against {
-        Some(dir) => {
-            let reference = TraceReader::open(dir).map_err(|e| e.to_string())?;
-            config_differences(&reference.header().run, &run)
-        }
-        None => Vec::new(),
-    };
+    let settings = reference.as_ref().map_or_else(Vec::new, |r| config_differences(&r.header().run, &run));
+    let reference = reference.map(|r| Arc::new(Mutex::new(r)));
     let mut recorder =
         Recorder::create_with(&args.out, run, &device, capture, args.force).map_err(|e| e.to_string())?;
     if let Some(check) = &reference {

@@ -1,35 +1,12 @@
 //! Automatic graph capture, through the `gpt` workload: its model code has no recording calls,
 //! and every node of its graph is recorded and named after the model's `tracing` spans.
 
-use crate::util::{json, repro, s};
+use crate::util::{json, record_small_gpt, repro, s};
 use std::path::{Path, PathBuf};
 
-/// A small gpt run (2 layers, width 32, context 16, batch 2) into `dir/name`.
+/// A small gpt run storing every step's full values.
 fn gpt(dir: &Path, name: &str, extra: &[&str]) -> PathBuf {
-    let out = dir.join(name);
-    let mut args = vec![
-        "record",
-        "--workload",
-        "gpt",
-        "--steps",
-        "3",
-        "--batch",
-        "2",
-        "--context",
-        "16",
-        "--width",
-        "32",
-        "--heads",
-        "2",
-        "--capture",
-        "all",
-        "--out",
-        s(&out),
-    ];
-    args.extend_from_slice(extra);
-    let run = repro(&args);
-    assert_eq!(run.code, 0, "record failed: {}", run.stderr);
-    out
+    record_small_gpt(dir, name, "all", extra)
 }
 
 #[test]
@@ -291,30 +268,8 @@ fn a_tolerance_decides_which_differences_count_and_says_what_it_cannot_judge() {
     assert_eq!(v["first_divergence"]["step"], 1);
 
     // Hashes alone cannot be judged: they count as divergences, and the report says why.
-    let (ha, hp) = (dir.path().join("ha"), dir.path().join("hp"));
-    for (out, extra) in [(&ha, &[][..]), (&hp, &["--perturb", "1:h.1.mlp.c_fc.weight:1"][..])] {
-        let mut args = vec![
-            "record",
-            "--workload",
-            "gpt",
-            "--steps",
-            "3",
-            "--batch",
-            "2",
-            "--context",
-            "16",
-            "--width",
-            "32",
-            "--heads",
-            "2",
-            "--capture",
-            "none",
-            "--out",
-            s(out),
-        ];
-        args.extend_from_slice(extra);
-        assert_eq!(repro(&args).code, 0);
-    }
+    let ha = record_small_gpt(dir.path(), "ha", "none", &[]);
+    let hp = record_small_gpt(dir.path(), "hp", "none", &["--perturb", "1:h.1.mlp.c_fc.weight:1"]);
     let run = repro(&["diff", s(&ha), s(&hp), "--tolerance", "abs:1"]);
     assert_eq!(run.code, 1, "{}", run.stdout);
     assert!(run.stdout.contains("a tolerance needs values"), "{}", run.stdout);

@@ -1,6 +1,6 @@
 //! Traces recorded on an H100 (fixtures/gpu-h100, see fixtures/README.md), read on the CPU.
 
-use crate::util::{json, repro};
+use crate::util::{json, record_small_gpt, repro};
 use std::path::PathBuf;
 
 fn fixture(name: &str) -> PathBuf {
@@ -179,27 +179,7 @@ fn gpu_traces_record_parameters_before_their_update() {
 #[test]
 fn a_gpu_gpt_trace_has_the_cpu_graph_and_first_differs_at_a_named_node() {
     let dir = tempfile::tempdir().unwrap();
-    let cpu = dir.path().join("cpu");
-    let run = repro(&[
-        "record",
-        "--workload",
-        "gpt",
-        "--steps",
-        "3",
-        "--batch",
-        "2",
-        "--context",
-        "16",
-        "--width",
-        "32",
-        "--heads",
-        "2",
-        "--capture",
-        "none",
-        "--out",
-        cpu.to_str().unwrap(),
-    ]);
-    assert_eq!(run.code, 0, "{}", run.stderr);
+    let cpu = record_small_gpt(dir.path(), "cpu", "none", &[]);
     let gpu = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/gpu-h100-gpt/cuda");
     let v = json(&repro(&["diff", cpu.to_str().unwrap(), gpu.to_str().unwrap(), "--json"]).stdout);
     assert_eq!(v["structure"].as_array().unwrap().len(), 0, "{}", v["structure"]);

@@ -39,6 +39,37 @@ pub fn record(dir: &Path, name: &str, extra: &[&str]) -> PathBuf {
     out
 }
 
+/// Records a small gpt run (2 layers, width 32, 2 heads, context 16, batch 2, 3 steps) into
+/// `dir/name` with full values at the steps `capture` names, plus extra arguments. The
+/// configuration of the committed H100 gpt fixture.
+pub fn record_small_gpt(dir: &Path, name: &str, capture: &str, extra: &[&str]) -> PathBuf {
+    let out = dir.join(name);
+    let out_s = out.to_str().unwrap().to_string();
+    let mut args = vec![
+        "record",
+        "--workload",
+        "gpt",
+        "--steps",
+        "3",
+        "--batch",
+        "2",
+        "--context",
+        "16",
+        "--width",
+        "32",
+        "--heads",
+        "2",
+        "--capture",
+        capture,
+        "--out",
+        &out_s,
+    ];
+    args.extend_from_slice(extra);
+    let run = repro(&args);
+    assert_eq!(run.code, 0, "record failed: {}", run.stderr);
+    out
+}
+
 pub fn s(p: &Path) -> &str {
     p.to_str().unwrap()
 }

@@ -4,7 +4,7 @@
 
 use crate::metrics::TensorMetrics;
 use repro_trace::dtype::DType;
-use repro_trace::{Phase, TensorKind};
+use repro_trace::{Phase, TensorKind, TensorRecord};
 use serde::Serialize;
 
 /// One tensor that differs at one step.
@@ -27,4 +27,21 @@ pub struct Divergence {
     /// B's dtype and shape, when they differ from A's (then there are no metrics).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub b_layout: Option<(DType, Vec<u64>)>,
+}
+
+impl Divergence {
+    /// `tensor` (as A recorded it) differing at `step`, with exact metrics where both runs
+    /// stored its values.
+    pub fn of(tensor: &TensorRecord, step: u64, metrics: Option<TensorMetrics>) -> Self {
+        Divergence {
+            step,
+            tensor: tensor.name.clone(),
+            kind: tensor.kind,
+            phase: tensor.phase,
+            dtype: tensor.dtype,
+            shape: tensor.shape.clone(),
+            metrics,
+            b_layout: None,
+        }
+    }
 }

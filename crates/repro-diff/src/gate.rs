@@ -123,42 +123,7 @@ pub fn likely_causes(env: &[FieldDifference]) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use repro_trace::dtype::DType;
-    use repro_trace::hash::tensor_hash;
-    use repro_trace::{CapturePolicy, Header, StepTensor, TensorKind, TensorRecord, TraceWriter, CURRENT_FORMAT};
-
-    /// Writes a one-step trace of one tensor holding `value`, with `params` as its settings.
-    fn trace(dir: &Path, value: f32, params: &[(&str, &str)], device: &str) -> PathBuf {
-        let mut header = Header {
-            format: CURRENT_FORMAT,
-            producer: "test".into(),
-            run: RunConfig {
-                workload: "synthetic".into(),
-                steps: Some(1),
-                params: params.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
-            },
-            environment: Default::default(),
-            capture: CapturePolicy::default(),
-        };
-        header.environment.device = device.into();
-        let mut w = TraceWriter::create(dir, &header, false).unwrap();
-        let bytes = value.to_le_bytes().to_vec();
-        let record = TensorRecord {
-            name: "loss".into(),
-            kind: TensorKind::Loss,
-            dtype: DType::F32,
-            shape: vec![1],
-            hash: tensor_hash(DType::F32, &[1], &bytes),
-            inline: Some(bytes),
-            in_payload: false,
-            phase: None,
-            inputs: Vec::new(),
-            node: None,
-        };
-        w.write_step(0, vec![StepTensor { record, payload: None }]).unwrap();
-        w.finish().unwrap();
-        dir.to_path_buf()
-    }
+    use crate::testing::one_value_trace as trace;
 
     #[test]
     fn runs_are_compared_with_the_first_run() {

@@ -16,6 +16,8 @@ mod online;
 pub mod report;
 mod root_cause;
 pub mod study;
+#[cfg(test)]
+mod testing;
 mod tolerance;
 mod traces;
 

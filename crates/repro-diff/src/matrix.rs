@@ -236,36 +236,10 @@ fn load<'a>(reader: &'a mut TraceReader, record: &'a StepRecord, name: &str) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use repro_trace::dtype::DType;
-    use repro_trace::hash::tensor_hash;
-    use repro_trace::{CapturePolicy, Header, RunConfig, StepTensor, TensorKind, TensorRecord, TraceWriter};
+    use crate::testing::one_value_trace;
 
-    /// A one-step trace holding one F32 scalar with `value`'s bits.
     fn trace(dir: &std::path::Path, value: f32) -> PathBuf {
-        let header = Header {
-            format: repro_trace::CURRENT_FORMAT,
-            producer: "test".into(),
-            run: RunConfig { workload: "t".into(), steps: Some(1), params: Default::default() },
-            environment: Default::default(),
-            capture: CapturePolicy::default(),
-        };
-        let mut w = TraceWriter::create(dir, &header, false).unwrap();
-        let bytes = value.to_le_bytes().to_vec();
-        let record = TensorRecord {
-            name: "x".into(),
-            kind: TensorKind::Activation,
-            dtype: DType::F32,
-            shape: vec![],
-            hash: tensor_hash(DType::F32, &[], &bytes),
-            inline: Some(bytes),
-            in_payload: false,
-            phase: None,
-            inputs: Vec::new(),
-            node: None,
-        };
-        w.write_step(0, vec![StepTensor { record, payload: None }]).unwrap();
-        w.finish().unwrap();
-        dir.to_path_buf()
+        one_value_trace(dir, value, &[], "cpu")
     }
 
     #[test]

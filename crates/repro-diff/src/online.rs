@@ -40,6 +40,11 @@ impl ReferenceCheck {
         Ok(ReferenceCheck { reader, next, steps_checked: 0, divergence: None })
     }
 
+    /// The reference trace's header (its run settings and environment).
+    pub fn header(&self) -> &repro_trace::Header {
+        self.reader.header()
+    }
+
     /// Steps compared so far.
     pub fn steps_checked(&self) -> u64 {
         self.steps_checked
@@ -105,16 +110,7 @@ impl StepCheck for ReferenceCheck {
                     (Some(a), Some(b)) => Some(compare(mine.dtype, a, b.bytes)),
                     _ => None,
                 };
-                Ok(Divergence {
-                    step,
-                    tensor: mine.name.clone(),
-                    kind: mine.kind,
-                    phase: mine.phase,
-                    dtype: mine.dtype,
-                    shape: mine.shape.clone(),
-                    metrics,
-                    b_layout: None,
-                })
+                Ok(Divergence::of(mine, step, metrics))
             });
             let divergence = divergence.transpose()?;
             entries.push(Entry::new(mine, divergence, true));

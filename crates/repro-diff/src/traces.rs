@@ -385,16 +385,7 @@ impl DiffState {
     fn within_tolerance(&mut self, t: &TensorRecord, step: u64, m: TensorMetrics) {
         self.within += 1;
         if self.largest_within.as_ref().and_then(|d| d.metrics).is_none_or(|l| m.max_ulp > l.max_ulp) {
-            self.largest_within = Some(Divergence {
-                step,
-                tensor: t.name.clone(),
-                kind: t.kind,
-                phase: t.phase,
-                dtype: t.dtype,
-                shape: t.shape.clone(),
-                metrics: Some(m),
-                b_layout: None,
-            });
+            self.largest_within = Some(Divergence::of(t, step, Some(m)));
         }
     }
 
@@ -430,16 +421,8 @@ impl DiffState {
                 // it can be the first divergence (an input batch of another size, say).
                 self.mismatch(ta, tb, sa.step);
                 self.by_kind.entry(ta.kind).or_insert(sa.step);
-                let divergence = Divergence {
-                    step: sa.step,
-                    tensor: ta.name.clone(),
-                    kind: ta.kind,
-                    phase: ta.phase,
-                    dtype: ta.dtype,
-                    shape: ta.shape.clone(),
-                    metrics: None,
-                    b_layout: Some((tb.dtype, tb.shape.clone())),
-                };
+                let divergence =
+                    Divergence { b_layout: Some((tb.dtype, tb.shape.clone())), ..Divergence::of(ta, sa.step, None) };
                 if self.first.is_none() {
                     self.first = Some(divergence.clone());
                 }
@@ -470,16 +453,7 @@ impl DiffState {
             }
             self.tensors_diverged += 1;
             self.by_kind.entry(ta.kind).or_insert(sa.step);
-            let divergence = Divergence {
-                step: sa.step,
-                tensor: ta.name.clone(),
-                kind: ta.kind,
-                phase: ta.phase,
-                dtype: ta.dtype,
-                shape: ta.shape.clone(),
-                metrics,
-                b_layout: None,
-            };
+            let divergence = Divergence::of(ta, sa.step, metrics);
             if self.first.is_none() {
                 self.first = Some(divergence.clone());
             }

@@ -1,0 +1,42 @@
+//! Test-only: tiny traces written with repro-trace's writer, for the unit tests of this crate.
+
+use repro_trace::dtype::DType;
+use repro_trace::hash::tensor_hash;
+use repro_trace::{
+    CapturePolicy, Header, RunConfig, StepTensor, TensorKind, TensorRecord, TraceWriter, CURRENT_FORMAT,
+};
+use std::path::{Path, PathBuf};
+
+/// Writes into `dir` a one-step trace of one F32 tensor `loss` holding `value`'s bits, with
+/// `params` as its run settings and `device` as its environment's device.
+pub(crate) fn one_value_trace(dir: &Path, value: f32, params: &[(&str, &str)], device: &str) -> PathBuf {
+    let mut header = Header {
+        format: CURRENT_FORMAT,
+        producer: "test".into(),
+        run: RunConfig {
+            workload: "synthetic".into(),
+            steps: Some(1),
+            params: params.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+        },
+        environment: Default::default(),
+        capture: CapturePolicy::default(),
+    };
+    header.environment.device = device.into();
+    let mut w = TraceWriter::create(dir, &header, false).unwrap();
+    let bytes = value.to_le_bytes().to_vec();
+    let record = TensorRecord {
+        name: "loss".into(),
+        kind: TensorKind::Loss,
+        dtype: DType::F32,
+        shape: vec![1],
+        hash: tensor_hash(DType::F32, &[1], &bytes),
+        inline: Some(bytes),
+        in_payload: false,
+        phase: None,
+        inputs: Vec::new(),
+        node: None,
+    };
+    w.write_step(0, vec![StepTensor { record, payload: None }]).unwrap();
+    w.finish().unwrap();
+    dir.to_path_buf()
+}
