@@ -1,11 +1,20 @@
-/* Host build of the BLAKE3 device functions in repro.cu, for tests without a GPU. */
+/* Host build of the hashing device functions in repro.cu, for tests without a GPU: each
+   function runs one pass the way a kernel launch does, one work item after another. */
 #define REPRO_HOST_TEST
 #include "repro.cu"
 
-void repro_host_chunk_cv(const unsigned char* p, unsigned int len, unsigned long long index, unsigned int out[8]) {
-  chunk_cv(p, len, index, 0, out);
+void repro_host_hash_chunks(const u64* views, const u64* prefix, u64 n, u32* cvs) {
+  for (u64 item = 0; item < prefix[n]; item++) batch_chunk(views, prefix, n, item, cvs);
 }
 
-void repro_host_parent_cv(const unsigned int left[8], const unsigned int right[8], unsigned int out[8]) {
-  parent_cv(left, right, out);
+void repro_host_hash_parents(const u64* rows, const u64* prefix, u64 n, u32* nodes) {
+  for (u64 item = 0; item < prefix[n]; item++) batch_parent(rows, prefix, n, item, nodes);
+}
+
+void repro_host_hash_roots(const u64* roots, u64 n, const u32* nodes, u32* hashes) {
+  for (u64 k = 0; k < n; k++) batch_root(roots, k, nodes, hashes);
+}
+
+void repro_host_copy_views(const u64* views, const u64* prefix, const u64* out_at, u64 n, unsigned char* out) {
+  for (u64 item = 0; item < prefix[n]; item++) batch_copy(views, prefix, out_at, n, item, out);
 }

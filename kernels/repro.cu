@@ -1,16 +1,17 @@
 // repro's CUDA kernels, compiled at run time with NVRTC (src/ops/cuda.rs).
 //
-// 1. BLAKE3 over device memory: one thread per 1024-byte chunk computes the chunk's chaining
-//    value, then parent levels are merged pairwise (an odd last node moves up unchanged) until
-//    few remain; the host finishes the tree (src/hash.rs). This is exactly BLAKE3's
-//    left-complete tree, so the result equals the blake3 crate's hash of the same bytes.
+// 1. BLAKE3 over device memory, for many tensor views in one launch per pass: one thread per
+//    1024-byte chunk computes the chunk's chaining value, parent levels are merged pairwise (an
+//    odd last node moves up unchanged) until two nodes remain, and one thread per view makes the
+//    root. This is exactly BLAKE3's left-complete tree, so the result equals the blake3 crate's
+//    hash of the same bytes. A copy pass gathers views' elements for values the host keeps.
 // 2. Float sums in two modes: `atomic` (float atomicAdd, order decided by the hardware) and
 //    `ordered` (a fixed two-pass tree, bit-reproducible).
 // 3. `expand`: a scalar broadcast to a vector, whose backward is one of the sums above.
 // 4. `read_words`: a plain read of device memory, to measure bandwidth beside hashing.
 //
 // The file is also valid C for the host compiler when REPRO_HOST_TEST is defined, so the BLAKE3
-// part can be checked against a reference without a GPU (scripts/check-kernels.sh).
+// part can be checked against a reference without a GPU (crates/kernel-host-check).
 
 #ifdef REPRO_HOST_TEST
 #define DEVICE static
@@ -93,19 +94,6 @@ DEVICE void load_block(const unsigned char* p, u32 avail, int aligned16, u32 m[1
   }
 }
 
-// The (non-root) chaining value of chunk `index`, which holds `len` (1..1024) bytes at `p`.
-DEVICE void chunk_cv(const unsigned char* p, u32 len, u64 index, int aligned16, u32 cv[8]) {
-  for (int i = 0; i < 8; i++) cv[i] = BLAKE3_IV[i];
-  u32 blocks = (len + 63) / 64;
-  for (u32 b = 0; b < blocks; b++) {
-    u32 m[16];
-    u32 avail = len - 64 * b;
-    load_block(p + 64 * b, avail, aligned16, m);
-    u32 flags = (b == 0 ? CHUNK_START : 0u) | (b + 1 == blocks ? CHUNK_END : 0u);
-    compress(cv, m, index, avail < 64 ? avail : 64u, flags);
-  }
-}
-
 // The (non-root) parent of two chaining values.
 DEVICE void parent_cv(const u32 left[8], const u32 right[8], u32 out[8]) {
   u32 m[16];
@@ -113,33 +101,136 @@ DEVICE void parent_cv(const u32 left[8], const u32 right[8], u32 out[8]) {
   compress(out, m, 0, 64, PARENT);
 }
 
-#ifndef REPRO_HOST_TEST
+// 1b. Batched hashing of many tensor views at once (src/ops/device_hash.rs plans the tables).
+//
+// A view is described by VIEW_WORDS u64 words: the address of its element 0, the element size,
+// the number of dimensions (at most VIEW_DIMS, size-1 dims dropped and contiguous dims merged),
+// flags (bit 0: contiguous row-major), its byte length, then its dims and its strides in
+// elements. Elements are read through the strides, so transposed, broadcast or narrowed views
+// are hashed without a contiguous copy. Every thread finds its view by binary search in a
+// prefix table (prefix[k] = the first work item of view k, prefix[n] = the total).
+#define VIEW_WORDS 21
+#define VIEW_DIMS 8
+#define ROOT 8u
 
-// cvs[8*i .. 8*i+8] = chaining value of chunk i of data[0..len]; needs len > 1024.
-extern "C" __global__ void blake3_chunks(const unsigned char* data, u64 len, u32* cvs) {
-  u64 n_chunks = (len + 1023) / 1024;
-  int aligned16 = (((u64)data) & 15) == 0;
-  for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < n_chunks; i += (u64)gridDim.x * blockDim.x) {
-    u64 start = i * 1024;
-    u32 n = (u32)(len - start < 1024 ? len - start : 1024);
-    u32 cv[8];
-    chunk_cv(data + start, n, i, aligned16, cv);
-    for (int k = 0; k < 8; k++) cvs[8 * i + k] = cv[k];
+// The view holding work item `item`: the k with prefix[k] <= item < prefix[k + 1].
+DEVICE u64 find_view(const u64* prefix, u64 n, u64 item) {
+  u64 lo = 0, hi = n;
+  while (hi - lo > 1) {
+    u64 mid = (lo + hi) / 2;
+    if (prefix[mid] <= item) lo = mid; else hi = mid;
+  }
+  return lo;
+}
+
+// The address of element `e` (in row-major order) of a view.
+DEVICE const unsigned char* view_element(const u64* v, u64 e) {
+  u64 esize = v[1];
+  if (v[3] & 1u) return (const unsigned char*)(v[0] + e * esize);
+  u64 off = 0;
+  for (int k = (int)v[2] - 1; k >= 0; k--) {
+    u64 dim = v[5 + k];
+    off += (e % dim) * v[5 + VIEW_DIMS + k];
+    e /= dim;
+  }
+  return (const unsigned char*)(v[0] + off * esize);
+}
+
+// Loads the 64-byte block at byte `start` (a multiple of 64) of a view, zero-padded past `avail`.
+DEVICE void load_view_block(const u64* v, u64 start, u32 avail, u32 m[16]) {
+  if (v[3] & 1u) {
+    const unsigned char* p = (const unsigned char*)(v[0] + start);
+    load_block(p, avail, (v[0] & 15u) == 0, m);
+    return;
+  }
+  u32 esize = (u32)v[1];
+  u32 bytes = avail < 64 ? avail : 64u;
+  for (int w = 0; w < 16; w++) m[w] = 0;
+  for (u32 j = 0; j < bytes / esize; j++) {
+    const unsigned char* p = view_element(v, start / esize + j);
+    for (u32 b = 0; b < esize; b++) {
+      u32 idx = j * esize + b;
+      m[idx / 4] |= (u32)p[b] << (8 * (idx % 4));
+    }
   }
 }
 
-// One level of the tree: out[j] = parent(in[2j], in[2j+1]), or in[2j] when it has no partner.
-extern "C" __global__ void blake3_parents(const u32* in, u64 n_in, u32* out) {
-  u64 n_out = (n_in + 1) / 2;
-  for (u64 j = blockIdx.x * (u64)blockDim.x + threadIdx.x; j < n_out; j += (u64)gridDim.x * blockDim.x) {
-    u32 cv[8];
-    if (2 * j + 1 < n_in) {
-      parent_cv(in + 16 * j, in + 16 * j + 8, cv);
-    } else {
-      for (int k = 0; k < 8; k++) cv[k] = in[16 * j + k];
-    }
-    for (int k = 0; k < 8; k++) out[8 * j + k] = cv[k];
+// Work item `item` of the chunk pass: the chaining value of one 1024-byte chunk of one view,
+// written to cvs[8 * item ..]. Views hold more than one chunk.
+DEVICE void batch_chunk(const u64* views, const u64* prefix, u64 n, u64 item, u32* cvs) {
+  u64 k = find_view(prefix, n, item);
+  const u64* v = views + VIEW_WORDS * k;
+  u64 index = item - prefix[k];
+  u64 start = index * 1024;
+  u64 len = v[4] - start < 1024 ? v[4] - start : 1024;
+  u32 cv[8];
+  for (int i = 0; i < 8; i++) cv[i] = BLAKE3_IV[i];
+  u32 blocks = (u32)((len + 63) / 64);
+  for (u32 b = 0; b < blocks; b++) {
+    u32 m[16];
+    u32 avail = (u32)(len - 64 * b);
+    load_view_block(v, start + 64 * b, avail, m);
+    u32 flags = (b == 0 ? CHUNK_START : 0u) | (b + 1 == blocks ? CHUNK_END : 0u);
+    compress(cv, m, index, avail < 64 ? avail : 64u, flags);
   }
+  for (int i = 0; i < 8; i++) cvs[8 * item + i] = cv[i];
+}
+
+// Work item `item` of one parent level. Row r of `rows` is (first input node, input node
+// count, first output node) of one view's tree, nodes counted in 8-word chaining values of
+// `nodes`; output j of a view is parent(input 2j, input 2j+1), or input 2j when it has no partner.
+DEVICE void batch_parent(const u64* rows, const u64* prefix, u64 n, u64 item, u32* nodes) {
+  u64 r = find_view(prefix, n, item);
+  u64 in = rows[3 * r], n_in = rows[3 * r + 1], out = rows[3 * r + 2];
+  u64 j = item - prefix[r];
+  u32 cv[8];
+  if (2 * j + 1 < n_in) {
+    parent_cv(nodes + 8 * (in + 2 * j), nodes + 8 * (in + 2 * j + 1), cv);
+  } else {
+    for (int i = 0; i < 8; i++) cv[i] = nodes[8 * (in + 2 * j) + i];
+  }
+  for (int i = 0; i < 8; i++) nodes[8 * (out + j) + i] = cv[i];
+}
+
+// The BLAKE3 hash of view `k`: the root parent of its last two nodes, which start at node
+// roots[k] of `nodes`.
+DEVICE void batch_root(const u64* roots, u64 k, const u32* nodes, u32* hashes) {
+  const u32* left = nodes + 8 * roots[k];
+  u32 m[16], cv[8];
+  for (int i = 0; i < 8; i++) { m[i] = left[i]; m[i + 8] = left[i + 8]; cv[i] = BLAKE3_IV[i]; }
+  compress(cv, m, 0, 64, PARENT | ROOT);
+  for (int i = 0; i < 8; i++) hashes[8 * k + i] = cv[i];
+}
+
+// Work item `item` of the copy pass: one element of one view, written in row-major order at
+// byte offset out_at[k] of `out`.
+DEVICE void batch_copy(const u64* views, const u64* prefix, const u64* out_at, u64 n, u64 item, unsigned char* out) {
+  u64 k = find_view(prefix, n, item);
+  const u64* v = views + VIEW_WORDS * k;
+  u64 e = item - prefix[k];
+  const unsigned char* p = view_element(v, e);
+  unsigned char* q = out + out_at[k] + e * v[1];
+  for (u64 b = 0; b < v[1]; b++) q[b] = p[b];
+}
+
+#ifndef REPRO_HOST_TEST
+
+#define GRID_STRIDE(i, n) for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < (n); i += (u64)gridDim.x * blockDim.x)
+
+extern "C" __global__ void hash_chunks(const u64* views, const u64* prefix, u64 n, u32* cvs) {
+  GRID_STRIDE(item, prefix[n]) batch_chunk(views, prefix, n, item, cvs);
+}
+
+extern "C" __global__ void hash_parents(const u64* rows, const u64* prefix, u64 n, u32* nodes) {
+  GRID_STRIDE(item, prefix[n]) batch_parent(rows, prefix, n, item, nodes);
+}
+
+extern "C" __global__ void hash_roots(const u64* roots, u64 n, const u32* nodes, u32* hashes) {
+  GRID_STRIDE(k, n) batch_root(roots, k, nodes, hashes);
+}
+
+extern "C" __global__ void copy_views(const u64* views, const u64* prefix, const u64* out_at, u64 n, unsigned char* out) {
+  GRID_STRIDE(item, prefix[n]) batch_copy(views, prefix, out_at, n, item, out);
 }
 
 // Sum with float atomics: each warp adds its partial sum into *out (zeroed by the caller) in

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Checks the BLAKE3 part of kernels/repro.cu on the host: compiles it as C and compares the
-# chunk and parent chaining values it computes, merged into a root on the host, with the
-# blake3 crate's hash (the test crate crates/kernel-host-check).
+# Checks the hashing kernels of kernels/repro.cu on the host: the test crate
+# crates/kernel-host-check compiles them as C, and repro's device_hash tests run batched plans
+# through them against the blake3 crate and a plain row-major read.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-exec cargo test --release --locked -p kernel-host-check -- --nocapture
+exec cargo test --release --locked -p repro --lib device_hash -- --nocapture

@@ -52,6 +52,15 @@ done
 say '```'
 "$repro" diff "$work/runs/capture-none" "$work/runs/capture-all" 2>&1 | sed "s#$work/runs/##g" | tail -3 | tee -a "$summary"
 say '```'
+# The same for a captured graph, whose views (transposed, broadcast, narrowed) the device
+# hashes through their strides.
+for capture in none all; do
+  "$repro" record --workload gpt --seed 0 --steps 5 --capture "$capture" --device cuda:0 \
+    --out "$work/runs/gpt-capture-$capture" 2>>"$work/results/record.log"
+done
+say '```'
+"$repro" diff "$work/runs/gpt-capture-none" "$work/runs/gpt-capture-all" 2>&1 | sed "s#$work/runs/##g" | tail -3 | tee -a "$summary"
+say '```'
 fi
 
 # Seven runs per variant; matrices at step 0 and at the last step.

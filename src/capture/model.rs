@@ -52,10 +52,7 @@ impl ModelCapture {
 
     /// Records every parameter under its name (kind `weight`), as it is before the update.
     pub fn record_parameters(&self, s: &mut StepRecorder) -> Result<(), RecordError> {
-        for (name, var) in &self.params {
-            s.record(name, TensorKind::Weight, var.as_tensor())?;
-        }
-        Ok(())
+        s.record_variables(self.params.iter().map(|(n, v)| (n.as_str(), v)), "", TensorKind::Weight, None)
     }
 
     /// The nodes of the graph behind `root`, named, in topological order (leaves first). Takes
@@ -127,10 +124,8 @@ impl ModelCapture {
 
     /// Records every parameter after the optimizer's update as `NAME.updated` (phase update).
     pub fn record_updated(&self, s: &mut StepRecorder) -> Result<(), RecordError> {
-        for (name, var) in &self.params {
-            s.record_as(&format!("{name}.updated"), TensorKind::Weight, Some(Phase::Update), &[], var.as_tensor())?;
-        }
-        Ok(())
+        let params = self.params.iter().map(|(n, v)| (n.as_str(), v));
+        s.record_variables(params, ".updated", TensorKind::Weight, Some(Phase::Update))
     }
 }
 

@@ -48,7 +48,7 @@ pub fn run(args: BaselineArgs) -> Result<Exit, String> {
     let _ = std::fs::remove_dir_all(&work);
     let size = result?;
     let gate = if command.is_empty() {
-        format!("repro gate --baseline {} (with the same workload options)", out.display())
+        format!("repro gate --baseline {} (its settings are the defaults)", out.display())
     } else {
         format!("repro gate --baseline {} -- {}", out.display(), command.join(" "))
     };

@@ -2,8 +2,8 @@
 
 use super::{print_json, Exit};
 use clap::Args;
-use repro::diff::{diff_traces_within, Tolerance};
-use repro::report::render_diff;
+use repro::diff::{diff_traces_with, DiffOptions, Tolerance};
+use repro::report::{plot_diff, render_diff};
 use repro::trace::TraceReader;
 use std::path::PathBuf;
 
@@ -20,12 +20,24 @@ pub struct DiffArgs {
     /// Print the result as JSON.
     #[arg(long)]
     json: bool,
+    /// Draw the gap between the runs step by step into this SVG file: the largest |a-b| and
+    /// ULP distance (where values were stored) and the number of differing tensors, per tensor
+    /// kind, on log axes, the first divergence marked.
+    #[arg(long, value_name = "FILE.svg")]
+    plot: Option<PathBuf>,
+    /// Also follow this tensor step by step in the plot and the JSON `gaps` (repeatable).
+    #[arg(long, value_name = "NAME")]
+    plot_tensor: Vec<String>,
 }
 
 pub fn run(args: DiffArgs) -> Result<Exit, String> {
     let mut a = TraceReader::open(&args.a).map_err(|e| e.to_string())?;
     let mut b = TraceReader::open(&args.b).map_err(|e| e.to_string())?;
-    let diff = diff_traces_within(&mut a, &mut b, args.tolerance).map_err(|e| e.to_string())?;
+    let options = DiffOptions { tolerance: args.tolerance, track: args.plot_tensor.clone() };
+    let diff = diff_traces_with(&mut a, &mut b, &options).map_err(|e| e.to_string())?;
+    if let Some(path) = &args.plot {
+        super::output::write_plot(path, plot_diff(&diff))?;
+    }
     if args.json {
         let verdict = match (diff.is_identical(), args.tolerance) {
             (false, _) => "diverged",

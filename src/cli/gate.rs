@@ -9,10 +9,40 @@ use repro::diff::{baseline_mismatch, gate_traces, DiffError, GateReference, Gate
 use repro::record::{CAPTURE_ENV, TRACE_DIR_ENV};
 use repro::report::{render_gate, render_gate_junit, render_gate_markdown};
 use repro::trace::{FullCapture, TraceReader};
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+/// `repro gate --baseline FILE` gating a built-in workload takes the baseline's settings as its
+/// defaults: they are inserted before the options given (clap keeps the last of a repeated
+/// option, so those win, and a conflict is refused by the baseline check). Any other command
+/// line, and a baseline that cannot be read (the gate says why), is returned as it is.
+pub fn with_baseline_defaults(argv: Vec<OsString>) -> Vec<OsString> {
+    if argv.get(1).is_none_or(|a| a != "gate") || argv.iter().any(|a| a == "--") {
+        return argv;
+    }
+    let baseline = argv.iter().enumerate().find_map(|(i, a)| {
+        let a = a.to_str()?;
+        match a.strip_prefix("--baseline=") {
+            Some(file) => Some(OsString::from(file)),
+            None if a == "--baseline" => argv.get(i + 1).cloned(),
+            None => None,
+        }
+    });
+    let run = baseline.and_then(|file| TraceReader::open(Path::new(&file)).ok()).map(|r| r.header().run.clone());
+    // A baseline of a user's program has no built-in settings; the gate explains the mismatch.
+    let Some(run) = run.filter(|run| repro::workloads::WORKLOADS.contains(&run.workload.as_str())) else {
+        return argv;
+    };
+    let mut with_defaults = argv[..2].to_vec();
+    with_defaults.extend(super::workload_args::options_for(&run).into_iter().map(OsString::from));
+    with_defaults.extend_from_slice(&argv[2..]);
+    with_defaults
+}
+
 #[derive(Debug, Args)]
+// A repeated option keeps its last value: the baseline's defaults come first (see above).
+#[command(args_override_self = true)]
 pub struct GateArgs {
     /// How many runs to record (default: 2, or 1 with --baseline).
     #[arg(long)]

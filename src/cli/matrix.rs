@@ -3,7 +3,7 @@
 use super::{print_json, Exit};
 use clap::Args;
 use repro::diff::{error_matrices, Metric, StepSelector, Tolerance};
-use repro::report::render_matrix;
+use repro::report::{plot_matrix, render_matrix};
 use std::path::PathBuf;
 
 #[derive(Debug, Args)]
@@ -27,12 +27,18 @@ pub struct MatrixArgs {
     /// Print the matrices as JSON.
     #[arg(long)]
     json: bool,
+    /// Draw the matrices as heat maps (log colour scale) into this SVG file.
+    #[arg(long, value_name = "FILE.svg")]
+    plot: Option<PathBuf>,
 }
 
 pub fn run(args: MatrixArgs) -> Result<Exit, String> {
     let report =
         error_matrices(&args.runs, args.step, &args.tensor, args.metric, args.tolerance).map_err(|e| e.to_string())?;
     let agrees = report.agrees();
+    if let Some(path) = &args.plot {
+        super::output::write_plot(path, plot_matrix(&report))?;
+    }
     if args.json {
         let verdict = match (agrees, args.tolerance) {
             (false, _) => "diverged",

@@ -52,6 +52,12 @@ enum Command {
     GpuCheck(gpu_check::GpuCheckArgs),
 }
 
+/// Parses the process's command line (`repro gate --baseline FILE` takes its defaults from
+/// the baseline).
+pub fn parse() -> Cli {
+    Cli::parse_from(gate::with_baseline_defaults(std::env::args_os().collect()))
+}
+
 /// Runs a parsed command line.
 pub fn run(cli: Cli) -> Exit {
     let result = match cli.command {
@@ -67,6 +73,7 @@ pub fn run(cli: Cli) -> Exit {
         Command::GpuCheck(args) => gpu_check::run(args),
     };
     match result {
+        Ok(_) if output::write_failed() => Exit::Error,
         Ok(exit) => exit,
         Err(message) => {
             eprintln!("error: {message}");

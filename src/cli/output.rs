@@ -3,6 +3,11 @@
 //! the panic `print!` gives on a broken pipe.
 
 use std::io::Write;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// Set when a report could not be written (a full disk, say): the command then exits with
+/// the error code, never with a verdict a truncated report does not back.
+static WRITE_FAILED: AtomicBool = AtomicBool::new(false);
 
 /// Writes `text` to stdout as it is.
 pub fn emit(text: &str) {
@@ -11,11 +16,25 @@ pub fn emit(text: &str) {
     if let Err(e) = result {
         if e.kind() != std::io::ErrorKind::BrokenPipe {
             eprintln!("error: cannot write to stdout: {e}");
+            WRITE_FAILED.store(true, Ordering::Relaxed);
         }
     }
+}
+
+/// Whether some report could not be written to stdout.
+pub fn write_failed() -> bool {
+    WRITE_FAILED.load(Ordering::Relaxed)
 }
 
 /// Writes `text` and a newline to stdout.
 pub fn line(text: &str) {
     emit(&format!("{text}\n"));
+}
+
+/// Writes a chart (`--plot FILE`) and says where on stderr, so that stdout keeps the report.
+pub fn write_plot(path: &std::path::Path, svg: Result<String, String>) -> Result<(), String> {
+    let svg = svg?;
+    std::fs::write(path, svg).map_err(|e| format!("cannot write the plot to {}: {e}", path.display()))?;
+    eprintln!("plot: {}", path.display());
+    Ok(())
 }

@@ -68,14 +68,15 @@ pub struct NoiseArgs {
 
 #[derive(Debug, Args)]
 pub struct DevicesArgs {
-    #[command(flatten)]
-    train: WorkloadArgs,
     /// Devices to train on, compared with the first [default: cpu,cuda:0 in CUDA builds,
     /// cpu,cpu otherwise].
     #[arg(long, value_delimiter = ',')]
     devices: Vec<String>,
     #[command(flatten)]
     output: Output,
+    // What to train: last, so that its help headings come after this command's own options.
+    #[command(flatten)]
+    train: WorkloadArgs,
 }
 
 #[derive(Debug, Args)]

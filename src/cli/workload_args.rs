@@ -37,7 +37,7 @@ pub struct WorkloadArgs {
     #[arg(long, default_value_t = AdderConfig::default().features)]
     pub features: usize,
     /// Learning rate [adder: 0.01 (SGD); Adam: mlp 0.0005, cnn 0.002, resnet18 0.001; gpt: 0.001].
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub lr: Option<f64>,
     /// How the adder writes its reductions: reduce (sums, means) or matmul (matrix products).
     #[arg(long, default_value = "reduce")]
@@ -108,6 +108,31 @@ pub struct ClassifierArgs {
     /// Random image shifts of up to N pixels [cnn: 1, resnet18: 2; 0 turns augmentation off].
     #[arg(long, value_name = "N")]
     pub augment_shift: Option<usize>,
+}
+
+/// The options that reproduce a built-in workload's recorded settings (a baseline's), to serve
+/// as defaults: `--workload gpt --steps 50 --width 128 ...`. A planted perturbation is left out:
+/// a gate's run may differ from its baseline there.
+pub fn options_for(run: &repro::trace::RunConfig) -> Vec<String> {
+    let mut options = vec!["--workload".to_string(), run.workload.clone()];
+    if let Some(steps) = run.steps {
+        options.extend(["--steps".to_string(), steps.to_string()]);
+    }
+    for (key, value) in &run.params {
+        let option = match (key.as_str(), value.as_str()) {
+            ("dtype" | "perturb", _) | ("examples", "all") | ("batch_norm", "false") => continue,
+            ("batch_norm", _) => {
+                options.push("--batch-norm".into());
+                continue;
+            }
+            ("init_seed", _) => "seed",
+            ("dataset_seed", _) => "data_seed",
+            (other, _) => other,
+        };
+        options.push(format!("--{}", option.replace('_', "-")));
+        options.push(value.clone());
+    }
+    options
 }
 
 impl WorkloadArgs {

@@ -1,12 +1,12 @@
 //! The CUDA side of repro's ops: kernels from `kernels/repro.cu`, compiled once per process
 //! with NVRTC and launched on candle's stream, so they order correctly with candle's own work.
 
+use super::device_hash::{Plan, Slot, View, Want};
 use super::Reductions;
-use crate::hash::{finish_tree, ChainingValue, CHUNK_LEN};
 use candle_core::backend::BackendStorage;
-use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, DeviceRepr, LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, DevicePtr, LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::{CudaDevice, WrapErr};
-use candle_core::{CudaStorage, DType, Error, Layout, Result, Storage, Tensor};
+use candle_core::{CudaStorage, DType, Device, Error, Layout, Result, Storage, Tensor};
 use std::sync::OnceLock;
 
 /// Runs `$body` with `$t` bound to the Rust element type of `$dtype` (the dtypes traces hold);
@@ -198,73 +198,17 @@ pub fn expand_rows_f32(storage: &CudaStorage, layout: &Layout, rows: usize) -> R
     Ok(CudaStorage::wrap_cuda_slice(out, dev))
 }
 
-/// Tree levels are merged on the device until at most this many nodes remain.
-const HOST_MERGE_NODES: u64 = 64;
-
-/// BLAKE3 of a contiguous CUDA tensor's element bytes, computed on the device: only the last
-/// few tree nodes (at most 2 KiB) reach the host. `None` when the tensor is not on a CUDA
-/// device, is not contiguous, or fits in one BLAKE3 chunk (then hashing on the host is cheaper).
-pub fn data_hash(tensor: &Tensor) -> Result<Option<[u8; 32]>> {
-    let (storage, layout) = tensor.storage_and_layout();
-    let Storage::Cuda(cuda) = &*storage else {
-        return Ok(None);
+/// The BLAKE3 data hash of a CUDA tensor's canonical bytes (a batch of one; see `DeviceBatch`).
+pub fn data_hash(tensor: &Tensor) -> Result<[u8; 32]> {
+    let Device::Cuda(dev) = tensor.device() else {
+        return Err(Error::Msg("data_hash needs a CUDA tensor".into()));
     };
-    let Some((start, end)) = layout.contiguous_offsets() else {
-        return Ok(None);
-    };
-    let dev = cuda.device().clone();
-    let bytes = |size: usize| ((end - start) * size) as u64;
-    for_dtype!(tensor.dtype(), T => hash_view(&dev, &cuda.as_cuda_slice::<T>()?.slice(start..end), bytes(std::mem::size_of::<T>())), _ => Ok(None))
-}
-
-fn hash_view<T: DeviceRepr>(dev: &CudaDevice, data: &CudaView<'_, T>, bytes: u64) -> Result<Option<[u8; 32]>> {
-    if bytes <= CHUNK_LEN as u64 {
-        return Ok(None);
-    }
-    let (level, nodes) = tree_level(dev, data, bytes)?;
-    let words = dev.clone_dtoh(&level.slice(0..8 * nodes as usize))?;
-    Ok(Some(finish_tree(words_to_chaining_values(&words))))
-}
-
-/// Runs the BLAKE3 kernels over `bytes` (more than one chunk) bytes of `data`, down to a tree
-/// level of at most `HOST_MERGE_NODES` chaining values; returns the level and its node count.
-fn tree_level<T: DeviceRepr>(dev: &CudaDevice, data: &CudaView<'_, T>, bytes: u64) -> Result<(CudaSlice<u32>, u64)> {
-    let mut nodes = bytes.div_ceil(CHUNK_LEN as u64);
-    let mut level: CudaSlice<u32> = unsafe { dev.alloc::<u32>(8 * nodes as usize) }?;
-    {
-        let f = dev.get_or_load_custom_func("blake3_chunks", MODULE, ptx()?)?;
-        let mut b = f.builder();
-        b.arg(data);
-        b.arg(&bytes);
-        b.arg(&mut level);
-        unsafe { b.launch(grid(nodes, 128)) }.w()?;
-    }
-    let parents = dev.get_or_load_custom_func("blake3_parents", MODULE, ptx()?)?;
-    while nodes > HOST_MERGE_NODES {
-        let next_nodes = nodes.div_ceil(2);
-        let mut next: CudaSlice<u32> = unsafe { dev.alloc::<u32>(8 * next_nodes as usize) }?;
-        let mut b = parents.builder();
-        b.arg(&level);
-        b.arg(&nodes);
-        b.arg(&mut next);
-        unsafe { b.launch(grid(next_nodes, 128)) }.w()?;
-        level = next;
-        nodes = next_nodes;
-    }
-    Ok((level, nodes))
-}
-
-fn words_to_chaining_values(words: &[u32]) -> Vec<ChainingValue> {
-    words
-        .chunks_exact(8)
-        .map(|w| {
-            let mut cv = [0u8; 32];
-            for (i, x) in w.iter().enumerate() {
-                cv[4 * i..4 * i + 4].copy_from_slice(&x.to_le_bytes());
-            }
-            cv
-        })
-        .collect()
+    let mut batch = DeviceBatch::new(dev.clone());
+    batch.push(tensor, true, false)?;
+    Ok(match batch.resolve()?.remove(0) {
+        Resolved::DataHash(h) => h,
+        Resolved::Bytes(bytes) => *blake3::hash(&bytes).as_bytes(),
+    })
 }
 
 /// What a queued tensor resolves to.
@@ -276,28 +220,27 @@ pub enum Resolved {
     DataHash([u8; 32]),
 }
 
-enum Queued {
-    /// A copy of a tensor's bytes, taken when it was queued: the tensor itself may be
-    /// overwritten in place later in the step (`Var::set` does that to parameters).
-    Bytes(CudaSlice<u8>),
-    /// A tensor without elements.
-    Empty,
-    /// The last tree level of a tensor hashed on the device.
-    Tree { level: CudaSlice<u32>, nodes: u64 },
-}
-
-/// One step's device-side recording work: tensors to copy and tensors to hash, gathered into
-/// one buffer and brought to the host with a single copy (one synchronization per step, not
-/// one per tensor).
+/// One step's device-side recording work. Tensors are queued as they are recorded and read
+/// when the batch is flushed: every view is hashed (or copied, where the host keeps values) by
+/// the batched kernels of `device_hash`, a handful of launches per flush whatever the number of
+/// tensors, and all results reach the host in one copy per flush when the batch resolves.
+///
+/// A queued tensor is kept alive and read through its strides, without a copy, when the batch
+/// is flushed; a tensor that will change in place before that (a variable an optimizer will
+/// update, `Var::set`) is queued with `snapshot`, which copies it on the device at once.
 pub struct DeviceBatch {
     dev: CudaDevice,
-    queued: Vec<Queued>,
+    /// Queued since the last flush: each tensor and what the host wants of it.
+    pending: Vec<(Tensor, Want)>,
+    /// Flushed: the kernels' output buffers, the slots of their tensors, and the tensors,
+    /// kept alive until every kernel that reads them has run.
+    flushed: Vec<(CudaSlice<u8>, Vec<Slot>, Vec<Tensor>)>,
 }
 
 impl DeviceBatch {
     /// An empty batch on `dev`.
     pub fn new(dev: CudaDevice) -> Self {
-        DeviceBatch { dev, queued: Vec::new() }
+        DeviceBatch { dev, pending: Vec::new(), flushed: Vec::new() }
     }
 
     /// The device the batch belongs to.
@@ -305,101 +248,101 @@ impl DeviceBatch {
         &self.dev
     }
 
-    /// Queues a CUDA tensor. With `hash` (and more than one BLAKE3 chunk of data), its data
-    /// hash is computed on the device; otherwise its bytes are copied. Returns the ticket of
-    /// its result in `resolve`.
-    pub fn push(&mut self, tensor: &Tensor, hash: bool) -> Result<usize> {
-        let tensor = if tensor.is_contiguous() { tensor.clone() } else { tensor.contiguous()? };
-        let len = tensor.elem_count() * tensor.dtype().size_in_bytes();
-        let queued = if hash && len > CHUNK_LEN {
-            let (storage, layout) = tensor.storage_and_layout();
-            let Storage::Cuda(cuda) = &*storage else {
-                return Err(Error::Msg("DeviceBatch needs CUDA tensors".into()));
-            };
-            let (start, end) = layout.contiguous_offsets().expect("made contiguous above");
-            let (level, nodes) = for_dtype!(
-                tensor.dtype(),
-                T => tree_level(&self.dev, &cuda.as_cuda_slice::<T>()?.slice(start..end), len as u64)?,
-                other => return Err(Error::Msg(format!("cannot hash {other:?} on the device")))
-            );
-            Queued::Tree { level, nodes }
-        } else if len == 0 {
-            Queued::Empty
-        } else {
-            Queued::Bytes(self.copy_bytes(&tensor, len)?)
-        };
-        self.queued.push(queued);
-        Ok(self.queued.len() - 1)
+    /// Queues a CUDA tensor: its data hash when `hash`, otherwise its bytes; copied now when
+    /// `snapshot`. Returns the ticket of its result in `resolve`.
+    pub fn push(&mut self, tensor: &Tensor, hash: bool, snapshot: bool) -> Result<usize> {
+        // `copy` makes new storage that the tensor's later in-place update cannot reach.
+        let tensor = if snapshot { tensor.copy()? } else { tensor.clone() };
+        let tickets = self.flushed.iter().map(|(_, slots, _)| slots.len()).sum::<usize>() + self.pending.len();
+        self.pending.push((tensor, if hash { Want::Hash } else { Want::Bytes }));
+        Ok(tickets)
     }
 
-    /// A device copy of a contiguous tensor's `len` bytes, ordered on the stream before
-    /// anything that later overwrites the tensor.
-    fn copy_bytes(&self, tensor: &Tensor, len: usize) -> Result<CudaSlice<u8>> {
-        let mut copy: CudaSlice<u8> = unsafe { self.dev.alloc::<u8>(len) }?;
-        let (storage, layout) = tensor.storage_and_layout();
-        let Storage::Cuda(cuda) = &*storage else { return Err(Error::Msg("DeviceBatch needs CUDA tensors".into())) };
-        let (start, end) = layout.contiguous_offsets().expect("queued contiguous");
-        for_dtype!(
-            tensor.dtype(),
-            T => {
-                let view = cuda.as_cuda_slice::<T>()?.slice(start..end);
-                let src = unsafe { view.transmute::<u8>(len) }.expect("view holds its bytes");
-                self.dev.memcpy_dtod(&src, &mut copy)?
-            },
-            other => return Err(Error::Msg(format!("cannot copy {other:?} from the device")))
-        );
-        Ok(copy)
-    }
-
-    /// Gathers everything queued into one device buffer, copies it to the host once, and
-    /// returns the results in ticket order.
-    pub fn resolve(self) -> Result<Vec<Resolved>> {
-        let sizes: Vec<usize> = self
-            .queued
-            .iter()
-            .map(|q| match q {
-                Queued::Bytes(copy) => copy.len(),
-                Queued::Empty => 0,
-                Queued::Tree { nodes, .. } => 32 * *nodes as usize,
-            })
-            .collect();
-        let total: usize = sizes.iter().sum();
-        if total == 0 {
-            return Ok(sizes.iter().map(|_| Resolved::Bytes(Vec::new())).collect());
+    /// Launches the kernels over everything queued since the last flush, on candle's stream:
+    /// they read the tensors before anything launched later can change them.
+    pub fn flush(&mut self) -> Result<()> {
+        if self.pending.is_empty() {
+            return Ok(());
         }
-        let mut staging: CudaSlice<u8> = unsafe { self.dev.alloc::<u8>(total) }?;
-        let mut offset = 0;
-        for (q, &size) in self.queued.iter().zip(&sizes) {
-            if size > 0 {
-                let mut dst = staging.slice_mut(offset..offset + size);
-                match q {
-                    Queued::Tree { level, .. } => {
-                        let src = unsafe { level.transmute::<u8>(size) }.expect("level holds its nodes");
-                        self.dev.memcpy_dtod(&src, &mut dst)?;
-                    }
-                    Queued::Bytes(copy) => self.dev.memcpy_dtod(copy, &mut dst)?,
-                    Queued::Empty => {}
-                }
+        // Views with more dimensions than the kernels take are made contiguous first.
+        let mut tensors = Vec::with_capacity(self.pending.len());
+        let mut views = Vec::with_capacity(self.pending.len());
+        for (tensor, want) in std::mem::take(&mut self.pending) {
+            let tensor = if view_of(&tensor, &self.dev)?.fits() { tensor } else { tensor.contiguous()? };
+            views.push((view_of(&tensor, &self.dev)?, want));
+            tensors.push(tensor);
+        }
+        let plan = Plan::new(&views).expect("every view fits after the contiguous copies above");
+        let table = self.dev.clone_htod(&plan.table)?;
+        let words = |r: &std::ops::Range<usize>| table.slice(r.clone());
+        let mut out: CudaSlice<u8> = unsafe { self.dev.alloc::<u8>(plan.out_len.max(1)) }?;
+        if let Some(chunks) = &plan.chunks {
+            let mut nodes: CudaSlice<u32> = unsafe { self.dev.alloc::<u32>(8 * plan.nodes as usize) }?;
+            let (views, prefix) = (words(&chunks.views), words(&chunks.prefix));
+            let f = self.dev.get_or_load_custom_func("hash_chunks", MODULE, ptx()?)?;
+            let mut b = f.builder();
+            b.arg(&views).arg(&prefix).arg(&chunks.count).arg(&mut nodes);
+            unsafe { b.launch(grid(chunks.items, 128)) }.w()?;
+            let f = self.dev.get_or_load_custom_func("hash_parents", MODULE, ptx()?)?;
+            for level in &plan.levels {
+                let (rows, prefix) = (words(&level.rows), words(&level.prefix));
+                let mut b = f.builder();
+                b.arg(&rows).arg(&prefix).arg(&level.views).arg(&mut nodes);
+                unsafe { b.launch(grid(level.outputs, 128)) }.w()?;
             }
-            offset += size;
+            let (roots, count) = (words(&plan.roots), plan.roots.len() as u64);
+            let f = self.dev.get_or_load_custom_func("hash_roots", MODULE, ptx()?)?;
+            let mut b = f.builder();
+            b.arg(&roots).arg(&count).arg(&nodes).arg(&mut out);
+            unsafe { b.launch(grid(count, 128)) }.w()?;
         }
-        let host = self.dev.clone_dtoh(&staging)?;
-        let mut out = Vec::with_capacity(sizes.len());
-        let mut offset = 0;
-        for (q, size) in self.queued.iter().zip(sizes) {
-            let part = &host[offset..offset + size];
-            offset += size;
-            out.push(match q {
-                Queued::Bytes(_) | Queued::Empty => Resolved::Bytes(part.to_vec()),
-                Queued::Tree { .. } => {
-                    let words: Vec<u32> =
-                        part.chunks_exact(4).map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes"))).collect();
-                    Resolved::DataHash(finish_tree(words_to_chaining_values(&words)))
-                }
-            });
+        if let Some(copy) = &plan.copy {
+            let (views, prefix, out_at) = (words(&copy.views), words(&copy.prefix), words(&plan.copy_out));
+            let f = self.dev.get_or_load_custom_func("copy_views", MODULE, ptx()?)?;
+            let mut b = f.builder();
+            b.arg(&views).arg(&prefix).arg(&out_at).arg(&copy.count).arg(&mut out);
+            unsafe { b.launch(grid(copy.items, 256)) }.w()?;
         }
-        Ok(out)
+        self.flushed.push((out, plan.slots, tensors));
+        Ok(())
     }
+
+    /// Flushes, copies every output to the host, and returns the results in ticket order.
+    pub fn resolve(mut self) -> Result<Vec<Resolved>> {
+        self.flush()?;
+        let mut results = Vec::new();
+        for (out, slots, tensors) in self.flushed {
+            let host = self.dev.clone_dtoh(&out)?;
+            drop(tensors);
+            results.extend(slots.iter().map(|slot| match slot {
+                Slot::Hash(r) => Resolved::DataHash(host[r.clone()].try_into().expect("32 bytes")),
+                Slot::Bytes(r) => Resolved::Bytes(host[r.clone()].to_vec()),
+            }));
+        }
+        Ok(results)
+    }
+}
+
+/// The kernels' view of a CUDA tensor: the device address of its first element, its element
+/// size, dims and strides.
+fn view_of(tensor: &Tensor, dev: &CudaDevice) -> Result<View> {
+    let (storage, layout) = tensor.storage_and_layout();
+    let Storage::Cuda(cuda) = &*storage else {
+        return Err(Error::Msg("DeviceBatch needs CUDA tensors".into()));
+    };
+    let stream = dev.cuda_stream();
+    let base = for_dtype!(
+        tensor.dtype(),
+        T => cuda.as_cuda_slice::<T>()?.device_ptr(&stream).0,
+        other => return Err(Error::Msg(format!("cannot hash {other:?} on the device")))
+    );
+    let elem_size = tensor.dtype().size_in_bytes() as u64;
+    Ok(View {
+        address: base + layout.start_offset() as u64 * elem_size,
+        elem_size,
+        dims: layout.dims().to_vec(),
+        strides: layout.stride().to_vec(),
+    })
 }
 
 /// Reads every byte of a contiguous F32 tensor once on the device (no output): the yardstick

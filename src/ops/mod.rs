@@ -6,5 +6,7 @@ mod reduce;
 
 #[cfg(feature = "cuda")]
 pub mod cuda;
+#[cfg(any(feature = "cuda", test))]
+pub mod device_hash;
 
 pub use reduce::{expand, expand_rows, sum_all, sum_rows, Reductions};

@@ -29,7 +29,7 @@ use crate::trace::{
     CapturePolicy, Header, Phase, RunConfig, StepCheck, StepTensor, StepVerdict, TensorKind, TensorRecord, TraceWriter,
     CURRENT_FORMAT,
 };
-use candle_core::{Device, Tensor};
+use candle_core::{Device, Tensor, Var};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
@@ -300,7 +300,24 @@ impl StepRecorder<'_> {
         inputs: &[&str],
         tensor: &Tensor,
     ) -> Result<(), RecordError> {
-        self.push(name, kind, phase, inputs, None, tensor)
+        self.push(name, kind, phase, inputs, None, tensor, tensor.is_variable())
+    }
+
+    /// Records variables (a model's parameters) under their names, each `NAME{suffix}`, and
+    /// reads them on the device before returning, so an optimizer may update them in place
+    /// right after. Cheaper on a GPU than `record` for each, which must copy a variable there
+    /// in case it changes before the step ends.
+    pub fn record_variables<'v>(
+        &mut self,
+        vars: impl IntoIterator<Item = (&'v str, &'v Var)>,
+        suffix: &str,
+        kind: TensorKind,
+        phase: Option<Phase>,
+    ) -> Result<(), RecordError> {
+        for (name, var) in vars {
+            self.push(&format!("{name}{suffix}"), kind, phase, &[], None, var.as_tensor(), false)?;
+        }
+        self.device.flush()
     }
 
     /// Records a node of an automatically captured graph at `position` of its topological
@@ -312,7 +329,7 @@ impl StepRecorder<'_> {
         position: u64,
         tensor: &Tensor,
     ) -> Result<(), RecordError> {
-        self.push(name, kind, Some(Phase::Forward), &[], Some(position), tensor)
+        self.push(name, kind, Some(Phase::Forward), &[], Some(position), tensor, tensor.is_variable())
     }
 
     /// Notes trainable parameters that received no gradient at this step; the trace lists them.
@@ -320,6 +337,8 @@ impl StepRecorder<'_> {
         self.recorder.no_gradient.entry(self.step).or_default().extend(names);
     }
 
+    // One private entry point behind every public recording call, which each fix some of these.
+    #[allow(clippy::too_many_arguments)]
     fn push(
         &mut self,
         name: &str,
@@ -328,6 +347,7 @@ impl StepRecorder<'_> {
         inputs: &[&str],
         node: Option<u64>,
         tensor: &Tensor,
+        snapshot: bool,
     ) -> Result<(), RecordError> {
         if self.recorder.writer.is_none() {
             return Ok(());
@@ -344,7 +364,7 @@ impl StepRecorder<'_> {
         // GPU tensors are queued: hash-only ones are hashed on the device, and everything
         // reaches the host in one copy when the step finishes.
         let hash_on_device = !keep_values && byte_len > CHUNK_LEN as u64;
-        let deferred = self.device.push(tensor, hash_on_device)?;
+        let deferred = self.device.push(tensor, hash_on_device, snapshot)?;
         let (hash, inline, payload) = match deferred {
             Some(_) => (TensorHash([0; 32]), None, None),
             None => with_canonical_bytes(tensor, |bytes| {

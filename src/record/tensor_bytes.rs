@@ -35,9 +35,9 @@ pub enum DeviceResult {
     DataHash([u8; 32]),
 }
 
-/// Tensors of one step that live on a GPU, queued so that their hashes (computed on the
-/// device) and the values that must be stored reach the host in one copy at the end of the
-/// step. On CPU-only builds, and for CPU tensors, nothing is queued.
+/// Tensors of one step that live on a GPU, queued so that they are hashed on the device in a
+/// few batched launches and their hashes (and the values that must be stored) reach the host
+/// together at the end of the step. On CPU-only builds, and for CPU tensors, nothing is queued.
 #[derive(Default)]
 pub struct DeviceQueue {
     #[cfg(feature = "cuda")]
@@ -46,8 +46,10 @@ pub struct DeviceQueue {
 
 impl DeviceQueue {
     /// Queues `tensor` if it lives on a GPU: its data hash when `hash` (values not needed),
-    /// otherwise its bytes. Returns a ticket for `resolve`, or `None` for a CPU tensor.
-    pub fn push(&mut self, tensor: &Tensor, hash: bool) -> Result<Option<usize>, RecordError> {
+    /// otherwise its bytes; with `snapshot`, a device copy of it taken now (for a tensor that
+    /// changes in place before the queue is flushed). Returns a ticket for `resolve`, or `None`
+    /// for a CPU tensor.
+    pub fn push(&mut self, tensor: &Tensor, hash: bool, snapshot: bool) -> Result<Option<usize>, RecordError> {
         #[cfg(feature = "cuda")]
         if let Device::Cuda(dev) = tensor.device() {
             let batch = self.batch.get_or_insert_with(|| crate::ops::cuda::DeviceBatch::new(dev.clone()));
@@ -56,10 +58,20 @@ impl DeviceQueue {
                     "recording tensors of one step from several GPUs is not supported yet".into(),
                 ));
             }
-            return Ok(Some(batch.push(tensor, hash)?));
+            return Ok(Some(batch.push(tensor, hash, snapshot)?));
         }
-        let _ = (tensor, hash);
+        let _ = (tensor, hash, snapshot);
         Ok(None)
+    }
+
+    /// Reads everything queued so far on the device (launches the hashing and copy kernels);
+    /// the results stay there until `resolve`.
+    pub fn flush(&mut self) -> Result<(), RecordError> {
+        #[cfg(feature = "cuda")]
+        if let Some(batch) = self.batch.as_mut() {
+            batch.flush()?;
+        }
+        Ok(())
     }
 
     /// Brings every queued result to the host, in ticket order.

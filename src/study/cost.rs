@@ -31,6 +31,9 @@ pub fn run_cost(
     for c in configs {
         c.validate()?;
     }
+    if steps == 0 || rounds == 0 {
+        return Err(StudyError::Invalid("the cost study needs --steps and --rounds of at least 1".into()));
+    }
     let settings = serde_json::json!({
         "runs": configs.iter().map(|c| c.run_config()).collect::<Vec<_>>(),
         "device": device_label,

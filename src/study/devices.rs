@@ -38,11 +38,12 @@ pub fn run_devices(
         "workload": config.model.workload_name(),
         "devices": devices,
     });
+    // Opened before the study directory exists: an unavailable device leaves nothing behind.
+    let opened = devices.iter().map(|label| open_device(label)).collect::<Result<Vec<_>, _>>()?;
     let dir = StudyDir::open(&out.dir, "devices", &settings, out.restart)?;
     let data = Dataset::load(config.dataset, config.dataset_seed, config.examples).map_err(StudyError::Invalid)?;
     let steps = config.total_steps(data.train.len());
     let capture = CapturePolicy { full: FullCapture::Steps(sampled_steps(steps)), inline_max_bytes: 4096 };
-    let opened = devices.iter().map(|label| open_device(label)).collect::<Result<Vec<_>, _>>()?;
     let mut runs = Vec::new();
     let mut states = Vec::new();
     for (i, (label, device)) in devices.iter().zip(&opened).enumerate() {

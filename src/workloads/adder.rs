@@ -186,6 +186,9 @@ impl AdderConfig {
         if self.batch == 0 || self.features == 0 || self.steps == 0 {
             return Err(RecordError::Unsupported("the adder needs --steps, --batch and --features above 0".into()));
         }
+        if !(self.lr.is_finite() && self.lr > 0.0) {
+            return Err(RecordError::Unsupported(format!("--lr must be a positive number, not {}", self.lr)));
+        }
         if self.formulation == Formulation::Matmul && self.reductions != Reductions::Candle {
             return Err(RecordError::Unsupported(format!(
                 "--reductions {} has no effect with --formulation matmul, which has no reductions; use --formulation reduce",
@@ -230,6 +233,8 @@ impl AdderConfig {
         for step in 0..self.steps {
             let (x, y) = self.batch_data(step, device)?;
             let mut s = recorder.step(step);
+            // A planted fault in the data: training sees, and the trace records, the moved value.
+            let (x, y) = (s.perturbed("x", &x)?, s.perturbed("y", &y)?);
             s.record_as("x", TensorKind::Input, Some(Phase::Forward), &[], &x)?;
             s.record_as("y", TensorKind::Input, Some(Phase::Forward), &[], &y)?;
             for (name, var) in [("weight", &w), ("bias", &b)] {

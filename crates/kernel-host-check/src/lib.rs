@@ -1,70 +1,69 @@
-//! The BLAKE3 device functions of `kernels/repro.cu`, compiled for the host (see `build.rs`), so
-//! that the GPU hash can be checked against `repro_trace::hash` on a machine without a GPU.
+//! The hashing device functions of `kernels/repro.cu`, compiled for the host (see `build.rs`),
+//! so that the batched GPU hash can be checked against BLAKE3 on a machine without a GPU. Each
+//! function runs one kernel pass over the tables of a plan (`repro::ops::device_hash`), with
+//! host addresses in place of device addresses.
 //!
-//! Test-only: no other crate depends on this one, and the `repro` binary never links it.
-
-/// A BLAKE3 chaining value as the kernels compute it: eight little-endian words.
-pub type Words = [u32; 8];
+//! Test-only: only test builds depend on this crate; the `repro` binary never links it.
 
 extern "C" {
-    fn repro_host_chunk_cv(p: *const u8, len: u32, index: u64, out: *mut u32);
-    fn repro_host_parent_cv(left: *const u32, right: *const u32, out: *mut u32);
+    fn repro_host_hash_chunks(views: *const u64, prefix: *const u64, n: u64, cvs: *mut u32);
+    fn repro_host_hash_parents(rows: *const u64, prefix: *const u64, n: u64, nodes: *mut u32);
+    fn repro_host_hash_roots(roots: *const u64, n: u64, nodes: *const u32, hashes: *mut u32);
+    fn repro_host_copy_views(views: *const u64, prefix: *const u64, out_at: *const u64, n: u64, out: *mut u8);
 }
 
-/// The kernels' chaining value of chunk number `index` (at most 1024 bytes).
-pub fn chunk_cv(chunk: &[u8], index: u64) -> Words {
-    assert!(chunk.len() <= 1024, "a BLAKE3 chunk holds at most 1024 bytes");
-    let mut out = [0u32; 8];
-    // SAFETY: `chunk` is valid for `chunk.len()` bytes and `out` for the 8 words written.
-    unsafe { repro_host_chunk_cv(chunk.as_ptr(), chunk.len() as u32, index, out.as_mut_ptr()) };
-    out
+/// Work items of a pass: the last entry of its prefix table, after checking the table's size.
+fn items(prefix: &[u64], rows: usize, row_words: usize) -> u64 {
+    assert_eq!(rows, row_words * (prefix.len() - 1), "one table row per prefix entry");
+    *prefix.last().expect("a prefix table starts with 0")
 }
 
-/// The kernels' non-root parent of two chaining values.
-pub fn parent_cv(left: &Words, right: &Words) -> Words {
-    let mut out = [0u32; 8];
-    // SAFETY: each pointer is valid for the 8 words the C function reads or writes.
-    unsafe { repro_host_parent_cv(left.as_ptr(), right.as_ptr(), out.as_mut_ptr()) };
-    out
+/// The chunk pass: chaining value of every chunk of every view (`VIEW_WORDS` words each in
+/// `views`) into `cvs`, 8 words per chunk. The views' addresses must be valid host memory.
+pub fn hash_chunks(views: &[u64], prefix: &[u64], cvs: &mut [u32]) {
+    let chunks = items(prefix, views.len(), 21);
+    assert!(cvs.len() as u64 >= 8 * chunks, "room for every chunk's chaining value");
+    // SAFETY: the tables are as long as the checks above require; the views' addresses point
+    // into memory the caller keeps alive, as the function's contract says.
+    unsafe { repro_host_hash_chunks(views.as_ptr(), prefix.as_ptr(), prefix.len() as u64 - 1, cvs.as_mut_ptr()) }
 }
 
-/// The chaining value as the 32 bytes `repro_trace::hash` works with.
-pub fn to_bytes(words: &Words) -> [u8; 32] {
-    let mut out = [0u8; 32];
-    for (i, x) in words.iter().enumerate() {
-        out[4 * i..4 * i + 4].copy_from_slice(&x.to_le_bytes());
+/// One tree level: rows of (first input, inputs, first output) over `nodes`.
+pub fn hash_parents(rows: &[u64], prefix: &[u64], nodes: &mut [u32]) {
+    items(prefix, rows.len(), 3);
+    for row in rows.chunks(3) {
+        let end = (row[2] + row[1].div_ceil(2)).max(row[0] + row[1]);
+        assert!(nodes.len() as u64 >= 8 * end, "the level's nodes lie inside the node buffer");
     }
-    out
+    // SAFETY: every node a row reads or writes lies inside `nodes` (checked above).
+    unsafe { repro_host_hash_parents(rows.as_ptr(), prefix.as_ptr(), prefix.len() as u64 - 1, nodes.as_mut_ptr()) }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use repro_trace::hash::{chunk_chaining_value, finish_tree, ChainingValue, CHUNK_LEN};
+/// The roots: view k's hash from the two nodes at `roots[k]`, as 8 words into `hashes`.
+pub fn hash_roots(roots: &[u64], nodes: &[u32], hashes: &mut [u32]) {
+    assert!(roots.iter().all(|&r| nodes.len() as u64 >= 8 * (r + 2)), "each root's two nodes exist");
+    assert!(hashes.len() >= 8 * roots.len(), "room for every hash");
+    // SAFETY: bounds checked above.
+    unsafe { repro_host_hash_roots(roots.as_ptr(), roots.len() as u64, nodes.as_ptr(), hashes.as_mut_ptr()) }
+}
 
-    /// The device kernels' BLAKE3 code must agree with the blake3 crate chunk by chunk and
-    /// parent by parent, and finishing on the host from the device's level gives BLAKE3's hash.
-    #[test]
-    fn kernel_blake3_matches_reference() {
-        for len in [1025usize, 1088, 2047, 2048, 3 * 1024 + 63, 9 * 1024 + 64, 100_000] {
-            let bytes: Vec<u8> = (0..len).map(|i| (i * 7 + (i >> 8)) as u8).collect();
-            let mut words: Vec<Words> = Vec::new();
-            for (i, chunk) in bytes.chunks(CHUNK_LEN).enumerate() {
-                let cv = chunk_cv(chunk, i as u64);
-                assert_eq!(to_bytes(&cv), chunk_chaining_value(chunk, i as u64), "len {len}, chunk {i}");
-                words.push(cv);
-            }
-            // One parent level the way the device merges it, then the host finishes.
-            let parents: Vec<ChainingValue> = words
-                .chunks(2)
-                .map(|p| if p.len() == 1 { to_bytes(&p[0]) } else { to_bytes(&parent_cv(&p[0], &p[1])) })
-                .collect();
-            let root = if parents.len() >= 2 {
-                finish_tree(parents)
-            } else {
-                finish_tree(words.iter().map(to_bytes).collect())
-            };
-            assert_eq!(root, *blake3::hash(&bytes).as_bytes(), "len {len}");
-        }
+/// The copy pass: every element of every view, row-major, at byte `out_at[k]` of `out`.
+pub fn copy_views(views: &[u64], prefix: &[u64], out_at: &[u64], out: &mut [u8]) {
+    items(prefix, views.len(), 21);
+    assert_eq!(out_at.len(), prefix.len() - 1, "one output offset per view");
+    for (k, at) in out_at.iter().enumerate() {
+        let bytes = (prefix[k + 1] - prefix[k]) * views[21 * k + 1];
+        assert!(out.len() as u64 >= at + bytes, "view {k}'s bytes fit the output");
+    }
+    // SAFETY: the tables are consistent and every write lies inside `out` (checked above); the
+    // views' addresses point into memory the caller keeps alive.
+    unsafe {
+        repro_host_copy_views(
+            views.as_ptr(),
+            prefix.as_ptr(),
+            out_at.as_ptr(),
+            prefix.len() as u64 - 1,
+            out.as_mut_ptr(),
+        )
     }
 }

@@ -15,7 +15,7 @@ pub enum DiffError {
     Usage(String),
     /// A gate's baseline was written for other run settings than the run gated against it.
     #[error(
-        "{} was written for another configuration ({}); rewrite it with `repro baseline write` or gate the same settings",
+        "{} was written for another configuration ({}); leave out the options that differ (the baseline's settings are the gate's defaults) or rewrite it with `repro baseline write`",
         baseline.display(),
         describe_fields(fields)
     )]

@@ -30,6 +30,6 @@ pub use online::{OnlineDivergence, ReferenceCheck};
 pub use root_cause::{CauseRule, Consequence, RootCause};
 pub use tolerance::Tolerance;
 pub use traces::{
-    config_differences, diff_traces, diff_traces_within, header_differences, FieldDifference, StepMetrics,
-    StructuralDifference, TensorHistory, TraceDiff, TraceSide,
+    config_differences, diff_traces, diff_traces_with, diff_traces_within, header_differences, DiffOptions,
+    FieldDifference, GapPoint, GapSeries, StepMetrics, StructuralDifference, TensorHistory, TraceDiff, TraceSide,
 };

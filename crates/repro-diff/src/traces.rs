@@ -57,6 +57,40 @@ pub struct TraceDiff {
     /// (step, tensor) pairs whose hashes differ where a trace stored no values: a tolerance
     /// cannot judge them, so they count as divergences (record with `--capture all`).
     pub hash_only_differences: u64,
+    /// The gap between the runs step by step: one series per tensor kind, then one per tensor
+    /// asked for by name (`DiffOptions::track`).
+    pub gaps: Vec<GapSeries>,
+}
+
+/// What a comparison does beyond the bit-exact default.
+#[derive(Debug, Clone, Default)]
+pub struct DiffOptions {
+    /// Differences no larger than this count as agreeing.
+    pub tolerance: Option<Tolerance>,
+    /// Tensors whose gap to follow step by step, by name, besides every kind.
+    pub track: Vec<String>,
+}
+
+/// The gap between two runs over the steps, for one tensor kind or one named tensor.
+#[derive(Debug, Clone, Serialize)]
+pub struct GapSeries {
+    /// `kind:weight`, `kind:gradient`, ... or `tensor:NAME`.
+    pub label: String,
+    /// One point per step at which some tensor of the series differs, in step order.
+    pub points: Vec<GapPoint>,
+}
+
+/// How far apart the runs are at one step, over the tensors of a series.
+#[derive(Debug, Clone, Serialize)]
+pub struct GapPoint {
+    /// The step.
+    pub step: u64,
+    /// Tensors whose bits differ (from hashes, so known at every step).
+    pub differing: u64,
+    /// Largest |a - b| among those whose values both traces stored (`None`: hashes only).
+    pub max_abs: Option<f64>,
+    /// Largest ULP distance among those.
+    pub max_ulp: Option<u64>,
 }
 
 impl TraceDiff {
@@ -202,7 +236,20 @@ pub fn diff_traces_within(
     b: &mut TraceReader,
     tolerance: Option<Tolerance>,
 ) -> Result<TraceDiff, TraceError> {
+    diff_traces_with(a, b, &DiffOptions { tolerance, ..DiffOptions::default() })
+}
+
+/// `diff_traces` with options: a tolerance, and tensors whose gap to follow by name.
+pub fn diff_traces_with(
+    a: &mut TraceReader,
+    b: &mut TraceReader,
+    options: &DiffOptions,
+) -> Result<TraceDiff, TraceError> {
+    let tolerance = options.tolerance;
     let mut state = DiffState { tolerance, ..DiffState::default() };
+    for name in &options.track {
+        state.gaps.insert(format!("tensor:{name}"), Vec::new());
+    }
     let (config_differences, environment_differences) = header_differences(a.header(), b.header());
     let (mut missing_a, mut missing_b) = (MissingGradients::default(), MissingGradients::default());
     let mut read_a = |r: &mut TraceReader| -> Result<Option<StepRecord>, TraceError> {
@@ -261,7 +308,17 @@ pub fn diff_traces_within(
         tensors: state.histories.into_iter().map(HistoryBuilder::finish).collect(),
         first_divergence_by_kind: state.by_kind,
         structure: state.structure,
+        gaps: gap_series(state.gaps),
     })
+}
+
+/// The series in a fixed order: kinds first (by kind), then tracked tensors as asked.
+fn gap_series(gaps: BTreeMap<String, Vec<GapPoint>>) -> Vec<GapSeries> {
+    let (mut kinds, mut tensors): (Vec<_>, Vec<_>) =
+        gaps.into_iter().partition(|(label, _)| label.starts_with("kind:"));
+    kinds.sort_by_key(|(label, _)| label.clone());
+    tensors.sort_by_key(|(label, _)| label.clone());
+    kinds.into_iter().chain(tensors).map(|(label, points)| GapSeries { label, points }).collect()
 }
 
 /// What makes a comparison meaningless, said before anyone trusts its verdict.
@@ -373,6 +430,9 @@ struct DiffState {
     within: u64,
     largest_within: Option<Divergence>,
     hash_only: u64,
+    /// Step-by-step gaps by series label (`kind:...` for every kind seen, `tensor:...` for
+    /// the tensors tracked, inserted up front).
+    gaps: BTreeMap<String, Vec<GapPoint>>,
 }
 
 struct HistoryBuilder {
@@ -381,6 +441,20 @@ struct HistoryBuilder {
 }
 
 impl DiffState {
+    /// Adds one differing tensor to the series `label` at `step`.
+    fn gap(&mut self, label: String, step: u64, metrics: Option<TensorMetrics>) {
+        let points = self.gaps.entry(label).or_default();
+        if points.last().is_none_or(|p| p.step != step) {
+            points.push(GapPoint { step, differing: 0, max_abs: None, max_ulp: None });
+        }
+        let point = points.last_mut().expect("pushed above");
+        point.differing += 1;
+        if let Some(m) = metrics {
+            point.max_abs = Some(point.max_abs.map_or(m.max_abs, |x| x.max(m.max_abs)));
+            point.max_ulp = Some(point.max_ulp.map_or(m.max_ulp, |x| x.max(m.max_ulp)));
+        }
+    }
+
     /// Notes a difference that the tolerance allows, keeping the largest (by ULP).
     fn within_tolerance(&mut self, t: &TensorRecord, step: u64, m: TensorMetrics) {
         self.within += 1;
@@ -440,6 +514,11 @@ impl DiffState {
                 (Some(va), Some(vb)) => Some(compare(ta.dtype, va.bytes, vb.bytes)),
                 _ => None,
             };
+            self.gap(format!("kind:{}", ta.kind), sa.step, metrics);
+            let tracked = format!("tensor:{}", ta.name);
+            if self.gaps.contains_key(&tracked) {
+                self.gap(tracked, sa.step, metrics);
+            }
             if let Some(tolerance) = self.tolerance {
                 match metrics {
                     Some(m) if tolerance.allows(&m) => {

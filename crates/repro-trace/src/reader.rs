@@ -260,6 +260,14 @@ impl TraceReader {
                 });
             }
         }
+        // A FIFO or device file in its place would block or read forever.
+        if !fs::symlink_metadata(&path).map_err(TraceError::io(&path))?.file_type().is_file() {
+            return Err(TraceError::Corrupt {
+                path,
+                location: format!("step {step}"),
+                reason: "the payload is not a regular file".into(),
+            });
+        }
         let file = File::open(&path).map_err(TraceError::io(&path))?;
         // SAFETY: the map is only read. A file truncated by another process while mapped can
         // fault; traces are written once and renamed into place, never rewritten.
@@ -504,6 +512,17 @@ mod tests {
         std::os::unix::fs::symlink(outside.path(), dir.path().join("tensors")).unwrap();
         let err = read_all(dir.path()).unwrap_err().to_string();
         assert!(err.contains("must not be symbolic links"), "{err}");
+
+        // A FIFO where the payload should be is refused, not opened (which would block forever).
+        let dir =
+            trace_with(&[header(), step_with(tensor(vec![2], None, true), Some("tensors/step-00000000.safetensors"))]);
+        fs::create_dir_all(dir.path().join("tensors")).unwrap();
+        let fifo =
+            std::ffi::CString::new(dir.path().join("tensors/step-00000000.safetensors").to_str().unwrap()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+        let err = read_all(dir.path()).unwrap_err().to_string();
+        assert!(err.contains("not a regular file"), "{err}");
     }
 
     #[test]

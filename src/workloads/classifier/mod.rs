@@ -146,6 +146,9 @@ impl ClassifierConfig {
         if self.batch == 0 || self.epochs == 0 || self.max_steps == Some(0) {
             return bad(format!("{} needs --batch, --epochs and --steps above 0", self.model));
         }
+        if !(self.lr.is_finite() && self.lr > 0.0) {
+            return bad(format!("--lr must be a positive number, not {}", self.lr));
+        }
         if self.model != ModelKind::Mlp && !self.dataset.is_image() {
             return bad(format!("{} trains on images: use --dataset digits or cifar-synthetic", self.model));
         }
@@ -258,6 +261,8 @@ pub fn train(
         let targets = one_hot(&labels, data.classes, device)?;
 
         let mut s = recorder.step(step);
+        // A planted fault in the data: training sees, and the trace records, the moved value.
+        let (x, targets) = (s.perturbed("x", &x)?, s.perturbed("targets", &targets)?);
         s.record_as("x", TensorKind::Input, Some(Phase::Forward), &[], &x)?;
         s.record_as("targets", TensorKind::Input, Some(Phase::Forward), &[], &targets)?;
         for (name, var) in &params.trainable {

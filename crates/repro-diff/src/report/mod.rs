@@ -16,5 +16,5 @@ pub use gate::{render_gate, render_gate_junit, render_gate_markdown};
 pub use inspect::render_summary;
 pub use matrix::render_matrix;
 pub use online::render_online;
-pub use plot::{plot_cost, plot_devices, plot_noise};
+pub use plot::{plot_cost, plot_devices, plot_diff, plot_matrix, plot_noise};
 pub use study::{render_cost, render_devices, render_noise};

@@ -1,7 +1,11 @@
-//! SVG charts of the studies (plotters): run accuracies, churn and weight distance per noise
-//! variant; the weights' ULP distance over training per device pair; time per step per mode.
+//! SVG charts (plotters): the gap between two runs step by step (`repro diff --plot`), the
+//! pairwise error matrices as heat maps (`repro matrix --plot`), and the studies' charts (run
+//! accuracies, churn and weight distance per noise variant; the weights' ULP distance over
+//! training per device pair; time per step per mode).
 
+use crate::matrix::MatrixReport;
 use crate::study::results::{CostReport, DevicesReport, NoiseReport};
+use crate::traces::{GapPoint, TraceDiff};
 use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 
@@ -33,14 +37,7 @@ fn category_chart<'a, 'b>(
         .y_label_area_size(60)
         .build_cartesian_2d(-0.5f64..n as f64 - 0.5, y)
         .map_err(err)?;
-    let label = |x: &f64| {
-        let i = x.round();
-        if (x - i).abs() < 1e-9 && i >= 0.0 && (i as usize) < n {
-            names[i as usize].clone()
-        } else {
-            String::new()
-        }
-    };
+    let label = |x: &f64| category_label(names, *x);
     chart
         .configure_mesh()
         .disable_x_mesh()
@@ -50,6 +47,16 @@ fn category_chart<'a, 'b>(
         .draw()
         .map_err(err)?;
     Ok(chart)
+}
+
+/// The name of the column at `x` (columns sit at 0, 1, ...), empty between columns.
+fn category_label(names: &[String], x: f64) -> String {
+    let i = x.round();
+    if (x - i).abs() < 1e-9 && i >= 0.0 && (i as usize) < names.len() {
+        names[i as usize].clone()
+    } else {
+        String::new()
+    }
 }
 
 /// Bars of `values` labelled by `names` on one chart area.
@@ -62,6 +69,45 @@ fn bars(area: &Area, title: &str, names: &[String], values: &[f64], y_label: &st
         }))
         .map_err(err)?;
     Ok(())
+}
+
+/// Bars on a log axis; a zero bar is drawn as a "0" at the floor of the axis.
+fn log_bars(area: &Area, title: &str, names: &[String], values: &[f64], y_label: &str) -> Result<(), String> {
+    let positive = values.iter().copied().filter(|v| *v > 0.0 && v.is_finite());
+    let (lo, hi) = positive.fold((f64::INFINITY, 0.0f64), |(lo, hi), v| (lo.min(v), hi.max(v)));
+    let (floor, top) = if hi > 0.0 { (lo / 10.0, hi * 3.0) } else { (1e-12, 1.0) };
+    let n = names.len();
+    let mut chart = ChartBuilder::on(area)
+        .caption(title, ("sans-serif", 16))
+        .margin(10)
+        .x_label_area_size(30)
+        .y_label_area_size(70)
+        .build_cartesian_2d(-0.5f64..n as f64 - 0.5, (floor..top).log_scale())
+        .map_err(err)?;
+    let label = |x: &f64| category_label(names, *x);
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_labels(n)
+        .x_label_formatter(&label)
+        .y_label_formatter(&|y| sci(*y))
+        .y_desc(y_label)
+        .draw()
+        .map_err(err)?;
+    for (i, &v) in values.iter().enumerate() {
+        let x = i as f64;
+        if v > 0.0 && v.is_finite() {
+            let rect = Rectangle::new([(x - 0.35, floor), (x + 0.35, v)], PALETTE[i % PALETTE.len()].filled());
+            chart.draw_series([rect]).map_err(err)?;
+        }
+        let text = Text::new(sci(v), (x - 0.3, if v > 0.0 { v * 1.3 } else { floor * 1.5 }), ("sans-serif", 12));
+        chart.draw_series([text]).map_err(err)?;
+    }
+    Ok(())
+}
+
+fn sci(x: f64) -> String {
+    super::format::sci(x)
 }
 
 /// The noise study: every run's accuracy per variant, and the mean churn and L2 distance.
@@ -97,10 +143,11 @@ pub fn plot_noise(r: &NoiseReport) -> PlotResult {
                 ])
                 .map_err(err)?;
         }
+        // Log axes: implementation noise (L2 ~ 1e-8) sits beside algorithmic noise (~1e-1).
         let churn: Vec<f64> = r.variants.iter().map(|v| v.stats.churn * 100.0).collect();
-        bars(&panels[1], "predictive churn (mean over pairs)", &names, &churn, "churn (%)")?;
+        log_bars(&panels[1], "predictive churn (mean over pairs)", &names, &churn, "churn (%), log")?;
         let l2: Vec<f64> = r.variants.iter().map(|v| v.stats.l2_normalized).collect();
-        bars(&panels[2], "L2 distance of normalized weights", &names, &l2, "L2")?;
+        log_bars(&panels[2], "L2 distance of normalized weights", &names, &l2, "L2, log")?;
         root.present().map_err(err)?;
     }
     Ok(svg)
@@ -162,4 +209,166 @@ pub fn plot_cost(r: &CostReport) -> PlotResult {
         root.present().map_err(err)?;
     }
     Ok(svg)
+}
+
+/// `repro diff --plot`: how far apart the runs are at each step, one line per tensor kind (and
+/// per tensor asked for), on log axes: the largest |a - b|, the largest ULP distance (both where
+/// values were stored), and how many tensors differ (from hashes, at every step). A red line
+/// marks the first divergence.
+pub fn plot_diff(d: &TraceDiff) -> PlotResult {
+    let first = d.first_divergence.as_ref();
+    let last_step = d.gaps.iter().flat_map(|g| g.points.iter().map(|p| p.step)).max().unwrap_or(0);
+    let steps = (d.steps_compared.max(1) as f64).max(last_step as f64 + 1.0);
+    let title = match first {
+        Some(f) => format!("first divergence: step {}, `{}`", f.step, f.tensor),
+        None if d.gaps.is_empty() => format!("identical: {} steps, bit-exact", d.steps_compared),
+        None => "within tolerance at every step".to_string(),
+    };
+    type Value = fn(&GapPoint) -> Option<f64>;
+    let panels: [(&str, Value); 3] = [
+        ("max |a - b| (values stored)", |p| p.max_abs),
+        ("max ULP distance (values stored)", |p| p.max_ulp.map(|u| u as f64)),
+        ("tensors that differ (hashes)", |p| Some(p.differing as f64)),
+    ];
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (900, 820)).into_drawing_area();
+        root.fill(&WHITE).map_err(err)?;
+        let root = root.titled(&format!("{}  vs  {}: {title}", d.a.path, d.b.path), ("sans-serif", 16)).map_err(err)?;
+        for (area, (label, value)) in root.split_evenly((3, 1)).iter().zip(panels) {
+            let values: Vec<f64> =
+                d.gaps.iter().flat_map(|g| g.points.iter().filter_map(value)).filter(|v| *v > 0.0).collect();
+            let hi = values.iter().copied().fold(0.0f64, f64::max);
+            let lo = values.iter().copied().fold(f64::INFINITY, f64::min);
+            let (lo, hi) = if hi > 0.0 { (lo / 3.0, hi * 3.0) } else { (0.1, 10.0) };
+            let mut chart = ChartBuilder::on(area)
+                .margin(10)
+                .x_label_area_size(35)
+                .y_label_area_size(75)
+                .build_cartesian_2d(0f64..steps, (lo..hi).log_scale())
+                .map_err(err)?;
+            chart.configure_mesh().x_desc("step").y_desc(label).y_label_formatter(&|y| sci(*y)).draw().map_err(err)?;
+            if values.is_empty() {
+                let why = if d.gaps.is_empty() {
+                    "no tensor differs".to_string()
+                } else {
+                    "no values stored where the runs differ: record with --capture all".to_string()
+                };
+                chart
+                    .draw_series([Text::new(why, (steps * 0.05, (lo * hi).sqrt()), ("sans-serif", 14))])
+                    .map_err(err)?;
+            }
+            for (i, series) in d.gaps.iter().enumerate() {
+                let color = PALETTE[i % PALETTE.len()];
+                let points: Vec<(f64, f64)> = series
+                    .points
+                    .iter()
+                    .filter_map(|p| value(p).filter(|v| *v > 0.0).map(|v| (p.step as f64, v)))
+                    .collect();
+                if points.is_empty() {
+                    continue;
+                }
+                let name = series.label.split_once(':').map_or(series.label.as_str(), |(_, n)| n).to_string();
+                chart
+                    .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))
+                    .map_err(err)?
+                    .label(name)
+                    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
+                chart.draw_series(points.into_iter().map(|p| Circle::new(p, 2, color.filled()))).map_err(err)?;
+            }
+            if let Some(f) = first {
+                let x = f.step as f64;
+                chart
+                    .draw_series(DashedLineSeries::new(vec![(x, lo), (x, hi)], 6, 4, RED.stroke_width(2)))
+                    .map_err(err)?;
+            }
+            if !values.is_empty() {
+                chart
+                    .configure_series_labels()
+                    .position(SeriesLabelPosition::LowerRight)
+                    .background_style(WHITE.mix(0.8))
+                    .border_style(BLACK)
+                    .draw()
+                    .map_err(err)?;
+            }
+        }
+        root.present().map_err(err)?;
+    }
+    Ok(svg)
+}
+
+/// `repro matrix --plot`: one heat map per tensor, cell (i, j) coloured by the log of the
+/// metric between run i and run j; bit-identical pairs are white, and every cell is labelled.
+pub fn plot_matrix(r: &MatrixReport) -> PlotResult {
+    let n = r.runs.len();
+    let maps = r.matrices.len().max(1);
+    let cell = 70u32.min(560 / n.max(1) as u32).max(28);
+    let side = cell * n as u32 + 120;
+    let mut svg = String::new();
+    {
+        let root =
+            SVGBackend::with_string(&mut svg, (side * maps as u32, side + 40 + 16 * n as u32)).into_drawing_area();
+        root.fill(&WHITE).map_err(err)?;
+        let title = format!("pairwise {} at step {}", r.metric, r.step);
+        let root = root.titled(&title, ("sans-serif", 16)).map_err(err)?;
+        let (maps_area, legend) = root.split_vertically(side);
+        let all: Vec<f64> =
+            r.matrices.iter().flat_map(|m| m.values.iter().flatten().copied()).filter(|v| *v > 0.0).collect();
+        let lo = all.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = all.iter().copied().fold(0.0f64, f64::max);
+        for (area, m) in maps_area.split_evenly((1, maps)).iter().zip(&r.matrices) {
+            let mut chart = ChartBuilder::on(area)
+                .caption(&m.tensor, ("sans-serif", 14))
+                .margin(10)
+                .x_label_area_size(25)
+                .y_label_area_size(30)
+                .build_cartesian_2d(0f64..n as f64, n as f64..0f64)
+                .map_err(err)?;
+            let index = |x: &f64| {
+                let i = x.floor();
+                if x - i > 0.4 && x - i < 0.6 && (i as usize) < n {
+                    format!("{}", i as usize)
+                } else {
+                    String::new()
+                }
+            };
+            chart
+                .configure_mesh()
+                .disable_mesh()
+                .x_labels(2 * n + 1)
+                .y_labels(2 * n + 1)
+                .x_label_formatter(&index)
+                .y_label_formatter(&index)
+                .draw()
+                .map_err(err)?;
+            for (i, row) in m.values.iter().enumerate() {
+                for (j, &v) in row.iter().enumerate() {
+                    let (x, y) = (j as f64, i as f64);
+                    let shade = if v > 0.0 && hi > lo {
+                        ((v.ln() - lo.ln()) / (hi.ln() - lo.ln())).clamp(0.0, 1.0)
+                    } else {
+                        1.0
+                    };
+                    let color = if v > 0.0 { heat(shade) } else { WHITE };
+                    chart.draw_series([Rectangle::new([(x, y), (x + 1.0, y + 1.0)], color.filled())]).map_err(err)?;
+                    chart.draw_series([Rectangle::new([(x, y), (x + 1.0, y + 1.0)], BLACK.mix(0.3))]).map_err(err)?;
+                    let text_color = if shade > 0.6 && v > 0.0 { WHITE } else { BLACK };
+                    let style = ("sans-serif", 11).into_font().color(&text_color);
+                    chart.draw_series([Text::new(sci(v), (x + 0.08, y + 0.55), style)]).map_err(err)?;
+                }
+            }
+        }
+        for (i, run) in r.runs.iter().enumerate() {
+            let at = (10, 4 + 16 * i as i32);
+            legend.draw(&Text::new(format!("{i}: {run}"), at, ("sans-serif", 12))).map_err(err)?;
+        }
+        root.present().map_err(err)?;
+    }
+    Ok(svg)
+}
+
+/// A sequential colour map from pale yellow (0) to dark red (1).
+fn heat(t: f64) -> RGBColor {
+    let lerp = |a: f64, b: f64| (a + (b - a) * t).round() as u8;
+    RGBColor(lerp(255.0, 128.0), lerp(237.0, 0.0), lerp(160.0, 38.0))
 }
