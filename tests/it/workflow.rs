@@ -337,3 +337,37 @@ fn record_says_how_much_the_full_values_will_take() {
         repro(&["record", "--steps", "5", "--batch", "500", "--capture", "none", "--out", s(&dir.path().join("b"))]);
     assert!(!hashes_only.stderr.contains("full values take"), "{}", hashes_only.stderr);
 }
+
+#[test]
+fn diff_and_matrix_draw_the_gap_as_svg() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    let small = ["record", "--steps", "6", "--batch", "100", "--capture", "all"];
+    assert_eq!(repro(&[&small[..], &["--out", s(&a)]].concat()).code, 0);
+    assert_eq!(repro(&[&small[..], &["--perturb", "3:linear.matmul:2", "--out", s(&b)]].concat()).code, 0);
+
+    let gap = dir.path().join("gap.svg");
+    let run = repro(&["diff", s(&a), s(&b), "--plot", s(&gap), "--plot-tensor", "linear.matmul", "--json"]);
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    let svg = std::fs::read_to_string(&gap).unwrap();
+    assert!(svg.starts_with("<svg") && svg.contains("first divergence: step 3, `linear.matmul`"), "{svg}");
+    // One series per kind that differs, then the tensor asked for; points only from step 3 on.
+    let v = json(&run.stdout);
+    let labels: Vec<&str> = v["gaps"].as_array().unwrap().iter().map(|g| g["label"].as_str().unwrap()).collect();
+    assert!(labels.contains(&"kind:op_output") && labels.last() == Some(&"tensor:linear.matmul"), "{labels:?}");
+    for series in v["gaps"].as_array().unwrap() {
+        let first = &series["points"][0];
+        assert_eq!(first["step"], 3, "{series}");
+        assert!(first["max_ulp"].as_u64().unwrap() >= 1 && first["differing"].as_u64().unwrap() >= 1, "{series}");
+    }
+
+    let heat = dir.path().join("m.svg");
+    let run = repro(&["matrix", s(&a), s(&b), "--step", "3", "--tensor", "linear.matmul", "--plot", s(&heat)]);
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    let svg = std::fs::read_to_string(&heat).unwrap();
+    assert!(svg.contains("pairwise") && svg.contains("\nlinear.matmul\n"), "{svg}");
+    // A plot that cannot be written is an error that names the file.
+    let run = repro(&["diff", s(&a), s(&b), "--plot", s(&dir.path().join("no/such/dir/x.svg"))]);
+    assert_eq!(run.code, 2);
+    assert!(run.stderr.contains("cannot write the plot to") && run.stderr.contains("x.svg"), "{}", run.stderr);
+}
