@@ -15,8 +15,16 @@ fn err(e: impl std::fmt::Display) -> String {
     format!("cannot draw the chart: {e}")
 }
 
-const PALETTE: [RGBColor; 4] =
-    [RGBColor(31, 119, 180), RGBColor(255, 127, 14), RGBColor(44, 160, 44), RGBColor(214, 39, 40)];
+const PALETTE: [RGBColor; 8] = [
+    RGBColor(31, 119, 180),
+    RGBColor(255, 127, 14),
+    RGBColor(44, 160, 44),
+    RGBColor(214, 39, 40),
+    RGBColor(148, 103, 189),
+    RGBColor(140, 86, 75),
+    RGBColor(227, 119, 194),
+    RGBColor(127, 127, 127),
+];
 
 type Area<'a> = DrawingArea<SVGBackend<'a>, plotters::coord::Shift>;
 type CategoryChart<'a, 'b> = ChartContext<'a, SVGBackend<'b>, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
@@ -258,6 +266,13 @@ pub fn plot_diff(d: &TraceDiff) -> PlotResult {
                     .draw_series([Text::new(why, (steps * 0.05, (lo * hi).sqrt()), ("sans-serif", 14))])
                     .map_err(err)?;
             }
+            // The first divergence behind the series, so its point stays visible.
+            if let Some(f) = first {
+                let x = f.step as f64;
+                chart
+                    .draw_series(DashedLineSeries::new(vec![(x, lo), (x, hi)], 6, 4, RED.mix(0.6).stroke_width(2)))
+                    .map_err(err)?;
+            }
             for (i, series) in d.gaps.iter().enumerate() {
                 let color = PALETTE[i % PALETTE.len()];
                 let points: Vec<(f64, f64)> = series
@@ -274,13 +289,7 @@ pub fn plot_diff(d: &TraceDiff) -> PlotResult {
                     .map_err(err)?
                     .label(name)
                     .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
-                chart.draw_series(points.into_iter().map(|p| Circle::new(p, 2, color.filled()))).map_err(err)?;
-            }
-            if let Some(f) = first {
-                let x = f.step as f64;
-                chart
-                    .draw_series(DashedLineSeries::new(vec![(x, lo), (x, hi)], 6, 4, RED.stroke_width(2)))
-                    .map_err(err)?;
+                chart.draw_series(points.into_iter().map(|p| Circle::new(p, 3, color.filled()))).map_err(err)?;
             }
             if !values.is_empty() {
                 chart
