@@ -4,7 +4,9 @@
 use super::device_hash::{Plan, Slot, View, Want};
 use super::Reductions;
 use candle_core::backend::BackendStorage;
-use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, DevicePtr, LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::cudarc::driver::{
+    CudaSlice, CudaStream, CudaView, DevicePtr, LaunchConfig, PushKernelArg,
+};
 use candle_core::cuda_backend::{CudaDevice, WrapErr};
 use candle_core::{CudaStorage, DType, Device, Error, Layout, Result, Storage, Tensor};
 use std::sync::OnceLock;
@@ -267,9 +269,17 @@ impl DeviceBatch {
         // Views with more dimensions than the kernels take are made contiguous first.
         let mut tensors = Vec::with_capacity(self.pending.len());
         let mut views = Vec::with_capacity(self.pending.len());
+        let stream = self.dev.cuda_stream();
         for (tensor, want) in std::mem::take(&mut self.pending) {
-            let tensor = if view_of(&tensor, &self.dev)?.fits() { tensor } else { tensor.contiguous()? };
-            views.push((view_of(&tensor, &self.dev)?, want));
+            let (tensor, view) = match view_of(&tensor, &stream)? {
+                view if view.fits() => (tensor, view),
+                _ => {
+                    let contiguous = tensor.contiguous()?;
+                    let view = view_of(&contiguous, &stream)?;
+                    (contiguous, view)
+                }
+            };
+            views.push((view, want));
             tensors.push(tensor);
         }
         let plan = Plan::new(&views).expect("every view fits after the contiguous copies above");
@@ -325,15 +335,14 @@ impl DeviceBatch {
 
 /// The kernels' view of a CUDA tensor: the device address of its first element, its element
 /// size, dims and strides.
-fn view_of(tensor: &Tensor, dev: &CudaDevice) -> Result<View> {
+fn view_of(tensor: &Tensor, stream: &CudaStream) -> Result<View> {
     let (storage, layout) = tensor.storage_and_layout();
     let Storage::Cuda(cuda) = &*storage else {
         return Err(Error::Msg("DeviceBatch needs CUDA tensors".into()));
     };
-    let stream = dev.cuda_stream();
     let base = for_dtype!(
         tensor.dtype(),
-        T => cuda.as_cuda_slice::<T>()?.device_ptr(&stream).0,
+        T => cuda.as_cuda_slice::<T>()?.device_ptr(stream).0,
         other => return Err(Error::Msg(format!("cannot hash {other:?} on the device")))
     );
     let elem_size = tensor.dtype().size_in_bytes() as u64;

@@ -248,7 +248,9 @@ pub fn diff_traces_with(
     let tolerance = options.tolerance;
     let mut state = DiffState { tolerance, ..DiffState::default() };
     for name in &options.track {
+        // Inserted up front: a tracked tensor that never differs still has its (empty) series.
         state.gaps.insert(format!("tensor:{name}"), Vec::new());
+        state.tracked.insert(name.clone());
     }
     let (config_differences, environment_differences) = header_differences(a.header(), b.header());
     let (mut missing_a, mut missing_b) = (MissingGradients::default(), MissingGradients::default());
@@ -312,12 +314,10 @@ pub fn diff_traces_with(
     })
 }
 
-/// The series in a fixed order: kinds first (by kind), then tracked tensors as asked.
+/// The series in a fixed order: kinds first, then tracked tensors, each by label (the map's
+/// order, which partitioning keeps).
 fn gap_series(gaps: BTreeMap<String, Vec<GapPoint>>) -> Vec<GapSeries> {
-    let (mut kinds, mut tensors): (Vec<_>, Vec<_>) =
-        gaps.into_iter().partition(|(label, _)| label.starts_with("kind:"));
-    kinds.sort_by_key(|(label, _)| label.clone());
-    tensors.sort_by_key(|(label, _)| label.clone());
+    let (kinds, tensors): (Vec<_>, Vec<_>) = gaps.into_iter().partition(|(label, _)| label.starts_with("kind:"));
     kinds.into_iter().chain(tensors).map(|(label, points)| GapSeries { label, points }).collect()
 }
 
@@ -433,6 +433,8 @@ struct DiffState {
     /// Step-by-step gaps by series label (`kind:...` for every kind seen, `tensor:...` for
     /// the tensors tracked, inserted up front).
     gaps: BTreeMap<String, Vec<GapPoint>>,
+    /// Names of the tensors followed by name (`DiffOptions::track`).
+    tracked: std::collections::BTreeSet<String>,
 }
 
 struct HistoryBuilder {
@@ -515,9 +517,8 @@ impl DiffState {
                 _ => None,
             };
             self.gap(format!("kind:{}", ta.kind), sa.step, metrics);
-            let tracked = format!("tensor:{}", ta.name);
-            if self.gaps.contains_key(&tracked) {
-                self.gap(tracked, sa.step, metrics);
+            if self.tracked.contains(&ta.name) {
+                self.gap(format!("tensor:{}", ta.name), sa.step, metrics);
             }
             if let Some(tolerance) = self.tolerance {
                 match metrics {
