@@ -34,7 +34,8 @@ enum BaselineAction {
 
 pub fn run(args: BaselineArgs) -> Result<Exit, String> {
     let BaselineAction::Write { train, out, command } = args.action;
-    let work = std::env::temp_dir().join(format!("repro-baseline-{}", std::process::id()));
+    let scratch = super::scratch::ScratchDir::new("baseline")?;
+    let work = scratch.path().join("run");
     // A baseline keeps hashes only: it is committed, and the gate compares hashes.
     let recorded = if command.is_empty() {
         train.record_for_gate(&work, &FullCapture::None)
@@ -45,7 +46,7 @@ pub fn run(args: BaselineArgs) -> Result<Exit, String> {
         let records = work.join(repro::trace::format::RECORDS_FILE);
         std::fs::copy(&records, &out).map_err(|e| format!("cannot write {}: {e}", out.display()))
     });
-    let _ = std::fs::remove_dir_all(&work);
+    drop(scratch);
     let size = result?;
     let gate = if command.is_empty() {
         format!("repro gate --baseline {} (its settings are the defaults)", out.display())

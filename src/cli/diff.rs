@@ -30,6 +30,13 @@ pub struct DiffArgs {
     plot_tensor: Vec<String>,
 }
 
+impl DiffArgs {
+    /// Whether the report is asked for as JSON (errors then come as JSON too).
+    pub fn json(&self) -> bool {
+        self.json
+    }
+}
+
 pub fn run(args: DiffArgs) -> Result<Exit, String> {
     let mut a = TraceReader::open(&args.a).map_err(|e| e.to_string())?;
     let mut b = TraceReader::open(&args.b).map_err(|e| e.to_string())?;

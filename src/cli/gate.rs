@@ -58,11 +58,12 @@ pub struct GateArgs {
     keep: Option<PathBuf>,
     /// Steps whose full values are kept, for exact metrics of a failure: none (hashes only),
     /// all, first-and-last, every:N, steps:A,B,... (a program run with -- CMD is told through
-    /// $REPRO_CAPTURE).
-    #[arg(long, default_value = "none")]
-    capture: FullCapture,
+    /// $REPRO_CAPTURE) [default: none, or all with --tolerance].
+    #[arg(long)]
+    capture: Option<FullCapture>,
     /// Pass runs that differ by no more than this: ulp:N, abs:X or rel:X (default: bit-exact).
-    /// Needs values: combine with --capture (e.g. all) for the steps to judge.
+    /// Judged on values, so the runs keep them at every step unless --capture says otherwise;
+    /// a baseline keeps hashes only and cannot be judged by a tolerance.
     #[arg(long, value_name = "ulp:N|abs:X|rel:X")]
     tolerance: Option<Tolerance>,
     /// Print the result as JSON.
@@ -82,6 +83,23 @@ pub struct GateArgs {
     train: WorkloadArgs,
 }
 
+impl GateArgs {
+    /// Whether the report is asked for as JSON (errors then come as JSON too).
+    pub fn json(&self) -> bool {
+        self.json
+    }
+
+    /// The steps whose values the runs keep: a tolerance judges values, so it keeps them all
+    /// unless told otherwise.
+    fn capture(&self) -> FullCapture {
+        match (&self.capture, self.tolerance) {
+            (Some(capture), _) => capture.clone(),
+            (None, Some(_)) => FullCapture::All,
+            (None, None) => FullCapture::None,
+        }
+    }
+}
+
 pub fn run(args: GateArgs) -> Result<Exit, String> {
     let runs = args.runs.unwrap_or(if args.baseline.is_some() { 1 } else { 2 });
     if runs == 0 || (args.baseline.is_none() && runs < 2) {
@@ -89,6 +107,13 @@ pub fn run(args: GateArgs) -> Result<Exit, String> {
     }
     // A baseline that cannot be read, or that was written for other settings, fails the gate
     // before anything is recorded.
+    if let (Some(file), Some(tolerance)) = (&args.baseline, args.tolerance) {
+        return Err(format!(
+            "--tolerance {tolerance} judges values, and the baseline {} keeps hashes only (values of tensors up to 256 bytes aside): \
+             gate fresh runs with `repro gate --tolerance {tolerance}` (no --baseline), or compare a full trace with `repro diff --tolerance {tolerance}`",
+            file.display()
+        ));
+    }
     if let Some(file) = &args.baseline {
         let baseline = TraceReader::open(file).map_err(|e| e.to_string())?;
         if args.command.is_empty() {
@@ -99,6 +124,7 @@ pub fn run(args: GateArgs) -> Result<Exit, String> {
             }
         }
     }
+    let scratch;
     let work = match &args.keep {
         Some(dir) if std::fs::read_dir(dir).is_ok_and(|mut d| d.next().is_some()) => {
             return Err(format!(
@@ -107,17 +133,16 @@ pub fn run(args: GateArgs) -> Result<Exit, String> {
             ));
         }
         Some(dir) => dir.clone(),
-        None => std::env::temp_dir().join(format!("repro-gate-{}", std::process::id())),
+        None => {
+            scratch = super::scratch::ScratchDir::new("gate")?;
+            scratch.path().to_path_buf()
+        }
     };
     std::fs::create_dir_all(&work).map_err(|e| format!("cannot create {}: {e}", work.display()))?;
-    let result = gate(&args, runs, &work);
-    if args.keep.is_none() {
-        let _ = std::fs::remove_dir_all(&work);
-    }
-    let report = result?;
+    let report = gate(&args, runs, &work)?;
     if args.json {
         let verdict = if report.passed() { "pass" } else { "fail" };
-        super::print_json("repro.gate.v1", Some(verdict), &report)?;
+        super::print_json("repro.gate.v2", Some(verdict), &report)?;
     } else {
         super::output::emit(&render_gate(&report));
     }
@@ -152,14 +177,16 @@ fn gate(args: &GateArgs, runs: usize, work: &Path) -> Result<GateReport, String>
         indicatif::ProgressStyle::with_template("{spinner} recording run {pos}/{len} {wide_bar} {elapsed}")
             .expect("valid template"),
     );
+    // A run takes seconds to minutes: keep the spinner and the clock moving meanwhile.
+    progress.enable_steady_tick(Duration::from_millis(250));
     let started = Instant::now();
     let mut traces = Vec::new();
     for i in 0..runs {
         let dir = work.join(format!("run-{i}"));
         if args.command.is_empty() {
-            args.train.record_for_gate(&dir, &args.capture)?;
+            args.train.record_for_gate(&dir, &args.capture())?;
         } else {
-            record_command(&args.command, &dir, &args.capture)?;
+            record_command(&args.command, &dir, &args.capture())?;
         }
         traces.push(dir);
         progress.inc(1);

@@ -18,11 +18,22 @@ pub struct InspectArgs {
     verify: bool,
 }
 
+impl InspectArgs {
+    /// Whether the report is asked for as JSON (errors then come as JSON too).
+    pub fn json(&self) -> bool {
+        self.json
+    }
+}
+
 pub fn run(args: InspectArgs) -> Result<Exit, String> {
     if args.verify {
         let v = verify(&args.trace).map_err(|e| e.to_string())?;
+        let elsewhere = match v.values_elsewhere {
+            0 => String::new(),
+            n => format!("; {n} values kept in payload files were not checked (a lone record file has none: verify the trace directory)"),
+        };
         eprintln!(
-            "verified {}: {} steps, {} tensors, {} stored values match their hashes{}",
+            "verified {}: {} steps, {} tensors, {} stored values match their hashes{}{elsewhere}",
             args.trace.display(),
             v.steps,
             v.tensors,

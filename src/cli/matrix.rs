@@ -32,6 +32,13 @@ pub struct MatrixArgs {
     plot: Option<PathBuf>,
 }
 
+impl MatrixArgs {
+    /// Whether the report is asked for as JSON (errors then come as JSON too).
+    pub fn json(&self) -> bool {
+        self.json
+    }
+}
+
 pub fn run(args: MatrixArgs) -> Result<Exit, String> {
     let report =
         error_matrices(&args.runs, args.step, &args.tensor, args.metric, args.tolerance).map_err(|e| e.to_string())?;

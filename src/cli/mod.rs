@@ -12,6 +12,7 @@ mod matrix;
 mod output;
 mod overhead;
 mod record;
+mod scratch;
 mod study;
 mod workload_args;
 
@@ -58,8 +59,23 @@ pub fn parse() -> Cli {
     Cli::parse_from(gate::with_baseline_defaults(std::env::args_os().collect()))
 }
 
+impl Command {
+    /// Whether the command prints JSON (`--json`).
+    fn json(&self) -> bool {
+        match self {
+            Command::Diff(a) => a.json(),
+            Command::Matrix(a) => a.json(),
+            Command::Inspect(a) => a.json(),
+            Command::Gate(a) => a.json(),
+            Command::Study(a) => a.json(),
+            _ => false,
+        }
+    }
+}
+
 /// Runs a parsed command line.
 pub fn run(cli: Cli) -> Exit {
+    let json = cli.command.json();
     let result = match cli.command {
         Command::Record(args) => record::run(args),
         Command::Diff(args) => diff::run(args),
@@ -77,6 +93,14 @@ pub fn run(cli: Cli) -> Exit {
         Ok(exit) => exit,
         Err(message) => {
             eprintln!("error: {message}");
+            if json {
+                // A program reading stdout gets a document whatever happened.
+                #[derive(serde::Serialize)]
+                struct Failure<'a> {
+                    error: &'a str,
+                }
+                let _ = print_json("repro.error.v1", Some("error"), &Failure { error: &message });
+            }
             Exit::Error
         }
     }

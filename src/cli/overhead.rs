@@ -26,7 +26,8 @@ pub fn run(args: OverheadArgs) -> Result<Exit, String> {
     let workload = args.train.workload()?;
     let device = open_device(&args.train.device).map_err(|e| e.to_string())?;
     let steps = workload.run_config().steps.unwrap_or(1).max(1);
-    let dir = std::env::temp_dir().join(format!("repro-overhead-{}", std::process::id()));
+    let scratch = super::scratch::ScratchDir::new("overhead")?;
+    let dir = scratch.path().join("run");
     let time = |record: bool| -> Result<Duration, String> {
         let started = Instant::now();
         let mut recorder = if record {
@@ -48,7 +49,7 @@ pub fn run(args: OverheadArgs) -> Result<Exit, String> {
         recorded = recorded.min(time(true)?);
     }
     let tensors = summarize(&dir).map_err(|e| e.to_string())?.tensors.len();
-    let _ = std::fs::remove_dir_all(&dir);
+    drop(scratch);
     let per_step = |d: Duration| d.as_secs_f64() * 1e3 / steps as f64;
     if args.header {
         super::output::line("| device | workload | tensors/step | plain step | hashes-only recording | ratio |");

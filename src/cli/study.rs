@@ -104,6 +104,18 @@ pub struct CostArgs {
     output: Output,
 }
 
+impl StudyArgs {
+    /// Whether the report is asked for as JSON (errors then come as JSON too).
+    pub fn json(&self) -> bool {
+        match &self.study {
+            Study::Noise(a) => a.output.json,
+            Study::Devices(a) => a.output.json,
+            Study::Cost(a) => a.output.json,
+            Study::Show(_) => false,
+        }
+    }
+}
+
 pub fn run(args: StudyArgs) -> Result<Exit, String> {
     match args.study {
         Study::Noise(a) => noise(a),

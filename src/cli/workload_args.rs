@@ -235,6 +235,9 @@ impl WorkloadArgs {
         if self.formulation != Formulation::Reduce {
             return Err(format!("--formulation is a setting of the adder, not of {model}"));
         }
+        if let Some(p) = &self.perturb {
+            repro::workloads::classifier::check_perturbation(&config, p).map_err(|e| e.to_string())?;
+        }
         Ok(config)
     }
 

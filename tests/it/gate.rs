@@ -58,7 +58,12 @@ fn a_planted_change_fails_against_the_baseline_with_a_report() {
     assert!(md.contains("| run 0 | first differs at step 4"), "{md}");
 
     let v = json(&gate(&["--baseline", s(&base), "--perturb", "4:linear.matmul:3", "--json"]).stdout);
-    assert_eq!(v["comparisons"][0][1]["first_divergence"]["step"], 4);
+    assert_eq!(v["schema"], "repro.gate.v2");
+    assert_eq!(
+        (v["comparisons"][0]["run"].as_str(), v["comparisons"][0]["passed"].as_bool()),
+        (Some("run 0"), Some(false))
+    );
+    assert_eq!(v["comparisons"][0]["diff"]["first_divergence"]["step"], 4);
 }
 
 #[test]
@@ -222,4 +227,52 @@ fn a_baseline_s_settings_are_the_gate_s_defaults() {
     let run = repro(&["gate", "--baseline", s(&base), "--steps", "8"]);
     assert_eq!(run.code, 2, "{}", run.stderr);
     assert!(run.stderr.contains("steps 7 vs 8") && run.stderr.contains("leave out the options"), "{}", run.stderr);
+}
+
+#[test]
+fn an_interrupted_gate_removes_its_temporary_traces() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_repro"))
+        .args(["gate", "--workload", "adder", "--steps", "100000", "--batch", "100"])
+        .env("TMPDIR", tmp.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let scratch =
+        || {
+            fs::read_dir(tmp.path()).unwrap().filter_map(Result::ok).map(|e| e.path()).find(|p| {
+                p.file_name().unwrap().to_string_lossy().starts_with("repro-gate-") && p.join("run-0").exists()
+            })
+        };
+    let started = std::time::Instant::now();
+    let dir = loop {
+        if let Some(dir) = scratch() {
+            break dir;
+        }
+        assert!(started.elapsed().as_secs() < 60, "the gate never started recording");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    // SAFETY: kill(2) with a child's pid and a signal number has no memory effects.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGINT) }, 0);
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(130), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(!dir.exists(), "{} left behind", dir.display());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("interrupted"));
+}
+
+#[test]
+fn a_tolerance_keeps_values_and_is_refused_against_a_hashes_only_baseline() {
+    let dir = tempfile::tempdir().unwrap();
+    let kept = dir.path().join("kept");
+    let run = gate(&["--tolerance", "ulp:2", "--keep", s(&kept)]);
+    assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+    let inspect = repro(&["inspect", s(&kept.join("run-0"))]);
+    assert!(inspect.stdout.contains("full steps 0, 1, 2,"), "a tolerance keeps every step's values: {}", inspect.stdout);
+
+    let base = dir.path().join("base.rpr");
+    assert_eq!(repro(&[&["baseline", "write", "--out", s(&base)][..], &SMALL].concat()).code, 0);
+    let run = gate(&["--baseline", s(&base), "--tolerance", "ulp:2"]);
+    assert_eq!(run.code, 2, "{}{}", run.stdout, run.stderr);
+    assert!(run.stderr.contains("keeps hashes only") && run.stderr.contains("no --baseline"), "{}", run.stderr);
 }

@@ -114,6 +114,16 @@ fn bad_arguments_are_explained() {
     assert!(run.stderr.contains("STEP:TENSOR:ULPS"), "{}", run.stderr);
     let run = repro(&["matrix", s(&out)]);
     assert_eq!(run.code, 2);
+    // A classifier's tensor names are checked before training, and nothing is written.
+    let mlp = ["record", "--workload", "mlp", "--steps", "3", "--out", s(&out)];
+    expect_error(
+        &[&mlp[..], &["--perturb", "1:fc3.weight:1"]].concat(),
+        &["mlp records no tensor `fc3.weight`", "fc2.bias.grad"],
+    );
+    expect_error(&[&mlp[..], &["--perturb", "3:fc1:1"]].concat(), &["steps 0 to 2"]);
+    assert!(!out.exists(), "a refused record writes nothing");
+    let run = repro(&[&mlp[..], &["--perturb", "1:relu1:1", "--capture", "all"]].concat());
+    assert_eq!(run.code, 0, "{}", run.stderr);
 }
 
 #[test]
@@ -157,4 +167,26 @@ fn classifier_settings_that_cannot_train_are_refused_before_any_file_is_written(
         expect_error(&[&["record", "--steps", "2", "--out", s(&out)][..], args].concat(), &[needle]);
         assert!(!out.exists(), "{args:?} created {}", out.display());
     }
+}
+
+#[test]
+fn json_commands_report_errors_as_json_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = record(dir.path(), "a", &[]);
+    let missing = dir.path().join("missing");
+    for args in [
+        vec!["diff", s(&a), s(&missing), "--json"],
+        vec!["matrix", s(&a), s(&missing), "--json"],
+        vec!["inspect", s(&missing), "--json"],
+        vec!["gate", "--baseline", s(&missing), "--json"],
+    ] {
+        let run = repro(&args);
+        assert_eq!(run.code, 2, "{args:?}");
+        assert!(run.stderr.starts_with("error: "), "{}", run.stderr);
+        let v = crate::util::json(&run.stdout);
+        assert_eq!((v["schema"].as_str(), v["verdict"].as_str()), (Some("repro.error.v1"), Some("error")), "{args:?}");
+        assert!(v["error"].as_str().unwrap().contains("missing"), "{v}");
+    }
+    // Without --json, stdout stays empty.
+    assert_eq!(repro(&["diff", s(&a), s(&missing)]).stdout, "");
 }

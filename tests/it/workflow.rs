@@ -132,6 +132,27 @@ fn matrix_explains_missing_values() {
     let run = repro(&["matrix", s(&r0), s(&r1), "--tensor", "nope"]);
     assert_eq!(run.code, 2);
     assert!(run.stderr.contains("has no tensor `nope`"), "{}", run.stderr);
+
+    // Every tensor (the default) at a step that keeps only some values: hash-only tensors are
+    // compared by hash and listed, the small inline ones get their matrices.
+    let run = repro(&["matrix", s(&r0), s(&r1), "--step", "7"]);
+    assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+    assert!(run.stdout.lines().any(|l| l == "loss"), "{}", run.stdout);
+    assert!(!run.stdout.lines().any(|l| l == "predictions"), "{}", run.stdout);
+    assert!(run.stdout.contains("stored as hashes only at step 7"), "{}", run.stdout);
+    assert!(run.stdout.contains("same hash in every run: x, y,"), "{}", run.stdout);
+    let p = record(dir.path(), "p", &["--perturb", "7:predictions:1"]);
+    let run = repro(&["matrix", s(&r0), s(&p), "--step", "7", "--json"]);
+    assert_eq!(run.code, 1, "{}{}", run.stdout, run.stderr);
+    let v = json(&run.stdout);
+    let preds = v["hash_only"].as_array().unwrap().iter().find(|h| h["tensor"] == "predictions").unwrap();
+    assert_eq!(preds["identical"], false);
+    // `--capture none` still keeps the one-element loss in its records.
+    let none0 = record(dir.path(), "n0", &["--capture", "none"]);
+    let none1 = record(dir.path(), "n1", &["--capture", "none"]);
+    let run = repro(&["matrix", s(&none0), s(&none1), "--step", "0"]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert!(run.stdout.lines().any(|l| l == "loss") && run.stdout.contains("weight.grad"), "{}", run.stdout);
 }
 
 #[test]
@@ -300,10 +321,24 @@ fn inspect_reads_a_traces_lone_record_file() {
     let dir = tempfile::tempdir().unwrap();
     // Default capture: payloads at the first and last steps, referenced from the record file.
     let a = record(dir.path(), "a", &[]);
-    let run = repro(&["inspect", s(&a.join("records.rpr"))]);
+    // Inside its trace, the record file opens the whole trace, payloads included.
+    let run = repro(&["inspect", "--verify", s(&a.join("records.rpr"))]);
     assert_eq!(run.code, 0, "{}", run.stderr);
     assert!(run.stdout.contains("20 steps (0 to 19)"), "{}", run.stdout);
+    assert!(run.stdout.contains("full steps 0, 19"), "{}", run.stdout);
+    assert!(run.stderr.contains("176 stored values match") && !run.stderr.contains("not checked"), "{}", run.stderr);
+    // Copied out on its own (a baseline), it keeps hashes and small values: what it has is
+    // verified, and the payload values left behind are named, not taken for damage.
+    let lone = dir.path().join("lone.rpr");
+    std::fs::copy(a.join("records.rpr"), &lone).unwrap();
+    let run = repro(&["inspect", "--verify", s(&lone)]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
     assert!(run.stdout.contains("full steps none"), "{}", run.stdout);
+    assert!(
+        run.stderr.contains("160 stored values match their hashes; 16 values kept in payload files were not checked"),
+        "{}",
+        run.stderr
+    );
 }
 
 #[test]
@@ -311,7 +346,7 @@ fn json_reports_name_their_schema_and_verdict() {
     let dir = tempfile::tempdir().unwrap();
     let a = record(dir.path(), "a", &[]);
     let b = record(dir.path(), "b", &[]);
-    let p = record(dir.path(), "p", &["--perturb", "3:predictions:1"]);
+    let p = record(dir.path(), "p", &["--perturb", "7:predictions:1"]);
     let same = json(&repro(&["diff", s(&a), s(&b), "--json"]).stdout);
     assert_eq!((same["schema"].as_str(), same["verdict"].as_str()), (Some("repro.diff.v1"), Some("identical")));
     let differs = json(&repro(&["diff", s(&a), s(&p), "--json"]).stdout);

@@ -16,16 +16,33 @@ pub struct GateReport {
     pub subject: String,
     /// The reference: `run 0` or the baseline file.
     pub reference: String,
-    /// One comparison per run against the reference, with its label.
-    pub comparisons: Vec<(String, TraceDiff)>,
+    /// One comparison per run against the reference.
+    pub comparisons: Vec<GateComparison>,
     /// Environment differences that most likely explain a failure, most likely first.
     pub likely_causes: Vec<String>,
 }
 
 impl GateReport {
-    /// True when every run is bit-identical to the reference.
+    /// True when every run is bit-identical to the reference (or within the tolerance).
     pub fn passed(&self) -> bool {
-        self.comparisons.iter().all(|(_, d)| d.is_identical())
+        self.comparisons.iter().all(|c| c.diff.is_identical())
+    }
+}
+
+/// One of the gate's runs against the reference.
+#[derive(Debug, Clone, Serialize)]
+pub struct GateComparison {
+    /// Which run: `run 1`, `run 2`, ...
+    pub run: String,
+    /// Whether it agrees with the reference: bit for bit, or within the tolerance.
+    pub passed: bool,
+    /// The full comparison.
+    pub diff: TraceDiff,
+}
+
+impl GateComparison {
+    fn new(run: String, diff: TraceDiff) -> Self {
+        GateComparison { run, passed: diff.is_identical(), diff }
     }
 }
 
@@ -75,7 +92,8 @@ pub fn gate_traces(
                 if likely.is_empty() {
                     likely = likely_causes(&header_differences(a.header(), b.header()).1);
                 }
-                comparisons.push((format!("run {i}"), diff_traces_within(&mut a, &mut b, tolerance)?));
+                comparisons
+                    .push(GateComparison::new(format!("run {i}"), diff_traces_within(&mut a, &mut b, tolerance)?));
             }
             let reference = baseline.display().to_string();
             Ok(GateReport { subject, reference, comparisons, likely_causes: likely })
@@ -87,7 +105,8 @@ pub fn gate_traces(
             for (i, run) in runs.iter().enumerate().skip(1) {
                 let mut a = TraceReader::open(first)?;
                 let mut b = TraceReader::open(run)?;
-                comparisons.push((format!("run {i}"), diff_traces_within(&mut a, &mut b, tolerance)?));
+                comparisons
+                    .push(GateComparison::new(format!("run {i}"), diff_traces_within(&mut a, &mut b, tolerance)?));
             }
             Ok(GateReport { subject, reference: "run 0".into(), comparisons, likely_causes: Vec::new() })
         }

@@ -23,8 +23,10 @@ mod traces;
 
 pub use divergence::Divergence;
 pub use error::DiffError;
-pub use gate::{baseline_mismatch, gate_traces, likely_causes, GateReference, GateReport, MAY_DIFFER_FROM_BASELINE};
-pub use matrix::{error_matrices, ErrorMatrix, MatrixReport, Metric, StepSelector};
+pub use gate::{
+    baseline_mismatch, gate_traces, likely_causes, GateComparison, GateReference, GateReport, MAY_DIFFER_FROM_BASELINE,
+};
+pub use matrix::{error_matrices, ErrorMatrix, HashOnlyTensor, MatrixReport, Metric, StepSelector};
 pub use metrics::{compare, TensorMetrics};
 pub use online::{OnlineDivergence, ReferenceCheck};
 pub use root_cause::{CauseRule, Consequence, RootCause};

@@ -101,16 +101,31 @@ pub struct MatrixReport {
     pub matrices: Vec<ErrorMatrix>,
     /// The tolerance pairs were judged by, if any.
     pub tolerance: Option<Tolerance>,
+    /// Tensors of the step that some run stored only as a hash (skipped from the matrices when
+    /// every tensor was asked for): compared by hash alone.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub hash_only: Vec<HashOnlyTensor>,
+}
+
+/// A tensor compared by hash alone, because some run kept no values of it at this step.
+#[derive(Debug, Clone, Serialize)]
+pub struct HashOnlyTensor {
+    /// The tensor's name.
+    pub tensor: String,
+    /// Whether every run's hash is the same.
+    pub identical: bool,
 }
 
 impl MatrixReport {
     /// Whether every pair of runs agrees: within the tolerance when there is one, else bit for
-    /// bit.
+    /// bit. A hash-only tensor whose hashes differ never agrees: without values no tolerance can
+    /// be judged.
     pub fn agrees(&self) -> bool {
-        match self.tolerance {
+        let values_agree = match self.tolerance {
             Some(_) => self.matrices.iter().all(|m| m.beyond_tolerance.is_empty()),
             None => self.matrices.iter().all(|m| m.bit_identical),
-        }
+        };
+        values_agree && self.hash_only.iter().all(|h| h.identical)
     }
 }
 
@@ -155,10 +170,18 @@ pub fn error_matrices(
             runs[0].0.dir().display()
         )));
     }
+    let every_tensor = tensors.is_empty();
     let names: Vec<String> =
-        if tensors.is_empty() { runs[0].1.tensors.iter().map(|t| t.name.clone()).collect() } else { tensors.to_vec() };
+        if every_tensor { runs[0].1.tensors.iter().map(|t| t.name.clone()).collect() } else { tensors.to_vec() };
     let mut matrices = Vec::new();
+    let mut hash_only = Vec::new();
     for name in &names {
+        if every_tensor {
+            if let Some(identical) = hash_only_agreement(&runs, name) {
+                hash_only.push(HashOnlyTensor { tensor: name.clone(), identical });
+                continue;
+            }
+        }
         let values =
             runs.iter_mut().map(|(reader, record)| load(reader, record, name)).collect::<Result<Vec<_>, _>>()?;
         for (i, v) in values.iter().enumerate().skip(1) {
@@ -192,8 +215,34 @@ pub fn error_matrices(
         }
         matrices.push(ErrorMatrix { tensor: name.clone(), values: cells, bit_identical, beyond_tolerance });
     }
+    if matrices.is_empty() && !hash_only.is_empty() {
+        return Err(DiffError::Usage(format!(
+            "step {chosen} holds only hashes in {}; record with `--capture steps:{chosen}` (or `--capture all`) to compare values",
+            dirs.iter()
+                .zip(&runs)
+                .filter(|(_, (_, record))| record.tensors.iter().any(|t| t.inline.is_none() && !t.in_payload))
+                .map(|(dir, _)| dir.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )));
+    }
     let runs = dirs.iter().map(|d| d.display().to_string()).collect();
-    Ok(MatrixReport { runs, step: chosen, metric, matrices, tolerance })
+    Ok(MatrixReport { runs, step: chosen, metric, matrices, tolerance, hash_only })
+}
+
+/// When some run keeps no values of `name` (or lacks it), whether all runs' hashes agree; `None`
+/// when every run has its values.
+fn hash_only_agreement(runs: &[(TraceReader, StepRecord)], name: &str) -> Option<bool> {
+    let found: Vec<_> = runs.iter().map(|(_, record)| record.tensors.iter().find(|t| t.name == name)).collect();
+    if found.iter().all(|t| t.is_some_and(|t| t.inline.is_some() || t.in_payload)) {
+        return None;
+    }
+    let first = found[0]?;
+    Some(
+        found
+            .iter()
+            .all(|t| t.is_some_and(|t| t.hash == first.hash && t.dtype == first.dtype && t.shape == first.shape)),
+    )
 }
 
 fn find_step(reader: &mut TraceReader, step: StepSelector) -> Result<StepRecord, DiffError> {
@@ -236,7 +285,7 @@ fn load<'a>(reader: &'a mut TraceReader, record: &'a StepRecord, name: &str) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::one_value_trace;
+    use crate::testing::{one_hash_trace, one_value_trace};
 
     fn trace(dir: &std::path::Path, value: f32) -> PathBuf {
         one_value_trace(dir, value, &[], "cpu")
@@ -252,5 +301,34 @@ mod tests {
         assert!(!report.agrees(), "+0 and -0 have other bits");
         let same = [trace(&tmp.path().join("a"), 1.5), trace(&tmp.path().join("b"), 1.5)];
         assert!(error_matrices(&same, StepSelector::Last, &[], Metric::SumAbs, None).unwrap().agrees());
+    }
+
+    #[test]
+    fn hash_only_tensors_are_compared_by_hash_and_a_step_of_hashes_alone_is_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let with_values = [trace(&tmp.path().join("v"), 1.5), trace(&tmp.path().join("w"), 1.5)];
+        let hashes = [one_hash_trace(&tmp.path().join("h"), 1.5), one_hash_trace(&tmp.path().join("i"), 2.5)];
+        let mixed = [with_values[0].clone(), hashes[0].clone()];
+        let report = error_matrices(&mixed, StepSelector::Last, &[], Metric::SumAbs, None);
+        let err = report.unwrap_err().to_string();
+        assert!(err.contains("step 0 holds only hashes in") && err.contains("--capture steps:0"), "{err}");
+        assert!(!err.contains(&with_values[0].display().to_string()), "only the hash-only run is named: {err}");
+        // Asked for by name, the tensor's missing values are an error naming the run.
+        let named = error_matrices(&mixed, StepSelector::Last, &["loss".into()], Metric::SumAbs, None);
+        assert!(named.unwrap_err().to_string().contains("stored only the hash of `loss`"));
+        assert!(hash_only_agreement_of(&[hashes[0].clone(), hashes[0].clone()]));
+        assert!(!hash_only_agreement_of(&hashes));
+    }
+
+    fn hash_only_agreement_of(dirs: &[PathBuf]) -> bool {
+        let runs: Vec<_> = dirs
+            .iter()
+            .map(|d| {
+                let mut reader = TraceReader::open(d).unwrap();
+                let record = find_step(&mut reader, StepSelector::Last).unwrap();
+                (reader, record)
+            })
+            .collect();
+        hash_only_agreement(&runs, "loss").expect("some run keeps only the hash")
     }
 }

@@ -10,6 +10,15 @@ use std::path::{Path, PathBuf};
 /// Writes into `dir` a one-step trace of one F32 tensor `loss` holding `value`'s bits, with
 /// `params` as its run settings and `device` as its environment's device.
 pub(crate) fn one_value_trace(dir: &Path, value: f32, params: &[(&str, &str)], device: &str) -> PathBuf {
+    write_one_value(dir, value, params, device, true)
+}
+
+/// As [`one_value_trace`], but the trace keeps only the tensor's hash, no values.
+pub(crate) fn one_hash_trace(dir: &Path, value: f32) -> PathBuf {
+    write_one_value(dir, value, &[], "cpu", false)
+}
+
+fn write_one_value(dir: &Path, value: f32, params: &[(&str, &str)], device: &str, keep_values: bool) -> PathBuf {
     let mut header = Header {
         format: CURRENT_FORMAT,
         producer: "test".into(),
@@ -30,7 +39,7 @@ pub(crate) fn one_value_trace(dir: &Path, value: f32, params: &[(&str, &str)], d
         dtype: DType::F32,
         shape: vec![1],
         hash: tensor_hash(DType::F32, &[1], &bytes),
-        inline: Some(bytes),
+        inline: keep_values.then_some(bytes),
         in_payload: false,
         phase: None,
         inputs: Vec::new(),

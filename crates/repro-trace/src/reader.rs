@@ -64,10 +64,17 @@ pub struct TraceReader {
 
 impl TraceReader {
     /// Opens a trace and reads its header. `path` is a trace directory, or a lone record file
-    /// (a baseline: hashes and small values, no payloads).
+    /// (a baseline: hashes and small values, no payloads). A trace's own `records.rpr` opens
+    /// the whole trace, payloads included.
     pub fn open(path: impl AsRef<Path>) -> Result<Self, TraceError> {
-        let path = path.as_ref().to_path_buf();
+        let mut path = path.as_ref().to_path_buf();
         let meta = fs::metadata(&path).map_err(TraceError::io(&path))?;
+        if let (true, Some(parent)) = (path.file_name() == Some(RECORDS_FILE.as_ref()), path.parent()) {
+            if fs::symlink_metadata(parent.join(format::TENSORS_DIR)).is_ok_and(|m| m.is_dir()) {
+                path = parent.to_path_buf();
+            }
+        }
+        let meta = if path.is_dir() { fs::metadata(&path).map_err(TraceError::io(&path))? } else { meta };
         let (dir, records_path, records_only) = if meta.is_dir() {
             let records_path = path.join(RECORDS_FILE);
             if !records_path.exists() {
@@ -203,6 +210,10 @@ impl TraceReader {
         tensor: &'a TensorRecord,
     ) -> Result<Option<TensorValues<'a>>, TraceError> {
         let where_ = || format!("step {}, tensor `{}`", step.step, tensor.name);
+        if tensor.inline.is_none() && self.records_only {
+            // A lone record file keeps hashes; the values of large tensors stayed behind.
+            return Ok(None);
+        }
         if tensor.inline.is_none() && tensor.in_payload {
             let Some(name) = &step.payload else {
                 return Err(self.corrupt(&where_(), "marked as stored in a payload, but the step has none".into()));
@@ -241,12 +252,6 @@ impl TraceReader {
     fn map_payload(&mut self, step: u64, name: &str) -> Result<(), TraceError> {
         if self.payload_cache.as_ref().map(|(s, _)| *s) == Some(step) {
             return Ok(());
-        }
-        if self.records_only {
-            return Err(self.corrupt(
-                &format!("step {step}"),
-                "refers to a payload file, but a lone record file has none (open the trace directory)".into(),
-            ));
         }
         self.payload_cache = None;
         let path = self.dir.join(name);

@@ -142,7 +142,7 @@ pub fn summarize(dir: &Path) -> Result<TraceSummary, TraceError> {
         // A lone record file (a baseline) keeps hashes only: its payload references lead nowhere.
         if let Some(payload) = step.payload.as_ref().filter(|_| !reader.records_only()) {
             summary.full_steps.push(step.step);
-            summary.payload_bytes += file_size(&dir.join(payload))?;
+            summary.payload_bytes += file_size(&reader.dir().join(payload))?;
         }
     }
     summary.no_gradient = missing.finish();
@@ -169,6 +169,9 @@ pub struct Verification {
     pub values_checked: u64,
     /// Whether the trace has its footer.
     pub complete: bool,
+    /// Values stored in payload files that could not be checked because the trace was opened
+    /// as a lone record file (a baseline), which has no payloads.
+    pub values_elsewhere: u64,
 }
 
 /// Reads a whole trace and checks every stored value against its recorded hash: the check
@@ -176,13 +179,15 @@ pub struct Verification {
 /// naming the file and the step.
 pub fn verify(path: &Path) -> Result<Verification, TraceError> {
     let mut reader = TraceReader::open(path)?;
-    let mut v = Verification { steps: 0, tensors: 0, values_checked: 0, complete: false };
+    let mut v = Verification { steps: 0, tensors: 0, values_checked: 0, complete: false, values_elsewhere: 0 };
     while let Some(step) = reader.next_step()? {
         v.steps += 1;
         for tensor in &step.tensors {
             v.tensors += 1;
             if reader.values(&step, tensor)?.is_some() {
                 v.values_checked += 1;
+            } else if tensor.in_payload {
+                v.values_elsewhere += 1;
             }
         }
     }

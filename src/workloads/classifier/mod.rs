@@ -205,6 +205,40 @@ pub struct TrainOutcome {
     pub step_times: Vec<Duration>,
 }
 
+/// Checks, before anything is recorded, that `perturb` names a tensor this model records and a
+/// step the run has: one step of a two-example copy of the run, on the CPU, into a scratch trace
+/// whose tensor names the error lists. The names do not depend on the batch or the data.
+pub fn check_perturbation(config: &ClassifierConfig, perturb: &Perturbation) -> Result<(), RecordError> {
+    let total = config.total_steps(config.dataset.train_len(config.examples));
+    if perturb.step >= total {
+        return Err(RecordError::Unsupported(format!(
+            "cannot perturb step {}: the run has steps 0 to {}",
+            perturb.step,
+            total.saturating_sub(1)
+        )));
+    }
+    let probe = ClassifierConfig { examples: Some(2), batch: 2, epochs: 1, max_steps: Some(1), ..config.clone() };
+    let data = Dataset::load(probe.dataset, probe.dataset_seed, probe.examples).map_err(RecordError::Unsupported)?;
+    let scratch = tempfile::tempdir()
+        .map_err(|e| RecordError::Unsupported(format!("cannot create a scratch directory to check --perturb: {e}")))?;
+    let dir = scratch.path().join("probe");
+    let capture = crate::trace::CapturePolicy { full: crate::trace::FullCapture::None, ..Default::default() };
+    let mut recorder = Recorder::create_with(&dir, probe.run_config(), &Device::Cpu, capture, true)?;
+    // At step 0 and by one ULP: only the name is in question here.
+    let at_step_zero = Perturbation { step: 0, tensor: perturb.tensor.clone(), ulps: 1 };
+    train(&probe, &data, &Device::Cpu, &mut recorder, Some(&at_step_zero))?;
+    if recorder.finish().is_ok() {
+        return Ok(());
+    }
+    let names: Vec<String> = crate::trace::summarize(&dir)?.tensors.into_iter().map(|t| t.name).collect();
+    Err(RecordError::Unsupported(format!(
+        "{} records no tensor `{}`; it records {}",
+        config.model,
+        perturb.tensor,
+        names.join(", ")
+    )))
+}
+
 /// Trains `config` on `device`, recording every step into `recorder` (which may discard), and
 /// evaluates on the test split.
 pub fn train(

@@ -28,12 +28,12 @@ pub fn render_gate(r: &GateReport) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "gate: {}", r.subject);
     let _ = writeln!(out, "reference: {}", r.reference);
-    for (label, d) in &r.comparisons {
+    for crate::GateComparison { run: label, diff: d, .. } in &r.comparisons {
         let _ = writeln!(out, "  {label}: {}", verdict_line(d));
     }
     let _ = writeln!(out);
     if r.passed() {
-        match r.comparisons.first().and_then(|(_, d)| d.tolerance) {
+        match r.comparisons.first().and_then(|c| c.diff.tolerance) {
             Some(t) => {
                 let _ = writeln!(out, "PASS  within {t}: {} run(s) agree with the reference", r.comparisons.len());
             }
@@ -49,12 +49,18 @@ pub fn render_gate(r: &GateReport) -> String {
         }
         return out;
     }
-    let failed = r.comparisons.iter().filter(|(_, d)| !d.is_identical()).count();
+    let failed = r.comparisons.iter().filter(|c| !c.passed).count();
     let _ = writeln!(out, "FAIL  {failed} of {} run(s) differ from the reference", r.comparisons.len());
-    if let Some((label, d)) = r.comparisons.iter().find(|(_, d)| !d.is_identical()) {
+    if let Some(crate::GateComparison { run: label, diff: d, .. }) = r.comparisons.iter().find(|c| !c.passed) {
         if let Some(root) = &d.root_cause {
             let _ = writeln!(out, "\n{label}:");
             let _ = write_root_cause(&mut out, root);
+        }
+        if let (Some(t), n @ 1..) = (d.tolerance, d.hash_only_differences) {
+            let _ = writeln!(
+                out,
+                "\n{n} tensor(s) differ where only hashes were kept: {t} cannot judge them, so they fail (gate with `--capture all`)"
+            );
         }
         if !d.config_differences.is_empty() {
             let _ = writeln!(out, "\nconfig differs from the reference:");
@@ -80,10 +86,10 @@ pub fn render_gate_markdown(r: &GateReport) -> String {
     let _ = writeln!(out, "### repro determinism gate: {status}\n");
     let _ = writeln!(out, "{}, against {}.\n", r.subject, r.reference);
     let _ = writeln!(out, "| run | result |\n|---|---|");
-    for (label, d) in &r.comparisons {
+    for crate::GateComparison { run: label, diff: d, .. } in &r.comparisons {
         let _ = writeln!(out, "| {label} | {} |", verdict_line(d).replace('|', "\\|"));
     }
-    if let Some(root) = r.comparisons.iter().find_map(|(_, d)| d.root_cause.as_ref().filter(|_| !d.is_identical())) {
+    if let Some(root) = r.comparisons.iter().find_map(|c| c.diff.root_cause.as_ref().filter(|_| !c.passed)) {
         let mut text = String::new();
         let _ = write_root_cause(&mut text, root);
         let _ = writeln!(out, "\n```\n{}```", text);
@@ -102,7 +108,7 @@ pub fn render_gate_junit(r: &GateReport) -> Result<String, String> {
     use quick_junit::{NonSuccessKind, Report, TestCase, TestCaseStatus, TestSuite};
     let mut report = Report::new("repro");
     let mut suite = TestSuite::new("repro gate");
-    for (label, d) in &r.comparisons {
+    for crate::GateComparison { run: label, diff: d, .. } in &r.comparisons {
         let status = if d.is_identical() {
             TestCaseStatus::success()
         } else {

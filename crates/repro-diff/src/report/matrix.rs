@@ -62,5 +62,23 @@ pub fn render_matrix(r: &MatrixReport) -> String {
             (None, false) => {}
         }
     }
+    if !r.hash_only.is_empty() {
+        let names = |identical: bool| -> Vec<&str> {
+            r.hash_only.iter().filter(|h| h.identical == identical).map(|h| h.tensor.as_str()).collect()
+        };
+        let _ = writeln!(
+            out,
+            "\n{} tensor(s) stored as hashes only at step {} (record with `--capture steps:{}` to compare values):",
+            r.hash_only.len(),
+            r.step,
+            r.step
+        );
+        for (identical, label) in [(true, "same hash in every run"), (false, "hashes differ")] {
+            let list = names(identical);
+            if !list.is_empty() {
+                let _ = writeln!(out, "  {label}: {}", list.join(", "));
+            }
+        }
+    }
     out
 }
