@@ -380,6 +380,12 @@ class Trace:
     def __init__(self, path: str):
         self.path = str(path)
         st = os.stat(self.path)
+        parent = os.path.dirname(os.path.abspath(self.path))
+        if (not stat.S_ISDIR(st.st_mode) and os.path.basename(self.path) == RECORDS_FILE
+                and os.path.isdir(os.path.join(parent, TENSORS_DIR))
+                and not os.path.islink(os.path.join(parent, TENSORS_DIR))):
+            # A trace's own record file (section 8) opens the whole trace.
+            self.path, st = parent, os.stat(parent)
         if stat.S_ISDIR(st.st_mode):
             self.dir = self.path
             self.records_path = os.path.join(self.path, RECORDS_FILE)
@@ -530,8 +536,6 @@ class Trace:
         if self._payload_cache is not None and self._payload_cache[0] == s.step:
             return self._payload_cache[1]
         where = f"step {s.step}"
-        if self.records_only:
-            raise self._corrupt("refers to a payload file, but a lone record file has none", where)
         self._payload_cache = None
         path = os.path.join(self.dir, s.payload)
         for p in (os.path.join(self.dir, TENSORS_DIR), path):
@@ -554,6 +558,8 @@ class Trace:
         where = f"step {s.step}, tensor `{t.name}`"
         if t.inline is not None:
             data, path = t.inline, self.records_path
+        elif t.in_payload and self.records_only:
+            return None  # a lone record file keeps the hash; the values stayed in the trace
         elif t.in_payload:
             entries = self._payload_entries(s)
             path = os.path.join(self.dir, s.payload)

@@ -124,11 +124,16 @@ record adder-perturbed --capture all --steps 5 --perturb 3:loss:1
 record adder-hashes --capture none --steps 5
 record gpt --workload gpt --capture all --steps 3 --layers 1 --width 32 --context 16 --batch 2
 mkdir "$WORK/lone" && cp "$WORK/adder-hashes/records.rpr" "$WORK/lone/baseline.rpr"
+# A lone copy of a record file whose steps refer to payloads: hashes only there, no error.
+cp "$WORK/adder-a/records.rpr" "$WORK/lone/with-payloads.rpr"
 
 for t in adder-a adder-b adder-perturbed adder-hashes gpt; do
     expect_verify "$WORK/$t"
 done
 expect_verify "$WORK/lone/baseline.rpr"
+expect_verify "$WORK/lone/with-payloads.rpr"
+# A trace's own record file opens the whole trace, payloads included.
+expect_verify "$WORK/gpt/records.rpr"
 while IFS= read -r dir; do
     expect_verify "$dir"
 done < <(find fixtures -name records.rpr -printf '%h\n' | sort)

@@ -35,6 +35,10 @@ enum Command {
     /// Train a built-in workload and record a trace.
     Record(record::RecordArgs),
     /// Compare two traces: first diverging step and tensor, and how the error grows.
+    ///
+    /// Tensors are compared by their recorded hashes, and stored values are read only where
+    /// hashes differ: damage to a payload under matching hashes goes unseen here. Run `repro
+    /// inspect --verify` on a trace you did not record yourself.
     Diff(diff::DiffArgs),
     /// Pairwise error matrices of N traces at one step.
     Matrix(matrix::MatrixArgs),

@@ -232,7 +232,7 @@ fn a_baseline_s_settings_are_the_gate_s_defaults() {
 #[test]
 fn an_interrupted_gate_removes_its_temporary_traces() {
     let tmp = tempfile::tempdir().unwrap();
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_repro"))
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_repro"))
         .args(["gate", "--workload", "adder", "--steps", "100000", "--batch", "100"])
         .env("TMPDIR", tmp.path())
         .stdout(std::process::Stdio::null())
@@ -268,7 +268,11 @@ fn a_tolerance_keeps_values_and_is_refused_against_a_hashes_only_baseline() {
     let run = gate(&["--tolerance", "ulp:2", "--keep", s(&kept)]);
     assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
     let inspect = repro(&["inspect", s(&kept.join("run-0"))]);
-    assert!(inspect.stdout.contains("full steps 0, 1, 2,"), "a tolerance keeps every step's values: {}", inspect.stdout);
+    assert!(
+        inspect.stdout.contains("full steps 0, 1, 2,"),
+        "a tolerance keeps every step's values: {}",
+        inspect.stdout
+    );
 
     let base = dir.path().join("base.rpr");
     assert_eq!(repro(&[&["baseline", "write", "--out", s(&base)][..], &SMALL].concat()).code, 0);

@@ -346,7 +346,7 @@ fn json_reports_name_their_schema_and_verdict() {
     let dir = tempfile::tempdir().unwrap();
     let a = record(dir.path(), "a", &[]);
     let b = record(dir.path(), "b", &[]);
-    let p = record(dir.path(), "p", &["--perturb", "7:predictions:1"]);
+    let p = record(dir.path(), "p", &["--perturb", "3:predictions:1"]);
     let same = json(&repro(&["diff", s(&a), s(&b), "--json"]).stdout);
     assert_eq!((same["schema"].as_str(), same["verdict"].as_str()), (Some("repro.diff.v1"), Some("identical")));
     let differs = json(&repro(&["diff", s(&a), s(&p), "--json"]).stdout);
@@ -357,7 +357,7 @@ fn json_reports_name_their_schema_and_verdict() {
     let i = json(&repro(&["inspect", s(&a), "--json"]).stdout);
     assert_eq!(i["schema"], "repro.inspect.v1");
     let g = json(&repro(&["gate", "--steps", "5", "--batch", "100", "--json"]).stdout);
-    assert_eq!((g["schema"].as_str(), g["verdict"].as_str()), (Some("repro.gate.v1"), Some("pass")));
+    assert_eq!((g["schema"].as_str(), g["verdict"].as_str()), (Some("repro.gate.v2"), Some("pass")));
 }
 
 #[test]

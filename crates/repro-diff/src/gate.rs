@@ -154,10 +154,10 @@ mod tests {
         ];
         let report = gate_traces("t".into(), GateReference::FirstRun, &runs, None).unwrap();
         assert_eq!(report.reference, "run 0");
-        let labels: Vec<&str> = report.comparisons.iter().map(|(l, _)| l.as_str()).collect();
+        let labels: Vec<&str> = report.comparisons.iter().map(|c| c.run.as_str()).collect();
         assert_eq!(labels, ["run 1", "run 2"]);
-        assert!(report.comparisons[0].1.is_identical());
-        assert!(!report.comparisons[1].1.is_identical());
+        assert!(report.comparisons[0].passed);
+        assert!(!report.comparisons[1].passed);
         assert!(!report.passed());
         assert!(gate_traces("t".into(), GateReference::FirstRun, &runs[..1], None).is_err());
     }

@@ -531,11 +531,20 @@ mod tests {
     }
 
     #[test]
-    fn a_lone_record_file_cannot_reach_payloads() {
+    fn a_lone_record_file_keeps_hashes_of_payload_tensors_and_no_values() {
         let dir =
             trace_with(&[header(), step_with(tensor(vec![2], None, true), Some("tensors/step-00000000.safetensors"))]);
+        let mut reader = TraceReader::open(dir.path().join(RECORDS_FILE)).unwrap();
+        assert!(reader.records_only(), "no tensors/ beside it: a lone record file");
+        let step = reader.next_step().unwrap().unwrap();
+        assert!(reader.values(&step, &step.tensors[0]).unwrap().is_none(), "its payload stayed behind");
+        // Beside a tensors/ directory, the same file opens its whole trace, which must then
+        // hold the payload.
+        std::fs::create_dir(dir.path().join(format::TENSORS_DIR)).unwrap();
+        let reader = TraceReader::open(dir.path().join(RECORDS_FILE)).unwrap();
+        assert!(!reader.records_only());
         let err = read_all(&dir.path().join(RECORDS_FILE)).unwrap_err().to_string();
-        assert!(err.contains("a lone record file has none"), "{err}");
+        assert!(err.contains("step-00000000.safetensors"), "{err}");
     }
 
     #[test]
