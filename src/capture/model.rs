@@ -28,8 +28,11 @@ impl ModelCapture {
         Self::from_vars(data.iter().map(|(name, var)| (name.clone(), var.clone())))
     }
 
-    /// Parameters given by name (from any source; sorted here).
+    /// Parameters given by name (from any source; sorted here). A new capture is a new run:
+    /// scope ordinals count from zero again, whatever ran on this thread before (another run's
+    /// training or evaluation).
     pub fn from_vars(vars: impl IntoIterator<Item = (String, Var)>) -> Self {
+        take_step();
         let mut params: Vec<(String, Var)> = vars.into_iter().collect();
         params.sort_by(|a, b| a.0.cmp(&b.0));
         let by_id = params.iter().map(|(name, var)| (tensor_number(var.as_tensor()), name.clone())).collect();

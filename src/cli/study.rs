@@ -5,8 +5,8 @@ use super::workload_args::WorkloadArgs;
 use clap::{Args, Subcommand};
 use repro::record::open_device;
 use repro::report::{plot_cost, plot_devices, plot_noise, render_cost, render_devices, render_noise};
-use repro::study::{run_cost, run_devices, run_noise, Progress, StudyDir, StudyOut, StudyReport};
-use repro::workloads::{ClassifierConfig, ModelKind, Workload};
+use repro::study::{run_cost, run_devices, run_noise, Progress, StudyDir, StudyOut, StudyReport, Subject};
+use repro::workloads::{ClassifierConfig, GptConfig, ModelKind, Workload};
 use std::path::PathBuf;
 
 #[derive(Debug, Args)]
@@ -81,7 +81,7 @@ pub struct DevicesArgs {
 
 #[derive(Debug, Args)]
 pub struct CostArgs {
-    /// Workloads to time.
+    /// Workloads to time: mlp, cnn, resnet18, gpt.
     #[arg(long, value_delimiter = ',', default_value = "mlp,cnn,resnet18")]
     workloads: Vec<String>,
     /// Device.
@@ -151,13 +151,8 @@ fn show(a: ShowArgs) -> Result<Exit, String> {
     Ok(Exit::Same)
 }
 
-fn classifier(train: &WorkloadArgs) -> Result<ClassifierConfig, String> {
-    match train.workload()? {
-        Workload::Classifier(c) => Ok(c),
-        Workload::Adder(_) | Workload::Gpt(_) | Workload::Qwen2(_) => {
-            Err("studies train a classifier (so far): pass --workload mlp, cnn or resnet18".into())
-        }
-    }
+fn subject(train: &WorkloadArgs) -> Result<Subject, String> {
+    Subject::new(train.workload()?).map_err(|e| e.to_string())
 }
 
 /// The indicatif bar behind a study's `Progress` (hidden when stderr is not a terminal).
@@ -220,11 +215,11 @@ fn finish(
 }
 
 fn noise(a: NoiseArgs) -> Result<Exit, String> {
-    let config = classifier(&a.train)?;
+    let subject = subject(&a.train)?;
     let device = open_device(&a.train.device).map_err(|e| e.to_string())?;
     let (report, dir) = {
         let mut bar = Bar::new("runs");
-        run_noise(&config, a.runs, &device, &a.train.device, &a.output.study_out(), &mut bar)
+        run_noise(&subject, a.runs, &device, &a.train.device, &a.output.study_out(), &mut bar)
             .map_err(|e| e.to_string())?
     };
     let svg = plot_noise(&report);
@@ -233,7 +228,7 @@ fn noise(a: NoiseArgs) -> Result<Exit, String> {
 }
 
 fn devices(a: DevicesArgs) -> Result<Exit, String> {
-    let config = classifier(&a.train)?;
+    let subject = subject(&a.train)?;
     let devices = if a.devices.is_empty() {
         if cfg!(feature = "cuda") {
             vec!["cpu".to_string(), "cuda:0".to_string()]
@@ -244,7 +239,7 @@ fn devices(a: DevicesArgs) -> Result<Exit, String> {
     } else {
         a.devices.clone()
     };
-    let (report, dir) = run_devices(&config, &devices, &a.output.study_out()).map_err(|e| e.to_string())?;
+    let (report, dir) = run_devices(&subject, &devices, &a.output.study_out()).map_err(|e| e.to_string())?;
     let svg = plot_devices(&report);
     finish(
         &dir,
@@ -265,22 +260,28 @@ fn cost(a: CostArgs) -> Result<Exit, String> {
     let width = a.width.unwrap_or(if cpu { 8 } else { 64 });
     let steps = a.steps.unwrap_or(if cpu { 5 } else { 20 });
     let rounds = a.rounds.unwrap_or(if cpu { 1 } else { 3 });
-    let configs = a
+    let subjects = a
         .workloads
         .iter()
         .map(|w| {
-            let model: ModelKind = w.parse()?;
-            let mut c = ClassifierConfig::defaults(model);
-            c.width = width;
-            if let Some(b) = a.batch {
-                c.batch = b;
-            }
-            Ok(c)
+            let workload = if w == "gpt" {
+                let d = GptConfig::default();
+                Workload::Gpt(GptConfig { batch: a.batch.unwrap_or(d.batch), ..d })
+            } else {
+                let model: ModelKind = w.parse().map_err(|e| format!("{e} (or gpt)"))?;
+                let mut c = ClassifierConfig::defaults(model);
+                c.width = width;
+                if let Some(b) = a.batch {
+                    c.batch = b;
+                }
+                Workload::Classifier(c)
+            };
+            Subject::new(workload).map_err(|e| e.to_string())
         })
         .collect::<Result<Vec<_>, String>>()?;
     let (report, dir) = {
         let mut bar = Bar::new("timings");
-        run_cost(&configs, steps, rounds, &device, &a.device, &a.output.study_out(), &mut bar)
+        run_cost(&subjects, steps, rounds, &device, &a.device, &a.output.study_out(), &mut bar)
             .map_err(|e| e.to_string())?
     };
     let svg = plot_cost(&report);

@@ -181,8 +181,9 @@ impl WorkloadArgs {
             heads: g.heads,
             lr: self.lr.unwrap_or(d.lr),
             norm: if g.norm == "fused" { Norm::Fused } else { Norm::Ops },
+            reductions: self.reductions,
         };
-        config.validate(self.reductions, self.perturb.as_ref()).map_err(|e| e.to_string())?;
+        config.validate(self.perturb.as_ref()).map_err(|e| e.to_string())?;
         if self.formulation != Formulation::Reduce {
             return Err("--formulation is a setting of the adder, not of gpt".into());
         }

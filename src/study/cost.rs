@@ -5,11 +5,10 @@
 use super::error::StudyError;
 use super::results::{CostReport, CostRow};
 use super::store::{StudyDir, StudyOut};
+use super::subject::{Subject, Variation};
 use super::Progress;
 use crate::ops::Reductions;
 use crate::record::Recorder;
-use crate::workloads::classifier::train;
-use crate::workloads::{ClassifierConfig, Dataset};
 use candle_core::Device;
 use std::time::Duration;
 
@@ -20,7 +19,7 @@ pub const MODES: [Reductions; 3] = [Reductions::Candle, Reductions::Ordered, Red
 /// the modes interleaved `rounds` times so slow drifts of the machine hit every mode alike. The
 /// report is kept in the study directory `out`, which is returned.
 pub fn run_cost(
-    configs: &[ClassifierConfig],
+    subjects: &[Subject],
     steps: u64,
     rounds: usize,
     device: &Device,
@@ -28,36 +27,27 @@ pub fn run_cost(
     out: &StudyOut,
     progress: &mut dyn Progress,
 ) -> Result<(CostReport, StudyDir), StudyError> {
-    for c in configs {
-        c.validate()?;
-    }
     if steps == 0 || rounds == 0 {
         return Err(StudyError::Invalid("the cost study needs --steps and --rounds of at least 1".into()));
     }
     let settings = serde_json::json!({
-        "runs": configs.iter().map(|c| c.run_config()).collect::<Vec<_>>(),
+        "runs": subjects.iter().map(Subject::run_config).collect::<Vec<_>>(),
         "device": device_label,
         "steps": steps,
         "rounds": rounds,
     });
     let dir = StudyDir::open(&out.dir, "cost", &settings, out.restart)?;
     let mut rows = Vec::new();
-    let total = configs.len() * rounds.max(1) * MODES.len();
+    let total = subjects.len() * rounds.max(1) * MODES.len();
     let mut done = 0;
-    for base in configs {
-        let data = Dataset::load(base.dataset, base.dataset_seed, base.examples).map_err(StudyError::Invalid)?;
+    for subject in subjects {
         let mut times: Vec<Vec<Duration>> = vec![Vec::new(); MODES.len()];
         for round in 0..rounds.max(1) {
             for (m, mode) in MODES.iter().enumerate() {
-                progress.update(done, total, &format!("{} {mode} (round {})", base.model, round + 1));
+                progress.update(done, total, &format!("{} {mode} (round {})", subject.workload_name(), round + 1));
                 done += 1;
-                let config = ClassifierConfig {
-                    reductions: *mode,
-                    max_steps: Some(steps + 1),
-                    epochs: steps + 1,
-                    ..base.clone()
-                };
-                let outcome = train(&config, &data, device, &mut Recorder::discard(), None)?;
+                let variation = Variation { seeds: None, reductions: Some(*mode), steps: Some(steps + 1) };
+                let outcome = subject.train(variation, device, &mut Recorder::discard())?;
                 times[m].extend(outcome.step_times);
             }
         }
@@ -72,7 +62,7 @@ pub fn run_cost(
         let atomic = medians[MODES.iter().position(|m| *m == Reductions::Atomic).expect("atomic is timed")].0;
         for (m, mode) in MODES.iter().enumerate() {
             rows.push(CostRow {
-                workload: format!("{} ({}, batch {})", base.model, base.dataset, base.batch),
+                workload: subject.describe_briefly(),
                 reductions: mode.to_string(),
                 deterministic: *mode != Reductions::Atomic,
                 median_ms: medians[m].0,

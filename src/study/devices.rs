@@ -6,11 +6,10 @@ use super::error::StudyError;
 use super::results::{DeviceComparison, DeviceRun, DevicesReport, WeightGap};
 use super::stats::RunResult;
 use super::store::{StudyDir, StudyOut};
+use super::subject::{Subject, Variation};
 use crate::diff::{compare, diff_traces, RootCause};
 use crate::record::{open_device, Recorder};
 use crate::trace::{CapturePolicy, FullCapture, TensorKind, TraceReader};
-use crate::workloads::classifier::{evaluate, train};
-use crate::workloads::{ClassifierConfig, Dataset};
 use std::time::Instant;
 
 /// The steps whose full tensors a devices study stores: 0, 1, 2, 4, ... and the last.
@@ -25,34 +24,35 @@ pub fn sampled_steps(total: u64) -> Vec<u64> {
 /// Trains `config` on each of `devices` (recording into `dir`) and compares the runs.
 /// The traces and reports are kept in the study directory `out`, which is returned.
 pub fn run_devices(
-    config: &ClassifierConfig,
+    subject: &Subject,
     devices: &[String],
     out: &StudyOut,
 ) -> Result<(DevicesReport, StudyDir), StudyError> {
     if devices.len() < 2 {
         return Err(StudyError::Invalid("a devices study needs two or more devices, e.g. --devices cpu,cuda:0".into()));
     }
-    config.validate()?;
     let settings = serde_json::json!({
-        "run": config.run_config().params,
-        "workload": config.model.workload_name(),
+        "run": subject.run_config().params,
+        "workload": subject.workload_name(),
         "devices": devices,
     });
     // Opened before the study directory exists: an unavailable device leaves nothing behind.
     let opened = devices.iter().map(|label| open_device(label)).collect::<Result<Vec<_>, _>>()?;
     let dir = StudyDir::open(&out.dir, "devices", &settings, out.restart)?;
-    let data = Dataset::load(config.dataset, config.dataset_seed, config.examples).map_err(StudyError::Invalid)?;
-    let steps = config.total_steps(data.train.len());
+    let steps = subject.steps();
     let capture = CapturePolicy { full: FullCapture::Steps(sampled_steps(steps)), inline_max_bytes: 4096 };
     let mut runs = Vec::new();
     let mut states = Vec::new();
+    let mut labels = Vec::new();
+    let mut classes = 0;
     for (i, (label, device)) in devices.iter().zip(&opened).enumerate() {
         let trace = dir.path().join(format!("trace-{i}-{}", label.replace(':', "")));
-        let mut recorder = Recorder::create_with(&trace, config.run_config(), device, capture.clone(), true)?;
+        let mut recorder = Recorder::create_with(&trace, subject.run_config(), device, capture.clone(), true)?;
         let started = Instant::now();
-        let outcome = train(config, &data, device, &mut recorder, None)?;
+        let outcome = subject.train(Variation::default(), device, &mut recorder)?;
         recorder.finish()?;
         let (accuracy, _) = RunResult::score(&outcome.predictions, &outcome.labels, outcome.classes);
+        classes = outcome.classes;
         runs.push(DeviceRun {
             device: label.clone(),
             error_rate: 1.0 - accuracy,
@@ -61,14 +61,15 @@ pub fn run_devices(
             trace: trace.display().to_string(),
         });
         states.push((outcome.state, outcome.predictions));
+        labels = outcome.labels;
     }
     // Every trained model evaluated on every device (its own device's predictions are reused).
     let mut cross_error = Vec::new();
     for (i, (state, own)) in states.iter().enumerate() {
         let mut row = Vec::new();
         for (j, device) in opened.iter().enumerate() {
-            let predictions = if i == j { own.clone() } else { evaluate(config, &data, device, state)? };
-            row.push(1.0 - RunResult::score(&predictions, &data.test.y, data.classes).0);
+            let predictions = if i == j { own.clone() } else { subject.evaluate(device, state)? };
+            row.push(1.0 - RunResult::score(&predictions, &labels, classes).0);
         }
         cross_error.push(row);
     }
@@ -89,13 +90,7 @@ pub fn run_devices(
             weight_gap: gaps,
         });
     }
-    let report = DevicesReport {
-        subject: format!("{} on {} ({} epoch(s), batch {})", config.model, config.dataset, config.epochs, config.batch),
-        steps,
-        runs,
-        cross_error,
-        comparisons,
-    };
+    let report = DevicesReport { subject: subject.describe(), steps, runs, cross_error, comparisons };
     Ok((report, dir))
 }
 

@@ -1,7 +1,7 @@
 //! Multi-run studies from the reproducibility literature as library calls: `noise` (algorithmic vs implementation
 //! randomness over N runs), `devices` (one configuration on several devices, diffed) and `cost`
-//! (time per step of deterministic and non-deterministic modes). The runners here train the
-//! built-in classifiers; their statistics (`stats`) and results (`results`) need no model code
+//! (time per step of deterministic and non-deterministic modes). The runners here train a
+//! [`Subject`]: a built-in classifier or the gpt; their statistics (`stats`) and results (`results`) need no model code
 //! and live in `repro_diff::study`, re-exported here.
 
 mod cost;
@@ -9,6 +9,7 @@ mod devices;
 mod error;
 mod noise;
 mod store;
+mod subject;
 
 pub use repro_diff::study::{results, stats};
 
@@ -20,6 +21,7 @@ pub use results::{
     CostReport, CostRow, DeviceComparison, DeviceRun, DevicesReport, NoiseReport, StudyReport, VariantReport, WeightGap,
 };
 pub use store::{StudyDir, StudyOut, STUDY_FILE};
+pub use subject::{Subject, Variation};
 
 /// Progress of a study, for the command line's progress bar.
 pub trait Progress {

@@ -12,11 +12,11 @@ use super::error::StudyError;
 use super::results::{NoiseReport, VariantReport};
 use super::stats::{variant_stats, RunResult};
 use super::store::{StudyDir, StudyOut};
+use super::subject::{Subject, Variation};
 use super::Progress;
 use crate::ops::Reductions;
 use crate::record::Recorder;
-use crate::workloads::classifier::train;
-use crate::workloads::{ClassifierConfig, Dataset, Seeds};
+use crate::workloads::Seeds;
 use candle_core::Device;
 use std::time::Instant;
 
@@ -64,10 +64,10 @@ impl Variant {
     }
 }
 
-/// Runs (or resumes) the noise study: `runs` runs of `base` per variant, kept in the study
+/// Runs (or resumes) the noise study: `runs` runs of `subject` per variant, kept in the study
 /// directory `out` (see `StudyDir`), which is returned with the report.
 pub fn run_noise(
-    base: &ClassifierConfig,
+    subject: &Subject,
     runs: usize,
     device: &Device,
     device_label: &str,
@@ -77,18 +77,17 @@ pub fn run_noise(
     if runs < 2 {
         return Err(StudyError::Invalid("a noise study needs --runs 2 or more".into()));
     }
-    base.validate()?;
     let settings = serde_json::json!({
-        "run": base.run_config().params,
-        "workload": base.model.workload_name(),
+        "run": subject.run_config().params,
+        "workload": subject.workload_name(),
         "runs": runs,
         "device": device_label,
         "variants": VARIANTS.iter().map(|v| v.name()).collect::<Vec<_>>(),
     });
     let dir = StudyDir::open(&out.dir, "noise", &settings, out.restart)?;
-    let data = Dataset::load(base.dataset, base.dataset_seed, base.examples).map_err(StudyError::Invalid)?;
     let total = runs * VARIANTS.len();
     let mut variants = Vec::new();
+    let mut test_examples = 0;
     for (v, variant) in VARIANTS.into_iter().enumerate() {
         let mut results = Vec::with_capacity(runs);
         for run in 0..runs {
@@ -98,13 +97,13 @@ pub fn run_noise(
                 continue;
             }
             progress.update(done, total, &format!("{} run {}", variant.name(), run + 1));
-            let config = ClassifierConfig {
-                seeds: variant.seeds(base.seeds.init, run),
-                reductions: variant.reductions(),
-                ..base.clone()
+            let variation = Variation {
+                seeds: Some(variant.seeds(subject.base_seed(), run)),
+                reductions: Some(variant.reductions()),
+                steps: None,
             };
             let started = Instant::now();
-            let outcome = train(&config, &data, device, &mut Recorder::discard(), None)?;
+            let outcome = subject.train(variation, device, &mut Recorder::discard())?;
             let (accuracy, per_class_accuracy) =
                 RunResult::score(&outcome.predictions, &outcome.labels, outcome.classes);
             let result = RunResult {
@@ -118,6 +117,7 @@ pub fn run_noise(
             dir.save_run(variant.name(), run, &result, &outcome.state.weights)?;
             results.push(result);
         }
+        test_examples = results.first().map_or(0, |r| r.predictions.len());
         let stats = variant_stats(&results, |i| dir.load_weights(variant.name(), i))?;
         variants.push(VariantReport {
             variant: variant.name().to_string(),
@@ -134,18 +134,10 @@ pub fn run_noise(
         _ => None,
     };
     let report = NoiseReport {
-        subject: format!(
-            "{} on {} ({} epoch(s), batch {}, lr {}{})",
-            base.model,
-            base.dataset,
-            base.epochs,
-            base.batch,
-            base.lr,
-            if base.batch_norm { ", batch norm" } else { "" }
-        ),
+        subject: subject.describe(),
         device: device_label.to_string(),
         runs,
-        test_examples: data.test.len(),
+        test_examples,
         variants,
         impl_share_of_accuracy_stdev: impl_share,
     };

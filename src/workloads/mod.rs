@@ -4,12 +4,14 @@
 mod adder;
 pub mod classifier;
 pub mod gpt;
+mod outcome;
 pub mod qwen2;
 pub mod seeded;
 
 pub use adder::{AdderConfig, Formulation};
-pub use classifier::{ClassifierConfig, Dataset, DatasetName, ModelKind, Seeds, TrainOutcome};
+pub use classifier::{ClassifierConfig, Dataset, DatasetName, ModelKind};
 pub use gpt::GptConfig;
+pub use outcome::{ModelState, Seeds, TrainOutcome};
 pub use qwen2::Qwen2Config;
 
 use crate::record::{Perturbation, RecordError, Recorder};

@@ -109,7 +109,8 @@ fn bad_gpt_settings_are_refused_before_recording() {
     for (args, needle) in [
         (&["--width", "30", "--heads", "4"][..], "multiple of --heads"),
         (&["--perturb", "1:h.9.mlp.c_fc.weight:1"][..], "not a parameter of this gpt"),
-        (&["--reductions", "ordered"][..], "--reductions candle"),
+        (&["--formulation", "matmul"][..], "setting of the adder"),
+        (&["--steps", "0"][..], "at least 1"),
     ] {
         let mut a = vec!["record", "--workload", "gpt", "--out", s(&out)];
         a.extend_from_slice(args);

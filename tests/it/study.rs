@@ -124,7 +124,7 @@ fn devices_study_finds_identical_runs_and_the_root_cause_of_atomic_ones() {
 fn cost_study_times_every_mode_of_every_workload() {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("cost");
-    let args = ["study", "cost", "--workloads", "mlp,cnn", "--steps", "3", "--rounds", "1", "--batch", "16", "--json"];
+    let args = ["study", "cost", "--workloads", "mlp,gpt", "--steps", "3", "--rounds", "1", "--batch", "4", "--json"];
     let run = repro(&with_out(&args, s(&out), &[]));
     assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
     let rows = json(&run.stdout)["rows"].as_array().unwrap().clone();
@@ -136,6 +136,7 @@ fn cost_study_times_every_mode_of_every_workload() {
         assert_eq!(r["deterministic"], r["reductions"] != "atomic");
     }
     assert_eq!(rows[2]["overhead_vs_atomic_percent"], 0.0);
+    assert!(rows[3]["workload"].as_str().unwrap().starts_with("gpt (2 layers, width 128, batch 4)"), "{}", rows[3]);
     assert!(out.join("cost.md").exists() && out.join("cost.svg").exists());
 }
 
@@ -144,7 +145,7 @@ fn studies_refuse_bad_settings_with_a_clear_error() {
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("x");
     for (args, expected) in [
-        (vec!["study", "noise", "--workload", "adder"], "studies train a classifier"),
+        (vec!["study", "noise", "--workload", "adder"], "studies train mlp, cnn, resnet18 or gpt, not adder"),
         (vec!["study", "noise", "--workload", "mlp", "--runs", "1"], "--runs 2 or more"),
         (vec!["study", "noise", "--workload", "cnn", "--dataset", "gauss2d"], "trains on images"),
         (vec!["study", "devices", "--workload", "mlp", "--devices", "cpu"], "two or more devices"),
@@ -211,4 +212,36 @@ fn a_study_whose_training_diverges_says_so_and_stays_readable() {
     let bad = repro(&["study", "show", s(&dir.path().join("noise.json"))]);
     assert_eq!(bad.code, 2);
     assert!(bad.stderr.contains("not a readable noise report: missing field"), "{}", bad.stderr);
+}
+
+/// A small gpt: 1 layer, width 32, context 16, 3 steps of 2 sequences.
+const SMALL_GPT: &[&str] =
+    &["--workload", "gpt", "--steps", "3", "--batch", "2", "--context", "16", "--width", "32", "--layers", "1"];
+
+#[test]
+fn the_studies_train_the_gpt_too() {
+    let tmp = tempfile::tempdir().unwrap();
+    let noise = tmp.path().join("noise");
+    let args = [&["study", "noise", "--runs", "2", "--json"][..], SMALL_GPT].concat();
+    let run = repro(&with_out(&args, s(&noise), &[]));
+    assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+    let report = json(&run.stdout);
+    assert!(report["subject"].as_str().unwrap().starts_with("gpt (1 layers, width 32, context 16"), "{report}");
+    assert_eq!(report["test_examples"], 32 * 16, "next-byte predictions at every position of 32 windows");
+    let control = &report["variants"][0];
+    assert_eq!((control["variant"].as_str(), control["churn"].as_f64()), (Some("control"), Some(0.0)));
+    let algo = &report["variants"][1];
+    assert!(algo["l2_normalized"].as_f64().unwrap() > 0.0, "other seeds, other weights: {algo}");
+
+    // Two runs in one process: the second's graph nodes get the same names as the first's.
+    let devices = tmp.path().join("devices");
+    let args = [&["study", "devices", "--devices", "cpu,cpu", "--json"][..], SMALL_GPT].concat();
+    let run = repro(&with_out(&args, s(&devices), &[]));
+    assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+    let report = json(&run.stdout);
+    assert_eq!(report["comparisons"][0]["identical"], true, "{report}");
+    assert_eq!(
+        report["cross_error"][0][0], report["cross_error"][0][1],
+        "weights evaluated elsewhere predict the same"
+    );
 }

@@ -12,7 +12,7 @@
 //! Each layer output is recorded as an op with the names of its inputs, so `repro diff` can
 //! name the first layer whose output changed.
 
-use super::Seeds;
+use super::{ModelState, Seeds};
 use crate::ops::{expand_rows, sum_all, sum_rows, Reductions};
 use crate::record::{RecordError, StepRecorder};
 use crate::trace::TensorKind;
@@ -168,15 +168,6 @@ impl ParamStore {
         load(&mut self.trainable.iter().map(|(_, v)| v), &state.weights, "weights")?;
         load(&mut self.buffers.iter(), &state.buffers, "buffers")
     }
-}
-
-/// A trained model's values, independent of the device it was trained on.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ModelState {
-    /// Trainable parameters, flattened in creation order.
-    pub weights: Vec<f32>,
-    /// Buffers (batch-norm running statistics), flattened in creation order.
-    pub buffers: Vec<f32>,
 }
 
 /// A fully connected layer.

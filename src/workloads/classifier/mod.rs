@@ -14,38 +14,18 @@ mod models;
 pub use data::{Dataset, DatasetName, Split};
 pub use models::{ModelKind, MLP_HIDDEN};
 
+pub use super::outcome::{ModelState, Seeds, TrainOutcome};
 use crate::ops::Reductions;
 use crate::record::{Perturbation, RecordError, Recorder};
 use crate::trace::{Phase, RunConfig, TensorKind};
 use crate::workloads::seeded::stream;
 use candle_core::{Device, Tensor, D};
 use candle_nn::{AdamW, Optimizer, ParamsAdamW};
-pub use layers::ModelState;
 use layers::{cross_entropy, one_hot, Ctx, Node, ParamStore};
 use models::Model;
 use rand::seq::SliceRandom;
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
-
-/// The seeds of each algorithmic source of randomness.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Seeds {
-    /// Initial weights.
-    pub init: u64,
-    /// Order of the training examples (reshuffled every epoch).
-    pub order: u64,
-    /// Random shifts of training images.
-    pub augment: u64,
-    /// Dropout masks.
-    pub dropout: u64,
-}
-
-impl Seeds {
-    /// All four seeds equal to `seed`.
-    pub fn all(seed: u64) -> Self {
-        Seeds { init: seed, order: seed, augment: seed, dropout: seed }
-    }
-}
+use std::time::Instant;
 
 /// A classifier training run's settings.
 #[derive(Debug, Clone, PartialEq)]
@@ -182,27 +162,6 @@ impl ClassifierConfig {
     pub fn total_steps(&self, n: usize) -> u64 {
         self.steps_per_epoch(n).saturating_mul(self.epochs).min(self.max_steps.unwrap_or(u64::MAX))
     }
-}
-
-/// What a finished training run produced.
-#[derive(Debug, Clone)]
-pub struct TrainOutcome {
-    /// Steps trained.
-    pub steps: u64,
-    /// Predicted class of every test example.
-    pub predictions: Vec<u32>,
-    /// The test labels.
-    pub labels: Vec<u32>,
-    /// Number of classes.
-    pub classes: usize,
-    /// The trained values: every trainable parameter (`state.weights`, flattened and
-    /// concatenated in creation order) and the batch-norm statistics.
-    pub state: ModelState,
-    /// Loss of the last training step.
-    pub final_loss: f32,
-    /// Wall time of the training steps after the first (which pays for warm-up), synchronized
-    /// with the device.
-    pub step_times: Vec<Duration>,
 }
 
 /// Checks, before anything is recorded, that `perturb` names a tensor this model records and a

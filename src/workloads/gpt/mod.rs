@@ -9,15 +9,17 @@
 pub mod model;
 
 use crate::capture::{ModelCapture, SpanScopes};
-use crate::ops::Reductions;
+use crate::ops::{sum_all, Reductions};
 use crate::record::{Perturbation, RecordError, Recorder};
 use crate::trace::{RunConfig, TensorKind};
 use crate::workloads::seeded::{stream, uniform_vec};
+use crate::workloads::{ModelState, TrainOutcome};
 use candle_core::{DType, Device, Tensor};
 use candle_nn::{AdamW, Optimizer, ParamsAdamW, VarBuilder, VarMap};
 use model::{Gpt, GptShape, Norm};
 use rand::Rng;
 use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
 
 /// The training text: generated, about 96 KiB of ASCII.
 pub const CORPUS: &str = include_str!("../../../data/gpt/corpus.txt");
@@ -45,6 +47,9 @@ pub struct GptConfig {
     pub lr: f64,
     /// How the blocks normalise.
     pub norm: Norm,
+    /// How batch reductions accumulate: the loss over every token and the linear layers' bias
+    /// gradients. `Candle` is candle's own kernels and candle-nn's layers unchanged.
+    pub reductions: Reductions,
 }
 
 impl Default for GptConfig {
@@ -60,6 +65,7 @@ impl Default for GptConfig {
             heads: 4,
             lr: 1e-3,
             norm: Norm::Ops,
+            reductions: Reductions::Candle,
         }
     }
 }
@@ -71,7 +77,7 @@ impl GptConfig {
             Norm::Ops => "ops",
             Norm::Fused => "fused",
         };
-        let params = BTreeMap::from([
+        let mut params = BTreeMap::from([
             ("batch".to_string(), self.batch.to_string()),
             ("context".to_string(), self.context.to_string()),
             ("data_seed".to_string(), self.data_seed.to_string()),
@@ -82,28 +88,28 @@ impl GptConfig {
             ("seed".to_string(), self.seed.to_string()),
             ("width".to_string(), self.width.to_string()),
         ]);
+        // Absent means candle's: traces recorded before the setting existed keep their header.
+        if self.reductions != Reductions::Candle {
+            params.insert("reductions".to_string(), self.reductions.to_string());
+        }
         RunConfig { workload: "gpt".into(), steps: Some(self.steps), params }
     }
 
     fn shape(&self) -> GptShape {
         GptShape {
-            vocab: 256,
+            vocab: VOCAB,
             context: self.context,
             layers: self.layers,
             width: self.width,
             heads: self.heads,
             norm: self.norm,
+            reductions: self.reductions,
         }
     }
 
     /// Checks the settings, and that `perturb` names a parameter of this model.
-    pub fn validate(&self, reductions: Reductions, perturb: Option<&Perturbation>) -> Result<(), RecordError> {
+    pub fn validate(&self, perturb: Option<&Perturbation>) -> Result<(), RecordError> {
         let bad = |m: String| Err(RecordError::Unsupported(m));
-        if reductions != Reductions::Candle {
-            return bad(format!(
-                "gpt trains with candle's own reductions only (--reductions candle), not {reductions}"
-            ));
-        }
         if self.steps == 0 || self.batch == 0 || self.layers == 0 {
             return bad("gpt needs --steps, --batch and --layers of at least 1".into());
         }
@@ -144,16 +150,21 @@ impl GptConfig {
     /// One batch: `batch` windows of `context + 1` bytes at seeded offsets; inputs are the
     /// first `context` bytes, targets the last `context`.
     fn batch_data(&self, step: u64, device: &Device) -> Result<(Tensor, Tensor), RecordError> {
-        let mut rng = stream(self.data_seed, "gpt.batch", step);
+        self.windows(&mut stream(self.data_seed, "gpt.batch", step), self.batch, device)
+    }
+
+    /// `count` windows of `context + 1` bytes at offsets drawn from `rng`, as `[count, context]`
+    /// inputs and targets (the same windows shifted by one byte).
+    fn windows(&self, rng: &mut impl Rng, count: usize, device: &Device) -> Result<(Tensor, Tensor), RecordError> {
         let bytes = CORPUS.as_bytes();
         let (mut inputs, mut targets) = (Vec::new(), Vec::new());
-        for _ in 0..self.batch {
+        for _ in 0..count {
             let start = rng.random_range(0..bytes.len() - self.context);
             let window = &bytes[start..start + self.context + 1];
             inputs.extend(window[..self.context].iter().map(|&b| b as u32));
             targets.extend(window[1..].iter().map(|&b| b as u32));
         }
-        let shape = (self.batch, self.context);
+        let shape = (count, self.context);
         let inputs = Tensor::from_vec(inputs, shape, &Device::Cpu)?.to_device(device)?;
         let targets = Tensor::from_vec(targets, shape, &Device::Cpu)?.to_device(device)?;
         Ok((inputs, targets))
@@ -196,6 +207,60 @@ impl GptConfig {
         recorder: &mut Recorder,
         perturb: Option<&Perturbation>,
     ) -> Result<(), RecordError> {
+        self.train_steps(device, recorder, perturb, false).map(|_| ())
+    }
+
+    /// Trains as [`GptConfig::run`] does, timing each step (synchronized with the device), then
+    /// predicts the next byte at every position of the evaluation windows: what the studies
+    /// compare between runs.
+    pub fn train(&self, device: &Device, recorder: &mut Recorder) -> Result<TrainOutcome, RecordError> {
+        let trained = self.train_steps(device, recorder, None, true)?;
+        let (inputs, labels) = self.evaluation_windows(device)?;
+        let predictions = predict(&trained.model, &inputs)?;
+        Ok(TrainOutcome {
+            steps: self.steps,
+            predictions,
+            labels: labels.flatten_all()?.to_vec1()?,
+            classes: VOCAB,
+            state: ModelState { weights: flatten(&trained.varmap)?, buffers: Vec::new() },
+            final_loss: trained.final_loss,
+            step_times: trained.step_times,
+        })
+    }
+
+    /// Next-byte predictions, at every position of the evaluation windows, of a model holding
+    /// `state` (trained anywhere), run on `device`.
+    pub fn evaluate(&self, device: &Device, state: &ModelState) -> Result<Vec<u32>, RecordError> {
+        let (model, varmap) = self.build(device)?;
+        let mut at = 0;
+        for (name, var) in sorted_vars(&varmap) {
+            let n = var.elem_count();
+            let values = state.weights.get(at..at + n).ok_or_else(|| {
+                RecordError::Unsupported(format!("the weights end before `{name}`: not a state of this gpt"))
+            })?;
+            var.set(&Tensor::from_slice(values, var.dims(), &Device::Cpu)?.to_device(device)?)?;
+            at += n;
+        }
+        if at != state.weights.len() {
+            return Err(RecordError::Unsupported("more weights than this gpt has: not a state of it".into()));
+        }
+        let (inputs, _) = self.evaluation_windows(device)?;
+        predict(&model, &inputs)
+    }
+
+    /// The held-out probe of the studies: [`EVAL_WINDOWS`] windows of the corpus at offsets
+    /// drawn from a fixed seed (the same whatever the run's seeds), as inputs and next bytes.
+    fn evaluation_windows(&self, device: &Device) -> Result<(Tensor, Tensor), RecordError> {
+        self.windows(&mut stream(0, "gpt.eval", 0), EVAL_WINDOWS, device)
+    }
+
+    fn train_steps(
+        &self,
+        device: &Device,
+        recorder: &mut Recorder,
+        perturb: Option<&Perturbation>,
+        time_steps: bool,
+    ) -> Result<Trained, RecordError> {
         // Name graph nodes after the model's spans, for this thread.
         use tracing_subscriber::layer::SubscriberExt;
         let _spans = tracing::subscriber::set_default(tracing_subscriber::registry().with(SpanScopes));
@@ -205,7 +270,9 @@ impl GptConfig {
         let vars: Vec<_> = capture.parameters().iter().map(|(_, v)| v.clone()).collect();
         let mut opt = AdamW::new(vars, params)?;
         recorder.set_perturbation(perturb.cloned());
+        let (mut final_loss, mut step_times) = (f32::NAN, Vec::new());
         for step in 0..self.steps {
+            let started = Instant::now();
             let (inputs, targets) = self.batch_data(step, device)?;
             let mut s = recorder.step(step);
             s.record("tokens", TensorKind::Input, &inputs)?;
@@ -223,7 +290,7 @@ impl GptConfig {
             };
             let logits = model.forward(&inputs)?;
             let (b, t, v) = logits.dims3()?;
-            let loss = candle_nn::loss::cross_entropy(&logits.reshape((b * t, v))?, &targets.reshape(b * t)?)?;
+            let loss = next_token_loss(&logits.reshape((b * t, v))?, &targets.reshape(b * t)?, self.reductions)?;
             let grads = loss.backward()?;
             capture.record_graph(&mut s, &loss, "loss", TensorKind::Loss)?;
             capture.record_gradients(&mut s, &grads)?;
@@ -233,7 +300,98 @@ impl GptConfig {
             opt.step(&grads)?;
             capture.record_updated(&mut s)?;
             s.finish()?;
+            if time_steps {
+                final_loss = loss.to_scalar::<f32>()?;
+                device.synchronize()?;
+                if step > 0 {
+                    step_times.push(started.elapsed());
+                }
+            }
         }
-        Ok(())
+        Ok(Trained { model, varmap, final_loss, step_times })
+    }
+}
+
+/// Windows the studies predict on.
+const EVAL_WINDOWS: usize = 32;
+
+/// Byte-level vocabulary.
+const VOCAB: usize = 256;
+
+/// A trained model, its parameters, and what training measured.
+struct Trained {
+    model: Gpt,
+    varmap: VarMap,
+    final_loss: f32,
+    step_times: Vec<Duration>,
+}
+
+/// The parameters in name order.
+fn sorted_vars(varmap: &VarMap) -> Vec<(String, candle_core::Var)> {
+    let mut vars: Vec<_> =
+        varmap.data().lock().expect("VarMap lock").iter().map(|(n, v)| (n.clone(), v.clone())).collect();
+    vars.sort_by(|a, b| a.0.cmp(&b.0));
+    vars
+}
+
+/// Every parameter's values, in name order, concatenated.
+fn flatten(varmap: &VarMap) -> Result<Vec<f32>, RecordError> {
+    let mut out = Vec::new();
+    for (_, var) in sorted_vars(varmap) {
+        out.extend(var.as_tensor().flatten_all()?.to_vec1::<f32>()?);
+    }
+    Ok(out)
+}
+
+/// The most likely next byte at every position of `inputs` `[windows, context]`.
+fn predict(model: &Gpt, inputs: &Tensor) -> Result<Vec<u32>, RecordError> {
+    Ok(model.forward(inputs)?.argmax(candle_core::D::Minus1)?.flatten_all()?.to_vec1()?)
+}
+
+/// The mean cross-entropy of `logits` `[n, vocab]` against `targets` `[n]`: candle-nn's
+/// `cross_entropy` with candle's reductions, else the same formula with the sum over tokens
+/// accumulated as `reductions` says.
+fn next_token_loss(logits: &Tensor, targets: &Tensor, reductions: Reductions) -> candle_core::Result<Tensor> {
+    if reductions == Reductions::Candle {
+        return candle_nn::loss::cross_entropy(logits, targets);
+    }
+    let n = targets.elem_count();
+    let log_p = candle_nn::ops::log_softmax(logits, candle_core::D::Minus1)?;
+    let picked = log_p.gather(&targets.unsqueeze(1)?, 1)?;
+    sum_all(&picked, reductions)?.affine(-1.0 / n as f64, 0.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn small() -> GptConfig {
+        GptConfig { steps: 2, batch: 2, context: 8, layers: 1, width: 16, heads: 2, ..GptConfig::default() }
+    }
+
+    #[test]
+    fn a_trained_state_evaluates_to_the_same_predictions_and_a_foreign_one_is_refused() {
+        let config = small();
+        let trained = config.train(&Device::Cpu, &mut Recorder::discard()).unwrap();
+        assert_eq!(trained.predictions.len(), EVAL_WINDOWS * config.context);
+        assert_eq!(trained.labels.len(), trained.predictions.len());
+        assert_eq!(trained.step_times.len(), 1, "the first step is warm-up");
+        assert_eq!(config.evaluate(&Device::Cpu, &trained.state).unwrap(), trained.predictions);
+        let mut short = trained.state.clone();
+        short.weights.pop();
+        assert!(config.evaluate(&Device::Cpu, &short).unwrap_err().to_string().contains("not a state of this gpt"));
+    }
+
+    #[test]
+    fn ordered_reductions_reproduce_and_change_only_the_summation_order() {
+        let ordered = GptConfig { reductions: Reductions::Ordered, ..small() };
+        let a = ordered.train(&Device::Cpu, &mut Recorder::discard()).unwrap();
+        let b = ordered.train(&Device::Cpu, &mut Recorder::discard()).unwrap();
+        assert_eq!(a.state, b.state);
+        let candle = small().train(&Device::Cpu, &mut Recorder::discard()).unwrap();
+        let gap = a.state.weights.iter().zip(&candle.state.weights).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+        assert!(gap < 1e-3, "the same training up to rounding: {gap}");
+        assert!(ordered.run_config().params["reductions"] == "ordered");
+        assert!(!small().run_config().params.contains_key("reductions"), "absent means candle's");
     }
 }

@@ -6,6 +6,7 @@
 //! calls; `repro::capture` records it from outside. Parameter names follow GPT-2's
 //! (`h.3.attn.c_attn.weight`), span names the same parts (`h[3]/attn/c_attn`).
 
+use crate::ops::{expand_rows, Reductions};
 use candle_core::{DType, Device, Module, Result, Tensor, D};
 use candle_nn::{Embedding, Linear, VarBuilder};
 use tracing::Span;
@@ -35,6 +36,9 @@ pub struct GptShape {
     pub heads: usize,
     /// How blocks normalise.
     pub norm: Norm,
+    /// How the batch reductions of the linear layers' bias gradients accumulate: candle's own
+    /// (candle-nn's `Linear`), or repro's atomic or ordered sums.
+    pub reductions: Reductions,
 }
 
 /// A module that enters a `tracing` span named after it while it runs.
@@ -92,13 +96,37 @@ fn layer_norm(width: usize, norm: Norm, vb: VarBuilder, name: &'static str) -> R
     Ok(Traced::new(LayerNorm { weight, bias, norm }, name))
 }
 
-fn linear(i: usize, o: usize, vb: VarBuilder, name: &'static str) -> Result<Traced<Linear>> {
-    Ok(Traced::new(candle_nn::linear(i, o, vb.pp(name))?, name))
+/// A linear layer. With candle's reductions it is candle-nn's `Linear`; otherwise its bias is
+/// added through `expand_rows`, whose backward sums the bias gradient over every token of the
+/// batch in the chosen order.
+struct Dense {
+    linear: Linear,
+    reductions: Reductions,
+}
+
+impl Module for Dense {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        match (self.reductions, self.linear.bias()) {
+            (Reductions::Candle, _) | (_, None) => self.linear.forward(x),
+            (mode, Some(bias)) => {
+                let mut dims = x.dims().to_vec();
+                let features = dims.pop().unwrap_or(1);
+                let rows = dims.iter().product();
+                let y = x.reshape((rows, features))?.matmul(&self.linear.weight().t()?)?;
+                dims.push(bias.elem_count());
+                (y + expand_rows(bias, rows, mode)?)?.reshape(dims)
+            }
+        }
+    }
+}
+
+fn linear(i: usize, o: usize, reductions: Reductions, vb: VarBuilder, name: &'static str) -> Result<Traced<Dense>> {
+    Ok(Traced::new(Dense { linear: candle_nn::linear(i, o, vb.pp(name))?, reductions }, name))
 }
 
 struct Attention {
-    c_attn: Traced<Linear>,
-    c_proj: Traced<Linear>,
+    c_attn: Traced<Dense>,
+    c_proj: Traced<Dense>,
     heads: usize,
     span: Span,
 }
@@ -122,8 +150,8 @@ impl Attention {
 }
 
 struct Mlp {
-    c_fc: Traced<Linear>,
-    c_proj: Traced<Linear>,
+    c_fc: Traced<Dense>,
+    c_proj: Traced<Dense>,
     span: Span,
 }
 
@@ -156,7 +184,7 @@ pub struct Gpt {
     wpe: Traced<Embedding>,
     blocks: Vec<Block>,
     ln_f: Traced<LayerNorm>,
-    lm_head: Traced<Linear>,
+    lm_head: Traced<Dense>,
     context: usize,
 }
 
@@ -176,15 +204,15 @@ impl Gpt {
                 Ok(Block {
                     ln_1: layer_norm(w, shape.norm, vb.clone(), "ln_1")?,
                     attn: Attention {
-                        c_attn: linear(w, 3 * w, attn.clone(), "c_attn")?,
-                        c_proj: linear(w, w, attn, "c_proj")?,
+                        c_attn: linear(w, 3 * w, shape.reductions, attn.clone(), "c_attn")?,
+                        c_proj: linear(w, w, shape.reductions, attn, "c_proj")?,
                         heads: shape.heads,
                         span: span_named("attn"),
                     },
                     ln_2: layer_norm(w, shape.norm, vb.clone(), "ln_2")?,
                     mlp: Mlp {
-                        c_fc: linear(w, 4 * w, mlp.clone(), "c_fc")?,
-                        c_proj: linear(4 * w, w, mlp, "c_proj")?,
+                        c_fc: linear(w, 4 * w, shape.reductions, mlp.clone(), "c_fc")?,
+                        c_proj: linear(4 * w, w, shape.reductions, mlp, "c_proj")?,
                         span: span_named("mlp"),
                     },
                     span: span_named("h"),
@@ -192,7 +220,7 @@ impl Gpt {
             })
             .collect::<Result<Vec<_>>>()?;
         let ln_f = layer_norm(w, shape.norm, vb.clone(), "ln_f")?;
-        let lm_head = linear(w, shape.vocab, vb, "lm_head")?;
+        let lm_head = linear(w, shape.vocab, shape.reductions, vb, "lm_head")?;
         Ok(Gpt { wte, wpe, blocks, ln_f, lm_head, context: shape.context })
     }
 

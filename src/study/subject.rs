@@ -1,0 +1,170 @@
+//! What a study trains: a built-in classifier on its dataset, or the gpt on its corpus, behind
+//! the few things a study asks of a workload: train it with other seeds, reductions or length,
+//! score its held-out predictions, and evaluate another run's weights.
+
+use super::error::StudyError;
+use crate::ops::Reductions;
+use crate::record::{RecordError, Recorder};
+use crate::trace::RunConfig;
+use crate::workloads::classifier::{evaluate, train};
+use crate::workloads::{ClassifierConfig, Dataset, GptConfig, ModelState, Seeds, TrainOutcome, Workload};
+use candle_core::Device;
+
+/// A workload a study can train, with its data.
+pub enum Subject {
+    /// A classifier and its dataset, generated once for every run of the study.
+    Classifier {
+        /// The base settings.
+        config: ClassifierConfig,
+        /// The dataset.
+        data: Box<Dataset>,
+    },
+    /// The gpt (its corpus is built in).
+    Gpt(GptConfig),
+}
+
+/// What a study changes in a run, relative to the subject's base settings.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Variation {
+    /// Other seeds of the algorithmic randomness (the gpt has two: `init` for the weights,
+    /// `order` for the batches).
+    pub seeds: Option<Seeds>,
+    /// Other reductions.
+    pub reductions: Option<Reductions>,
+    /// Train this many steps instead.
+    pub steps: Option<u64>,
+}
+
+impl Subject {
+    /// The subject of a built-in workload; the adder and qwen2 (inference) have no held-out
+    /// predictions to study.
+    pub fn new(workload: Workload) -> Result<Self, StudyError> {
+        match workload {
+            Workload::Classifier(config) => {
+                config.validate()?;
+                let data =
+                    Dataset::load(config.dataset, config.dataset_seed, config.examples).map_err(StudyError::Invalid)?;
+                Ok(Subject::Classifier { config, data: Box::new(data) })
+            }
+            Workload::Gpt(config) => {
+                config.validate(None)?;
+                Ok(Subject::Gpt(config))
+            }
+            other => Err(StudyError::Invalid(format!(
+                "studies train mlp, cnn, resnet18 or gpt, not {}",
+                other.run_config().workload
+            ))),
+        }
+    }
+
+    /// The workload's name (`cnn`, `gpt`).
+    pub fn workload_name(&self) -> String {
+        self.run_config().workload
+    }
+
+    /// The base settings, as a trace header writes them.
+    pub fn run_config(&self) -> RunConfig {
+        match self {
+            Subject::Classifier { config, .. } => config.run_config(),
+            Subject::Gpt(config) => config.run_config(),
+        }
+    }
+
+    /// One line for a report's title.
+    pub fn describe(&self) -> String {
+        match self {
+            Subject::Classifier { config: c, .. } => format!(
+                "{} on {} ({} epoch(s), batch {}, lr {}{})",
+                c.model,
+                c.dataset,
+                c.epochs,
+                c.batch,
+                c.lr,
+                if c.batch_norm { ", batch norm" } else { "" }
+            ),
+            Subject::Gpt(c) => format!(
+                "gpt ({} layers, width {}, context {}; {} steps of batch {}, lr {})",
+                c.layers, c.width, c.context, c.steps, c.batch, c.lr
+            ),
+        }
+    }
+
+    /// The base seed the noise study's variants start from.
+    pub fn base_seed(&self) -> u64 {
+        match self {
+            Subject::Classifier { config, .. } => config.seeds.init,
+            Subject::Gpt(config) => config.seed,
+        }
+    }
+
+    /// The workload and the settings a timing depends on, for a table row.
+    pub fn describe_briefly(&self) -> String {
+        match self {
+            Subject::Classifier { config: c, .. } => format!("{} ({}, batch {})", c.model, c.dataset, c.batch),
+            Subject::Gpt(c) => format!("gpt ({} layers, width {}, batch {})", c.layers, c.width, c.batch),
+        }
+    }
+
+    /// Training steps of a run with the base settings.
+    pub fn steps(&self) -> u64 {
+        match self {
+            Subject::Classifier { config, data } => config.total_steps(data.train.len()),
+            Subject::Gpt(config) => config.steps,
+        }
+    }
+
+    /// Trains a run with `variation` on `device`, recording into `recorder` (which may
+    /// discard), and predicts the held-out examples.
+    pub fn train(
+        &self,
+        variation: Variation,
+        device: &Device,
+        recorder: &mut Recorder,
+    ) -> Result<TrainOutcome, RecordError> {
+        match self {
+            Subject::Classifier { config, data } => {
+                train(&classifier_variant(config, variation), data, device, recorder, None)
+            }
+            Subject::Gpt(config) => gpt_variant(config, variation).train(device, recorder),
+        }
+    }
+
+    /// Held-out predictions of the base model holding `state` (trained anywhere), on `device`.
+    pub fn evaluate(&self, device: &Device, state: &ModelState) -> Result<Vec<u32>, RecordError> {
+        match self {
+            Subject::Classifier { config, data } => evaluate(config, data, device, state),
+            Subject::Gpt(config) => config.evaluate(device, state),
+        }
+    }
+}
+
+fn classifier_variant(base: &ClassifierConfig, v: Variation) -> ClassifierConfig {
+    let mut c = base.clone();
+    if let Some(seeds) = v.seeds {
+        c.seeds = seeds;
+    }
+    if let Some(reductions) = v.reductions {
+        c.reductions = reductions;
+    }
+    if let Some(steps) = v.steps {
+        // Enough epochs to reach the steps whatever the dataset's size.
+        c.max_steps = Some(steps);
+        c.epochs = steps;
+    }
+    c
+}
+
+fn gpt_variant(base: &GptConfig, v: Variation) -> GptConfig {
+    let mut c = base.clone();
+    if let Some(seeds) = v.seeds {
+        c.seed = seeds.init;
+        c.data_seed = seeds.order;
+    }
+    if let Some(reductions) = v.reductions {
+        c.reductions = reductions;
+    }
+    if let Some(steps) = v.steps {
+        c.steps = steps;
+    }
+    c
+}
