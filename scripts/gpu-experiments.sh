@@ -14,7 +14,8 @@
 # op and records one against another online; `overhead` times per-op recording against plain
 # steps; `opfixtures` keeps small op-level traces for fixtures/. The studies: `cost`,
 # `devices-study`, `noise-mlp`, `noise-cnn`, `noise-resnet18` (RESNET_RUNS, RESNET_EPOCHS), and
-# `studyfixtures` (atomic cnn traces for fixtures/), not run by default. `gpt`: the
+# `studyfixtures` (atomic cnn traces for fixtures/), `gpt-studies` (noise, devices and cost on
+# the gpt; GPT_RUNS, GPT_STEPS), not run by default. `gpt`: the
 # transformer recorded by automatic capture (same-seed GPU runs, CPU vs GPU, Qwen2, fixtures). Results land in OUT_DIR:
 # summary.md (everything printed), results.tar.gz (all outputs), fixtures.tar.gz.
 set -uo pipefail
@@ -228,6 +229,38 @@ want noise-cnn && {
   study noise-cnn noise --workload cnn --device cuda:0 --runs 10
   study noise-cnn-bn noise --workload cnn --batch-norm --device cuda:0 --runs 10
 }
+# The gpt in the studies: seeds against reduction order, CPU against GPU, the cost of ordered
+# sums; and two atomic runs diffed op by op (which graph node diverges first).
+if want gpt-studies; then
+  study noise-gpt noise --workload gpt --device cuda:0 --runs "${GPT_RUNS:-10}" --steps "${GPT_STEPS:-300}"
+  study devices-gpt devices --workload gpt --steps 50 --devices cpu,cuda:0
+  study cost-gpt cost --device cuda:0 --workloads gpt --steps 20 --rounds 3
+  section "gpt: two same-seed atomic-reduction GPU runs (automatic capture, 20 steps)"
+  for i in 0 1; do
+    "$repro" record --workload gpt --reductions atomic --steps 20 --capture first-and-last --device cuda:0 \
+      --out "$work/runs/gpt-atomic-$i" 2>>"$work/results/record.log"
+  done
+  say '```'
+  "$repro" diff "$work/runs/gpt-atomic-0" "$work/runs/gpt-atomic-1" 2>&1 | sed "s#$work/runs/##g" | head -30 | tee -a "$summary"
+  say '```'
+  "$repro" record --workload gpt --reductions ordered --steps 20 --capture none --device cuda:0 \
+    --out "$work/runs/gpt-ordered-0" 2>>"$work/results/record.log"
+  "$repro" record --workload gpt --reductions ordered --steps 20 --capture none --device cuda:0 \
+    --out "$work/runs/gpt-ordered-1" 2>>"$work/results/record.log"
+  say '```'
+  "$repro" diff "$work/runs/gpt-ordered-0" "$work/runs/gpt-ordered-1" 2>&1 | sed "s#$work/runs/##g" | sed -n 4p | tee -a "$summary"
+  say '```'
+  # Two small atomic gpt runs, hashes only, for CPU tests of the backward-pass root cause.
+  mkdir -p "$work/fixtures/gpt-atomic"
+  for i in 0 1; do
+    "$repro" record --workload gpt --reductions atomic --steps 2 --batch 2 --context 16 --width 32 --heads 2 \
+      --layers 1 --capture none --device cuda:0 --out "$work/fixtures/gpt-atomic/r$i" 2>>"$work/results/record.log"
+  done
+  rm -f "$work"/fixtures/gpt-atomic/*/run-meta.json
+  say '```'
+  "$repro" diff "$work/fixtures/gpt-atomic/r0" "$work/fixtures/gpt-atomic/r1" 2>&1 | sed "s#$work/fixtures/##g" | head -12 | tee -a "$summary"
+  say '```'
+fi
 want noise-resnet18 && study noise-resnet18 noise --workload resnet18 --device cuda:0 --runs "${RESNET_RUNS:-10}" --epochs "${RESNET_EPOCHS:-2}"
 
 # Two atomic cnn runs with batch norm, per-op hashes, for CPU tests of root cause on real GPU

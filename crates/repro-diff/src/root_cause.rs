@@ -6,7 +6,9 @@
 //!   found by following the recorded input edges.
 //! - Identical leaves (automatically captured graphs, which have no edges): when every leaf that
 //!   feeds the graph (data, parameters) is identical in both runs, the first node that differs
-//!   in topological order is a root cause; when a leaf differs, that leaf is.
+//!   in topological order is a root cause; when a leaf differs, that leaf is. When the whole
+//!   forward graph is identical too, the differing gradients are where the runs part: the
+//!   backward pass.
 
 use crate::divergence::Divergence;
 use repro_trace::{Phase, TensorKind};
@@ -24,6 +26,10 @@ pub enum CauseRule {
     IdenticalLeaves,
     /// The cause is itself a leaf (data or a parameter): the runs were fed different values.
     Leaf,
+    /// A captured step whose leaves and forward graph (loss included) are identical in both
+    /// runs: the backward pass computed the cause, a gradient, differently. Other differing
+    /// gradients are listed as separate causes (gradients carry no order among themselves).
+    Backward,
     /// Only that the cause is the first difference of the step (inputs unknown or not comparable).
     FirstDifference,
 }
@@ -154,16 +160,27 @@ pub(crate) fn analyze(entries: Vec<Entry>) -> Option<RootCause> {
 fn analyze_captured(entries: Vec<Entry>) -> Option<RootCause> {
     let differing: Vec<&Entry> = entries.iter().filter(|e| e.divergence.is_some()).collect();
     let leaves_identical = entries.iter().filter(|e| e.leaf).all(|e| e.compared && e.divergence.is_none());
+    let forward_compared = entries.iter().filter(|e| e.node).all(|e| e.compared);
     let (cause, rule) = if let Some(leaf) = differing.iter().find(|e| e.leaf) {
         (*leaf, CauseRule::Leaf)
     } else if let Some(node) = differing.iter().find(|e| e.node).filter(|_| leaves_identical) {
         (*node, CauseRule::IdenticalLeaves)
+    } else if let Some(grad) =
+        differing.iter().find(|e| is_gradient(e)).filter(|_| leaves_identical && forward_compared)
+    {
+        (*grad, CauseRule::Backward)
     } else {
         (*differing.first()?, CauseRule::FirstDifference)
     };
+    let separate = |e: &Entry| rule == CauseRule::Backward && is_gradient(e);
+    let independent = differing
+        .iter()
+        .filter(|e| e.name != cause.name && separate(e))
+        .map(|e| e.divergence.clone().expect("differing"))
+        .collect();
     let consequences = differing
         .iter()
-        .filter(|e| e.name != cause.name)
+        .filter(|e| e.name != cause.name && !separate(e))
         .map(|e| {
             let d = e.divergence.as_ref().expect("differing");
             Consequence { tensor: e.name.clone(), kind: d.kind, phase: d.phase, from: Vec::new() }
@@ -172,11 +189,15 @@ fn analyze_captured(entries: Vec<Entry>) -> Option<RootCause> {
     Some(RootCause {
         cause: cause.divergence.clone().expect("differing"),
         rule,
-        inputs_checked: rule == CauseRule::IdenticalLeaves,
-        independent: Vec::new(),
+        inputs_checked: matches!(rule, CauseRule::IdenticalLeaves | CauseRule::Backward),
+        independent,
         consequences,
         inputs_recorded: false,
     })
+}
+
+fn is_gradient(e: &Entry) -> bool {
+    e.divergence.as_ref().is_some_and(|d| d.kind == TensorKind::Gradient)
 }
 
 #[cfg(test)]
@@ -258,6 +279,39 @@ mod tests {
         assert_eq!(r.rule, CauseRule::IdenticalLeaves);
         assert!(r.inputs_checked);
         assert_eq!(r.consequences.iter().map(|c| c.tensor.as_str()).collect::<Vec<_>>(), ["loss"]);
+    }
+
+    #[test]
+    fn with_the_whole_forward_graph_identical_the_differing_gradients_are_the_causes() {
+        let gradient = |name: &str, differs: bool| {
+            let mut e = entry(name, &[], differs);
+            if let Some(d) = &mut e.divergence {
+                d.kind = TensorKind::Gradient;
+            }
+            e
+        };
+        let updated = entry("w.updated", &[], true);
+        let entries = || {
+            vec![
+                captured("x", true, false),
+                captured("w", true, false),
+                captured("mlp#0", false, false),
+                captured("loss", false, false),
+                gradient("a.grad", false),
+                gradient("b.grad", true),
+                gradient("c.grad", true),
+            ]
+        };
+        let mut all = entries();
+        all.push(updated);
+        let r = analyze(all).unwrap();
+        assert_eq!((r.cause.tensor.as_str(), r.rule), ("b.grad", CauseRule::Backward));
+        assert_eq!(r.independent.iter().map(|d| d.tensor.as_str()).collect::<Vec<_>>(), ["c.grad"]);
+        assert_eq!(r.consequences.iter().map(|c| c.tensor.as_str()).collect::<Vec<_>>(), ["w.updated"]);
+        // A forward node missing from one run: the forward pass is not established as identical.
+        let mut partial = entries();
+        partial[2].compared = false;
+        assert_eq!(analyze(partial).unwrap().rule, CauseRule::FirstDifference);
     }
 
     #[test]

@@ -194,13 +194,22 @@ pub fn write_root_cause(out: &mut String, r: &RootCause) -> fmt::Result {
              in topological order, that differs"
         }
         CauseRule::Leaf => "it is data or a parameter the step starts from: the runs were fed different values",
+        CauseRule::Backward => {
+            "the data, the parameters and every node of the forward graph (the loss included) are identical in \
+             both runs: the backward pass computed this gradient differently"
+        }
         CauseRule::FirstDifference => {
             "the first difference in the step (its inputs were not recorded or not comparable)"
         }
     };
     writeln!(out, "  {why}:")?;
     writeln!(out, "  {}", layout_and_metrics(&r.cause))?;
-    if !r.independent.is_empty() {
+    if !r.independent.is_empty() && r.rule == CauseRule::Backward {
+        writeln!(out, "other gradients the backward pass computed differently:")?;
+        for d in &r.independent {
+            writeln!(out, "  {}: {}", describe(d), divergence_metrics(d))?;
+        }
+    } else if !r.independent.is_empty() {
         writeln!(out, "also diverging with identical inputs (separate causes):")?;
         for d in &r.independent {
             writeln!(out, "  {}: {}", describe(d), divergence_metrics(d))?;
