@@ -15,7 +15,7 @@
 # steps; `opfixtures` keeps small op-level traces for fixtures/. The studies: `cost`,
 # `devices-study`, `noise-mlp`, `noise-cnn`, `noise-resnet18` (RESNET_RUNS, RESNET_EPOCHS), and
 # `studyfixtures` (atomic cnn traces for fixtures/), `gpt-studies` (noise, devices and cost on
-# the gpt; GPT_RUNS, GPT_STEPS), not run by default. `gpt`: the
+# the gpt; GPT_RUNS, GPT_STEPS), `gptfixtures`, not run by default. `gpt`: the
 # transformer recorded by automatic capture (same-seed GPU runs, CPU vs GPU, Qwen2, fixtures). Results land in OUT_DIR:
 # summary.md (everything printed), results.tar.gz (all outputs), fixtures.tar.gz.
 set -uo pipefail
@@ -250,7 +250,10 @@ if want gpt-studies; then
   say '```'
   "$repro" diff "$work/runs/gpt-ordered-0" "$work/runs/gpt-ordered-1" 2>&1 | sed "s#$work/runs/##g" | sed -n 4p | tee -a "$summary"
   say '```'
-  # Two small atomic gpt runs, hashes only, for CPU tests of the backward-pass root cause.
+fi
+# Two small atomic gpt runs, hashes only, for CPU tests of the backward-pass root cause.
+if want gptfixtures; then
+  section "gpt fixtures (atomic reductions, 2 steps)"
   mkdir -p "$work/fixtures/gpt-atomic"
   for i in 0 1; do
     "$repro" record --workload gpt --reductions atomic --steps 2 --batch 2 --context 16 --width 32 --heads 2 \

@@ -4,6 +4,7 @@
 
 use super::graph::{graph_nodes, GraphNode};
 use super::scope::{take_step, tensor_number};
+use crate::record::profile;
 use crate::record::{RecordError, Recorder, StepRecorder, TRACE_DIR_ENV};
 use crate::trace::{CapturePolicy, Phase, RunConfig, TensorKind};
 use candle_core::backprop::GradStore;
@@ -83,7 +84,7 @@ impl ModelCapture {
         root_name: &str,
         root_kind: TensorKind,
     ) -> Result<usize, RecordError> {
-        let nodes = self.graph(root)?;
+        let nodes = profile::time(profile::Phase::Graph, || self.graph(root))?;
         // Checked before anything is recorded, so a refused graph leaves no partial step.
         if let Some(stray) = nodes.iter().find(|n| n.is_variable && !self.by_id.contains_key(&tensor_number(&n.tensor)))
         {

@@ -1,10 +1,12 @@
 //! Recording: turning candle tensors into trace records. With `workloads`, the only code that
 //! touches candle.
 
+mod background;
 mod environment;
 mod error;
 mod perturb;
 mod probe;
+pub(crate) mod profile;
 mod recorder;
 mod tensor_bytes;
 

@@ -19,10 +19,12 @@
 //! # Ok(()) }
 //! ```
 
+use super::background::BackgroundWriter;
 use super::environment::environment;
 use super::error::RecordError;
 use super::perturb::Perturbation;
 use super::probe::{Probe, ProbedGradients};
+use super::profile;
 use super::tensor_bytes::{trace_dtype, with_canonical_bytes, DeviceQueue, DeviceResult};
 use crate::hash::{combine, tensor_hash, TensorHash, CHUNK_LEN};
 use crate::trace::{
@@ -43,7 +45,7 @@ pub const CAPTURE_ENV: &str = "REPRO_CAPTURE";
 /// Records a run into a trace directory.
 pub struct Recorder {
     /// `None` for a recorder that discards everything (see `Recorder::discard`).
-    writer: Option<TraceWriter>,
+    writer: Option<BackgroundWriter>,
     capture: CapturePolicy,
     total_steps: Option<u64>,
     first_step: Option<u64>,
@@ -120,7 +122,7 @@ impl Recorder {
         };
         let writer = TraceWriter::create(dir.as_ref(), &header, replace)?;
         let mut recorder = Self::discard_with(capture, total_steps);
-        recorder.writer = Some(writer);
+        recorder.writer = Some(BackgroundWriter::spawn(writer));
         Ok(recorder)
     }
 
@@ -181,7 +183,7 @@ impl Recorder {
 
     /// The trace directory (`None` for a discarding recorder).
     pub fn dir(&self) -> Option<&Path> {
-        self.writer.as_ref().map(TraceWriter::dir)
+        self.writer.as_ref().map(BackgroundWriter::dir)
     }
 
     /// Begins recording step `step`. Record its tensors on the returned value, then `finish` it.
@@ -215,12 +217,17 @@ impl Recorder {
                 p.tensor, p.step
             )));
         }
-        match self.writer.take() {
+        let writer = self.writer.take().map(BackgroundWriter::finish).transpose()?;
+        match writer {
             Some(writer) if stopped_early => Ok(writer.finish_stopped(
                 "at the first divergence from the reference run (`repro record --keep-going` records to the end)"
                     .into(),
             )?),
-            Some(writer) => Ok(writer.finish()?),
+            Some(writer) => {
+                let steps = writer.finish()?;
+                profile::report(steps);
+                Ok(steps)
+            }
             None => Ok(0),
         }
     }
@@ -236,7 +243,10 @@ impl Recorder {
     fn write(&mut self, step: u64, tensors: Vec<StepTensor>) -> Result<(), RecordError> {
         let no_gradient = self.no_gradient.remove(&step).unwrap_or_default();
         match &mut self.writer {
-            Some(writer) => Ok(writer.write_step_with(step, tensors, no_gradient)?),
+            Some(writer) => {
+                profile::time(profile::Phase::Write, || writer.write(step, tensors, no_gradient))?;
+                Ok(())
+            }
             None => Ok(()),
         }
     }
@@ -340,6 +350,20 @@ impl StepRecorder<'_> {
     // One private entry point behind every public recording call, which each fix some of these.
     #[allow(clippy::too_many_arguments)]
     fn push(
+        &mut self,
+        name: &str,
+        kind: TensorKind,
+        phase: Option<Phase>,
+        inputs: &[&str],
+        node: Option<u64>,
+        tensor: &Tensor,
+        snapshot: bool,
+    ) -> Result<(), RecordError> {
+        profile::time(profile::Phase::Queue, || self.queue(name, kind, phase, inputs, node, tensor, snapshot))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn queue(
         &mut self,
         name: &str,
         kind: TensorKind,
@@ -453,7 +477,7 @@ impl StepRecorder<'_> {
 
     /// Fills in the records of GPU tensors from the step's single device-to-host copy.
     fn resolve_device(&mut self) -> Result<(), RecordError> {
-        let results = std::mem::take(&mut self.device).resolve()?;
+        let results = profile::time(profile::Phase::Resolve, || std::mem::take(&mut self.device).resolve())?;
         let inline_max = self.recorder.capture.inline_max_bytes;
         for (index, ticket) in std::mem::take(&mut self.deferred) {
             let t = &mut self.tensors[index];

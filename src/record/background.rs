@@ -1,0 +1,172 @@
+//! The trace writer on a thread of its own: while training computes the next step, the last
+//! one's records are validated, encoded and written (and its payload file synced). Steps reach
+//! the trace in order; at most [`QUEUED_STEPS`] wait, which bounds the memory their values hold.
+//! A write that fails is reported by the next call (the next step, or `finish`), and nothing
+//! after it is written, so the trace stays a readable prefix of the run.
+
+use crate::trace::{StepTensor, TraceError, TraceWriter};
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{sync_channel, SyncSender};
+use std::thread::JoinHandle;
+
+/// Steps that may wait for the writer thread before `write` blocks.
+const QUEUED_STEPS: usize = 2;
+
+/// One step for the writer: its number, tensors, and parameters that received no gradient.
+type Job = (u64, Vec<StepTensor>, Vec<String>);
+
+/// A `TraceWriter` fed through a bounded queue.
+pub(crate) struct BackgroundWriter {
+    dir: PathBuf,
+    queue: Option<SyncSender<Job>>,
+    thread: Option<JoinHandle<Result<TraceWriter, TraceError>>>,
+}
+
+impl BackgroundWriter {
+    /// Moves `writer` onto its own thread.
+    pub(crate) fn spawn(writer: TraceWriter) -> Self {
+        let dir = writer.dir().to_path_buf();
+        let (queue, jobs) = sync_channel::<Job>(QUEUED_STEPS);
+        let thread = std::thread::Builder::new()
+            .name("repro-trace-writer".into())
+            .spawn(move || {
+                let mut writer = writer;
+                for (step, tensors, no_gradient) in jobs {
+                    writer.write_step_with(step, tensors, no_gradient)?;
+                }
+                Ok(writer)
+            })
+            .expect("the OS starts a thread");
+        BackgroundWriter { dir, queue: Some(queue), thread: Some(thread) }
+    }
+
+    /// The trace directory.
+    pub(crate) fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Queues a step; returns the error of an earlier step's write, if one failed.
+    pub(crate) fn write(
+        &mut self,
+        step: u64,
+        tensors: Vec<StepTensor>,
+        no_gradient: Vec<String>,
+    ) -> Result<(), TraceError> {
+        let sent = self.queue.as_ref().map(|q| q.send((step, tensors, no_gradient)));
+        match sent {
+            Some(Ok(())) => Ok(()),
+            // The thread stopped: a write failed.
+            _ => self.join().map(|_| ()),
+        }
+    }
+
+    /// Waits for every queued step to be written and hands the writer back (to write the
+    /// footer).
+    pub(crate) fn finish(mut self) -> Result<TraceWriter, TraceError> {
+        self.join()
+    }
+
+    fn join(&mut self) -> Result<TraceWriter, TraceError> {
+        self.queue = None;
+        match self.thread.take().map(JoinHandle::join) {
+            Some(Ok(result)) => result,
+            Some(Err(panic)) => std::panic::resume_unwind(panic),
+            None => Err(TraceError::InvalidRecord {
+                path: self.dir.clone(),
+                reason: "the trace writer already stopped after an earlier error".into(),
+            }),
+        }
+    }
+}
+
+/// Dropped without `finish` (an error elsewhere): the queued steps are still written, so the
+/// trace holds every step handed over, without a footer.
+impl Drop for BackgroundWriter {
+    fn drop(&mut self) {
+        self.queue = None;
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::trace::dtype::DType;
+    use crate::trace::hash::tensor_hash;
+    use crate::trace::{Header, TensorKind, TensorRecord, TraceReader, CURRENT_FORMAT};
+
+    fn writer(dir: &Path) -> BackgroundWriter {
+        let header = Header {
+            format: CURRENT_FORMAT,
+            producer: "test".into(),
+            run: Default::default(),
+            environment: Default::default(),
+            capture: Default::default(),
+        };
+        BackgroundWriter::spawn(TraceWriter::create(dir, &header, false).unwrap())
+    }
+
+    fn loss(value: f32) -> Vec<StepTensor> {
+        let bytes = value.to_le_bytes().to_vec();
+        let record = TensorRecord {
+            name: "loss".into(),
+            kind: TensorKind::Loss,
+            dtype: DType::F32,
+            shape: vec![1],
+            hash: tensor_hash(DType::F32, &[1], &bytes),
+            inline: Some(bytes),
+            in_payload: false,
+            phase: None,
+            inputs: Vec::new(),
+            node: None,
+        };
+        vec![StepTensor { record, payload: None }]
+    }
+
+    fn steps_in(dir: &Path) -> (Vec<u64>, bool) {
+        let mut reader = TraceReader::open(dir).unwrap();
+        let mut steps = Vec::new();
+        while let Some(step) = reader.next_step().unwrap() {
+            steps.push(step.step);
+        }
+        (steps, matches!(reader.completeness(), Some(crate::trace::Completeness::Complete)))
+    }
+
+    #[test]
+    fn steps_are_written_in_order_and_a_failed_write_is_reported_by_the_next_call() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut w = writer(&tmp.path().join("ok"));
+        for step in 0..5 {
+            w.write(step, loss(step as f32), Vec::new()).unwrap();
+        }
+        w.finish().unwrap().finish().unwrap();
+        assert_eq!(steps_in(&tmp.path().join("ok")), (vec![0, 1, 2, 3, 4], true));
+
+        // Step 1 after step 3 is refused by the writer thread; a later call says so.
+        let bad = tmp.path().join("bad");
+        let mut w = writer(&bad);
+        w.write(3, loss(0.0), Vec::new()).unwrap();
+        let _ = w.write(1, loss(0.0), Vec::new());
+        let later = (0..10).find_map(|i| w.write(10 + i, loss(0.0), Vec::new()).err());
+        let err = match later {
+            Some(e) => e,
+            None => w.finish().map(|_| ()).unwrap_err(),
+        }
+        .to_string();
+        assert!(err.contains("step 1 recorded after step 3"), "{err}");
+        assert_eq!(steps_in(&bad), (vec![3], false), "nothing after the failed step is written");
+    }
+
+    #[test]
+    fn a_writer_dropped_without_finish_still_writes_what_it_was_given() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut w = writer(tmp.path());
+        for step in 0..3 {
+            w.write(step, loss(1.0), Vec::new()).unwrap();
+        }
+        drop(w);
+        assert_eq!(steps_in(tmp.path()), (vec![0, 1, 2], false));
+    }
+}

@@ -1,0 +1,61 @@
+//! Opt-in timing of the recorder's own work (`REPRO_PROFILE=1`): how long recording spends
+//! walking captured graphs, queueing tensors, reading hashes back from the device and writing
+//! the trace, summed over the run and printed to stderr when the recorder finishes. For finding
+//! where a recorded step's extra time goes; off, it costs one flag check per phase.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+use std::time::Instant;
+
+/// A part of the recorder's work.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Phase {
+    /// Walking a captured graph and naming its nodes.
+    Graph,
+    /// Queueing tensors: host hashing, device hash jobs, host copies.
+    Queue,
+    /// Running the queued device work and reading its results back.
+    Resolve,
+    /// Validating, encoding and writing a step's records and payloads.
+    Write,
+}
+
+const PHASES: [(Phase, &str); 4] = [
+    (Phase::Graph, "graph walk"),
+    (Phase::Queue, "queue"),
+    (Phase::Resolve, "device resolve"),
+    (Phase::Write, "write"),
+];
+
+static NANOS: [AtomicU64; 4] = [const { AtomicU64::new(0) }; 4];
+
+fn enabled() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("REPRO_PROFILE").is_some_and(|v| v != "0"))
+}
+
+/// Runs `f`, adding its wall time to `phase` when profiling is on.
+pub(crate) fn time<R>(phase: Phase, f: impl FnOnce() -> R) -> R {
+    if !enabled() {
+        return f();
+    }
+    let started = Instant::now();
+    let result = f();
+    NANOS[phase as usize].fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    result
+}
+
+/// Prints and resets the totals, per step of `steps`, when profiling is on.
+pub(crate) fn report(steps: u64) {
+    if !enabled() || steps == 0 {
+        return;
+    }
+    let parts: Vec<String> = PHASES
+        .iter()
+        .map(|(phase, name)| {
+            let nanos = NANOS[*phase as usize].swap(0, Ordering::Relaxed);
+            format!("{name} {:.3} ms", nanos as f64 / 1e6 / steps as f64)
+        })
+        .collect();
+    eprintln!("repro profile, per step over {steps} steps: {}", parts.join(", "));
+}
