@@ -190,3 +190,27 @@ fn a_gpu_gpt_trace_has_the_cpu_graph_and_first_differs_at_a_named_node() {
     // The layer norm's first reduction: CPU and GPU sum the row in different orders.
     assert_eq!(root["cause"]["tensor"], "h[0]/ln_1#0");
 }
+
+/// Two same-seed gpt runs with atomic reductions on the H100: the data, the parameters and the
+/// whole forward graph agree at step 0, and the bias gradients, summed by float atomics over
+/// the batch's tokens, do not: the root cause is in the backward pass.
+#[test]
+fn atomic_gpt_runs_on_the_gpu_part_in_the_backward_pass() {
+    let fixtures = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/gpu-h100-gpt");
+    let (a, b) = (fixtures.join("atomic-r0"), fixtures.join("atomic-r1"));
+    let run = repro(&["diff", a.to_str().unwrap(), b.to_str().unwrap(), "--json"]);
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    let v = json(&run.stdout);
+    let root = &v["root_cause"];
+    assert_eq!((root["rule"].as_str(), root["cause"]["step"].as_u64()), (Some("backward"), Some(0)), "{root}");
+    assert!(root["cause"]["tensor"].as_str().unwrap().ends_with(".bias.grad"), "{root}");
+    let others: Vec<&str> =
+        root["independent"].as_array().unwrap().iter().map(|d| d["tensor"].as_str().unwrap()).collect();
+    assert!(!others.is_empty() && others.iter().all(|t| t.ends_with(".bias.grad")), "{others:?}");
+    // Nothing of the forward pass differs at step 0.
+    let forward_at_0 =
+        v["tensors"].as_array().unwrap().iter().filter(|t| t["kind"] == "op_output" && t["first_divergent_step"] == 0);
+    assert_eq!(forward_at_0.count(), 0);
+    let text = repro(&["diff", a.to_str().unwrap(), b.to_str().unwrap()]).stdout;
+    assert!(text.contains("the backward pass computed this gradient differently"), "{text}");
+}
