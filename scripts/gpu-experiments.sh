@@ -15,7 +15,7 @@
 # steps; `opfixtures` keeps small op-level traces for fixtures/. The studies: `cost`,
 # `devices-study`, `noise-mlp`, `noise-cnn`, `noise-resnet18` (RESNET_RUNS, RESNET_EPOCHS), and
 # `studyfixtures` (atomic cnn traces for fixtures/), `gpt-studies` (noise, devices and cost on
-# the gpt; GPT_RUNS, GPT_STEPS), `gptfixtures`, not run by default. `gpt`: the
+# the gpt; GPT_RUNS, GPT_STEPS), `gptfixtures`, `invariance` (gpt and qwen2, H100 and CPU), not run by default. `gpt`: the
 # transformer recorded by automatic capture (same-seed GPU runs, CPU vs GPU, Qwen2, fixtures). Results land in OUT_DIR:
 # summary.md (everything printed), results.tar.gz (all outputs), fixtures.tar.gz.
 set -uo pipefail
@@ -262,6 +262,21 @@ if want gptfixtures; then
   rm -f "$work"/fixtures/gpt-atomic/*/run-meta.json
   say '```'
   "$repro" diff "$work/fixtures/gpt-atomic/r0" "$work/fixtures/gpt-atomic/r1" 2>&1 | sed "s#$work/fixtures/##g" | head -12 | tee -a "$summary"
+  say '```'
+fi
+# Batch invariance of the gpt and of candle-transformers' Qwen2 (one sequence alone and in
+# batches of 2 to 128; the first op whose slice for it differs).
+if want invariance; then
+  for device in cuda:0 cpu; do
+    section "Batch invariance on $device: gpt (default size, untrained)"
+    say '```'
+    "$repro" invariance --workload gpt --device "$device" 2>&1 | tee -a "$summary"
+    say '```'
+    "$repro" invariance --workload gpt --device "$device" --json > "$work/results/invariance-gpt-${device%%:*}.json" 2>&1
+  done
+  section "Batch invariance on cuda:0: candle-transformers qwen2 (64 tokens)"
+  say '```'
+  "$repro" invariance --workload qwen2 --device cuda:0 2>&1 | tee -a "$summary"
   say '```'
 fi
 want noise-resnet18 && study noise-resnet18 noise --workload resnet18 --device cuda:0 --runs "${RESNET_RUNS:-10}" --epochs "${RESNET_EPOCHS:-2}"

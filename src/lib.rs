@@ -6,7 +6,9 @@
 //!   and hand their tensors to a [`record::Recorder`], op by op or through [`capture`], which
 //!   records any candle model's parameters, forward graph and gradients with no per-op code;
 //! - [`record`] hashes tensors ([`hash`]) and writes them as a [`trace`];
-//! - [`diff`] compares traces, and [`report`] renders the comparison.
+//! - [`diff`] compares traces, and [`report`] renders the comparison;
+//! - [`invariance`] runs a model's forward pass under different batchings and finds the first
+//!   captured op whose result for one sequence depends on its batch.
 //!
 //! `trace` (with `hash` and `dtype`) is the `repro-trace` crate, and `diff` (with `report`) the
 //! `repro-diff` crate, re-exported here under the names the library has always used. Neither
@@ -15,6 +17,7 @@
 #![deny(missing_docs)]
 
 pub mod capture;
+pub mod invariance;
 pub mod ops;
 pub mod record;
 pub mod study;

@@ -8,6 +8,7 @@ mod gate;
 #[cfg(feature = "cuda")]
 mod gpu_check;
 mod inspect;
+mod invariance;
 mod matrix;
 mod output;
 mod overhead;
@@ -50,6 +51,9 @@ enum Command {
     Baseline(baseline::BaselineArgs),
     /// Multi-run studies from the reproducibility literature: noise sources, devices, cost of determinism.
     Study(study::StudyArgs),
+    /// Batch invariance: run one sequence alone and inside batches of others, and name the first
+    /// op whose result for it depends on its batch.
+    Invariance(invariance::InvarianceArgs),
     /// Time training steps of any workload with and without hashes-only recording on one device.
     Overhead(overhead::OverheadArgs),
     /// Check GPU hashing against the CPU and measure its throughput (CUDA builds).
@@ -72,6 +76,7 @@ impl Command {
             Command::Inspect(a) => a.json(),
             Command::Gate(a) => a.json(),
             Command::Study(a) => a.json(),
+            Command::Invariance(a) => a.json(),
             _ => false,
         }
     }
@@ -88,6 +93,7 @@ pub fn run(cli: Cli) -> Exit {
         Command::Gate(args) => gate::run(args),
         Command::Baseline(args) => baseline::run(args),
         Command::Study(args) => study::run(args),
+        Command::Invariance(args) => invariance::run(args),
         Command::Overhead(args) => overhead::run(args),
         #[cfg(feature = "cuda")]
         Command::GpuCheck(args) => gpu_check::run(args),

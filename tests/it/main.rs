@@ -12,6 +12,8 @@ mod gpu_fixtures;
 mod hash_vectors;
 /// Bad input: missing, truncated, corrupted, foreign and newer traces; bad arguments.
 mod hostile;
+/// Batch invariance: a sequence alone and in batches, op by op.
+mod invariance;
 /// Killed recorders, flipped bytes, concurrent recorders.
 mod robustness;
 /// Per-op recording: root cause, structural alignment, online comparison.

@@ -1,6 +1,6 @@
 //! repro-diff: comparing traces. The diff of two runs (alignment, error metrics, root cause),
-//! N-run error matrices, the determinism gate's policy and verdict, the statistics of multi-run
-//! studies, and [`report`], which renders all of it as text, Markdown, JUnit XML or SVG.
+//! N-run error matrices, the determinism gate's policy and verdict, batch-invariance results,
+//! the statistics of multi-run studies, and [`report`], which renders all of it as text, Markdown, JUnit XML or SVG.
 //!
 //! Everything here reads traces through `repro_trace` and returns plain data; only `report`
 //! turns data into text. No candle and no model code: diffing traces needs no GPU.
@@ -10,6 +10,7 @@ mod align;
 mod divergence;
 mod error;
 mod gate;
+pub mod invariance;
 mod matrix;
 mod metrics;
 mod online;

@@ -153,6 +153,13 @@ impl GptConfig {
         self.windows(&mut stream(self.data_seed, "gpt.batch", step), self.batch, device)
     }
 
+    /// `count` windows of the corpus, `context` bytes each, at offsets drawn from a seed of its
+    /// own (not the training batches'): sequences for checks of the trained or untrained model.
+    pub fn probe_windows(&self, count: usize) -> Result<Vec<Vec<u32>>, RecordError> {
+        let (inputs, _) = self.windows(&mut stream(0, "gpt.probe", 0), count, &Device::Cpu)?;
+        Ok(inputs.to_vec2()?)
+    }
+
     /// `count` windows of `context + 1` bytes at offsets drawn from `rng`, as `[count, context]`
     /// inputs and targets (the same windows shifted by one byte).
     fn windows(&self, rng: &mut impl Rng, count: usize, device: &Device) -> Result<(Tensor, Tensor), RecordError> {
@@ -173,7 +180,7 @@ impl GptConfig {
     /// Builds the model on `device` with seeded initial weights drawn on the host: N(0, 0.02)
     /// approximated by a uniform of the same spread for matrices and embeddings, ones and zeros
     /// for norms and biases; keyed by parameter name, so identical on every device.
-    fn build(&self, device: &Device) -> Result<(Gpt, VarMap), RecordError> {
+    pub fn build(&self, device: &Device) -> Result<(Gpt, VarMap), RecordError> {
         let mut varmap = VarMap::new();
         let model = Gpt::new(self.shape(), VarBuilder::from_varmap(&varmap, DType::F32, device))?;
         let params: Vec<(String, Vec<usize>)> = {

@@ -1,0 +1,133 @@
+//! Batch invariance, as data: for one sequence run alone and inside other batches, whether its
+//! logits came out bit-identical, the first captured op whose slice for that sequence did not,
+//! and the classes of batchings that agree with each other (where a kernel's choice flips).
+//! Computed by `repro::invariance`; rendered by `report::invariance`.
+
+use crate::metrics::TensorMetrics;
+use repro_trace::dtype::DType;
+use serde::Serialize;
+use std::fmt;
+
+/// Where the sequence sits: in a batch of `batch` sequences, at row `position`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub struct Batching {
+    /// Sequences in the batch.
+    pub batch: usize,
+    /// The sequence's row (0-based).
+    pub position: usize,
+}
+
+impl fmt::Display for Batching {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.batch == 1 {
+            write!(f, "1")
+        } else {
+            write!(f, "{}@{}", self.batch, self.position)
+        }
+    }
+}
+
+/// The sequence's slice of one captured op, where it first differs from the reference.
+#[derive(Debug, Clone, Serialize)]
+pub struct OpDifference {
+    /// The node's name (its scope path, or its variable name).
+    pub name: String,
+    /// Position in the graph's topological order.
+    pub position: u64,
+    /// Element type.
+    pub dtype: DType,
+    /// The sequence's slice shape.
+    pub shape: Vec<u64>,
+    /// How the slice differs.
+    pub metrics: TensorMetrics,
+}
+
+/// One batching against the reference.
+#[derive(Debug, Clone, Serialize)]
+pub struct BatchingResult {
+    /// The batching.
+    pub batching: Batching,
+    /// Whether the sequence's logits are bit-identical to the reference's.
+    pub logits_identical: bool,
+    /// How the logits differ (absent when identical).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub logits: Option<TensorMetrics>,
+    /// The first op, in topological order, whose slice for the sequence differs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_op: Option<OpDifference>,
+    /// Ops whose slice differs, of those compared.
+    pub ops_differing: usize,
+    /// Ops compared (named the same in both graphs, with a slice for the sequence).
+    pub ops_compared: usize,
+    /// Ops of this graph with no counterpart in the reference's (or no batch dimension that
+    /// could be sliced): not compared.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub unmatched: Vec<String>,
+}
+
+/// The whole check.
+#[derive(Debug, Clone, Serialize)]
+pub struct InvarianceReport {
+    /// What was checked: the model and its settings.
+    pub subject: String,
+    /// The device.
+    pub device: String,
+    /// Tokens in the sequence.
+    pub tokens: usize,
+    /// The reference batching (the sequence alone).
+    pub reference: Batching,
+    /// Every other batching, in the order run.
+    pub results: Vec<BatchingResult>,
+    /// Parameters the captured graph behind the logits reaches, of all the model's: fewer when
+    /// an op without a backward pass (a fused kernel) cuts the graph candle exposes, and the ops
+    /// above the cut are not compared.
+    pub parameters_reached: usize,
+    /// The model's parameters.
+    pub parameters: usize,
+    /// Batchings whose logits for the sequence are bit-identical, grouped; the reference's
+    /// class first, then in order of first appearance.
+    pub classes: Vec<Vec<Batching>>,
+}
+
+impl InvarianceReport {
+    /// Whether the sequence's logits are the same in every batching.
+    pub fn invariant(&self) -> bool {
+        self.results.iter().all(|r| r.logits_identical)
+    }
+}
+
+/// Groups `items` (a batching and a fingerprint of its logits) into classes of equal
+/// fingerprints, in order of first appearance.
+pub fn equivalence_classes<K: PartialEq>(items: impl IntoIterator<Item = (Batching, K)>) -> Vec<Vec<Batching>> {
+    let mut classes: Vec<(K, Vec<Batching>)> = Vec::new();
+    for (batching, key) in items {
+        match classes.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, members)) => members.push(batching),
+            None => classes.push((key, vec![batching])),
+        }
+    }
+    classes.into_iter().map(|(_, members)| members).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn b(batch: usize, position: usize) -> Batching {
+        Batching { batch, position }
+    }
+
+    #[test]
+    fn classes_group_equal_fingerprints_in_order_of_first_appearance() {
+        // A split that changes at batch 4: {1, 2, 3} agree, {4, 8} agree with each other.
+        let items = [(b(1, 0), 7), (b(2, 1), 7), (b(4, 0), 9), (b(3, 2), 7), (b(8, 7), 9)];
+        assert_eq!(classes_of(&items), vec![vec![b(1, 0), b(2, 1), b(3, 2)], vec![b(4, 0), b(8, 7)]]);
+        assert_eq!(classes_of(&[(b(1, 0), 1)]), vec![vec![b(1, 0)]]);
+        assert_eq!(b(1, 0).to_string(), "1");
+        assert_eq!(b(8, 7).to_string(), "8@7");
+    }
+
+    fn classes_of(items: &[(Batching, i32)]) -> Vec<Vec<Batching>> {
+        equivalence_classes(items.iter().copied())
+    }
+}

@@ -1,0 +1,82 @@
+//! The human-readable `repro invariance` report: one line per batching, then the classes of
+//! batchings that agree.
+
+use super::diff::metrics_sentence;
+use super::format::shape;
+use crate::invariance::InvarianceReport;
+use std::fmt::Write;
+
+/// Renders a batch-invariance check for people.
+pub fn render_invariance(r: &InvarianceReport) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "batch invariance: {} on {}", r.subject, r.device);
+    let _ = writeln!(
+        out,
+        "one sequence of {} tokens, alone (batch {}) as the reference, then at the first and last row of larger batches\n",
+        r.tokens, r.reference
+    );
+    if r.parameters_reached < r.parameters {
+        let _ = writeln!(
+            out,
+            "note: the graph behind the logits reaches {} of {} parameters (an op without a backward pass, such as a fused \
+             norm, cuts what candle exposes); ops above the cut are not compared\n",
+            r.parameters_reached, r.parameters
+        );
+    }
+    let label_width = r.results.iter().map(|b| b.batching.to_string().len()).max().unwrap_or(1).max(8);
+    for b in &r.results {
+        let label = b.batching.to_string();
+        if b.logits_identical && b.ops_differing == 0 {
+            let _ = writeln!(out, "  {label:<label_width$}  identical ({} ops compared)", b.ops_compared);
+            continue;
+        }
+        let logits = match &b.logits {
+            Some(m) => format!("logits differ: {}", metrics_sentence(m)),
+            None => "logits identical".into(),
+        };
+        let _ = writeln!(out, "  {label:<label_width$}  {logits}");
+        if let Some(op) = &b.first_op {
+            let _ = writeln!(
+                out,
+                "  {:<label_width$}  first op that differs: `{}` (node {}, {} {}): {} ({} of {} ops differ)",
+                "",
+                op.name,
+                op.position,
+                op.dtype,
+                shape(&op.shape),
+                metrics_sentence(&op.metrics),
+                b.ops_differing,
+                b.ops_compared
+            );
+        }
+        if !b.unmatched.is_empty() {
+            let _ = writeln!(
+                out,
+                "  {:<label_width$}  {} op(s) not compared (no counterpart or no batch dimension)",
+                "",
+                b.unmatched.len()
+            );
+        }
+    }
+    let classes: Vec<String> = r
+        .classes
+        .iter()
+        .map(|c| format!("{{{}}}", c.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")))
+        .collect();
+    let _ = writeln!(out, "\nbatchings with bit-identical logits (B@row): {}", classes.join(" "));
+    if r.invariant() {
+        let _ = writeln!(
+            out,
+            "\nINVARIANT  the sequence's logits are bit-identical in all {} batchings",
+            r.results.len() + 1
+        );
+    } else {
+        let varying = r.results.iter().filter(|b| !b.logits_identical).count();
+        let _ = writeln!(
+            out,
+            "\nNOT INVARIANT  the sequence's logits depend on its batch in {varying} of {} batchings",
+            r.results.len()
+        );
+    }
+    out
+}

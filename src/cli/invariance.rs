@@ -1,0 +1,52 @@
+//! `repro invariance`: does a sequence's output depend on the batch it is run in?
+
+use super::workload_args::WorkloadArgs;
+use super::{print_json, Exit};
+use clap::Args;
+use repro::invariance::{workloads, DEFAULT_BATCH_SIZES};
+use repro::record::open_device;
+use repro::report::render_invariance;
+use repro::workloads::Workload;
+
+#[derive(Debug, Args)]
+pub struct InvarianceArgs {
+    /// Batch sizes to run the sequence in [default: 1,2,3,4,8,16,32,64,128].
+    #[arg(long, value_delimiter = ',', value_name = "N,N,...")]
+    batch_sizes: Vec<usize>,
+    /// Print the result as JSON.
+    #[arg(long)]
+    json: bool,
+    // What to check: last, so that its help headings come after this command's own options.
+    #[command(flatten)]
+    train: WorkloadArgs,
+}
+
+impl InvarianceArgs {
+    /// Whether the report is asked for as JSON (errors then come as JSON too).
+    pub fn json(&self) -> bool {
+        self.json
+    }
+}
+
+pub fn run(args: InvarianceArgs) -> Result<Exit, String> {
+    let sizes = if args.batch_sizes.is_empty() { DEFAULT_BATCH_SIZES.to_vec() } else { args.batch_sizes.clone() };
+    if sizes.contains(&0) {
+        return Err("--batch-sizes must be at least 1".into());
+    }
+    let workload = args.train.workload()?;
+    let device = open_device(&args.train.device).map_err(|e| e.to_string())?;
+    let label = &args.train.device;
+    let report = match &workload {
+        Workload::Gpt(c) => workloads::gpt(c, &sizes, &device, label),
+        Workload::Qwen2(c) => workloads::qwen2(c, &sizes, &device, label),
+        _ => return Err("invariance checks a model's forward pass: pass --workload gpt or --workload qwen2".into()),
+    }
+    .map_err(|e| e.to_string())?;
+    if args.json {
+        let verdict = if report.invariant() { "invariant" } else { "not_invariant" };
+        print_json("repro.invariance.v1", Some(verdict), &report)?;
+    } else {
+        super::output::emit(&render_invariance(&report));
+    }
+    Ok(if report.invariant() { Exit::Same } else { Exit::Diverged })
+}

@@ -1,0 +1,256 @@
+//! Batch invariance of a model's forward pass: the same sequence is run alone, then inside
+//! batches of other sequences (at the first and the last row), and its slice of every captured
+//! op is compared bit for bit with the alone run's. The first op, in topological order, whose
+//! slice differs is where the sequence's result starts to depend on its batch (a matrix product
+//! that splits its reduction by problem size, a row reduction whose order follows the batch).
+//!
+//! The graph comes from `repro::capture`, so the model needs no change: build it on a `VarMap`,
+//! hand over a forward function from token ids to logits. An op's slice for the sequence is
+//! found by shape: the one dimension whose size is the batch size times its size in the alone
+//! run (`[B, T, C]`, or `[B*T, C]` after a reshape), cut at the sequence's row. An op with no
+//! such dimension and another shape than alone is listed as not compared.
+
+use crate::capture::{GraphNode, ModelCapture};
+use crate::diff::compare;
+use crate::diff::invariance::{equivalence_classes, Batching, BatchingResult, InvarianceReport, OpDifference};
+use crate::record::{trace_dtype, with_canonical_bytes, RecordError};
+use crate::trace::dtype::DType;
+use candle_core::{Device, Tensor};
+use std::collections::BTreeMap;
+
+pub mod workloads;
+
+/// The default batch sizes: where kernels commonly change their split.
+pub const DEFAULT_BATCH_SIZES: [usize; 9] = [1, 2, 3, 4, 8, 16, 32, 64, 128];
+
+/// What to check.
+pub struct InvarianceCheck<'a> {
+    /// The model's parameters (and the graph capture behind its logits).
+    pub capture: &'a ModelCapture,
+    /// The sequence whose logits must not depend on its batch.
+    pub sequence: Vec<u32>,
+    /// Other sequences of the same length that fill the batches (reused in turn if there are
+    /// fewer than the largest batch needs).
+    pub fillers: Vec<Vec<u32>>,
+    /// Batch sizes (1, the reference, is always run).
+    pub batch_sizes: Vec<usize>,
+    /// The model and its settings, for the report.
+    pub subject: String,
+    /// The device's label, for the report.
+    pub device_label: String,
+}
+
+/// One op's values for the alone run.
+struct Reference {
+    dims: Vec<usize>,
+    dtype: DType,
+    bytes: Vec<u8>,
+}
+
+impl InvarianceCheck<'_> {
+    /// Runs `forward` (token ids `[B, T]` u32 on `device` to logits, whose first dimension is
+    /// the batch) on every batching and compares.
+    pub fn run(
+        &self,
+        device: &Device,
+        forward: &mut dyn FnMut(&Tensor) -> Result<Tensor, RecordError>,
+    ) -> Result<InvarianceReport, RecordError> {
+        if self.sequence.is_empty() || self.fillers.is_empty() {
+            return Err(RecordError::Unsupported("an invariance check needs a sequence and filler sequences".into()));
+        }
+        if let Some(f) = self.fillers.iter().find(|f| f.len() != self.sequence.len()) {
+            return Err(RecordError::Unsupported(format!(
+                "filler sequences must have the sequence's {} tokens, not {}",
+                self.sequence.len(),
+                f.len()
+            )));
+        }
+        let reference_batching = Batching { batch: 1, position: 0 };
+        let nodes = self.graph(device, reference_batching, forward)?;
+        let mut reference = BTreeMap::new();
+        for node in nodes.iter().filter(|n| !n.is_variable) {
+            let dtype = trace_dtype(node.tensor.dtype())?;
+            let bytes = with_canonical_bytes(&node.tensor, <[u8]>::to_vec)?;
+            reference.insert(node.name.clone(), Reference { dims: node.tensor.dims().to_vec(), dtype, bytes });
+        }
+        let root = nodes.last().expect("a graph has a root").name.clone();
+        let parameters_reached = nodes.iter().filter(|n| n.is_variable).count();
+        let mut fingerprints = vec![(reference_batching, blake3::hash(&reference[&root].bytes))];
+        let mut results = Vec::new();
+        for batching in self.batchings() {
+            let nodes = self.graph(device, batching, forward)?;
+            let mut result = BatchingResult {
+                batching,
+                logits_identical: false,
+                logits: None,
+                first_op: None,
+                ops_differing: 0,
+                ops_compared: 0,
+                unmatched: Vec::new(),
+            };
+            let last = nodes.len() - 1;
+            for (i, node) in nodes.iter().enumerate().filter(|(_, n)| !n.is_variable) {
+                let name = if i == last { &root } else { &node.name };
+                let Some(r) = reference.get(name) else {
+                    result.unmatched.push(node.name.clone());
+                    continue;
+                };
+                let Some(slice) = slice_for(&node.tensor, &r.dims, batching)? else {
+                    result.unmatched.push(node.name.clone());
+                    continue;
+                };
+                let dtype = trace_dtype(slice.dtype())?;
+                let metrics = with_canonical_bytes(&slice, |bytes| {
+                    (dtype == r.dtype && bytes.len() == r.bytes.len()).then(|| compare(dtype, &r.bytes, bytes))
+                })?;
+                let Some(metrics) = metrics else {
+                    result.unmatched.push(node.name.clone());
+                    continue;
+                };
+                result.ops_compared += 1;
+                if i == last {
+                    fingerprints.push((batching, with_canonical_bytes(&slice, blake3::hash)?));
+                    result.logits_identical = metrics.mismatched == 0;
+                    result.logits = (metrics.mismatched > 0).then_some(metrics);
+                }
+                if metrics.mismatched > 0 {
+                    result.ops_differing += 1;
+                    if result.first_op.is_none() {
+                        result.first_op = Some(OpDifference {
+                            name: name.clone(),
+                            position: node.position,
+                            dtype,
+                            shape: slice.dims().iter().map(|&d| d as u64).collect(),
+                            metrics,
+                        });
+                    }
+                }
+            }
+            results.push(result);
+        }
+        Ok(InvarianceReport {
+            subject: self.subject.clone(),
+            device: self.device_label.clone(),
+            tokens: self.sequence.len(),
+            reference: reference_batching,
+            results,
+            parameters_reached,
+            parameters: self.capture.parameters().len(),
+            classes: equivalence_classes(fingerprints),
+        })
+    }
+
+    /// Every batching but the reference: each batch size above 1, with the sequence first and
+    /// last.
+    fn batchings(&self) -> Vec<Batching> {
+        let mut sizes: Vec<usize> = self.batch_sizes.iter().copied().filter(|&b| b > 1).collect();
+        sizes.sort_unstable();
+        sizes.dedup();
+        sizes.into_iter().flat_map(|batch| [0, batch - 1].map(|position| Batching { batch, position })).collect()
+    }
+
+    /// The captured graph of one batching's forward pass.
+    fn graph(
+        &self,
+        device: &Device,
+        batching: Batching,
+        forward: &mut dyn FnMut(&Tensor) -> Result<Tensor, RecordError>,
+    ) -> Result<Vec<GraphNode>, RecordError> {
+        let mut ids = Vec::with_capacity(batching.batch * self.sequence.len());
+        for row in 0..batching.batch {
+            if row == batching.position {
+                ids.extend_from_slice(&self.sequence);
+            } else {
+                ids.extend_from_slice(&self.fillers[row % self.fillers.len()]);
+            }
+        }
+        let tokens = Tensor::from_vec(ids, (batching.batch, self.sequence.len()), &Device::Cpu)?.to_device(device)?;
+        let logits = forward(&tokens)?;
+        self.capture.graph(&logits)
+    }
+}
+
+/// The sequence's slice of `tensor` in `batching`, given the op's dims in the alone run: cut
+/// along the one dimension that grew by the batch size, or the whole tensor if no dimension
+/// did and the shapes agree; `None` otherwise.
+fn slice_for(tensor: &Tensor, alone: &[usize], batching: Batching) -> Result<Option<Tensor>, RecordError> {
+    let dims = tensor.dims();
+    if dims.len() != alone.len() {
+        return Ok(None);
+    }
+    if dims == alone {
+        return Ok(Some(tensor.clone()));
+    }
+    let grown = (0..dims.len())
+        .find(|&d| dims[d] == alone[d] * batching.batch && (0..dims.len()).all(|e| e == d || dims[e] == alone[e]));
+    Ok(match grown {
+        Some(d) => Some(tensor.narrow(d, batching.position * alone[d], alone[d])?.contiguous()?),
+        None => None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::capture::scope;
+    use candle_core::{DType, Module, D};
+    use candle_nn::{VarBuilder, VarMap};
+
+    /// A tiny model: an embedding, then (in scope `planted`) a row sum that, from batch 4 on,
+    /// sums the row scaled by 3 and divides by 3 afterwards: the same ops, the same graph, other
+    /// rounding, as a kernel choosing its variant by problem size does; then a linear head.
+    fn planted(batch_dependent: bool) -> Result<InvarianceReport, RecordError> {
+        let varmap = VarMap::new();
+        let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
+        let embedding = candle_nn::embedding(256, 64, vb.pp("embed"))?;
+        let head = candle_nn::linear(1, 8, vb.pp("head"))?;
+        let capture = ModelCapture::new(&varmap);
+        let mut forward = |tokens: &Tensor| -> Result<Tensor, RecordError> {
+            let x = scope("embed", || embedding.forward(tokens))?;
+            let batch = tokens.dim(0)?;
+            let sum = scope("planted", || -> candle_core::Result<Tensor> {
+                let scale = if batch_dependent && batch >= 4 { 3.0 } else { 1.0 };
+                x.affine(scale, 0.0)?.sum_keepdim(D::Minus1)?.affine(1.0 / scale, 0.0)
+            })?;
+            Ok(scope("head", || head.forward(&sum))?)
+        };
+        let sequence: Vec<u32> = (0..16).map(|i| (i * 37 % 256) as u32).collect();
+        let fillers: Vec<Vec<u32>> =
+            (1..5).map(|k| (0..16).map(|i| ((i * 11 + k * 53) % 256) as u32).collect()).collect();
+        let check = InvarianceCheck {
+            capture: &capture,
+            sequence,
+            fillers,
+            batch_sizes: vec![1, 2, 3, 4, 8],
+            subject: "planted".into(),
+            device_label: "cpu".into(),
+        };
+        check.run(&Device::Cpu, &mut forward)
+    }
+
+    #[test]
+    fn a_planted_batch_dependent_reduction_is_found_named_and_classed() {
+        let report = planted(true).unwrap();
+        assert!(!report.invariant());
+        let b = |batch, position| Batching { batch, position };
+        assert_eq!(
+            report.classes,
+            vec![vec![b(1, 0), b(2, 0), b(2, 1), b(3, 0), b(3, 2)], vec![b(4, 0), b(4, 3), b(8, 0), b(8, 7)]]
+        );
+        for r in &report.results {
+            if r.batching.batch < 4 {
+                assert!(r.logits_identical && r.first_op.is_none(), "{r:?}");
+            } else {
+                let op = r.first_op.as_ref().expect("the split is found");
+                assert!(op.name.starts_with("planted#"), "{}", op.name);
+                assert!(op.metrics.mismatched > 0 && op.metrics.max_ulp > 0);
+                assert!(r.unmatched.is_empty(), "{:?}", r.unmatched);
+            }
+        }
+        // The same model without the split is invariant in every batching.
+        let fixed = planted(false).unwrap();
+        assert!(fixed.invariant(), "{:?}", fixed.results);
+        assert_eq!(fixed.classes.len(), 1);
+        assert!(fixed.results.iter().all(|r| r.ops_compared > 0 && r.ops_differing == 0));
+    }
+}

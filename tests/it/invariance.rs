@@ -1,0 +1,57 @@
+//! `repro invariance`: a sequence run alone and in batches, compared op by op.
+
+use crate::util::{json, repro};
+
+const SMALL_GPT: &[&str] =
+    &["invariance", "--workload", "gpt", "--context", "16", "--width", "32", "--heads", "2", "--layers", "1"];
+
+#[test]
+fn the_gpt_is_checked_in_every_batching_and_the_classes_cover_them_all() {
+    let run = repro(&[SMALL_GPT, &["--batch-sizes", "1,2,5", "--json"]].concat());
+    assert!(run.code == 0 || run.code == 1, "{}{}", run.stdout, run.stderr);
+    let v = json(&run.stdout);
+    assert_eq!(v["schema"], "repro.invariance.v1");
+    let results = v["results"].as_array().unwrap();
+    let labels: Vec<(u64, u64)> = results
+        .iter()
+        .map(|r| (r["batching"]["batch"].as_u64().unwrap(), r["batching"]["position"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(labels, [(2, 0), (2, 1), (5, 0), (5, 4)], "first and last row of each batch size above 1");
+    for r in results {
+        assert!(r["ops_compared"].as_u64().unwrap() > 50, "every graph node is compared: {r}");
+        assert_eq!(r["unmatched"].as_array().map_or(0, Vec::len), 0, "{r}");
+        // A difference in the logits always has a first op.
+        assert!(r["logits_identical"] == true || r["first_op"]["name"].is_string(), "{r}");
+    }
+    let classes = v["classes"].as_array().unwrap();
+    assert_eq!(classes.iter().map(|c| c.as_array().unwrap().len()).sum::<usize>(), 5, "the reference and 4 batchings");
+    assert_eq!(classes[0][0]["batch"], 1, "the reference's class comes first");
+    assert_eq!(run.code == 0, v["verdict"] == "invariant");
+    assert_eq!(run.code == 0, classes.len() == 1);
+
+    let text = repro(&[SMALL_GPT, &["--batch-sizes", "1,2"]].concat()).stdout;
+    assert!(text.contains("batchings with bit-identical logits (B@row): {1"), "{text}");
+}
+
+#[test]
+fn an_unmodified_qwen2_is_checked_too() {
+    let run = repro(&["invariance", "--workload", "qwen2", "--context", "8", "--batch-sizes", "2", "--json"]);
+    assert!(run.code == 0 || run.code == 1, "{}{}", run.stdout, run.stderr);
+    let v = json(&run.stdout);
+    assert!(v["subject"].as_str().unwrap().starts_with("candle-transformers qwen2"), "{v}");
+    // candle's fused RMS norm cuts the graph candle exposes: what is left behind the logits
+    // is the output head, compared op by op.
+    let r = &v["results"][0];
+    assert!(r["ops_compared"].as_u64().unwrap() >= 1, "{v}");
+    assert!(r["logits_identical"] == true || r["first_op"]["name"].as_str().unwrap().starts_with("linear"), "{v}");
+}
+
+#[test]
+fn workloads_without_a_forward_pass_and_bad_sizes_are_refused() {
+    let run = repro(&["invariance", "--workload", "adder"]);
+    assert_eq!(run.code, 2);
+    assert!(run.stderr.contains("--workload gpt or --workload qwen2"), "{}", run.stderr);
+    let run = repro(&["invariance", "--workload", "gpt", "--batch-sizes", "0,2"]);
+    assert_eq!(run.code, 2);
+    assert!(run.stderr.contains("at least 1"), "{}", run.stderr);
+}
