@@ -16,6 +16,10 @@ pub struct InvarianceArgs {
     /// Print the result as JSON.
     #[arg(long)]
     json: bool,
+    /// Draw a heat map (batching × op, largest ULP distance of the sequence's slice) into
+    /// this SVG file.
+    #[arg(long, value_name = "FILE.svg")]
+    plot: Option<std::path::PathBuf>,
     // What to check: last, so that its help headings come after this command's own options.
     #[command(flatten)]
     train: WorkloadArgs,
@@ -42,6 +46,9 @@ pub fn run(args: InvarianceArgs) -> Result<Exit, String> {
         _ => return Err("invariance checks a model's forward pass: pass --workload gpt or --workload qwen2".into()),
     }
     .map_err(|e| e.to_string())?;
+    if let Some(path) = &args.plot {
+        super::output::write_plot(path, repro::report::plot_invariance(&report))?;
+    }
     if args.json {
         let verdict = if report.invariant() { "invariant" } else { "not_invariant" };
         print_json("repro.invariance.v1", Some(verdict), &report)?;

@@ -74,6 +74,8 @@ impl InvarianceCheck<'_> {
             reference.insert(node.name.clone(), Reference { dims: node.tensor.dims().to_vec(), dtype, bytes });
         }
         let root = nodes.last().expect("a graph has a root").name.clone();
+        let ops: Vec<String> = nodes.iter().filter(|n| !n.is_variable).map(|n| n.name.clone()).collect();
+        let column: BTreeMap<&str, usize> = ops.iter().enumerate().map(|(i, n)| (n.as_str(), i)).collect();
         let parameters_reached = nodes.iter().filter(|n| n.is_variable).count();
         let mut fingerprints = vec![(reference_batching, blake3::hash(&reference[&root].bytes))];
         let mut results = Vec::new();
@@ -87,6 +89,7 @@ impl InvarianceCheck<'_> {
                 ops_differing: 0,
                 ops_compared: 0,
                 unmatched: Vec::new(),
+                op_max_ulp: vec![None; ops.len()],
             };
             let last = nodes.len() - 1;
             for (i, node) in nodes.iter().enumerate().filter(|(_, n)| !n.is_variable) {
@@ -108,6 +111,7 @@ impl InvarianceCheck<'_> {
                     continue;
                 };
                 result.ops_compared += 1;
+                result.op_max_ulp[column[name.as_str()]] = Some(metrics.max_ulp);
                 if i == last {
                     fingerprints.push((batching, with_canonical_bytes(&slice, blake3::hash)?));
                     result.logits_identical = metrics.mismatched == 0;
@@ -133,6 +137,7 @@ impl InvarianceCheck<'_> {
             device: self.device_label.clone(),
             tokens: self.sequence.len(),
             reference: reference_batching,
+            ops: ops.clone(),
             results,
             parameters_reached,
             parameters: self.capture.parameters().len(),

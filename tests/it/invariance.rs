@@ -20,6 +20,7 @@ fn the_gpt_is_checked_in_every_batching_and_the_classes_cover_them_all() {
     for r in results {
         assert!(r["ops_compared"].as_u64().unwrap() > 50, "every graph node is compared: {r}");
         assert_eq!(r["unmatched"].as_array().map_or(0, Vec::len), 0, "{r}");
+        assert!(r["op_max_ulp"].as_array().unwrap().iter().all(|u| u.is_u64()), "every op compared: {r}");
         // A difference in the logits always has a first op.
         assert!(r["logits_identical"] == true || r["first_op"]["name"].is_string(), "{r}");
     }
@@ -35,7 +36,20 @@ fn the_gpt_is_checked_in_every_batching_and_the_classes_cover_them_all() {
 
 #[test]
 fn an_unmodified_qwen2_is_checked_too() {
-    let run = repro(&["invariance", "--workload", "qwen2", "--context", "8", "--batch-sizes", "2", "--json"]);
+    let dir = tempfile::tempdir().unwrap();
+    let svg = dir.path().join("inv.svg");
+    let run = repro(&[
+        "invariance",
+        "--workload",
+        "qwen2",
+        "--context",
+        "8",
+        "--batch-sizes",
+        "2",
+        "--json",
+        "--plot",
+        crate::util::s(&svg),
+    ]);
     assert!(run.code == 0 || run.code == 1, "{}{}", run.stdout, run.stderr);
     let v = json(&run.stdout);
     assert!(v["subject"].as_str().unwrap().starts_with("candle-transformers qwen2"), "{v}");
@@ -44,6 +58,11 @@ fn an_unmodified_qwen2_is_checked_too() {
     let r = &v["results"][0];
     assert!(r["ops_compared"].as_u64().unwrap() >= 1, "{v}");
     assert!(r["logits_identical"] == true || r["first_op"]["name"].as_str().unwrap().starts_with("linear"), "{v}");
+    // One column per op of the alone run's graph, in every row of the heat map.
+    let ops = v["ops"].as_array().unwrap().len();
+    assert_eq!(r["op_max_ulp"].as_array().unwrap().len(), ops);
+    let drawn = std::fs::read_to_string(&svg).unwrap();
+    assert!(drawn.contains("batch invariance: candle-transformers qwen2") && drawn.contains("2@1"), "{drawn}");
 }
 
 #[test]

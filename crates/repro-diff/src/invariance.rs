@@ -59,6 +59,9 @@ pub struct BatchingResult {
     pub ops_differing: usize,
     /// Ops compared (named the same in both graphs, with a slice for the sequence).
     pub ops_compared: usize,
+    /// Per op of the reference graph ([`InvarianceReport::ops`], same order): the largest ULP
+    /// distance of the sequence's slice (0: identical), or `None` where it was not compared.
+    pub op_max_ulp: Vec<Option<u64>>,
     /// Ops of this graph with no counterpart in the reference's (or no batch dimension that
     /// could be sliced): not compared.
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -76,6 +79,9 @@ pub struct InvarianceReport {
     pub tokens: usize,
     /// The reference batching (the sequence alone).
     pub reference: Batching,
+    /// The ops of the reference graph (its non-parameter nodes), in topological order: the
+    /// columns of every result's `op_max_ulp`.
+    pub ops: Vec<String>,
     /// Every other batching, in the order run.
     pub results: Vec<BatchingResult>,
     /// Parameters the captured graph behind the logits reaches, of all the model's: fewer when

@@ -3,6 +3,7 @@
 //! accuracies, churn and weight distance per noise variant; the weights' ULP distance over
 //! training per device pair; time per step per mode).
 
+use crate::invariance::InvarianceReport;
 use crate::matrix::MatrixReport;
 use crate::study::results::{CostReport, DevicesReport, NoiseReport};
 use crate::traces::{GapPoint, TraceDiff};
@@ -333,14 +334,8 @@ pub fn plot_matrix(r: &MatrixReport) -> PlotResult {
                 .y_label_area_size(30)
                 .build_cartesian_2d(0f64..n as f64, n as f64..0f64)
                 .map_err(err)?;
-            let index = |x: &f64| {
-                let i = x.floor();
-                if x - i > 0.4 && x - i < 0.6 && (i as usize) < n {
-                    format!("{}", i as usize)
-                } else {
-                    String::new()
-                }
-            };
+            let numbers: Vec<String> = (0..n).map(|i| i.to_string()).collect();
+            let index = |x: &f64| cell_label(&numbers, *x);
             chart
                 .configure_mesh()
                 .disable_mesh()
@@ -376,8 +371,79 @@ pub fn plot_matrix(r: &MatrixReport) -> PlotResult {
     Ok(svg)
 }
 
+/// The label of the cell whose middle is at `v` (cells span `[i, i + 1)`), empty elsewhere:
+/// ticks at every half cell, labelled only at the middles.
+fn cell_label(labels: &[String], v: f64) -> String {
+    let i = v.floor();
+    match labels.get(i as usize) {
+        Some(label) if v - i > 0.4 && v - i < 0.6 && i >= 0.0 => label.clone(),
+        _ => String::new(),
+    }
+}
+
 /// A sequential colour map from pale yellow (0) to dark red (1).
 fn heat(t: f64) -> RGBColor {
     let lerp = |a: f64, b: f64| (a + (b - a) * t).round() as u8;
     RGBColor(lerp(255.0, 128.0), lerp(237.0, 0.0), lerp(160.0, 38.0))
+}
+
+/// The batch-invariance heat map: one row per batching, one column per op of the graph in
+/// topological order, coloured by the largest ULP distance of the sequence's slice (log scale;
+/// white: identical, grey: not compared), the first differing op of each row outlined.
+pub fn plot_invariance(r: &InvarianceReport) -> PlotResult {
+    let (rows, cols) = (r.results.len().max(1), r.ops.len().max(1));
+    let cell_w = (900 / cols as u32).clamp(2, 24);
+    let cell_h = 18u32;
+    let title = format!("batch invariance: {} on {} (max ULP of the sequence's slice, per op)", r.subject, r.device);
+    let width = (cell_w * cols as u32 + 160).max(7 * title.len() as u32 + 40);
+    let height = cell_h * rows as u32 + 150;
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (width, height)).into_drawing_area();
+        root.fill(&WHITE).map_err(err)?;
+        let root = root.titled(&title, ("sans-serif", 14)).map_err(err)?;
+        let (plot_area, note_area) = root.split_vertically(height - 50);
+        let mut chart = ChartBuilder::on(&plot_area)
+            .margin(10)
+            .x_label_area_size(30)
+            .y_label_area_size(70)
+            .build_cartesian_2d(0f64..cols as f64, rows as f64..0f64)
+            .map_err(err)?;
+        let whole = |x: &f64| if x.fract() == 0.0 { format!("{}", *x as usize) } else { String::new() };
+        let labels: Vec<String> = r.results.iter().map(|b| b.batching.to_string()).collect();
+        let row_label = |y: &f64| cell_label(&labels, *y);
+        chart
+            .configure_mesh()
+            .disable_mesh()
+            .y_labels(2 * rows + 1)
+            .y_label_formatter(&row_label)
+            .x_labels(cols.min(10) + 1)
+            .x_label_formatter(&whole)
+            .x_desc("op (graph node, topological order)")
+            .y_desc("batch@row")
+            .draw()
+            .map_err(err)?;
+        let hi = r.results.iter().flat_map(|b| b.op_max_ulp.iter().flatten()).copied().max().unwrap_or(1).max(1);
+        for (i, b) in r.results.iter().enumerate() {
+            for (j, ulp) in b.op_max_ulp.iter().enumerate() {
+                let (x, y) = (j as f64, i as f64);
+                let color = match ulp {
+                    None => RGBColor(200, 200, 200),
+                    Some(0) => WHITE,
+                    Some(u) => heat(((*u as f64).ln_1p() / (hi as f64).ln_1p()).clamp(0.0, 1.0)),
+                };
+                chart.draw_series([Rectangle::new([(x, y), (x + 1.0, y + 1.0)], color.filled())]).map_err(err)?;
+            }
+            if let Some(first) = b.first_op.as_ref().and_then(|op| r.ops.iter().position(|n| *n == op.name)) {
+                let (x, y) = (first as f64, i as f64);
+                chart
+                    .draw_series([Rectangle::new([(x, y), (x + 1.0, y + 1.0)], BLACK.stroke_width(2))])
+                    .map_err(err)?;
+            }
+        }
+        let note = format!("largest: {hi} ULP (dark red); outlined: the first op that differs in each row");
+        note_area.draw(&Text::new(note, (10, 5), ("sans-serif", 12))).map_err(err)?;
+        root.present().map_err(err)?;
+    }
+    Ok(svg)
 }
