@@ -13,6 +13,11 @@ pub struct InvarianceArgs {
     /// Batch sizes to run the sequence in [default: 1,2,3,4,8,16,32,64,128].
     #[arg(long, value_delimiter = ',', value_name = "N,N,...")]
     batch_sizes: Vec<usize>,
+    /// Paddings: the sequence alone followed by this many tokens, its own positions compared
+    /// (gpt only; the sequence is shortened to leave room) [default: 1 and a quarter of
+    /// --context].
+    #[arg(long, value_delimiter = ',', value_name = "N,N,...")]
+    paddings: Option<Vec<usize>>,
     /// Print the result as JSON.
     #[arg(long)]
     json: bool,
@@ -41,7 +46,16 @@ pub fn run(args: InvarianceArgs) -> Result<Exit, String> {
     let device = open_device(&args.train.device).map_err(|e| e.to_string())?;
     let label = &args.train.device;
     let report = match &workload {
-        Workload::Gpt(c) => workloads::gpt(c, &sizes, &device, label),
+        Workload::Gpt(c) => {
+            // One token, and a quarter of the context (16 tokens at the default 64).
+            let paddings = args.paddings.clone().unwrap_or_else(|| vec![1, (c.context / 4).max(1)]);
+            workloads::gpt(c, &sizes, &paddings, &device, label)
+        }
+        Workload::Qwen2(_) if args.paddings.as_ref().is_some_and(|p| p.iter().any(|&n| n > 0)) => {
+            return Err("qwen2's logits are its last position's, which padding would make a pad token's: \
+                 --paddings applies to gpt"
+                .into())
+        }
         Workload::Qwen2(c) => workloads::qwen2(c, &sizes, &device, label),
         _ => return Err("invariance checks a model's forward pass: pass --workload gpt or --workload qwen2".into()),
     }

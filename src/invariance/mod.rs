@@ -34,6 +34,9 @@ pub struct InvarianceCheck<'a> {
     pub fillers: Vec<Vec<u32>>,
     /// Batch sizes (1, the reference, is always run).
     pub batch_sizes: Vec<usize>,
+    /// Paddings: the sequence alone followed by this many more tokens (from the first filler),
+    /// its own positions compared. Needs logits at every position; 0 is the reference.
+    pub paddings: Vec<usize>,
     /// The model and its settings, for the report.
     pub subject: String,
     /// The device's label, for the report.
@@ -65,7 +68,7 @@ impl InvarianceCheck<'_> {
                 f.len()
             )));
         }
-        let reference_batching = Batching { batch: 1, position: 0 };
+        let reference_batching = Batching::ALONE;
         let nodes = self.graph(device, reference_batching, forward)?;
         let mut reference = BTreeMap::new();
         for node in nodes.iter().filter(|n| !n.is_variable) {
@@ -98,7 +101,7 @@ impl InvarianceCheck<'_> {
                     result.unmatched.push(node.name.clone());
                     continue;
                 };
-                let Some(slice) = slice_for(&node.tensor, &r.dims, batching)? else {
+                let Some(slice) = slice_for(&node.tensor, &r.dims, batching, self.sequence.len())? else {
                     result.unmatched.push(node.name.clone());
                     continue;
                 };
@@ -146,12 +149,20 @@ impl InvarianceCheck<'_> {
     }
 
     /// Every batching but the reference: each batch size above 1, with the sequence first and
-    /// last.
+    /// last; then each padding, alone.
     fn batchings(&self) -> Vec<Batching> {
-        let mut sizes: Vec<usize> = self.batch_sizes.iter().copied().filter(|&b| b > 1).collect();
-        sizes.sort_unstable();
-        sizes.dedup();
-        sizes.into_iter().flat_map(|batch| [0, batch - 1].map(|position| Batching { batch, position })).collect()
+        let distinct = |values: &[usize]| {
+            let mut v: Vec<usize> = values.iter().copied().filter(|&x| x > 0).collect();
+            v.sort_unstable();
+            v.dedup();
+            v
+        };
+        let batches = distinct(&self.batch_sizes)
+            .into_iter()
+            .filter(|&b| b > 1)
+            .flat_map(|batch| [0, batch - 1].map(|position| Batching { batch, position, padding: 0 }));
+        let padded = distinct(&self.paddings).into_iter().map(|padding| Batching { padding, ..Batching::ALONE });
+        batches.chain(padded).collect()
     }
 
     /// The captured graph of one batching's forward pass.
@@ -161,37 +172,54 @@ impl InvarianceCheck<'_> {
         batching: Batching,
         forward: &mut dyn FnMut(&Tensor) -> Result<Tensor, RecordError>,
     ) -> Result<Vec<GraphNode>, RecordError> {
-        let mut ids = Vec::with_capacity(batching.batch * self.sequence.len());
+        let len = self.sequence.len() + batching.padding;
+        let pad = self.fillers[0].iter().cycle();
+        let mut ids: Vec<u32> = Vec::with_capacity(batching.batch * len);
         for row in 0..batching.batch {
-            if row == batching.position {
-                ids.extend_from_slice(&self.sequence);
-            } else {
-                ids.extend_from_slice(&self.fillers[row % self.fillers.len()]);
-            }
+            let tokens =
+                if row == batching.position { &self.sequence } else { &self.fillers[row % self.fillers.len()] };
+            ids.extend(tokens.iter().chain(pad.clone()).take(len));
         }
-        let tokens = Tensor::from_vec(ids, (batching.batch, self.sequence.len()), &Device::Cpu)?.to_device(device)?;
+        let tokens = Tensor::from_vec(ids, (batching.batch, len), &Device::Cpu)?.to_device(device)?;
         let logits = forward(&tokens)?;
         self.capture.graph(&logits)
     }
 }
 
-/// The sequence's slice of `tensor` in `batching`, given the op's dims in the alone run: cut
-/// along the one dimension that grew by the batch size, or the whole tensor if no dimension
-/// did and the shapes agree; `None` otherwise.
-fn slice_for(tensor: &Tensor, alone: &[usize], batching: Batching) -> Result<Option<Tensor>, RecordError> {
+/// The sequence's slice of `tensor` in `batching`, given the op's dims in the alone run and
+/// the sequence's length `tokens`: cut along the one dimension that grew by the batch size (at
+/// the sequence's row), and, when padded, along every dimension that grew from k·T to
+/// k·(T + padding) (to its first k·T: the sequence's own positions); the whole tensor if
+/// nothing grew. `None` when the shapes differ in any other way.
+fn slice_for(
+    tensor: &Tensor,
+    alone: &[usize],
+    batching: Batching,
+    tokens: usize,
+) -> Result<Option<Tensor>, RecordError> {
     let dims = tensor.dims();
     if dims.len() != alone.len() {
         return Ok(None);
     }
-    if dims == alone {
-        return Ok(Some(tensor.clone()));
+    let mut slice = tensor.clone();
+    let mut batch_cut = false;
+    for d in 0..dims.len() {
+        if dims[d] == alone[d] {
+            continue;
+        }
+        if batching.batch > 1 && !batch_cut && dims[d] == alone[d] * batching.batch {
+            slice = slice.narrow(d, batching.position * alone[d], alone[d])?;
+            batch_cut = true;
+        } else if batching.padding > 0
+            && alone[d].is_multiple_of(tokens)
+            && dims[d] == alone[d] / tokens * (tokens + batching.padding)
+        {
+            slice = slice.narrow(d, 0, alone[d])?;
+        } else {
+            return Ok(None);
+        }
     }
-    let grown = (0..dims.len())
-        .find(|&d| dims[d] == alone[d] * batching.batch && (0..dims.len()).all(|e| e == d || dims[e] == alone[e]));
-    Ok(match grown {
-        Some(d) => Some(tensor.narrow(d, batching.position * alone[d], alone[d])?.contiguous()?),
-        None => None,
-    })
+    Ok(Some(slice.contiguous()?))
 }
 
 #[cfg(test)]
@@ -227,6 +255,7 @@ mod tests {
             sequence,
             fillers,
             batch_sizes: vec![1, 2, 3, 4, 8],
+            paddings: Vec::new(),
             subject: "planted".into(),
             device_label: "cpu".into(),
         };
@@ -234,10 +263,33 @@ mod tests {
     }
 
     #[test]
+    fn slices_follow_the_batch_row_and_the_sequence_s_own_positions() {
+        let t = |dims: &[usize]| {
+            let n: usize = dims.iter().product();
+            Tensor::arange(0f32, n as f32, &Device::Cpu).unwrap().reshape(dims).unwrap()
+        };
+        let dims = |s: Option<Tensor>| s.map(|s| s.dims().to_vec());
+        let padded = Batching { padding: 2, ..Batching::ALONE };
+        // Attention scores [1, heads, T+P, T+P] against [1, heads, T, T], T = 6: both cut to T.
+        let scores = slice_for(&t(&[1, 4, 8, 8]), &[1, 4, 6, 6], padded, 6).unwrap();
+        assert_eq!(dims(scores.clone()), Some(vec![1, 4, 6, 6]));
+        assert_eq!(scores.unwrap().get(0).unwrap().get(0).unwrap().get(1).unwrap().to_vec1::<f32>().unwrap()[0], 8.0);
+        // Tokens flattened with the batch, [T+P, C]: the first T rows.
+        assert_eq!(dims(slice_for(&t(&[8, 12]), &[6, 12], padded, 6).unwrap()), Some(vec![6, 12]));
+        // Row 2 of a batch of 3, [3·T, C].
+        let row = Batching { batch: 3, position: 2, padding: 0 };
+        let rows = slice_for(&t(&[18, 2]), &[6, 2], row, 6).unwrap().unwrap();
+        assert_eq!(rows.to_vec2::<f32>().unwrap()[0], [24.0, 25.0]);
+        // A shape change that neither explains is not compared.
+        assert!(slice_for(&t(&[7, 12]), &[6, 12], padded, 6).unwrap().is_none());
+        assert!(slice_for(&t(&[6, 13]), &[6, 12], row, 6).unwrap().is_none());
+    }
+
+    #[test]
     fn a_planted_batch_dependent_reduction_is_found_named_and_classed() {
         let report = planted(true).unwrap();
         assert!(!report.invariant());
-        let b = |batch, position| Batching { batch, position };
+        let b = |batch, position| Batching { batch, position, padding: 0 };
         assert_eq!(
             report.classes,
             vec![vec![b(1, 0), b(2, 0), b(2, 1), b(3, 0), b(3, 2)], vec![b(4, 0), b(4, 3), b(8, 0), b(8, 7)]]

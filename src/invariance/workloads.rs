@@ -14,23 +14,35 @@ use rand::Rng;
 /// Sequences in the check besides the one checked: batches reuse them in turn.
 const FILLERS: usize = 16;
 
-/// Checks the gpt's forward pass.
+/// Checks the gpt's forward pass. The sequence leaves room in the model's context for the
+/// largest padding.
 pub fn gpt(
     config: &GptConfig,
     batch_sizes: &[usize],
+    paddings: &[usize],
     device: &Device,
     label: &str,
 ) -> Result<InvarianceReport, RecordError> {
+    let room = paddings.iter().copied().max().unwrap_or(0);
+    if room >= config.context {
+        return Err(RecordError::Unsupported(format!(
+            "a padding of {room} leaves no room for a sequence in the gpt's context of {} tokens",
+            config.context
+        )));
+    }
     let _spans = span_scopes();
     let (model, varmap) = config.build(device)?;
     let capture = ModelCapture::new(&varmap);
-    let mut windows = config.probe_windows(FILLERS + 1)?;
+    let tokens = config.context - room;
+    let mut windows: Vec<Vec<u32>> =
+        config.probe_windows(FILLERS + 1)?.into_iter().map(|w| w[..tokens].to_vec()).collect();
     let sequence = windows.remove(0);
     let check = InvarianceCheck {
         capture: &capture,
         sequence,
         fillers: windows,
         batch_sizes: batch_sizes.to_vec(),
+        paddings: paddings.to_vec(),
         subject: format!("gpt ({} layers, width {}, seed {}, untrained)", config.layers, config.width, config.seed),
         device_label: label.into(),
     };
@@ -57,6 +69,8 @@ pub fn qwen2(
         sequence,
         fillers,
         batch_sizes: batch_sizes.to_vec(),
+        // Its logits are the last position's: with padding that would be a pad token's.
+        paddings: Vec::new(),
         subject: format!(
             "candle-transformers qwen2 ({} layers, width {}, seed {})",
             config.layers, config.width, config.seed

@@ -7,16 +7,24 @@ const SMALL_GPT: &[&str] =
 
 #[test]
 fn the_gpt_is_checked_in_every_batching_and_the_classes_cover_them_all() {
-    let run = repro(&[SMALL_GPT, &["--batch-sizes", "1,2,5", "--json"]].concat());
+    let run = repro(&[SMALL_GPT, &["--batch-sizes", "1,2,5", "--paddings", "3", "--json"]].concat());
     assert!(run.code == 0 || run.code == 1, "{}{}", run.stdout, run.stderr);
     let v = json(&run.stdout);
     assert_eq!(v["schema"], "repro.invariance.v1");
     let results = v["results"].as_array().unwrap();
-    let labels: Vec<(u64, u64)> = results
+    let labels: Vec<(u64, u64, u64)> = results
         .iter()
-        .map(|r| (r["batching"]["batch"].as_u64().unwrap(), r["batching"]["position"].as_u64().unwrap()))
+        .map(|r| {
+            let b = &r["batching"];
+            (b["batch"].as_u64().unwrap(), b["position"].as_u64().unwrap(), b["padding"].as_u64().unwrap())
+        })
         .collect();
-    assert_eq!(labels, [(2, 0), (2, 1), (5, 0), (5, 4)], "first and last row of each batch size above 1");
+    assert_eq!(
+        labels,
+        [(2, 0, 0), (2, 1, 0), (5, 0, 0), (5, 4, 0), (1, 0, 3)],
+        "first and last row of each batch size above 1, then the sequence alone and padded"
+    );
+    assert_eq!(v["tokens"], 16 - 3, "the sequence leaves room for the padding in the context");
     for r in results {
         assert!(r["ops_compared"].as_u64().unwrap() > 50, "every graph node is compared: {r}");
         assert_eq!(r["unmatched"].as_array().map_or(0, Vec::len), 0, "{r}");
@@ -25,13 +33,13 @@ fn the_gpt_is_checked_in_every_batching_and_the_classes_cover_them_all() {
         assert!(r["logits_identical"] == true || r["first_op"]["name"].is_string(), "{r}");
     }
     let classes = v["classes"].as_array().unwrap();
-    assert_eq!(classes.iter().map(|c| c.as_array().unwrap().len()).sum::<usize>(), 5, "the reference and 4 batchings");
+    assert_eq!(classes.iter().map(|c| c.as_array().unwrap().len()).sum::<usize>(), 6, "the reference and 5 batchings");
     assert_eq!(classes[0][0]["batch"], 1, "the reference's class comes first");
     assert_eq!(run.code == 0, v["verdict"] == "invariant");
     assert_eq!(run.code == 0, classes.len() == 1);
 
     let text = repro(&[SMALL_GPT, &["--batch-sizes", "1,2"]].concat()).stdout;
-    assert!(text.contains("batchings with bit-identical logits (B@row): {1"), "{text}");
+    assert!(text.contains("batchings with bit-identical logits: {1"), "{text}");
 }
 
 #[test]
@@ -73,4 +81,10 @@ fn workloads_without_a_forward_pass_and_bad_sizes_are_refused() {
     let run = repro(&["invariance", "--workload", "gpt", "--batch-sizes", "0,2"]);
     assert_eq!(run.code, 2);
     assert!(run.stderr.contains("at least 1"), "{}", run.stderr);
+    let run = repro(&["invariance", "--workload", "gpt", "--context", "16", "--paddings", "16"]);
+    assert_eq!(run.code, 2);
+    assert!(run.stderr.contains("leaves no room"), "{}", run.stderr);
+    let run = repro(&["invariance", "--workload", "qwen2", "--paddings", "4"]);
+    assert_eq!(run.code, 2);
+    assert!(run.stderr.contains("--paddings applies to gpt"), "{}", run.stderr);
 }

@@ -8,22 +8,34 @@ use repro_trace::dtype::DType;
 use serde::Serialize;
 use std::fmt;
 
-/// Where the sequence sits: in a batch of `batch` sequences, at row `position`.
+/// Where the sequence sits: in a batch of `batch` sequences, at row `position`, followed by
+/// `padding` extra tokens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 pub struct Batching {
     /// Sequences in the batch.
     pub batch: usize,
     /// The sequence's row (0-based).
     pub position: usize,
+    /// Tokens appended after the sequence (a causal model's earlier positions must not see
+    /// them).
+    pub padding: usize,
+}
+
+impl Batching {
+    /// The sequence alone, unpadded: the reference.
+    pub const ALONE: Batching = Batching { batch: 1, position: 0, padding: 0 };
 }
 
 impl fmt::Display for Batching {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.batch == 1 {
-            write!(f, "1")
-        } else {
-            write!(f, "{}@{}", self.batch, self.position)
+        match self.batch {
+            1 => write!(f, "1")?,
+            b => write!(f, "{b}@{}", self.position)?,
         }
+        if self.padding > 0 {
+            write!(f, "+{}", self.padding)?;
+        }
+        Ok(())
     }
 }
 
@@ -120,7 +132,7 @@ mod tests {
     use super::*;
 
     fn b(batch: usize, position: usize) -> Batching {
-        Batching { batch, position }
+        Batching { batch, position, padding: 0 }
     }
 
     #[test]
@@ -131,6 +143,7 @@ mod tests {
         assert_eq!(classes_of(&[(b(1, 0), 1)]), vec![vec![b(1, 0)]]);
         assert_eq!(b(1, 0).to_string(), "1");
         assert_eq!(b(8, 7).to_string(), "8@7");
+        assert_eq!(Batching { padding: 16, ..Batching::ALONE }.to_string(), "1+16");
     }
 
     fn classes_of(items: &[(Batching, i32)]) -> Vec<Vec<Batching>> {

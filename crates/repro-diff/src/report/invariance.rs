@@ -12,7 +12,8 @@ pub fn render_invariance(r: &InvarianceReport) -> String {
     let _ = writeln!(out, "batch invariance: {} on {}", r.subject, r.device);
     let _ = writeln!(
         out,
-        "one sequence of {} tokens, alone (batch {}) as the reference, then at the first and last row of larger batches\n",
+        "one sequence of {} tokens, alone (batch {}) as the reference, then at the first and last row of larger batches \
+         (B@row) and alone followed by padding tokens (1+P)\n",
         r.tokens, r.reference
     );
     if r.parameters_reached < r.parameters {
@@ -63,7 +64,7 @@ pub fn render_invariance(r: &InvarianceReport) -> String {
         .iter()
         .map(|c| format!("{{{}}}", c.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")))
         .collect();
-    let _ = writeln!(out, "\nbatchings with bit-identical logits (B@row): {}", classes.join(" "));
+    let _ = writeln!(out, "\nbatchings with bit-identical logits: {}", classes.join(" "));
     if r.invariant() {
         let _ = writeln!(
             out,
