@@ -75,6 +75,9 @@ pub struct GptArgs {
     /// backward pass: the parameters before it get no gradient).
     #[arg(long, default_value = "ops", value_parser = ["ops", "fused"])]
     pub norm: String,
+    /// Element type of qwen2's weights and activations: f32 or bf16 (gpt trains in f32).
+    #[arg(long, default_value = "f32", value_parser = ["f32", "bf16"])]
+    pub dtype: String,
 }
 
 /// Settings of the classifier workloads.
@@ -120,13 +123,16 @@ pub fn options_for(run: &repro::trace::RunConfig) -> Vec<String> {
     }
     for (key, value) in &run.params {
         let option = match (key.as_str(), value.as_str()) {
-            ("dtype" | "perturb", _) | ("examples", "all") | ("batch_norm", "false") => continue,
+            // The adder records its (only) dtype as F32; qwen2 records bf16 when it runs in it.
+            ("dtype", "F32") | ("perturb", _) | ("examples", "all") | ("batch_norm", "false") => continue,
             ("batch_norm", _) => {
                 options.push("--batch-norm".into());
                 continue;
             }
             ("init_seed", _) => "seed",
             ("dataset_seed", _) => "data_seed",
+            // qwen2's prompt length is set with --context.
+            ("tokens", _) => "context",
             (other, _) => other,
         };
         options.push(format!("--{}", option.replace('_', "-")));
@@ -187,6 +193,9 @@ impl WorkloadArgs {
         if self.formulation != Formulation::Reduce {
             return Err("--formulation is a setting of the adder, not of gpt".into());
         }
+        if self.gpt.dtype != "f32" {
+            return Err("gpt trains in f32: --dtype bf16 applies to qwen2".into());
+        }
         Ok(config)
     }
 
@@ -200,6 +209,7 @@ impl WorkloadArgs {
             tokens: self.gpt.context,
             layers: self.gpt.layers,
             width: self.width.unwrap_or(d.width),
+            dtype: if self.gpt.dtype == "bf16" { candle_core::DType::BF16 } else { candle_core::DType::F32 },
         };
         config.validate().map_err(|e| e.to_string())?;
         if self.perturb.is_some() || self.reductions != Reductions::Candle || self.formulation != Formulation::Reduce {

@@ -72,8 +72,11 @@ pub fn qwen2(
         // Its logits are the last position's: with padding that would be a pad token's.
         paddings: Vec::new(),
         subject: format!(
-            "candle-transformers qwen2 ({} layers, width {}, seed {})",
-            config.layers, config.width, config.seed
+            "candle-transformers qwen2 ({} layers, width {}, {}, seed {})",
+            config.layers,
+            config.width,
+            if config.dtype == candle_core::DType::BF16 { "bf16" } else { "f32" },
+            config.seed
         ),
         device_label: label.into(),
     };

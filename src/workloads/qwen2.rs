@@ -36,11 +36,13 @@ pub struct Qwen2Config {
     pub layers: usize,
     /// Hidden width.
     pub width: usize,
+    /// Element type of the weights and activations (F32 or BF16).
+    pub dtype: DType,
 }
 
 impl Default for Qwen2Config {
     fn default() -> Self {
-        Qwen2Config { seed: 0, data_seed: 0, steps: 4, batch: 4, tokens: 64, layers: 2, width: 64 }
+        Qwen2Config { seed: 0, data_seed: 0, steps: 4, batch: 4, tokens: 64, layers: 2, width: 64, dtype: DType::F32 }
     }
 }
 
@@ -67,7 +69,7 @@ impl Qwen2Config {
 
     /// The run configuration written to a trace header.
     pub fn run_config(&self) -> RunConfig {
-        let params = BTreeMap::from([
+        let mut params = BTreeMap::from([
             ("batch".to_string(), self.batch.to_string()),
             ("data_seed".to_string(), self.data_seed.to_string()),
             ("layers".to_string(), self.layers.to_string()),
@@ -75,6 +77,10 @@ impl Qwen2Config {
             ("tokens".to_string(), self.tokens.to_string()),
             ("width".to_string(), self.width.to_string()),
         ]);
+        // Absent means f32: traces recorded before the setting existed keep their header.
+        if self.dtype != DType::F32 {
+            params.insert("dtype".to_string(), "bf16".to_string());
+        }
         RunConfig { workload: "qwen2".into(), steps: Some(self.steps), params }
     }
 
@@ -84,6 +90,9 @@ impl Qwen2Config {
             return Err(RecordError::Unsupported(
                 "qwen2 needs --steps, --batch, --tokens and --layers of at least 1".into(),
             ));
+        }
+        if !matches!(self.dtype, DType::F32 | DType::BF16) {
+            return Err(RecordError::Unsupported(format!("qwen2 runs in f32 or bf16, not {:?}", self.dtype)));
         }
         if self.width == 0 || !self.width.is_multiple_of(8) || self.tokens > 512 {
             return Err(RecordError::Unsupported(format!(
@@ -98,7 +107,7 @@ impl Qwen2Config {
     /// for norms, zeros for biases; keyed by parameter name, so identical on every device.
     pub fn build(&self, device: &Device) -> Result<(ModelForCausalLM, VarMap), RecordError> {
         let mut varmap = VarMap::new();
-        let model = ModelForCausalLM::new(&self.model_config(), VarBuilder::from_varmap(&varmap, DType::F32, device))?;
+        let model = ModelForCausalLM::new(&self.model_config(), VarBuilder::from_varmap(&varmap, self.dtype, device))?;
         let mut params: Vec<(String, Vec<usize>)> =
             varmap.data().lock().expect("VarMap lock").iter().map(|(n, v)| (n.clone(), v.dims().to_vec())).collect();
         params.sort();
@@ -111,7 +120,9 @@ impl Qwen2Config {
             } else {
                 uniform_vec(&mut stream(self.seed, &format!("qwen2.init.{name}"), 0), n, -0.05, 0.05)
             };
-            varmap.set_one(&name, Tensor::from_vec(values, dims, &Device::Cpu)?.to_device(device)?)?;
+            // Drawn in f32 and rounded once: the same weights in either dtype.
+            let values = Tensor::from_vec(values, dims, &Device::Cpu)?.to_dtype(self.dtype)?;
+            varmap.set_one(&name, values.to_device(device)?)?;
         }
         Ok((model, varmap))
     }

@@ -88,3 +88,34 @@ fn workloads_without_a_forward_pass_and_bad_sizes_are_refused() {
     assert_eq!(run.code, 2);
     assert!(run.stderr.contains("--paddings applies to gpt"), "{}", run.stderr);
 }
+
+#[test]
+fn qwen2_runs_in_bf16_and_a_bf16_baseline_keeps_its_dtype() {
+    let run = repro(&[
+        "invariance",
+        "--workload",
+        "qwen2",
+        "--dtype",
+        "bf16",
+        "--context",
+        "8",
+        "--batch-sizes",
+        "2",
+        "--json",
+    ]);
+    assert!(run.code == 0 || run.code == 1, "{}{}", run.stdout, run.stderr);
+    let v = json(&run.stdout);
+    assert!(v["subject"].as_str().unwrap().contains(", bf16,"), "{v}");
+    assert_eq!(v["results"][0]["first_op"]["dtype"].as_str().unwrap_or("BF16"), "BF16", "{v}");
+
+    // The gate takes a baseline's dtype as a default like its other settings.
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path().join("q.rpr");
+    let qwen = ["--workload", "qwen2", "--dtype", "bf16", "--steps", "1", "--context", "8"];
+    assert_eq!(repro(&[&["baseline", "write", "--out", crate::util::s(&base)][..], &qwen].concat()).code, 0);
+    let gate = repro(&["gate", "--baseline", crate::util::s(&base)]);
+    assert_eq!(gate.code, 0, "{}{}", gate.stdout, gate.stderr);
+    let run = repro(&["invariance", "--workload", "gpt", "--dtype", "bf16"]);
+    assert_eq!(run.code, 2);
+    assert!(run.stderr.contains("gpt trains in f32"), "{}", run.stderr);
+}
