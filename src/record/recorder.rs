@@ -359,68 +359,56 @@ impl StepRecorder<'_> {
         tensor: &Tensor,
         snapshot: bool,
     ) -> Result<(), RecordError> {
-        profile::time(profile::Phase::Queue, || self.queue(name, kind, phase, inputs, node, tensor, snapshot))
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn queue(
-        &mut self,
-        name: &str,
-        kind: TensorKind,
-        phase: Option<Phase>,
-        inputs: &[&str],
-        node: Option<u64>,
-        tensor: &Tensor,
-        snapshot: bool,
-    ) -> Result<(), RecordError> {
-        if self.recorder.writer.is_none() {
-            return Ok(());
-        }
-        if !self.names.insert(name.to_string()) {
-            return Err(RecordError::Unsupported(format!("tensor `{name}` recorded twice in step {}", self.step)));
-        }
-        let dtype = trace_dtype(tensor.dtype())?;
-        let shape: Vec<u64> = tensor.dims().iter().map(|&d| d as u64).collect();
-        let inline_max = self.recorder.capture.inline_max_bytes;
-        let full = self.full;
-        let byte_len = tensor.elem_count() as u64 * dtype.size_in_bytes() as u64;
-        let keep_values = byte_len <= inline_max || full;
-        // GPU tensors are queued: hash-only ones are hashed on the device, and everything
-        // reaches the host in one copy when the step finishes.
-        let hash_on_device = !keep_values && byte_len > CHUNK_LEN as u64;
-        let deferred = self.device.push(tensor, hash_on_device, snapshot)?;
-        let (hash, inline, payload) = match deferred {
-            Some(_) => (TensorHash([0; 32]), None, None),
-            None => with_canonical_bytes(tensor, |bytes| {
-                let hash = tensor_hash(dtype, &shape, bytes);
-                if bytes.len() as u64 <= inline_max {
-                    (hash, Some(bytes.to_vec()), None)
-                } else if full {
-                    (hash, None, Some(bytes.to_vec()))
-                } else {
-                    (hash, None, None)
-                }
-            })?,
-        };
-        if let Some(ticket) = deferred {
-            self.deferred.push((self.tensors.len(), ticket));
-        }
-        self.tensors.push(StepTensor {
-            record: TensorRecord {
-                name: name.to_string(),
-                kind,
-                dtype,
-                shape,
-                hash,
-                inline,
-                in_payload: false,
-                phase,
-                inputs: inputs.iter().map(|s| s.to_string()).collect(),
-                node,
-            },
-            payload,
-        });
-        Ok(())
+        profile::time(profile::Phase::Queue, || {
+            if self.recorder.writer.is_none() {
+                return Ok(());
+            }
+            if !self.names.insert(name.to_string()) {
+                return Err(RecordError::Unsupported(format!("tensor `{name}` recorded twice in step {}", self.step)));
+            }
+            let dtype = trace_dtype(tensor.dtype())?;
+            let shape: Vec<u64> = tensor.dims().iter().map(|&d| d as u64).collect();
+            let inline_max = self.recorder.capture.inline_max_bytes;
+            let full = self.full;
+            let byte_len = tensor.elem_count() as u64 * dtype.size_in_bytes() as u64;
+            let keep_values = byte_len <= inline_max || full;
+            // GPU tensors are queued: hash-only ones are hashed on the device, and everything
+            // reaches the host in one copy when the step finishes.
+            let hash_on_device = !keep_values && byte_len > CHUNK_LEN as u64;
+            let deferred = self.device.push(tensor, hash_on_device, snapshot)?;
+            let (hash, inline, payload) = match deferred {
+                Some(_) => (TensorHash([0; 32]), None, None),
+                None => with_canonical_bytes(tensor, |bytes| {
+                    let hash = tensor_hash(dtype, &shape, bytes);
+                    if bytes.len() as u64 <= inline_max {
+                        (hash, Some(bytes.to_vec()), None)
+                    } else if full {
+                        (hash, None, Some(bytes.to_vec()))
+                    } else {
+                        (hash, None, None)
+                    }
+                })?,
+            };
+            if let Some(ticket) = deferred {
+                self.deferred.push((self.tensors.len(), ticket));
+            }
+            self.tensors.push(StepTensor {
+                record: TensorRecord {
+                    name: name.to_string(),
+                    kind,
+                    dtype,
+                    shape,
+                    hash,
+                    inline,
+                    in_payload: false,
+                    phase,
+                    inputs: inputs.iter().map(|s| s.to_string()).collect(),
+                    node,
+                },
+                payload,
+            });
+            Ok(())
+        })
     }
 
     /// Applies the run's planted perturbation if it targets `name` at this step; otherwise

@@ -106,13 +106,16 @@ fn qwen2_runs_in_bf16_and_a_bf16_baseline_keeps_its_dtype() {
     assert!(run.code == 0 || run.code == 1, "{}{}", run.stdout, run.stderr);
     let v = json(&run.stdout);
     assert!(v["subject"].as_str().unwrap().contains(", bf16,"), "{v}");
-    assert_eq!(v["results"][0]["first_op"]["dtype"].as_str().unwrap_or("BF16"), "BF16", "{v}");
 
     // The gate takes a baseline's dtype as a default like its other settings.
     let dir = tempfile::tempdir().unwrap();
     let base = dir.path().join("q.rpr");
     let qwen = ["--workload", "qwen2", "--dtype", "bf16", "--steps", "1", "--context", "8"];
     assert_eq!(repro(&[&["baseline", "write", "--out", crate::util::s(&base)][..], &qwen].concat()).code, 0);
+    // The model really ran in bf16: its recorded logits are BF16.
+    let info = json(&repro(&["inspect", crate::util::s(&base), "--json"]).stdout);
+    let logits = info["tensors"].as_array().unwrap().iter().find(|t| t["name"] == "logits").unwrap();
+    assert_eq!(logits["dtype"], "BF16", "{logits}");
     let gate = repro(&["gate", "--baseline", crate::util::s(&base)]);
     assert_eq!(gate.code, 0, "{}{}", gate.stdout, gate.stderr);
     let run = repro(&["invariance", "--workload", "gpt", "--dtype", "bf16"]);

@@ -68,13 +68,12 @@ impl TraceReader {
     /// the whole trace, payloads included.
     pub fn open(path: impl AsRef<Path>) -> Result<Self, TraceError> {
         let mut path = path.as_ref().to_path_buf();
-        let meta = fs::metadata(&path).map_err(TraceError::io(&path))?;
         if let (true, Some(parent)) = (path.file_name() == Some(RECORDS_FILE.as_ref()), path.parent()) {
-            if fs::symlink_metadata(parent.join(format::TENSORS_DIR)).is_ok_and(|m| m.is_dir()) {
+            if path.is_file() && fs::symlink_metadata(parent.join(format::TENSORS_DIR)).is_ok_and(|m| m.is_dir()) {
                 path = parent.to_path_buf();
             }
         }
-        let meta = if path.is_dir() { fs::metadata(&path).map_err(TraceError::io(&path))? } else { meta };
+        let meta = fs::metadata(&path).map_err(TraceError::io(&path))?;
         let (dir, records_path, records_only) = if meta.is_dir() {
             let records_path = path.join(RECORDS_FILE);
             if !records_path.exists() {

@@ -142,9 +142,7 @@ impl GptConfig {
     pub fn parameter_names(&self) -> Result<Vec<String>, RecordError> {
         let varmap = VarMap::new();
         Gpt::new(self.shape(), VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu))?;
-        let mut names: Vec<String> = varmap.data().lock().expect("VarMap lock").keys().cloned().collect();
-        names.sort();
-        Ok(names)
+        Ok(sorted_vars(&varmap).into_iter().map(|(name, _)| name).collect())
     }
 
     /// One batch: `batch` windows of `context + 1` bytes at seeded offsets; inputs are the
@@ -183,12 +181,8 @@ impl GptConfig {
     pub fn build(&self, device: &Device) -> Result<(Gpt, VarMap), RecordError> {
         let mut varmap = VarMap::new();
         let model = Gpt::new(self.shape(), VarBuilder::from_varmap(&varmap, DType::F32, device))?;
-        let params: Vec<(String, Vec<usize>)> = {
-            let data = varmap.data().lock().expect("VarMap lock");
-            let mut v: Vec<_> = data.iter().map(|(n, var)| (n.clone(), var.dims().to_vec())).collect();
-            v.sort();
-            v
-        };
+        let params: Vec<(String, Vec<usize>)> =
+            sorted_vars(&varmap).into_iter().map(|(name, var)| (name, var.dims().to_vec())).collect();
         let spread = 0.02 * 3f64.sqrt();
         for (name, dims) in params {
             let n: usize = dims.iter().product();
