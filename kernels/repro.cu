@@ -306,4 +306,66 @@ extern "C" __global__ void expand_rows_f32(const float* value, u64 rows, u64 col
   for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < rows * cols; i += (u64)gridDim.x * blockDim.x) out[i] = value[i % cols];
 }
 
+// Batch-invariant matrix product, c[z] = a[z] @ b[z] for z < gridDim.z, with a [M, K] and
+// b [K, N] read through their strides (a batch stride of 0 shares one matrix) and c a
+// contiguous [Z, M, N]. Every output element is one thread's sum over k = 0, 1, ..., K-1 in
+// order (one fused multiply-add each, starting from 0): its bits depend on its own row and
+// column and on K only, never on M, N, the batch or which block computed it. Tiles of 64 x 64
+// outputs, 16 k at a time through shared memory; each of the 256 threads owns 4 x 4 outputs.
+#define MM_TILE 64
+#define MM_K 16
+extern "C" __global__ void matmul_f32_fixed(const float* a, const float* b, float* c, u64 m_len, u64 n_len, u64 k_len,
+                                            u64 a_z, u64 a_m, u64 a_k, u64 b_z, u64 b_k, u64 b_n) {
+  __shared__ float a_tile[MM_K][MM_TILE];
+  __shared__ float b_tile[MM_K][MM_TILE];
+  const u64 z = blockIdx.z;
+  const u64 m0 = (u64)blockIdx.y * MM_TILE, n0 = (u64)blockIdx.x * MM_TILE;
+  const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+  const float* az = a + z * a_z;
+  const float* bz = b + z * b_z;
+  float acc[4][4];
+  for (int i = 0; i < 4; i++)
+    for (int j = 0; j < 4; j++) acc[i][j] = 0.0f;
+  for (u64 k0 = 0; k0 < k_len; k0 += MM_K) {
+    for (int l = threadIdx.x; l < MM_TILE * MM_K; l += 256) {
+      int mm = l / MM_K, kk = l % MM_K;
+      u64 m = m0 + mm, k = k0 + kk;
+      a_tile[kk][mm] = (m < m_len && k < k_len) ? az[m * a_m + k * a_k] : 0.0f;
+      int kb = l / MM_TILE, nn = l % MM_TILE;
+      u64 n = n0 + nn, k2 = k0 + kb;
+      b_tile[kb][nn] = (n < n_len && k2 < k_len) ? bz[k2 * b_k + n * b_n] : 0.0f;
+    }
+    __syncthreads();
+    const int k_here = k_len - k0 < MM_K ? (int)(k_len - k0) : MM_K;
+    for (int kk = 0; kk < k_here; kk++) {
+      float ar[4], br[4];
+      for (int i = 0; i < 4; i++) ar[i] = a_tile[kk][ty + 16 * i];
+      for (int j = 0; j < 4; j++) br[j] = b_tile[kk][tx + 16 * j];
+      for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 4; j++) acc[i][j] = fmaf(ar[i], br[j], acc[i][j]);
+    }
+    __syncthreads();
+  }
+  float* cz = c + z * m_len * n_len;
+  for (int i = 0; i < 4; i++) {
+    u64 m = m0 + ty + 16 * i;
+    if (m >= m_len) continue;
+    for (int j = 0; j < 4; j++) {
+      u64 n = n0 + tx + 16 * j;
+      if (n < n_len) cz[m * n_len + n] = acc[i][j];
+    }
+  }
+}
+
+// out[r] = the sum of row r of a contiguous [rows, cols] matrix, added left to right by one
+// thread: the same bits for the row whatever the number of rows, and unchanged by zeros
+// appended to it (a padded softmax row).
+extern "C" __global__ void sum_last_f32_fixed(const float* x, u64 rows, u64 cols, float* out) {
+  for (u64 r = blockIdx.x * (u64)blockDim.x + threadIdx.x; r < rows; r += (u64)gridDim.x * blockDim.x) {
+    float acc = 0.0f;
+    for (u64 c = 0; c < cols; c++) acc += x[r * cols + c];
+    out[r] = acc;
+  }
+}
+
 #endif

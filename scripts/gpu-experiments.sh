@@ -15,7 +15,7 @@
 # steps; `opfixtures` keeps small op-level traces for fixtures/. The studies: `cost`,
 # `devices-study`, `noise-mlp`, `noise-cnn`, `noise-resnet18` (RESNET_RUNS, RESNET_EPOCHS), and
 # `studyfixtures` (atomic cnn traces for fixtures/), `gpt-studies` (noise, devices and cost on
-# the gpt; GPT_RUNS, GPT_STEPS), `gptfixtures`, `invariance` (gpt and qwen2, H100 and CPU), not run by default. `gpt`: the
+# the gpt; GPT_RUNS, GPT_STEPS), `gptfixtures`, `invariance` (gpt default and --batch-invariant with its cost, qwen2 f32 and bf16), not run by default. `gpt`: the
 # transformer recorded by automatic capture (same-seed GPU runs, CPU vs GPU, Qwen2, fixtures). Results land in OUT_DIR:
 # summary.md (everything printed), results.tar.gz (all outputs), fixtures.tar.gz.
 set -uo pipefail
@@ -264,20 +264,34 @@ if want gptfixtures; then
   "$repro" diff "$work/fixtures/gpt-atomic/r0" "$work/fixtures/gpt-atomic/r1" 2>&1 | sed "s#$work/fixtures/##g" | head -12 | tee -a "$summary"
   say '```'
 fi
-# Batch invariance of the gpt and of candle-transformers' Qwen2 (one sequence alone and in
-# batches of 2 to 128; the first op whose slice for it differs).
+# Batch invariance of the gpt and of candle-transformers' Qwen2: one sequence alone, in batches
+# of 2 to 128, padded, decoded token by token and prefilled in chunks against the KV cache; the
+# first op whose part for it differs. Then the gpt's --batch-invariant mode, and its cost.
 if want invariance; then
-  for device in cuda:0 cpu; do
-    section "Batch invariance on $device: gpt (default size, untrained)"
+  for dtype in f32 bf16; do
+    section "Batch invariance on cuda:0: candle-transformers qwen2 ($dtype, 64 tokens)"
     say '```'
-    "$repro" invariance --workload gpt --device "$device" 2>&1 | tee -a "$summary"
+    "$repro" invariance --workload qwen2 --dtype "$dtype" --device cuda:0 2>&1 | tee -a "$summary"
     say '```'
-    "$repro" invariance --workload gpt --device "$device" --json > "$work/results/invariance-gpt-${device%%:*}.json" 2>&1
   done
-  section "Batch invariance on cuda:0: candle-transformers qwen2 (64 tokens)"
+  for mode in "" --batch-invariant; do
+    section "Batch invariance on cuda:0: gpt ${mode:-default kernels} (default size, untrained)"
+    say '```'
+    "$repro" invariance --workload gpt $mode --device cuda:0 --plot "$work/results/invariance-gpt${mode:+-invariant}.svg" 2>&1 | tee -a "$summary"
+    say '```'
+    "$repro" invariance --workload gpt $mode --device cuda:0 --json > "$work/results/invariance-gpt${mode:+-invariant}.json" 2>&1
+  done
+  section "Batch invariance on cuda:0: gpt --batch-invariant, 4 layers, width 256, context 128"
   say '```'
-  "$repro" invariance --workload qwen2 --device cuda:0 2>&1 | tee -a "$summary"
+  "$repro" invariance --workload gpt --batch-invariant --layers 4 --width 256 --context 128 --device cuda:0 \
+    --batch-sizes 1,2,8,64 --paddings 1,32 --chunks 1,32 2>&1 | tail -12 | tee -a "$summary"
   say '```'
+  for size in "--layers 2 --width 128" "--layers 4 --width 256"; do
+    section "Cost of --batch-invariant on cuda:0: gpt $size, 64 tokens"
+    say '```'
+    "$repro" invariance --workload gpt $size --device cuda:0 --cost 50 2>&1 | tee -a "$summary"
+    say '```'
+  done
 fi
 want noise-resnet18 && study noise-resnet18 noise --workload resnet18 --device cuda:0 --runs "${RESNET_RUNS:-10}" --epochs "${RESNET_EPOCHS:-2}"
 

@@ -40,4 +40,5 @@ mod scope;
 
 pub use graph::GraphNode;
 pub use model::{CapturedStep, ModelCapture, ModelRecorder};
+pub(crate) use scope::tensor_number;
 pub use scope::{install_span_scopes, scope, SpanScopes};

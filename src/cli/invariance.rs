@@ -3,9 +3,9 @@
 use super::workload_args::WorkloadArgs;
 use super::{print_json, Exit};
 use clap::Args;
-use repro::invariance::{workloads, DEFAULT_BATCH_SIZES};
+use repro::invariance::{cost, workloads, DEFAULT_BATCH_SIZES};
 use repro::record::open_device;
-use repro::report::render_invariance;
+use repro::report::{render_forward_cost, render_invariance};
 use repro::workloads::Workload;
 
 #[derive(Debug, Args)]
@@ -14,10 +14,19 @@ pub struct InvarianceArgs {
     #[arg(long, value_delimiter = ',', value_name = "N,N,...")]
     batch_sizes: Vec<usize>,
     /// Paddings: the sequence alone followed by this many tokens, its own positions compared
-    /// (gpt only; the sequence is shortened to leave room) [default: 1 and a quarter of
-    /// --context].
+    /// (for the gpt the sequence is shortened to leave room in its context) [default: 1 and a
+    /// quarter of --context; 0: none].
     #[arg(long, value_delimiter = ',', value_name = "N,N,...")]
     paddings: Option<Vec<usize>>,
+    /// Runs in pieces against the model's KV cache: this many tokens per forward pass, 1
+    /// decoding token by token, more prefilling in chunks; every position's logits compared
+    /// with the whole prefill's [default: 1 and a quarter of --context; 0: none].
+    #[arg(long, value_delimiter = ',', value_name = "N,N,...")]
+    chunks: Option<Vec<usize>>,
+    /// Instead of the check, time the gpt's forward pass at each of --batch-sizes [default:
+    /// 1,8,64] with candle's kernels and with --batch-invariant's, this many passes each.
+    #[arg(long, value_name = "PASSES")]
+    cost: Option<usize>,
     /// Print the result as JSON.
     #[arg(long)]
     json: bool,
@@ -38,36 +47,61 @@ impl InvarianceArgs {
 }
 
 pub fn run(args: InvarianceArgs) -> Result<Exit, String> {
-    let sizes = if args.batch_sizes.is_empty() { DEFAULT_BATCH_SIZES.to_vec() } else { args.batch_sizes.clone() };
+    let default_sizes = if args.cost.is_some() { vec![1, 8, 64] } else { DEFAULT_BATCH_SIZES.to_vec() };
+    let sizes = if args.batch_sizes.is_empty() { default_sizes } else { args.batch_sizes.clone() };
     if sizes.contains(&0) {
         return Err("--batch-sizes must be at least 1".into());
     }
     let workload = args.train.workload()?;
     let device = open_device(&args.train.device).map_err(|e| e.to_string())?;
     let label = &args.train.device;
-    let report = match &workload {
-        Workload::Gpt(c) => {
-            // One token, and a quarter of the context (16 tokens at the default 64).
-            let paddings = args.paddings.clone().unwrap_or_else(|| vec![1, (c.context / 4).max(1)]);
-            workloads::gpt(c, &sizes, &paddings, &device, label)
+    if let Some(passes) = args.cost {
+        let Workload::Gpt(config) = &workload else {
+            return Err("--cost times the gpt's batch-invariant mode: pass --workload gpt".into());
+        };
+        let report = cost::gpt_forward_cost(config, &sizes, passes, &device, label).map_err(|e| e.to_string())?;
+        if args.json {
+            print_json("repro.invariance-cost.v1", None, &report)?;
+        } else {
+            super::output::emit(&render_forward_cost(&report));
         }
-        Workload::Qwen2(_) if args.paddings.as_ref().is_some_and(|p| p.iter().any(|&n| n > 0)) => {
-            return Err("qwen2's logits are its last position's, which padding would make a pad token's: \
-                 --paddings applies to gpt"
-                .into())
-        }
-        Workload::Qwen2(c) => workloads::qwen2(c, &sizes, &device, label),
+        return Ok(Exit::Same);
+    }
+    let tokens = match &workload {
+        Workload::Gpt(c) => c.context,
+        Workload::Qwen2(c) => c.tokens,
         _ => return Err("invariance checks a model's forward pass: pass --workload gpt or --workload qwen2".into()),
+    };
+    // One token, and a quarter of the context (16 tokens at the default 64).
+    let one_and_a_quarter = vec![1, (tokens / 4).max(1)];
+    let runs = workloads::Batchings {
+        batch_sizes: sizes,
+        paddings: args.paddings.clone().unwrap_or_else(|| one_and_a_quarter.clone()),
+        chunks: args.chunks.clone().unwrap_or(one_and_a_quarter),
+    };
+    let report = match &workload {
+        Workload::Gpt(c) => workloads::gpt(c, &runs, &device, label),
+        Workload::Qwen2(c) => workloads::qwen2(c, &runs, &device, label),
+        _ => unreachable!("checked above"),
     }
     .map_err(|e| e.to_string())?;
     if let Some(path) = &args.plot {
         super::output::write_plot(path, repro::report::plot_invariance(&report))?;
     }
     if args.json {
-        let verdict = if report.invariant() { "invariant" } else { "not_invariant" };
+        let verdict = match (report.failed(), report.invariant()) {
+            (0, true) => "invariant",
+            (0, false) => "not_invariant",
+            _ => "incomplete",
+        };
         print_json("repro.invariance.v1", Some(verdict), &report)?;
     } else {
         super::output::emit(&render_invariance(&report));
     }
-    Ok(if report.invariant() { Exit::Same } else { Exit::Diverged })
+    Ok(match (report.failed(), report.invariant()) {
+        (0, true) => Exit::Same,
+        (0, false) => Exit::Diverged,
+        // Batchings the model could not run: the check is not complete.
+        _ => Exit::Error,
+    })
 }

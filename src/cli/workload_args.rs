@@ -75,6 +75,10 @@ pub struct GptArgs {
     /// backward pass: the parameters before it get no gradient).
     #[arg(long, default_value = "ops", value_parser = ["ops", "fused"])]
     pub norm: String,
+    /// Batch-invariant matrix products and softmax sums: a sequence's results do not depend on
+    /// its batch, padding or KV cache (slower; see docs/invariance.md).
+    #[arg(long)]
+    pub batch_invariant: bool,
     /// Element type of qwen2's weights and activations: f32 or bf16 (gpt trains in f32).
     #[arg(long, default_value = "f32", value_parser = ["f32", "bf16"])]
     pub dtype: String,
@@ -127,6 +131,10 @@ pub fn options_for(run: &repro::trace::RunConfig) -> Vec<String> {
             ("dtype", "F32") | ("perturb", _) | ("examples", "all") | ("batch_norm", "false") => continue,
             ("batch_norm", _) => {
                 options.push("--batch-norm".into());
+                continue;
+            }
+            ("batch_invariant", _) => {
+                options.push("--batch-invariant".into());
                 continue;
             }
             ("init_seed", _) => "seed",
@@ -188,6 +196,7 @@ impl WorkloadArgs {
             lr: self.lr.unwrap_or(d.lr),
             norm: if g.norm == "fused" { Norm::Fused } else { Norm::Ops },
             reductions: self.reductions,
+            batch_invariant: g.batch_invariant,
         };
         config.validate(self.perturb.as_ref()).map_err(|e| e.to_string())?;
         if self.formulation != Formulation::Reduce {
@@ -214,6 +223,9 @@ impl WorkloadArgs {
         config.validate().map_err(|e| e.to_string())?;
         if self.perturb.is_some() || self.reductions != Reductions::Candle || self.formulation != Formulation::Reduce {
             return Err("qwen2 records inference: --perturb, --reductions and --formulation do not apply".into());
+        }
+        if self.gpt.batch_invariant {
+            return Err("--batch-invariant is a mode of the gpt; qwen2 runs candle-transformers' code unchanged".into());
         }
         Ok(config)
     }

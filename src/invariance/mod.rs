@@ -1,33 +1,43 @@
 //! Batch invariance of a model's forward pass: the same sequence is run alone, then inside
-//! batches of other sequences (at the first and the last row), and its slice of every captured
-//! op is compared bit for bit with the alone run's. The first op, in topological order, whose
-//! slice differs is where the sequence's result starts to depend on its batch (a matrix product
-//! that splits its reduction by problem size, a row reduction whose order follows the batch).
+//! batches of other sequences (at the first and the last row), followed by padding, and in
+//! pieces against a KV cache (decoded one token at a time, or prefilled in chunks); its part of
+//! every captured op is compared bit for bit with the alone run's. The first op, in topological
+//! order, whose part differs is where the sequence's result starts to depend on how it was run
+//! (a matrix product that splits its reduction by problem size, a row reduction whose order
+//! follows the row's length).
 //!
 //! The graph comes from `repro::capture`, so the model needs no change: build it on a `VarMap`,
-//! hand over a forward function from token ids to logits. An op's slice for the sequence is
-//! found by shape: the one dimension whose size is the batch size times its size in the alone
-//! run (`[B, T, C]`, or `[B*T, C]` after a reshape), cut at the sequence's row. An op with no
-//! such dimension and another shape than alone is listed as not compared.
+//! hand over a forward function from token ids to logits at every position. Ops of two runs are
+//! paired by a sequence diff over their scope names (a decoding step has ops a prefill has not:
+//! the KV cache's concatenation), then each pair is cut to the sequence's part by shape: the
+//! dimension that grew by the batch size, at the sequence's row; a dimension that grew by the
+//! padding, to the sequence's own positions; for a piece of the sequence at tokens
+//! `offset..offset + n`, the alone run's token dimension to those tokens (queries) or to the
+//! tokens seen so far (keys). A pair with no such cut is listed as not compared.
 
-use crate::capture::{GraphNode, ModelCapture};
+use crate::capture::{tensor_number, GraphNode, ModelCapture};
 use crate::diff::compare;
 use crate::diff::invariance::{equivalence_classes, Batching, BatchingResult, InvarianceReport, OpDifference};
 use crate::record::{trace_dtype, with_canonical_bytes, RecordError};
-use crate::trace::dtype::DType;
 use candle_core::{Device, Tensor};
-use std::collections::BTreeMap;
 
+pub mod cost;
 pub mod workloads;
 
 /// The default batch sizes: where kernels commonly change their split.
 pub const DEFAULT_BATCH_SIZES: [usize; 9] = [1, 2, 3, 4, 8, 16, 32, 64, 128];
 
+/// A model's forward pass as the check drives it: token ids `[B, n]` (u32, on the device) at
+/// positions `offset..offset + n` to logits `[B, n, ...]` for every one of them. At offset 0 the
+/// model starts afresh (an empty KV cache); at a later offset it has been given the tokens
+/// before it, in earlier calls. A model without a KV cache is only called at offset 0.
+pub type Forward<'f> = dyn FnMut(&Tensor, usize) -> Result<Tensor, RecordError> + 'f;
+
 /// What to check.
 pub struct InvarianceCheck<'a> {
     /// The model's parameters (and the graph capture behind its logits).
     pub capture: &'a ModelCapture,
-    /// The sequence whose logits must not depend on its batch.
+    /// The sequence whose logits must not depend on how it is run.
     pub sequence: Vec<u32>,
     /// Other sequences of the same length that fill the batches (reused in turn if there are
     /// fewer than the largest batch needs).
@@ -35,29 +45,33 @@ pub struct InvarianceCheck<'a> {
     /// Batch sizes (1, the reference, is always run).
     pub batch_sizes: Vec<usize>,
     /// Paddings: the sequence alone followed by this many more tokens (from the first filler),
-    /// its own positions compared. Needs logits at every position; 0 is the reference.
+    /// its own positions compared; 0 is the reference.
     pub paddings: Vec<usize>,
+    /// Pieces: the sequence alone, run this many tokens per forward pass against the model's
+    /// KV cache (1 decodes it token by token; more prefills it in chunks).
+    pub chunks: Vec<usize>,
     /// The model and its settings, for the report.
     pub subject: String,
     /// The device's label, for the report.
     pub device_label: String,
 }
 
-/// One op's values for the alone run.
-struct Reference {
-    dims: Vec<usize>,
-    dtype: DType,
-    bytes: Vec<u8>,
+/// One forward pass of a batching: the sequence's tokens `offset..offset + len` (with the
+/// batching's padding after them when it has one).
+#[derive(Debug, Clone, Copy)]
+struct Piece {
+    offset: usize,
+    len: usize,
+}
+
+/// A pass's ops (parameters left out), the root (the logits) last.
+struct PassGraph {
+    ops: Vec<GraphNode>,
 }
 
 impl InvarianceCheck<'_> {
-    /// Runs `forward` (token ids `[B, T]` u32 on `device` to logits, whose first dimension is
-    /// the batch) on every batching and compares.
-    pub fn run(
-        &self,
-        device: &Device,
-        forward: &mut dyn FnMut(&Tensor) -> Result<Tensor, RecordError>,
-    ) -> Result<InvarianceReport, RecordError> {
+    /// Runs `forward` on every batching and compares each with the sequence alone.
+    pub fn run(&self, device: &Device, forward: &mut Forward) -> Result<InvarianceReport, RecordError> {
         if self.sequence.is_empty() || self.fillers.is_empty() {
             return Err(RecordError::Unsupported("an invariance check needs a sequence and filler sequences".into()));
         }
@@ -68,22 +82,15 @@ impl InvarianceCheck<'_> {
                 f.len()
             )));
         }
-        let reference_batching = Batching::ALONE;
-        let nodes = self.graph(device, reference_batching, forward)?;
-        let mut reference = BTreeMap::new();
-        for node in nodes.iter().filter(|n| !n.is_variable) {
-            let dtype = trace_dtype(node.tensor.dtype())?;
-            let bytes = with_canonical_bytes(&node.tensor, <[u8]>::to_vec)?;
-            reference.insert(node.name.clone(), Reference { dims: node.tensor.dims().to_vec(), dtype, bytes });
-        }
-        let root = nodes.last().expect("a graph has a root").name.clone();
-        let ops: Vec<String> = nodes.iter().filter(|n| !n.is_variable).map(|n| n.name.clone()).collect();
-        let column: BTreeMap<&str, usize> = ops.iter().enumerate().map(|(i, n)| (n.as_str(), i)).collect();
-        let parameters_reached = nodes.iter().filter(|n| n.is_variable).count();
-        let mut fingerprints = vec![(reference_batching, blake3::hash(&reference[&root].bytes))];
+        let tokens = self.sequence.len();
+        let (reference, parameters_reached) =
+            self.pass(device, Batching::ALONE, Piece { offset: 0, len: tokens }, forward)?;
+        let ops: Vec<String> = reference.ops.iter().map(|n| n.name.clone()).collect();
+        let root = reference.ops.last().expect("a graph has a root");
+        let reference_logits = with_canonical_bytes(&root.tensor, <[u8]>::to_vec)?;
+        let mut fingerprints = vec![(Batching::ALONE, blake3::hash(&reference_logits))];
         let mut results = Vec::new();
         for batching in self.batchings() {
-            let nodes = self.graph(device, batching, forward)?;
             let mut result = BatchingResult {
                 batching,
                 logits_identical: false,
@@ -93,56 +100,45 @@ impl InvarianceCheck<'_> {
                 ops_compared: 0,
                 unmatched: Vec::new(),
                 op_max_ulp: vec![None; ops.len()],
+                error: None,
             };
-            let last = nodes.len() - 1;
-            for (i, node) in nodes.iter().enumerate().filter(|(_, n)| !n.is_variable) {
-                let name = if i == last { &root } else { &node.name };
-                let Some(r) = reference.get(name) else {
-                    result.unmatched.push(node.name.clone());
-                    continue;
-                };
-                let Some(slice) = slice_for(&node.tensor, &r.dims, batching, self.sequence.len())? else {
-                    result.unmatched.push(node.name.clone());
-                    continue;
-                };
-                let dtype = trace_dtype(slice.dtype())?;
-                // The slice is read once: compared, and for the logits also fingerprinted.
-                let read = with_canonical_bytes(&slice, |bytes| {
-                    let fingerprint = (i == last).then(|| blake3::hash(bytes));
-                    (dtype == r.dtype && bytes.len() == r.bytes.len())
-                        .then(|| (compare(dtype, &r.bytes, bytes), fingerprint))
-                })?;
-                let Some((metrics, fingerprint)) = read else {
-                    result.unmatched.push(node.name.clone());
-                    continue;
-                };
-                result.ops_compared += 1;
-                result.op_max_ulp[column[name.as_str()]] = Some(metrics.max_ulp);
-                if let Some(fingerprint) = fingerprint {
-                    fingerprints.push((batching, fingerprint));
-                    result.logits_identical = metrics.mismatched == 0;
-                    result.logits = (metrics.mismatched > 0).then_some(metrics);
-                }
-                if metrics.mismatched > 0 {
-                    result.ops_differing += 1;
-                    if result.first_op.is_none() {
-                        result.first_op = Some(OpDifference {
-                            name: name.clone(),
-                            position: node.position,
-                            dtype,
-                            shape: slice.dims().iter().map(|&d| d as u64).collect(),
-                            metrics,
-                        });
+            // The sequence's logits, piece after piece; `None` once a piece's cannot be cut.
+            let mut logits: Option<Vec<u8>> = Some(Vec::new());
+            let mut differs = vec![false; ops.len()];
+            for piece in self.pieces(batching) {
+                // A model that cannot run a batching (a shape it does not support, a bug in its
+                // cache path) fails that batching, not the check.
+                let pass = match self.pass(device, batching, piece, forward) {
+                    Ok((pass, _)) => pass,
+                    Err(e) => {
+                        result.error = Some(format!("the forward pass from token {} failed: {e}", piece.offset));
+                        logits = None;
+                        break;
                     }
-                }
+                };
+                let piece_logits =
+                    compare_pass(&reference, &pass, Run { batching, piece, tokens }, &mut result, &mut differs)?;
+                logits = logits.zip(piece_logits).map(|(mut all, more)| {
+                    all.extend(more);
+                    all
+                });
+            }
+            result.ops_differing = differs.iter().filter(|&&d| d).count();
+            result.ops_compared = result.op_max_ulp.iter().filter(|u| u.is_some()).count();
+            if let Some(logits) = logits.filter(|l| l.len() == reference_logits.len()) {
+                let dtype = trace_dtype(root.tensor.dtype())?;
+                let metrics = compare(dtype, &reference_logits, &logits);
+                fingerprints.push((batching, blake3::hash(&logits)));
+                result.logits_identical = metrics.mismatched == 0;
+                result.logits = (metrics.mismatched > 0).then_some(metrics);
             }
             results.push(result);
         }
         Ok(InvarianceReport {
             subject: self.subject.clone(),
             device: self.device_label.clone(),
-            tokens: self.sequence.len(),
-            reference: reference_batching,
+            tokens,
+            reference: Batching::ALONE,
             ops,
             results,
             parameters_reached,
@@ -152,7 +148,7 @@ impl InvarianceCheck<'_> {
     }
 
     /// Every batching but the reference: each batch size above 1, with the sequence first and
-    /// last; then each padding, alone.
+    /// last; each padding, alone; each chunk size, alone.
     fn batchings(&self) -> Vec<Batching> {
         let distinct = |values: &[usize]| {
             let mut v: Vec<usize> = values.iter().copied().filter(|&x| x > 0).collect();
@@ -163,66 +159,240 @@ impl InvarianceCheck<'_> {
         let batches = distinct(&self.batch_sizes)
             .into_iter()
             .filter(|&b| b > 1)
-            .flat_map(|batch| [0, batch - 1].map(|position| Batching { batch, position, padding: 0 }));
+            .flat_map(|batch| [0, batch - 1].map(|position| Batching { batch, position, ..Batching::ALONE }));
         let padded = distinct(&self.paddings).into_iter().map(|padding| Batching { padding, ..Batching::ALONE });
-        batches.chain(padded).collect()
+        let pieces = distinct(&self.chunks)
+            .into_iter()
+            .filter(|&c| c < self.sequence.len())
+            .map(|chunk| Batching { chunk, ..Batching::ALONE });
+        batches.chain(padded).chain(pieces).collect()
     }
 
-    /// The captured graph of one batching's forward pass.
-    fn graph(
+    /// The forward passes of a batching: the whole sequence at once, or its chunks in order.
+    fn pieces(&self, batching: Batching) -> Vec<Piece> {
+        let tokens = self.sequence.len();
+        let chunk = if batching.chunk == 0 { tokens } else { batching.chunk };
+        (0..tokens).step_by(chunk).map(|offset| Piece { offset, len: chunk.min(tokens - offset) }).collect()
+    }
+
+    /// One forward pass: its ops (without the graph of earlier passes that a KV cache links
+    /// in) and the number of parameters its graph reaches.
+    fn pass(
         &self,
         device: &Device,
         batching: Batching,
-        forward: &mut dyn FnMut(&Tensor) -> Result<Tensor, RecordError>,
-    ) -> Result<Vec<GraphNode>, RecordError> {
-        let len = self.sequence.len() + batching.padding;
+        piece: Piece,
+        forward: &mut Forward,
+    ) -> Result<(PassGraph, usize), RecordError> {
+        let len = piece.len + batching.padding;
         let pad = self.fillers[0].iter().cycle();
         let mut ids: Vec<u32> = Vec::with_capacity(batching.batch * len);
         for row in 0..batching.batch {
             let tokens =
                 if row == batching.position { &self.sequence } else { &self.fillers[row % self.fillers.len()] };
-            ids.extend(tokens.iter().chain(pad.clone()).take(len));
+            ids.extend(tokens[piece.offset..piece.offset + piece.len].iter().chain(pad.clone()).take(len));
         }
         let tokens = Tensor::from_vec(ids, (batching.batch, len), &Device::Cpu)?.to_device(device)?;
-        let logits = forward(&tokens)?;
-        self.capture.graph(&logits)
+        // Every tensor this pass creates has a higher id than its input's.
+        let first = tensor_number(&tokens);
+        let logits = forward(&tokens, piece.offset)?;
+        let nodes = self.capture.graph(&logits)?;
+        let parameters = nodes.iter().filter(|n| n.is_variable).count();
+        let ops = nodes.into_iter().filter(|n| !n.is_variable && tensor_number(&n.tensor) > first).collect();
+        Ok((PassGraph { ops }, parameters))
     }
 }
 
-/// The sequence's slice of `tensor` in `batching`, given the op's dims in the alone run and
-/// the sequence's length `tokens`: cut along the one dimension that grew by the batch size (at
-/// the sequence's row), and, when padded, along every dimension that grew from k·T to
-/// k·(T + padding) (to its first k·T: the sequence's own positions); the whole tensor if
-/// nothing grew. `None` when the shapes differ in any other way.
-fn slice_for(
-    tensor: &Tensor,
-    alone: &[usize],
-    batching: Batching,
-    tokens: usize,
-) -> Result<Option<Tensor>, RecordError> {
-    let dims = tensor.dims();
-    if dims.len() != alone.len() {
-        return Ok(None);
-    }
-    let mut slice = tensor.clone();
-    let mut batch_cut = false;
-    for d in 0..dims.len() {
-        if dims[d] == alone[d] {
+/// Compares one pass's ops with the reference's, into `result` (each op's largest ULP distance
+/// so far; the first op that differs) and `differs` (per reference op, whether any pass's part
+/// differed). `run` is the batching, the pass's piece and the sequence's length. Returns the
+/// sequence's part of the pass's logits, or `None` when they cannot be cut from it.
+fn compare_pass(
+    reference: &PassGraph,
+    pass: &PassGraph,
+    run: Run,
+    result: &mut BatchingResult,
+    differs: &mut [bool],
+) -> Result<Option<Vec<u8>>, RecordError> {
+    let mut logits = None;
+    for pair in pair_ops(&reference.ops, &pass.ops, run)? {
+        let (column, node) = match pair {
+            Pairing::Both(column, node) => (column, node),
+            Pairing::PassOnly(node) => {
+                if !result.unmatched.contains(&node.name) {
+                    result.unmatched.push(node.name.clone());
+                }
+                continue;
+            }
+        };
+        let is_root = column == reference.ops.len() - 1;
+        let Some((expected, got)) = cut(&reference.ops[column].tensor, &node.tensor, run)? else {
+            if !result.unmatched.contains(&node.name) {
+                result.unmatched.push(node.name.clone());
+            }
+            continue;
+        };
+        let dtype = trace_dtype(got.dtype())?;
+        if trace_dtype(expected.dtype())? != dtype {
+            result.unmatched.push(node.name.clone());
             continue;
         }
-        if batching.batch > 1 && !batch_cut && dims[d] == alone[d] * batching.batch {
-            slice = slice.narrow(d, batching.position * alone[d], alone[d])?;
-            batch_cut = true;
-        } else if batching.padding > 0
-            && alone[d].is_multiple_of(tokens)
-            && dims[d] == alone[d] / tokens * (tokens + batching.padding)
-        {
-            slice = slice.narrow(d, 0, alone[d])?;
-        } else {
-            return Ok(None);
+        let expected = with_canonical_bytes(&expected, <[u8]>::to_vec)?;
+        let metrics = with_canonical_bytes(&got, |bytes| {
+            if is_root {
+                logits = Some(bytes.to_vec());
+            }
+            compare(dtype, &expected, bytes)
+        })?;
+        let ulp = &mut result.op_max_ulp[column];
+        *ulp = Some(ulp.unwrap_or(0).max(metrics.max_ulp));
+        differs[column] |= metrics.mismatched > 0;
+        if metrics.mismatched > 0 && result.first_op.is_none() {
+            result.first_op = Some(OpDifference {
+                name: reference.ops[column].name.clone(),
+                position: node.position,
+                dtype,
+                shape: got.dims().iter().map(|&d| d as u64).collect(),
+                metrics,
+                at_token: (run.batching.chunk > 0).then_some(run.piece.offset),
+            });
         }
     }
-    Ok(Some(slice.contiguous()?))
+    Ok(logits)
+}
+
+/// How an op of a pass lines up with the reference's.
+enum Pairing<'p> {
+    /// The reference op at this index (a column of the report) and the pass's.
+    Both(usize, &'p GraphNode),
+    /// An op the reference has no counterpart for.
+    PassOnly(&'p GraphNode),
+}
+
+/// The part of a node's name that says where it was made: its scope (or variable) path.
+fn scope_of(node: &GraphNode) -> &str {
+    node.name.split(['#', '+']).next().unwrap_or_default()
+}
+
+/// Pairs the ops of a pass with the reference's: the roots with each other, the rest by an
+/// alignment of the two sequences (ops keep their order) that pairs as many ops as it can, and
+/// among those pairings prefers ops whose parts are bit-identical. Two ops can pair when they
+/// were made in the same scope, have the same dtype and shapes that `cut_plan` can match. A
+/// pass can have ops the reference has not (a KV cache's concatenation) and lack some (a copy
+/// that a one-token tensor does not need); shapes alone are ambiguous when a piece is one
+/// token long, which is what the preference for identical parts settles.
+fn pair_ops<'p>(reference: &[GraphNode], pass: &'p [GraphNode], run: Run) -> Result<Vec<Pairing<'p>>, RecordError> {
+    let (Some((_, ref_body)), Some((pass_root, pass_body))) = (reference.split_last(), pass.split_last()) else {
+        return Ok(Vec::new());
+    };
+    // Pairing is worth 3, a bit-identical pair 1 more: the most pairs first, then the most
+    // identical ones.
+    let score = |r: &GraphNode, p: &GraphNode| -> Result<Option<u32>, RecordError> {
+        if scope_of(r) != scope_of(p) || r.tensor.dtype() != p.tensor.dtype() {
+            return Ok(None);
+        }
+        let Some((a, b)) = cut(&r.tensor, &p.tensor, run)? else {
+            return Ok(None);
+        };
+        let a = with_canonical_bytes(&a, <[u8]>::to_vec)?;
+        Ok(Some(3 + u32::from(with_canonical_bytes(&b, |b| b == a.as_slice())?)))
+    };
+    let (rows, cols) = (ref_body.len(), pass_body.len());
+    let mut best = vec![vec![0u32; cols + 1]; rows + 1];
+    let mut pair_score = vec![vec![None; cols]; rows];
+    for i in 1..=rows {
+        for j in 1..=cols {
+            pair_score[i - 1][j - 1] = score(&ref_body[i - 1], &pass_body[j - 1])?;
+            let diagonal = pair_score[i - 1][j - 1].map(|s| best[i - 1][j - 1] + s);
+            best[i][j] = diagonal.unwrap_or(0).max(best[i - 1][j]).max(best[i][j - 1]);
+        }
+    }
+    // Back from the end: a pair where it made the best score, else skip a reference op, else
+    // a pass op (the pass's skipped ops are its own).
+    let mut pairs = Vec::with_capacity(cols + 1);
+    let (mut i, mut j) = (rows, cols);
+    while j > 0 {
+        if i > 0 && pair_score[i - 1][j - 1].is_some_and(|s| best[i - 1][j - 1] + s == best[i][j]) {
+            pairs.push(Pairing::Both(i - 1, &pass_body[j - 1]));
+            i -= 1;
+            j -= 1;
+        } else if i > 0 && best[i - 1][j] == best[i][j] {
+            i -= 1;
+        } else {
+            pairs.push(Pairing::PassOnly(&pass_body[j - 1]));
+            j -= 1;
+        }
+    }
+    pairs.reverse();
+    pairs.push(Pairing::Both(reference.len() - 1, pass_root));
+    Ok(pairs)
+}
+
+/// How a pass relates to the reference: its batching, its piece, the sequence's length.
+#[derive(Debug, Clone, Copy)]
+struct Run {
+    batching: Batching,
+    piece: Piece,
+    tokens: usize,
+}
+
+/// One dimension's cut: a range of the reference's (`alone`) or of the pass's (`other`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum DimCut {
+    Keep,
+    Alone { start: usize, len: usize },
+    Other { start: usize, len: usize },
+}
+
+/// How to cut an op of the reference run (dims `a`) and of a pass (dims `o`) to the same
+/// elements: the sequence's part; `None` when the shapes differ in a way none of these
+/// explains. Per dimension, where the sizes differ:
+/// - batch: `o` is the batch size times `a`: the pass's at the sequence's row (once);
+/// - padding: `a` is the sequence's length T and `o` T + padding: the pass's first T;
+/// - a piece at tokens `offset..offset + n`: `a` is T and `o` n (the new tokens: the
+///   reference's at those) or offset + n (every token so far, as keys: the reference's first
+///   offset + n).
+fn cut_plan(a: &[usize], o: &[usize], run: Run) -> Option<Vec<DimCut>> {
+    let Run { batching, piece, tokens } = run;
+    if a.len() != o.len() {
+        return None;
+    }
+    let mut batch_cut = false;
+    a.iter()
+        .zip(o)
+        .map(|(&a, &o)| {
+            if a == o {
+                Some(DimCut::Keep)
+            } else if batching.batch > 1 && !batch_cut && o == a * batching.batch {
+                batch_cut = true;
+                Some(DimCut::Other { start: batching.position * a, len: a })
+            } else if batching.padding > 0 && a == tokens && o == tokens + batching.padding {
+                Some(DimCut::Other { start: 0, len: tokens })
+            } else if batching.chunk > 0 && a == tokens && o == piece.len {
+                Some(DimCut::Alone { start: piece.offset, len: piece.len })
+            } else if batching.chunk > 0 && a == tokens && o == piece.offset + piece.len {
+                Some(DimCut::Alone { start: 0, len: piece.offset + piece.len })
+            } else {
+                None
+            }
+        })
+        .collect()
+}
+
+/// The reference's and the pass's op cut to the sequence's part (see `cut_plan`).
+fn cut(alone: &Tensor, other: &Tensor, run: Run) -> Result<Option<(Tensor, Tensor)>, RecordError> {
+    let Some(plan) = cut_plan(alone.dims(), other.dims(), run) else {
+        return Ok(None);
+    };
+    let (mut alone, mut other) = (alone.clone(), other.clone());
+    for (d, c) in plan.into_iter().enumerate() {
+        match c {
+            DimCut::Keep => {}
+            DimCut::Alone { start, len } => alone = alone.narrow(d, start, len)?,
+            DimCut::Other { start, len } => other = other.narrow(d, start, len)?,
+        }
+    }
+    Ok(Some((alone.contiguous()?, other.contiguous()?)))
 }
 
 #[cfg(test)]
@@ -232,20 +402,38 @@ mod tests {
     use candle_core::{DType, Module, D};
     use candle_nn::{VarBuilder, VarMap};
 
-    /// A tiny model: an embedding, then (in scope `planted`) a row sum that, from batch 4 on,
+    /// Where the planted op changes its rounding.
+    #[derive(Clone, Copy, PartialEq)]
+    enum Plant {
+        Nowhere,
+        FromBatch4,
+        OneTokenPasses,
+        /// Not a rounding: the model fails on a piece of several tokens after the first.
+        FailingChunks,
+    }
+
+    /// A tiny model: an embedding, then (in scope `planted`) a row sum that, where `plant` says,
     /// sums the row scaled by 3 and divides by 3 afterwards: the same ops, the same graph, other
     /// rounding, as a kernel choosing its variant by problem size does; then a linear head.
-    fn planted(batch_dependent: bool) -> Result<InvarianceReport, RecordError> {
+    fn planted(plant: Plant, chunks: &[usize]) -> Result<InvarianceReport, RecordError> {
         let varmap = VarMap::new();
         let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
         let embedding = candle_nn::embedding(256, 64, vb.pp("embed"))?;
         let head = candle_nn::linear(1, 8, vb.pp("head"))?;
         let capture = ModelCapture::new(&varmap);
-        let mut forward = |tokens: &Tensor| -> Result<Tensor, RecordError> {
+        let mut forward = |tokens: &Tensor, offset: usize| -> Result<Tensor, RecordError> {
             let x = scope("embed", || embedding.forward(tokens))?;
-            let batch = tokens.dim(0)?;
+            let (batch, len) = tokens.dims2()?;
+            if plant == Plant::FailingChunks && offset > 0 && len > 1 {
+                return Err(RecordError::Unsupported("dtype mismatch in cat".into()));
+            }
             let sum = scope("planted", || -> candle_core::Result<Tensor> {
-                let scale = if batch_dependent && batch >= 4 { 3.0 } else { 1.0 };
+                let varies = match plant {
+                    Plant::Nowhere | Plant::FailingChunks => false,
+                    Plant::FromBatch4 => batch >= 4,
+                    Plant::OneTokenPasses => len == 1,
+                };
+                let scale = if varies { 3.0 } else { 1.0 };
                 x.affine(scale, 0.0)?.sum_keepdim(D::Minus1)?.affine(1.0 / scale, 0.0)
             })?;
             Ok(scope("head", || head.forward(&sum))?)
@@ -259,6 +447,7 @@ mod tests {
             fillers,
             batch_sizes: vec![1, 2, 3, 4, 8],
             paddings: Vec::new(),
+            chunks: chunks.to_vec(),
             subject: "planted".into(),
             device_label: "cpu".into(),
         };
@@ -266,33 +455,43 @@ mod tests {
     }
 
     #[test]
-    fn slices_follow_the_batch_row_and_the_sequence_s_own_positions() {
+    fn ops_are_cut_to_the_batch_row_the_sequence_s_positions_and_the_piece() {
         let t = |dims: &[usize]| {
             let n: usize = dims.iter().product();
             Tensor::arange(0f32, n as f32, &Device::Cpu).unwrap().reshape(dims).unwrap()
         };
-        let dims = |s: Option<Tensor>| s.map(|s| s.dims().to_vec());
-        let padded = Batching { padding: 2, ..Batching::ALONE };
+        let whole = Piece { offset: 0, len: 6 };
+        let run = |batching| Run { batching, piece: whole, tokens: 6 };
+        let dims = |c: Option<(Tensor, Tensor)>| c.map(|(a, o)| (a.dims().to_vec(), o.dims().to_vec()));
+        let padded = run(Batching { padding: 2, ..Batching::ALONE });
         // Attention scores [1, heads, T+P, T+P] against [1, heads, T, T], T = 6: both cut to T.
-        let scores = slice_for(&t(&[1, 4, 8, 8]), &[1, 4, 6, 6], padded, 6).unwrap();
-        assert_eq!(dims(scores.clone()), Some(vec![1, 4, 6, 6]));
-        assert_eq!(scores.unwrap().get(0).unwrap().get(0).unwrap().get(1).unwrap().to_vec1::<f32>().unwrap()[0], 8.0);
+        let scores = cut(&t(&[1, 4, 6, 6]), &t(&[1, 4, 8, 8]), padded).unwrap();
+        assert_eq!(dims(scores.clone()), Some((vec![1, 4, 6, 6], vec![1, 4, 6, 6])));
+        let (_, other) = scores.unwrap();
+        assert_eq!(other.get(0).unwrap().get(0).unwrap().get(1).unwrap().to_vec1::<f32>().unwrap()[0], 8.0);
         // Tokens flattened with the batch, [T+P, C]: the first T rows.
-        assert_eq!(dims(slice_for(&t(&[8, 12]), &[6, 12], padded, 6).unwrap()), Some(vec![6, 12]));
+        assert_eq!(dims(cut(&t(&[6, 12]), &t(&[8, 12]), padded).unwrap()), Some((vec![6, 12], vec![6, 12])));
         // Row 2 of a batch of 3, [3·T, C].
-        let row = Batching { batch: 3, position: 2, padding: 0 };
-        let rows = slice_for(&t(&[18, 2]), &[6, 2], row, 6).unwrap().unwrap();
+        let row = run(Batching { batch: 3, position: 2, ..Batching::ALONE });
+        let (_, rows) = cut(&t(&[6, 2]), &t(&[18, 2]), row).unwrap().unwrap();
         assert_eq!(rows.to_vec2::<f32>().unwrap()[0], [24.0, 25.0]);
-        // A shape change that neither explains is not compared.
-        assert!(slice_for(&t(&[7, 12]), &[6, 12], padded, 6).unwrap().is_none());
-        assert!(slice_for(&t(&[6, 13]), &[6, 12], row, 6).unwrap().is_none());
+        // Decoding token 4: scores [1, heads, 1, 5] against the reference's rows 4, columns 0..5.
+        let decode =
+            Run { batching: Batching { chunk: 1, ..Batching::ALONE }, piece: Piece { offset: 4, len: 1 }, tokens: 6 };
+        let (alone, _) = cut(&t(&[1, 4, 6, 6]), &t(&[1, 4, 1, 5]), decode).unwrap().unwrap();
+        assert_eq!(alone.dims(), [1, 4, 1, 5]);
+        assert_eq!(alone.flatten_all().unwrap().to_vec1::<f32>().unwrap()[..5], [24.0, 25.0, 26.0, 27.0, 28.0]);
+        // A shape change that none explains is not compared.
+        assert!(cut(&t(&[6, 12]), &t(&[7, 12]), padded).unwrap().is_none());
+        assert!(cut(&t(&[6, 12]), &t(&[6, 13]), row).unwrap().is_none());
+        assert!(cut(&t(&[6, 12]), &t(&[3, 12]), decode).unwrap().is_none());
     }
 
     #[test]
     fn a_planted_batch_dependent_reduction_is_found_named_and_classed() {
-        let report = planted(true).unwrap();
+        let report = planted(Plant::FromBatch4, &[]).unwrap();
         assert!(!report.invariant());
-        let b = |batch, position| Batching { batch, position, padding: 0 };
+        let b = |batch, position| Batching { batch, position, ..Batching::ALONE };
         assert_eq!(
             report.classes,
             vec![vec![b(1, 0), b(2, 0), b(2, 1), b(3, 0), b(3, 2)], vec![b(4, 0), b(4, 3), b(8, 0), b(8, 7)]]
@@ -308,9 +507,42 @@ mod tests {
             }
         }
         // The same model without the split is invariant in every batching.
-        let fixed = planted(false).unwrap();
+        let fixed = planted(Plant::Nowhere, &[1, 4]).unwrap();
         assert!(fixed.invariant(), "{:?}", fixed.results);
         assert_eq!(fixed.classes.len(), 1);
         assert!(fixed.results.iter().all(|r| r.ops_compared > 0 && r.ops_differing == 0));
+    }
+
+    #[test]
+    fn a_planted_op_that_rounds_otherwise_for_one_token_is_found_when_decoding() {
+        let report = planted(Plant::OneTokenPasses, &[1, 4, 5]).unwrap();
+        let by_chunk = |c| report.results.iter().find(|r| r.batching.chunk == c).unwrap();
+        let decode = by_chunk(1);
+        assert!(!decode.logits_identical);
+        let op = decode.first_op.as_ref().expect("found");
+        assert!(op.name.starts_with("planted#"), "{}", op.name);
+        assert_eq!(op.at_token, Some(0), "the first one-token pass already differs");
+        // Chunks of 4 and 5 (the last one of a single token) cover all 16 tokens.
+        assert!(by_chunk(4).logits_identical && by_chunk(4).first_op.is_none());
+        let five = by_chunk(5);
+        assert_eq!(five.first_op.as_ref().and_then(|op| op.at_token), Some(15), "{five:?}");
+        assert!(report.results.iter().filter(|r| r.batching.batch > 1).all(|r| r.logits_identical));
+    }
+
+    #[test]
+    fn a_batching_the_model_cannot_run_fails_alone() {
+        let report = planted(Plant::FailingChunks, &[1, 4]).unwrap();
+        assert_eq!(report.failed(), 1);
+        let chunked = report.results.iter().find(|r| r.batching.chunk == 4).unwrap();
+        let error = chunked.error.as_deref().expect("recorded");
+        assert!(error.contains("from token 4") && error.contains("dtype mismatch"), "{error}");
+        assert!(!chunked.logits_identical);
+        // Every other batching still ran and compared.
+        assert!(report
+            .results
+            .iter()
+            .filter(|r| r.batching.chunk != 4)
+            .all(|r| r.logits_identical && r.error.is_none()));
+        assert!(!report.classes.iter().flatten().any(|b| b.chunk == 4), "no logits, no class");
     }
 }

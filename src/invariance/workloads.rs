@@ -1,28 +1,41 @@
 //! The batch-invariance check on the built-in models: the gpt (seeded initial weights, sequences
-//! from its corpus) and candle-transformers' Qwen2 from its unmodified source (seeded weights,
-//! seeded byte prompts), their graph nodes named after the models' `tracing` spans.
+//! from its corpus, decoding through its KV cache) and candle-transformers' Qwen2 from its
+//! unmodified source (seeded weights, seeded byte prompts, its own KV cache), their graph nodes
+//! named after the models' `tracing` spans.
 
 use super::InvarianceCheck;
-use crate::capture::{ModelCapture, SpanScopes};
+use crate::capture::{scope, ModelCapture, SpanScopes};
 use crate::diff::invariance::InvarianceReport;
 use crate::record::RecordError;
+use crate::workloads::gpt::model::KvCache;
 use crate::workloads::seeded::stream;
 use crate::workloads::{GptConfig, Qwen2Config};
-use candle_core::Device;
+use candle_core::{Device, Module};
 use rand::Rng;
 
 /// Sequences in the check besides the one checked: batches reuse them in turn.
 const FILLERS: usize = 16;
 
+/// How each model is run besides alone: batch sizes, paddings and chunk sizes.
+#[derive(Debug, Clone, Default)]
+pub struct Batchings {
+    /// Batch sizes.
+    pub batch_sizes: Vec<usize>,
+    /// Tokens appended after the sequence.
+    pub paddings: Vec<usize>,
+    /// Tokens per pass against the KV cache (1: decoding).
+    pub chunks: Vec<usize>,
+}
+
 /// Checks the gpt's forward pass. The sequence leaves room in the model's context for the
 /// largest padding.
 pub fn gpt(
     config: &GptConfig,
-    batch_sizes: &[usize],
-    paddings: &[usize],
+    runs: &Batchings,
     device: &Device,
     label: &str,
 ) -> Result<InvarianceReport, RecordError> {
+    let paddings = &runs.paddings;
     let room = paddings.iter().copied().max().unwrap_or(0);
     if room >= config.context {
         return Err(RecordError::Unsupported(format!(
@@ -41,24 +54,44 @@ pub fn gpt(
         capture: &capture,
         sequence,
         fillers: windows,
-        batch_sizes: batch_sizes.to_vec(),
-        paddings: paddings.to_vec(),
-        subject: format!("gpt ({} layers, width {}, seed {}, untrained)", config.layers, config.width, config.seed),
+        batch_sizes: runs.batch_sizes.clone(),
+        paddings: paddings.clone(),
+        chunks: runs.chunks.clone(),
+        subject: format!(
+            "gpt ({} layers, width {}, seed {}, untrained{})",
+            config.layers,
+            config.width,
+            config.seed,
+            if config.batch_invariant { ", batch-invariant kernels" } else { "" }
+        ),
         device_label: label.into(),
     };
-    check.run(device, &mut |tokens| Ok(model.forward(tokens)?))
+    let mut cache = KvCache::default();
+    check.run(device, &mut |tokens, offset| {
+        if offset == 0 {
+            cache = KvCache::default();
+        }
+        Ok(model.forward_cached(tokens, &mut cache)?)
+    })
 }
 
-/// Checks candle-transformers' Qwen2 (prefill from an empty KV cache; its logits are the last
-/// position's).
+/// Checks candle-transformers' Qwen2: its decoder unchanged, with the head it ties to the token
+/// embeddings applied at every position (its `ModelForCausalLM` keeps only the last).
 pub fn qwen2(
     config: &Qwen2Config,
-    batch_sizes: &[usize],
+    runs: &Batchings,
     device: &Device,
     label: &str,
 ) -> Result<InvarianceReport, RecordError> {
+    let room = runs.paddings.iter().copied().max().unwrap_or(0);
+    if config.tokens + room > 512 {
+        return Err(RecordError::Unsupported(format!(
+            "qwen2's {} tokens and a padding of {room} exceed its 512 positions",
+            config.tokens
+        )));
+    }
     let _spans = span_scopes();
-    let (mut model, varmap) = config.build(device)?;
+    let (mut model, head, varmap) = config.build_with_head(device)?;
     let capture = ModelCapture::new(&varmap);
     let mut rng = stream(config.data_seed, "qwen2.invariance", 0);
     let mut prompt = || (0..config.tokens).map(|_| rng.random_range(0..256u32)).collect::<Vec<_>>();
@@ -68,9 +101,9 @@ pub fn qwen2(
         capture: &capture,
         sequence,
         fillers,
-        batch_sizes: batch_sizes.to_vec(),
-        // Its logits are the last position's: with padding that would be a pad token's.
-        paddings: Vec::new(),
+        batch_sizes: runs.batch_sizes.clone(),
+        paddings: runs.paddings.clone(),
+        chunks: runs.chunks.clone(),
         subject: format!(
             "candle-transformers qwen2 ({} layers, width {}, {}, seed {})",
             config.layers,
@@ -80,9 +113,12 @@ pub fn qwen2(
         ),
         device_label: label.into(),
     };
-    check.run(device, &mut |tokens| {
-        model.clear_kv_cache();
-        Ok(model.forward(tokens, 0)?)
+    check.run(device, &mut |tokens, offset| {
+        if offset == 0 {
+            model.clear_kv_cache();
+        }
+        let hidden = model.forward(tokens, offset, None)?;
+        Ok(scope("lm_head", || head.forward(&hidden))?)
     })
 }
 

@@ -378,3 +378,57 @@ pub fn read_all(tensor: &Tensor) -> Result<()> {
     unsafe { b.launch(cfg) }.w()?;
     Ok(())
 }
+
+/// The batch-invariant matrix product (`matmul_f32_fixed` in kernels/repro.cu) into a new
+/// contiguous `[batch, m, n]` device buffer.
+pub(crate) fn matmul_f32_fixed(
+    a: &CudaStorage,
+    a_layout: &Layout,
+    b: &CudaStorage,
+    b_layout: &Layout,
+    shape: &super::invariant::MatmulPlan,
+) -> Result<CudaStorage> {
+    let dev = a.device().clone();
+    let a = a.as_cuda_slice::<f32>()?.slice(a_layout.start_offset()..);
+    let b = b.as_cuda_slice::<f32>()?.slice(b_layout.start_offset()..);
+    let mut out = dev.alloc_zeros::<f32>(shape.batch * shape.m * shape.n)?;
+    let f = dev.get_or_load_custom_func("matmul_f32_fixed", MODULE, ptx()?)?;
+    let tiles = |x: usize| x.div_ceil(64) as u32;
+    let cfg = LaunchConfig {
+        grid_dim: (tiles(shape.n), tiles(shape.m), shape.batch as u32),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let dims = [shape.m, shape.n, shape.k].map(|d| d as u64);
+    let [a_z, a_m, a_k] = shape.a_strides.map(|s| s as u64);
+    let [b_z, b_k, b_n] = shape.b_strides.map(|s| s as u64);
+    let mut l = f.builder();
+    l.arg(&a);
+    l.arg(&b);
+    l.arg(&mut out);
+    for d in &dims {
+        l.arg(d);
+    }
+    for s in [&a_z, &a_m, &a_k, &b_z, &b_k, &b_n] {
+        l.arg(s);
+    }
+    unsafe { l.launch(cfg) }.w()?;
+    Ok(CudaStorage::wrap_cuda_slice(out, dev))
+}
+
+/// Row sums of a contiguous F32 `[rows, cols]` matrix, each row added left to right
+/// (`sum_last_f32_fixed`), as a new `[rows]` device buffer.
+pub fn sum_last_f32_fixed(storage: &CudaStorage, layout: &Layout, rows: usize, cols: usize) -> Result<CudaStorage> {
+    let dev = storage.device().clone();
+    let (x, _) = f32_view(storage, layout, "sum_last")?;
+    let mut out = dev.alloc_zeros::<f32>(rows)?;
+    let f = dev.get_or_load_custom_func("sum_last_f32_fixed", MODULE, ptx()?)?;
+    let (rows, cols) = (rows as u64, cols as u64);
+    let mut b = f.builder();
+    b.arg(&x);
+    b.arg(&rows);
+    b.arg(&cols);
+    b.arg(&mut out);
+    unsafe { b.launch(grid(rows, 128)) }.w()?;
+    Ok(CudaStorage::wrap_cuda_slice(out, dev))
+}

@@ -1,7 +1,9 @@
 //! Custom candle ops whose numerics repro controls: the reductions that frameworks make
-//! non-deterministic in practice, each in an `atomic` and an `ordered` mode, plus (with the
-//! `cuda` feature) the kernels behind them and GPU hashing.
+//! non-deterministic in practice, each in an `atomic` and an `ordered` mode; a batch-invariant
+//! matrix product and row sum (`invariant`); and (with the `cuda` feature) the kernels behind
+//! them and GPU hashing.
 
+pub mod invariant;
 mod reduce;
 
 #[cfg(feature = "cuda")]

@@ -98,7 +98,8 @@ struct ExpandRows {
     mode: Reductions,
 }
 
-fn f32_input<'a>(op: &str, storage: &'a CpuStorage, layout: &Layout) -> Result<&'a [f32]> {
+/// The values of a contiguous F32 CPU tensor.
+pub(super) fn f32_input<'a>(op: &str, storage: &'a CpuStorage, layout: &Layout) -> Result<&'a [f32]> {
     let CpuStorage::F32(values) = storage else {
         return Err(Error::Msg(format!("{op} supports F32 only, got {:?}", storage.dtype())));
     };

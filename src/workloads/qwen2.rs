@@ -14,8 +14,8 @@ use crate::record::{RecordError, Recorder};
 use crate::trace::{RunConfig, TensorKind};
 use crate::workloads::seeded::{stream, uniform_vec};
 use candle_core::{DType, Device, Tensor};
-use candle_nn::{Activation, VarBuilder, VarMap};
-use candle_transformers::models::qwen2::{Config, ModelForCausalLM};
+use candle_nn::{Activation, Linear, VarBuilder, VarMap};
+use candle_transformers::models::qwen2::{Config, Model, ModelForCausalLM};
 use rand::Rng;
 use std::collections::BTreeMap;
 
@@ -106,8 +106,32 @@ impl Qwen2Config {
     /// Builds the model with seeded weights: uniform in ±0.05 for matrices and embeddings, ones
     /// for norms, zeros for biases; keyed by parameter name, so identical on every device.
     pub fn build(&self, device: &Device) -> Result<(ModelForCausalLM, VarMap), RecordError> {
+        self.seeded(device, ModelForCausalLM::new)
+    }
+
+    /// The decoder without its head (hidden states at every position, not only the last) and
+    /// the head it ties to the token embeddings, as `ModelForCausalLM` does: logits at every
+    /// position, for comparisons position by position. The same seeded weights as `build`.
+    pub fn build_with_head(&self, device: &Device) -> Result<(Model, Linear, VarMap), RecordError> {
+        let (model, varmap) = self.seeded(device, Model::new)?;
+        let embeddings = varmap
+            .data()
+            .lock()
+            .expect("VarMap lock")
+            .get("model.embed_tokens.weight")
+            .map(|v| v.as_tensor().clone())
+            .ok_or_else(|| RecordError::Unsupported("qwen2 has no model.embed_tokens.weight".into()))?;
+        Ok((model, Linear::new(embeddings, None), varmap))
+    }
+
+    /// Builds a model with `new`, then sets every parameter it created to its seeded values.
+    fn seeded<M>(
+        &self,
+        device: &Device,
+        new: impl FnOnce(&Config, VarBuilder) -> candle_core::Result<M>,
+    ) -> Result<(M, VarMap), RecordError> {
         let mut varmap = VarMap::new();
-        let model = ModelForCausalLM::new(&self.model_config(), VarBuilder::from_varmap(&varmap, self.dtype, device))?;
+        let model = new(&self.model_config(), VarBuilder::from_varmap(&varmap, self.dtype, device))?;
         let mut params: Vec<(String, Vec<usize>)> =
             varmap.data().lock().expect("VarMap lock").iter().map(|(n, v)| (n.clone(), v.dims().to_vec())).collect();
         params.sort();

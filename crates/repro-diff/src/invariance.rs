@@ -8,8 +8,8 @@ use repro_trace::dtype::DType;
 use serde::Serialize;
 use std::fmt;
 
-/// Where the sequence sits: in a batch of `batch` sequences, at row `position`, followed by
-/// `padding` extra tokens.
+/// How the sequence is run: in a batch of `batch` sequences, at row `position`, followed by
+/// `padding` extra tokens, and in pieces of `chunk` tokens against a KV cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 pub struct Batching {
     /// Sequences in the batch.
@@ -19,11 +19,14 @@ pub struct Batching {
     /// Tokens appended after the sequence (a causal model's earlier positions must not see
     /// them).
     pub padding: usize,
+    /// Tokens per forward pass, each pass after the earlier ones against the model's KV cache:
+    /// 1 decodes the sequence token by token, more prefills it in chunks; 0 runs it whole.
+    pub chunk: usize,
 }
 
 impl Batching {
-    /// The sequence alone, unpadded: the reference.
-    pub const ALONE: Batching = Batching { batch: 1, position: 0, padding: 0 };
+    /// The sequence alone, unpadded, whole: the reference.
+    pub const ALONE: Batching = Batching { batch: 1, position: 0, padding: 0, chunk: 0 };
 }
 
 impl fmt::Display for Batching {
@@ -34,6 +37,11 @@ impl fmt::Display for Batching {
         }
         if self.padding > 0 {
             write!(f, "+{}", self.padding)?;
+        }
+        match self.chunk {
+            0 => {}
+            1 => write!(f, " decode")?,
+            c => write!(f, " chunk{c}")?,
         }
         Ok(())
     }
@@ -52,6 +60,9 @@ pub struct OpDifference {
     pub shape: Vec<u64>,
     /// How the slice differs.
     pub metrics: TensorMetrics,
+    /// In a run in pieces, the first token of the piece where it differs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub at_token: Option<usize>,
 }
 
 /// One batching against the reference.
@@ -78,6 +89,9 @@ pub struct BatchingResult {
     /// could be sliced): not compared.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub unmatched: Vec<String>,
+    /// Why the model could not run this batching (the rest of the result is then empty).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 /// The whole check.
@@ -112,6 +126,40 @@ impl InvarianceReport {
     pub fn invariant(&self) -> bool {
         self.results.iter().all(|r| r.logits_identical)
     }
+
+    /// Batchings the model failed to run.
+    pub fn failed(&self) -> usize {
+        self.results.iter().filter(|r| r.error.is_some()).count()
+    }
+}
+
+/// The time of one forward pass at a batch size, with default and with batch-invariant kernels.
+#[derive(Debug, Clone, Serialize)]
+pub struct ForwardCost {
+    /// Sequences per pass.
+    pub batch: usize,
+    /// Tokens per sequence.
+    pub tokens: usize,
+    /// Median milliseconds with the default kernels.
+    pub default_ms: f64,
+    /// Median milliseconds with the batch-invariant kernels.
+    pub invariant_ms: f64,
+    /// Largest |a - b| between the two kernels' logits (rounding only: a wrong kernel shows
+    /// here).
+    pub max_abs_diff: f64,
+}
+
+/// What batch-invariant kernels cost a model's forward pass, per batch size.
+#[derive(Debug, Clone, Serialize)]
+pub struct ForwardCostReport {
+    /// The model and its settings.
+    pub subject: String,
+    /// The device.
+    pub device: String,
+    /// Passes timed per batch size and kernel.
+    pub passes: usize,
+    /// One row per batch size.
+    pub costs: Vec<ForwardCost>,
 }
 
 /// Groups `items` (a batching and a fingerprint of its logits) into classes of equal
@@ -132,7 +180,7 @@ mod tests {
     use super::*;
 
     fn b(batch: usize, position: usize) -> Batching {
-        Batching { batch, position, padding: 0 }
+        Batching { batch, position, ..Batching::ALONE }
     }
 
     #[test]
@@ -144,6 +192,8 @@ mod tests {
         assert_eq!(b(1, 0).to_string(), "1");
         assert_eq!(b(8, 7).to_string(), "8@7");
         assert_eq!(Batching { padding: 16, ..Batching::ALONE }.to_string(), "1+16");
+        assert_eq!(Batching { chunk: 1, ..Batching::ALONE }.to_string(), "1 decode");
+        assert_eq!(Batching { chunk: 8, ..Batching::ALONE }.to_string(), "1 chunk8");
     }
 
     fn classes_of(items: &[(Batching, i32)]) -> Vec<Vec<Batching>> {

@@ -50,6 +50,8 @@ pub struct GptConfig {
     /// How batch reductions accumulate: the loss over every token and the linear layers' bias
     /// gradients. `Candle` is candle's own kernels and candle-nn's layers unchanged.
     pub reductions: Reductions,
+    /// Batch-invariant matrix products and softmax sums (`ops::invariant`) instead of candle's.
+    pub batch_invariant: bool,
 }
 
 impl Default for GptConfig {
@@ -66,6 +68,7 @@ impl Default for GptConfig {
             lr: 1e-3,
             norm: Norm::Ops,
             reductions: Reductions::Candle,
+            batch_invariant: false,
         }
     }
 }
@@ -92,6 +95,9 @@ impl GptConfig {
         if self.reductions != Reductions::Candle {
             params.insert("reductions".to_string(), self.reductions.to_string());
         }
+        if self.batch_invariant {
+            params.insert("batch_invariant".to_string(), "true".to_string());
+        }
         RunConfig { workload: "gpt".into(), steps: Some(self.steps), params }
     }
 
@@ -104,6 +110,7 @@ impl GptConfig {
             heads: self.heads,
             norm: self.norm,
             reductions: self.reductions,
+            batch_invariant: self.batch_invariant,
         }
     }
 

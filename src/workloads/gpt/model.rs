@@ -6,7 +6,7 @@
 //! calls; `repro::capture` records it from outside. Parameter names follow GPT-2's
 //! (`h.3.attn.c_attn.weight`), span names the same parts (`h[3]/attn/c_attn`).
 
-use crate::ops::{expand_rows, Reductions};
+use crate::ops::{expand_rows, invariant, Reductions};
 use candle_core::{DType, Device, Module, Result, Tensor, D};
 use candle_nn::{Embedding, Linear, VarBuilder};
 use tracing::Span;
@@ -39,6 +39,10 @@ pub struct GptShape {
     /// How the batch reductions of the linear layers' bias gradients accumulate: candle's own
     /// (candle-nn's `Linear`), or repro's atomic or ordered sums.
     pub reductions: Reductions,
+    /// Matrix products and softmax row sums through `ops::invariant`, whose results for one
+    /// sequence do not depend on the batch, the padding or the KV cache's length; otherwise
+    /// candle's kernels.
+    pub batch_invariant: bool,
 }
 
 /// A module that enters a `tracing` span named after it while it runs.
@@ -99,40 +103,60 @@ fn layer_norm(width: usize, norm: Norm, vb: VarBuilder, name: &'static str) -> R
 /// A linear layer. With candle's reductions it is candle-nn's `Linear`; otherwise its bias is
 /// added through `expand_rows`, whose backward sums the bias gradient over every token of the
 /// batch in the chosen order.
+/// With `batch_invariant`, the product is `ops::invariant::matmul` (and the bias is added by
+/// broadcasting, or through `expand_rows` as above).
 struct Dense {
     linear: Linear,
     reductions: Reductions,
+    batch_invariant: bool,
 }
 
 impl Module for Dense {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        match (self.reductions, self.linear.bias()) {
-            (Reductions::Candle, _) | (_, None) => self.linear.forward(x),
-            (mode, Some(bias)) => {
-                let mut dims = x.dims().to_vec();
-                let features = dims.pop().unwrap_or(1);
-                let rows = dims.iter().product();
-                let y = x.reshape((rows, features))?.matmul(&self.linear.weight().t()?)?;
-                dims.push(bias.elem_count());
-                (y + expand_rows(bias, rows, mode)?)?.reshape(dims)
-            }
+        let bias = self.linear.bias();
+        if !self.batch_invariant && (self.reductions == Reductions::Candle || bias.is_none()) {
+            return self.linear.forward(x);
         }
+        let mut dims = x.dims().to_vec();
+        let features = dims.pop().unwrap_or(1);
+        let rows = dims.iter().product();
+        let x = x.reshape((rows, features))?;
+        let w = self.linear.weight().t()?;
+        let y = if self.batch_invariant { invariant::matmul(&x, &w)? } else { x.matmul(&w)? };
+        let y = match (self.reductions, bias) {
+            (_, None) => y,
+            (Reductions::Candle, Some(bias)) => y.broadcast_add(bias)?,
+            (mode, Some(bias)) => (y + expand_rows(bias, rows, mode)?)?,
+        };
+        dims.push(self.linear.weight().dim(0)?);
+        y.reshape(dims)
     }
 }
 
-fn linear(i: usize, o: usize, reductions: Reductions, vb: VarBuilder, name: &'static str) -> Result<Traced<Dense>> {
-    Ok(Traced::new(Dense { linear: candle_nn::linear(i, o, vb.pp(name))?, reductions }, name))
+fn linear(i: usize, o: usize, shape: &GptShape, vb: VarBuilder, name: &'static str) -> Result<Traced<Dense>> {
+    let dense = Dense {
+        linear: candle_nn::linear(i, o, vb.pp(name))?,
+        reductions: shape.reductions,
+        batch_invariant: shape.batch_invariant,
+    };
+    Ok(Traced::new(dense, name))
 }
 
 struct Attention {
     c_attn: Traced<Dense>,
     c_proj: Traced<Dense>,
     heads: usize,
+    batch_invariant: bool,
     span: Span,
 }
 
+/// One block's keys and values `[batch, heads, positions, head width]` of the positions seen.
+type KeysValues = Option<(Tensor, Tensor)>;
+
 impl Attention {
-    fn forward(&self, x: &Tensor, mask: &Tensor) -> Result<Tensor> {
+    /// `cache`, when given, holds the earlier positions' keys and values (which `mask` lets
+    /// every new position see) and receives the new ones.
+    fn forward(&self, x: &Tensor, mask: &Tensor, cache: Option<&mut KeysValues>) -> Result<Tensor> {
         let _entered = self.span.enter();
         let (b, t, c) = x.dims3()?;
         let head = c / self.heads;
@@ -140,11 +164,23 @@ impl Attention {
         let split = |i: usize| -> Result<Tensor> {
             qkv.narrow(D::Minus1, i * c, c)?.reshape((b, t, self.heads, head))?.transpose(1, 2)?.contiguous()
         };
-        let (q, k, v) = (split(0)?, split(1)?, split(2)?);
-        let scores = (q.matmul(&k.t()?.contiguous()?)? / (head as f64).sqrt())?;
+        let (q, mut k, mut v) = (split(0)?, split(1)?, split(2)?);
+        if let Some(cache) = cache {
+            if let Some((past_k, past_v)) = cache.as_ref() {
+                k = Tensor::cat(&[past_k, &k], 2)?;
+                v = Tensor::cat(&[past_v, &v], 2)?;
+            }
+            *cache = Some((k.clone(), v.clone()));
+        }
+        let matmul = |x: &Tensor, y: &Tensor| if self.batch_invariant { invariant::matmul(x, y) } else { x.matmul(y) };
+        let scores = (matmul(&q, &k.t()?.contiguous()?)? / (head as f64).sqrt())?;
         let scores = scores.broadcast_add(mask)?;
-        let weights = candle_nn::ops::softmax(&scores, D::Minus1)?;
-        let y = weights.matmul(&v)?.transpose(1, 2)?.contiguous()?.reshape((b, t, c))?;
+        let weights = if self.batch_invariant {
+            invariant::softmax_last_dim(&scores)?
+        } else {
+            candle_nn::ops::softmax(&scores, D::Minus1)?
+        };
+        let y = matmul(&weights, &v)?.transpose(1, 2)?.contiguous()?.reshape((b, t, c))?;
         self.c_proj.forward(&y)
     }
 }
@@ -171,9 +207,9 @@ struct Block {
 }
 
 impl Block {
-    fn forward(&self, x: &Tensor, mask: &Tensor) -> Result<Tensor> {
+    fn forward(&self, x: &Tensor, mask: &Tensor, cache: Option<&mut KeysValues>) -> Result<Tensor> {
         let _entered = self.span.enter();
-        let x = (x + self.attn.forward(&self.ln_1.forward(x)?, mask)?)?;
+        let x = (x + self.attn.forward(&self.ln_1.forward(x)?, mask, cache)?)?;
         &x + self.mlp.forward(&self.ln_2.forward(&x)?)?
     }
 }
@@ -204,15 +240,16 @@ impl Gpt {
                 Ok(Block {
                     ln_1: layer_norm(w, shape.norm, vb.clone(), "ln_1")?,
                     attn: Attention {
-                        c_attn: linear(w, 3 * w, shape.reductions, attn.clone(), "c_attn")?,
-                        c_proj: linear(w, w, shape.reductions, attn, "c_proj")?,
+                        c_attn: linear(w, 3 * w, &shape, attn.clone(), "c_attn")?,
+                        c_proj: linear(w, w, &shape, attn, "c_proj")?,
                         heads: shape.heads,
+                        batch_invariant: shape.batch_invariant,
                         span: span_named("attn"),
                     },
                     ln_2: layer_norm(w, shape.norm, vb.clone(), "ln_2")?,
                     mlp: Mlp {
-                        c_fc: linear(w, 4 * w, shape.reductions, mlp.clone(), "c_fc")?,
-                        c_proj: linear(4 * w, w, shape.reductions, mlp, "c_proj")?,
+                        c_fc: linear(w, 4 * w, &shape, mlp.clone(), "c_fc")?,
+                        c_proj: linear(4 * w, w, &shape, mlp, "c_proj")?,
                         span: span_named("mlp"),
                     },
                     span: span_named("h"),
@@ -220,30 +257,68 @@ impl Gpt {
             })
             .collect::<Result<Vec<_>>>()?;
         let ln_f = layer_norm(w, shape.norm, vb.clone(), "ln_f")?;
-        let lm_head = linear(w, shape.vocab, shape.reductions, vb, "lm_head")?;
+        let lm_head = linear(w, shape.vocab, &shape, vb, "lm_head")?;
         Ok(Gpt { wte, wpe, blocks, ln_f, lm_head, context: shape.context })
     }
 
     /// Logits `[batch, time, vocab]` for token ids `[batch, time]` (u32).
     pub fn forward(&self, tokens: &Tensor) -> Result<Tensor> {
+        self.forward_at(tokens, 0, None)
+    }
+
+    /// Logits for token ids `[batch, time]` that follow the positions held in `cache` (none
+    /// at first), whose keys and values are reused; the new positions' are added to it. Run
+    /// on a sequence in pieces (one token at a time: decoding; several: chunked prefill), this
+    /// computes what `forward` computes on the whole, in another order.
+    pub fn forward_cached(&self, tokens: &Tensor, cache: &mut KvCache) -> Result<Tensor> {
+        cache.blocks.resize(self.blocks.len(), None);
+        let offset = cache.len();
+        self.forward_at(tokens, offset, Some(&mut cache.blocks))
+    }
+
+    fn forward_at(&self, tokens: &Tensor, offset: usize, mut cache: Option<&mut Vec<KeysValues>>) -> Result<Tensor> {
         let (_, t) = tokens.dims2()?;
-        if t > self.context {
-            candle_core::bail!("sequence of {t} tokens is longer than the model's context of {}", self.context);
+        if offset + t > self.context {
+            candle_core::bail!(
+                "sequence of {} tokens is longer than the model's context of {}",
+                offset + t,
+                self.context
+            );
         }
         let device = tokens.device();
-        let positions = Tensor::arange(0u32, t as u32, device)?;
+        let positions = Tensor::arange(offset as u32, (offset + t) as u32, device)?;
         let mut x = self.wte.forward(tokens)?.broadcast_add(&self.wpe.forward(&positions)?)?;
-        let mask = causal_mask(t, device)?;
-        for block in &self.blocks {
-            x = block.forward(&x, &mask)?;
+        let mask = causal_mask(t, offset, device)?;
+        for (i, block) in self.blocks.iter().enumerate() {
+            x = block.forward(&x, &mask, cache.as_mut().map(|c| &mut c[i]))?;
         }
         self.lm_head.forward(&self.ln_f.forward(&x)?)
     }
 }
 
-/// `[t, t]`: 0 where a position may attend (itself and earlier), -inf elsewhere.
-fn causal_mask(t: usize, device: &Device) -> Result<Tensor> {
-    let mask: Vec<f32> =
-        (0..t).flat_map(|i| (0..t).map(move |j| if j <= i { 0.0 } else { f32::NEG_INFINITY })).collect();
-    Tensor::from_vec(mask, (t, t), device)?.to_dtype(DType::F32)
+/// The keys and values of the positions a `Gpt` has seen, per block, for `forward_cached`.
+#[derive(Default)]
+pub struct KvCache {
+    blocks: Vec<KeysValues>,
+}
+
+impl KvCache {
+    /// Positions held.
+    pub fn len(&self) -> usize {
+        self.blocks.first().and_then(|kv| kv.as_ref()).map_or(0, |(k, _)| k.dims().get(2).copied().unwrap_or(0))
+    }
+
+    /// Whether no position is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// `[t, offset + t]`: 0 where new position i (at offset + i) may attend (itself and every
+/// earlier position), -inf elsewhere.
+fn causal_mask(t: usize, offset: usize, device: &Device) -> Result<Tensor> {
+    let mask: Vec<f32> = (0..t)
+        .flat_map(|i| (0..offset + t).map(move |j| if j <= offset + i { 0.0 } else { f32::NEG_INFINITY }))
+        .collect();
+    Tensor::from_vec(mask, (t, offset + t), device)?.to_dtype(DType::F32)
 }

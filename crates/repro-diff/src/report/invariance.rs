@@ -3,7 +3,7 @@
 
 use super::diff::metrics_sentence;
 use super::format::shape;
-use crate::invariance::InvarianceReport;
+use crate::invariance::{ForwardCostReport, InvarianceReport};
 use std::fmt::Write;
 
 /// Renders a batch-invariance check for people.
@@ -13,20 +13,26 @@ pub fn render_invariance(r: &InvarianceReport) -> String {
     let _ = writeln!(
         out,
         "one sequence of {} tokens, alone (batch {}) as the reference, then at the first and last row of larger batches \
-         (B@row) and alone followed by padding tokens (1+P)\n",
+         (B@row), alone followed by padding tokens (1+P), and alone in pieces against the KV cache (decode: one token \
+         per pass; chunkN: N tokens per pass)\n",
         r.tokens, r.reference
     );
     if r.parameters_reached < r.parameters {
         let _ = writeln!(
             out,
             "note: the graph behind the logits reaches {} of {} parameters (an op without a backward pass, such as a fused \
-             norm, cuts what candle exposes); ops above the cut are not compared\n",
+             norm, cuts what candle exposes); ops above the cut are not compared, so a difference that starts there \
+             shows first in the ops below it\n",
             r.parameters_reached, r.parameters
         );
     }
     let label_width = r.results.iter().map(|b| b.batching.to_string().len()).max().unwrap_or(1).max(8);
     for b in &r.results {
         let label = b.batching.to_string();
+        if let Some(error) = &b.error {
+            let _ = writeln!(out, "  {label:<label_width$}  FAILED  {error}");
+            continue;
+        }
         if b.logits_identical && b.ops_differing == 0 {
             let _ = writeln!(out, "  {label:<label_width$}  identical ({} ops compared)", b.ops_compared);
             continue;
@@ -37,9 +43,10 @@ pub fn render_invariance(r: &InvarianceReport) -> String {
         };
         let _ = writeln!(out, "  {label:<label_width$}  {logits}");
         if let Some(op) = &b.first_op {
+            let at = op.at_token.map(|t| format!(", pass from token {t}")).unwrap_or_default();
             let _ = writeln!(
                 out,
-                "  {:<label_width$}  first op that differs: `{}` (node {}, {} {}): {} ({} of {} ops differ)",
+                "  {:<label_width$}  first op that differs: `{}` (node {}{at}, {} {}): {} ({} of {} ops differ)",
                 "",
                 op.name,
                 op.position,
@@ -53,7 +60,7 @@ pub fn render_invariance(r: &InvarianceReport) -> String {
         if !b.unmatched.is_empty() {
             let _ = writeln!(
                 out,
-                "  {:<label_width$}  {} op(s) not compared (no counterpart or no batch dimension)",
+                "  {:<label_width$}  {} op(s) not compared (no counterpart in the reference, or no part to cut)",
                 "",
                 b.unmatched.len()
             );
@@ -65,7 +72,14 @@ pub fn render_invariance(r: &InvarianceReport) -> String {
         .map(|c| format!("{{{}}}", c.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")))
         .collect();
     let _ = writeln!(out, "\nbatchings with bit-identical logits: {}", classes.join(" "));
-    if r.invariant() {
+    if r.failed() > 0 {
+        let _ = writeln!(
+            out,
+            "\nINCOMPLETE  the model failed to run {} of {} batchings (above); the others are compared",
+            r.failed(),
+            r.results.len()
+        );
+    } else if r.invariant() {
         let _ = writeln!(
             out,
             "\nINVARIANT  the sequence's logits are bit-identical in all {} batchings",
@@ -77,6 +91,35 @@ pub fn render_invariance(r: &InvarianceReport) -> String {
             out,
             "\nNOT INVARIANT  the sequence's logits depend on its batch in {varying} of {} batchings",
             r.results.len()
+        );
+    }
+    out
+}
+
+/// Renders the cost of batch-invariant kernels: one row per batch size.
+pub fn render_forward_cost(r: &ForwardCostReport) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "forward pass cost of batch-invariant kernels: {} on {}", r.subject, r.device);
+    let _ = writeln!(
+        out,
+        "(median of {} timed passes, each waited for; max |Δ| compares the two kernels' logits)\n",
+        r.passes
+    );
+    let _ = writeln!(
+        out,
+        "  {:>6}  {:>6}  {:>12}  {:>16}  {:>7}  {:>9}",
+        "batch", "tokens", "default ms", "invariant ms", "ratio", "max |Δ|"
+    );
+    for c in &r.costs {
+        let _ = writeln!(
+            out,
+            "  {:>6}  {:>6}  {:>12.3}  {:>16.3}  {:>6.2}x  {:>9}",
+            c.batch,
+            c.tokens,
+            c.default_ms,
+            c.invariant_ms,
+            c.invariant_ms / c.default_ms,
+            super::format::sci(c.max_abs_diff)
         );
     }
     out

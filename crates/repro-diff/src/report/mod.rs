@@ -15,7 +15,7 @@ pub use diff::{metrics_sentence, render_diff, write_root_cause};
 pub use format::{bytes, sci, shape};
 pub use gate::{render_gate, render_gate_junit, render_gate_markdown};
 pub use inspect::render_summary;
-pub use invariance::render_invariance;
+pub use invariance::{render_forward_cost, render_invariance};
 pub use matrix::render_matrix;
 pub use online::render_online;
 pub use plot::{plot_cost, plot_devices, plot_diff, plot_invariance, plot_matrix, plot_noise};

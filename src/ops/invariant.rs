@@ -1,0 +1,273 @@
+//! Batch-invariant ops: a matrix product and a row sum whose every output element is computed
+//! in one fixed order, k = 0, 1, ..., K-1, by one thread, so that a row's result depends on
+//! that row's values only: not on how many other rows share the batch, not on where the row
+//! sits, not on zeros appended to it (a padded softmax row, a KV cache shorter than the
+//! prompt). Default kernels choose their split of the reduction by problem size (cuBLAS's
+//! split-K, a block reduction sized by the row), which is what makes a sequence's logits
+//! depend on its batch; these never split.
+//!
+//! F32 only, CPU and CUDA, with backward passes made of the same ops (so gradients are
+//! batch-invariant too).
+
+use candle_core::backend::BackendStorage;
+use candle_core::{CpuStorage, CustomOp1, CustomOp2, Error, Layout, Result, Shape, Tensor, D};
+use rayon::prelude::*;
+
+/// `a @ b` over the last two dimensions, batch-invariant. `a` is `[..., M, K]`; `b` is
+/// `[K, N]` (shared by every matrix of `a`) or has `a`'s leading dimensions.
+pub fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    let a_dims = a.dims();
+    if a_dims.len() < 2 || !(b.rank() == 2 || b.dims()[..b.rank() - 2] == a_dims[..a_dims.len() - 2]) {
+        return Err(Error::Msg(format!(
+            "batch-invariant matmul needs [..., M, K] and [K, N] or [..., K, N] with the same leading dims, got {:?} and {:?}",
+            a_dims,
+            b.dims()
+        )));
+    }
+    let lead = &a_dims[..a_dims.len() - 2];
+    let batch: usize = lead.iter().product();
+    let as3 = |t: &Tensor, batch: usize| -> Result<Tensor> {
+        let (rows, cols) = (t.dim(D::Minus2)?, t.dim(D::Minus1)?);
+        // A reshape keeps a strided view where it can and copies where it must.
+        t.reshape((batch, rows, cols))
+    };
+    let b_batch = if b.rank() == 2 { 1 } else { batch };
+    let out = as3(a, batch)?.apply_op2(&as3(b, b_batch)?, FixedMatmul)?;
+    let mut dims = lead.to_vec();
+    dims.extend([a.dim(D::Minus2)?, b.dim(D::Minus1)?]);
+    out.reshape(dims)
+}
+
+/// Sums over the last dimension, keeping it (size 1), each row added left to right.
+pub fn sum_last_keepdim(x: &Tensor) -> Result<Tensor> {
+    x.contiguous()?.apply_op1(FixedRowSum)
+}
+
+/// Softmax over the last dimension with the row sum of `sum_last_keepdim` (the maximum is
+/// exact in any order).
+pub fn softmax_last_dim(x: &Tensor) -> Result<Tensor> {
+    let max = x.max_keepdim(D::Minus1)?;
+    let e = x.broadcast_sub(&max)?.exp()?;
+    e.broadcast_div(&sum_last_keepdim(&e)?)
+}
+
+/// The product of `[Z, M, K]` by `[Z or 1, K, N]` into a contiguous `[Z, M, N]`.
+struct FixedMatmul;
+
+/// What the kernels need of the two operands: sizes and strides, b's batch stride 0 when it
+/// is shared.
+fn matmul_shape(a: &Layout, b: &Layout) -> Result<MatmulPlan> {
+    let (&[batch, m, k], &[b_batch, k2, n]) = (a.dims(), b.dims()) else {
+        return Err(Error::Msg("batch-invariant matmul takes 3-d operands".into()));
+    };
+    if k != k2 || !(b_batch == batch || b_batch == 1) {
+        return Err(Error::Msg(format!("batch-invariant matmul: {:?} by {:?}", a.dims(), b.dims())));
+    }
+    let (sa, sb) = (a.stride(), b.stride());
+    Ok(MatmulPlan {
+        batch,
+        m,
+        n,
+        k,
+        a_strides: [sa[0], sa[1], sa[2]],
+        b_strides: [if b_batch == 1 { 0 } else { sb[0] }, sb[1], sb[2]],
+    })
+}
+
+/// `batch` products of `[m, k]` by `[k, n]`, each operand read through (batch, row, column)
+/// strides in elements.
+pub(crate) struct MatmulPlan {
+    pub(crate) batch: usize,
+    pub(crate) m: usize,
+    pub(crate) n: usize,
+    pub(crate) k: usize,
+    pub(crate) a_strides: [usize; 3],
+    pub(crate) b_strides: [usize; 3],
+}
+
+fn f32_storage<'a>(op: &str, storage: &'a CpuStorage) -> Result<&'a [f32]> {
+    match storage {
+        CpuStorage::F32(values) => Ok(values),
+        other => Err(Error::Msg(format!("{op} supports F32 only, got {:?}", other.dtype()))),
+    }
+}
+
+impl CustomOp2 for FixedMatmul {
+    fn name(&self) -> &'static str {
+        "repro-matmul-fixed"
+    }
+
+    fn cpu_fwd(&self, s1: &CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout) -> Result<(CpuStorage, Shape)> {
+        let p = matmul_shape(l1, l2)?;
+        let a = &f32_storage(self.name(), s1)?[l1.start_offset()..];
+        let b = &f32_storage(self.name(), s2)?[l2.start_offset()..];
+        let [a_z, a_m, a_k] = p.a_strides;
+        let [b_z, b_k, b_n] = p.b_strides;
+        let mut out = vec![0f32; p.batch * p.m * p.n];
+        // One output row per task: how rows are spread over threads never changes a row's sums.
+        out.par_chunks_mut(p.n.max(1)).enumerate().for_each(|(row, c)| {
+            let (z, i) = (row / p.m, row % p.m);
+            for k in 0..p.k {
+                let aik = a[z * a_z + i * a_m + k * a_k];
+                let b_row = z * b_z + k * b_k;
+                for (j, c) in c.iter_mut().enumerate() {
+                    *c += aik * b[b_row + j * b_n];
+                }
+            }
+        });
+        Ok((CpuStorage::F32(out), Shape::from((p.batch, p.m, p.n))))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        let p = matmul_shape(l1, l2)?;
+        let out = super::cuda::matmul_f32_fixed(s1, l1, s2, l2, &p)?;
+        Ok((out, Shape::from((p.batch, p.m, p.n))))
+    }
+
+    /// The same product again: `da = g @ bᵀ`, `db = aᵀ @ g`, summed over the batch where `b`
+    /// is shared.
+    fn bwd(&self, a: &Tensor, b: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let shared = b.dim(0)? == 1 && a.dim(0)? > 1;
+        let b_t = b.transpose(1, 2)?;
+        let grad_a = matmul(grad, &if shared { b_t.squeeze(0)? } else { b_t })?;
+        let grad_b = if shared {
+            let (k, n) = (a.dim(2)?, grad.dim(2)?);
+            matmul(&a.reshape(((), k))?.t()?, &grad.reshape(((), n))?)?.unsqueeze(0)?
+        } else {
+            matmul(&a.transpose(1, 2)?, grad)?
+        };
+        Ok((Some(grad_a), Some(grad_b)))
+    }
+}
+
+/// Row sums over the last dimension of a contiguous tensor, keeping it.
+struct FixedRowSum;
+
+fn rows_cols(layout: &Layout) -> (usize, usize) {
+    let cols = layout.dims().last().copied().unwrap_or(1);
+    (layout.shape().elem_count() / cols.max(1), cols)
+}
+
+fn keepdim_shape(layout: &Layout) -> Shape {
+    let mut dims = layout.dims().to_vec();
+    if let Some(last) = dims.last_mut() {
+        *last = 1;
+    }
+    Shape::from(dims)
+}
+
+impl CustomOp1 for FixedRowSum {
+    fn name(&self) -> &'static str {
+        "repro-sum-last-fixed"
+    }
+
+    fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
+        let x = super::reduce::f32_input(self.name(), storage, layout)?;
+        let (_, cols) = rows_cols(layout);
+        let sums = x.chunks(cols.max(1)).map(|row| row.iter().fold(0f32, |acc, v| acc + v)).collect();
+        Ok((CpuStorage::F32(sums), keepdim_shape(layout)))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        storage: &candle_core::CudaStorage,
+        layout: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        let (rows, cols) = rows_cols(layout);
+        Ok((super::cuda::sum_last_f32_fixed(storage, layout, rows, cols)?, keepdim_shape(layout)))
+    }
+
+    fn bwd(&self, arg: &Tensor, _res: &Tensor, grad_res: &Tensor) -> Result<Option<Tensor>> {
+        Ok(Some(grad_res.broadcast_as(arg.shape())?.contiguous()?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{Device, Var};
+
+    fn values(n: usize, seed: usize) -> Vec<f32> {
+        (0..n).map(|i| (((i + seed) * 2654435761usize) % 2001) as f32 * 1e-3 - 1.0).collect()
+    }
+
+    fn bits(t: &Tensor) -> Vec<u32> {
+        t.flatten_all().unwrap().to_vec1::<f32>().unwrap().iter().map(|v| v.to_bits()).collect()
+    }
+
+    #[test]
+    fn the_product_matches_candle_s_within_rounding() {
+        let dev = Device::Cpu;
+        let a = Tensor::from_vec(values(3 * 5 * 37, 1), (3, 5, 37), &dev).unwrap();
+        let w = Tensor::from_vec(values(11 * 37, 2), (11, 37), &dev).unwrap();
+        // A transposed (strided) weight, shared by the batch, as a linear layer uses it.
+        let ours = matmul(&a, &w.t().unwrap()).unwrap();
+        let theirs = a.broadcast_matmul(&w.t().unwrap()).unwrap();
+        assert_eq!(ours.dims(), [3, 5, 11]);
+        let diff = (ours - theirs).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+        assert!(diff < 1e-5, "{diff}");
+    }
+
+    #[test]
+    fn a_row_s_product_does_not_depend_on_its_batch_or_on_appended_zeros() {
+        let dev = Device::Cpu;
+        let (k, n) = (300, 7);
+        let b = Tensor::from_vec(values(k * n, 5), (k, n), &dev).unwrap();
+        let row = values(k, 9);
+        let alone = matmul(&Tensor::from_vec(row.clone(), (1, k), &dev).unwrap(), &b).unwrap();
+        for batch in [2, 5, 64] {
+            let mut rows = values((batch - 1) * k, batch);
+            rows.extend(&row);
+            let batched = matmul(&Tensor::from_vec(rows, (batch, k), &dev).unwrap(), &b).unwrap();
+            assert_eq!(bits(&batched.get(batch - 1).unwrap()), bits(&alone), "batch {batch}");
+        }
+        // Zeros appended to the reduction (padding keys with zero weight) change nothing.
+        let mut padded_row = row.clone();
+        padded_row.extend([0.0; 20]);
+        let mut padded_b = values(k * n, 5);
+        padded_b.extend(values(20 * n, 3));
+        let padded = matmul(
+            &Tensor::from_vec(padded_row, (1, k + 20), &dev).unwrap(),
+            &Tensor::from_vec(padded_b, (k + 20, n), &dev).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(bits(&padded), bits(&alone));
+        let sums = |v: Vec<f32>, cols| sum_last_keepdim(&Tensor::from_vec(v, (1, cols), &dev).unwrap()).unwrap();
+        let mut zeros_after = row.clone();
+        zeros_after.extend([0.0; 13]);
+        assert_eq!(bits(&sums(row.clone(), k)), bits(&sums(zeros_after, k + 13)));
+    }
+
+    #[test]
+    fn gradients_match_candle_s() {
+        let dev = Device::Cpu;
+        let a = Var::from_vec(values(2 * 4 * 6, 1), (2, 4, 6), &dev).unwrap();
+        let w = Var::from_vec(values(6 * 3, 2), (6, 3), &dev).unwrap();
+        let x = Var::from_vec(values(2 * 4 * 5, 7), (2, 4, 5), &dev).unwrap();
+        let target = Tensor::from_vec(values(2 * 4 * 3, 4), (2, 4, 3), &dev).unwrap();
+        let loss = |mm: &dyn Fn(&Tensor, &Tensor) -> Tensor, softmax: &dyn Fn(&Tensor) -> Tensor| {
+            let y = mm(a.as_tensor(), w.as_tensor());
+            // A batched product with both operands tracked, as attention's scores are.
+            let s = softmax(&mm(x.as_tensor(), &x.as_tensor().transpose(1, 2).unwrap()));
+            let z = mm(&s, a.as_tensor());
+            let l = ((y - &target).unwrap().sqr().unwrap().sum_all().unwrap() + z.sum_all().unwrap()).unwrap();
+            let grads = l.backward().unwrap();
+            [a.as_tensor(), w.as_tensor(), x.as_tensor()].map(|v| grads.get(v).unwrap().clone())
+        };
+        let ours = loss(&|p, q| matmul(p, q).unwrap(), &|s| softmax_last_dim(s).unwrap());
+        let theirs = loss(&|p, q| p.broadcast_matmul(q).unwrap(), &|s| candle_nn::ops::softmax(s, D::Minus1).unwrap());
+        for (o, t) in ours.iter().zip(&theirs) {
+            assert_eq!(o.dims(), t.dims());
+            let diff = (o - t).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+            assert!(diff < 1e-4, "{diff}");
+        }
+    }
+}
