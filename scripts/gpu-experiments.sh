@@ -289,7 +289,7 @@ if want invariance; then
   for size in "--layers 2 --width 128" "--layers 4 --width 256"; do
     section "Cost of --batch-invariant on cuda:0: gpt $size, 64 tokens"
     say '```'
-    "$repro" invariance --workload gpt $size --device cuda:0 --cost 50 2>&1 | tee -a "$summary"
+    "$repro" invariance --workload gpt $size --device cuda:0 --cost 50 --batch-sizes 1,8,64,256 2>&1 | tee -a "$summary"
     say '```'
   done
 fi

@@ -379,7 +379,7 @@ pub fn read_all(tensor: &Tensor) -> Result<()> {
     Ok(())
 }
 
-/// The batch-invariant matrix product (`matmul_f32_fixed` in kernels/repro.cu) into a new
+/// The batch-invariant matrix product (`matmul_f32_fixed_*` in kernels/repro.cu) into a new
 /// contiguous `[batch, m, n]` device buffer.
 pub(crate) fn matmul_f32_fixed(
     a: &CudaStorage,
@@ -391,9 +391,20 @@ pub(crate) fn matmul_f32_fixed(
     let dev = a.device().clone();
     let a = a.as_cuda_slice::<f32>()?.slice(a_layout.start_offset()..);
     let b = b.as_cuda_slice::<f32>()?.slice(b_layout.start_offset()..);
-    let mut out = dev.alloc_zeros::<f32>(shape.batch * shape.m * shape.n)?;
-    let f = dev.get_or_load_custom_func("matmul_f32_fixed", MODULE, ptx()?)?;
-    let tiles = |x: usize| x.div_ceil(64) as u32;
+    // Every element is written by the kernel.
+    let mut out = unsafe { dev.alloc::<f32>(shape.batch * shape.m * shape.n) }?;
+    // The largest tiles that still give about every SM (132 on an H100) a block. The tile size
+    // changes which thread computes an element, never the order of its sum.
+    let tiles_of = |tile: usize| shape.m.div_ceil(tile) * shape.n.div_ceil(tile) * shape.batch;
+    let (tile, name) = if tiles_of(128) >= 128 {
+        (128, "matmul_f32_fixed_128")
+    } else if tiles_of(64) >= 128 {
+        (64, "matmul_f32_fixed_64")
+    } else {
+        (32, "matmul_f32_fixed_32")
+    };
+    let f = dev.get_or_load_custom_func(name, MODULE, ptx()?)?;
+    let tiles = |x: usize| x.div_ceil(tile) as u32;
     let cfg = LaunchConfig {
         grid_dim: (tiles(shape.n), tiles(shape.m), shape.batch as u32),
         block_dim: (256, 1, 1),
@@ -416,8 +427,8 @@ pub(crate) fn matmul_f32_fixed(
     Ok(CudaStorage::wrap_cuda_slice(out, dev))
 }
 
-/// Row sums of a contiguous F32 `[rows, cols]` matrix, each row added left to right
-/// (`sum_last_f32_fixed`), as a new `[rows]` device buffer.
+/// Row sums of a contiguous F32 `[rows, cols]` matrix, each row by one warp in an order fixed
+/// by its columns (`sum_last_f32_fixed`), as a new `[rows]` device buffer.
 pub fn sum_last_f32_fixed(storage: &CudaStorage, layout: &Layout, rows: usize, cols: usize) -> Result<CudaStorage> {
     let dev = storage.device().clone();
     let (x, _) = f32_view(storage, layout, "sum_last")?;
@@ -429,6 +440,7 @@ pub fn sum_last_f32_fixed(storage: &CudaStorage, layout: &Layout, rows: usize, c
     b.arg(&rows);
     b.arg(&cols);
     b.arg(&mut out);
-    unsafe { b.launch(grid(rows, 128)) }.w()?;
+    // One warp (32 threads) a row.
+    unsafe { b.launch(grid(rows * 32, 256)) }.w()?;
     Ok(CudaStorage::wrap_cuda_slice(out, dev))
 }

@@ -1,10 +1,12 @@
-//! Batch-invariant ops: a matrix product and a row sum whose every output element is computed
-//! in one fixed order, k = 0, 1, ..., K-1, by one thread, so that a row's result depends on
-//! that row's values only: not on how many other rows share the batch, not on where the row
-//! sits, not on zeros appended to it (a padded softmax row, a KV cache shorter than the
-//! prompt). Default kernels choose their split of the reduction by problem size (cuBLAS's
-//! split-K, a block reduction sized by the row), which is what makes a sequence's logits
-//! depend on its batch; these never split.
+//! Batch-invariant ops: a matrix product and a row sum whose every output element is summed in
+//! an order fixed by the reduction index alone, so that a row's result depends on that row's
+//! values only: not on how many other rows share the batch, not on where the row sits, not on
+//! zeros appended to it (a padded softmax row, a KV cache shorter than the prompt). The
+//! product gives each element one thread that adds k = 0, 1, ..., K-1 in order; the row sum
+//! adds left to right on the CPU, and on the GPU gives column c to lane c mod 32 of a warp,
+//! then combines the lanes in a fixed tree. Default kernels choose their split of the
+//! reduction by problem size (cuBLAS's split-K, a block reduction sized by the row), which is
+//! what makes a sequence's logits depend on its batch.
 //!
 //! F32 only, CPU and CUDA, with backward passes made of the same ops (so gradients are
 //! batch-invariant too).
