@@ -26,11 +26,21 @@ pub struct GraphNode {
 }
 
 /// Orders and names the nodes behind `root`. `variables` maps tensor ids of named variables to
-/// their names; `spans` are the step's scopes.
-pub(crate) fn graph_nodes(root: &Tensor, variables: &BTreeMap<u64, String>, spans: &[ScopeSpan]) -> Vec<GraphNode> {
+/// their names; `spans` are the step's scopes. With `after`, only variables and tensors created
+/// after the tensor of that id are kept (a forward pass's own nodes, without those of earlier
+/// passes that a KV cache links in), before naming, so that names do not depend on them.
+pub(crate) fn graph_nodes(
+    root: &Tensor,
+    variables: &BTreeMap<u64, String>,
+    spans: &[ScopeSpan],
+    after: Option<u64>,
+) -> Vec<GraphNode> {
     let scope_names = display_paths(spans);
     let mut sorted: Vec<&Tensor> = root.sorted_nodes();
     sorted.reverse();
+    if let Some(first) = after {
+        sorted.retain(|t| t.is_variable() || tensor_number(t) > first);
+    }
     let mut per_scope: BTreeMap<usize, usize> = BTreeMap::new();
     let mut anchor = String::from("graph");
     let mut since_anchor = 0usize;
@@ -117,7 +127,7 @@ mod tests {
         let loss = scope("loss", || h.sum_all().unwrap());
         let spans = take_step();
         let vars = BTreeMap::from([(tensor_number(w.as_tensor()), "layer.weight".to_string())]);
-        let nodes = graph_nodes(&loss, &vars, &spans);
+        let nodes = graph_nodes(&loss, &vars, &spans, None);
         let names: Vec<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
         // sum_all is two candle ops (a sum and a reshape): both land in the `loss` scope.
         assert_eq!(names, ["layer.weight", "layer/linear#0", "layer/linear#0+1", "loss#0", "loss#1"]);

@@ -62,8 +62,14 @@ impl ModelCapture {
     /// The nodes of the graph behind `root`, named, in topological order (leaves first). Takes
     /// the step's scopes: call it once per step, after the forward pass.
     pub fn graph(&self, root: &Tensor) -> Result<Vec<GraphNode>, RecordError> {
+        self.graph_after(root, None)
+    }
+
+    /// `graph`, keeping only the variables and the tensors created after the tensor numbered
+    /// `after` (see `graph_nodes`).
+    pub(crate) fn graph_after(&self, root: &Tensor, after: Option<u64>) -> Result<Vec<GraphNode>, RecordError> {
         let spans = take_step();
-        let nodes = graph_nodes(root, &self.by_id, &spans);
+        let nodes = graph_nodes(root, &self.by_id, &spans, after);
         if nodes.is_empty() {
             return Err(RecordError::Unsupported(
                 "the root tensor depends on no variable, so it has no graph to capture: compute it from the \

@@ -67,11 +67,15 @@ pub fn run(args: InvarianceArgs) -> Result<Exit, String> {
         }
         return Ok(Exit::Same);
     }
-    let tokens = match &workload {
-        Workload::Gpt(c) => c.context,
-        Workload::Qwen2(c) => c.tokens,
-        _ => return Err("invariance checks a model's forward pass: pass --workload gpt or --workload qwen2".into()),
-    };
+    let tokens =
+        match &workload {
+            Workload::Gpt(c) => c.context,
+            Workload::Decoder(c) => c.tokens,
+            _ => return Err(
+                "invariance checks a model's forward pass: pass --workload gpt, --workload qwen2 or --workload gemma"
+                    .into(),
+            ),
+        };
     // One token, and a quarter of the context (16 tokens at the default 64).
     let one_and_a_quarter = vec![1, (tokens / 4).max(1)];
     let runs = workloads::Batchings {
@@ -81,7 +85,7 @@ pub fn run(args: InvarianceArgs) -> Result<Exit, String> {
     };
     let report = match &workload {
         Workload::Gpt(c) => workloads::gpt(c, &runs, &device, label),
-        Workload::Qwen2(c) => workloads::qwen2(c, &runs, &device, label),
+        Workload::Decoder(c) => workloads::decoder(c, &runs, &device, label),
         _ => unreachable!("checked above"),
     }
     .map_err(|e| e.to_string())?;

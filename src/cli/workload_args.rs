@@ -6,7 +6,8 @@ use repro::record::{open_device, Perturbation, Recorder};
 use repro::trace::{CapturePolicy, FullCapture};
 use repro::workloads::gpt::model::Norm;
 use repro::workloads::{
-    AdderConfig, ClassifierConfig, DatasetName, Formulation, GptConfig, ModelKind, Qwen2Config, Workload, WORKLOADS,
+    AdderConfig, ClassifierConfig, DatasetName, DecoderConfig, Family, Formulation, GptConfig, ModelKind, Workload,
+    WORKLOADS,
 };
 use std::path::Path;
 
@@ -60,7 +61,7 @@ pub struct WorkloadArgs {
 
 /// Settings of the transformer workload.
 #[derive(Debug, Clone, Args)]
-#[command(next_help_heading = "Transformers (gpt; qwen2 takes --layers and --context as its prompt length)")]
+#[command(next_help_heading = "Transformers (gpt; qwen2 and gemma take --layers and --context as their prompt length)")]
 pub struct GptArgs {
     /// Transformer blocks.
     #[arg(long, default_value_t = GptConfig::default().layers)]
@@ -79,7 +80,8 @@ pub struct GptArgs {
     /// its batch, padding or KV cache (slower; see docs/invariance.md).
     #[arg(long)]
     pub batch_invariant: bool,
-    /// Element type of qwen2's weights and activations: f32 or bf16 (gpt trains in f32).
+    /// Element type of qwen2's and gemma's weights and activations: f32 or bf16 (gpt trains in
+    /// f32).
     #[arg(long, default_value = "f32", value_parser = ["f32", "bf16"])]
     pub dtype: String,
 }
@@ -127,7 +129,7 @@ pub fn options_for(run: &repro::trace::RunConfig) -> Vec<String> {
     }
     for (key, value) in &run.params {
         let option = match (key.as_str(), value.as_str()) {
-            // The adder records its (only) dtype as F32; qwen2 records bf16 when it runs in it.
+            // The adder records its (only) dtype as F32; the decoders record bf16 when they run in it.
             ("dtype", "F32") | ("perturb", _) | ("examples", "all") | ("batch_norm", "false") => continue,
             ("batch_norm", _) => {
                 options.push("--batch-norm".into());
@@ -139,7 +141,7 @@ pub fn options_for(run: &repro::trace::RunConfig) -> Vec<String> {
             }
             ("init_seed", _) => "seed",
             ("dataset_seed", _) => "data_seed",
-            // qwen2's prompt length is set with --context.
+            // The decoders' prompt length is set with --context.
             ("tokens", _) => "context",
             (other, _) => other,
         };
@@ -159,7 +161,10 @@ impl WorkloadArgs {
             return self.gpt().map(Workload::Gpt);
         }
         if self.workload == "qwen2" {
-            return self.qwen2().map(Workload::Qwen2);
+            return self.decoder(Family::Qwen2).map(Workload::Decoder);
+        }
+        if self.workload == "gemma" {
+            return self.decoder(Family::Gemma).map(Workload::Decoder);
         }
         let model: ModelKind = self.workload.parse()?;
         self.classifier(model).map(Workload::Classifier)
@@ -203,14 +208,15 @@ impl WorkloadArgs {
             return Err("--formulation is a setting of the adder, not of gpt".into());
         }
         if self.gpt.dtype != "f32" {
-            return Err("gpt trains in f32: --dtype bf16 applies to qwen2".into());
+            return Err("gpt trains in f32: --dtype bf16 applies to qwen2 and gemma".into());
         }
         Ok(config)
     }
 
-    fn qwen2(&self) -> Result<Qwen2Config, String> {
-        let d = Qwen2Config::default();
-        let config = Qwen2Config {
+    fn decoder(&self, family: Family) -> Result<DecoderConfig, String> {
+        let d = DecoderConfig::default();
+        let config = DecoderConfig {
+            family,
             seed: self.seed,
             data_seed: self.data_seed.unwrap_or(self.seed),
             steps: self.steps.unwrap_or(d.steps),
@@ -222,10 +228,12 @@ impl WorkloadArgs {
         };
         config.validate().map_err(|e| e.to_string())?;
         if self.perturb.is_some() || self.reductions != Reductions::Candle || self.formulation != Formulation::Reduce {
-            return Err("qwen2 records inference: --perturb, --reductions and --formulation do not apply".into());
+            return Err(format!("{family} records inference: --perturb, --reductions and --formulation do not apply"));
         }
         if self.gpt.batch_invariant {
-            return Err("--batch-invariant is a mode of the gpt; qwen2 runs candle-transformers' code unchanged".into());
+            return Err(format!(
+                "--batch-invariant is a mode of the gpt; {family} runs candle-transformers' code unchanged"
+            ));
         }
         Ok(config)
     }

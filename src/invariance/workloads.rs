@@ -1,16 +1,16 @@
 //! The batch-invariance check on the built-in models: the gpt (seeded initial weights, sequences
-//! from its corpus, decoding through its KV cache) and candle-transformers' Qwen2 from its
-//! unmodified source (seeded weights, seeded byte prompts, its own KV cache), their graph nodes
-//! named after the models' `tracing` spans.
+//! from its corpus, decoding through its KV cache) and candle-transformers' Qwen2 and Gemma from
+//! their unmodified source (seeded weights, seeded byte prompts, their own KV caches), their
+//! graph nodes named after the models' `tracing` spans and parameters.
 
 use super::InvarianceCheck;
-use crate::capture::{scope, ModelCapture, SpanScopes};
+use crate::capture::{ModelCapture, SpanScopes};
 use crate::diff::invariance::InvarianceReport;
 use crate::record::RecordError;
 use crate::workloads::gpt::model::KvCache;
 use crate::workloads::seeded::stream;
-use crate::workloads::{GptConfig, Qwen2Config};
-use candle_core::{Device, Module};
+use crate::workloads::{DecoderConfig, GptConfig};
+use candle_core::Device;
 use rand::Rng;
 
 /// Sequences in the check besides the one checked: batches reuse them in turn.
@@ -75,10 +75,10 @@ pub fn gpt(
     })
 }
 
-/// Checks candle-transformers' Qwen2: its decoder unchanged, with the head it ties to the token
-/// embeddings applied at every position (its `ModelForCausalLM` keeps only the last).
-pub fn qwen2(
-    config: &Qwen2Config,
+/// Checks a candle-transformers decoder: its layers unchanged, with the head it ties to the
+/// token embeddings applied at every position (its own forward keeps only the last).
+pub fn decoder(
+    config: &DecoderConfig,
     runs: &Batchings,
     device: &Device,
     label: &str,
@@ -86,14 +86,14 @@ pub fn qwen2(
     let room = runs.paddings.iter().copied().max().unwrap_or(0);
     if config.tokens + room > 512 {
         return Err(RecordError::Unsupported(format!(
-            "qwen2's {} tokens and a padding of {room} exceed its 512 positions",
-            config.tokens
+            "{}'s {} tokens and a padding of {room} exceed its 512 positions",
+            config.family, config.tokens
         )));
     }
     let _spans = span_scopes();
-    let (mut model, head, varmap) = config.build_with_head(device)?;
+    let (mut model, varmap) = config.build_every_position(device)?;
     let capture = ModelCapture::new(&varmap);
-    let mut rng = stream(config.data_seed, "qwen2.invariance", 0);
+    let mut rng = stream(config.data_seed, &format!("{}.invariance", config.family), 0);
     let mut prompt = || (0..config.tokens).map(|_| rng.random_range(0..256u32)).collect::<Vec<_>>();
     let sequence = prompt();
     let fillers = (0..FILLERS).map(|_| prompt()).collect();
@@ -105,7 +105,8 @@ pub fn qwen2(
         paddings: runs.paddings.clone(),
         chunks: runs.chunks.clone(),
         subject: format!(
-            "candle-transformers qwen2 ({} layers, width {}, {}, seed {})",
+            "candle-transformers {} ({} layers, width {}, {}, seed {})",
+            config.family,
             config.layers,
             config.width,
             if config.dtype == candle_core::DType::BF16 { "bf16" } else { "f32" },
@@ -117,8 +118,7 @@ pub fn qwen2(
         if offset == 0 {
             model.clear_kv_cache();
         }
-        let hidden = model.forward(tokens, offset, None)?;
-        Ok(scope("lm_head", || head.forward(&hidden))?)
+        Ok(model.forward(tokens, offset)?)
     })
 }
 

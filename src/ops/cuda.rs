@@ -5,7 +5,7 @@ use super::device_hash::{Plan, Slot, View, Want};
 use super::Reductions;
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{
-    CudaSlice, CudaStream, CudaView, DevicePtr, LaunchConfig, PushKernelArg,
+    CudaSlice, CudaStream, CudaView, DevicePtr, LaunchConfig, PinnedHostSlice, PushKernelArg,
 };
 use candle_core::cuda_backend::{CudaDevice, WrapErr};
 use candle_core::{CudaStorage, DType, Device, Error, Layout, Result, Storage, Tensor};
@@ -317,19 +317,80 @@ impl DeviceBatch {
         Ok(())
     }
 
-    /// Flushes, copies every output to the host, and returns the results in ticket order.
-    pub fn resolve(mut self) -> Result<Vec<Resolved>> {
+    /// Flushes, then queues the copy of every output to page-locked host memory behind the
+    /// kernels, on candle's stream, without waiting: `PendingRead::wait` waits for this step's
+    /// work only, so the host can queue the next step's meanwhile.
+    pub fn start_read(mut self) -> Result<PendingRead> {
         self.flush()?;
-        let mut results = Vec::new();
+        let stream = self.dev.cuda_stream();
+        let mut copies = Vec::with_capacity(self.flushed.len());
         for (out, slots, tensors) in self.flushed {
-            let host = self.dev.clone_dtoh(&out)?;
-            drop(tensors);
-            results.extend(slots.iter().map(|slot| match slot {
+            let mut host = pinned_buffer(&self.dev, out.len())?;
+            stream.memcpy_dtoh(&out, &mut host).w()?;
+            copies.push(PendingCopy { host, len: out.len(), slots, _device: (out, tensors) });
+        }
+        Ok(PendingRead { ordinal: self.dev.id(), copies })
+    }
+
+    /// Flushes, copies every output to the host, and returns the results in ticket order.
+    pub fn resolve(self) -> Result<Vec<Resolved>> {
+        self.start_read()?.wait()
+    }
+}
+
+/// One flush's results on their way to the host.
+struct PendingCopy {
+    host: PinnedHostSlice<u8>,
+    len: usize,
+    slots: Vec<Slot>,
+    /// The output buffer and the tensors the kernels read, alive until the copy has landed.
+    _device: (CudaSlice<u8>, Vec<Tensor>),
+}
+
+/// A step's device results, copying to the host (see `DeviceBatch::start_read`).
+pub struct PendingRead {
+    ordinal: candle_core::cuda_backend::DeviceId,
+    copies: Vec<PendingCopy>,
+}
+
+impl PendingRead {
+    /// Waits for the copies (that is, for the step's work, not for anything queued after it)
+    /// and returns the results in ticket order.
+    pub fn wait(self) -> Result<Vec<Resolved>> {
+        let mut results = Vec::new();
+        for copy in self.copies {
+            let host = &copy.host.as_slice().w()?[..copy.len];
+            results.extend(copy.slots.iter().map(|slot| match slot {
                 Slot::Hash(r) => Resolved::DataHash(host[r.clone()].try_into().expect("32 bytes")),
                 Slot::Bytes(r) => Resolved::Bytes(host[r.clone()].to_vec()),
             }));
+            return_pinned(self.ordinal, copy.host);
         }
         Ok(results)
+    }
+}
+
+/// Page-locked host buffers for the copies, kept for reuse (allocating one costs far more than
+/// a step's copy); by device.
+static PINNED: std::sync::Mutex<Vec<(candle_core::cuda_backend::DeviceId, PinnedHostSlice<u8>)>> =
+    std::sync::Mutex::new(Vec::new());
+
+/// A page-locked buffer of at least `len` bytes for `dev`: a free one, or a new one (rounded
+/// up to a power of two, at least 64 KiB). Not write-combined: the host reads it.
+fn pinned_buffer(dev: &CudaDevice, len: usize) -> Result<PinnedHostSlice<u8>> {
+    let mut pool = PINNED.lock().map_err(|_| Error::Msg("pinned buffer pool poisoned".into()))?;
+    if let Some(i) = pool.iter().position(|(id, b)| *id == dev.id() && b.len() >= len) {
+        return Ok(pool.swap_remove(i).1);
+    }
+    drop(pool);
+    let size = len.next_power_of_two().max(64 << 10);
+    // SAFETY: the buffer is written by the copy before anything reads it.
+    unsafe { dev.cuda_stream().context().alloc_pinned_with_flags::<u8>(size, 0) }.w()
+}
+
+fn return_pinned(ordinal: candle_core::cuda_backend::DeviceId, buffer: PinnedHostSlice<u8>) {
+    if let Ok(mut pool) = PINNED.lock() {
+        pool.push((ordinal, buffer));
     }
 }
 

@@ -25,7 +25,7 @@ use super::error::RecordError;
 use super::perturb::Perturbation;
 use super::probe::{Probe, ProbedGradients};
 use super::profile;
-use super::tensor_bytes::{trace_dtype, with_canonical_bytes, DeviceQueue, DeviceResult};
+use super::tensor_bytes::{trace_dtype, with_canonical_bytes, DeviceQueue, DeviceRead, DeviceResult};
 use crate::hash::{combine, tensor_hash, TensorHash, CHUNK_LEN};
 use crate::trace::{
     CapturePolicy, Header, Phase, RunConfig, StepCheck, StepTensor, StepVerdict, TensorKind, TensorRecord, TraceWriter,
@@ -58,6 +58,10 @@ pub struct Recorder {
     on_step: Option<StepCallback>,
     /// How many steps of the run store full values (computed once, for `StepProgress`).
     full_steps: Option<Option<u64>>,
+    /// The last finished step, while its GPU results are still on their way to the host: it
+    /// is completed when the next step finishes (or the recorder does), so that waiting for
+    /// one step's results never stalls the queueing of the next.
+    unread: Option<UnreadStep>,
 }
 
 /// A progress display's hook, called after every recorded step.
@@ -160,6 +164,7 @@ impl Recorder {
             no_gradient: BTreeMap::new(),
             on_step: None,
             full_steps: None,
+            unread: None,
         }
     }
 
@@ -207,6 +212,9 @@ impl Recorder {
 
     /// Marks the trace complete and syncs it to disk; returns the number of steps recorded.
     pub fn finish(mut self) -> Result<u64, RecordError> {
+        if let Some(unread) = self.unread.take() {
+            self.complete(unread)?;
+        }
         self.flush_pending()?;
         let stopped_early = self.online.as_ref().is_some_and(|o| o.diverged && o.stop_at_divergence);
         if let (Some(p), false, false) = (&self.perturbation, self.perturbation_applied, stopped_early) {
@@ -257,8 +265,22 @@ impl Recorder {
 /// which then reads as incomplete.
 impl Drop for Recorder {
     fn drop(&mut self) {
+        if let Some(unread) = self.unread.take() {
+            let _ = self.complete(unread);
+        }
         let _ = self.flush_pending();
     }
+}
+
+/// A finished step waiting for its GPU results (see `Recorder::unread`).
+struct UnreadStep {
+    step: u64,
+    full: bool,
+    policy_full: bool,
+    tensors: Vec<StepTensor>,
+    /// (index into `tensors`, ticket in `read`) of records still waiting for their results.
+    deferred: Vec<(usize, usize)>,
+    read: DeviceRead,
 }
 
 /// Drops the full values the capture policy did not ask for (small inline values stay).
@@ -463,12 +485,34 @@ impl StepRecorder<'_> {
         Ok(())
     }
 
-    /// Fills in the records of GPU tensors from the step's single device-to-host copy.
-    fn resolve_device(&mut self) -> Result<(), RecordError> {
-        let results = profile::time(profile::Phase::Resolve, || std::mem::take(&mut self.device).resolve())?;
-        let inline_max = self.recorder.capture.inline_max_bytes;
-        for (index, ticket) in std::mem::take(&mut self.deferred) {
-            let t = &mut self.tensors[index];
+    /// Ends the step. Its GPU results start their way to the host; the step reaches the trace
+    /// (or, when comparing online, is checked first) once they have arrived, which for a GPU
+    /// run is when the next step finishes.
+    pub fn finish(self) -> Result<(), RecordError> {
+        let StepRecorder { recorder, step, full, policy_full, tensors, device, deferred, .. } = self;
+        let read = device.start_read()?;
+        let unread = UnreadStep { step, full, policy_full, tensors, deferred, read };
+        if let Some(previous) = recorder.unread.take() {
+            recorder.complete(previous)?;
+        }
+        if recorder.online.as_ref().is_some_and(|o| !o.diverged) {
+            // Comparing online needs this step's hashes before the next step runs.
+            return recorder.complete(unread);
+        }
+        recorder.unread = Some(unread);
+        Ok(())
+    }
+}
+
+impl Recorder {
+    /// Waits for a finished step's GPU results, fills in its records, reports it, and writes
+    /// it (or, when comparing online, checks it first).
+    fn complete(&mut self, unread: UnreadStep) -> Result<(), RecordError> {
+        let UnreadStep { step, full, policy_full, mut tensors, deferred, read } = unread;
+        let results = profile::time(profile::Phase::Resolve, || read.wait())?;
+        let inline_max = self.capture.inline_max_bytes;
+        for (index, ticket) in deferred {
+            let t = &mut tensors[index];
             let r = &mut t.record;
             match &results[ticket] {
                 DeviceResult::DataHash(h) => r.hash = combine(r.dtype, &r.shape, h),
@@ -476,46 +520,39 @@ impl StepRecorder<'_> {
                     r.hash = tensor_hash(r.dtype, &r.shape, bytes);
                     if bytes.len() as u64 <= inline_max {
                         r.inline = Some(bytes.clone());
-                    } else if self.full {
+                    } else if full {
                         t.payload = Some(bytes.clone());
                     }
                 }
             }
         }
-        Ok(())
-    }
-
-    /// Writes the step to the trace (or, when comparing online, checks it first).
-    pub fn finish(mut self) -> Result<(), RecordError> {
-        self.resolve_device()?;
-        let StepRecorder { recorder, step, policy_full, tensors, .. } = self;
-        if let Some(report) = recorder.on_step.as_mut() {
-            let first = recorder.first_step.unwrap_or(step);
-            let total = recorder.total_steps;
+        if let Some(report) = self.on_step.as_mut() {
+            let first = self.first_step.unwrap_or(step);
+            let total = self.total_steps;
             let payload_bytes = if policy_full {
                 tensors.iter().filter_map(|t| t.payload.as_ref()).map(|p| p.len() as u64).sum()
             } else {
                 0
             };
-            let capture = &recorder.capture;
-            let full_steps = *recorder.full_steps.get_or_insert_with(|| {
+            let capture = &self.capture;
+            let full_steps = *self.full_steps.get_or_insert_with(|| {
                 total.map(|n| (first..first + n).filter(|&s| capture.wants_full(s, first, total)).count() as u64)
             });
             report(&StepProgress { step, total_steps: total, payload_bytes, full_steps });
         }
-        let Some(online) = recorder.online.as_mut().filter(|o| !o.diverged) else {
-            return recorder.write(step, tensors);
+        let Some(online) = self.online.as_mut().filter(|o| !o.diverged) else {
+            return self.write(step, tensors);
         };
         let verdict = match online.check.check_step(step, &tensors) {
             Ok(verdict) => verdict,
             Err(e) => {
                 // The reference could not be read: keep the held step and this one, then stop.
                 let held = online.pending.take();
-                recorder.online = None;
+                self.online = None;
                 if let Some(p) = held {
-                    recorder.write(p.step, strip(p.tensors, p.policy_full))?;
+                    self.write(p.step, strip(p.tensors, p.policy_full))?;
                 }
-                recorder.write(step, strip(tensors, policy_full))?;
+                self.write(step, strip(tensors, policy_full))?;
                 return Err(e.into());
             }
         };
@@ -523,7 +560,7 @@ impl StepRecorder<'_> {
             StepVerdict::Same => {
                 let previous = online.pending.replace(PendingStep { step, tensors, policy_full });
                 match previous {
-                    Some(p) => recorder.write(p.step, strip(p.tensors, p.policy_full)),
+                    Some(p) => self.write(p.step, strip(p.tensors, p.policy_full)),
                     None => Ok(()),
                 }
             }
@@ -531,9 +568,9 @@ impl StepRecorder<'_> {
                 online.diverged = true;
                 let stop = online.stop_at_divergence;
                 if let Some(p) = online.pending.take() {
-                    recorder.write(p.step, p.tensors)?;
+                    self.write(p.step, p.tensors)?;
                 }
-                recorder.write(step, tensors)?;
+                self.write(step, tensors)?;
                 if stop {
                     Err(RecordError::Diverged { step })
                 } else {

@@ -74,13 +74,34 @@ impl DeviceQueue {
         Ok(())
     }
 
-    /// Brings every queued result to the host, in ticket order.
-    pub fn resolve(self) -> Result<Vec<DeviceResult>, RecordError> {
+    /// Launches what is still queued and starts bringing every result to the host, without
+    /// waiting for it (see `DeviceRead`).
+    pub fn start_read(self) -> Result<DeviceRead, RecordError> {
         #[cfg(feature = "cuda")]
         if let Some(batch) = self.batch {
+            return Ok(DeviceRead { read: Some(batch.start_read()?) });
+        }
+        Ok(DeviceRead::default())
+    }
+}
+
+/// A step's GPU results on their way to the host: the copy runs behind the step's kernels, so
+/// the host can queue the next step before it waits for them.
+#[derive(Default)]
+pub struct DeviceRead {
+    #[cfg(feature = "cuda")]
+    read: Option<crate::ops::cuda::PendingRead>,
+}
+
+impl DeviceRead {
+    /// Waits for the results (for the step's work, not for anything queued after it) and
+    /// returns them in ticket order.
+    pub fn wait(self) -> Result<Vec<DeviceResult>, RecordError> {
+        #[cfg(feature = "cuda")]
+        if let Some(read) = self.read {
             use crate::ops::cuda::Resolved;
-            return Ok(batch
-                .resolve()?
+            return Ok(read
+                .wait()?
                 .into_iter()
                 .map(|r| match r {
                     Resolved::Bytes(b) => DeviceResult::Bytes(b),

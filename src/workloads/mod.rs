@@ -3,23 +3,23 @@
 
 mod adder;
 pub mod classifier;
+pub mod decoder;
 pub mod gpt;
 mod outcome;
-pub mod qwen2;
 pub mod seeded;
 
 pub use adder::{AdderConfig, Formulation};
 pub use classifier::{ClassifierConfig, Dataset, DatasetName, ModelKind};
+pub use decoder::{DecoderConfig, Family};
 pub use gpt::GptConfig;
 pub use outcome::{ModelState, Seeds, TrainOutcome};
-pub use qwen2::Qwen2Config;
 
 use crate::record::{Perturbation, RecordError, Recorder};
 use crate::trace::RunConfig;
 use candle_core::Device;
 
 /// Names of the built-in workloads.
-pub const WORKLOADS: &[&str] = &["adder", "mlp", "cnn", "resnet18", "gpt", "qwen2"];
+pub const WORKLOADS: &[&str] = &["adder", "mlp", "cnn", "resnet18", "gpt", "qwen2", "gemma"];
 
 /// A built-in workload with its settings.
 #[derive(Debug, Clone, PartialEq)]
@@ -30,8 +30,8 @@ pub enum Workload {
     Classifier(ClassifierConfig),
     /// The transformer, recorded by automatic capture.
     Gpt(GptConfig),
-    /// candle-transformers' Qwen2 at inference, recorded by automatic capture.
-    Qwen2(Qwen2Config),
+    /// A candle-transformers decoder (Qwen2, Gemma) at inference, recorded by automatic capture.
+    Decoder(DecoderConfig),
 }
 
 impl Workload {
@@ -41,7 +41,7 @@ impl Workload {
             Workload::Adder(c) => c.run_config(),
             Workload::Classifier(c) => c.run_config(),
             Workload::Gpt(c) => c.run_config(),
-            Workload::Qwen2(c) => c.run_config(),
+            Workload::Decoder(c) => c.run_config(),
         }
     }
 
@@ -66,9 +66,9 @@ impl Workload {
                 "gpt ({} layers, width {}, context {}; seed {}, {} steps of batch {})",
                 c.layers, c.width, c.context, c.seed, c.steps, c.batch
             ),
-            Workload::Qwen2(c) => format!(
-                "qwen2 inference ({} layers, width {}; seed {}, {} forward passes of {} prompts x {} tokens)",
-                c.layers, c.width, c.seed, c.steps, c.batch, c.tokens
+            Workload::Decoder(c) => format!(
+                "{} inference ({} layers, width {}; seed {}, {} forward passes of {} prompts x {} tokens)",
+                c.family, c.layers, c.width, c.seed, c.steps, c.batch, c.tokens
             ),
         }
     }
@@ -87,8 +87,10 @@ impl Workload {
                 classifier::train(c, &data, device, recorder, perturb).map(|_| ())
             }
             Workload::Gpt(c) => c.run(device, recorder, perturb),
-            Workload::Qwen2(c) => match perturb {
-                Some(_) => Err(RecordError::Unsupported("qwen2 records inference: --perturb is not supported".into())),
+            Workload::Decoder(c) => match perturb {
+                Some(_) => {
+                    Err(RecordError::Unsupported(format!("{} records inference: --perturb is not supported", c.family)))
+                }
                 None => c.run(device, recorder),
             },
         }

@@ -167,6 +167,23 @@ fn candle_transformers_qwen2_records_its_forward_pass_the_same_way_twice() {
 }
 
 #[test]
+fn candle_transformers_gemma_is_captured_through_every_layer() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("g");
+    let run = repro(&["record", "--workload", "gemma", "--steps", "1", "--context", "8", "--out", s(&out)]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    // Gemma's RMS norm is made of tensor ops: candle's graph reaches past every layer's norms
+    // (only the queries' and keys' side of attention stays behind the fused softmax and rope).
+    assert!(run.stderr.contains("reaches 16 of 20 parameters"), "{}", run.stderr);
+    let summary = json(&repro(&["inspect", s(&out), "--json"]).stdout);
+    assert_eq!(summary["header"]["run"]["workload"], "gemma");
+    let names: Vec<&str> = summary["tensors"].as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap()).collect();
+    assert!(names.iter().any(|n| n.starts_with("model.layers.0.mlp.down_proj.weight+")), "{names:?}");
+    let gate = repro(&["gate", "--baseline", s(&out)]);
+    assert_eq!(gate.code, 0, "{}{}", gate.stdout, gate.stderr);
+}
+
+#[test]
 fn overhead_times_any_workload_with_every_graph_node_recorded() {
     let run = repro(&[
         "overhead",

@@ -128,10 +128,35 @@ fn an_unmodified_qwen2_is_checked_too() {
 }
 
 #[test]
+fn gemma_is_compared_op_by_op_inside_its_layers() {
+    let run = repro(&["invariance", "--workload", "gemma", "--context", "8", "--batch-sizes", "2", "--json"]);
+    assert!(run.code == 0 || run.code == 1, "{}{}", run.stdout, run.stderr);
+    let v = json(&run.stdout);
+    assert!(v["subject"].as_str().unwrap().starts_with("candle-transformers gemma"), "{v}");
+    // Unlike Qwen2's, Gemma's graph is not cut by a fused norm: all parameters but the queries'
+    // and keys' projections (behind the fused softmax) are reached, and ops inside the layers
+    // are compared.
+    assert_eq!(v["parameters_reached"], 16, "{v}");
+    assert_eq!(v["parameters"], 20, "{v}");
+    let ops: Vec<&str> = v["ops"].as_array().unwrap().iter().map(|o| o.as_str().unwrap()).collect();
+    assert!(ops.iter().any(|o| o.starts_with("model.layers.1.")), "{ops:?}");
+    assert!(ops.iter().any(|o| o.starts_with("norm#")) && ops.last().unwrap().starts_with("lm_head#"), "{ops:?}");
+    for r in v["results"].as_array().unwrap() {
+        assert!(r["error"].is_null(), "{r}");
+        assert!(r["ops_compared"].as_u64().unwrap() > 30, "{r}");
+        assert!(r["logits_identical"] == true || r["first_op"]["name"].is_string(), "{r}");
+        // Batches and paddings give the same graph as the sequence alone: every op pairs.
+        if r["batching"]["chunk"] == 0 && r["batching"]["padding"] == 0 {
+            assert_eq!(r["ops_compared"].as_u64().unwrap() as usize, ops.len(), "{r}");
+        }
+    }
+}
+
+#[test]
 fn workloads_without_a_forward_pass_and_bad_sizes_are_refused() {
     let run = repro(&["invariance", "--workload", "adder"]);
     assert_eq!(run.code, 2);
-    assert!(run.stderr.contains("--workload gpt or --workload qwen2"), "{}", run.stderr);
+    assert!(run.stderr.contains("--workload gpt, --workload qwen2 or --workload gemma"), "{}", run.stderr);
     let run = repro(&["invariance", "--workload", "gpt", "--batch-sizes", "0,2"]);
     assert_eq!(run.code, 2);
     assert!(run.stderr.contains("at least 1"), "{}", run.stderr);

@@ -1,0 +1,369 @@
+//! `qwen2` and `gemma`: the forward pass of a candle-transformers decoder, from its unmodified
+//! source, at inference. A small config (byte vocabulary, 2 layers, width 64, grouped-query
+//! attention) with seeded random weights drawn on the host (nothing is downloaded), so every
+//! device starts from the same model. Each step runs one batch of seeded prompts from an empty
+//! KV cache and records it through `repro::capture`: the prompt, the parameters by their Hugging
+//! Face names (`model.layers.1.self_attn.q_proj.weight`) and every graph node behind the logits.
+//!
+//! candle's fused kernels have no backward pass, so the graph candle exposes from the logits
+//! stops at them: Qwen2's RMS norm is one, so its graph reaches only the output head; Gemma
+//! writes its RMS norm with tensor ops, so its graph reaches every layer (only its softmax and
+//! rotary embedding cut the queries' and keys' side of attention). The recording says how much
+//! of the model the captured graph reaches.
+
+use crate::capture::{scope, ModelCapture, SpanScopes};
+use crate::record::{RecordError, Recorder};
+use crate::trace::{RunConfig, TensorKind};
+use crate::workloads::seeded::{stream, uniform_vec};
+use candle_core::{DType, Device, Module, Tensor, D};
+use candle_nn::{Activation, Linear, VarBuilder, VarMap};
+use candle_transformers::models::{gemma, qwen2};
+use rand::Rng;
+use std::collections::BTreeMap;
+use std::fmt;
+
+/// Which candle-transformers decoder.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Family {
+    /// `candle_transformers::models::qwen2` (fused RMS norm).
+    Qwen2,
+    /// `candle_transformers::models::gemma` (RMS norm from tensor ops).
+    Gemma,
+}
+
+impl fmt::Display for Family {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Family::Qwen2 => "qwen2",
+            Family::Gemma => "gemma",
+        })
+    }
+}
+
+/// The model a decoder run records: candle-transformers' own forward pass, logits of the last
+/// position.
+pub enum CausalLm {
+    /// Qwen2's `ModelForCausalLM`.
+    Qwen2(qwen2::ModelForCausalLM),
+    /// Gemma's `Model`.
+    Gemma(gemma::Model),
+}
+
+impl CausalLm {
+    /// Logits of the last position for token ids `[batch, tokens]` following `offset` cached
+    /// positions.
+    pub fn forward(&mut self, tokens: &Tensor, offset: usize) -> candle_core::Result<Tensor> {
+        match self {
+            CausalLm::Qwen2(m) => m.forward(tokens, offset),
+            CausalLm::Gemma(m) => m.forward(tokens, offset),
+        }
+    }
+
+    /// Empties the KV cache.
+    pub fn clear_kv_cache(&mut self) {
+        match self {
+            CausalLm::Qwen2(m) => m.clear_kv_cache(),
+            CausalLm::Gemma(m) => m.clear_kv_cache(),
+        }
+    }
+}
+
+/// The decoder with its output head applied at every position, for comparisons position by
+/// position: the decoder layers are candle-transformers' unchanged; what follows them (Qwen2:
+/// its norm is inside the model; Gemma: its final norm, written out as Gemma's `RmsNorm` does,
+/// because the model applies it only to the last position) and the head tied to the token
+/// embeddings run in scopes `norm` and `lm_head`.
+pub enum EveryPosition {
+    /// Qwen2's `Model` (hidden states after its final norm) and the tied head.
+    Qwen2 {
+        /// The decoder.
+        model: qwen2::Model,
+        /// The output head.
+        head: Linear,
+    },
+    /// Gemma's layers and its final norm's weight, the tied head.
+    Gemma {
+        /// The decoder.
+        model: gemma::Model,
+        /// `model.norm.weight`.
+        norm: Tensor,
+        /// The output head.
+        head: Linear,
+    },
+}
+
+impl EveryPosition {
+    /// Logits `[batch, tokens, vocab]` for token ids following `offset` cached positions.
+    pub fn forward(&mut self, tokens: &Tensor, offset: usize) -> candle_core::Result<Tensor> {
+        match self {
+            EveryPosition::Qwen2 { model, head } => {
+                let hidden = model.forward(tokens, offset, None)?;
+                scope("lm_head", || head.forward(&hidden))
+            }
+            EveryPosition::Gemma { model, norm, head } => {
+                let xs = model.embed_tokens().forward(tokens)?;
+                let (batch, len) = tokens.dims2()?;
+                let mask =
+                    (len > 1).then(|| causal_mask(batch, len, offset, xs.dtype(), tokens.device())).transpose()?;
+                let hidden = model.forward_embeds_without_projection(&xs, mask.as_ref(), offset)?;
+                let normed = scope("norm", || gemma_rms_norm(&hidden, norm))?;
+                scope("lm_head", || head.forward(&normed))
+            }
+        }
+    }
+
+    /// Empties the KV cache.
+    pub fn clear_kv_cache(&mut self) {
+        match self {
+            EveryPosition::Qwen2 { model, .. } => model.clear_kv_cache(),
+            EveryPosition::Gemma { model, .. } => model.clear_kv_cache(),
+        }
+    }
+}
+
+/// `[batch, 1, len, offset + len]`: 0 where new position i may attend (every cached position
+/// and itself and earlier), -inf elsewhere; in `dtype`.
+fn causal_mask(batch: usize, len: usize, offset: usize, dtype: DType, device: &Device) -> candle_core::Result<Tensor> {
+    let mask: Vec<f32> = (0..len)
+        .flat_map(|i| (0..offset + len).map(move |j| if j <= offset + i { 0.0 } else { f32::NEG_INFINITY }))
+        .collect();
+    Tensor::from_vec(mask, (len, offset + len), device)?.expand((batch, 1, len, offset + len))?.to_dtype(dtype)
+}
+
+/// Gemma's RMS norm (`candle_transformers::models::gemma`, private there): in f32 for half
+/// types, scaled by 1 + weight.
+fn gemma_rms_norm(x: &Tensor, weight: &Tensor) -> candle_core::Result<Tensor> {
+    let dtype = x.dtype();
+    let internal = if matches!(dtype, DType::F16 | DType::BF16) { DType::F32 } else { dtype };
+    let width = x.dim(D::Minus1)?;
+    let x = x.to_dtype(internal)?;
+    let mean_square = (x.sqr()?.sum_keepdim(D::Minus1)? / width as f64)?;
+    let normed = x.broadcast_div(&(mean_square + RMS_EPS)?.sqrt()?)?;
+    normed.to_dtype(dtype)?.broadcast_mul(&(weight + 1.0)?)
+}
+
+/// The RMS norms' epsilon, both models.
+const RMS_EPS: f64 = 1e-6;
+
+/// A decoder inference run's settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DecoderConfig {
+    /// Which decoder.
+    pub family: Family,
+    /// Seed of the random weights.
+    pub seed: u64,
+    /// Seed of the prompts.
+    pub data_seed: u64,
+    /// Forward passes (each one batch of prompts).
+    pub steps: u64,
+    /// Prompts per batch.
+    pub batch: usize,
+    /// Tokens per prompt.
+    pub tokens: usize,
+    /// Decoder layers.
+    pub layers: usize,
+    /// Hidden width.
+    pub width: usize,
+    /// Element type of the weights and activations (F32 or BF16).
+    pub dtype: DType,
+}
+
+impl Default for DecoderConfig {
+    fn default() -> Self {
+        DecoderConfig {
+            family: Family::Qwen2,
+            seed: 0,
+            data_seed: 0,
+            steps: 4,
+            batch: 4,
+            tokens: 64,
+            layers: 2,
+            width: 64,
+            dtype: DType::F32,
+        }
+    }
+}
+
+impl DecoderConfig {
+    /// candle-transformers' Gemma configuration for these settings.
+    fn gemma_config(&self) -> gemma::Config {
+        gemma::Config {
+            attention_bias: false,
+            head_dim: self.width / 4,
+            hidden_act: Some(Activation::GeluPytorchTanh),
+            hidden_activation: None,
+            hidden_size: self.width,
+            intermediate_size: 2 * self.width,
+            num_attention_heads: 4,
+            num_hidden_layers: self.layers,
+            num_key_value_heads: 2,
+            rms_norm_eps: RMS_EPS,
+            rope_theta: 10_000.0,
+            vocab_size: 256,
+            max_position_embeddings: 512,
+        }
+    }
+
+    /// candle-transformers' Qwen2 configuration for these settings.
+    fn qwen2_config(&self) -> qwen2::Config {
+        qwen2::Config {
+            vocab_size: 256,
+            hidden_size: self.width,
+            intermediate_size: 2 * self.width,
+            num_hidden_layers: self.layers,
+            num_attention_heads: 4,
+            num_key_value_heads: 2,
+            max_position_embeddings: 512,
+            sliding_window: 512,
+            max_window_layers: self.layers,
+            tie_word_embeddings: true,
+            rope_theta: 10_000.0,
+            rms_norm_eps: RMS_EPS,
+            use_sliding_window: false,
+            hidden_act: Activation::Silu,
+        }
+    }
+
+    /// The run configuration written to a trace header.
+    pub fn run_config(&self) -> RunConfig {
+        let mut params = BTreeMap::from([
+            ("batch".to_string(), self.batch.to_string()),
+            ("data_seed".to_string(), self.data_seed.to_string()),
+            ("layers".to_string(), self.layers.to_string()),
+            ("seed".to_string(), self.seed.to_string()),
+            ("tokens".to_string(), self.tokens.to_string()),
+            ("width".to_string(), self.width.to_string()),
+        ]);
+        // Absent means f32: traces recorded before the setting existed keep their header.
+        if self.dtype != DType::F32 {
+            params.insert("dtype".to_string(), "bf16".to_string());
+        }
+        RunConfig { workload: self.family.to_string(), steps: Some(self.steps), params }
+    }
+
+    /// Checks the settings.
+    pub fn validate(&self) -> Result<(), RecordError> {
+        if self.steps == 0 || self.batch == 0 || self.tokens == 0 || self.layers == 0 {
+            return Err(RecordError::Unsupported(format!(
+                "{} needs --steps, --batch, --tokens and --layers of at least 1",
+                self.family
+            )));
+        }
+        if !matches!(self.dtype, DType::F32 | DType::BF16) {
+            return Err(RecordError::Unsupported(format!("{} runs in f32 or bf16, not {:?}", self.family, self.dtype)));
+        }
+        if self.width == 0 || !self.width.is_multiple_of(8) || self.tokens > 512 {
+            return Err(RecordError::Unsupported(format!(
+                "{} needs a --width that is a positive multiple of 8 (4 heads of even size), not {}, and at most 512 --tokens",
+                self.family, self.width
+            )));
+        }
+        Ok(())
+    }
+
+    /// Builds the model with seeded weights: uniform in ±0.05 for matrices and embeddings, ones
+    /// for norms, zeros for biases; keyed by parameter name, so identical on every device.
+    pub fn build(&self, device: &Device) -> Result<(CausalLm, VarMap), RecordError> {
+        match self.family {
+            Family::Qwen2 => {
+                let (m, varmap) = self.seeded(device, |vb| qwen2::ModelForCausalLM::new(&self.qwen2_config(), vb))?;
+                Ok((CausalLm::Qwen2(m), varmap))
+            }
+            Family::Gemma => {
+                let (m, varmap) = self.seeded(device, |vb| gemma::Model::new(false, &self.gemma_config(), vb))?;
+                Ok((CausalLm::Gemma(m), varmap))
+            }
+        }
+    }
+
+    /// The decoder with its head at every position (see `EveryPosition`); the same seeded
+    /// weights as `build`.
+    pub fn build_every_position(&self, device: &Device) -> Result<(EveryPosition, VarMap), RecordError> {
+        let var = |varmap: &VarMap, name: &str| {
+            varmap
+                .data()
+                .lock()
+                .expect("VarMap lock")
+                .get(name)
+                .map(|v| v.as_tensor().clone())
+                .ok_or_else(|| RecordError::Unsupported(format!("{} has no parameter {name}", self.family)))
+        };
+        match self.family {
+            Family::Qwen2 => {
+                let (model, varmap) = self.seeded(device, |vb| qwen2::Model::new(&self.qwen2_config(), vb))?;
+                let head = Linear::new(var(&varmap, "model.embed_tokens.weight")?, None);
+                Ok((EveryPosition::Qwen2 { model, head }, varmap))
+            }
+            Family::Gemma => {
+                let (model, varmap) = self.seeded(device, |vb| gemma::Model::new(false, &self.gemma_config(), vb))?;
+                let head = Linear::new(var(&varmap, "model.embed_tokens.weight")?, None);
+                let norm = var(&varmap, "model.norm.weight")?;
+                Ok((EveryPosition::Gemma { model, norm, head }, varmap))
+            }
+        }
+    }
+
+    /// Builds a model with `new`, then sets every parameter it created to its seeded values.
+    fn seeded<M>(
+        &self,
+        device: &Device,
+        new: impl FnOnce(VarBuilder) -> candle_core::Result<M>,
+    ) -> Result<(M, VarMap), RecordError> {
+        let mut varmap = VarMap::new();
+        let model = new(VarBuilder::from_varmap(&varmap, self.dtype, device))?;
+        let mut params: Vec<(String, Vec<usize>)> =
+            varmap.data().lock().expect("VarMap lock").iter().map(|(n, v)| (n.clone(), v.dims().to_vec())).collect();
+        params.sort();
+        for (name, dims) in params {
+            let n = dims.iter().product();
+            let values = if name.ends_with(".bias") {
+                vec![0.0; n]
+            } else if name.contains("norm") {
+                vec![1.0; n]
+            } else {
+                uniform_vec(&mut stream(self.seed, &format!("{}.init.{name}", self.family), 0), n, -0.05, 0.05)
+            };
+            // Drawn in f32 and rounded once: the same weights in either dtype.
+            let values = Tensor::from_vec(values, dims, &Device::Cpu)?.to_dtype(self.dtype)?;
+            varmap.set_one(&name, values.to_device(device)?)?;
+        }
+        Ok((model, varmap))
+    }
+
+    /// Seeded prompts `[batch, tokens]` for one step.
+    fn prompts(&self, step: u64, device: &Device) -> Result<Tensor, RecordError> {
+        let mut rng = stream(self.data_seed, &format!("{}.prompts", self.family), step);
+        let ids: Vec<u32> = (0..self.batch * self.tokens).map(|_| rng.random_range(0..256)).collect();
+        Ok(Tensor::from_vec(ids, (self.batch, self.tokens), &Device::Cpu)?.to_device(device)?)
+    }
+
+    /// Runs and records every forward pass. Prints to stderr how much of the model the captured
+    /// graph reaches.
+    pub fn run(&self, device: &Device, recorder: &mut Recorder) -> Result<(), RecordError> {
+        use tracing_subscriber::layer::SubscriberExt;
+        let _spans = tracing::subscriber::set_default(tracing_subscriber::registry().with(SpanScopes));
+        let (mut model, varmap) = self.build(device)?;
+        let capture = ModelCapture::new(&varmap);
+        for step in 0..self.steps {
+            let prompts = self.prompts(step, device)?;
+            model.clear_kv_cache();
+            let logits = model.forward(&prompts, 0)?;
+            let mut s = recorder.step(step);
+            s.record("prompts", TensorKind::Input, &prompts)?;
+            capture.record_parameters(&mut s)?;
+            let nodes = capture.record_graph(&mut s, &logits, "logits", TensorKind::Prediction)?;
+            s.finish()?;
+            if step == 0 {
+                let reached = capture.reached(&logits);
+                eprintln!(
+                    "{}: the graph candle exposes behind the logits has {nodes} nodes and reaches {} of {} \
+                     parameters; ops without a backward pass (fused RMS norm, softmax, rotary) cut it above that",
+                    self.family,
+                    reached.len(),
+                    capture.parameters().len()
+                );
+            }
+        }
+        Ok(())
+    }
+}
