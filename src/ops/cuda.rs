@@ -327,7 +327,7 @@ impl DeviceBatch {
         for (out, slots, tensors) in self.flushed {
             let mut host = pinned_buffer(&self.dev, out.len())?;
             stream.memcpy_dtoh(&out, &mut host).w()?;
-            copies.push(PendingCopy { host, len: out.len(), slots, _device: (out, tensors) });
+            copies.push(PendingCopy { host, slots, _device: (out, tensors) });
         }
         Ok(PendingRead { ordinal: self.dev.id(), copies })
     }
@@ -341,7 +341,6 @@ impl DeviceBatch {
 /// One flush's results on their way to the host.
 struct PendingCopy {
     host: PinnedHostSlice<u8>,
-    len: usize,
     slots: Vec<Slot>,
     /// The output buffer and the tensors the kernels read, alive until the copy has landed.
     _device: (CudaSlice<u8>, Vec<Tensor>),
@@ -359,7 +358,7 @@ impl PendingRead {
     pub fn wait(self) -> Result<Vec<Resolved>> {
         let mut results = Vec::new();
         for copy in self.copies {
-            let host = &copy.host.as_slice().w()?[..copy.len];
+            let host = copy.host.as_slice().w()?;
             results.extend(copy.slots.iter().map(|slot| match slot {
                 Slot::Hash(r) => Resolved::DataHash(host[r.clone()].try_into().expect("32 bytes")),
                 Slot::Bytes(r) => Resolved::Bytes(host[r.clone()].to_vec()),
@@ -375,18 +374,25 @@ impl PendingRead {
 static PINNED: std::sync::Mutex<Vec<(candle_core::cuda_backend::DeviceId, PinnedHostSlice<u8>)>> =
     std::sync::Mutex::new(Vec::new());
 
-/// A page-locked buffer of at least `len` bytes for `dev`: a free one, or a new one (rounded
-/// up to a power of two, at least 64 KiB). Not write-combined: the host reads it.
+/// A page-locked buffer of exactly `len` bytes for `dev` (a copy into it moves as many bytes
+/// as it holds): a free one, or a new one. Steps of a run mostly have the same sizes, so the
+/// pool keeps the few distinct ones. Not write-combined: the host reads it.
 fn pinned_buffer(dev: &CudaDevice, len: usize) -> Result<PinnedHostSlice<u8>> {
     let mut pool = PINNED.lock().map_err(|_| Error::Msg("pinned buffer pool poisoned".into()))?;
-    if let Some(i) = pool.iter().position(|(id, b)| *id == dev.id() && b.len() >= len) {
+    if let Some(i) = pool.iter().position(|(id, b)| *id == dev.id() && b.len() == len) {
         return Ok(pool.swap_remove(i).1);
     }
+    // Free buffers of other sizes beyond a few are dropped rather than kept forever.
+    if pool.len() >= PINNED_KEPT {
+        pool.remove(0);
+    }
     drop(pool);
-    let size = len.next_power_of_two().max(64 << 10);
-    // SAFETY: the buffer is written by the copy before anything reads it.
-    unsafe { dev.cuda_stream().context().alloc_pinned_with_flags::<u8>(size, 0) }.w()
+    // SAFETY: the copy writes every byte before anything reads it.
+    unsafe { dev.cuda_stream().context().alloc_pinned_with_flags::<u8>(len, 0) }.w()
 }
+
+/// Free page-locked buffers kept for reuse.
+const PINNED_KEPT: usize = 8;
 
 fn return_pinned(ordinal: candle_core::cuda_backend::DeviceId, buffer: PinnedHostSlice<u8>) {
     if let Ok(mut pool) = PINNED.lock() {
