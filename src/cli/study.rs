@@ -4,8 +4,10 @@ use super::exit::Exit;
 use super::workload_args::WorkloadArgs;
 use clap::{Args, Subcommand};
 use repro::record::open_device;
-use repro::report::{plot_cost, plot_devices, plot_noise, render_cost, render_devices, render_noise};
-use repro::study::{run_cost, run_devices, run_noise, Progress, StudyDir, StudyOut, StudyReport, Subject};
+use repro::report::{
+    plot_cost, plot_devices, plot_noise, plot_order, render_cost, render_devices, render_noise, render_order,
+};
+use repro::study::{run_cost, run_devices, run_noise, run_order, Progress, StudyDir, StudyOut, StudyReport, Subject};
 use repro::workloads::{ClassifierConfig, GptConfig, ModelKind, Workload};
 use std::path::PathBuf;
 
@@ -27,13 +29,17 @@ enum Study {
     /// Time per training step of each workload in each reduction mode, and the overhead of the
     /// deterministic modes over atomic.
     Cost(CostArgs),
+    /// The data order alone: N runs per batch size that differ only in the order seed (ordered
+    /// reductions), up to the whole training set per batch; churn, weight distance, and where
+    /// two full-batch runs first differ.
+    Order(OrderArgs),
     /// Print a finished study's report (its NAME.json) as a table again.
     Show(ShowArgs),
 }
 
 #[derive(Debug, Args)]
 pub struct ShowArgs {
-    /// A study's JSON report (noise.json, devices.json or cost.json).
+    /// A study's JSON report (noise.json, devices.json, cost.json or order.json).
     file: PathBuf,
     /// Print a Markdown table instead.
     #[arg(long)]
@@ -59,6 +65,22 @@ pub struct NoiseArgs {
     /// Runs per variant.
     #[arg(long, default_value_t = 10)]
     runs: usize,
+    #[command(flatten)]
+    output: Output,
+    // What to train: last, so that its help headings come after this command's own options.
+    #[command(flatten)]
+    train: WorkloadArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct OrderArgs {
+    /// Runs per batch size.
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+    /// Batch sizes; `full` is the whole training set [default: the workload's batch, 4 times
+    /// it, and full].
+    #[arg(long, value_delimiter = ',', value_name = "N,N,...,full")]
+    batch_sizes: Vec<String>,
     #[command(flatten)]
     output: Output,
     // What to train: last, so that its help headings come after this command's own options.
@@ -111,6 +133,7 @@ impl StudyArgs {
             Study::Noise(a) => a.output.json,
             Study::Devices(a) => a.output.json,
             Study::Cost(a) => a.output.json,
+            Study::Order(a) => a.output.json,
             Study::Show(_) => false,
         }
     }
@@ -121,6 +144,7 @@ pub fn run(args: StudyArgs) -> Result<Exit, String> {
         Study::Noise(a) => noise(a),
         Study::Devices(a) => devices(a),
         Study::Cost(a) => cost(a),
+        Study::Order(a) => order(a),
         Study::Show(a) => show(a),
     }
 }
@@ -136,17 +160,21 @@ fn show(a: ShowArgs) -> Result<Exit, String> {
             "noise.json" => serde_json::from_str::<repro::study::NoiseReport>(&text).err(),
             "devices.json" => serde_json::from_str::<repro::study::DevicesReport>(&text).err(),
             "cost.json" => serde_json::from_str::<repro::study::CostReport>(&text).err(),
+            "order.json" => serde_json::from_str::<repro::study::OrderReport>(&text).err(),
             _ => None,
         };
         match problem {
             Some(e) => format!("{path}: not a readable {} report: {e}", name.trim_end_matches(".json")),
-            None => format!("{path}: not a study report (the noise.json, devices.json or cost.json of `repro study`)"),
+            None => format!(
+                "{path}: not a study report (the noise.json, devices.json, cost.json or order.json of `repro study`)"
+            ),
         }
     })?;
     super::output::emit(&match &report {
         StudyReport::Noise(r) => render_noise(r, a.markdown),
         StudyReport::Devices(r) => render_devices(r, a.markdown),
         StudyReport::Cost(r) => render_cost(r, a.markdown),
+        StudyReport::Order(r) => render_order(r, a.markdown),
     });
     Ok(Exit::Same)
 }
@@ -286,5 +314,36 @@ fn cost(a: CostArgs) -> Result<Exit, String> {
     };
     let svg = plot_cost(&report);
     finish(&dir, "cost", a.output.json, &report, render_cost(&report, false), render_cost(&report, true), svg)?;
+    Ok(Exit::Same)
+}
+
+fn order(a: OrderArgs) -> Result<Exit, String> {
+    let subject = subject(&a.train)?;
+    let full = subject
+        .train_examples()
+        .ok_or("the data-order study trains a classifier: pass --workload mlp, cnn or resnet18")?;
+    let batch = match &subject {
+        Subject::Classifier { config, .. } => config.batch,
+        Subject::Gpt(config) => config.batch,
+    };
+    let sizes = if a.batch_sizes.is_empty() {
+        vec![batch.min(full), (4 * batch).min(full), full]
+    } else {
+        a.batch_sizes
+            .iter()
+            .map(|s| match s.as_str() {
+                "full" => Ok(full),
+                n => n.parse::<usize>().map_err(|_| format!("--batch-sizes: `{n}` is not a number or `full`")),
+            })
+            .collect::<Result<Vec<_>, String>>()?
+    };
+    let device = open_device(&a.train.device).map_err(|e| e.to_string())?;
+    let (report, dir) = {
+        let mut bar = Bar::new("runs");
+        run_order(&subject, &sizes, a.runs, &device, &a.train.device, &a.output.study_out(), &mut bar)
+            .map_err(|e| e.to_string())?
+    };
+    let svg = plot_order(&report);
+    finish(&dir, "order", a.output.json, &report, render_order(&report, false), render_order(&report, true), svg)?;
     Ok(Exit::Same)
 }

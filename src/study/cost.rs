@@ -46,7 +46,7 @@ pub fn run_cost(
             for (m, mode) in MODES.iter().enumerate() {
                 progress.update(done, total, &format!("{} {mode} (round {})", subject.workload_name(), round + 1));
                 done += 1;
-                let variation = Variation { seeds: None, reductions: Some(*mode), steps: Some(steps + 1) };
+                let variation = Variation { reductions: Some(*mode), steps: Some(steps + 1), ..Variation::default() };
                 let outcome = subject.train(variation, device, &mut Recorder::discard())?;
                 times[m].extend(outcome.step_times);
             }

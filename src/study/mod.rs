@@ -1,6 +1,7 @@
 //! Multi-run studies from the reproducibility literature as library calls: `noise` (algorithmic vs implementation
-//! randomness over N runs), `devices` (one configuration on several devices, diffed) and `cost`
-//! (time per step of deterministic and non-deterministic modes). The runners here train a
+//! randomness over N runs), `devices` (one configuration on several devices, diffed), `cost`
+//! (time per step of deterministic and non-deterministic modes) and `order` (the data order
+//! alone, up to full batch). The runners here train a
 //! [`Subject`]: a built-in classifier or the gpt; their statistics (`stats`) and results (`results`) need no model code
 //! and live in `repro_diff::study`, re-exported here.
 
@@ -8,6 +9,7 @@ mod cost;
 mod devices;
 mod error;
 mod noise;
+mod order;
 mod store;
 mod subject;
 
@@ -17,8 +19,10 @@ pub use cost::{run_cost, MODES};
 pub use devices::{run_devices, sampled_steps};
 pub use error::StudyError;
 pub use noise::{run_noise, Variant, VARIANTS};
+pub use order::run_order;
 pub use results::{
-    CostReport, CostRow, DeviceComparison, DeviceRun, DevicesReport, NoiseReport, StudyReport, VariantReport, WeightGap,
+    CostReport, CostRow, DeviceComparison, DeviceRun, DevicesReport, NoiseReport, OrderDivergence, OrderReport,
+    OrderRow, StudyReport, VariantReport, WeightGap,
 };
 pub use store::{StudyDir, StudyOut, STUDY_FILE};
 pub use subject::{Subject, Variation};

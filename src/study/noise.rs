@@ -10,15 +10,13 @@
 
 use super::error::StudyError;
 use super::results::{NoiseReport, VariantReport};
-use super::stats::{variant_stats, RunResult};
+use super::stats::variant_stats;
 use super::store::{StudyDir, StudyOut};
 use super::subject::{Subject, Variation};
 use super::Progress;
 use crate::ops::Reductions;
-use crate::record::Recorder;
 use crate::workloads::Seeds;
 use candle_core::Device;
-use std::time::Instant;
 
 /// The four variants, in report order.
 pub const VARIANTS: [Variant; 4] = [Variant::Control, Variant::Algo, Variant::Impl, Variant::AlgoImpl];
@@ -100,22 +98,9 @@ pub fn run_noise(
             let variation = Variation {
                 seeds: Some(variant.seeds(subject.base_seed(), run)),
                 reductions: Some(variant.reductions()),
-                steps: None,
+                ..Variation::default()
             };
-            let started = Instant::now();
-            let outcome = subject.train(variation, device, &mut Recorder::discard())?;
-            let (accuracy, per_class_accuracy) =
-                RunResult::score(&outcome.predictions, &outcome.labels, outcome.classes);
-            let result = RunResult {
-                accuracy,
-                per_class_accuracy,
-                predictions: outcome.predictions,
-                final_loss: outcome.final_loss as f64,
-                steps: outcome.steps,
-                seconds: started.elapsed().as_secs_f64(),
-            };
-            dir.save_run(variant.name(), run, &result, &outcome.state.weights)?;
-            results.push(result);
+            results.push(subject.train_and_save(variation, device, &dir, variant.name(), run)?);
         }
         test_examples = results.first().map_or(0, |r| r.predictions.len());
         let stats = variant_stats(&results, |i| dir.load_weights(variant.name(), i))?;

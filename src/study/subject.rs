@@ -3,12 +3,15 @@
 //! score its held-out predictions, and evaluate another run's weights.
 
 use super::error::StudyError;
+use super::stats::RunResult;
+use super::store::StudyDir;
 use crate::ops::Reductions;
 use crate::record::{RecordError, Recorder};
 use crate::trace::RunConfig;
 use crate::workloads::classifier::{evaluate, train};
 use crate::workloads::{ClassifierConfig, Dataset, GptConfig, ModelState, Seeds, TrainOutcome, Workload};
 use candle_core::Device;
+use std::time::Instant;
 
 /// A workload a study can train, with its data.
 pub enum Subject {
@@ -33,6 +36,8 @@ pub struct Variation {
     pub reductions: Option<Reductions>,
     /// Train this many steps instead.
     pub steps: Option<u64>,
+    /// Another batch size.
+    pub batch: Option<usize>,
 }
 
 impl Subject {
@@ -105,6 +110,14 @@ impl Subject {
         }
     }
 
+    /// Training examples of a classifier (its full batch); `None` for the gpt.
+    pub fn train_examples(&self) -> Option<usize> {
+        match self {
+            Subject::Classifier { data, .. } => Some(data.train.len()),
+            Subject::Gpt(_) => None,
+        }
+    }
+
     /// Training steps of a run with the base settings.
     pub fn steps(&self) -> u64 {
         match self {
@@ -129,6 +142,31 @@ impl Subject {
         }
     }
 
+    /// Trains a run with `variation` without recording it, scores it, and saves its result and
+    /// final weights as run `run` of `series` in the study directory.
+    pub(crate) fn train_and_save(
+        &self,
+        variation: Variation,
+        device: &Device,
+        dir: &StudyDir,
+        series: &str,
+        run: usize,
+    ) -> Result<RunResult, StudyError> {
+        let started = Instant::now();
+        let outcome = self.train(variation, device, &mut Recorder::discard())?;
+        let (accuracy, per_class_accuracy) = RunResult::score(&outcome.predictions, &outcome.labels, outcome.classes);
+        let result = RunResult {
+            accuracy,
+            per_class_accuracy,
+            predictions: outcome.predictions,
+            final_loss: outcome.final_loss as f64,
+            steps: outcome.steps,
+            seconds: started.elapsed().as_secs_f64(),
+        };
+        dir.save_run(series, run, &result, &outcome.state.weights)?;
+        Ok(result)
+    }
+
     /// Held-out predictions of the base model holding `state` (trained anywhere), on `device`.
     pub fn evaluate(&self, device: &Device, state: &ModelState) -> Result<Vec<u32>, RecordError> {
         match self {
@@ -146,6 +184,9 @@ fn classifier_variant(base: &ClassifierConfig, v: Variation) -> ClassifierConfig
     if let Some(reductions) = v.reductions {
         c.reductions = reductions;
     }
+    if let Some(batch) = v.batch {
+        c.batch = batch;
+    }
     if let Some(steps) = v.steps {
         // Enough epochs to reach the steps whatever the dataset's size.
         c.max_steps = Some(steps);
@@ -162,6 +203,9 @@ fn gpt_variant(base: &GptConfig, v: Variation) -> GptConfig {
     }
     if let Some(reductions) = v.reductions {
         c.reductions = reductions;
+    }
+    if let Some(batch) = v.batch {
+        c.batch = batch;
     }
     if let Some(steps) = v.steps {
         c.steps = steps;

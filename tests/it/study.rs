@@ -245,3 +245,50 @@ fn the_studies_train_the_gpt_too() {
         "weights evaluated elsewhere predict the same"
     );
 }
+
+#[test]
+fn the_data_order_alone_changes_full_batch_training_through_the_first_sum_over_the_batch() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("order");
+    let args = [
+        "study",
+        "order",
+        "--workload",
+        "mlp",
+        "--examples",
+        "200",
+        "--epochs",
+        "3",
+        "--runs",
+        "2",
+        "--batch-sizes",
+        "50,full",
+        "--json",
+        "--out",
+    ];
+    let run = repro(&[&args[..], &[s(&out)]].concat());
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let v = json(&run.stdout);
+    let rows = v["rows"].as_array().unwrap();
+    assert_eq!(
+        rows.iter().map(|r| (r["batch"].as_u64().unwrap(), r["full_batch"] == true)).collect::<Vec<_>>(),
+        [(50, false), (200, true)]
+    );
+    // Only the order seed varies, yet the full-batch runs end with different weights.
+    assert!(rows[1]["l2_normalized"].as_f64().unwrap() > 0.0, "{v}");
+    // The inputs are the same examples permuted; the first tensor that should not depend on
+    // their order and does is a sum over the batch.
+    let d = &v["full_batch_divergence"];
+    assert_eq!(d["step"], 0, "{d}");
+    let permuted: Vec<&str> = d["permuted_before"].as_array().unwrap().iter().map(|n| n.as_str().unwrap()).collect();
+    assert!(permuted.contains(&"x"), "{d}");
+    let tensor = d["tensor"].as_str().unwrap();
+    assert!(!permuted.contains(&tensor), "{d}");
+    assert!(d["max_ulp"].as_u64().unwrap() >= 1, "{d}");
+    // The report reads back with `study show`, and the study refuses the gpt.
+    let shown = repro(&["study", "show", s(&out.join("order.json"))]);
+    assert!(shown.stdout.contains("(full)") && shown.stdout.contains(tensor), "{}", shown.stdout);
+    let gpt = repro(&["study", "order", "--workload", "gpt", "--out", s(&dir.path().join("g"))]);
+    assert_eq!(gpt.code, 2);
+    assert!(gpt.stderr.contains("classifier"), "{}", gpt.stderr);
+}

@@ -18,5 +18,5 @@ pub use inspect::render_summary;
 pub use invariance::{render_forward_cost, render_invariance};
 pub use matrix::render_matrix;
 pub use online::render_online;
-pub use plot::{plot_cost, plot_devices, plot_diff, plot_invariance, plot_matrix, plot_noise};
-pub use study::{render_cost, render_devices, render_noise};
+pub use plot::{plot_cost, plot_devices, plot_diff, plot_invariance, plot_matrix, plot_noise, plot_order};
+pub use study::{render_cost, render_devices, render_noise, render_order};

@@ -5,7 +5,7 @@
 
 use crate::invariance::InvarianceReport;
 use crate::matrix::MatrixReport;
-use crate::study::results::{CostReport, DevicesReport, NoiseReport};
+use crate::study::results::{CostReport, DevicesReport, NoiseReport, OrderReport};
 use crate::traces::{GapPoint, TraceDiff};
 use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
@@ -157,6 +157,27 @@ pub fn plot_noise(r: &NoiseReport) -> PlotResult {
         log_bars(&panels[1], "predictive churn (mean over pairs)", &names, &churn, "churn (%), log")?;
         let l2: Vec<f64> = r.variants.iter().map(|v| v.stats.l2_normalized).collect();
         log_bars(&panels[2], "L2 distance of normalized weights", &names, &l2, "L2, log")?;
+        root.present().map_err(err)?;
+    }
+    Ok(svg)
+}
+
+/// The data-order study: churn and weight distance per batch size (log scales).
+pub fn plot_order(r: &OrderReport) -> PlotResult {
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (900, 420)).into_drawing_area();
+        root.fill(&WHITE).map_err(err)?;
+        let panels = root.split_evenly((1, 2));
+        let names: Vec<String> = r
+            .rows
+            .iter()
+            .map(|row| if row.full_batch { format!("{} (full)", row.batch) } else { row.batch.to_string() })
+            .collect();
+        let churn: Vec<f64> = r.rows.iter().map(|row| row.stats.churn * 100.0).collect();
+        log_bars(&panels[0], "predictive churn by batch size (order seed only)", &names, &churn, "churn (%), log")?;
+        let l2: Vec<f64> = r.rows.iter().map(|row| row.stats.l2_normalized).collect();
+        log_bars(&panels[1], "L2 distance of normalized weights", &names, &l2, "L2, log")?;
         root.present().map_err(err)?;
     }
     Ok(svg)

@@ -1,7 +1,7 @@
 //! Tables of the studies' results: plain text for the terminal, Markdown for docs/results.
 
 use super::format::sci;
-use crate::study::results::{CostReport, DevicesReport, NoiseReport};
+use crate::study::results::{CostReport, DevicesReport, NoiseReport, OrderReport};
 use std::fmt::Write;
 
 fn pct(x: f64) -> String {
@@ -190,5 +190,62 @@ pub fn render_cost(r: &CostReport, markdown: bool) -> String {
         &rows,
         markdown,
     ));
+    out
+}
+
+/// Renders the data-order study: one row per batch size, then where two full-batch runs first
+/// differ.
+pub fn render_order(r: &OrderReport, markdown: bool) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "data-order study: {} on {}, {} runs per batch size differing only in the order seed (ordered reductions), \
+         {} training examples\n",
+        r.subject, r.device, r.runs, r.train_examples
+    );
+    let header = ["batch", "accuracy mean ± sd", "min – max", "churn", "L2 (normalized w)"];
+    let rows: Vec<Vec<String>> = r
+        .rows
+        .iter()
+        .map(|row| {
+            let s = &row.stats;
+            vec![
+                if row.full_batch { format!("{} (full)", row.batch) } else { row.batch.to_string() },
+                format!("{} ± {}", pct(s.accuracy_mean), pct(s.accuracy_stdev)),
+                format!("{} – {}", pct(s.accuracy_min), pct(s.accuracy_max)),
+                pct(s.churn),
+                sci(s.l2_normalized),
+            ]
+        })
+        .collect();
+    out.push_str(&table(&header, &rows, markdown));
+    out.push('\n');
+    match (&r.full_batch_divergence, r.rows.iter().any(|row| row.full_batch)) {
+        (Some(d), _) => {
+            let size = match (d.max_ulp, d.mismatched) {
+                (Some(ulp), Some(n)) => format!(": {n} element(s) differ, max {ulp} ULP"),
+                _ => String::new(),
+            };
+            let _ = writeln!(
+                out,
+                "At full batch every step sees the same examples; the first tensor that exact arithmetic makes \
+                 order-independent and that differs is `{}` ({}, step {}){size}.",
+                d.tensor, d.kind, d.step
+            );
+            if !d.permuted_before.is_empty() {
+                let _ = writeln!(
+                    out,
+                    "Before it in that step only per-example tensors differ, their rows permuted: {}.",
+                    d.permuted_before.join(", ")
+                );
+            }
+        }
+        (None, true) => {
+            let _ = writeln!(out, "At full batch two runs with different order seeds were bit-identical.");
+        }
+        (None, false) => {
+            let _ = writeln!(out, "The full batch (`full` in --batch-sizes) was not run.");
+        }
+    }
     out
 }

@@ -145,6 +145,60 @@ pub struct CostReport {
     pub rows: Vec<CostRow>,
 }
 
+/// One batch size of the data-order study.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct OrderRow {
+    /// Examples per batch.
+    pub batch: usize,
+    /// Whether the batch is the whole training set.
+    pub full_batch: bool,
+    /// Test accuracy of each run, in run order.
+    #[serde(deserialize_with = "crate::study::nans_from_nulls")]
+    pub run_accuracies: Vec<f64>,
+    /// The statistics over the runs.
+    #[serde(flatten)]
+    pub stats: VariantStats,
+}
+
+/// Where two full-batch runs that differ only in the data order first differ in a tensor that
+/// exact arithmetic would make equal: one with no batch dimension (a loss, a gradient, a weight),
+/// which the order of the examples can change only through the order of a sum.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct OrderDivergence {
+    /// The step.
+    pub step: u64,
+    /// The tensor's name.
+    pub tensor: String,
+    /// What it is (`loss`, `gradient`, ...).
+    pub kind: String,
+    /// Largest ULP distance there, when values were stored.
+    pub max_ulp: Option<u64>,
+    /// Elements that differ there, when values were stored.
+    pub mismatched: Option<u64>,
+    /// Tensors recorded before it in that step that differ only because their rows are the
+    /// same examples in another order (inputs, per-example outputs).
+    pub permuted_before: Vec<String>,
+}
+
+/// The data-order study: runs that differ only in the order of the training data, at several
+/// batch sizes up to the whole training set, with ordered reductions.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct OrderReport {
+    /// The workload, dataset and settings, in words.
+    pub subject: String,
+    /// Device label.
+    pub device: String,
+    /// Runs per batch size.
+    pub runs: usize,
+    /// Training examples (the full batch).
+    pub train_examples: usize,
+    /// One row per batch size, smallest first.
+    pub rows: Vec<OrderRow>,
+    /// At full batch: where two runs first differ in an order-independent tensor (`None` when
+    /// the full batch was not among the sizes, or the runs were identical).
+    pub full_batch_divergence: Option<OrderDivergence>,
+}
+
 /// Any study's report, as its JSON file holds it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(untagged)]
@@ -155,4 +209,6 @@ pub enum StudyReport {
     Devices(DevicesReport),
     /// `repro study cost`.
     Cost(CostReport),
+    /// `repro study order`.
+    Order(OrderReport),
 }
