@@ -15,7 +15,7 @@
 # steps; `opfixtures` keeps small op-level traces for fixtures/. The studies: `cost`,
 # `devices-study`, `noise-mlp`, `noise-cnn`, `noise-resnet18` (RESNET_RUNS, RESNET_EPOCHS), and
 # `studyfixtures` (atomic cnn traces for fixtures/), `gpt-studies` (noise, devices and cost on
-# the gpt; GPT_RUNS, GPT_STEPS), `gptfixtures`, `invariance` (gpt default and --batch-invariant with its cost, qwen2 f32 and bf16), not run by default. `gpt`: the
+# the gpt; GPT_RUNS, GPT_STEPS), `gptfixtures`, `invariance` (gpt default and --batch-invariant with its cost, qwen2 f32 and bf16), `order` (study order, mlp and cnn; ORDER_RUNS), not run by default. `gpt`: the
 # transformer recorded by automatic capture (same-seed GPU runs, CPU vs GPU, Qwen2, fixtures). Results land in OUT_DIR:
 # summary.md (everything printed), results.tar.gz (all outputs), fixtures.tar.gz.
 set -uo pipefail
@@ -290,6 +290,15 @@ if want invariance; then
     section "Cost of --batch-invariant on cuda:0: gpt $size, 64 tokens"
     say '```'
     "$repro" invariance --workload gpt $size --device cuda:0 --cost 50 --batch-sizes 1,8,64,256 2>&1 | tee -a "$summary"
+    say '```'
+  done
+fi
+# The data order alone, up to full batch (issue: the rest of the noise study).
+if want order; then
+  for w in mlp cnn; do
+    section "Data order alone on cuda:0: $w, batch sizes up to the whole training set"
+    say '```'
+    "$repro" study order --workload "$w" --device cuda:0 --runs "${ORDER_RUNS:-5}" --out "$work/results/order-$w" 2>&1 | tee -a "$summary"
     say '```'
   done
 fi

@@ -38,6 +38,9 @@ pub struct Variation {
     pub steps: Option<u64>,
     /// Another batch size.
     pub batch: Option<usize>,
+    /// Turn off the random shifts of images and dropout. Their randomness is drawn per position
+    /// in the batch, so a run with another data order also gives examples other shifts and masks.
+    pub without_augmentation_and_dropout: bool,
 }
 
 impl Subject {
@@ -186,6 +189,10 @@ fn classifier_variant(base: &ClassifierConfig, v: Variation) -> ClassifierConfig
     }
     if let Some(batch) = v.batch {
         c.batch = batch;
+    }
+    if v.without_augmentation_and_dropout {
+        c.augment_shift = 0;
+        c.dropout = 0.0;
     }
     if let Some(steps) = v.steps {
         // Enough epochs to reach the steps whatever the dataset's size.

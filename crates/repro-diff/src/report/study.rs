@@ -199,7 +199,7 @@ pub fn render_order(r: &OrderReport, markdown: bool) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "data-order study: {} on {}, {} runs per batch size differing only in the order seed (ordered reductions), \
+        "data-order study: {} on {}, {} runs per batch size differing only in the order seed (ordered reductions; augmentation and dropout off), \
          {} training examples\n",
         r.subject, r.device, r.runs, r.train_examples
     );
