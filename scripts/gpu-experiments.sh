@@ -15,7 +15,7 @@
 # steps; `opfixtures` keeps small op-level traces for fixtures/. The studies: `cost`,
 # `devices-study`, `noise-mlp`, `noise-cnn`, `noise-resnet18` (RESNET_RUNS, RESNET_EPOCHS), and
 # `studyfixtures` (atomic cnn traces for fixtures/), `gpt-studies` (noise, devices and cost on
-# the gpt; GPT_RUNS, GPT_STEPS), `gptfixtures`, `invariance` (gpt default and --batch-invariant with its cost, qwen2 f32 and bf16), `order` (study order, mlp and cnn; ORDER_RUNS), not run by default. `gpt`: the
+# the gpt; GPT_RUNS, GPT_STEPS), `gptfixtures`, `invariance` (gpt default and --batch-invariant with its cost, qwen2 f32 and bf16), `order` (study order, mlp and cnn; ORDER_RUNS), `noise-hw` (cnn noise study with TF32 off and on; NOISE_RUNS), not run by default. `gpt`: the
 # transformer recorded by automatic capture (same-seed GPU runs, CPU vs GPU, Qwen2, fixtures). Results land in OUT_DIR:
 # summary.md (everything printed), results.tar.gz (all outputs), fixtures.tar.gz.
 set -uo pipefail
@@ -299,6 +299,17 @@ if want order; then
     section "Data order alone on cuda:0: $w, batch sizes up to the whole training set"
     say '```'
     "$repro" study order --workload "$w" --device cuda:0 --runs "${ORDER_RUNS:-5}" --out "$work/results/order-$w" 2>&1 | tee -a "$summary"
+    say '```'
+  done
+fi
+# Implementation noise per device kind and with TF32 tensor-core matrix products (REPRO_TF32).
+if want noise-hw; then
+  gpu="$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
+  for tf32 in 0 1; do
+    section "Noise study on $gpu: cnn, REPRO_TF32=$tf32"
+    say '```'
+    REPRO_TF32=$tf32 "$repro" study noise --workload cnn --device cuda:0 --runs "${NOISE_RUNS:-5}" \
+      --out "$work/results/noise-cnn-tf32-$tf32" 2>&1 | grep -v '^report:' | tee -a "$summary"
     say '```'
   done
 fi

@@ -16,7 +16,18 @@ pub const NUMERICS_ENV_VARS: &[&str] = &[
     "NVIDIA_TF32_OVERRIDE",
     "OMP_NUM_THREADS",
     "RAYON_NUM_THREADS",
+    TF32_ENV,
 ];
+
+/// Set to `1` to let candle run f32 matrix products on tensor cores in TF32 (10-bit mantissa
+/// inputs, f32 accumulation) on CUDA devices; anything else, or unset, keeps full f32. Recorded
+/// in the trace's environment like the variables above, so `repro diff` shows it.
+pub const TF32_ENV: &str = "REPRO_TF32";
+
+/// Whether `REPRO_TF32` asks for TF32 matrix products.
+pub fn tf32_requested() -> bool {
+    std::env::var(TF32_ENV).is_ok_and(|v| v == "1")
+}
 
 /// Opens a device from its name: `cpu`, `cuda` or `cuda:N`.
 pub fn open_device(name: &str) -> Result<Device, RecordError> {
@@ -35,7 +46,10 @@ pub fn open_device(name: &str) -> Result<Device, RecordError> {
             "device `{name}` needs a repro built with CUDA support (`make cuda`); this build is CPU-only"
         )));
     }
-    Device::new_cuda(ordinal).map_err(|e| RecordError::Unsupported(format!("cannot open {name}: {e}")))
+    let device = Device::new_cuda(ordinal).map_err(|e| RecordError::Unsupported(format!("cannot open {name}: {e}")))?;
+    // candle's switch is process-wide; set it either way, so the variable alone decides.
+    candle_core::cuda::set_gemm_reduced_precision_f32(tf32_requested());
+    Ok(device)
 }
 
 /// The name a device is recorded under: `cpu` or `cuda:N`.

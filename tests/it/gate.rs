@@ -112,7 +112,7 @@ fn a_users_own_program_is_gated_through_the_environment() {
 fn a_baseline_from_another_environment_names_the_likely_causes() {
     let dir = tempfile::tempdir().unwrap();
     let base = dir.path().join("base.rpr");
-    let env = [("RAYON_NUM_THREADS", "1"), ("CUBLAS_WORKSPACE_CONFIG", ":4096:8")];
+    let env = [("RAYON_NUM_THREADS", "1"), ("CUBLAS_WORKSPACE_CONFIG", ":4096:8"), ("REPRO_TF32", "1")];
     let written = repro_with_env(&[&["baseline", "write"][..], &SMALL, &["--out", s(&base)]].concat(), &env);
     assert_eq!(written.code, 0, "{}", written.stderr);
     let run = repro_with_env(
@@ -128,6 +128,8 @@ fn a_baseline_from_another_environment_names_the_likely_causes() {
         .collect();
     assert!(causes.iter().any(|c| c.starts_with("RAYON_NUM_THREADS=1 vs 2")), "{causes:?}");
     assert!(causes.iter().any(|c| c.starts_with("CUBLAS_WORKSPACE_CONFIG=:4096:8 vs (unset)")), "{causes:?}");
+    // repro's own switch for TF32 matrix products is recorded like the others.
+    assert!(causes.iter().any(|c| c.starts_with("REPRO_TF32=1 vs (unset)")), "{causes:?}");
     let human = repro_with_env(
         &[&["gate"][..], &SMALL, &["--baseline", s(&base), "--perturb", "2:loss:1"]].concat(),
         &[("RAYON_NUM_THREADS", "2")],
