@@ -67,28 +67,25 @@ pub fn run(args: InvarianceArgs) -> Result<Exit, String> {
         }
         return Ok(Exit::Same);
     }
-    let tokens =
+    // Paddings and chunks default to one token and a quarter of the context (16 at 64).
+    let runs = |tokens: usize| {
+        let one_and_a_quarter = vec![1, (tokens / 4).max(1)];
+        workloads::Batchings {
+            batch_sizes: sizes.clone(),
+            paddings: args.paddings.clone().unwrap_or_else(|| one_and_a_quarter.clone()),
+            chunks: args.chunks.clone().unwrap_or(one_and_a_quarter),
+        }
+    };
+    let report =
         match &workload {
-            Workload::Gpt(c) => c.context,
-            Workload::Decoder(c) => c.tokens,
+            Workload::Gpt(c) => workloads::gpt(c, &runs(c.context), &device, label),
+            Workload::Decoder(c) => workloads::decoder(c, &runs(c.tokens), &device, label),
             _ => return Err(
                 "invariance checks a model's forward pass: pass --workload gpt, --workload qwen2 or --workload gemma"
                     .into(),
             ),
-        };
-    // One token, and a quarter of the context (16 tokens at the default 64).
-    let one_and_a_quarter = vec![1, (tokens / 4).max(1)];
-    let runs = workloads::Batchings {
-        batch_sizes: sizes,
-        paddings: args.paddings.clone().unwrap_or_else(|| one_and_a_quarter.clone()),
-        chunks: args.chunks.clone().unwrap_or(one_and_a_quarter),
-    };
-    let report = match &workload {
-        Workload::Gpt(c) => workloads::gpt(c, &runs, &device, label),
-        Workload::Decoder(c) => workloads::decoder(c, &runs, &device, label),
-        _ => unreachable!("checked above"),
-    }
-    .map_err(|e| e.to_string())?;
+        }
+        .map_err(|e| e.to_string())?;
     if let Some(path) = &args.plot {
         super::output::write_plot(path, repro::report::plot_invariance(&report))?;
     }
