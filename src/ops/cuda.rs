@@ -453,7 +453,7 @@ pub(crate) fn matmul_f32_fixed(
     a_layout: &Layout,
     b: &CudaStorage,
     b_layout: &Layout,
-    shape: &super::invariant::MatmulPlan,
+    shape: &super::MatmulPlan,
 ) -> Result<CudaStorage> {
     let dev = a.device().clone();
     let a = a.as_cuda_slice::<f32>()?.slice(a_layout.start_offset()..);

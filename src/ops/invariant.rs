@@ -11,6 +11,7 @@
 //! F32 only, CPU and CUDA, with backward passes made of the same ops (so gradients are
 //! batch-invariant too).
 
+use super::MatmulPlan;
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, Error, Layout, Result, Shape, Tensor, D};
 use rayon::prelude::*;
@@ -74,17 +75,6 @@ fn matmul_shape(a: &Layout, b: &Layout) -> Result<MatmulPlan> {
         a_strides: [sa[0], sa[1], sa[2]],
         b_strides: [if b_batch == 1 { 0 } else { sb[0] }, sb[1], sb[2]],
     })
-}
-
-/// `batch` products of `[m, k]` by `[k, n]`, each operand read through (batch, row, column)
-/// strides in elements.
-pub(crate) struct MatmulPlan {
-    pub(crate) batch: usize,
-    pub(crate) m: usize,
-    pub(crate) n: usize,
-    pub(crate) k: usize,
-    pub(crate) a_strides: [usize; 3],
-    pub(crate) b_strides: [usize; 3],
 }
 
 fn f32_storage<'a>(op: &str, storage: &'a CpuStorage) -> Result<&'a [f32]> {

@@ -12,3 +12,14 @@ pub mod cuda;
 pub mod device_hash;
 
 pub use reduce::{expand, expand_rows, sum_all, sum_rows, Reductions};
+
+/// `batch` products of `[m, k]` by `[k, n]`, each operand read through (batch, row, column)
+/// strides in elements.
+pub(crate) struct MatmulPlan {
+    pub(crate) batch: usize,
+    pub(crate) m: usize,
+    pub(crate) n: usize,
+    pub(crate) k: usize,
+    pub(crate) a_strides: [usize; 3],
+    pub(crate) b_strides: [usize; 3],
+}
