@@ -41,4 +41,4 @@ mod scope;
 pub use graph::GraphNode;
 pub use model::{CapturedStep, ModelCapture, ModelRecorder};
 pub(crate) use scope::tensor_number;
-pub use scope::{install_span_scopes, scope, SpanScopes};
+pub use scope::{install_span_scopes, scope, span_scopes_on_this_thread, SpanScopes};

@@ -151,6 +151,13 @@ where
     }
 }
 
+/// Makes `SpanScopes` this thread's `tracing` subscriber until the returned guard is dropped:
+/// graph nodes made meanwhile are named after the spans they were made in.
+pub fn span_scopes_on_this_thread() -> tracing::subscriber::DefaultGuard {
+    use tracing_subscriber::layer::SubscriberExt;
+    tracing::subscriber::set_default(tracing_subscriber::registry().with(SpanScopes))
+}
+
 /// Makes `SpanScopes` the process's `tracing` subscriber, unless one is set already (then add
 /// the layer to yours). Returns whether it was installed.
 pub fn install_span_scopes() -> bool {
@@ -186,8 +193,7 @@ mod tests {
 
     #[test]
     fn tracing_spans_open_scopes() {
-        use tracing_subscriber::layer::SubscriberExt;
-        let _guard = tracing::subscriber::set_default(tracing_subscriber::registry().with(SpanScopes));
+        let _guard = span_scopes_on_this_thread();
         take_step();
         let t = {
             let span = tracing::span!(tracing::Level::TRACE, "mlp");

@@ -64,11 +64,6 @@ struct Piece {
     len: usize,
 }
 
-/// A pass's ops (parameters left out), the root (the logits) last.
-struct PassGraph {
-    ops: Vec<GraphNode>,
-}
-
 impl InvarianceCheck<'_> {
     /// Runs `forward` on every batching and compares each with the sequence alone.
     pub fn run(&self, device: &Device, forward: &mut Forward) -> Result<InvarianceReport, RecordError> {
@@ -85,8 +80,8 @@ impl InvarianceCheck<'_> {
         let tokens = self.sequence.len();
         let (reference, parameters_reached) =
             self.pass(device, Batching::ALONE, Piece { offset: 0, len: tokens }, forward)?;
-        let ops: Vec<String> = reference.ops.iter().map(|n| n.name.clone()).collect();
-        let root = reference.ops.last().expect("a graph has a root");
+        let ops: Vec<String> = reference.iter().map(|n| n.name.clone()).collect();
+        let root = reference.last().expect("a graph has a root");
         let reference_logits = with_canonical_bytes(&root.tensor, <[u8]>::to_vec)?;
         let mut fingerprints = vec![(Batching::ALONE, blake3::hash(&reference_logits))];
         let mut results = Vec::new();
@@ -175,15 +170,16 @@ impl InvarianceCheck<'_> {
         (0..tokens).step_by(chunk).map(|offset| Piece { offset, len: chunk.min(tokens - offset) }).collect()
     }
 
-    /// One forward pass: its ops (without the graph of earlier passes that a KV cache links
-    /// in) and the number of parameters its graph reaches.
+    /// One forward pass: its ops (parameters and the graph of earlier passes that a KV cache
+    /// links in left out; the root, the logits, last) and the number of parameters its graph
+    /// reaches.
     fn pass(
         &self,
         device: &Device,
         batching: Batching,
         piece: Piece,
         forward: &mut Forward,
-    ) -> Result<(PassGraph, usize), RecordError> {
+    ) -> Result<(Vec<GraphNode>, usize), RecordError> {
         let len = piece.len + batching.padding;
         let pad = self.fillers[0].iter().cycle();
         let mut ids: Vec<u32> = Vec::with_capacity(batching.batch * len);
@@ -198,8 +194,7 @@ impl InvarianceCheck<'_> {
         let logits = forward(&tokens, piece.offset)?;
         let nodes = self.capture.graph_after(&logits, Some(first))?;
         let parameters = nodes.iter().filter(|n| n.is_variable).count();
-        let ops = nodes.into_iter().filter(|n| !n.is_variable).collect();
-        Ok((PassGraph { ops }, parameters))
+        Ok((nodes.into_iter().filter(|n| !n.is_variable).collect(), parameters))
     }
 }
 
@@ -208,8 +203,8 @@ impl InvarianceCheck<'_> {
 /// differed). `run` is the batching, the pass's piece and the sequence's length. Returns the
 /// sequence's part of the pass's logits, or `None` when they cannot be cut from it.
 fn compare_pass(
-    reference: &PassGraph,
-    pass: &PassGraph,
+    reference: &[GraphNode],
+    pass: &[GraphNode],
     run: Run,
     result: &mut BatchingResult,
     differs: &mut [bool],
@@ -218,7 +213,7 @@ fn compare_pass(
     // The pass's ops with no counterpart; the report keeps the longest such list of any pass
     // (a run in pieces names its ops anew in every pass).
     let mut unmatched = Vec::new();
-    for pair in pair_ops(&reference.ops, &pass.ops, run)? {
+    for pair in pair_ops(reference, pass, run)? {
         let (column, node) = match pair {
             Pairing::Both(column, node) => (column, node),
             Pairing::PassOnly(node) => {
@@ -226,8 +221,8 @@ fn compare_pass(
                 continue;
             }
         };
-        let is_root = column == reference.ops.len() - 1;
-        let Some((expected, got)) = cut(&reference.ops[column].tensor, &node.tensor, run)? else {
+        let is_root = column == reference.len() - 1;
+        let Some((expected, got)) = cut(&reference[column].tensor, &node.tensor, run)? else {
             unmatched.push(node.name.clone());
             continue;
         };
@@ -244,7 +239,7 @@ fn compare_pass(
         differs[column] |= metrics.mismatched > 0;
         if metrics.mismatched > 0 && result.first_op.is_none() {
             result.first_op = Some(OpDifference {
-                name: reference.ops[column].name.clone(),
+                name: reference[column].name.clone(),
                 position: node.position,
                 dtype,
                 shape: got.dims().iter().map(|&d| d as u64).collect(),
@@ -287,9 +282,21 @@ fn pair_ops<'p>(reference: &[GraphNode], pass: &'p [GraphNode], run: Run) -> Res
     let (Some((_, ref_body)), Some((pass_root, pass_body))) = (reference.split_last(), pass.split_last()) else {
         return Ok(Vec::new());
     };
-    // Pairing is worth 3, a bit-identical pair 1 more: the most pairs first, then the most
-    // identical ones.
-    let score = |r: &GraphNode, p: &GraphNode| -> Result<Option<u32>, RecordError> {
+    // The usual case (a batch or a padding: the same graph, only larger): op k pairs with op k,
+    // as the alignment below would find, without reading every candidate pair's values.
+    let same_graph = reference.len() == pass.len()
+        && reference.iter().zip(pass).all(|(r, p)| {
+            r.name == p.name
+                && r.tensor.dtype() == p.tensor.dtype()
+                && cut_plan(r.tensor.dims(), p.tensor.dims(), run).is_some()
+        });
+    if same_graph {
+        return Ok(pass.iter().enumerate().map(|(k, p)| Pairing::Both(k, p)).collect());
+    }
+    // A pair is worth more than every identical-pair bonus together (one each): the most pairs
+    // first, then the most identical ones.
+    let pair_worth = ref_body.len().min(pass_body.len()) as u64 + 1;
+    let score = |r: &GraphNode, p: &GraphNode| -> Result<Option<u64>, RecordError> {
         if scope_of(r) != scope_of(p) || r.tensor.dtype() != p.tensor.dtype() {
             return Ok(None);
         }
@@ -297,10 +304,10 @@ fn pair_ops<'p>(reference: &[GraphNode], pass: &'p [GraphNode], run: Run) -> Res
             return Ok(None);
         };
         let a = with_canonical_bytes(&a, <[u8]>::to_vec)?;
-        Ok(Some(3 + u32::from(with_canonical_bytes(&b, |b| b == a.as_slice())?)))
+        Ok(Some(pair_worth + u64::from(with_canonical_bytes(&b, |b| b == a.as_slice())?)))
     };
     let (rows, cols) = (ref_body.len(), pass_body.len());
-    let mut best = vec![vec![0u32; cols + 1]; rows + 1];
+    let mut best = vec![vec![0u64; cols + 1]; rows + 1];
     let mut pair_score = vec![vec![None; cols]; rows];
     for i in 1..=rows {
         for j in 1..=cols {

@@ -4,7 +4,7 @@
 //! graph nodes named after the models' `tracing` spans and parameters.
 
 use super::InvarianceCheck;
-use crate::capture::{ModelCapture, SpanScopes};
+use crate::capture::{span_scopes_on_this_thread, ModelCapture};
 use crate::diff::invariance::InvarianceReport;
 use crate::record::RecordError;
 use crate::workloads::gpt::model::KvCache;
@@ -43,7 +43,7 @@ pub fn gpt(
             config.context
         )));
     }
-    let _spans = span_scopes();
+    let _spans = span_scopes_on_this_thread();
     let (model, varmap) = config.build(device)?;
     let capture = ModelCapture::new(&varmap);
     let tokens = config.context - room;
@@ -90,7 +90,7 @@ pub fn decoder(
             config.family, config.tokens
         )));
     }
-    let _spans = span_scopes();
+    let _spans = span_scopes_on_this_thread();
     let (mut model, varmap) = config.build_every_position(device)?;
     let capture = ModelCapture::new(&varmap);
     let mut rng = stream(config.data_seed, &format!("{}.invariance", config.family), 0);
@@ -120,10 +120,4 @@ pub fn decoder(
         }
         Ok(model.forward(tokens, offset)?)
     })
-}
-
-/// Names graph nodes after the models' spans, on this thread, until dropped.
-fn span_scopes() -> tracing::subscriber::DefaultGuard {
-    use tracing_subscriber::layer::SubscriberExt;
-    tracing::subscriber::set_default(tracing_subscriber::registry().with(SpanScopes))
 }

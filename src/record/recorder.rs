@@ -509,19 +509,20 @@ impl Recorder {
     /// it (or, when comparing online, checks it first).
     fn complete(&mut self, unread: UnreadStep) -> Result<(), RecordError> {
         let UnreadStep { step, full, policy_full, mut tensors, deferred, read } = unread;
-        let results = profile::time(profile::Phase::Resolve, || read.wait())?;
+        let mut results = profile::time(profile::Phase::Resolve, || read.wait())?;
         let inline_max = self.capture.inline_max_bytes;
         for (index, ticket) in deferred {
             let t = &mut tensors[index];
             let r = &mut t.record;
-            match &results[ticket] {
-                DeviceResult::DataHash(h) => r.hash = combine(r.dtype, &r.shape, h),
+            // Each ticket is read once: its bytes move into the record, uncopied.
+            match std::mem::replace(&mut results[ticket], DeviceResult::Bytes(Vec::new())) {
+                DeviceResult::DataHash(h) => r.hash = combine(r.dtype, &r.shape, &h),
                 DeviceResult::Bytes(bytes) => {
-                    r.hash = tensor_hash(r.dtype, &r.shape, bytes);
+                    r.hash = tensor_hash(r.dtype, &r.shape, &bytes);
                     if bytes.len() as u64 <= inline_max {
-                        r.inline = Some(bytes.clone());
+                        r.inline = Some(bytes);
                     } else if full {
-                        t.payload = Some(bytes.clone());
+                        t.payload = Some(bytes);
                     }
                 }
             }

@@ -11,7 +11,7 @@
 //! rotary embedding cut the queries' and keys' side of attention). The recording says how much
 //! of the model the captured graph reaches.
 
-use crate::capture::{scope, ModelCapture, SpanScopes};
+use crate::capture::{scope, span_scopes_on_this_thread, ModelCapture};
 use crate::record::{RecordError, Recorder};
 use crate::trace::{RunConfig, TensorKind};
 use crate::workloads::seeded::{stream, uniform_vec};
@@ -340,8 +340,7 @@ impl DecoderConfig {
     /// Runs and records every forward pass. Prints to stderr how much of the model the captured
     /// graph reaches.
     pub fn run(&self, device: &Device, recorder: &mut Recorder) -> Result<(), RecordError> {
-        use tracing_subscriber::layer::SubscriberExt;
-        let _spans = tracing::subscriber::set_default(tracing_subscriber::registry().with(SpanScopes));
+        let _spans = span_scopes_on_this_thread();
         let (mut model, varmap) = self.build(device)?;
         let capture = ModelCapture::new(&varmap);
         for step in 0..self.steps {

@@ -8,7 +8,7 @@
 
 pub mod model;
 
-use crate::capture::{ModelCapture, SpanScopes};
+use crate::capture::{span_scopes_on_this_thread, ModelCapture};
 use crate::ops::{sum_all, Reductions};
 use crate::record::{Perturbation, RecordError, Recorder};
 use crate::trace::{RunConfig, TensorKind};
@@ -270,8 +270,7 @@ impl GptConfig {
         time_steps: bool,
     ) -> Result<Trained, RecordError> {
         // Name graph nodes after the model's spans, for this thread.
-        use tracing_subscriber::layer::SubscriberExt;
-        let _spans = tracing::subscriber::set_default(tracing_subscriber::registry().with(SpanScopes));
+        let _spans = span_scopes_on_this_thread();
         let (model, varmap) = self.build(device)?;
         let capture = ModelCapture::new(&varmap);
         let params = ParamsAdamW { lr: self.lr, ..ParamsAdamW::default() };
