@@ -148,6 +148,7 @@ fn write_big_trace(dir: &Path, steps: u64, mib: usize, offset: u32) {
         run: RunConfig { workload: "bench".into(), steps: Some(steps), params: Default::default() },
         environment: Environment::default(),
         capture: CapturePolicy { full: FullCapture::All, inline_max_bytes: 0 },
+        distributed: None,
     };
     let mut w = TraceWriter::create(dir, &header, true).unwrap();
     let n = (mib << 20) / 4;
@@ -167,6 +168,7 @@ fn write_big_trace(dir: &Path, steps: u64, mib: usize, offset: u32) {
             phase: None,
             inputs: vec![],
             node: None,
+            collective: None,
         };
         w.write_step(step, vec![StepTensor { record, payload: Some(values) }]).unwrap();
     }

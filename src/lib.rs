@@ -7,6 +7,8 @@
 //!   records any candle model's parameters, forward graph and gradients with no per-op code;
 //! - [`record`] hashes tensors ([`hash`]) and writes them as a [`trace`];
 //! - [`diff`] compares traces, and [`report`] renders the comparison;
+//! - [`distributed`] trains data-parallel across ranks (NCCL on GPUs), each rank recording its
+//!   own stream;
 //! - [`invariance`] runs a model's forward pass under different batchings and finds the first
 //!   captured op whose result for one sequence depends on its batch.
 //!
@@ -17,6 +19,7 @@
 #![deny(missing_docs)]
 
 pub mod capture;
+pub mod distributed;
 pub mod invariance;
 pub mod ops;
 pub mod record;

@@ -49,6 +49,7 @@ fn write_trace(dir: &std::path::Path) {
                 phase: None,
                 inputs: vec![],
                 node: None,
+                collective: None,
             },
             payload: Some(bytes),
         })

@@ -12,6 +12,7 @@ mod invariance;
 mod matrix;
 mod output;
 mod overhead;
+mod ranks;
 mod record;
 mod scratch;
 mod study;

@@ -1,10 +1,13 @@
 //! `repro record`: train a built-in workload and write its trace.
 
-use super::workload_args::WorkloadArgs;
+use super::ranks;
+use super::workload_args::{options_for, WorkloadArgs};
 use super::Exit;
 use clap::Args;
 use repro::diff::{config_differences, ReferenceCheck};
+use repro::distributed::{self, DataParallel};
 use repro::record::{open_device, RecordError, Recorder, StepProgress};
+use repro::workloads::Workload;
 use repro::report::{bytes, render_online};
 use repro::trace::{summarize, CapturePolicy, FullCapture};
 use std::path::{Path, PathBuf};
@@ -32,6 +35,17 @@ pub struct RecordArgs {
     /// With --against: record to the end after a divergence instead of stopping.
     #[arg(long, requires = "against")]
     keep_going: bool,
+    /// Train data-parallel, one rank process per device: cuda:0,cuda:1 sums gradients with NCCL;
+    /// cpu,cpu with a file stand-in (for trying it out and for tests). --out then holds one
+    /// trace per rank, rank-0, rank-1, ... (--device is not used).
+    #[arg(long, value_delimiter = ',', value_name = "DEVICES", conflicts_with = "against")]
+    devices: Vec<String>,
+    /// Set by the process that starts the ranks: this process's rank.
+    #[arg(long, hide = true, requires = "rendezvous")]
+    rank: Option<usize>,
+    /// Set by the process that starts the ranks: where the ranks meet.
+    #[arg(long, hide = true, requires = "rank")]
+    rendezvous: Option<PathBuf>,
     // What to train: last, so that its help headings come after this command's own options.
     #[command(flatten)]
     train: WorkloadArgs,
@@ -39,8 +53,15 @@ pub struct RecordArgs {
 
 pub fn run(args: RecordArgs) -> Result<Exit, String> {
     let workload = args.train.workload()?;
+    if args.devices.len() > 1 && args.rank.is_none() {
+        return record_ranks(&args, &workload);
+    }
     let perturb = args.train.perturb.clone();
-    let device = open_device(&args.train.device).map_err(|e| e.to_string())?;
+    let device_name = match args.rank {
+        Some(rank) => args.devices.get(rank).ok_or_else(|| format!("rank {rank} has no device in --devices"))?,
+        None => args.devices.first().unwrap_or(&args.train.device),
+    };
+    let device = open_device(device_name).map_err(|e| e.to_string())?;
     let run = args.train.run_config(&workload);
     let capture = CapturePolicy { full: args.capture, inline_max_bytes: args.inline_max_bytes };
     let started = Instant::now();
@@ -51,13 +72,22 @@ pub fn run(args: RecordArgs) -> Result<Exit, String> {
     // Settings that differ from the reference's explain a divergence before anyone looks for one.
     let settings = reference.as_ref().map_or_else(Vec::new, |r| config_differences(&r.header().run, &run));
     let reference = reference.map(|r| Arc::new(Mutex::new(r)));
-    let mut recorder =
-        Recorder::create_with(&args.out, run, &device, capture, args.force).map_err(|e| e.to_string())?;
+    let mut dp = match (args.rank, &args.rendezvous) {
+        (Some(rank), Some(rendezvous)) => Some(DataParallel::new(
+            distributed::join(&device, rendezvous, rank, args.devices.len()).map_err(|e| e.to_string())?,
+        )),
+        _ => None,
+    };
+    let mut recorder = match &dp {
+        Some(dp) => Recorder::create_rank(&args.out, run, &device, capture, args.force, dp.describe()),
+        None => Recorder::create_with(&args.out, run, &device, capture, args.force),
+    }
+    .map_err(|e| e.to_string())?;
     if let Some(check) = &reference {
         recorder.compare_with(Box::new(check.clone()), !args.keep_going);
     }
     recorder.on_step(progress_display());
-    match workload.run(&device, &mut recorder, perturb.as_ref()) {
+    match workload.run_ranked(&device, &mut recorder, perturb.as_ref(), dp.as_mut()) {
         Ok(()) | Err(RecordError::Diverged { .. }) => {}
         Err(e) => return Err(format!("{e} (the partial trace in {} is marked incomplete)", args.out.display())),
     }
@@ -66,7 +96,7 @@ pub fn run(args: RecordArgs) -> Result<Exit, String> {
     eprintln!(
         "recorded {steps} steps of {} on {} into {} in {:.2}s: records {}, payloads {}",
         workload.describe(),
-        args.train.device,
+        device_name,
         args.out.display(),
         started.elapsed().as_secs_f64(),
         bytes(summary.records_bytes),
@@ -96,6 +126,37 @@ pub fn run(args: RecordArgs) -> Result<Exit, String> {
             Ok(Exit::Same)
         }
     }
+}
+
+/// Records a data-parallel run: starts one rank process per device and waits for them, then
+/// checks that the ranks' parameters stayed replicas.
+fn record_ranks(args: &RecordArgs, workload: &Workload) -> Result<Exit, String> {
+    ranks::check_devices(&args.devices)?;
+    ranks::prepare_run_dir(&args.out, args.force)?;
+    let started = Instant::now();
+    let mut child_args = vec![
+        "--capture".to_string(),
+        args.capture.to_string(),
+        "--inline-max-bytes".to_string(),
+        args.inline_max_bytes.to_string(),
+    ];
+    if args.force {
+        child_args.push("--force".into());
+    }
+    child_args.extend(options_for(&workload.run_config()));
+    if let Some(p) = &args.train.perturb {
+        child_args.extend(["--perturb".to_string(), p.to_string()]);
+    }
+    ranks::supervise(&args.devices, &args.out, &child_args)?;
+    eprintln!(
+        "recorded {} ranks of {} on {} into {} in {:.2}s",
+        args.devices.len(),
+        workload.describe(),
+        args.devices.join(", "),
+        args.out.display(),
+        started.elapsed().as_secs_f64()
+    );
+    Ok(Exit::Same)
 }
 
 /// A progress bar on a terminal (hidden otherwise), and, at the first step that stores full

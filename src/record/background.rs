@@ -104,6 +104,7 @@ mod tests {
             run: Default::default(),
             environment: Default::default(),
             capture: Default::default(),
+            distributed: None,
         };
         BackgroundWriter::spawn(TraceWriter::create(dir, &header, false).unwrap())
     }
@@ -121,6 +122,7 @@ mod tests {
             phase: None,
             inputs: Vec::new(),
             node: None,
+            collective: None,
         };
         vec![StepTensor { record, payload: None }]
     }

@@ -5,7 +5,8 @@ use crate::trace::Environment;
 use candle_core::Device;
 use std::collections::BTreeMap;
 
-/// Environment variables that change numerics (thread counts, cuBLAS workspaces, TF32) and
+/// Environment variables that change numerics (thread counts, cuBLAS workspaces, TF32, NCCL's
+/// algorithm and protocol) and
 /// are therefore recorded when set.
 pub const NUMERICS_ENV_VARS: &[&str] = &[
     "CANDLE_GRAD_DO_NOT_DETACH",
@@ -13,6 +14,20 @@ pub const NUMERICS_ENV_VARS: &[&str] = &[
     "CUBLAS_WORKSPACE_CONFIG",
     "CUDA_LAUNCH_BLOCKING",
     "CUDA_VISIBLE_DEVICES",
+    // NCCL's reduction order and data paths (data-parallel runs).
+    "NCCL_ALGO",
+    "NCCL_BUFFSIZE",
+    "NCCL_COLLNET_ENABLE",
+    "NCCL_IB_DISABLE",
+    "NCCL_MAX_CTAS",
+    "NCCL_MAX_NCHANNELS",
+    "NCCL_MIN_CTAS",
+    "NCCL_MIN_NCHANNELS",
+    "NCCL_NTHREADS",
+    "NCCL_NVLS_ENABLE",
+    "NCCL_P2P_DISABLE",
+    "NCCL_PROTO",
+    "NCCL_SHM_DISABLE",
     "NVIDIA_TF32_OVERRIDE",
     "OMP_NUM_THREADS",
     "RAYON_NUM_THREADS",

@@ -14,6 +14,10 @@ pub enum RecordError {
     /// A request repro cannot carry out (bad device, dtype, perturbation, config).
     #[error("{0}")]
     Unsupported(String),
+    /// A collective across the ranks of a data-parallel run failed (a rank stopped, or the
+    /// ranks disagree on what they sum).
+    #[error("collective failed: {0}")]
+    Collective(String),
     /// Online comparison found this step different from the reference run, and was asked to
     /// stop there.
     #[error("step {step} diverged from the reference run")]

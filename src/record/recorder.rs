@@ -28,7 +28,7 @@ use super::profile;
 use super::tensor_bytes::{trace_dtype, with_canonical_bytes, DeviceQueue, DeviceRead, DeviceResult};
 use crate::hash::{combine, tensor_hash, TensorHash, CHUNK_LEN};
 use crate::trace::{
-    CapturePolicy, Header, Phase, RunConfig, StepCheck, StepTensor, StepVerdict, TensorKind, TensorRecord, TraceWriter,
+    Distributed, CapturePolicy, Header, Phase, RunConfig, StepCheck, StepTensor, StepVerdict, TensorKind, TensorRecord, TraceWriter,
     CURRENT_FORMAT,
 };
 use candle_core::{Device, Tensor, Var};
@@ -116,6 +116,30 @@ impl Recorder {
         capture: CapturePolicy,
         replace: bool,
     ) -> Result<Self, RecordError> {
+        Self::create_stream(dir, run, device, capture, replace, None)
+    }
+
+    /// Starts recording one rank's stream of a data-parallel run into `dir` (`create_with`,
+    /// with the rank's place in the run written to the header).
+    pub fn create_rank(
+        dir: impl AsRef<Path>,
+        run: RunConfig,
+        device: &Device,
+        capture: CapturePolicy,
+        replace: bool,
+        rank: Distributed,
+    ) -> Result<Self, RecordError> {
+        Self::create_stream(dir, run, device, capture, replace, Some(rank))
+    }
+
+    fn create_stream(
+        dir: impl AsRef<Path>,
+        run: RunConfig,
+        device: &Device,
+        capture: CapturePolicy,
+        replace: bool,
+        distributed: Option<Distributed>,
+    ) -> Result<Self, RecordError> {
         let total_steps = run.steps;
         let header = Header {
             format: CURRENT_FORMAT,
@@ -123,6 +147,7 @@ impl Recorder {
             run,
             environment: environment(device),
             capture: capture.clone(),
+            distributed,
         };
         let writer = TraceWriter::create(dir.as_ref(), &header, replace)?;
         let mut recorder = Self::discard_with(capture, total_steps);
@@ -332,7 +357,7 @@ impl StepRecorder<'_> {
         inputs: &[&str],
         tensor: &Tensor,
     ) -> Result<(), RecordError> {
-        self.push(name, kind, phase, inputs, None, tensor, tensor.is_variable())
+        self.push(name, kind, phase, inputs, None, None, tensor, tensor.is_variable())
     }
 
     /// Records variables (a model's parameters) under their names, each `NAME{suffix}`, and
@@ -347,7 +372,7 @@ impl StepRecorder<'_> {
         phase: Option<Phase>,
     ) -> Result<(), RecordError> {
         for (name, var) in vars {
-            self.push(&format!("{name}{suffix}"), kind, phase, &[], None, var.as_tensor(), false)?;
+            self.push(&format!("{name}{suffix}"), kind, phase, &[], None, None, var.as_tensor(), false)?;
         }
         self.device.flush()
     }
@@ -361,7 +386,21 @@ impl StepRecorder<'_> {
         position: u64,
         tensor: &Tensor,
     ) -> Result<(), RecordError> {
-        self.push(name, kind, Some(Phase::Forward), &[], Some(position), tensor, tensor.is_variable())
+        self.push(name, kind, Some(Phase::Forward), &[], Some(position), None, tensor, tensor.is_variable())
+    }
+
+    /// Records the result of a collective across the ranks of a data-parallel run (`collective`,
+    /// e.g. `all_reduce_sum`) as a gradient, with `input`, this rank's contribution recorded
+    /// earlier in the step.
+    pub fn record_collective(
+        &mut self,
+        name: &str,
+        collective: &str,
+        input: &str,
+        tensor: &Tensor,
+    ) -> Result<(), RecordError> {
+        let snapshot = tensor.is_variable();
+        self.push(name, TensorKind::Gradient, Some(Phase::Backward), &[input], None, Some(collective), tensor, snapshot)
     }
 
     /// Notes trainable parameters that received no gradient at this step; the trace lists them.
@@ -378,6 +417,7 @@ impl StepRecorder<'_> {
         phase: Option<Phase>,
         inputs: &[&str],
         node: Option<u64>,
+        collective: Option<&str>,
         tensor: &Tensor,
         snapshot: bool,
     ) -> Result<(), RecordError> {
@@ -426,6 +466,7 @@ impl StepRecorder<'_> {
                     phase,
                     inputs: inputs.iter().map(|s| s.to_string()).collect(),
                     node,
+                    collective: collective.map(str::to_string),
                 },
                 payload,
             });

@@ -14,6 +14,7 @@ pub use decoder::{DecoderConfig, Family};
 pub use gpt::GptConfig;
 pub use outcome::{ModelState, Seeds, TrainOutcome};
 
+use crate::distributed::DataParallel;
 use crate::record::{Perturbation, RecordError, Recorder};
 use crate::trace::RunConfig;
 use candle_core::Device;
@@ -80,13 +81,31 @@ impl Workload {
         recorder: &mut Recorder,
         perturb: Option<&Perturbation>,
     ) -> Result<(), RecordError> {
+        self.run_ranked(device, recorder, perturb, None)
+    }
+
+    /// `run` as one rank of data-parallel training when `dp` is given: this rank trains on its
+    /// share of every batch and averages gradients with the other ranks (gpt, mlp, cnn and
+    /// resnet18).
+    pub fn run_ranked(
+        &self,
+        device: &Device,
+        recorder: &mut Recorder,
+        perturb: Option<&Perturbation>,
+        dp: Option<&mut DataParallel>,
+    ) -> Result<(), RecordError> {
+        if dp.is_some() && matches!(self, Workload::Adder(_) | Workload::Decoder(_)) {
+            return Err(RecordError::Unsupported(
+                "data-parallel training (--devices with several devices) takes gpt, mlp, cnn or resnet18".into(),
+            ));
+        }
         match self {
             Workload::Adder(c) => c.run(device, recorder, perturb),
             Workload::Classifier(c) => {
                 let data = Dataset::load(c.dataset, c.dataset_seed, c.examples).map_err(RecordError::Unsupported)?;
-                classifier::train(c, &data, device, recorder, perturb).map(|_| ())
+                classifier::train_ranked(c, &data, device, recorder, perturb, dp).map(|_| ())
             }
-            Workload::Gpt(c) => c.run(device, recorder, perturb),
+            Workload::Gpt(c) => c.run_ranked(device, recorder, perturb, dp),
             Workload::Decoder(c) => match perturb {
                 Some(_) => {
                     Err(RecordError::Unsupported(format!("{} records inference: --perturb is not supported", c.family)))

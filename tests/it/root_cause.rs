@@ -64,6 +64,7 @@ fn synthetic(dir: &Path, ops: &[(&str, u8, &[&str])]) {
         run: RunConfig { workload: "synthetic".into(), steps: Some(1), params: Default::default() },
         environment: Default::default(),
         capture: CapturePolicy::default(),
+        distributed: None,
     };
     let mut w = TraceWriter::create(dir, &header, false).unwrap();
     let tensors = ops
@@ -82,6 +83,7 @@ fn synthetic(dir: &Path, ops: &[(&str, u8, &[&str])]) {
                     phase: Some(Phase::Forward),
                     inputs: inputs.iter().map(|s| s.to_string()).collect(),
                     node: None,
+                    collective: None,
                 },
                 payload: None,
             }

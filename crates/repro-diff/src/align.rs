@@ -104,6 +104,7 @@ mod tests {
             phase: None,
             inputs: vec![],
             node: None,
+            collective: None,
         }
     }
 

@@ -29,6 +29,7 @@ fn write_one_value(dir: &Path, value: f32, params: &[(&str, &str)], device: &str
         },
         environment: Default::default(),
         capture: CapturePolicy::default(),
+        distributed: None,
     };
     header.environment.device = device.into();
     let mut w = TraceWriter::create(dir, &header, false).unwrap();
@@ -44,6 +45,7 @@ fn write_one_value(dir: &Path, value: f32, params: &[(&str, &str)], device: &str
         phase: None,
         inputs: Vec::new(),
         node: None,
+        collective: None,
     };
     w.write_step(0, vec![StepTensor { record, payload: None }]).unwrap();
     w.finish().unwrap();

@@ -23,7 +23,7 @@ pub struct FormatVersion {
 ///   kind `input`; readers take unknown tensor kinds as `other`.
 /// - 1.2: tensor records may carry `node` (position in an automatically captured graph); step
 ///   records may carry `no_gradient` (parameters that received no gradient).
-pub const CURRENT_FORMAT: FormatVersion = FormatVersion { major: 1, minor: 2 };
+pub const CURRENT_FORMAT: FormatVersion = FormatVersion { major: 1, minor: 3 };
 
 impl FormatVersion {
     /// Whether this build can read a trace written in `self`.

@@ -23,7 +23,7 @@ pub use error::TraceError;
 pub use format::{FormatVersion, CURRENT_FORMAT};
 pub use reader::{Completeness, TensorValues, TraceReader};
 pub use schema::{
-    BadCapture, CapturePolicy, Environment, Footer, FullCapture, Header, Phase, Record, RunConfig, StepRecord,
+    BadCapture, CapturePolicy, Distributed, Environment, Footer, FullCapture, Header, Phase, Record, RunConfig, StepRecord,
     TensorKind, TensorRecord,
 };
 pub use summary::{summarize, verify, MissingGradient, MissingGradients, TensorInfo, TraceSummary, Verification};

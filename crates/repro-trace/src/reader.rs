@@ -123,6 +123,7 @@ impl TraceReader {
                 run: Default::default(),
                 environment: Default::default(),
                 capture: Default::default(),
+                distributed: None,
             },
             last_step: None,
             steps_read: 0,
@@ -454,6 +455,7 @@ mod tests {
             run: Default::default(),
             environment: Default::default(),
             capture: Default::default(),
+            distributed: None,
         };
         rmp_serde::to_vec_named(&Record::Header(Box::new(h))).unwrap()
     }
@@ -480,6 +482,7 @@ mod tests {
             phase: None,
             inputs: vec![],
             node: None,
+            collective: None,
         }
     }
 

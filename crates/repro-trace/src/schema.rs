@@ -34,6 +34,25 @@ pub struct Header {
     pub environment: Environment,
     /// Which tensors were stored in full.
     pub capture: CapturePolicy,
+    /// For one rank's stream of a data-parallel run (format 1.3): which rank, of how many, and
+    /// the collective that summed their gradients. Absent (the key omitted) for a run on one
+    /// device.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub distributed: Option<Distributed>,
+}
+
+/// One rank's place in a data-parallel run (format 1.3).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Distributed {
+    /// This stream's rank, from 0.
+    pub rank: u64,
+    /// Number of ranks.
+    pub world_size: u64,
+    /// What carried the collectives: `nccl` on GPUs, `file` for the stand-in that CPU ranks
+    /// use (section 10 of the format document).
+    pub backend: String,
+    /// The backend's version, e.g. `2.28.3` for NCCL; empty when it has none.
+    pub backend_version: String,
 }
 
 /// The training configuration.
@@ -116,6 +135,11 @@ pub struct TensorRecord {
     /// uses the leaf rule instead (docs/diff.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node: Option<u64>,
+    /// For the result of a collective across the ranks of a data-parallel run (format 1.3):
+    /// which one (`all_reduce_sum`). Its single input is this rank's contribution; every rank
+    /// records its own under the same name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub collective: Option<String>,
 }
 
 impl TensorRecord {

@@ -15,6 +15,7 @@ pub use data::{Dataset, DatasetName, Split};
 pub use models::{ModelKind, MLP_HIDDEN};
 
 pub use super::outcome::{ModelState, Seeds, TrainOutcome};
+use crate::distributed::DataParallel;
 use crate::ops::Reductions;
 use crate::record::{Perturbation, RecordError, Recorder};
 use crate::trace::{Phase, RunConfig, TensorKind};
@@ -207,7 +208,24 @@ pub fn train(
     recorder: &mut Recorder,
     perturb: Option<&Perturbation>,
 ) -> Result<TrainOutcome, RecordError> {
+    train_ranked(config, data, device, recorder, perturb, None)
+}
+
+/// [`train`] as one rank of data-parallel training when `dp` is given: the global batch is
+/// drawn (and augmented) as on one device, this rank trains on its share of it, and gradients
+/// are averaged over the ranks. Batch-norm statistics stay per rank, as each rank's own.
+pub fn train_ranked(
+    config: &ClassifierConfig,
+    data: &Dataset,
+    device: &Device,
+    recorder: &mut Recorder,
+    perturb: Option<&Perturbation>,
+    mut dp: Option<&mut DataParallel>,
+) -> Result<TrainOutcome, RecordError> {
     config.validate()?;
+    if let Some(dp) = &dp {
+        dp.check_batch(config.batch)?;
+    }
     let mut params = ParamStore::new(config.seeds.init, device);
     let model =
         Model::new(config.model, &mut params, &data.example_shape, data.classes, config.batch_norm, config.width)?;
@@ -250,8 +268,11 @@ pub fn train(
         }
         let mut shape = vec![config.batch];
         shape.extend(&data.example_shape);
-        let x = Tensor::from_vec(x, shape, &Device::Cpu)?.to_device(device)?;
-        let targets = one_hot(&labels, data.classes, device)?;
+        let mut x = Tensor::from_vec(x, shape, &Device::Cpu)?.to_device(device)?;
+        let mut targets = one_hot(&labels, data.classes, device)?;
+        if let Some(dp) = &dp {
+            (x, targets) = (dp.shard(&x)?, dp.shard(&targets)?);
+        }
 
         let mut s = recorder.step(step);
         // A planted fault in the data: training sees, and the trace records, the moved value.
@@ -278,7 +299,7 @@ pub fn train(
         let logits = ctx.rec.probe("predictions", &logits)?;
         let targets = Node { t: targets, name: "targets".into() };
         let loss = cross_entropy(&mut ctx, &Node { t: logits, name: "predictions".into() }, &targets)?;
-        let grads = loss.t.backward()?;
+        let mut grads = loss.t.backward()?;
         s.record_probed_gradients(&[("predictions", &["loss.log_likelihood", "loss.sum", "loss"])])?;
         for (name, var) in &params.trainable {
             let grad = grads
@@ -289,7 +310,13 @@ pub fn train(
             // Computed from the gradient at the predictions, back through the forward pass
             // that produced them.
             let inputs = ["predictions.grad", "predictions"];
-            s.record_as(&grad_name, TensorKind::Gradient, Some(Phase::Backward), &inputs, &grad)?;
+            match dp.as_deref_mut() {
+                Some(dp) => {
+                    let sum = dp.average_gradient(&mut s, &grad_name, &inputs, &grad)?;
+                    grads.insert(var.as_tensor(), sum);
+                }
+                None => s.record_as(&grad_name, TensorKind::Gradient, Some(Phase::Backward), &inputs, &grad)?,
+            }
         }
         opt.step(&grads)?;
         final_loss = loss.t.to_scalar::<f32>()?;

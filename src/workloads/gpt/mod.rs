@@ -9,6 +9,7 @@
 pub mod model;
 
 use crate::capture::{span_scopes_on_this_thread, ModelCapture};
+use crate::distributed::DataParallel;
 use crate::ops::{sum_all, Reductions};
 use crate::record::{Perturbation, RecordError, Recorder};
 use crate::trace::{RunConfig, TensorKind};
@@ -215,14 +216,25 @@ impl GptConfig {
         recorder: &mut Recorder,
         perturb: Option<&Perturbation>,
     ) -> Result<(), RecordError> {
-        self.train_steps(device, recorder, perturb, false).map(|_| ())
+        self.run_ranked(device, recorder, perturb, None)
+    }
+
+    /// [`GptConfig::run`] as one rank of data-parallel training when `dp` is given.
+    pub fn run_ranked(
+        &self,
+        device: &Device,
+        recorder: &mut Recorder,
+        perturb: Option<&Perturbation>,
+        dp: Option<&mut DataParallel>,
+    ) -> Result<(), RecordError> {
+        self.train_steps(device, recorder, perturb, false, dp).map(|_| ())
     }
 
     /// Trains as [`GptConfig::run`] does, timing each step (synchronized with the device), then
     /// predicts the next byte at every position of the evaluation windows: what the studies
     /// compare between runs.
     pub fn train(&self, device: &Device, recorder: &mut Recorder) -> Result<TrainOutcome, RecordError> {
-        let trained = self.train_steps(device, recorder, None, true)?;
+        let trained = self.train_steps(device, recorder, None, true, None)?;
         let (inputs, labels) = self.evaluation_windows(device)?;
         let predictions = predict(&trained.model, &inputs)?;
         Ok(TrainOutcome {
@@ -268,7 +280,11 @@ impl GptConfig {
         recorder: &mut Recorder,
         perturb: Option<&Perturbation>,
         time_steps: bool,
+        mut dp: Option<&mut DataParallel>,
     ) -> Result<Trained, RecordError> {
+        if let Some(dp) = &dp {
+            dp.check_batch(self.batch)?;
+        }
         // Name graph nodes after the model's spans, for this thread.
         let _spans = span_scopes_on_this_thread();
         let (model, varmap) = self.build(device)?;
@@ -280,7 +296,10 @@ impl GptConfig {
         let (mut final_loss, mut step_times) = (f32::NAN, Vec::new());
         for step in 0..self.steps {
             let started = Instant::now();
-            let (inputs, targets) = self.batch_data(step, device)?;
+            let (mut inputs, mut targets) = self.batch_data(step, device)?;
+            if let Some(dp) = &dp {
+                (inputs, targets) = (dp.shard(&inputs)?, dp.shard(&targets)?);
+            }
             let mut s = recorder.step(step);
             s.record("tokens", TensorKind::Input, &inputs)?;
             s.record("targets", TensorKind::Input, &targets)?;
@@ -298,9 +317,12 @@ impl GptConfig {
             let logits = model.forward(&inputs)?;
             let (b, t, v) = logits.dims3()?;
             let loss = next_token_loss(&logits.reshape((b * t, v))?, &targets.reshape(b * t)?, self.reductions)?;
-            let grads = loss.backward()?;
+            let mut grads = loss.backward()?;
             capture.record_graph(&mut s, &loss, "loss", TensorKind::Loss)?;
-            capture.record_gradients(&mut s, &grads)?;
+            match dp.as_deref_mut() {
+                Some(dp) => dp.average_gradients(&mut s, capture.parameters(), &mut grads)?,
+                None => capture.record_gradients(&mut s, &grads)?,
+            };
             if let Some((var, original)) = planted {
                 var.set(&original)?;
             }

@@ -1,0 +1,182 @@
+//! Starting and supervising the rank processes of a data-parallel recording: one `repro record`
+//! per device, each writing `OUT/rank-N`. Their messages come through prefixed `[rank N]`; if
+//! one fails or is killed, the others are stopped and the error names the rank and its cause.
+
+use std::collections::VecDeque;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// A rank's stream in a run directory: `OUT/rank-N`.
+pub fn rank_dir(out: &Path, rank: usize) -> PathBuf {
+    out.join(format!("rank-{rank}"))
+}
+
+/// Checks a device list for data-parallel training: at least two, and no GPU twice.
+pub fn check_devices(devices: &[String]) -> Result<(), String> {
+    if devices.len() < 2 {
+        return Err(format!("--devices needs at least two devices for data-parallel training, got {}", devices.len()));
+    }
+    for (i, d) in devices.iter().enumerate() {
+        if d != "cpu" && devices[..i].contains(d) {
+            return Err(format!("--devices lists {d} twice: NCCL runs one rank per GPU"));
+        }
+    }
+    Ok(())
+}
+
+/// Prepares `out` for a run of rank directories: it must be new, empty, or (with `force`) hold
+/// an earlier data-parallel run, whose rank streams the ranks then replace.
+pub fn prepare_run_dir(out: &Path, force: bool) -> Result<(), String> {
+    if out.join("records.rpr").exists() {
+        return Err(format!(
+            "{} holds a single-device trace; a data-parallel run is a directory of rank-N traces: choose another --out",
+            out.display()
+        ));
+    }
+    if out.is_dir() {
+        let holds_run = rank_dir(out, 0).join("records.rpr").exists();
+        let empty = std::fs::read_dir(out).map_err(|e| format!("cannot read {}: {e}", out.display()))?.next().is_none();
+        if holds_run && !force {
+            return Err(format!("{} already holds a data-parallel run; --force replaces it", out.display()));
+        }
+        if !holds_run && !empty {
+            return Err(format!(
+                "{} holds files that are not a repro run; repro writes only into a new or empty directory",
+                out.display()
+            ));
+        }
+    }
+    std::fs::create_dir_all(out).map_err(|e| format!("cannot create {}: {e}", out.display()))
+}
+
+/// Runs one `repro record` per device with `args` (everything but the rank options and
+/// `--out`), each into its rank directory of `out`, and waits for all of them.
+pub fn supervise(devices: &[String], out: &Path, args: &[String]) -> Result<(), String> {
+    let rendezvous = tempfile::Builder::new()
+        .prefix("repro-ranks-")
+        .tempdir()
+        .map_err(|e| format!("cannot create a rendezvous directory: {e}"))?;
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find the repro executable: {e}"))?;
+    let mut ranks = Vec::new();
+    for rank in 0..devices.len() {
+        let mut command = Command::new(&exe);
+        command
+            .arg("record")
+            .arg("--out")
+            .arg(rank_dir(out, rank))
+            .args(args)
+            .arg("--devices")
+            .arg(devices.join(","))
+            .arg("--rank")
+            .arg(rank.to_string())
+            .arg("--rendezvous")
+            .arg(rendezvous.path())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        match command.spawn() {
+            Ok(child) => ranks.push(RankProcess::watch(rank, child)),
+            Err(e) => {
+                stop_all(&mut ranks);
+                return Err(format!("cannot start rank {rank} ({}): {e}", exe.display()));
+            }
+        }
+    }
+    let mut failure = None;
+    while failure.is_none() && ranks.iter().any(|r| r.status.is_none()) {
+        for rank in ranks.iter_mut().filter(|r| r.status.is_none()) {
+            match rank.child.try_wait() {
+                Ok(Some(status)) => {
+                    rank.status = Some(status);
+                    if !status.success() {
+                        failure = Some(rank.rank);
+                        break;
+                    }
+                }
+                Ok(None) => {}
+                Err(e) => return Err(format!("cannot watch rank {}: {e}", rank.rank)),
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let stopped: Vec<usize> = ranks.iter().filter(|r| r.status.is_none()).map(|r| r.rank).collect();
+    stop_all(&mut ranks);
+    let Some(failed) = failure else { return Ok(()) };
+    let rank = &ranks[failed];
+    let cause = rank.last_lines.lock().expect("rank output").iter().rev().find(|l| !l.trim().is_empty()).cloned();
+    let mut message = format!("rank {failed} ({}) failed: {}", devices[failed], describe(rank.status.expect("exited")));
+    if let Some(cause) = cause {
+        message.push_str(&format!(": {}", cause.trim_start_matches("error: ")));
+    }
+    if !stopped.is_empty() {
+        let list: Vec<String> = stopped.iter().map(usize::to_string).collect();
+        message.push_str(&format!("; stopped rank(s) {}", list.join(", ")));
+    }
+    message.push_str(&format!("; the partial streams in {} are marked incomplete", out.display()));
+    Err(message)
+}
+
+fn describe(status: ExitStatus) -> String {
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::ExitStatusExt;
+        if let Some(signal) = status.signal() {
+            return format!("killed by signal {signal}");
+        }
+    }
+    match status.code() {
+        Some(code) => format!("exit code {code}"),
+        None => status.to_string(),
+    }
+}
+
+/// Kills the ranks still running, waits for every rank, and lets their output drain.
+fn stop_all(ranks: &mut [RankProcess]) {
+    for rank in ranks.iter_mut() {
+        if rank.status.is_none() {
+            let _ = rank.child.kill();
+        }
+    }
+    for rank in ranks.iter_mut() {
+        if let Ok(status) = rank.child.wait() {
+            rank.status.get_or_insert(status);
+        }
+        if let Some(forward) = rank.forward.take() {
+            let _ = forward.join();
+        }
+    }
+}
+
+/// A running rank: its process, its exit once known, and its last lines of output.
+struct RankProcess {
+    rank: usize,
+    child: Child,
+    status: Option<ExitStatus>,
+    last_lines: Arc<Mutex<VecDeque<String>>>,
+    forward: Option<JoinHandle<()>>,
+}
+
+impl RankProcess {
+    /// Forwards the child's stderr, line by line and prefixed with its rank, keeping the last
+    /// lines for the error message should it fail.
+    fn watch(rank: usize, mut child: Child) -> Self {
+        let last_lines = Arc::new(Mutex::new(VecDeque::new()));
+        let stderr = child.stderr.take().expect("piped stderr");
+        let keep = last_lines.clone();
+        let forward = std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                eprintln!("[rank {rank}] {line}");
+                let mut keep = keep.lock().expect("rank output");
+                if keep.len() == 8 {
+                    keep.pop_front();
+                }
+                keep.push_back(line);
+            }
+        });
+        RankProcess { rank, child, status: None, last_lines, forward: Some(forward) }
+    }
+}
