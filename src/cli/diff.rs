@@ -2,16 +2,15 @@
 
 use super::{print_json, Exit};
 use clap::Args;
-use repro::diff::{diff_traces_with, DiffOptions, Tolerance};
-use repro::report::{plot_diff, render_diff};
-use repro::trace::TraceReader;
+use repro::diff::{diff_runs, DiffOptions, Tolerance};
+use repro::report::{plot_diff, render_run_diff};
 use std::path::PathBuf;
 
 #[derive(Debug, Args)]
 pub struct DiffArgs {
-    /// The reference trace.
+    /// The reference trace (or data-parallel run: a directory of rank-N traces).
     a: PathBuf,
-    /// The trace to compare with it.
+    /// The trace (or data-parallel run) to compare with it.
     b: PathBuf,
     /// Count tensors that differ by no more than this as agreeing: ulp:N, abs:X or rel:X
     /// (element by element). Default: bit-exact.
@@ -38,22 +37,26 @@ impl DiffArgs {
 }
 
 pub fn run(args: DiffArgs) -> Result<Exit, String> {
-    let mut a = TraceReader::open(&args.a).map_err(|e| e.to_string())?;
-    let mut b = TraceReader::open(&args.b).map_err(|e| e.to_string())?;
-    let options = DiffOptions { tolerance: args.tolerance, track: args.plot_tensor.clone() };
-    let diff = diff_traces_with(&mut a, &mut b, &options).map_err(|e| e.to_string())?;
+    let options = DiffOptions { tolerance: args.tolerance, track: args.plot_tensor.clone(), ..DiffOptions::default() };
+    let run = diff_runs(&args.a, &args.b, &options).map_err(|e| e.to_string())?;
+    let single = run.world_size_a == 1 && run.world_size_b == 1;
     if let Some(path) = &args.plot {
-        super::output::write_plot(path, plot_diff(&diff))?;
+        super::output::write_plot(path, plot_diff(&run.diff))?;
     }
     if args.json {
-        let verdict = match (diff.is_identical(), args.tolerance) {
+        let verdict = match (run.is_identical(), args.tolerance) {
             (false, _) => "diverged",
             (true, None) => "identical",
             (true, Some(_)) => "within_tolerance",
         };
-        print_json("repro.diff.v1", Some(verdict), &diff)?;
+        // Single-device runs keep their schema; data-parallel ones add the ranks around it.
+        if single {
+            print_json("repro.diff.v1", Some(verdict), &run.diff)?;
+        } else {
+            print_json("repro.run-diff.v1", Some(verdict), &run)?;
+        }
     } else {
-        super::output::emit(&render_diff(&diff));
+        super::output::emit(&render_run_diff(&run));
     }
-    Ok(if diff.is_identical() { Exit::Same } else { Exit::Diverged })
+    Ok(if run.is_identical() { Exit::Same } else { Exit::Diverged })
 }

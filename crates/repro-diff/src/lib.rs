@@ -14,6 +14,7 @@ pub mod invariance;
 mod matrix;
 mod metrics;
 mod online;
+mod ranks;
 pub mod report;
 mod root_cause;
 pub mod study;
@@ -30,6 +31,7 @@ pub use gate::{
 pub use matrix::{error_matrices, ErrorMatrix, HashOnlyTensor, MatrixReport, Metric, StepSelector};
 pub use metrics::{compare, TensorMetrics};
 pub use online::{OnlineDivergence, ReferenceCheck};
+pub use ranks::{check_replicas, diff_runs, DataParallelCause, ReplicaDrift, ReplicaReport, RunDiff};
 pub use root_cause::{CauseRule, Consequence, RootCause};
 pub use tolerance::Tolerance;
 pub use traces::{

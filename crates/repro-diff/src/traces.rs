@@ -69,6 +69,11 @@ pub struct DiffOptions {
     pub tolerance: Option<Tolerance>,
     /// Tensors whose gap to follow step by step, by name, besides every kind.
     pub track: Vec<String>,
+    /// Compare only the state data-parallel replicas share with a run of another world size:
+    /// parameters, and the gradients the optimizer steps on. Left out: the batch, the graph and
+    /// the loss (each rank computes them from its share of the batch), and a rank's own share of
+    /// a gradient sum.
+    pub replicated_state_only: bool,
 }
 
 /// The gap between two runs over the steps, for one tensor kind or one named tensor.
@@ -271,7 +276,10 @@ pub fn diff_traces_with(
         match (&next_a, &next_b) {
             (None, None) => break,
             (Some(sa), Some(sb)) if sa.step == sb.step => {
-                let (sa, sb) = (next_a.take().unwrap(), next_b.take().unwrap());
+                let (mut sa, mut sb) = (next_a.take().unwrap(), next_b.take().unwrap());
+                if options.replicated_state_only {
+                    (sa, sb) = (replicated_state(sa), replicated_state(sb));
+                }
                 state.compare_step(a, &sa, b, &sb)?;
                 steps_a += 1;
                 steps_b += 1;
@@ -312,6 +320,19 @@ pub fn diff_traces_with(
         structure: state.structure,
         gaps: gap_series(state.gaps),
     })
+}
+
+/// `step` with only the tensors replicas share with a run of any world size (see
+/// `DiffOptions::replicated_state_only`).
+fn replicated_state(mut step: StepRecord) -> StepRecord {
+    let shares: std::collections::BTreeSet<String> =
+        step.tensors.iter().filter(|t| t.collective.is_some()).flat_map(|t| t.inputs.iter().cloned()).collect();
+    step.tensors.retain(|t| match t.kind {
+        TensorKind::Weight => true,
+        TensorKind::Gradient => !shares.contains(&t.name) && t.node.is_none(),
+        _ => false,
+    });
+    step
 }
 
 /// The series in a fixed order: kinds first, then tracked tensors, each by label (the map's
@@ -377,6 +398,11 @@ pub fn header_differences(a: &Header, b: &Header) -> (Vec<FieldDifference>, Vec<
         push_if_differs(&mut env, name, Some(x), Some(y));
     }
     push_if_differs(&mut env, "threads", Some(&ea.threads.to_string()), Some(&eb.threads.to_string()));
+    // Data parallelism: how many ranks, over what. A stream's own rank is not a difference.
+    let world = |h: &Header| h.distributed.as_ref().map_or("1".to_string(), |d| d.world_size.to_string());
+    let backend = |h: &Header| h.distributed.as_ref().map(|d| format!("{} {}", d.backend, d.backend_version).trim().to_string());
+    push_if_differs(&mut env, "world_size", Some(&world(a)), Some(&world(b)));
+    push_if_differs(&mut env, "collective", backend(a).as_ref(), backend(b).as_ref());
     map_differences(&mut env, "env.", &ea.env, &eb.env);
     (config, env)
 }

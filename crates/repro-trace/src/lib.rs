@@ -13,6 +13,7 @@ mod error;
 pub mod format;
 pub mod frame;
 pub mod hash;
+mod ranks;
 mod reader;
 mod schema;
 mod summary;
@@ -21,6 +22,7 @@ mod writer;
 pub use check::{StepCheck, StepVerdict};
 pub use error::TraceError;
 pub use format::{FormatVersion, CURRENT_FORMAT};
+pub use ranks::{is_ranked_run, rank_dir, rank_streams};
 pub use reader::{Completeness, TensorValues, TraceReader};
 pub use schema::{
     BadCapture, CapturePolicy, Distributed, Environment, Footer, FullCapture, Header, Phase, Record, RunConfig, StepRecord,

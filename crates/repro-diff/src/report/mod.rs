@@ -9,6 +9,7 @@ mod invariance;
 mod matrix;
 mod online;
 mod plot;
+mod ranks;
 mod study;
 
 pub use diff::{metrics_sentence, render_diff, write_root_cause};
@@ -19,4 +20,5 @@ pub use invariance::{render_forward_cost, render_invariance};
 pub use matrix::render_matrix;
 pub use online::render_online;
 pub use plot::{plot_cost, plot_devices, plot_diff, plot_invariance, plot_matrix, plot_noise, plot_order};
+pub use ranks::{render_run_diff, replica_line};
 pub use study::{render_cost, render_devices, render_noise, render_order};

@@ -1,0 +1,321 @@
+//! Data-parallel runs: whether the ranks stayed replicas, and the diff of two runs whatever
+//! their world sizes.
+//!
+//! - Replicas: after every step, every rank must hold the same parameters and have stepped on
+//!   the same gradient sums. [`check_replicas`] finds the first step and tensor where a rank
+//!   holds other bits than rank 0.
+//! - Two runs of one world size are compared rank by rank; the rank whose stream diverges
+//!   first (by step, then by place in the step) is the one reported. When that is a gradient
+//!   sum whose every share is identical in both runs, the collective itself added in another
+//!   order.
+//! - Runs of different world sizes compute their batch, graph and loss from different shares
+//!   of the batch, so only the replicated state is compared: parameters and the summed
+//!   gradients. At the first gradient that differs, each run's sum is checked against its
+//!   ranks' shares added in rank order: when the sums are exact, the gap comes from the batch
+//!   split (partial sums over shares of the batch, then one addition), not from the collective.
+
+use crate::metrics::compare;
+use crate::traces::{diff_traces_with, DiffOptions, TraceDiff};
+use repro_trace::dtype::DType;
+use repro_trace::{rank_streams, StepRecord, TensorKind, TraceError, TraceReader};
+use serde::Serialize;
+use std::path::{Path, PathBuf};
+
+/// Whether the ranks of one data-parallel run held the same replicated state at every step.
+#[derive(Debug, Clone, Serialize)]
+pub struct ReplicaReport {
+    /// The run directory.
+    pub run: String,
+    /// Number of ranks.
+    pub world_size: u64,
+    /// Steps that every rank recorded, and so were checked.
+    pub steps_checked: u64,
+    /// (step, rank, tensor) hashes compared with rank 0's.
+    pub tensors_checked: u64,
+    /// The first tensor a rank holds other bits of than rank 0, if any.
+    pub drift: Option<ReplicaDrift>,
+}
+
+/// Where replicas first stopped being replicas.
+#[derive(Debug, Clone, Serialize)]
+pub struct ReplicaDrift {
+    /// The step.
+    pub step: u64,
+    /// The tensor, as rank 0 recorded it.
+    pub tensor: String,
+    /// What it is.
+    pub kind: TensorKind,
+    /// The ranks whose bits differ from rank 0's (or which lack the tensor).
+    pub ranks: Vec<u64>,
+}
+
+/// Whether a tensor is state every replica must hold identically: a parameter, or the result of
+/// a collective.
+fn replicated(t: &repro_trace::TensorRecord) -> bool {
+    t.kind == TensorKind::Weight || t.collective.is_some()
+}
+
+/// Checks the ranks of the data-parallel run in `run` (its rank streams `streams`) step by step
+/// against rank 0: parameters before and after each update, and every collective's result.
+pub fn check_replicas(run: &Path, streams: &[PathBuf]) -> Result<ReplicaReport, TraceError> {
+    let mut readers = streams.iter().map(TraceReader::open).collect::<Result<Vec<_>, _>>()?;
+    let mut report = ReplicaReport {
+        run: run.display().to_string(),
+        world_size: streams.len() as u64,
+        steps_checked: 0,
+        tensors_checked: 0,
+        drift: None,
+    };
+    'steps: loop {
+        let mut steps = Vec::with_capacity(readers.len());
+        for reader in &mut readers {
+            match reader.next_step()? {
+                Some(step) => steps.push(step),
+                None => break 'steps,
+            }
+        }
+        let first = &steps[0];
+        if let Some(other) = steps.iter().find(|s| s.step != first.step) {
+            return Err(TraceError::Corrupt {
+                path: run.to_path_buf(),
+                location: format!("step {}", first.step),
+                reason: format!("rank 0 recorded step {} where another rank recorded step {}", first.step, other.step),
+            });
+        }
+        report.steps_checked += 1;
+        for tensor in first.tensors.iter().filter(|t| replicated(t)) {
+            let mut ranks = Vec::new();
+            for (rank, step) in steps.iter().enumerate().skip(1) {
+                report.tensors_checked += 1;
+                let same = step.tensors.iter().any(|t| t.name == tensor.name && t.hash == tensor.hash);
+                if !same {
+                    ranks.push(rank as u64);
+                }
+            }
+            if !ranks.is_empty() {
+                report.drift =
+                    Some(ReplicaDrift { step: first.step, tensor: tensor.name.clone(), kind: tensor.kind, ranks });
+                break 'steps;
+            }
+        }
+    }
+    Ok(report)
+}
+
+/// The comparison of two runs, each on one device or data-parallel.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunDiff {
+    /// The streams compared: the only ones for single-device runs, else the rank reported (see
+    /// `rank`), or rank 0 of each when the world sizes differ. Its counts cover every rank
+    /// compared.
+    pub diff: TraceDiff,
+    /// A's number of ranks (1: one device).
+    pub world_size_a: u64,
+    /// B's number of ranks.
+    pub world_size_b: u64,
+    /// With equal world sizes above 1: the rank whose streams `diff` compares, the one that
+    /// diverged first (rank 0 when none did).
+    pub rank: Option<u64>,
+    /// Replica checks of the data-parallel runs among A and B.
+    pub replicas: Vec<ReplicaReport>,
+    /// Why a gradient sum differs, when data parallelism explains it.
+    pub cause: Option<DataParallelCause>,
+}
+
+impl RunDiff {
+    /// True when the runs agree bit for bit and every data-parallel run kept its replicas.
+    pub fn is_identical(&self) -> bool {
+        self.diff.is_identical() && self.replicas.iter().all(|r| r.drift.is_none())
+    }
+}
+
+/// What data parallelism did to the first gradient that differs.
+#[derive(Debug, Clone, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum DataParallelCause {
+    /// Same world size: every rank's share of the gradient is identical in both runs, and the
+    /// sums differ. The collective added the shares in another order (its algorithm, protocol
+    /// or channels).
+    CollectiveOrder {
+        /// The step.
+        step: u64,
+        /// The summed gradient.
+        tensor: String,
+    },
+    /// Different world sizes, and each data-parallel run's sum equals its ranks' shares added
+    /// in rank order, bit for bit: the collective added no rounding of its own order, and the
+    /// runs differ by how the batch was split (a partial gradient per share, then their sum).
+    BatchSplit {
+        /// The step.
+        step: u64,
+        /// The gradient.
+        tensor: String,
+    },
+    /// Different world sizes, and some run's sum differs from its shares added in rank order:
+    /// the collective's own order is part of the gap.
+    CollectiveRounding {
+        /// The step.
+        step: u64,
+        /// The gradient.
+        tensor: String,
+        /// The run whose sum is not the rank-order sum.
+        run: String,
+        /// Its largest distance from the rank-order sum, in units in the last place.
+        max_ulp: u64,
+    },
+    /// Different world sizes, but the ranks' shares were not stored at that step (only hashes),
+    /// so the two explanations cannot be told apart; record with `--capture all`.
+    Undetermined {
+        /// The step.
+        step: u64,
+        /// The gradient.
+        tensor: String,
+    },
+}
+
+/// Compares the runs `a` and `b`, each a trace or a data-parallel run directory.
+pub fn diff_runs(a: &Path, b: &Path, options: &DiffOptions) -> Result<RunDiff, TraceError> {
+    let (ranks_a, ranks_b) = (rank_streams(a)?, rank_streams(b)?);
+    let mut replicas = Vec::new();
+    for (run, ranks) in [(a, &ranks_a), (b, &ranks_b)] {
+        if let Some(ranks) = ranks {
+            replicas.push(check_replicas(run, ranks)?);
+        }
+    }
+    let streams_a = ranks_a.clone().unwrap_or_else(|| vec![a.to_path_buf()]);
+    let streams_b = ranks_b.clone().unwrap_or_else(|| vec![b.to_path_buf()]);
+    let (world_a, world_b) = (streams_a.len() as u64, streams_b.len() as u64);
+    if world_a == world_b {
+        let (diff, rank, cause) = diff_rank_by_rank(&streams_a, &streams_b, options)?;
+        let rank = (world_a > 1).then_some(rank);
+        return Ok(RunDiff { diff, world_size_a: world_a, world_size_b: world_b, rank, replicas, cause });
+    }
+    let options = DiffOptions { replicated_state_only: true, ..options.clone() };
+    let diff = diff_traces_with(
+        &mut TraceReader::open(&streams_a[0])?,
+        &mut TraceReader::open(&streams_b[0])?,
+        &options,
+    )?;
+    let cause = match &diff.first_divergence {
+        Some(d) if d.kind == TensorKind::Gradient => Some(split_cause(d.step, &d.tensor, &[(a, &streams_a), (b, &streams_b)])?),
+        _ => None,
+    };
+    Ok(RunDiff { diff, world_size_a: world_a, world_size_b: world_b, rank: None, replicas, cause })
+}
+
+/// Diffs rank `r` of A with rank `r` of B for every rank; returns the diff of the rank that
+/// diverged first (counts summed over all ranks), that rank, and whether the collective is the
+/// cause.
+fn diff_rank_by_rank(
+    streams_a: &[PathBuf],
+    streams_b: &[PathBuf],
+    options: &DiffOptions,
+) -> Result<(TraceDiff, u64, Option<DataParallelCause>), TraceError> {
+    let mut best: Option<(TraceDiff, u64, (u64, usize))> = None;
+    let (mut compared, mut diverged) = (0, 0);
+    for (rank, (a, b)) in streams_a.iter().zip(streams_b).enumerate() {
+        let diff = diff_traces_with(&mut TraceReader::open(a)?, &mut TraceReader::open(b)?, options)?;
+        compared += diff.tensors_compared;
+        diverged += diff.tensors_diverged;
+        let at = match &diff.first_divergence {
+            Some(d) => (d.step, position_in_step(a, d.step, &d.tensor)?),
+            None => (u64::MAX, usize::MAX),
+        };
+        if best.as_ref().is_none_or(|(_, _, best_at)| at < *best_at) {
+            best = Some((diff, rank as u64, at));
+        }
+    }
+    let (mut diff, rank, (step, position)) = best.expect("at least one rank");
+    diff.tensors_compared = compared;
+    diff.tensors_diverged = diverged;
+    // No rank diverged before this place, and a sum's shares come before it in every rank's
+    // stream: if it is a sum, every rank's share is identical.
+    let cause = match &diff.first_divergence {
+        Some(d) if position != usize::MAX && is_collective(&streams_a[rank as usize], step, &d.tensor)? => {
+            Some(DataParallelCause::CollectiveOrder { step, tensor: d.tensor.clone() })
+        }
+        _ => None,
+    };
+    Ok((diff, rank, cause))
+}
+
+/// Reads `dir` up to `step`.
+fn read_step(dir: &Path, step: u64) -> Result<(TraceReader, Option<StepRecord>), TraceError> {
+    let mut reader = TraceReader::open(dir)?;
+    while let Some(record) = reader.next_step()? {
+        if record.step == step {
+            return Ok((reader, Some(record)));
+        }
+    }
+    Ok((reader, None))
+}
+
+/// Where `tensor` stands among the records of `step` in the trace `dir`.
+fn position_in_step(dir: &Path, step: u64, tensor: &str) -> Result<usize, TraceError> {
+    let (_, record) = read_step(dir, step)?;
+    Ok(record.and_then(|r| r.tensors.iter().position(|t| t.name == tensor)).unwrap_or(usize::MAX))
+}
+
+/// Whether `tensor` at `step` of the trace `dir` is a collective's result.
+fn is_collective(dir: &Path, step: u64, tensor: &str) -> Result<bool, TraceError> {
+    let (_, record) = read_step(dir, step)?;
+    Ok(record.is_some_and(|r| r.tensors.iter().any(|t| t.name == tensor && t.collective.is_some())))
+}
+
+/// Tells a batch split from the collective's rounding at the first gradient that differs
+/// between runs of different world sizes.
+fn split_cause(step: u64, tensor: &str, runs: &[(&Path, &Vec<PathBuf>)]) -> Result<DataParallelCause, TraceError> {
+    for (run, streams) in runs.iter().filter(|(_, s)| s.len() > 1) {
+        match rank_order_distance(streams, step, tensor)? {
+            None => return Ok(DataParallelCause::Undetermined { step, tensor: tensor.to_string() }),
+            Some(0) => {}
+            Some(max_ulp) => {
+                return Ok(DataParallelCause::CollectiveRounding {
+                    step,
+                    tensor: tensor.to_string(),
+                    run: run.display().to_string(),
+                    max_ulp,
+                })
+            }
+        }
+    }
+    Ok(DataParallelCause::BatchSplit { step, tensor: tensor.to_string() })
+}
+
+/// The largest ULP distance between rank 0's recorded sum `tensor` at `step` and the ranks'
+/// shares of it added in rank order in f32; `None` when some values were not stored or the
+/// tensor is not an f32 sum.
+fn rank_order_distance(streams: &[PathBuf], step: u64, tensor: &str) -> Result<Option<u64>, TraceError> {
+    let mut total: Option<Vec<f32>> = None;
+    let mut recorded: Option<Vec<u8>> = None;
+    for (rank, dir) in streams.iter().enumerate() {
+        let (mut reader, Some(record)) = read_step(dir, step)? else { return Ok(None) };
+        let Some(sum) = record.tensors.iter().find(|t| t.name == tensor && t.collective.is_some()) else {
+            return Ok(None);
+        };
+        let Some(share) = sum.inputs.first().and_then(|n| record.tensors.iter().find(|t| &t.name == n)) else {
+            return Ok(None);
+        };
+        if share.dtype != DType::F32 || sum.dtype != DType::F32 {
+            return Ok(None);
+        }
+        let Some(values) = reader.values(&record, share)? else { return Ok(None) };
+        let share: Vec<f32> =
+            values.bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        match &mut total {
+            None => total = Some(share),
+            Some(total) if total.len() == share.len() => total.iter_mut().zip(share).for_each(|(t, s)| *t += s),
+            Some(_) => return Ok(None),
+        }
+        if rank == 0 {
+            let Some(values) = reader.values(&record, sum)? else { return Ok(None) };
+            recorded = Some(values.bytes.to_vec());
+        }
+    }
+    let (Some(total), Some(recorded)) = (total, recorded) else { return Ok(None) };
+    let expected: Vec<u8> = total.iter().flat_map(|v| v.to_le_bytes()).collect();
+    if expected.len() != recorded.len() {
+        return Ok(None);
+    }
+    Ok(Some(compare(DType::F32, &recorded, &expected).max_ulp))
+}

@@ -1,0 +1,77 @@
+//! Text of a diff between runs that may be data-parallel: how the runs were compared, whether
+//! each kept its replicas, the diff itself, and what data parallelism did to the first gradient
+//! that differs.
+
+use super::diff::render_diff;
+use crate::ranks::{DataParallelCause, ReplicaReport, RunDiff};
+use std::fmt::Write;
+
+/// Renders a run-level diff; for two single-device runs, exactly `render_diff`.
+pub fn render_run_diff(r: &RunDiff) -> String {
+    if r.world_size_a == 1 && r.world_size_b == 1 {
+        return render_diff(&r.diff);
+    }
+    let mut out = String::new();
+    let ranks = |n: u64| if n == 1 { "1 device".to_string() } else { format!("{n} ranks") };
+    let (a, b) = (ranks(r.world_size_a), ranks(r.world_size_b));
+    let _ = match r.rank {
+        Some(rank) => writeln!(
+            out,
+            "data-parallel: A and B on {a}, compared rank by rank; shown: rank {rank}, {}",
+            if r.diff.first_divergence.is_some() { "the first to diverge" } else { "and every rank agrees" }
+        ),
+        None => writeln!(
+            out,
+            "data-parallel: A on {a}, B on {b}: compared are the parameters and the summed gradients (each rank computes its batch, graph and loss from its share of the batch)"
+        ),
+    };
+    for report in &r.replicas {
+        out.push_str(&replica_line(report));
+    }
+    out.push_str(&render_diff(&r.diff));
+    if let Some(cause) = &r.cause {
+        let _ = writeln!(out, "\n{}", cause_sentence(cause, r));
+    }
+    out
+}
+
+/// One line saying whether a data-parallel run's ranks stayed replicas.
+pub fn replica_line(r: &ReplicaReport) -> String {
+    match &r.drift {
+        None => format!(
+            "replicas: {} kept identical parameters and gradient sums on all {} ranks at all {} steps ({} tensors checked against rank 0)\n",
+            r.run, r.world_size, r.steps_checked, r.tensors_checked
+        ),
+        Some(d) => {
+            let ranks: Vec<String> = d.ranks.iter().map(u64::to_string).collect();
+            format!(
+                "REPLICA DRIFT  {}: at step {}, `{}` ({}) on rank(s) {} differs from rank 0\n",
+                r.run,
+                d.step,
+                d.tensor,
+                d.kind,
+                ranks.join(", ")
+            )
+        }
+    }
+}
+
+fn cause_sentence(cause: &DataParallelCause, r: &RunDiff) -> String {
+    match cause {
+        DataParallelCause::CollectiveOrder { step, tensor } => format!(
+            "cause: the collective's order. At step {step}, every rank's share of `{tensor}` is bit-identical in A and B, and the sums differ: the collective added the shares in another order (for NCCL: its algorithm, protocol or channels; see the environment above)"
+        ),
+        DataParallelCause::BatchSplit { step, tensor } => {
+            let split = r.world_size_a.max(r.world_size_b);
+            format!(
+                "cause: the batch split. At step {step}, each data-parallel run's sum of `{tensor}` equals its ranks' shares added in rank order, bit for bit: the collective added no rounding of its own. The runs differ because the gradient is summed in parts, over 1/{split} of the batch each, and then the parts are added"
+            )
+        }
+        DataParallelCause::CollectiveRounding { step, tensor, run, max_ulp } => format!(
+            "cause: the collective's order. At step {step}, {run}'s sum of `{tensor}` is up to {max_ulp} ULP from its ranks' shares added in rank order"
+        ),
+        DataParallelCause::Undetermined { step, tensor } => format!(
+            "cause: undetermined. The ranks' shares of `{tensor}` at step {step} were stored as hashes only, so a batch split cannot be told from the collective's order: record with --capture all (or steps:{step})"
+        ),
+    }
+}
