@@ -38,7 +38,7 @@ pub fn run(args: BaselineArgs) -> Result<Exit, String> {
     let work = scratch.path().join("run");
     // A baseline keeps hashes only: it is committed, and the gate compares hashes.
     let recorded = if command.is_empty() {
-        train.record_for_gate(&work, &FullCapture::None)
+        train.record_for_gate(&work, &FullCapture::None, &[])
     } else {
         record_command(&command, &work, &FullCapture::None)
     };

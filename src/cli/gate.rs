@@ -75,6 +75,10 @@ pub struct GateArgs {
     /// Write a Markdown summary here (also appended to $GITHUB_STEP_SUMMARY when set).
     #[arg(long, value_name = "FILE")]
     markdown: Option<PathBuf>,
+    /// Gate data-parallel runs of the built-in workload, one rank per device (cuda:0,cuda:1,
+    /// or cpu,cpu with the file stand-in): every run's ranks must also stay replicas.
+    #[arg(long, value_delimiter = ',', value_name = "DEVICES", conflicts_with_all = ["baseline", "command"])]
+    devices: Vec<String>,
     /// A program that records itself with repro's library into $REPRO_TRACE_DIR.
     #[arg(last = true, value_name = "CMD")]
     command: Vec<String>,
@@ -168,7 +172,11 @@ pub fn run(args: GateArgs) -> Result<Exit, String> {
 
 fn gate(args: &GateArgs, runs: usize, work: &Path) -> Result<GateReport, String> {
     let subject = if args.command.is_empty() {
-        format!("{} on {}", args.train.workload()?.describe(), args.train.device)
+        let on = match args.devices.len() {
+            0 | 1 => args.devices.first().unwrap_or(&args.train.device).clone(),
+            n => format!("{n} ranks ({})", args.devices.join(", ")),
+        };
+        format!("{} on {on}", args.train.workload()?.describe())
     } else {
         format!("`{}`", args.command.join(" "))
     };
@@ -184,7 +192,7 @@ fn gate(args: &GateArgs, runs: usize, work: &Path) -> Result<GateReport, String>
     for i in 0..runs {
         let dir = work.join(format!("run-{i}"));
         if args.command.is_empty() {
-            args.train.record_for_gate(&dir, &args.capture())?;
+            args.train.record_for_gate(&dir, &args.capture(), &args.devices)?;
         } else {
             record_command(&args.command, &dir, &args.capture())?;
         }

@@ -2,13 +2,15 @@
 
 use super::{print_json, Exit};
 use clap::Args;
-use repro::report::render_summary;
-use repro::trace::{summarize, verify};
-use std::path::PathBuf;
+use repro::diff::check_replicas;
+use repro::report::{render_summary, replica_line};
+use repro::trace::{rank_streams, summarize, verify};
+use std::path::{Path, PathBuf};
 
 #[derive(Debug, Args)]
 pub struct InspectArgs {
-    /// The trace directory.
+    /// The trace directory, or a data-parallel run (then every rank, and whether the ranks
+    /// stayed replicas; with --verify, exit 1 if they did not).
     trace: PathBuf,
     /// Print the summary as JSON.
     #[arg(long)]
@@ -26,22 +28,43 @@ impl InspectArgs {
 }
 
 pub fn run(args: InspectArgs) -> Result<Exit, String> {
+    let Some(ranks) = rank_streams(&args.trace).map_err(|e| e.to_string())? else {
+        return inspect_stream(&args.trace, &args);
+    };
+    // A data-parallel run: each rank's stream, then whether the ranks stayed replicas.
+    for rank in &ranks {
+        if !args.json {
+            super::output::line(&format!("== {}", rank.display()));
+        }
+        inspect_stream(rank, &args)?;
+    }
+    let replicas = check_replicas(&args.trace, &ranks).map_err(|e| e.to_string())?;
+    if args.json {
+        print_json("repro.replicas.v1", Some(if replicas.drift.is_none() { "identical" } else { "diverged" }), &replicas)?;
+    } else {
+        super::output::emit(&replica_line(&replicas));
+    }
+    Ok(if replicas.drift.is_some() && args.verify { Exit::Diverged } else { Exit::Same })
+}
+
+/// Verifies (if asked) and summarizes one trace.
+fn inspect_stream(trace: &Path, args: &InspectArgs) -> Result<Exit, String> {
     if args.verify {
-        let v = verify(&args.trace).map_err(|e| e.to_string())?;
+        let v = verify(trace).map_err(|e| e.to_string())?;
         let elsewhere = match v.values_elsewhere {
             0 => String::new(),
             n => format!("; {n} values kept in payload files were not checked (a lone record file has none: verify the trace directory)"),
         };
         eprintln!(
             "verified {}: {} steps, {} tensors, {} stored values match their hashes{}{elsewhere}",
-            args.trace.display(),
+            trace.display(),
             v.steps,
             v.tensors,
             v.values_checked,
             if v.complete { "" } else { " (trace incomplete)" }
         );
     }
-    let summary = summarize(&args.trace).map_err(|e| e.to_string())?;
+    let summary = summarize(trace).map_err(|e| e.to_string())?;
     if args.json {
         print_json("repro.inspect.v1", None, &summary)?;
     } else {

@@ -2,6 +2,10 @@
 //! per device, each writing `OUT/rank-N`. Their messages come through prefixed `[rank N]`; if
 //! one fails or is killed, the others are stopped and the error names the rank and its cause.
 
+use super::workload_args::options_for;
+use repro::record::Perturbation;
+use repro::trace::CapturePolicy;
+use repro::workloads::Workload;
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -10,13 +14,41 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+/// Records a data-parallel run of `workload` into `out`: one `repro record` process per device,
+/// each storing full values at the steps `capture` names, supervised until all finish.
+pub fn record_ranks(
+    devices: &[String],
+    out: &Path,
+    force: bool,
+    capture: &CapturePolicy,
+    workload: &Workload,
+    perturb: Option<&Perturbation>,
+) -> Result<(), String> {
+    check_devices(devices)?;
+    prepare_run_dir(out, force)?;
+    let mut args = vec![
+        "--capture".to_string(),
+        capture.full.to_string(),
+        "--inline-max-bytes".to_string(),
+        capture.inline_max_bytes.to_string(),
+    ];
+    if force {
+        args.push("--force".into());
+    }
+    args.extend(options_for(&workload.run_config()));
+    if let Some(p) = perturb {
+        args.extend(["--perturb".to_string(), p.to_string()]);
+    }
+    supervise(devices, out, &args)
+}
+
 /// A rank's stream in a run directory: `OUT/rank-N`.
 pub fn rank_dir(out: &Path, rank: usize) -> PathBuf {
     out.join(format!("rank-{rank}"))
 }
 
 /// Checks a device list for data-parallel training: at least two, and no GPU twice.
-pub fn check_devices(devices: &[String]) -> Result<(), String> {
+fn check_devices(devices: &[String]) -> Result<(), String> {
     if devices.len() < 2 {
         return Err(format!("--devices needs at least two devices for data-parallel training, got {}", devices.len()));
     }
@@ -30,7 +62,7 @@ pub fn check_devices(devices: &[String]) -> Result<(), String> {
 
 /// Prepares `out` for a run of rank directories: it must be new, empty, or (with `force`) hold
 /// an earlier data-parallel run, whose rank streams the ranks then replace.
-pub fn prepare_run_dir(out: &Path, force: bool) -> Result<(), String> {
+fn prepare_run_dir(out: &Path, force: bool) -> Result<(), String> {
     if out.join("records.rpr").exists() {
         return Err(format!(
             "{} holds a single-device trace; a data-parallel run is a directory of rank-N traces: choose another --out",
@@ -55,7 +87,7 @@ pub fn prepare_run_dir(out: &Path, force: bool) -> Result<(), String> {
 
 /// Runs one `repro record` per device with `args` (everything but the rank options and
 /// `--out`), each into its rank directory of `out`, and waits for all of them.
-pub fn supervise(devices: &[String], out: &Path, args: &[String]) -> Result<(), String> {
+fn supervise(devices: &[String], out: &Path, args: &[String]) -> Result<(), String> {
     let rendezvous = tempfile::Builder::new()
         .prefix("repro-ranks-")
         .tempdir()

@@ -1,7 +1,7 @@
 //! `repro record`: train a built-in workload and write its trace.
 
 use super::ranks;
-use super::workload_args::{options_for, WorkloadArgs};
+use super::workload_args::WorkloadArgs;
 use super::Exit;
 use clap::Args;
 use repro::diff::{config_differences, ReferenceCheck};
@@ -131,23 +131,9 @@ pub fn run(args: RecordArgs) -> Result<Exit, String> {
 /// Records a data-parallel run: starts one rank process per device and waits for them, then
 /// checks that the ranks' parameters stayed replicas.
 fn record_ranks(args: &RecordArgs, workload: &Workload) -> Result<Exit, String> {
-    ranks::check_devices(&args.devices)?;
-    ranks::prepare_run_dir(&args.out, args.force)?;
     let started = Instant::now();
-    let mut child_args = vec![
-        "--capture".to_string(),
-        args.capture.to_string(),
-        "--inline-max-bytes".to_string(),
-        args.inline_max_bytes.to_string(),
-    ];
-    if args.force {
-        child_args.push("--force".into());
-    }
-    child_args.extend(options_for(&workload.run_config()));
-    if let Some(p) = &args.train.perturb {
-        child_args.extend(["--perturb".to_string(), p.to_string()]);
-    }
-    ranks::supervise(&args.devices, &args.out, &child_args)?;
+    let capture = CapturePolicy { full: args.capture.clone(), inline_max_bytes: args.inline_max_bytes };
+    ranks::record_ranks(&args.devices, &args.out, args.force, &capture, workload, args.train.perturb.as_ref())?;
     eprintln!(
         "recorded {} ranks of {} on {} into {} in {:.2}s",
         args.devices.len(),

@@ -283,9 +283,14 @@ impl WorkloadArgs {
 
     /// Records one run of the built-in workload into `dir` the way a gate compares runs:
     /// hashes at every step, small tensors' values, and full values at the steps `full` names.
-    pub fn record_for_gate(&self, dir: &Path, full: &FullCapture) -> Result<(), String> {
+    /// With several `devices`, the run is data-parallel, one rank per device.
+    pub fn record_for_gate(&self, dir: &Path, full: &FullCapture, devices: &[String]) -> Result<(), String> {
         let workload = self.workload()?;
-        let device = open_device(&self.device).map_err(|e| e.to_string())?;
+        if devices.len() > 1 {
+            let capture = CapturePolicy { full: full.clone(), ..CapturePolicy::default() };
+            return super::ranks::record_ranks(devices, dir, true, &capture, &workload, self.perturb.as_ref());
+        }
+        let device = open_device(devices.first().unwrap_or(&self.device)).map_err(|e| e.to_string())?;
         let capture = CapturePolicy { full: full.clone(), ..CapturePolicy::default() };
         let mut recorder = Recorder::create_with(dir, self.run_config(&workload), &device, capture, true)
             .map_err(|e| e.to_string())?;

@@ -4,7 +4,10 @@
 
 use crate::error::DiffError;
 use crate::tolerance::Tolerance;
-use crate::traces::{config_differences, diff_traces_within, header_differences, FieldDifference, TraceDiff};
+use crate::ranks::{diff_runs, ReplicaReport, RunDiff};
+use crate::traces::{
+    config_differences, diff_traces_within, header_differences, DiffOptions, FieldDifference, TraceDiff,
+};
 use repro_trace::{RunConfig, TraceReader};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
@@ -25,7 +28,7 @@ pub struct GateReport {
 impl GateReport {
     /// True when every run is bit-identical to the reference (or within the tolerance).
     pub fn passed(&self) -> bool {
-        self.comparisons.iter().all(|c| c.diff.is_identical())
+        self.comparisons.iter().all(|c| c.passed)
     }
 }
 
@@ -36,13 +39,20 @@ pub struct GateComparison {
     pub run: String,
     /// Whether it agrees with the reference: bit for bit, or within the tolerance.
     pub passed: bool,
-    /// The full comparison.
+    /// The full comparison (for data-parallel runs, of the rank that diverged first).
     pub diff: TraceDiff,
+    /// For data-parallel runs: whether each kept its replicas.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub replicas: Vec<ReplicaReport>,
 }
 
 impl GateComparison {
     fn new(run: String, diff: TraceDiff) -> Self {
-        GateComparison { run, passed: diff.is_identical(), diff }
+        GateComparison { run, passed: diff.is_identical(), diff, replicas: Vec::new() }
+    }
+
+    fn of_runs(run: String, runs: RunDiff) -> Self {
+        GateComparison { run, passed: runs.is_identical(), diff: runs.diff, replicas: runs.replicas }
     }
 }
 
@@ -102,11 +112,10 @@ pub fn gate_traces(
             let Some(first) = runs.first().filter(|_| runs.len() >= 2) else {
                 return Err(DiffError::Usage("a gate without a baseline needs two runs or more".into()));
             };
+            let options = DiffOptions { tolerance, ..DiffOptions::default() };
             for (i, run) in runs.iter().enumerate().skip(1) {
-                let mut a = TraceReader::open(first)?;
-                let mut b = TraceReader::open(run)?;
-                comparisons
-                    .push(GateComparison::new(format!("run {i}"), diff_traces_within(&mut a, &mut b, tolerance)?));
+                // Each run may be data-parallel: then its ranks must also have stayed replicas.
+                comparisons.push(GateComparison::of_runs(format!("run {i}"), diff_runs(first, run, &options)?));
             }
             Ok(GateReport { subject, reference: "run 0".into(), comparisons, likely_causes: Vec::new() })
         }

@@ -157,7 +157,13 @@ pub fn error_matrices(
     }
     let mut runs = Vec::new();
     for dir in dirs {
-        let mut reader = TraceReader::open(dir)?;
+        // A data-parallel run is read through rank 0's stream: its replicas hold the same
+        // parameters and gradient sums; its batch, predictions and loss are rank 0's share.
+        let stream = match repro_trace::rank_streams(dir)? {
+            Some(ranks) => ranks[0].clone(),
+            None => dir.clone(),
+        };
+        let mut reader = TraceReader::open(&stream)?;
         let record = find_step(&mut reader, step)?;
         runs.push((reader, record));
     }

@@ -28,8 +28,11 @@ pub fn render_gate(r: &GateReport) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "gate: {}", r.subject);
     let _ = writeln!(out, "reference: {}", r.reference);
-    for crate::GateComparison { run: label, diff: d, .. } in &r.comparisons {
+    for crate::GateComparison { run: label, diff: d, replicas, .. } in &r.comparisons {
         let _ = writeln!(out, "  {label}: {}", verdict_line(d));
+        for replica in replicas.iter().filter(|r| r.drift.is_some()) {
+            let _ = write!(out, "    {}", super::ranks::replica_line(replica));
+        }
     }
     let _ = writeln!(out);
     if r.passed() {
