@@ -18,13 +18,13 @@ export RUSTFLAGS="-L $stubs"
 mkdir -p "$stubs"
 
 if [ "${1:-}" = check ]; then
-  cargo check --locked --release --features cuda --all-targets
+  cargo check --locked --release --features nccl --all-targets
   exit 0
 fi
-cargo build --locked --release --features cuda --lib
+cargo build --locked --release --features nccl --lib
 scripts/cuda-stubs.sh "$CARGO_TARGET_DIR/release/deps" "$stubs" "$REPRO_CUDA_LIB/libcudart.so.13"
-cargo build --locked --release --features cuda --bins --examples
-cargo test --locked --release --features cuda --no-run --message-format=json 2>/dev/null |
+cargo build --locked --release --features nccl --bins --examples
+cargo test --locked --release --features nccl --no-run --message-format=json 2>/dev/null |
   python3 -c 'import json,sys
 for line in sys.stdin:
     m = json.loads(line)

@@ -10,7 +10,7 @@ deps="$1" out="$2" cudart="$3"
 mkdir -p "$out"
 
 symbols=$(for rlib in "$deps"/libcudarc-*.rlib; do nm "$rlib" 2>/dev/null; done |
-  awk '$1 == "U" && ($2 ~ /^cu/ || $2 ~ /^nvrtc/) { print $2 }' | sort -u)
+  awk '$1 == "U" && ($2 ~ /^cu/ || $2 ~ /^nvrtc/ || $2 ~ /^nccl/) { print $2 }' | sort -u)
 [ -n "$symbols" ] || { echo "error: no CUDA symbols in $deps/libcudarc-*.rlib; build the library first" >&2; exit 2; }
 
 # library  symbol-prefix  soname (longest prefix first: cublasLt before cublas before cu)
@@ -23,6 +23,7 @@ while read -r lib prefix soname; do
       cublas*) owner=cublas ;;
       curand*) owner=curand ;;
       nvrtc*) owner=nvrtc ;;
+      nccl*) owner=nccl ;;
       *) owner=cuda ;;
     esac
     [ "$owner" = "$lib" ] && echo "void $s(void) {}" >> "$src"
@@ -35,5 +36,6 @@ cublas cublas libcublas.so.13
 cublasLt cublasLt libcublasLt.so.13
 curand curand libcurand.so.10
 nvrtc nvrtc libnvrtc.so.13
+nccl nccl libnccl.so.2
 LIBS
 ln -sf "$cudart" "$out/libcudart.so"

@@ -39,7 +39,7 @@ pub fn record_ranks(
     if let Some(p) = perturb {
         args.extend(["--perturb".to_string(), p.to_string()]);
     }
-    supervise(devices, out, &args)
+    supervise("record", devices, Some(out), &args)
 }
 
 /// A rank's stream in a run directory: `OUT/rank-N`.
@@ -48,7 +48,7 @@ pub fn rank_dir(out: &Path, rank: usize) -> PathBuf {
 }
 
 /// Checks a device list for data-parallel training: at least two, and no GPU twice.
-fn check_devices(devices: &[String]) -> Result<(), String> {
+pub fn check_devices(devices: &[String]) -> Result<(), String> {
     if devices.len() < 2 {
         return Err(format!("--devices needs at least two devices for data-parallel training, got {}", devices.len()));
     }
@@ -85,9 +85,9 @@ fn prepare_run_dir(out: &Path, force: bool) -> Result<(), String> {
     std::fs::create_dir_all(out).map_err(|e| format!("cannot create {}: {e}", out.display()))
 }
 
-/// Runs one `repro record` per device with `args` (everything but the rank options and
-/// `--out`), each into its rank directory of `out`, and waits for all of them.
-fn supervise(devices: &[String], out: &Path, args: &[String]) -> Result<(), String> {
+/// Runs `repro COMMAND` once per device with `args` and the rank options, and waits for all of
+/// them; with `out`, each writes its rank directory of it (`--out OUT/rank-N`).
+pub fn supervise(command_name: &str, devices: &[String], out: Option<&Path>, args: &[String]) -> Result<(), String> {
     let rendezvous = tempfile::Builder::new()
         .prefix("repro-ranks-")
         .tempdir()
@@ -96,10 +96,11 @@ fn supervise(devices: &[String], out: &Path, args: &[String]) -> Result<(), Stri
     let mut ranks = Vec::new();
     for rank in 0..devices.len() {
         let mut command = Command::new(&exe);
+        command.arg(command_name);
+        if let Some(out) = out {
+            command.arg("--out").arg(rank_dir(out, rank));
+        }
         command
-            .arg("record")
-            .arg("--out")
-            .arg(rank_dir(out, rank))
             .args(args)
             .arg("--devices")
             .arg(devices.join(","))
@@ -108,7 +109,7 @@ fn supervise(devices: &[String], out: &Path, args: &[String]) -> Result<(), Stri
             .arg("--rendezvous")
             .arg(rendezvous.path())
             .stdin(Stdio::null())
-            .stdout(Stdio::null())
+            .stdout(Stdio::inherit())
             .stderr(Stdio::piped());
         match command.spawn() {
             Ok(child) => ranks.push(RankProcess::watch(rank, child)),
@@ -148,7 +149,9 @@ fn supervise(devices: &[String], out: &Path, args: &[String]) -> Result<(), Stri
         let list: Vec<String> = stopped.iter().map(usize::to_string).collect();
         message.push_str(&format!("; stopped rank(s) {}", list.join(", ")));
     }
-    message.push_str(&format!("; the partial streams in {} are marked incomplete", out.display()));
+    if let Some(out) = out {
+        message.push_str(&format!("; the partial streams in {} are marked incomplete", out.display()));
+    }
     Err(message)
 }
 

@@ -4,6 +4,8 @@ mod util;
 
 /// Automatic graph capture: the gpt workload, named nodes, the leaf rule, missing gradients.
 mod capture;
+/// Data-parallel runs on CPU ranks: rank processes, replicas, world sizes.
+mod distributed;
 /// The determinism gate and baselines.
 mod gate;
 /// Traces recorded on a GPU, read and compared on the CPU.

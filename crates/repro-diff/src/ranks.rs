@@ -319,3 +319,139 @@ fn rank_order_distance(streams: &[PathBuf], step: u64, tensor: &str) -> Result<O
     }
     Ok(Some(compare(DType::F32, &recorded, &expected).max_ulp))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use repro_trace::hash::tensor_hash;
+    use repro_trace::{CapturePolicy, Distributed, Header, Phase, RunConfig, StepTensor, TensorRecord, TraceWriter, CURRENT_FORMAT};
+
+    /// `x` moved up by `ulps` units in the last place.
+    fn up(x: f32, ulps: u32) -> f32 {
+        f32::from_bits(x.to_bits() + ulps)
+    }
+
+    /// One tensor of a synthetic step: name, kind, values, and the input it is the sum of.
+    struct T(&'static str, TensorKind, Vec<f32>, Option<&'static str>);
+
+    /// Writes a trace of `steps` into `dir`, as rank `rank` of `world` (or a single device when
+    /// `world` is 1), every value stored inline.
+    fn stream(dir: &Path, rank: u64, world: u64, steps: Vec<Vec<T>>) {
+        let header = Header {
+            format: CURRENT_FORMAT,
+            producer: "test".into(),
+            run: RunConfig { workload: "synthetic".into(), steps: Some(steps.len() as u64), params: Default::default() },
+            environment: Default::default(),
+            capture: CapturePolicy::default(),
+            distributed: (world > 1).then(|| Distributed { rank, world_size: world, backend: "file".into(), backend_version: String::new() }),
+        };
+        let mut w = TraceWriter::create(dir, &header, false).unwrap();
+        for (step, tensors) in steps.into_iter().enumerate() {
+            let records = tensors
+                .into_iter()
+                .map(|T(name, kind, values, sum_of)| {
+                    let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+                    let shape = vec![values.len() as u64];
+                    let record = TensorRecord {
+                        name: name.into(),
+                        kind,
+                        dtype: DType::F32,
+                        hash: tensor_hash(DType::F32, &shape, &bytes),
+                        shape,
+                        inline: Some(bytes),
+                        in_payload: false,
+                        phase: Some(Phase::Backward),
+                        inputs: sum_of.iter().map(|s| s.to_string()).collect(),
+                        node: None,
+                        collective: sum_of.map(|_| "all_reduce_sum".to_string()),
+                    };
+                    StepTensor { record, payload: None }
+                })
+                .collect();
+            w.write_step(step as u64, records).unwrap();
+        }
+        w.finish().unwrap();
+    }
+
+    /// A 2-rank run in `dir`: per rank, the weight, its share of the gradient and the sum.
+    fn two_ranks(dir: &Path, shares: [f32; 2], sum: f32, updated: [f32; 2]) -> PathBuf {
+        for rank in 0..2 {
+            let step = vec![
+                T("w", TensorKind::Weight, vec![1.0], None),
+                T("w.grad.local", TensorKind::Gradient, vec![shares[rank]], None),
+                T("w.grad", TensorKind::Gradient, vec![sum], Some("w.grad.local")),
+                T("w.updated", TensorKind::Weight, vec![updated[rank]], None),
+            ];
+            stream(&dir.join(format!("rank-{rank}")), rank as u64, 2, vec![step]);
+        }
+        dir.to_path_buf()
+    }
+
+    #[test]
+    fn a_rank_holding_other_parameters_is_named_with_the_step_and_tensor() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = two_ranks(dir.path(), [0.25, 0.5], 0.75, [0.5, up(0.5, 1)]);
+        let ranks = rank_streams(&run).unwrap().unwrap();
+        let report = check_replicas(&run, &ranks).unwrap();
+        let drift = report.drift.unwrap();
+        assert_eq!((drift.step, drift.tensor.as_str(), drift.ranks), (0, "w.updated", vec![1]));
+        // The weight, the sum, then the drifting update: three checks against rank 0.
+        assert_eq!(report.tensors_checked, 3);
+    }
+
+    #[test]
+    fn a_run_missing_a_rank_or_holding_a_foreign_one_is_refused_by_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = two_ranks(dir.path(), [0.25, 0.5], 0.75, [0.5, 0.5]);
+        std::fs::remove_dir_all(run.join("rank-1")).unwrap();
+        let err = rank_streams(&run).unwrap_err().to_string();
+        assert!(err.contains("rank 1 of its 2 ranks has no stream"), "{err}");
+        // rank-1 holding rank 0's stream.
+        stream(&run.join("rank-1"), 0, 2, vec![vec![T("w", TensorKind::Weight, vec![1.0], None)]]);
+        let err = rank_streams(&run).unwrap_err().to_string();
+        assert!(err.contains("rank-1") && err.contains("it is rank 0 of 2, where rank 1 of 2 belongs"), "{err}");
+    }
+
+    #[test]
+    fn equal_shares_with_different_sums_blame_the_collective_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = two_ranks(&dir.path().join("a"), [0.25, 0.5], 0.75, [0.5, 0.5]);
+        let b = two_ranks(&dir.path().join("b"), [0.25, 0.5], up(0.75, 1), [0.5, 0.5]);
+        let diff = diff_runs(&a, &b, &DiffOptions::default()).unwrap();
+        assert_eq!(diff.rank, Some(0));
+        assert!(matches!(diff.cause, Some(DataParallelCause::CollectiveOrder { step: 0, ref tensor }) if tensor == "w.grad"));
+        // A share that differs comes first: no blame on the collective.
+        let c = two_ranks(&dir.path().join("c"), [0.25, up(0.5, 1)], up(0.75, 1), [0.5, 0.5]);
+        let diff = diff_runs(&a, &c, &DiffOptions::default()).unwrap();
+        assert_eq!(diff.rank, Some(1), "rank 1's share differs before any sum");
+        assert_eq!(diff.diff.first_divergence.unwrap().tensor, "w.grad.local");
+        assert!(diff.cause.is_none());
+    }
+
+    #[test]
+    fn across_world_sizes_an_exact_rank_order_sum_means_the_batch_split() {
+        let dir = tempfile::tempdir().unwrap();
+        let single = dir.path().join("single");
+        let step = vec![
+            T("x", TensorKind::Input, vec![1.0, 2.0], None),
+            T("w", TensorKind::Weight, vec![1.0], None),
+            T("w.grad", TensorKind::Gradient, vec![up(0.75, 1)], None),
+        ];
+        stream(&single, 0, 1, vec![step]);
+        let exact = two_ranks(&dir.path().join("exact"), [0.25, 0.5], 0.75, [0.5, 0.5]);
+        let diff = diff_runs(&single, &exact, &DiffOptions::default()).unwrap();
+        assert_eq!(diff.diff.first_divergence.as_ref().unwrap().tensor, "w.grad", "the batch is not compared");
+        assert!(matches!(diff.cause, Some(DataParallelCause::BatchSplit { .. })), "{:?}", diff.cause);
+        let rounded = two_ranks(&dir.path().join("rounded"), [0.25, 0.5], up(0.75, 1), [0.5, 0.5]);
+        let diff = diff_runs(&single, &rounded, &DiffOptions::default()).unwrap();
+        // Now the sum matches A, and the weights after the update differ.
+        assert!(diff.cause.is_none(), "{:?}", diff.cause);
+        let skewed = two_ranks(&dir.path().join("skewed"), [0.25, 0.5], up(0.75, 2), [0.5, 0.5]);
+        let diff = diff_runs(&single, &skewed, &DiffOptions::default()).unwrap();
+        assert!(
+            matches!(diff.cause, Some(DataParallelCause::CollectiveRounding { max_ulp: 2, .. })),
+            "{:?}",
+            diff.cause
+        );
+    }
+}

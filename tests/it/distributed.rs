@@ -1,0 +1,109 @@
+//! Data-parallel runs on CPU ranks (the file stand-in for NCCL): rank processes, per-rank
+//! streams, replica checks, and diffs within and across world sizes.
+
+use crate::util::{json, record_small_gpt, repro, s};
+use std::path::{Path, PathBuf};
+
+/// The small gpt of `record_small_gpt` (batch 2), data-parallel on two CPU ranks.
+fn two_ranks(dir: &Path, name: &str, extra: &[&str]) -> PathBuf {
+    let mut args = vec!["--devices", "cpu,cpu"];
+    args.extend_from_slice(extra);
+    record_small_gpt(dir, name, "all", &args)
+}
+
+#[test]
+fn two_rank_runs_write_a_stream_per_rank_that_stay_replicas_and_reproduce() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (two_ranks(dir.path(), "a", &[]), two_ranks(dir.path(), "b", &[]));
+    for rank in 0..2 {
+        let summary = json(&repro(&["inspect", s(&a.join(format!("rank-{rank}"))), "--json"]).stdout);
+        let tokens = summary["tensors"].as_array().unwrap().iter().find(|t| t["name"] == "tokens").unwrap().clone();
+        assert_eq!(tokens["shape"], serde_json::json!([1, 16]), "each rank trains on half of the batch of 2");
+    }
+    let run = repro(&["diff", s(&a), s(&b)]);
+    assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+    assert!(run.stdout.contains("compared rank by rank"), "{}", run.stdout);
+    assert_eq!(run.stdout.matches("kept identical parameters and gradient sums on all 2 ranks at all 3 steps").count(), 2);
+    assert!(run.stdout.contains("IDENTICAL  3 steps"), "{}", run.stdout);
+
+    let inspect = repro(&["inspect", s(&a), "--verify"]);
+    assert_eq!(inspect.code, 0, "{}", inspect.stderr);
+    assert!(inspect.stderr.contains("rank-1: 3 steps"), "{}", inspect.stderr);
+    let replicas = json(&repro(&["inspect", s(&a), "--json"]).stdout.lines().last().unwrap().to_string());
+    assert_eq!(replicas["verdict"], "identical");
+    assert!(replicas["tensors_checked"].as_u64().unwrap() > 100);
+}
+
+#[test]
+fn one_device_against_two_ranks_compares_the_replicated_state_and_names_the_batch_split() {
+    let dir = tempfile::tempdir().unwrap();
+    let one = record_small_gpt(dir.path(), "one", "all", &[]);
+    let two = two_ranks(dir.path(), "two", &[]);
+    let run = repro(&["diff", s(&one), s(&two)]);
+    assert_eq!(run.code, 1, "{}{}", run.stdout, run.stderr);
+    assert!(run.stdout.contains("A on 1 device, B on 2 ranks"), "{}", run.stdout);
+    assert!(run.stdout.contains("world_size: 1 | 2"), "{}", run.stdout);
+    // Parameters agree at step 0; the first difference is a summed gradient, never the batch.
+    let first = run.stdout.lines().find(|l| l.starts_with("DIVERGED")).unwrap();
+    assert!(first.contains("at step 0") && first.contains(".grad` (gradient)"), "{first}");
+    assert!(run.stdout.contains("cause: the batch split"), "{}", run.stdout);
+
+    let j = json(&repro(&["diff", s(&one), s(&two), "--json"]).stdout);
+    assert_eq!(j["schema"], "repro.run-diff.v1");
+    assert_eq!((j["world_size_a"].as_u64(), j["world_size_b"].as_u64()), (Some(1), Some(2)));
+    assert_eq!(j["cause"]["type"], "batch_split");
+}
+
+#[test]
+fn a_rank_that_fails_stops_the_others_and_the_error_names_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    // Rank 1 cannot open its device in a CPU build; rank 0 would wait for it forever.
+    let run = repro(&["record", "--workload", "mlp", "--steps", "2", "--devices", "cpu,cuda:0", "--out", s(&out)]);
+    assert_eq!(run.code, 2, "{}", run.stderr);
+    let error = run.stderr.lines().find(|l| l.starts_with("error:")).unwrap();
+    assert!(error.contains("rank 1 (cuda:0) failed: exit code 2"), "{error}");
+    assert!(error.contains("CUDA support"), "{error}");
+    assert!(run.stderr.contains("[rank 1] error:"), "{}", run.stderr);
+}
+
+#[test]
+fn bad_device_lists_and_occupied_directories_are_refused_before_any_rank_starts() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let record = |devices: &str, out: &Path, extra: &[&str]| {
+        let mut args = vec!["record", "--workload", "mlp", "--steps", "1", "--devices", devices, "--out", s(out)];
+        args.extend_from_slice(extra);
+        repro(&args)
+    };
+    let run = record("cuda:0,cuda:0", &out, &[]);
+    assert!(run.code == 2 && run.stderr.contains("lists cuda:0 twice"), "{}", run.stderr);
+    let run = record("cpu,cpu,cpu", &out, &["--batch", "64"]);
+    assert!(run.code == 2 && run.stderr.contains("batch (64) must be a positive multiple of the number of ranks (3)"), "{}", run.stderr);
+    // A single-device trace is not overwritten by a run of ranks, even with --force.
+    let single = dir.path().join("single");
+    assert_eq!(repro(&["record", "--workload", "adder", "--steps", "2", "--out", s(&single)]).code, 0);
+    let run = record("cpu,cpu", &single, &["--force"]);
+    assert!(run.code == 2 && run.stderr.contains("holds a single-device trace"), "{}", run.stderr);
+    assert!(single.join("records.rpr").exists());
+    // A run of ranks is replaced only with --force.
+    assert_eq!(record("cpu,cpu", &out, &[]).code, 0);
+    let run = record("cpu,cpu", &out, &[]);
+    assert!(run.code == 2 && run.stderr.contains("already holds a data-parallel run"), "{}", run.stderr);
+    assert_eq!(record("cpu,cpu", &out, &["--force"]).code, 0);
+}
+
+#[test]
+fn the_gate_and_the_matrix_take_data_parallel_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let gate = repro(&["gate", "--workload", "mlp", "--steps", "3", "--devices", "cpu,cpu"]);
+    assert_eq!(gate.code, 0, "{}{}", gate.stdout, gate.stderr);
+    assert!(gate.stdout.contains("on 2 ranks (cpu, cpu)") && gate.stdout.contains("PASS  bit-exact"), "{}", gate.stdout);
+
+    let (a, b) = (two_ranks(dir.path(), "a", &[]), two_ranks(dir.path(), "b", &["--seed", "1"]));
+    let one = record_small_gpt(dir.path(), "one", "all", &[]);
+    let m = json(&repro(&["matrix", s(&a), s(&b), s(&one), "--tensor", "wte.weight", "--step", "0", "--json"]).stdout);
+    let cells = &m["matrices"][0]["values"];
+    assert_eq!(cells[0][2], 0.0, "step-0 weights: the same seed on 1 and 2 devices");
+    assert!(cells[0][1].as_f64().unwrap() > 0.0, "another seed");
+}
