@@ -215,72 +215,7 @@ study() {
   for f in "$dir"/*.md "$dir"/*.json "$dir"/*.svg; do
     [ -f "$f" ] && [ "$(basename "$f")" != study.json ] && cp "$f" "$work/studies-out/$name-$(basename "$f")"
   done
-  # Data-parallel training on two GPUs over NCCL (NVLink multicast off, as these machines need).
-if want dp; then
-  export NCCL_NVLS_ENABLE=0
-  dp_steps="${DP_STEPS:-1000}"
-  nvidia-smi topo -m > "$work/results/topology.txt" 2>&1
-  dp() { "$repro" record --devices cuda:0,cuda:1 "$@" 2>>"$work/results/record.log"; }
-  strip_paths() { sed "s#$work/runs/##g"; }
-  section "gpt on 2 GPUs, $dp_steps steps: replicas, and two same-seed runs"
-  for r in a b; do
-    started=$SECONDS
-    dp --workload gpt --steps "$dp_steps" --out "$work/runs/dp-gpt-$r" || say "record failed: dp-gpt-$r"
-    say "dp-gpt-$r: $((SECONDS - started)) s"
-  done
-  say '```'
-  "$repro" inspect "$work/runs/dp-gpt-a" --verify 2>&1 | grep -E '^(verified|replicas|REPLICA)' | strip_paths | tee -a "$summary"
-  "$repro" diff "$work/runs/dp-gpt-a" "$work/runs/dp-gpt-b" 2>&1 | strip_paths | grep -vE '^  ' | head -20 | tee -a "$summary"
-  say '```'
-  for workload in gpt resnet18; do
-    case $workload in
-      gpt) args=(--workload gpt --steps 20) ;;
-      resnet18) args=(--workload resnet18 --steps 10 --batch 128) ;;
-    esac
-    section "$workload: 1 GPU against 2 (full values at every step)"
-    "$repro" record "${args[@]}" --capture all --device cuda:0 --out "$work/runs/one-$workload" 2>>"$work/results/record.log"
-    dp "${args[@]}" --capture all --out "$work/runs/two-$workload"
-    say '```'
-    "$repro" diff "$work/runs/one-$workload" "$work/runs/two-$workload" 2>&1 | strip_paths \
-      | grep -E '^(data-parallel|replicas|REPLICA|  world_size|  collective|DIVERGED|IDENTICAL|  F32|cause)' | tee -a "$summary"
-    say '```'
-  done
-  section "NCCL algorithms and protocols at 2 ranks (gpt, 20 steps): seven runs"
-  dirs=()
-  for setting in default Ring:LL Ring:LL128 Ring:Simple Tree:LL Tree:LL128 Tree:Simple; do
-    dir="$work/runs/nccl-$setting"
-    if [ "$setting" = default ]; then
-      dp --workload gpt --steps 20 --capture first-and-last --out "$dir"
-    else
-      NCCL_ALGO="${setting%%:*}" NCCL_PROTO="${setting##*:}" dp --workload gpt --steps 20 --capture first-and-last --out "$dir"
-    fi
-    dirs+=("$dir")
-  done
-  say '```'
-  say "Ring against Tree:"
-  "$repro" diff "$work/runs/nccl-Ring:Simple" "$work/runs/nccl-Tree:Simple" 2>&1 | strip_paths \
-    | grep -E '^(data-parallel|replicas|  env|IDENTICAL|DIVERGED|cause)' | tee -a "$summary"
-  for step in 0 last; do
-    "$repro" matrix "${dirs[@]}" --step "$step" --tensor loss --tensor lm_head.weight.grad --tensor wte.weight.updated \
-      --metric max-abs 2>&1 | strip_paths | tee -a "$summary"
-  done
-  say '```'
-  section "Scaling: steps per second on 1 and 2 GPUs, plain and recording hashes of everything"
-  say '```'
-  "$repro" overhead --header --workload gpt --steps 200 --device cuda:0 --repeats 2 2>>"$work/results/record.log" | tee -a "$summary"
-  "$repro" overhead --workload gpt --steps 200 --devices cuda:0,cuda:1 --repeats 2 2>>"$work/results/record.log" | tee -a "$summary"
-  "$repro" overhead --workload resnet18 --steps 20 --batch 256 --device cuda:0 --repeats 2 2>>"$work/results/record.log" | tee -a "$summary"
-  "$repro" overhead --workload resnet18 --steps 20 --batch 256 --devices cuda:0,cuda:1 --repeats 2 2>>"$work/results/record.log" | tee -a "$summary"
-  say '```'
-  # Small traces for CPU tests: the small gpt of the tests on 1 GPU and on 2.
-  small=(--workload gpt --steps 3 --batch 2 --context 16 --width 32 --heads 2 --capture all)
-  mkdir -p "$work/fixtures/dp"
-  "$repro" record "${small[@]}" --device cuda:0 --out "$work/fixtures/dp/gpt-1gpu" 2>>"$work/results/record.log"
-  dp "${small[@]}" --out "$work/fixtures/dp/gpt-2gpu"
-  rm -f "$work"/fixtures/dp/*/run-meta.json "$work"/fixtures/dp/*/*/run-meta.json
-fi
-
-cp "$summary" "$out/summary.md"
+  cp "$summary" "$out/summary.md"
   tar -C "$work" -czf "$out/studies.tar.gz" studies-out
 }
 want cost && study cost cost --device cuda:0 --steps 20 --rounds 3
@@ -393,6 +328,73 @@ if want studyfixtures; then
   say '```'
   "$repro" diff "$work/fixtures/cnn/atomic-r0" "$work/fixtures/cnn/atomic-r1" 2>&1 | sed "s#$work/fixtures/cnn/##g" | head -30 | tee -a "$summary"
   say '```'
+fi
+
+# Data-parallel training on two GPUs over NCCL (NVLink multicast off, as these machines need).
+if want dp; then
+  export NCCL_NVLS_ENABLE=0
+  dp_steps="${DP_STEPS:-1000}"
+  nvidia-smi topo -m > "$work/results/topology.txt" 2>&1
+  dp() { "$repro" record --devices cuda:0,cuda:1 "$@" 2>>"$work/results/record.log"; }
+  strip_paths() { sed "s#$work/runs/##g"; }
+  cp "$summary" "$out/summary.md"
+  section "gpt on 2 GPUs, $dp_steps steps: replicas, and two same-seed runs"
+  for r in a b; do
+    started=$SECONDS
+    dp --workload gpt --steps "$dp_steps" --out "$work/runs/dp-gpt-$r" || say "record failed: dp-gpt-$r"
+    say "dp-gpt-$r: $((SECONDS - started)) s"
+  done
+  say '```'
+  "$repro" inspect "$work/runs/dp-gpt-a" --verify 2>&1 | grep -E '^(verified|replicas|REPLICA)' | strip_paths | tee -a "$summary"
+  "$repro" diff "$work/runs/dp-gpt-a" "$work/runs/dp-gpt-b" 2>&1 | strip_paths | grep -vE '^  ' | head -20 | tee -a "$summary"
+  say '```'
+  for workload in gpt resnet18; do
+    case $workload in
+      gpt) args=(--workload gpt --steps 20) ;;
+      resnet18) args=(--workload resnet18 --steps 10 --batch 128) ;;
+    esac
+    section "$workload: 1 GPU against 2 (full values at the first and last step)"
+    "$repro" record "${args[@]}" --device cuda:0 --out "$work/runs/one-$workload" 2>>"$work/results/record.log"
+    dp "${args[@]}" --out "$work/runs/two-$workload"
+    say '```'
+    "$repro" diff "$work/runs/one-$workload" "$work/runs/two-$workload" 2>&1 | strip_paths \
+      | grep -E '^(data-parallel|replicas|REPLICA|  world_size|  collective|DIVERGED|IDENTICAL|  F32|cause)' | tee -a "$summary"
+    say '```'
+  done
+  section "NCCL algorithms and protocols at 2 ranks (gpt, 20 steps): seven runs"
+  dirs=()
+  for setting in default Ring:LL Ring:LL128 Ring:Simple Tree:LL Tree:LL128 Tree:Simple; do
+    dir="$work/runs/nccl-$setting"
+    if [ "$setting" = default ]; then
+      dp --workload gpt --steps 20 --capture first-and-last --out "$dir"
+    else
+      NCCL_ALGO="${setting%%:*}" NCCL_PROTO="${setting##*:}" dp --workload gpt --steps 20 --capture first-and-last --out "$dir"
+    fi
+    dirs+=("$dir")
+  done
+  say '```'
+  say "Ring against Tree:"
+  "$repro" diff "$work/runs/nccl-Ring:Simple" "$work/runs/nccl-Tree:Simple" 2>&1 | strip_paths \
+    | grep -E '^(data-parallel|replicas|  env|IDENTICAL|DIVERGED|cause)' | tee -a "$summary"
+  for step in 0 last; do
+    "$repro" matrix "${dirs[@]}" --step "$step" --tensor loss --tensor lm_head.weight.grad --tensor wte.weight.updated \
+      --metric max-abs 2>&1 | strip_paths | tee -a "$summary"
+  done
+  say '```'
+  section "Scaling: steps per second on 1 and 2 GPUs, plain and recording hashes of everything"
+  say '```'
+  ov() { timeout 150 "$repro" overhead --repeats 2 "$@" 2>>"$work/results/record.log" | tee -a "$summary"; }
+  ov --header --workload gpt --steps 200 --device cuda:0
+  ov --workload gpt --steps 200 --devices cuda:0,cuda:1
+  ov --workload resnet18 --steps 20 --batch 256 --device cuda:0
+  ov --workload resnet18 --steps 20 --batch 256 --devices cuda:0,cuda:1
+  say '```'
+  # Small traces for CPU tests: the small gpt of the tests on 1 GPU and on 2.
+  small=(--workload gpt --steps 3 --batch 2 --context 16 --width 32 --heads 2 --capture all)
+  mkdir -p "$work/fixtures/dp"
+  "$repro" record "${small[@]}" --device cuda:0 --out "$work/fixtures/dp/gpt-1gpu" 2>>"$work/results/record.log"
+  dp "${small[@]}" --out "$work/fixtures/dp/gpt-2gpu"
+  rm -f "$work"/fixtures/dp/*/run-meta.json "$work"/fixtures/dp/*/*/run-meta.json
 fi
 
 cp "$summary" "$out/summary.md"

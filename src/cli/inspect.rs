@@ -2,9 +2,9 @@
 
 use super::{print_json, Exit};
 use clap::Args;
-use repro::diff::check_replicas;
+use repro::diff::{check_replicas, ReplicaReport};
 use repro::report::{render_summary, replica_line};
-use repro::trace::{rank_streams, summarize, verify};
+use repro::trace::{rank_streams, summarize, verify, TraceSummary};
 use std::path::{Path, PathBuf};
 
 #[derive(Debug, Args)]
@@ -29,27 +29,44 @@ impl InspectArgs {
 
 pub fn run(args: InspectArgs) -> Result<Exit, String> {
     let Some(ranks) = rank_streams(&args.trace).map_err(|e| e.to_string())? else {
-        return inspect_stream(&args.trace, &args);
+        let summary = inspect_stream(&args.trace, args.verify)?;
+        if args.json {
+            print_json("repro.inspect.v1", None, &summary)?;
+        } else {
+            super::output::emit(&render_summary(&summary));
+        }
+        return Ok(Exit::Same);
     };
     // A data-parallel run: each rank's stream, then whether the ranks stayed replicas.
+    let mut summaries = Vec::new();
     for rank in &ranks {
+        let summary = inspect_stream(rank, args.verify)?;
         if !args.json {
             super::output::line(&format!("== {}", rank.display()));
+            super::output::emit(&render_summary(&summary));
         }
-        inspect_stream(rank, &args)?;
+        summaries.push(summary);
     }
     let replicas = check_replicas(&args.trace, &ranks).map_err(|e| e.to_string())?;
+    let verdict = if replicas.drift.is_none() { "identical" } else { "diverged" };
     if args.json {
-        print_json("repro.replicas.v1", Some(if replicas.drift.is_none() { "identical" } else { "diverged" }), &replicas)?;
+        print_json("repro.inspect-run.v1", Some(verdict), &RunSummary { ranks: summaries, replicas: &replicas })?;
     } else {
         super::output::emit(&replica_line(&replicas));
     }
     Ok(if replicas.drift.is_some() && args.verify { Exit::Diverged } else { Exit::Same })
 }
 
+/// A data-parallel run as JSON: every rank's summary, and the replica check.
+#[derive(serde::Serialize)]
+struct RunSummary<'a> {
+    ranks: Vec<TraceSummary>,
+    replicas: &'a ReplicaReport,
+}
+
 /// Verifies (if asked) and summarizes one trace.
-fn inspect_stream(trace: &Path, args: &InspectArgs) -> Result<Exit, String> {
-    if args.verify {
+fn inspect_stream(trace: &Path, verify_values: bool) -> Result<TraceSummary, String> {
+    if verify_values {
         let v = verify(trace).map_err(|e| e.to_string())?;
         let elsewhere = match v.values_elsewhere {
             0 => String::new(),
@@ -64,11 +81,5 @@ fn inspect_stream(trace: &Path, args: &InspectArgs) -> Result<Exit, String> {
             if v.complete { "" } else { " (trace incomplete)" }
         );
     }
-    let summary = summarize(trace).map_err(|e| e.to_string())?;
-    if args.json {
-        print_json("repro.inspect.v1", None, &summary)?;
-    } else {
-        super::output::emit(&render_summary(&summary));
-    }
-    Ok(Exit::Same)
+    summarize(trace).map_err(|e| e.to_string())
 }

@@ -43,7 +43,6 @@ pub fn run(args: OverheadArgs) -> Result<Exit, String> {
             child.push("--header".into());
         }
         child.extend(super::workload_args::options_for(&workload.run_config()));
-        child.extend(["--devices".to_string(), args.devices.join(",")]);
         super::ranks::supervise("overhead", &args.devices, None, &child)?;
         return Ok(Exit::Same);
     }

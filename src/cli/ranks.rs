@@ -25,6 +25,14 @@ pub fn record_ranks(
     perturb: Option<&Perturbation>,
 ) -> Result<(), String> {
     check_devices(devices)?;
+    // Said before any rank starts, rather than by each rank, leaving partial streams behind.
+    let batch = workload.run_config().params.get("batch").and_then(|b| b.parse::<usize>().ok());
+    if let Some(batch) = batch.filter(|b| !b.is_multiple_of(devices.len())) {
+        return Err(format!(
+            "the batch ({batch}) must be a positive multiple of the number of ranks ({}): each rank trains on an equal share",
+            devices.len()
+        ));
+    }
     prepare_run_dir(out, force)?;
     let mut args = vec![
         "--capture".to_string(),

@@ -50,7 +50,12 @@ pub trait Collective {
 /// Joins the ranks of a run on `device`: NCCL for a CUDA device, the file stand-in for the CPU.
 /// `rendezvous` is a directory every rank can reach, empty when the run starts; the ranks meet
 /// there (NCCL's unique id, or the stand-in's files).
-pub fn join(device: &Device, rendezvous: &Path, rank: usize, world_size: usize) -> Result<Box<dyn Collective>, RecordError> {
+pub fn join(
+    device: &Device,
+    rendezvous: &Path,
+    rank: usize,
+    world_size: usize,
+) -> Result<Box<dyn Collective>, RecordError> {
     if rank >= world_size {
         return Err(RecordError::Unsupported(format!("rank {rank} is not below the world size {world_size}")));
     }
@@ -123,7 +128,13 @@ impl DataParallel {
     ) -> Result<Tensor, RecordError> {
         let local_name = format!("{grad_name}{LOCAL_SUFFIX}");
         let share = grad.affine(1.0 / self.world_size() as f64, 0.0)?;
-        s.record_as(&local_name, crate::trace::TensorKind::Gradient, Some(crate::trace::Phase::Backward), inputs, &share)?;
+        s.record_as(
+            &local_name,
+            crate::trace::TensorKind::Gradient,
+            Some(crate::trace::Phase::Backward),
+            inputs,
+            &share,
+        )?;
         let sum = self.collective.all_reduce_sum(&share)?;
         s.record_collective(grad_name, ALL_REDUCE_SUM, &local_name, &sum)?;
         Ok(sum)
@@ -187,7 +198,8 @@ mod tests {
                     let mut dp = DataParallel::new(Box::new(FileCollective::join(&path, rank, 2).unwrap()));
                     let trace = tempfile::tempdir().unwrap();
                     let run = crate::trace::RunConfig { workload: "t".into(), ..Default::default() };
-                    let mut rec = crate::record::Recorder::create(trace.path(), run, &Device::Cpu, Default::default()).unwrap();
+                    let mut rec =
+                        crate::record::Recorder::create(trace.path(), run, &Device::Cpu, Default::default()).unwrap();
                     let var = Var::new(&[1f32, 2.0], &Device::Cpu).unwrap();
                     let loss = (var.as_tensor() * (rank as f64 + 1.0)).unwrap().sum_all().unwrap();
                     let mut grads = loss.backward().unwrap();

@@ -47,9 +47,9 @@ impl NcclCollective {
             let id = Id::new().map_err(|e| nccl_error(rank, "unique id", e))?;
             let bytes: Vec<u8> = id.internal().iter().map(|&c| c as u8).collect();
             let tmp = id_path.with_extension("tmp");
-            std::fs::write(&tmp, bytes).and_then(|()| std::fs::rename(&tmp, &id_path)).map_err(|e| {
-                RecordError::Collective(format!("rank 0: cannot write {}: {e}", id_path.display()))
-            })?;
+            std::fs::write(&tmp, bytes)
+                .and_then(|()| std::fs::rename(&tmp, &id_path))
+                .map_err(|e| RecordError::Collective(format!("rank 0: cannot write {}: {e}", id_path.display())))?;
             id
         } else {
             let started = Instant::now();
@@ -116,7 +116,11 @@ impl candle_core::CustomOp1 for AllReduceSum {
         "nccl-all-reduce-sum"
     }
 
-    fn cpu_fwd(&self, _: &candle_core::CpuStorage, _: &Layout) -> candle_core::Result<(candle_core::CpuStorage, Shape)> {
+    fn cpu_fwd(
+        &self,
+        _: &candle_core::CpuStorage,
+        _: &Layout,
+    ) -> candle_core::Result<(candle_core::CpuStorage, Shape)> {
         candle_core::bail!("the NCCL sum runs on CUDA devices only")
     }
 

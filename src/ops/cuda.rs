@@ -5,7 +5,7 @@ use super::device_hash::{Plan, Slot, View, Want};
 use super::Reductions;
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{
-    CudaSlice, CudaStream, CudaView, DevicePtr, LaunchConfig, PinnedHostSlice, PushKernelArg,
+    CudaEvent, CudaSlice, CudaStream, CudaView, DevicePtr, LaunchConfig, PinnedHostSlice, PushKernelArg,
 };
 use candle_core::cuda_backend::{CudaDevice, WrapErr};
 use candle_core::{CudaStorage, DType, Device, Error, Layout, Result, Storage, Tensor};
@@ -329,7 +329,11 @@ impl DeviceBatch {
             stream.memcpy_dtoh(&out, &mut host).w()?;
             copies.push(PendingCopy { host, slots, _device: (out, tensors) });
         }
-        Ok(PendingRead { ordinal: self.dev.id(), copies })
+        // Our own event: a page-locked buffer's own event is recorded only when cudarc manages
+        // synchronization between several streams, and candle runs one, so waiting on that
+        // returns at once, before the copy has landed.
+        let landed = stream.record_event(None).w()?;
+        Ok(PendingRead { ordinal: self.dev.id(), copies, landed })
     }
 
     /// Flushes, copies every output to the host, and returns the results in ticket order.
@@ -350,12 +354,15 @@ struct PendingCopy {
 pub struct PendingRead {
     ordinal: candle_core::cuda_backend::DeviceId,
     copies: Vec<PendingCopy>,
+    /// Recorded on the stream behind the copies.
+    landed: CudaEvent,
 }
 
 impl PendingRead {
     /// Waits for the copies (that is, for the step's work, not for anything queued after it)
     /// and returns the results in ticket order.
     pub fn wait(self) -> Result<Vec<Resolved>> {
+        self.landed.synchronize().w()?;
         let mut results = Vec::new();
         for copy in self.copies {
             let host = copy.host.as_slice().w()?;

@@ -28,8 +28,8 @@ use super::profile;
 use super::tensor_bytes::{trace_dtype, with_canonical_bytes, DeviceQueue, DeviceRead, DeviceResult};
 use crate::hash::{combine, tensor_hash, TensorHash, CHUNK_LEN};
 use crate::trace::{
-    Distributed, CapturePolicy, Header, Phase, RunConfig, StepCheck, StepTensor, StepVerdict, TensorKind, TensorRecord, TraceWriter,
-    CURRENT_FORMAT,
+    CapturePolicy, Distributed, Header, Phase, RunConfig, StepCheck, StepTensor, StepVerdict, TensorKind, TensorRecord,
+    TraceWriter, CURRENT_FORMAT,
 };
 use candle_core::{Device, Tensor, Var};
 use std::collections::{BTreeMap, BTreeSet};

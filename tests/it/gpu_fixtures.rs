@@ -214,3 +214,23 @@ fn atomic_gpt_runs_on_the_gpu_part_in_the_backward_pass() {
     let text = repro(&["diff", a.to_str().unwrap(), b.to_str().unwrap()]).stdout;
     assert!(text.contains("the backward pass computed this gradient differently"), "{text}");
 }
+
+fn dp_fixture(name: &str) -> String {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/gpu-h200x2-dp").join(name);
+    path.to_str().unwrap().to_string()
+}
+
+#[test]
+fn two_h200s_over_nccl_kept_replicas_and_differ_from_one_by_the_batch_split() {
+    let (one, two, tree) = (dp_fixture("gpt-1gpu"), dp_fixture("gpt-2gpu"), dp_fixture("gpt-2gpu-tree"));
+    let inspect = repro(&["inspect", &two, "--verify"]);
+    assert_eq!(inspect.code, 0, "{}{}", inspect.stdout, inspect.stderr);
+    assert!(inspect.stdout.contains("kept identical parameters and gradient sums on all 2 ranks at all 3 steps"));
+    let j = json(&repro(&["diff", &one, &two, "--json"]).stdout);
+    assert_eq!(j["diff"]["first_divergence"]["tensor"], "h.0.attn.c_attn.bias.grad");
+    assert_eq!(j["cause"]["type"], "batch_split", "NCCL's sum of two shares is exact");
+    // At two ranks NCCL's tree adds the two shares as its ring does: a + b.
+    let run = repro(&["diff", &two, &tree]);
+    assert_eq!(run.code, 0, "{}", run.stdout);
+    assert!(run.stdout.contains("env.NCCL_ALGO: (unset) | Tree"), "{}", run.stdout);
+}

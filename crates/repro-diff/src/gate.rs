@@ -3,8 +3,8 @@
 //! likely explains a failure. Recording the runs is the caller's job; this module only reads them.
 
 use crate::error::DiffError;
-use crate::tolerance::Tolerance;
 use crate::ranks::{diff_runs, ReplicaReport, RunDiff};
+use crate::tolerance::Tolerance;
 use crate::traces::{
     config_differences, diff_traces_within, header_differences, DiffOptions, FieldDifference, TraceDiff,
 };

@@ -191,13 +191,12 @@ pub fn diff_runs(a: &Path, b: &Path, options: &DiffOptions) -> Result<RunDiff, T
         return Ok(RunDiff { diff, world_size_a: world_a, world_size_b: world_b, rank, replicas, cause });
     }
     let options = DiffOptions { replicated_state_only: true, ..options.clone() };
-    let diff = diff_traces_with(
-        &mut TraceReader::open(&streams_a[0])?,
-        &mut TraceReader::open(&streams_b[0])?,
-        &options,
-    )?;
+    let diff =
+        diff_traces_with(&mut TraceReader::open(&streams_a[0])?, &mut TraceReader::open(&streams_b[0])?, &options)?;
     let cause = match &diff.first_divergence {
-        Some(d) if d.kind == TensorKind::Gradient => Some(split_cause(d.step, &d.tensor, &[(a, &streams_a), (b, &streams_b)])?),
+        Some(d) if d.kind == TensorKind::Gradient => {
+            Some(split_cause(d.step, &d.tensor, &[(a, &streams_a), (b, &streams_b)])?)
+        }
         _ => None,
     };
     Ok(RunDiff { diff, world_size_a: world_a, world_size_b: world_b, rank: None, replicas, cause })
@@ -324,7 +323,9 @@ fn rank_order_distance(streams: &[PathBuf], step: u64, tensor: &str) -> Result<O
 mod tests {
     use super::*;
     use repro_trace::hash::tensor_hash;
-    use repro_trace::{CapturePolicy, Distributed, Header, Phase, RunConfig, StepTensor, TensorRecord, TraceWriter, CURRENT_FORMAT};
+    use repro_trace::{
+        CapturePolicy, Distributed, Header, Phase, RunConfig, StepTensor, TensorRecord, TraceWriter, CURRENT_FORMAT,
+    };
 
     /// `x` moved up by `ulps` units in the last place.
     fn up(x: f32, ulps: u32) -> f32 {
@@ -340,10 +341,19 @@ mod tests {
         let header = Header {
             format: CURRENT_FORMAT,
             producer: "test".into(),
-            run: RunConfig { workload: "synthetic".into(), steps: Some(steps.len() as u64), params: Default::default() },
+            run: RunConfig {
+                workload: "synthetic".into(),
+                steps: Some(steps.len() as u64),
+                params: Default::default(),
+            },
             environment: Default::default(),
             capture: CapturePolicy::default(),
-            distributed: (world > 1).then(|| Distributed { rank, world_size: world, backend: "file".into(), backend_version: String::new() }),
+            distributed: (world > 1).then(|| Distributed {
+                rank,
+                world_size: world,
+                backend: "file".into(),
+                backend_version: String::new(),
+            }),
         };
         let mut w = TraceWriter::create(dir, &header, false).unwrap();
         for (step, tensors) in steps.into_iter().enumerate() {
@@ -419,7 +429,9 @@ mod tests {
         let b = two_ranks(&dir.path().join("b"), [0.25, 0.5], up(0.75, 1), [0.5, 0.5]);
         let diff = diff_runs(&a, &b, &DiffOptions::default()).unwrap();
         assert_eq!(diff.rank, Some(0));
-        assert!(matches!(diff.cause, Some(DataParallelCause::CollectiveOrder { step: 0, ref tensor }) if tensor == "w.grad"));
+        assert!(
+            matches!(diff.cause, Some(DataParallelCause::CollectiveOrder { step: 0, ref tensor }) if tensor == "w.grad")
+        );
         // A share that differs comes first: no blame on the collective.
         let c = two_ranks(&dir.path().join("c"), [0.25, up(0.5, 1)], up(0.75, 1), [0.5, 0.5]);
         let diff = diff_runs(&a, &c, &DiffOptions::default()).unwrap();

@@ -327,11 +327,22 @@ pub fn diff_traces_with(
 fn replicated_state(mut step: StepRecord) -> StepRecord {
     let shares: std::collections::BTreeSet<String> =
         step.tensors.iter().filter(|t| t.collective.is_some()).flat_map(|t| t.inputs.iter().cloned()).collect();
-    step.tensors.retain(|t| match t.kind {
-        TensorKind::Weight => true,
-        TensorKind::Gradient => !shares.contains(&t.name) && t.node.is_none(),
-        _ => false,
-    });
+    // A parameter's gradient is `NAME.grad` for a parameter `NAME` of the step; other gradients
+    // (of predictions, of activations) are per example.
+    let weights: std::collections::BTreeSet<&str> =
+        step.tensors.iter().filter(|t| t.kind == TensorKind::Weight).map(|t| t.name.as_str()).collect();
+    let of_parameter = |t: &TensorRecord| t.name.strip_suffix(".grad").is_some_and(|p| weights.contains(p));
+    let keep: Vec<bool> = step
+        .tensors
+        .iter()
+        .map(|t| match t.kind {
+            TensorKind::Weight => true,
+            TensorKind::Gradient => !shares.contains(&t.name) && of_parameter(t),
+            _ => false,
+        })
+        .collect();
+    let mut keep = keep.into_iter();
+    step.tensors.retain(|_| keep.next().expect("one flag per tensor"));
     step
 }
 
@@ -400,7 +411,8 @@ pub fn header_differences(a: &Header, b: &Header) -> (Vec<FieldDifference>, Vec<
     push_if_differs(&mut env, "threads", Some(&ea.threads.to_string()), Some(&eb.threads.to_string()));
     // Data parallelism: how many ranks, over what. A stream's own rank is not a difference.
     let world = |h: &Header| h.distributed.as_ref().map_or("1".to_string(), |d| d.world_size.to_string());
-    let backend = |h: &Header| h.distributed.as_ref().map(|d| format!("{} {}", d.backend, d.backend_version).trim().to_string());
+    let backend =
+        |h: &Header| h.distributed.as_ref().map(|d| format!("{} {}", d.backend, d.backend_version).trim().to_string());
     push_if_differs(&mut env, "world_size", Some(&world(a)), Some(&world(b)));
     push_if_differs(&mut env, "collective", backend(a).as_ref(), backend(b).as_ref());
     map_differences(&mut env, "env.", &ea.env, &eb.env);

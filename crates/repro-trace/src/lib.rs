@@ -25,8 +25,8 @@ pub use format::{FormatVersion, CURRENT_FORMAT};
 pub use ranks::{is_ranked_run, rank_dir, rank_streams};
 pub use reader::{Completeness, TensorValues, TraceReader};
 pub use schema::{
-    BadCapture, CapturePolicy, Distributed, Environment, Footer, FullCapture, Header, Phase, Record, RunConfig, StepRecord,
-    TensorKind, TensorRecord,
+    BadCapture, CapturePolicy, Distributed, Environment, Footer, FullCapture, Header, Phase, Record, RunConfig,
+    StepRecord, TensorKind, TensorRecord,
 };
 pub use summary::{summarize, verify, MissingGradient, MissingGradients, TensorInfo, TraceSummary, Verification};
 pub use writer::{StepTensor, TraceWriter};

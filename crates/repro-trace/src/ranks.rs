@@ -33,7 +33,10 @@ pub fn rank_streams(path: &Path) -> Result<Option<Vec<PathBuf>>, TraceError> {
         reason,
     };
     let Some(world) = first.header().distributed.as_ref().map(|d| d.world_size) else {
-        return Err(wrong(&rank_dir(path, 0), "a `rank-0` stream whose header names no rank: not part of a data-parallel run".into()));
+        return Err(wrong(
+            &rank_dir(path, 0),
+            "a `rank-0` stream whose header names no rank: not part of a data-parallel run".into(),
+        ));
     };
     let mut streams = Vec::new();
     for rank in 0..world {
@@ -41,7 +44,10 @@ pub fn rank_streams(path: &Path) -> Result<Option<Vec<PathBuf>>, TraceError> {
         if !dir.join(RECORDS_FILE).is_file() {
             return Err(TraceError::NotATrace {
                 path: path.to_path_buf(),
-                reason: format!("rank {rank} of its {world} ranks has no stream (no {})", dir.join(RECORDS_FILE).display()),
+                reason: format!(
+                    "rank {rank} of its {world} ranks has no stream (no {})",
+                    dir.join(RECORDS_FILE).display()
+                ),
             });
         }
         let reader = TraceReader::open(&dir)?;
