@@ -39,7 +39,7 @@ MAX_RANK = 16
 U16_MAX = 2**16 - 1
 U64_MAX = 2**64 - 1
 SUPPORTED_MAJOR = 1
-READER_VERSION = "1.2"
+READER_VERSION = "1.3"
 RECORDS_FILE = "records.rpr"
 TENSORS_DIR = "tensors"
 
@@ -117,6 +117,7 @@ class Tensor:
     phase: Optional[str]
     inputs: list[str]
     node: Optional[int]
+    collective: Optional[str] = None  # format 1.3: the result of a sum across ranks
 
     @property
     def nbytes(self) -> int:
@@ -276,7 +277,19 @@ def _parse_header(m: dict) -> dict:
                    for k in ("repro_version", "candle_version", "device", "device_name", "cpu_model", "os", "rustc")}
     environment["threads"] = _uint(_get(env, "threads", "`environment`"), "environment `threads`")
     environment["env"] = _str_map(_get(env, "env", "`environment`"), "environment `env`")
+    distributed = None
+    if m.get("distributed") is not None:  # format 1.3: one rank's stream of a data-parallel run
+        d = _map(m["distributed"], "header `distributed`")
+        distributed = {
+            "rank": _uint(_get(d, "rank", "`distributed`"), "distributed `rank`"),
+            "world_size": _uint(_get(d, "world_size", "`distributed`"), "distributed `world_size`"),
+            "backend": _str(_get(d, "backend", "`distributed`"), "distributed `backend`"),
+            "backend_version": _str(_get(d, "backend_version", "`distributed`"), "distributed `backend_version`"),
+        }
+        if distributed["rank"] >= distributed["world_size"]:
+            raise _Bad(f"header `distributed`: rank {distributed['rank']} is not below the world size {distributed['world_size']}")
     return {
+        "distributed": distributed,
         "format": (major, minor),
         "producer": _str(_get(m, "producer", "the header"), "header `producer`"),
         "run": {
@@ -329,6 +342,7 @@ def _parse_tensor(m, i: int) -> Tensor:
         phase=phase,
         inputs=[_str(x, f"{what} input name") for x in _list(m.get("inputs", []), f"{what} `inputs`")],
         node=_opt(m, "node", what, _uint),
+        collective=_opt(m, "collective", what, _str),
     )
 
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Checks the independent Python reader of the trace format (python/repro_trace.py) against
-# traces recorded by repro and the committed fixtures (formats 1.0 to 1.2).
+# traces recorded by repro and the committed fixtures (formats 1.0 to 1.3).
 #
 #   scripts/python-reader-check.sh          # uses target/release/repro
 #   REPRO_BIN=path/to/repro scripts/python-reader-check.sh
@@ -138,9 +138,23 @@ while IFS= read -r dir; do
     expect_verify "$dir"
 done < <(find fixtures -name records.rpr -printf '%h\n' | sort)
 
-# Fixture formats: all of 1.0, 1.1 and 1.2 must have been read.
+# Fixture formats: all of 1.0 to 1.3 must have been read.
 versions=$(for f in $(find fixtures -name records.rpr); do head -c 12 "$f" | od -An -tu2 -j8 | awk '{print $1"."$2}'; done | sort -u | paste -sd' ')
-if [ "$versions" = "1.0 1.1 1.2" ]; then ok "fixtures cover formats $versions"; else fail "fixtures cover formats '$versions', expected 1.0 1.1 1.2"; fi
+if [ "$versions" = "1.0 1.1 1.2 1.3" ]; then ok "fixtures cover formats $versions"; else fail "fixtures cover formats '$versions', expected 1.0 1.1 1.2 1.3"; fi
+
+# A data-parallel rank stream (1.3): its place in the run, and the sums across ranks.
+out=$(PYTHONPATH=python "$PY" - "fixtures/gpu-h200x2-dp/gpt-2gpu/rank-1" <<'PYEOF' 2>&1
+import sys
+from repro_trace import Trace
+t = Trace(sys.argv[1])
+d = t.header["distributed"]
+sums = [x for s in t.steps() for x in s.tensors if x.collective == "all_reduce_sum"]
+assert d["rank"] == 1 and d["world_size"] == 2 and d["backend"] == "nccl", d
+assert sums and all(len(x.inputs) == 1 and x.inputs[0] == x.name + ".local" for x in sums)
+print(f"rank {d['rank']} of {d['world_size']} ({d['backend']} {d['backend_version']}), {len(sums)} sums")
+PYEOF
+)
+if [ $? = 0 ]; then ok "data-parallel rank stream: $out"; else fail "data-parallel rank stream: $out"; fi
 
 # --- diff -----------------------------------------------------------------------------------
 run_reader out rc diff "$WORK/adder-a" "$WORK/adder-b"
