@@ -28,6 +28,7 @@ fn write_trace(dir: &std::path::Path) {
         run: RunConfig { workload: "fuzz".into(), steps: Some(1), params: Default::default() },
         environment: Environment::default(),
         capture: CapturePolicy { full: FullCapture::All, inline_max_bytes: 0 },
+        distributed: None,
     };
     let mut writer = TraceWriter::create(dir, &header, true).expect("creating the fuzz trace");
     let tensors = [
