@@ -90,7 +90,8 @@ pub struct GptArgs {
 #[derive(Debug, Clone, Args)]
 #[command(next_help_heading = "Classifiers (mlp, cnn, resnet18)")]
 pub struct ClassifierArgs {
-    /// Dataset [mlp: gauss2d; cnn: digits; resnet18: cifar-synthetic].
+    /// Dataset [mlp: gauss2d; cnn: digits; resnet18: cifar-synthetic]; mlp also takes gauss5d and
+    /// subgroups (protected attributes: the noise study reports sub-group spreads).
     #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(DatasetName::ALL))]
     pub dataset: Option<String>,
     /// Use only the first N training and test examples.

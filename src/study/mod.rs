@@ -13,7 +13,7 @@ mod order;
 mod store;
 mod subject;
 
-pub use repro_diff::study::{results, stats};
+pub use repro_diff::study::{results, stats, subgroups};
 
 pub use cost::{run_cost, MODES};
 pub use devices::{run_devices, sampled_steps};

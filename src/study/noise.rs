@@ -7,11 +7,15 @@
 //! | `algo`      | run i uses seed+i  | ordered    |
 //! | `impl`      | fixed              | atomic     |
 //! | `algo+impl` | run i uses seed+i  | atomic     |
+//!
+//! On a dataset with protected attributes (`subgroups`), each variant also reports the spread of
+//! the error, false-positive and false-negative rates within every sub-group, against the whole.
 
 use super::error::StudyError;
 use super::results::{NoiseReport, VariantReport};
 use super::stats::variant_stats;
 use super::store::{StudyDir, StudyOut};
+use super::subgroups::{subgroup_spreads, VariantSubgroups};
 use super::subject::{Subject, Variation};
 use super::Progress;
 use crate::ops::Reductions;
@@ -85,6 +89,8 @@ pub fn run_noise(
     let dir = StudyDir::open(&out.dir, "noise", &settings, out.restart)?;
     let total = runs * VARIANTS.len();
     let mut variants = Vec::new();
+    let mut subgroups = Vec::new();
+    let protected = subject.subgroups();
     let mut test_examples = 0;
     for (v, variant) in VARIANTS.into_iter().enumerate() {
         let mut results = Vec::with_capacity(runs);
@@ -104,6 +110,10 @@ pub fn run_noise(
         }
         test_examples = results.first().map_or(0, |r| r.predictions.len());
         let stats = variant_stats(&results, |i| dir.load_weights(variant.name(), i))?;
+        if let Some((labels, groups)) = &protected {
+            let groups = subgroup_spreads(&results, labels, 1, groups);
+            subgroups.push(VariantSubgroups { variant: variant.name().to_string(), groups });
+        }
         variants.push(VariantReport {
             variant: variant.name().to_string(),
             reductions: variant.reductions().to_string(),
@@ -125,6 +135,7 @@ pub fn run_noise(
         test_examples,
         variants,
         impl_share_of_accuracy_stdev: impl_share,
+        subgroups,
     };
     Ok((report, dir))
 }

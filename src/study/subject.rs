@@ -5,6 +5,7 @@
 use super::error::StudyError;
 use super::stats::RunResult;
 use super::store::StudyDir;
+use super::subgroups::Subgroup;
 use crate::ops::Reductions;
 use crate::record::{RecordError, Recorder};
 use crate::trace::RunConfig;
@@ -95,6 +96,26 @@ impl Subject {
                 c.layers, c.width, c.context, c.steps, c.batch, c.lr
             ),
         }
+    }
+
+    /// The test labels and the sub-groups of a binary classifier's dataset with protected
+    /// attributes: for each attribute, those with it and those without. `None` for others.
+    pub fn subgroups(&self) -> Option<(Vec<u32>, Vec<Subgroup>)> {
+        let Subject::Classifier { data, .. } = self else { return None };
+        if data.protected.is_empty() || data.classes != 2 {
+            return None;
+        }
+        let groups = data
+            .protected
+            .iter()
+            .flat_map(|a| {
+                [
+                    Subgroup { name: a.name.clone(), members: a.values.clone() },
+                    Subgroup { name: a.complement.clone(), members: a.values.iter().map(|v| !v).collect() },
+                ]
+            })
+            .collect();
+        Some((data.test.y.clone(), groups))
     }
 
     /// The base seed the noise study's variants start from.

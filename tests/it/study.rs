@@ -292,3 +292,55 @@ fn the_data_order_alone_changes_full_batch_training_through_the_first_sum_over_t
     assert_eq!(gpt.code, 2);
     assert!(gpt.stderr.contains("classifier"), "{}", gpt.stderr);
 }
+
+#[test]
+fn on_protected_attributes_the_noise_study_reports_each_sub_group_against_the_whole() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("subgroups");
+    let args = [
+        "study",
+        "noise",
+        "--workload",
+        "mlp",
+        "--dataset",
+        "subgroups",
+        "--examples",
+        "3000",
+        "--epochs",
+        "1",
+        "--lr",
+        "0.01",
+        "--runs",
+        "3",
+        "--json",
+        "--out",
+        s(&out),
+    ];
+    let run = repro(&args);
+    assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+    let report = json(&run.stdout);
+    let variants = report["subgroups"].as_array().unwrap();
+    assert_eq!(variants.len(), 4, "one table per variant");
+    let algo = variants.iter().find(|v| v["variant"] == "algo").unwrap();
+    let groups: Vec<&str> = algo["groups"].as_array().unwrap().iter().map(|g| g["group"].as_str().unwrap()).collect();
+    assert_eq!(groups, ["all", "male", "female", "old", "young"]);
+    let row = |name: &str| algo["groups"].as_array().unwrap().iter().find(|g| g["group"] == name).unwrap().clone();
+    // Men and women partition the test set, and so do their positives.
+    assert_eq!(row("male")["examples"].as_u64().unwrap() + row("female")["examples"].as_u64().unwrap(), 3000);
+    let share = row("male")["positive_share"].as_f64().unwrap() + row("female")["positive_share"].as_f64().unwrap();
+    assert!((share - 1.0).abs() < 1e-12, "{share}");
+    assert!(row("male")["positive_share"].as_f64().unwrap() < 0.05, "positives are rare among men");
+    // Seeds vary: the whole test set's error spreads, and the whole's ratio to itself is 1.
+    assert!(row("all")["error_stdev"].as_f64().unwrap() > 0.0);
+    assert_eq!(row("all")["error_ratio"], 1.0);
+    // Fixed seeds and ordered reductions: no spread, so no ratio.
+    let control = variants.iter().find(|v| v["variant"] == "control").unwrap();
+    assert!(control["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|g| g["error_stdev"] == 0.0 && g["error_ratio"].is_null()));
+    let text = std::fs::read_to_string(out.join("noise.md")).unwrap();
+    assert!(text.contains("spread by sub-group") && text.contains("| algo | old |"), "{text}");
+    assert!(std::fs::read_to_string(out.join("noise.svg")).unwrap().contains("false-negative rate"));
+}

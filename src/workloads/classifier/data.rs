@@ -29,11 +29,17 @@ pub enum DatasetName {
     /// 32×32×3 images, 10 classes: each example mixes its class's smooth template with another
     /// class's and adds noise, so some examples are ambiguous; 10,000 training, 2,000 test.
     CifarSynthetic,
+    /// 8 features, a rare positive class (about 14% of examples) and two protected binary
+    /// attributes, `male` (40%) and `old` (25%), shaped like CelebA's: the positive class is
+    /// rare among men and among the old (about 0.8% and 2.5% of the positives), and men's
+    /// positives are told apart along other features than women's. 20,000 training, 10,000
+    /// test examples.
+    Subgroups,
 }
 
 impl DatasetName {
     /// Names accepted on the command line.
-    pub const ALL: &'static [&'static str] = &["gauss2d", "gauss5d", "digits", "cifar-synthetic"];
+    pub const ALL: &'static [&'static str] = &["gauss2d", "gauss5d", "digits", "cifar-synthetic", "subgroups"];
 
     /// (training, test) examples of the full dataset.
     pub fn sizes(self) -> (usize, usize) {
@@ -42,6 +48,7 @@ impl DatasetName {
             DatasetName::Gauss5d => (100_000, 10_000),
             DatasetName::Digits => (1_438, 359),
             DatasetName::CifarSynthetic => (10_000, 2_000),
+            DatasetName::Subgroups => (20_000, 10_000),
         }
     }
 
@@ -64,6 +71,7 @@ impl fmt::Display for DatasetName {
             DatasetName::Gauss5d => "gauss5d",
             DatasetName::Digits => "digits",
             DatasetName::CifarSynthetic => "cifar-synthetic",
+            DatasetName::Subgroups => "subgroups",
         })
     }
 }
@@ -76,6 +84,7 @@ impl FromStr for DatasetName {
             "gauss5d" => Ok(DatasetName::Gauss5d),
             "digits" => Ok(DatasetName::Digits),
             "cifar-synthetic" => Ok(DatasetName::CifarSynthetic),
+            "subgroups" => Ok(DatasetName::Subgroups),
             _ => Err(format!("unknown dataset `{s}`: expected {}", DatasetName::ALL.join(", "))),
         }
     }
@@ -115,6 +124,19 @@ pub struct Dataset {
     pub train: Split,
     /// Test examples.
     pub test: Split,
+    /// Protected attributes of the test examples (empty for datasets without any).
+    pub protected: Vec<Attribute>,
+}
+
+/// A protected binary attribute of the test examples, which splits them into two sub-groups.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Attribute {
+    /// The sub-group of examples that have it (`male`).
+    pub name: String,
+    /// The sub-group of those that do not (`female`).
+    pub complement: String,
+    /// Whether each test example has it.
+    pub values: Vec<bool>,
 }
 
 impl Dataset {
@@ -132,6 +154,7 @@ impl Dataset {
             DatasetName::Gauss5d => gaussian(name, dataset_seed, 5, 0.7, 0.15, train, test),
             DatasetName::Digits => digits()?,
             DatasetName::CifarSynthetic => cifar_synthetic(dataset_seed, train, test),
+            DatasetName::Subgroups => subgroups(dataset_seed, train, test),
         };
         if let Some(n) = limit {
             let len = data.example_len();
@@ -140,6 +163,8 @@ impl Dataset {
                 split.y.truncate(keep);
                 split.x.truncate(keep * len);
             }
+            let kept = data.test.len();
+            data.protected.iter_mut().for_each(|a| a.values.truncate(kept));
         }
         Ok(data)
     }
@@ -170,6 +195,7 @@ fn gaussian(name: DatasetName, seed: u64, dims: usize, rho: f64, mean: f64, trai
         classes: 2,
         train: split("dataset.gaussian.train", train),
         test: split("dataset.gaussian.test", test),
+        protected: Vec::new(),
     }
 }
 
@@ -196,7 +222,14 @@ fn digits() -> Result<Dataset, String> {
         split.x.extend(pixels.iter().map(|p| p / 16.0));
         split.y.push(*label as u32);
     }
-    Ok(Dataset { name: DatasetName::Digits, example_shape: vec![1, 8, 8], classes: 10, train, test })
+    Ok(Dataset {
+        name: DatasetName::Digits,
+        example_shape: vec![1, 8, 8],
+        classes: 10,
+        train,
+        test,
+        protected: Vec::new(),
+    })
 }
 
 fn cifar_synthetic(seed: u64, train: usize, test: usize) -> Dataset {
@@ -250,6 +283,60 @@ fn cifar_synthetic(seed: u64, train: usize, test: usize) -> Dataset {
         classes: CLASSES,
         train: split("dataset.cifar.train", train),
         test: split("dataset.cifar.test", test),
+        protected: Vec::new(),
+    }
+}
+
+/// The `subgroups` dataset (see [`DatasetName::Subgroups`]). Per example: `male` and `old` are
+/// drawn first, then the label with a probability that depends on them, then 8 features: the
+/// label's signal on features 0-1 for women and 2-3 for men, the attributes on 4-5 (`male`)
+/// and 6-7 (`old`), and unit Gaussian noise on all.
+fn subgroups(seed: u64, train: usize, test: usize) -> Dataset {
+    const DIMS: usize = 8;
+    /// P(positive) for (male, old).
+    fn positive_rate(male: bool, old: bool) -> f64 {
+        match (male, old) {
+            (false, false) => 0.30,
+            (false, true) => 0.023,
+            (true, false) => 0.0035,
+            (true, true) => 0.001,
+        }
+    }
+    let split = |purpose: &str, n: usize| {
+        let mut rng = stream(seed, purpose, 0);
+        let (mut x, mut y) = (Vec::with_capacity(n * DIMS), Vec::with_capacity(n));
+        let (mut male, mut old) = (Vec::with_capacity(n), Vec::with_capacity(n));
+        for _ in 0..n {
+            let (m, o) = (rng_unit(&mut rng) < 0.4, rng_unit(&mut rng) < 0.25);
+            let positive = rng_unit(&mut rng) < positive_rate(m, o);
+            let signal = if positive { 1.2 } else { -0.4 };
+            let side = |on: bool| if on { 1.0 } else { -1.0 };
+            let mut features = [0.0f64; DIMS];
+            let label_dims = if m { 2..4 } else { 0..2 };
+            features[label_dims].iter_mut().for_each(|f| *f += signal);
+            features[4..6].iter_mut().for_each(|f| *f += side(m));
+            features[6..8].iter_mut().for_each(|f| *f += side(o));
+            for f in features {
+                let z: f64 = rng.sample(StandardNormal);
+                x.push((f + z) as f32);
+            }
+            y.push(u32::from(positive));
+            male.push(m);
+            old.push(o);
+        }
+        (Split { x, y }, male, old)
+    };
+    let (train, _, _) = split("dataset.subgroups.train", train);
+    let (test, male, old) = split("dataset.subgroups.test", test);
+    let attribute =
+        |name: &str, complement: &str, values| Attribute { name: name.into(), complement: complement.into(), values };
+    Dataset {
+        name: DatasetName::Subgroups,
+        example_shape: vec![DIMS],
+        classes: 2,
+        train,
+        test,
+        protected: vec![attribute("male", "female", male), attribute("old", "young", old)],
     }
 }
 
@@ -274,7 +361,7 @@ mod tests {
 
     #[test]
     fn synthetic_datasets_repeat_for_a_seed_and_change_with_it() {
-        for name in [DatasetName::Gauss2d, DatasetName::Gauss5d, DatasetName::CifarSynthetic] {
+        for name in [DatasetName::Gauss2d, DatasetName::Gauss5d, DatasetName::CifarSynthetic, DatasetName::Subgroups] {
             let a = Dataset::load(name, 3, Some(50)).unwrap();
             let b = Dataset::load(name, 3, Some(50)).unwrap();
             let c = Dataset::load(name, 4, Some(50)).unwrap();
@@ -283,6 +370,25 @@ mod tests {
             assert_eq!((a.train.len(), a.test.len()), (50, 50));
             assert_eq!(a.train.x.len(), 50 * a.example_len());
         }
+    }
+
+    #[test]
+    fn subgroups_make_positives_rare_among_men_and_the_old() {
+        let d = Dataset::load(DatasetName::Subgroups, 0, None).unwrap();
+        let positives: Vec<bool> = d.test.y.iter().map(|&y| y == 1).collect();
+        let total = positives.iter().filter(|&&p| p).count() as f64;
+        assert!((total / d.test.len() as f64 - 0.14).abs() < 0.01, "positive rate {}", total / d.test.len() as f64);
+        let share = |name: &str| {
+            let a = d.protected.iter().find(|a| a.name == name).unwrap();
+            assert_eq!(a.values.len(), d.test.len());
+            a.values.iter().zip(&positives).filter(|(&member, &p)| member && p).count() as f64 / total
+        };
+        let (male, old) = (share("male"), share("old"));
+        assert!((0.003..0.02).contains(&male), "male share of positives {male}");
+        assert!((0.015..0.04).contains(&old), "old share of positives {old}");
+        // A limit keeps attributes and examples aligned.
+        let small = Dataset::load(DatasetName::Subgroups, 0, Some(30)).unwrap();
+        assert!(small.protected.iter().all(|a| a.values.len() == 30));
     }
 
     #[test]

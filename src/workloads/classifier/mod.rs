@@ -134,7 +134,10 @@ impl ClassifierConfig {
             return bad(format!("{} trains on images: use --dataset digits or cifar-synthetic", self.model));
         }
         if self.model == ModelKind::Mlp && self.dataset.is_image() {
-            return bad(format!("mlp trains on vectors: use --dataset gauss2d or gauss5d, not {}", self.dataset));
+            return bad(format!(
+                "mlp trains on vectors: use --dataset gauss2d, gauss5d or subgroups, not {}",
+                self.dataset
+            ));
         }
         let train = self.dataset.train_len(self.examples);
         if train < self.batch {

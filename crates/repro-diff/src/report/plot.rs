@@ -123,9 +123,14 @@ fn sci(x: f64) -> String {
 pub fn plot_noise(r: &NoiseReport) -> PlotResult {
     let mut svg = String::new();
     {
-        let root = SVGBackend::with_string(&mut svg, (1200, 420)).into_drawing_area();
+        // A second row, on a dataset with protected attributes: the spread within each group.
+        let rows = if r.subgroups.is_empty() { 1 } else { 2 };
+        let root = SVGBackend::with_string(&mut svg, (1200, 420 * rows)).into_drawing_area();
         root.fill(&WHITE).map_err(err)?;
-        let panels = root.split_evenly((1, 3));
+        let panels = root.split_evenly((rows as usize, 3));
+        if rows == 2 {
+            subgroup_panels(r, &panels[3..6])?;
+        }
         let names: Vec<String> = r.variants.iter().map(|v| v.variant.to_string()).collect();
         let all: Vec<f64> = r.variants.iter().flat_map(|v| &v.run_accuracies).map(|a| a * 100.0).collect();
         let lo = all.iter().copied().fold(f64::INFINITY, f64::min);
@@ -160,6 +165,43 @@ pub fn plot_noise(r: &NoiseReport) -> PlotResult {
         root.present().map_err(err)?;
     }
     Ok(svg)
+}
+
+/// Per metric (error, false-positive and false-negative rate), each group's spread over runs
+/// against the whole test set's, one colour per variant (variants whose runs agree have no
+/// ratio and are left out).
+fn subgroup_panels(r: &NoiseReport, panels: &[Area<'_>]) -> Result<(), String> {
+    type Ratio = fn(&crate::study::subgroups::SubgroupSpread) -> Option<f64>;
+    let metrics: [(&str, Ratio); 3] = [
+        ("error rate", |g| g.error_ratio),
+        ("false-positive rate", |g| g.fpr_ratio),
+        ("false-negative rate", |g| g.fnr_ratio),
+    ];
+    let names: Vec<String> =
+        r.subgroups.first().map_or(Vec::new(), |v| v.groups.iter().map(|g| g.group.clone()).collect());
+    for (panel, (metric, ratio)) in panels.iter().zip(metrics) {
+        let all: Vec<f64> = r.subgroups.iter().flat_map(|v| v.groups.iter().filter_map(ratio)).collect();
+        let hi = all.iter().copied().fold(1.0, f64::max) * 1.15;
+        let title = format!("sd of the {metric} over runs, / all examples'");
+        let mut chart = category_chart(panel, &title, &names, 0.0..hi, "x the whole test set")?;
+        for (i, variant) in r.subgroups.iter().enumerate() {
+            let color = PALETTE[i % PALETTE.len()];
+            let offset = -0.2 + 0.4 * i as f64 / r.subgroups.len().max(2) as f64;
+            let points: Vec<(f64, f64)> = variant
+                .groups
+                .iter()
+                .enumerate()
+                .filter_map(|(k, g)| ratio(g).map(|y| (k as f64 + offset, y)))
+                .collect();
+            chart
+                .draw_series(points.into_iter().map(|p| Circle::new(p, 4, color.filled())))
+                .map_err(err)?
+                .label(variant.variant.clone())
+                .legend(move |(x, y)| Circle::new((x, y), 4, color.filled()));
+        }
+        chart.configure_series_labels().border_style(BLACK).background_style(WHITE).draw().map_err(err)?;
+    }
+    Ok(())
 }
 
 /// The data-order study: churn and weight distance per batch size (log scales).

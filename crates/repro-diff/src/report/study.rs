@@ -98,7 +98,43 @@ pub fn render_noise(r: &NoiseReport, markdown: bool) -> String {
         };
         let _ = writeln!(out, "{verdict}");
     }
+    if !r.subgroups.is_empty() {
+        render_subgroups(&mut out, r, markdown);
+    }
     out
+}
+
+/// The spread within each sub-group, per variant: standard deviations over the runs, each
+/// with its multiple of the whole test set's.
+fn render_subgroups(out: &mut String, r: &NoiseReport, markdown: bool) {
+    let _ = writeln!(
+        out,
+        "\nspread by sub-group: standard deviation over runs of the error rate, false-positive rate (FPR) and false-negative rate (FNR), and its multiple of the spread over all test examples"
+    );
+    let with_ratio = |sd: f64, ratio: Option<f64>| match ratio {
+        Some(x) => format!("{} ({x:.1}x)", pct(sd)),
+        None => pct(sd),
+    };
+    let rows: Vec<Vec<String>> = r
+        .subgroups
+        .iter()
+        .flat_map(|v| {
+            v.groups.iter().map(move |g| {
+                vec![
+                    v.variant.clone(),
+                    g.group.clone(),
+                    g.examples.to_string(),
+                    format!("{} ({})", g.positives, pct(g.positive_share)),
+                    pct(g.error_mean),
+                    with_ratio(g.error_stdev, g.error_ratio),
+                    with_ratio(g.fpr_stdev, g.fpr_ratio),
+                    with_ratio(g.fnr_stdev, g.fnr_ratio),
+                ]
+            })
+        })
+        .collect();
+    let header = ["variant", "group", "examples", "positives (share)", "error mean", "sd error", "sd FPR", "sd FNR"];
+    out.push_str(&table(&header, &rows, markdown));
 }
 
 /// The devices study: error rates side by side, then each comparison.

@@ -4,6 +4,7 @@
 
 pub mod results;
 pub mod stats;
+pub mod subgroups;
 
 use serde::{Deserialize, Deserializer};
 

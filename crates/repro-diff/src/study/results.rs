@@ -39,6 +39,10 @@ pub struct NoiseReport {
     /// that the implementation alone produces (the seed paper's 0.74). `None` when the total
     /// spread is zero.
     pub impl_share_of_accuracy_stdev: Option<f64>,
+    /// Per variant, the spread within each sub-group of a dataset with protected attributes
+    /// (`--dataset subgroups`); empty otherwise.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub subgroups: Vec<super::subgroups::VariantSubgroups>,
 }
 
 /// One device's run.
