@@ -2,31 +2,30 @@
 //! per device, each writing `OUT/rank-N`. Their messages come through prefixed `[rank N]`; if
 //! one fails or is killed, the others are stopped and the error names the rank and its cause.
 
-use super::workload_args::options_for;
-use repro::record::Perturbation;
-use repro::trace::CapturePolicy;
-use repro::workloads::Workload;
+use repro::trace::{rank_dir, CapturePolicy, RunConfig};
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-/// Records a data-parallel run of `workload` into `out`: one `repro record` process per device,
-/// each storing full values at the steps `capture` names, supervised until all finish.
+/// Records a data-parallel run into `out`: one `repro record` process per device, each training
+/// the workload that `options` give (`--workload ...`, as `options_for` writes them) and storing
+/// full values at the steps `capture` names, supervised until all finish. `run` is the
+/// workload's configuration, whose batch is checked against the number of ranks first.
 pub fn record_ranks(
     devices: &[String],
     out: &Path,
     force: bool,
     capture: &CapturePolicy,
-    workload: &Workload,
-    perturb: Option<&Perturbation>,
+    run: &RunConfig,
+    options: &[String],
 ) -> Result<(), String> {
     check_devices(devices)?;
     // Said before any rank starts, rather than by each rank, leaving partial streams behind.
-    let batch = workload.run_config().params.get("batch").and_then(|b| b.parse::<usize>().ok());
+    let batch = run.params.get("batch").and_then(|b| b.parse::<usize>().ok());
     if let Some(batch) = batch.filter(|b| !b.is_multiple_of(devices.len())) {
         return Err(format!(
             "the batch ({batch}) must be a positive multiple of the number of ranks ({}): each rank trains on an equal share",
@@ -43,16 +42,8 @@ pub fn record_ranks(
     if force {
         args.push("--force".into());
     }
-    args.extend(options_for(&workload.run_config()));
-    if let Some(p) = perturb {
-        args.extend(["--perturb".to_string(), p.to_string()]);
-    }
+    args.extend_from_slice(options);
     supervise("record", devices, Some(out), &args)
-}
-
-/// A rank's stream in a run directory: `OUT/rank-N`.
-pub fn rank_dir(out: &Path, rank: usize) -> PathBuf {
-    out.join(format!("rank-{rank}"))
 }
 
 /// Checks a device list for data-parallel training: at least two, and no GPU twice.
@@ -106,7 +97,7 @@ pub fn supervise(command_name: &str, devices: &[String], out: Option<&Path>, arg
         let mut command = Command::new(&exe);
         command.arg(command_name);
         if let Some(out) = out {
-            command.arg("--out").arg(rank_dir(out, rank));
+            command.arg("--out").arg(rank_dir(out, rank as u64));
         }
         command
             .args(args)

@@ -133,7 +133,8 @@ pub fn run(args: RecordArgs) -> Result<Exit, String> {
 fn record_ranks(args: &RecordArgs, workload: &Workload) -> Result<Exit, String> {
     let started = Instant::now();
     let capture = CapturePolicy { full: args.capture.clone(), inline_max_bytes: args.inline_max_bytes };
-    ranks::record_ranks(&args.devices, &args.out, args.force, &capture, workload, args.train.perturb.as_ref())?;
+    let options = args.train.rank_options(workload);
+    ranks::record_ranks(&args.devices, &args.out, args.force, &capture, &workload.run_config(), &options)?;
     eprintln!(
         "recorded {} ranks of {} on {} into {} in {:.2}s",
         args.devices.len(),

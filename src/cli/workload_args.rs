@@ -282,6 +282,16 @@ impl WorkloadArgs {
         run
     }
 
+    /// The options that make a rank process train this workload: the workload's settings, and
+    /// the planted fault if any.
+    pub fn rank_options(&self, workload: &Workload) -> Vec<String> {
+        let mut options = options_for(&workload.run_config());
+        if let Some(p) = &self.perturb {
+            options.extend(["--perturb".to_string(), p.to_string()]);
+        }
+        options
+    }
+
     /// Records one run of the built-in workload into `dir` the way a gate compares runs:
     /// hashes at every step, small tensors' values, and full values at the steps `full` names.
     /// With several `devices`, the run is data-parallel, one rank per device.
@@ -289,7 +299,8 @@ impl WorkloadArgs {
         let workload = self.workload()?;
         if devices.len() > 1 {
             let capture = CapturePolicy { full: full.clone(), ..CapturePolicy::default() };
-            return super::ranks::record_ranks(devices, dir, true, &capture, &workload, self.perturb.as_ref());
+            let run = workload.run_config();
+            return super::ranks::record_ranks(devices, dir, true, &capture, &run, &self.rank_options(&workload));
         }
         let device = open_device(devices.first().unwrap_or(&self.device)).map_err(|e| e.to_string())?;
         let capture = CapturePolicy { full: full.clone(), ..CapturePolicy::default() };

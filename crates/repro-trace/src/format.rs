@@ -1,8 +1,9 @@
-//! The trace format's version, file names and limits: the constants a reader checks before it
-//! trusts anything else. The normative description is `docs/trace-format.md`.
+//! The trace format's version, file names (a data-parallel run's rank directories included) and
+//! limits: the constants a reader checks before it trusts anything else. The normative description is `docs/trace-format.md`.
 
 use serde::{Deserialize, Serialize};
 use std::fmt;
+use std::path::{Path, PathBuf};
 
 /// A format version. Readers accept any minor version of their own major version (minor
 /// versions only add optional fields) and refuse other majors.
@@ -46,6 +47,17 @@ pub const PREAMBLE_LEN: usize = 12;
 
 /// The record file inside a trace directory.
 pub const RECORDS_FILE: &str = "records.rpr";
+
+/// The directory of rank `rank`'s trace inside a data-parallel run (format 1.3): `rank-R`.
+pub fn rank_dir(run: &Path, rank: u64) -> PathBuf {
+    run.join(format!("rank-{rank}"))
+}
+
+/// Whether `path` looks like a data-parallel run: a directory with no record file of its own and
+/// a `rank-0` trace.
+pub fn is_ranked_run(path: &Path) -> bool {
+    path.is_dir() && !path.join(RECORDS_FILE).exists() && rank_dir(path, 0).join(RECORDS_FILE).is_file()
+}
 
 /// The run-metadata file: the only part of a trace that differs between identical runs.
 pub const RUN_META_FILE: &str = "run-meta.json";

@@ -21,8 +21,9 @@ mod writer;
 
 pub use check::{StepCheck, StepVerdict};
 pub use error::TraceError;
+pub use format::{is_ranked_run, rank_dir};
 pub use format::{FormatVersion, CURRENT_FORMAT};
-pub use ranks::{is_ranked_run, rank_dir, rank_streams};
+pub use ranks::rank_streams;
 pub use reader::{Completeness, TensorValues, TraceReader};
 pub use schema::{
     BadCapture, CapturePolicy, Distributed, Environment, Footer, FullCapture, Header, Phase, Record, RunConfig,

@@ -3,20 +3,9 @@
 //! module finds a run's rank streams and checks that they belong together.
 
 use crate::error::TraceError;
-use crate::format::RECORDS_FILE;
+use crate::format::{is_ranked_run, rank_dir, RECORDS_FILE};
 use crate::reader::TraceReader;
 use std::path::{Path, PathBuf};
-
-/// The directory of rank `rank`'s stream in a data-parallel run.
-pub fn rank_dir(run: &Path, rank: u64) -> PathBuf {
-    run.join(format!("rank-{rank}"))
-}
-
-/// Whether `path` looks like a data-parallel run: a directory with no record file of its own and
-/// a `rank-0` trace.
-pub fn is_ranked_run(path: &Path) -> bool {
-    path.is_dir() && !path.join(RECORDS_FILE).exists() && rank_dir(path, 0).join(RECORDS_FILE).is_file()
-}
 
 /// The rank streams of the data-parallel run in `path`, in rank order, or `None` when `path` is
 /// not one (a single trace, or nothing: opening it says which). Every rank from 0 to the world

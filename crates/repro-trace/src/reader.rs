@@ -77,7 +77,7 @@ impl TraceReader {
         let (dir, records_path, records_only) = if meta.is_dir() {
             let records_path = path.join(RECORDS_FILE);
             if !records_path.exists() {
-                let reason = if crate::ranks::is_ranked_run(&path) {
+                let reason = if format::is_ranked_run(&path) {
                     "it is a data-parallel run, one trace per rank (rank-0, rank-1, ...): `repro diff`, `inspect` and `matrix` read the run; other commands take one rank's directory".into()
                 } else {
                     format!("it has no {RECORDS_FILE}")
