@@ -23,7 +23,7 @@ pub mod nccl;
 pub use file::FileCollective;
 
 use crate::record::{RecordError, StepRecorder};
-use crate::trace::Distributed;
+use crate::trace::{Distributed, Phase, TensorKind};
 use candle_core::backprop::GradStore;
 use candle_core::{Device, Tensor, Var};
 use std::path::Path;
@@ -67,6 +67,17 @@ pub fn join(
             "data-parallel training on {device:?} needs NCCL: build repro with `make cuda` (the `nccl` feature)"
         ))),
     }
+}
+
+/// A gradient to average over the ranks: `NAME.grad`, the recorded tensors it was computed from,
+/// and its value.
+pub struct Gradient<'a> {
+    /// `NAME.grad`.
+    pub name: &'a str,
+    /// Names of recorded tensors of the step it was computed from (may be empty).
+    pub inputs: &'a [&'a str],
+    /// This rank's gradient.
+    pub value: &'a Tensor,
 }
 
 /// One rank's side of data-parallel training: its share of each batch, and gradients averaged
@@ -116,28 +127,40 @@ impl DataParallel {
         Ok(batch.narrow(0, self.rank() * share, share)?)
     }
 
-    /// Averages one gradient over the ranks: records this rank's share of it as
-    /// `NAME.grad.local` (computed from `inputs`), sums the shares across ranks, records the sum
-    /// as `NAME.grad`, and returns it. `grad_name` is `NAME.grad`.
-    pub fn average_gradient(
-        &mut self,
-        s: &mut StepRecorder,
-        grad_name: &str,
-        inputs: &[&str],
-        grad: &Tensor,
-    ) -> Result<Tensor, RecordError> {
-        let local_name = format!("{grad_name}{LOCAL_SUFFIX}");
-        let share = grad.affine(1.0 / self.world_size() as f64, 0.0)?;
-        s.record_as(
-            &local_name,
-            crate::trace::TensorKind::Gradient,
-            Some(crate::trace::Phase::Backward),
-            inputs,
-            &share,
-        )?;
-        let sum = self.collective.all_reduce_sum(&share)?;
-        s.record_collective(grad_name, ALL_REDUCE_SUM, &local_name, &sum)?;
-        Ok(sum)
+    /// Averages gradients over the ranks: records this rank's share of each as `NAME.grad.local`
+    /// (computed from the gradient's `inputs`), sums all shares across ranks in one collective
+    /// call (flattened into one buffer, as data-parallel frameworks bucket them), records each
+    /// sum as `NAME.grad`, and returns the sums in order. Every rank passes the same gradients,
+    /// with the same shapes, in the same order.
+    pub fn average(&mut self, s: &mut StepRecorder, grads: &[Gradient<'_>]) -> Result<Vec<Tensor>, RecordError> {
+        let mut shares = Vec::with_capacity(grads.len());
+        for g in grads {
+            let share = g.value.affine(1.0 / self.world_size() as f64, 0.0)?;
+            let local = format!("{}{LOCAL_SUFFIX}", g.name);
+            s.record_as(&local, TensorKind::Gradient, Some(Phase::Backward), g.inputs, &share)?;
+            shares.push((local, share));
+        }
+        let same_dtype = shares.windows(2).all(|w| w[0].1.dtype() == w[1].1.dtype());
+        let sums = match shares.len() {
+            0 => Vec::new(),
+            _ if same_dtype => {
+                let flat = shares.iter().map(|(_, t)| t.flatten_all()).collect::<candle_core::Result<Vec<_>>>()?;
+                let bucket = self.collective.all_reduce_sum(&Tensor::cat(&flat, 0)?)?;
+                let mut at = 0;
+                let mut sums = Vec::with_capacity(shares.len());
+                for (_, share) in &shares {
+                    let n = share.elem_count();
+                    sums.push(bucket.narrow(0, at, n)?.reshape(share.shape())?);
+                    at += n;
+                }
+                sums
+            }
+            _ => shares.iter().map(|(_, t)| self.collective.all_reduce_sum(t)).collect::<Result<_, _>>()?,
+        };
+        for ((g, (local, _)), sum) in grads.iter().zip(&shares).zip(&sums) {
+            s.record_collective(g.name, ALL_REDUCE_SUM, local, sum)?;
+        }
+        Ok(sums)
     }
 
     /// Averages the gradient of every floating-point parameter in `params` (in their order,
@@ -151,15 +174,22 @@ impl DataParallel {
         grads: &mut GradStore,
     ) -> Result<Vec<String>, RecordError> {
         let mut missing = Vec::new();
-        for (name, var) in params.iter().filter(|(_, v)| v.dtype().is_float()) {
-            let grad = match grads.get(var.as_tensor()) {
+        let mut names = Vec::new();
+        let mut values = Vec::new();
+        let params: Vec<&(String, Var)> = params.iter().filter(|(_, v)| v.dtype().is_float()).collect();
+        for (name, var) in &params {
+            values.push(match grads.get(var.as_tensor()) {
                 Some(grad) => grad.clone(),
                 None => {
                     missing.push(name.clone());
                     var.as_tensor().zeros_like()?
                 }
-            };
-            let sum = self.average_gradient(s, &format!("{name}.grad"), &[], &grad)?;
+            });
+            names.push(format!("{name}.grad"));
+        }
+        let gradients: Vec<Gradient> =
+            names.iter().zip(&values).map(|(name, value)| Gradient { name, inputs: &[], value }).collect();
+        for ((_, var), sum) in params.iter().zip(self.average(s, &gradients)?) {
             grads.insert(var.as_tensor(), sum);
         }
         s.note_no_gradient(missing.iter().cloned());
@@ -201,13 +231,21 @@ mod tests {
                     let mut rec =
                         crate::record::Recorder::create(trace.path(), run, &Device::Cpu, Default::default()).unwrap();
                     let var = Var::new(&[1f32, 2.0], &Device::Cpu).unwrap();
-                    let loss = (var.as_tensor() * (rank as f64 + 1.0)).unwrap().sum_all().unwrap();
+                    let matrix = Var::new(&[[1f32, 2.0], [3.0, 4.0]], &Device::Cpu).unwrap();
+                    let scale = rank as f64 + 1.0;
+                    let loss = ((var.as_tensor() * scale).unwrap().sum_all().unwrap()
+                        + (matrix.as_tensor() * (10.0 * scale)).unwrap().sum_all().unwrap())
+                    .unwrap();
                     let mut grads = loss.backward().unwrap();
                     let mut s = rec.step(0);
-                    dp.average_gradients(&mut s, &[("w".to_string(), var.clone())], &mut grads).unwrap();
+                    let params = [("m".to_string(), matrix.clone()), ("w".to_string(), var.clone())];
+                    dp.average_gradients(&mut s, &params, &mut grads).unwrap();
                     s.finish().unwrap();
                     rec.finish().unwrap();
                     let sum: Vec<f32> = grads.get(var.as_tensor()).unwrap().to_vec1().unwrap();
+                    // Summed in one bucket, split back into each parameter's shape.
+                    let m: Vec<Vec<f32>> = grads.get(matrix.as_tensor()).unwrap().to_vec2().unwrap();
+                    assert_eq!(m, vec![vec![15.0, 15.0], vec![15.0, 15.0]]);
                     let mut reader = crate::trace::TraceReader::open(trace.path()).unwrap();
                     let step = reader.next_step().unwrap().unwrap();
                     let names: Vec<_> = step.tensors.iter().map(|t| (t.name.clone(), t.collective.clone())).collect();
@@ -219,10 +257,9 @@ mod tests {
             let (sum, names) = run.join().unwrap();
             // Rank 0's gradient is 1, rank 1's is 2; each contributes half: 0.5 + 1 = 1.5.
             assert_eq!(sum, vec![1.5, 1.5]);
-            assert_eq!(
-                names,
-                vec![("w.grad.local".to_string(), None), ("w.grad".to_string(), Some(ALL_REDUCE_SUM.to_string()))]
-            );
+            let sum = Some(ALL_REDUCE_SUM.to_string());
+            let expected = [("m.grad.local", None), ("w.grad.local", None), ("m.grad", sum.clone()), ("w.grad", sum)];
+            assert_eq!(names, expected.map(|(n, c)| (n.to_string(), c)).to_vec());
         }
     }
 }

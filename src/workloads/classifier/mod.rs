@@ -15,7 +15,7 @@ pub use data::{Dataset, DatasetName, Split};
 pub use models::{ModelKind, MLP_HIDDEN};
 
 pub use super::outcome::{ModelState, Seeds, TrainOutcome};
-use crate::distributed::DataParallel;
+use crate::distributed::{DataParallel, Gradient};
 use crate::ops::Reductions;
 use crate::record::{Perturbation, RecordError, Recorder};
 use crate::trace::{Phase, RunConfig, TensorKind};
@@ -304,21 +304,26 @@ pub fn train_ranked(
         let loss = cross_entropy(&mut ctx, &Node { t: logits, name: "predictions".into() }, &targets)?;
         let mut grads = loss.t.backward()?;
         s.record_probed_gradients(&[("predictions", &["loss.log_likelihood", "loss.sum", "loss"])])?;
+        // Computed from the gradient at the predictions, back through the forward pass that
+        // produced them.
+        let inputs = ["predictions.grad", "predictions"];
+        let mut parameter_grads = Vec::with_capacity(params.trainable.len());
         for (name, var) in &params.trainable {
             let grad = grads
                 .get(var)
                 .ok_or_else(|| RecordError::Unsupported(format!("parameter `{name}` does not affect the loss")))?;
             let grad_name = format!("{name}.grad");
             let grad = s.perturbed(&grad_name, grad)?;
-            // Computed from the gradient at the predictions, back through the forward pass
-            // that produced them.
-            let inputs = ["predictions.grad", "predictions"];
-            match dp.as_deref_mut() {
-                Some(dp) => {
-                    let sum = dp.average_gradient(&mut s, &grad_name, &inputs, &grad)?;
-                    grads.insert(var.as_tensor(), sum);
-                }
-                None => s.record_as(&grad_name, TensorKind::Gradient, Some(Phase::Backward), &inputs, &grad)?,
+            if dp.is_none() {
+                s.record_as(&grad_name, TensorKind::Gradient, Some(Phase::Backward), &inputs, &grad)?;
+            }
+            parameter_grads.push((grad_name, grad));
+        }
+        if let Some(dp) = dp.as_deref_mut() {
+            let gradients: Vec<Gradient> =
+                parameter_grads.iter().map(|(name, value)| Gradient { name, inputs: &inputs, value }).collect();
+            for ((_, var), sum) in params.trainable.iter().zip(dp.average(&mut s, &gradients)?) {
+                grads.insert(var.as_tensor(), sum);
             }
         }
         opt.step(&grads)?;
