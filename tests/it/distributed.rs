@@ -119,3 +119,23 @@ fn the_gate_and_the_matrix_take_data_parallel_runs() {
     assert_eq!(cells[0][2], 0.0, "step-0 weights: the same seed on 1 and 2 devices");
     assert!(cells[0][1].as_f64().unwrap() > 0.0, "another seed");
 }
+
+#[test]
+fn a_users_own_data_parallel_loop_records_ranks_that_read_as_one_run() {
+    // `cargo test` builds examples next to the binary's directory.
+    let bin = Path::new(env!("CARGO_BIN_EXE_repro"));
+    let example = bin.parent().unwrap().join("examples/data_parallel");
+    assert!(example.exists(), "example not built at {}", example.display());
+    let dir = tempfile::tempdir().unwrap();
+    for name in ["a", "b"] {
+        let status = std::process::Command::new(&example).arg(dir.path().join(name)).status().unwrap();
+        assert!(status.success());
+    }
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    let inspect = repro(&["inspect", s(&a), "--verify"]);
+    assert_eq!(inspect.code, 0, "{}{}", inspect.stdout, inspect.stderr);
+    assert!(inspect.stdout.contains("on all 2 ranks at all 10 steps"), "{}", inspect.stdout);
+    let run = repro(&["diff", s(&a), s(&b)]);
+    assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+    assert!(run.stdout.contains("IDENTICAL  10 steps"), "{}", run.stdout);
+}
