@@ -1,7 +1,7 @@
 //! Automatic graph capture, through the `gpt` workload: its model code has no recording calls,
 //! and every node of its graph is recorded and named after the model's `tracing` spans.
 
-use crate::util::{json, record_small_gpt, repro, s};
+use crate::util::{example, json, record_small_gpt, repro, s};
 use std::path::{Path, PathBuf};
 
 /// A small gpt run storing every step's full values.
@@ -123,10 +123,7 @@ fn bad_gpt_settings_are_refused_before_recording() {
 
 #[test]
 fn an_unmodified_candle_nn_model_records_itself_and_gates() {
-    // `cargo test` builds examples next to the binary's directory.
-    let bin = Path::new(env!("CARGO_BIN_EXE_repro"));
-    let example = bin.parent().unwrap().join("examples/any_model");
-    assert!(example.exists(), "example not built at {}", example.display());
+    let example = example("any_model");
     let dir = tempfile::tempdir().unwrap();
     for name in ["x", "y"] {
         let status = std::process::Command::new(&example).arg(dir.path().join(name)).status().unwrap();

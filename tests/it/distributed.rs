@@ -1,7 +1,7 @@
 //! Data-parallel runs on CPU ranks (the file stand-in for NCCL): rank processes, per-rank
 //! streams, replica checks, and diffs within and across world sizes.
 
-use crate::util::{json, record_small_gpt, repro, s};
+use crate::util::{example, json, record_small_gpt, repro, s};
 use std::path::{Path, PathBuf};
 
 /// The small gpt of `record_small_gpt` (batch 2), data-parallel on two CPU ranks.
@@ -122,10 +122,7 @@ fn the_gate_and_the_matrix_take_data_parallel_runs() {
 
 #[test]
 fn a_users_own_data_parallel_loop_records_ranks_that_read_as_one_run() {
-    // `cargo test` builds examples next to the binary's directory.
-    let bin = Path::new(env!("CARGO_BIN_EXE_repro"));
-    let example = bin.parent().unwrap().join("examples/data_parallel");
-    assert!(example.exists(), "example not built at {}", example.display());
+    let example = example("data_parallel");
     let dir = tempfile::tempdir().unwrap();
     for name in ["a", "b"] {
         let status = std::process::Command::new(&example).arg(dir.path().join(name)).status().unwrap();

@@ -1,6 +1,6 @@
 //! The determinism gate: pass, fail and error, with their exit codes and reports.
 
-use crate::util::{json, repro, repro_with_env, s};
+use crate::util::{example, json, repro, repro_with_env, s};
 use std::fs;
 
 const SMALL: [&str; 4] = ["--steps", "12", "--batch", "300"];
@@ -95,8 +95,7 @@ fn a_corrupt_or_mismatched_baseline_is_an_error() {
 
 #[test]
 fn a_users_own_program_is_gated_through_the_environment() {
-    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_repro"));
-    let example = bin.parent().unwrap().join("examples/own_training_loop");
+    let example = example("own_training_loop");
     let run = repro(&["gate", "--runs", "3", "--", s(&example)]);
     assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
     assert!(run.stdout.contains("run 2: identical (50 steps"), "{}", run.stdout);
@@ -139,8 +138,7 @@ fn a_baseline_from_another_environment_names_the_likely_causes() {
 
 #[test]
 fn a_baseline_of_a_users_own_program_is_written_and_gated() {
-    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_repro"));
-    let example = bin.parent().unwrap().join("examples/any_model");
+    let example = example("any_model");
     let dir = tempfile::tempdir().unwrap();
     let base = dir.path().join("own.rpr");
     let run = repro(&["baseline", "write", "--out", s(&base), "--", s(&example)]);
@@ -153,7 +151,7 @@ fn a_baseline_of_a_users_own_program_is_written_and_gated() {
     assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
     assert!(run.stdout.contains("PASS"), "{}", run.stdout);
     // Another program is not what the baseline was written for.
-    let other = bin.parent().unwrap().join("examples/own_training_loop");
+    let other = crate::util::example("own_training_loop");
     let run = repro(&["gate", "--baseline", s(&base), "--", s(&other)]);
     assert_eq!(run.code, 2, "{}{}", run.stdout, run.stderr);
     assert!(run.stderr.contains("written for another configuration (workload any-model vs own-mlp"), "{}", run.stderr);
@@ -168,8 +166,7 @@ fn the_gate_keeps_full_values_where_capture_asks_also_in_a_users_program() {
     let inspect = repro(&["inspect", s(&keep.join("run-1"))]);
     assert!(inspect.stdout.contains("full steps 2"), "{}", inspect.stdout);
 
-    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_repro"));
-    let example = bin.parent().unwrap().join("examples/any_model");
+    let example = example("any_model");
     let own = dir.path().join("own");
     let run = repro(&["gate", "--capture", "steps:3", "--keep", s(&own), "--", s(&example)]);
     assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);

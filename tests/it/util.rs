@@ -70,6 +70,14 @@ pub fn record_small_gpt(dir: &Path, name: &str, capture: &str, extra: &[&str]) -
     out
 }
 
+/// The example program `name`, which `cargo test` builds next to the binary's directory.
+pub fn example(name: &str) -> PathBuf {
+    let bin = Path::new(env!("CARGO_BIN_EXE_repro"));
+    let example = bin.parent().unwrap().join("examples").join(name);
+    assert!(example.exists(), "example not built at {}", example.display());
+    example
+}
+
 pub fn s(p: &Path) -> &str {
     p.to_str().unwrap()
 }

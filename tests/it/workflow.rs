@@ -194,9 +194,7 @@ fn recording_refuses_to_overwrite_unless_forced() {
 #[test]
 fn the_library_example_records_a_trace_repro_can_diff() {
     // `cargo test` builds examples next to the binary's directory.
-    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_repro"));
-    let example = bin.parent().unwrap().join("examples/own_training_loop");
-    assert!(example.exists(), "example not built at {}", example.display());
+    let example = crate::util::example("own_training_loop");
     let dir = tempfile::tempdir().unwrap();
     for name in ["x", "y"] {
         let status = std::process::Command::new(&example).arg(dir.path().join(name)).status().unwrap();

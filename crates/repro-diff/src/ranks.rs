@@ -210,6 +210,10 @@ fn diff_rank_by_rank(
     streams_b: &[PathBuf],
     options: &DiffOptions,
 ) -> Result<(TraceDiff, u64, Option<DataParallelCause>), TraceError> {
+    if let ([a], [b]) = (streams_a, streams_b) {
+        // One stream each: nothing to choose between, and no sums to blame.
+        return Ok((diff_traces_with(&mut TraceReader::open(a)?, &mut TraceReader::open(b)?, options)?, 0, None));
+    }
     let mut best: Option<(TraceDiff, u64, (u64, usize))> = None;
     let (mut compared, mut diverged) = (0, 0);
     for (rank, (a, b)) in streams_a.iter().zip(streams_b).enumerate() {
