@@ -1,15 +1,63 @@
 //! Starting and supervising the rank processes of a data-parallel recording: one `repro record`
 //! per device, each writing `OUT/rank-N`. Their messages come through prefixed `[rank N]`; if
 //! one fails or is killed, the others are stopped and the error names the rank and its cause.
+//! Also the options that make a command data-parallel, shared by `record` and `overhead`.
 
+use candle_core::Device;
+use clap::Args;
+use repro::distributed::{self, DataParallel};
 use repro::trace::{rank_dir, CapturePolicy, RunConfig};
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
+use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
+
+/// The options that make a command data-parallel: the devices, and, set by the process that
+/// starts the ranks, this process's rank and where the ranks meet.
+#[derive(Debug, Args)]
+pub struct RankArgs {
+    /// Train data-parallel, one rank process per device: cuda:0,cuda:1 sums gradients with NCCL;
+    /// cpu,cpu with a file stand-in (for trying it out and for tests). A recording's --out then
+    /// holds one trace per rank, rank-0, rank-1, ... (--device is not used).
+    #[arg(long, value_delimiter = ',', value_name = "DEVICES")]
+    pub devices: Vec<String>,
+    /// Set by the process that starts the ranks: this process's rank.
+    #[arg(long, hide = true, requires = "rendezvous")]
+    pub rank: Option<usize>,
+    /// Set by the process that starts the ranks: where the ranks meet.
+    #[arg(long, hide = true, requires = "rank")]
+    pub rendezvous: Option<PathBuf>,
+}
+
+impl RankArgs {
+    /// Whether this process is to start the ranks: several devices, and no rank of its own.
+    pub fn starts_ranks(&self) -> bool {
+        self.devices.len() > 1 && self.rank.is_none()
+    }
+
+    /// The device this process trains on: its rank's, else the one listed, else `default`.
+    pub fn device<'a>(&'a self, default: &'a str) -> Result<&'a str, String> {
+        match self.rank {
+            Some(rank) => self
+                .devices
+                .get(rank)
+                .map(String::as_str)
+                .ok_or_else(|| format!("rank {rank} has no device in --devices")),
+            None => Ok(self.devices.first().map_or(default, String::as_str)),
+        }
+    }
+
+    /// This rank's side of data-parallel training on `device`, when this process is a rank.
+    pub fn data_parallel(&self, device: &Device) -> Result<Option<DataParallel>, String> {
+        let (Some(rank), Some(rendezvous)) = (self.rank, &self.rendezvous) else { return Ok(None) };
+        let collective = distributed::join(device, rendezvous, rank, self.devices.len()).map_err(|e| e.to_string())?;
+        Ok(Some(DataParallel::new(collective)))
+    }
+}
 
 /// Records a data-parallel run into `out`: one `repro record` process per device, each training
 /// the workload that `options` give (`--workload ...`, as `options_for` writes them) and storing

@@ -1,11 +1,11 @@
 //! `repro record`: train a built-in workload and write its trace.
 
-use super::ranks;
+use super::ranks::{self, RankArgs};
 use super::workload_args::WorkloadArgs;
 use super::Exit;
 use clap::Args;
 use repro::diff::{config_differences, ReferenceCheck};
-use repro::distributed::{self, DataParallel};
+use repro::distributed::DataParallel;
 use repro::record::{open_device, RecordError, Recorder, StepProgress};
 use repro::report::{bytes, render_online};
 use repro::trace::{summarize, CapturePolicy, FullCapture};
@@ -30,22 +30,13 @@ pub struct RecordArgs {
     inline_max_bytes: u64,
     /// Compare each step with this trace while recording; stop at the first divergence and
     /// store the diverging step and the one before it in full.
-    #[arg(long, value_name = "RUN")]
+    #[arg(long, value_name = "RUN", conflicts_with = "devices")]
     against: Option<PathBuf>,
     /// With --against: record to the end after a divergence instead of stopping.
     #[arg(long, requires = "against")]
     keep_going: bool,
-    /// Train data-parallel, one rank process per device: cuda:0,cuda:1 sums gradients with NCCL;
-    /// cpu,cpu with a file stand-in (for trying it out and for tests). --out then holds one
-    /// trace per rank, rank-0, rank-1, ... (--device is not used).
-    #[arg(long, value_delimiter = ',', value_name = "DEVICES", conflicts_with = "against")]
-    devices: Vec<String>,
-    /// Set by the process that starts the ranks: this process's rank.
-    #[arg(long, hide = true, requires = "rendezvous")]
-    rank: Option<usize>,
-    /// Set by the process that starts the ranks: where the ranks meet.
-    #[arg(long, hide = true, requires = "rank")]
-    rendezvous: Option<PathBuf>,
+    #[command(flatten)]
+    ranks: RankArgs,
     // What to train: last, so that its help headings come after this command's own options.
     #[command(flatten)]
     train: WorkloadArgs,
@@ -53,14 +44,11 @@ pub struct RecordArgs {
 
 pub fn run(args: RecordArgs) -> Result<Exit, String> {
     let workload = args.train.workload()?;
-    if args.devices.len() > 1 && args.rank.is_none() {
+    if args.ranks.starts_ranks() {
         return record_ranks(&args, &workload);
     }
     let perturb = args.train.perturb.clone();
-    let device_name = match args.rank {
-        Some(rank) => args.devices.get(rank).ok_or_else(|| format!("rank {rank} has no device in --devices"))?,
-        None => args.devices.first().unwrap_or(&args.train.device),
-    };
+    let device_name = args.ranks.device(&args.train.device)?;
     let device = open_device(device_name).map_err(|e| e.to_string())?;
     let run = args.train.run_config(&workload);
     let capture = CapturePolicy { full: args.capture, inline_max_bytes: args.inline_max_bytes };
@@ -72,17 +60,10 @@ pub fn run(args: RecordArgs) -> Result<Exit, String> {
     // Settings that differ from the reference's explain a divergence before anyone looks for one.
     let settings = reference.as_ref().map_or_else(Vec::new, |r| config_differences(&r.header().run, &run));
     let reference = reference.map(|r| Arc::new(Mutex::new(r)));
-    let mut dp = match (args.rank, &args.rendezvous) {
-        (Some(rank), Some(rendezvous)) => Some(DataParallel::new(
-            distributed::join(&device, rendezvous, rank, args.devices.len()).map_err(|e| e.to_string())?,
-        )),
-        _ => None,
-    };
-    let mut recorder = match &dp {
-        Some(dp) => Recorder::create_rank(&args.out, run, &device, capture, args.force, dp.describe()),
-        None => Recorder::create_with(&args.out, run, &device, capture, args.force),
-    }
-    .map_err(|e| e.to_string())?;
+    let mut dp = args.ranks.data_parallel(&device)?;
+    let rank = dp.as_ref().map(DataParallel::describe);
+    let mut recorder =
+        Recorder::create_stream(&args.out, run, &device, capture, args.force, rank).map_err(|e| e.to_string())?;
     if let Some(check) = &reference {
         recorder.compare_with(Box::new(check.clone()), !args.keep_going);
     }
@@ -134,12 +115,12 @@ fn record_ranks(args: &RecordArgs, workload: &Workload) -> Result<Exit, String> 
     let started = Instant::now();
     let capture = CapturePolicy { full: args.capture.clone(), inline_max_bytes: args.inline_max_bytes };
     let options = args.train.rank_options(workload);
-    ranks::record_ranks(&args.devices, &args.out, args.force, &capture, &workload.run_config(), &options)?;
+    ranks::record_ranks(&args.ranks.devices, &args.out, args.force, &capture, &workload.run_config(), &options)?;
     eprintln!(
         "recorded {} ranks of {} on {} into {} in {:.2}s",
-        args.devices.len(),
+        args.ranks.devices.len(),
         workload.describe(),
-        args.devices.join(", "),
+        args.ranks.devices.join(", "),
         args.out.display(),
         started.elapsed().as_secs_f64()
     );

@@ -132,7 +132,9 @@ impl Recorder {
         Self::create_stream(dir, run, device, capture, replace, Some(rank))
     }
 
-    fn create_stream(
+    /// `create_with` for a single device (`distributed` is `None`), `create_rank` for one rank
+    /// of a data-parallel run.
+    pub fn create_stream(
         dir: impl AsRef<Path>,
         run: RunConfig,
         device: &Device,

@@ -105,7 +105,7 @@ impl Workload {
                 let data = Dataset::load(c.dataset, c.dataset_seed, c.examples).map_err(RecordError::Unsupported)?;
                 classifier::train_ranked(c, &data, device, recorder, perturb, dp).map(|_| ())
             }
-            Workload::Gpt(c) => c.run_ranked(device, recorder, perturb, dp),
+            Workload::Gpt(c) => c.run(device, recorder, perturb, dp),
             Workload::Decoder(c) => match perturb {
                 Some(_) => {
                     Err(RecordError::Unsupported(format!("{} records inference: --perturb is not supported", c.family)))

@@ -214,32 +214,39 @@ fn diff_rank_by_rank(
         // One stream each: nothing to choose between, and no sums to blame.
         return Ok((diff_traces_with(&mut TraceReader::open(a)?, &mut TraceReader::open(b)?, options)?, 0, None));
     }
-    let mut best: Option<(TraceDiff, u64, (u64, usize))> = None;
+    let mut best: Option<(TraceDiff, u64, Place)> = None;
     let (mut compared, mut diverged) = (0, 0);
     for (rank, (a, b)) in streams_a.iter().zip(streams_b).enumerate() {
         let diff = diff_traces_with(&mut TraceReader::open(a)?, &mut TraceReader::open(b)?, options)?;
         compared += diff.tensors_compared;
         diverged += diff.tensors_diverged;
-        let at = match &diff.first_divergence {
-            Some(d) => (d.step, position_in_step(a, d.step, &d.tensor)?),
-            None => (u64::MAX, usize::MAX),
+        let place = match &diff.first_divergence {
+            Some(d) => place_in_step(a, d.step, &d.tensor)?,
+            None => Place { at: (u64::MAX, usize::MAX), collective: false },
         };
-        if best.as_ref().is_none_or(|(_, _, best_at)| at < *best_at) {
-            best = Some((diff, rank as u64, at));
+        if best.as_ref().is_none_or(|(_, _, best)| place.at < best.at) {
+            best = Some((diff, rank as u64, place));
         }
     }
-    let (mut diff, rank, (step, position)) = best.expect("at least one rank");
+    let (mut diff, rank, place) = best.expect("at least one rank");
     diff.tensors_compared = compared;
     diff.tensors_diverged = diverged;
     // No rank diverged before this place, and a sum's shares come before it in every rank's
     // stream: if it is a sum, every rank's share is identical.
     let cause = match &diff.first_divergence {
-        Some(d) if position != usize::MAX && is_collective(&streams_a[rank as usize], step, &d.tensor)? => {
-            Some(DataParallelCause::CollectiveOrder { step, tensor: d.tensor.clone() })
+        Some(d) if place.collective => {
+            Some(DataParallelCause::CollectiveOrder { step: d.step, tensor: d.tensor.clone() })
         }
         _ => None,
     };
     Ok((diff, rank, cause))
+}
+
+/// Where a tensor stands in its step: (step, index among the step's records), and whether it is
+/// a collective's result.
+struct Place {
+    at: (u64, usize),
+    collective: bool,
 }
 
 /// Reads `dir` up to `step`.
@@ -254,15 +261,13 @@ fn read_step(dir: &Path, step: u64) -> Result<(TraceReader, Option<StepRecord>),
 }
 
 /// Where `tensor` stands among the records of `step` in the trace `dir`.
-fn position_in_step(dir: &Path, step: u64, tensor: &str) -> Result<usize, TraceError> {
+fn place_in_step(dir: &Path, step: u64, tensor: &str) -> Result<Place, TraceError> {
     let (_, record) = read_step(dir, step)?;
-    Ok(record.and_then(|r| r.tensors.iter().position(|t| t.name == tensor)).unwrap_or(usize::MAX))
-}
-
-/// Whether `tensor` at `step` of the trace `dir` is a collective's result.
-fn is_collective(dir: &Path, step: u64, tensor: &str) -> Result<bool, TraceError> {
-    let (_, record) = read_step(dir, step)?;
-    Ok(record.is_some_and(|r| r.tensors.iter().any(|t| t.name == tensor && t.collective.is_some())))
+    let found = record.as_ref().and_then(|r| r.tensors.iter().enumerate().find(|(_, t)| t.name == tensor));
+    Ok(match found {
+        Some((index, t)) => Place { at: (step, index), collective: t.collective.is_some() },
+        None => Place { at: (step, usize::MAX), collective: false },
+    })
 }
 
 /// Tells a batch split from the collective's rounding at the first gradient that differs

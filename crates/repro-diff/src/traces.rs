@@ -325,24 +325,16 @@ pub fn diff_traces_with(
 /// `step` with only the tensors replicas share with a run of any world size (see
 /// `DiffOptions::replicated_state_only`).
 fn replicated_state(mut step: StepRecord) -> StepRecord {
-    let shares: std::collections::BTreeSet<String> =
-        step.tensors.iter().filter(|t| t.collective.is_some()).flat_map(|t| t.inputs.iter().cloned()).collect();
-    // A parameter's gradient is `NAME.grad` for a parameter `NAME` of the step; other gradients
-    // (of predictions, of activations) are per example.
-    let weights: std::collections::BTreeSet<&str> =
-        step.tensors.iter().filter(|t| t.kind == TensorKind::Weight).map(|t| t.name.as_str()).collect();
-    let of_parameter = |t: &TensorRecord| t.name.strip_suffix(".grad").is_some_and(|p| weights.contains(p));
-    let keep: Vec<bool> = step
-        .tensors
-        .iter()
-        .map(|t| match t.kind {
-            TensorKind::Weight => true,
-            TensorKind::Gradient => !shares.contains(&t.name) && of_parameter(t),
-            _ => false,
-        })
-        .collect();
-    let mut keep = keep.into_iter();
-    step.tensors.retain(|_| keep.next().expect("one flag per tensor"));
+    // A parameter's gradient is `NAME.grad` for a parameter `NAME` of the step. Other gradients
+    // (of predictions, of activations) are per example, and a rank's share of a sum is
+    // `NAME.grad.local`.
+    let weights: std::collections::BTreeSet<String> =
+        step.tensors.iter().filter(|t| t.kind == TensorKind::Weight).map(|t| t.name.clone()).collect();
+    step.tensors.retain(|t| match t.kind {
+        TensorKind::Weight => true,
+        TensorKind::Gradient => t.name.strip_suffix(".grad").is_some_and(|p| weights.contains(p)),
+        _ => false,
+    });
     step
 }
 

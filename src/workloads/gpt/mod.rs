@@ -209,18 +209,9 @@ impl GptConfig {
     /// Trains and records every step into `recorder` through `repro::capture`: the batch, the
     /// parameters, every graph node, the gradients and the updated parameters. `perturb` moves a
     /// parameter for the forward pass of one step (the recorded parameter keeps its true value),
-    /// which stands for a kernel that computed one op differently.
+    /// which stands for a kernel that computed one op differently. With `dp`, as one rank of
+    /// data-parallel training.
     pub fn run(
-        &self,
-        device: &Device,
-        recorder: &mut Recorder,
-        perturb: Option<&Perturbation>,
-    ) -> Result<(), RecordError> {
-        self.run_ranked(device, recorder, perturb, None)
-    }
-
-    /// [`GptConfig::run`] as one rank of data-parallel training when `dp` is given.
-    pub fn run_ranked(
         &self,
         device: &Device,
         recorder: &mut Recorder,

@@ -54,11 +54,11 @@ pub struct VariantSubgroups {
 }
 
 /// Error rate, false-positive rate and false-negative rate of `predictions` on the examples
-/// `member` selects (positive class `positive`); NaN where the group has no such example.
-fn rates(predictions: &[u32], labels: &[u32], positive: u32, member: impl Fn(usize) -> bool) -> [f64; 3] {
+/// `members` selects (positive class `positive`); NaN where the group has no such example.
+fn rates(predictions: &[u32], labels: &[u32], positive: u32, members: &[bool]) -> [f64; 3] {
     let (mut n, mut wrong, mut negatives, mut false_pos, mut positives, mut false_neg) =
         (0u64, 0u64, 0u64, 0u64, 0u64, 0u64);
-    for (_, (&p, &l)) in predictions.iter().zip(labels).enumerate().filter(|(i, _)| member(*i)) {
+    for ((&p, &l), _) in predictions.iter().zip(labels).zip(members).filter(|(_, &member)| member) {
         n += 1;
         wrong += u64::from(p != l);
         if l == positive {
@@ -78,35 +78,37 @@ fn rates(predictions: &[u32], labels: &[u32], positive: u32, member: impl Fn(usi
 pub fn subgroup_spreads(runs: &[RunResult], labels: &[u32], positive: u32, groups: &[Subgroup]) -> Vec<SubgroupSpread> {
     let all = Subgroup { name: "all".into(), members: vec![true; labels.len()] };
     let total_positives = labels.iter().filter(|&&l| l == positive).count() as u64;
-    let stdevs = |g: &Subgroup| -> (f64, [f64; 3]) {
-        let per_run: Vec<[f64; 3]> =
-            runs.iter().map(|r| rates(&r.predictions, labels, positive, |i| g.members[i])).collect();
-        let column = |k: usize| per_run.iter().map(|r| r[k]).collect::<Vec<f64>>();
-        (mean_stdev(&column(0)).0, [mean_stdev(&column(0)).1, mean_stdev(&column(1)).1, mean_stdev(&column(2)).1])
-    };
-    let (_, overall) = stdevs(&all);
-    std::iter::once(&all)
+    let mut rows: Vec<SubgroupSpread> = std::iter::once(&all)
         .chain(groups)
         .map(|g| {
-            let (error_mean, [error_stdev, fpr_stdev, fnr_stdev]) = stdevs(g);
-            let ratio = |x: f64, whole: f64| (whole > 0.0 && x.is_finite()).then(|| x / whole);
-            let examples = g.members.iter().filter(|&&m| m).count() as u64;
+            let per_run: Vec<[f64; 3]> =
+                runs.iter().map(|r| rates(&r.predictions, labels, positive, &g.members)).collect();
+            let spread = |k: usize| mean_stdev(&per_run.iter().map(|r| r[k]).collect::<Vec<f64>>());
             let positives = g.members.iter().zip(labels).filter(|(&m, &l)| m && l == positive).count() as u64;
             SubgroupSpread {
                 group: g.name.clone(),
-                examples,
+                examples: g.members.iter().filter(|&&m| m).count() as u64,
                 positives,
                 positive_share: if total_positives == 0 { f64::NAN } else { positives as f64 / total_positives as f64 },
-                error_mean,
-                error_stdev,
-                fpr_stdev,
-                fnr_stdev,
-                error_ratio: ratio(error_stdev, overall[0]),
-                fpr_ratio: ratio(fpr_stdev, overall[1]),
-                fnr_ratio: ratio(fnr_stdev, overall[2]),
+                error_mean: spread(0).0,
+                error_stdev: spread(0).1,
+                fpr_stdev: spread(1).1,
+                fnr_stdev: spread(2).1,
+                error_ratio: None,
+                fpr_ratio: None,
+                fnr_ratio: None,
             }
         })
-        .collect()
+        .collect();
+    // Each group's spread against the whole test set's (the first row).
+    let overall = [rows[0].error_stdev, rows[0].fpr_stdev, rows[0].fnr_stdev];
+    let ratio = |x: f64, whole: f64| (whole > 0.0 && x.is_finite()).then(|| x / whole);
+    for row in &mut rows {
+        row.error_ratio = ratio(row.error_stdev, overall[0]);
+        row.fpr_ratio = ratio(row.fpr_stdev, overall[1]);
+        row.fnr_ratio = ratio(row.fnr_stdev, overall[2]);
+    }
+    rows
 }
 
 #[cfg(test)]
