@@ -32,6 +32,7 @@ pub fn run(args: OverheadArgs) -> Result<Exit, String> {
     let workload = args.train.workload()?;
     if args.ranks.starts_ranks() {
         super::ranks::check_devices(&args.ranks.devices)?;
+        workload.check_data_parallel().map_err(|e| e.to_string())?;
         let mut child = vec!["--repeats".to_string(), args.repeats.to_string()];
         if args.header {
             child.push("--header".into());

@@ -6,7 +6,8 @@
 use candle_core::Device;
 use clap::Args;
 use repro::distributed::{self, DataParallel};
-use repro::trace::{rank_dir, CapturePolicy, RunConfig};
+use repro::trace::{rank_dir, CapturePolicy};
+use repro::workloads::Workload;
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -61,17 +62,19 @@ impl RankArgs {
 
 /// Records a data-parallel run into `out`: one `repro record` process per device, each training
 /// the workload that `options` give (`--workload ...`, as `options_for` writes them) and storing
-/// full values at the steps `capture` names, supervised until all finish. `run` is the
-/// workload's configuration, whose batch is checked against the number of ranks first.
+/// full values at the steps `capture` names, supervised until all finish. The workload, the
+/// devices and the batch against the number of ranks are checked before any rank starts.
 pub fn record_ranks(
     devices: &[String],
     out: &Path,
     force: bool,
     capture: &CapturePolicy,
-    run: &RunConfig,
+    workload: &Workload,
     options: &[String],
 ) -> Result<(), String> {
     check_devices(devices)?;
+    workload.check_data_parallel().map_err(|e| e.to_string())?;
+    let run = workload.run_config();
     // Said before any rank starts, rather than by each rank, leaving partial streams behind.
     let batch = run.params.get("batch").and_then(|b| b.parse::<usize>().ok());
     if let Some(batch) = batch.filter(|b| !b.is_multiple_of(devices.len())) {

@@ -299,8 +299,7 @@ impl WorkloadArgs {
         let workload = self.workload()?;
         if devices.len() > 1 {
             let capture = CapturePolicy { full: full.clone(), ..CapturePolicy::default() };
-            let run = workload.run_config();
-            return super::ranks::record_ranks(devices, dir, true, &capture, &run, &self.rank_options(&workload));
+            return super::ranks::record_ranks(devices, dir, true, &capture, &workload, &self.rank_options(&workload));
         }
         let device = open_device(devices.first().unwrap_or(&self.device)).map_err(|e| e.to_string())?;
         let capture = CapturePolicy { full: full.clone(), ..CapturePolicy::default() };

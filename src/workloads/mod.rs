@@ -74,6 +74,18 @@ impl Workload {
         }
     }
 
+    /// Whether this workload trains data-parallel (gpt, mlp, cnn and resnet18 do); asked before
+    /// any rank process starts, so that a refusal leaves nothing behind.
+    pub fn check_data_parallel(&self) -> Result<(), RecordError> {
+        match self {
+            Workload::Classifier(_) | Workload::Gpt(_) => Ok(()),
+            Workload::Adder(_) | Workload::Decoder(_) => Err(RecordError::Unsupported(format!(
+                "{} does not train data-parallel: --devices with several devices takes gpt, mlp, cnn or resnet18",
+                self.run_config().workload
+            ))),
+        }
+    }
+
     /// Trains and records every step into `recorder`, planting `perturb` if given.
     pub fn run(
         &self,
@@ -94,10 +106,8 @@ impl Workload {
         perturb: Option<&Perturbation>,
         dp: Option<&mut DataParallel>,
     ) -> Result<(), RecordError> {
-        if dp.is_some() && matches!(self, Workload::Adder(_) | Workload::Decoder(_)) {
-            return Err(RecordError::Unsupported(
-                "data-parallel training (--devices with several devices) takes gpt, mlp, cnn or resnet18".into(),
-            ));
+        if dp.is_some() {
+            self.check_data_parallel()?;
         }
         match self {
             Workload::Adder(c) => c.run(device, recorder, perturb),

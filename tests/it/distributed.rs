@@ -82,6 +82,18 @@ fn bad_device_lists_and_occupied_directories_are_refused_before_any_rank_starts(
     };
     let run = record("cuda:0,cuda:0", &out, &[]);
     assert!(run.code == 2 && run.stderr.contains("lists cuda:0 twice"), "{}", run.stderr);
+    // A workload that does not train data-parallel is refused by the parent: no rank starts,
+    // nothing is written.
+    let adder = dir.path().join("adder");
+    let refused = [
+        repro(&["record", "--workload", "adder", "--steps", "1", "--devices", "cpu,cpu", "--out", s(&adder)]),
+        repro(&["overhead", "--workload", "adder", "--steps", "1", "--devices", "cpu,cpu"]),
+    ];
+    for run in refused {
+        assert!(run.code == 2 && run.stderr.contains("adder does not train data-parallel"), "{}", run.stderr);
+        assert!(!run.stderr.contains("[rank"), "no rank started: {}", run.stderr);
+    }
+    assert!(!adder.exists(), "a refused run leaves no directory");
     let run = record("cpu,cpu,cpu", &out, &["--batch", "64"]);
     assert!(
         run.code == 2 && run.stderr.contains("batch (64) must be a positive multiple of the number of ranks (3)"),
