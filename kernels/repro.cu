@@ -2,7 +2,7 @@
 //
 // 1. BLAKE3 over device memory, for many tensor views in one launch per pass: one thread per
 //    1024-byte chunk computes the chunk's chaining value, parent levels are merged pairwise (an
-//    odd last node moves up unchanged) until two nodes remain, and one thread per view makes the
+//    odd last node moves up unchanged; up to four levels per launch) until two nodes remain, and one thread per view makes the
 //    root. This is exactly BLAKE3's left-complete tree, so the result equals the blake3 crate's
 //    hash of the same bytes. A copy pass gathers views' elements for values the host keeps.
 // 2. Float sums in two modes: `atomic` (float atomicAdd, order decided by the hardware) and
@@ -14,15 +14,30 @@
 // part can be checked against a reference without a GPU (crates/kernel-host-check).
 
 #ifdef REPRO_HOST_TEST
+#include <string.h>
 #define DEVICE static
 #define CONSTANT static const
+#define UNROLL
 #else
 #define DEVICE __device__ __forceinline__
 #define CONSTANT __constant__
+#define UNROLL _Pragma("unroll")
 #endif
 
+typedef unsigned short u16;
 typedef unsigned int u32;
 typedef unsigned long long u64;
+
+// LOAD(T, p): the T at p, which is aligned to sizeof(T). On the host through memcpy (no
+// aliasing or alignment assumptions); on the GPU one load.
+#ifdef REPRO_HOST_TEST
+static u16 load_u16(const unsigned char* p) { u16 x; memcpy(&x, p, sizeof x); return x; }
+static u32 load_u32(const unsigned char* p) { u32 x; memcpy(&x, p, sizeof x); return x; }
+static u64 load_u64(const unsigned char* p) { u64 x; memcpy(&x, p, sizeof x); return x; }
+#define LOAD(T, p) load_##T(p)
+#else
+#define LOAD(T, p) (*(const T*)(p))
+#endif
 
 #define CHUNK_START 1u
 #define CHUNK_END 2u
@@ -72,8 +87,9 @@ DEVICE void compress(u32 cv[8], const u32 m[16], u64 counter, u32 block_len, u32
 }
 
 // Loads one 64-byte block of a chunk as 16 little-endian words, zero-padded past `avail`.
-DEVICE void load_block(const unsigned char* p, u32 avail, int aligned16, u32 m[16]) {
-  if (avail >= 64 && aligned16) {
+// `p` is aligned to `align` bytes (16, 4 or 1): the widest loads that alignment allows.
+DEVICE void load_block(const unsigned char* p, u32 avail, u32 align, u32 m[16]) {
+  if (avail >= 64 && align >= 16) {
 #ifndef REPRO_HOST_TEST
     const uint4* q = (const uint4*)p;
     for (int i = 0; i < 4; i++) {
@@ -83,10 +99,15 @@ DEVICE void load_block(const unsigned char* p, u32 avail, int aligned16, u32 m[1
     return;
 #endif
   }
-  for (int w = 0; w < 16; w++) {
+  u32 whole = 0;
+  if (align >= 4) {
+    whole = (avail < 64 ? avail : 64u) / 4;
+    for (u32 w = 0; w < whole; w++) m[w] = LOAD(u32, p + 4 * w);
+  }
+  for (u32 w = whole; w < 16; w++) {
     u32 word = 0;
     for (int b = 0; b < 4; b++) {
-      u32 idx = (u32)(4 * w + b);
+      u32 idx = 4 * w + (u32)b;
       u32 byte = idx < avail ? p[idx] : 0u;
       word |= byte << (8 * b);
     }
@@ -94,10 +115,11 @@ DEVICE void load_block(const unsigned char* p, u32 avail, int aligned16, u32 m[1
   }
 }
 
-// The (non-root) parent of two chaining values.
+// The (non-root) parent of two chaining values; `out` may be `left`.
 DEVICE void parent_cv(const u32 left[8], const u32 right[8], u32 out[8]) {
   u32 m[16];
-  for (int i = 0; i < 8; i++) { m[i] = left[i]; m[i + 8] = right[i]; out[i] = BLAKE3_IV[i]; }
+  for (int i = 0; i < 8; i++) { m[i] = left[i]; m[i + 8] = right[i]; }
+  for (int i = 0; i < 8; i++) out[i] = BLAKE3_IV[i];
   compress(out, m, 0, 64, PARENT);
 }
 
@@ -136,21 +158,65 @@ DEVICE const unsigned char* view_element(const u64* v, u64 e) {
   return (const unsigned char*)(v[0] + off * esize);
 }
 
-// Loads the 64-byte block at byte `start` (a multiple of 64) of a view, zero-padded past `avail`.
-DEVICE void load_view_block(const u64* v, u64 start, u32 avail, u32 m[16]) {
-  if (v[3] & 1u) {
-    const unsigned char* p = (const unsigned char*)(v[0] + start);
-    load_block(p, avail, (v[0] & 15u) == 0, m);
-    return;
+// A walk through a strided view in row-major order: the current element's index in each
+// dimension and its offset in elements. Dividing an element number into indices costs a
+// division per dimension, so it is done once per chunk; the next element is then one addition
+// (and a carry into the dimension before at the end of a row).
+typedef struct {
+  u64 idx[VIEW_DIMS];
+  u64 off;
+} Cursor;
+
+DEVICE void cursor_at(const u64* v, u64 e, Cursor* c) {
+  int nd = (int)v[2];
+  c->off = 0;
+  UNROLL for (int k = VIEW_DIMS - 1; k >= 0; k--) {
+    c->idx[k] = 0;
+    if (k >= nd) continue;
+    u64 dim = v[5 + k];
+    c->idx[k] = e % dim;
+    c->off += c->idx[k] * v[5 + VIEW_DIMS + k];
+    e /= dim;
   }
+}
+
+// Moves to the next element (after the last one it wraps to element 0, which no caller reads).
+DEVICE void cursor_next(const u64* v, Cursor* c) {
+  int nd = (int)v[2];
+  UNROLL for (int k = VIEW_DIMS - 1; k >= 0; k--) {
+    if (k >= nd) continue;
+    u64 stride = v[5 + VIEW_DIMS + k];
+    c->off += stride;
+    if (++c->idx[k] < v[5 + k]) return;
+    c->off -= c->idx[k] * stride;
+    c->idx[k] = 0;
+  }
+}
+
+// Loads the next 64-byte block (`avail` bytes of it, zero-padded) of a strided view from the
+// cursor, one element per load; elements are aligned to their size.
+DEVICE void load_strided_block(const u64* v, Cursor* c, u32 avail, u32 m[16]) {
+  const unsigned char* base = (const unsigned char*)v[0];
   u32 esize = (u32)v[1];
-  u32 bytes = avail < 64 ? avail : 64u;
+  u32 count = (avail < 64 ? avail : 64u) / esize;
   for (int w = 0; w < 16; w++) m[w] = 0;
-  for (u32 j = 0; j < bytes / esize; j++) {
-    const unsigned char* p = view_element(v, start / esize + j);
-    for (u32 b = 0; b < esize; b++) {
-      u32 idx = j * esize + b;
-      m[idx / 4] |= (u32)p[b] << (8 * (idx % 4));
+  if (esize == 4) {
+    for (u32 j = 0; j < count; j++, cursor_next(v, c)) m[j] = LOAD(u32, base + 4 * c->off);
+  } else if (esize == 2) {
+    for (u32 j = 0; j < count; j++, cursor_next(v, c)) m[j / 2] |= (u32)LOAD(u16, base + 2 * c->off) << (16 * (j % 2));
+  } else if (esize == 8) {
+    for (u32 j = 0; j < count; j++, cursor_next(v, c)) {
+      u64 x = LOAD(u64, base + 8 * c->off);
+      m[2 * j] = (u32)x;
+      m[2 * j + 1] = (u32)(x >> 32);
+    }
+  } else {
+    for (u32 j = 0; j < count; j++, cursor_next(v, c)) {
+      const unsigned char* p = base + esize * c->off;
+      for (u32 b = 0; b < esize; b++) {
+        u32 idx = j * esize + b;
+        m[idx / 4] |= (u32)p[b] << (8 * (idx % 4));
+      }
     }
   }
 }
@@ -163,33 +229,56 @@ DEVICE void batch_chunk(const u64* views, const u64* prefix, u64 n, u64 item, u3
   u64 index = item - prefix[k];
   u64 start = index * 1024;
   u64 len = v[4] - start < 1024 ? v[4] - start : 1024;
+  int contiguous = (int)(v[3] & 1u);
+  u64 address = v[0] + start;
+  u32 align = (address & 15u) == 0 ? 16u : (address & 3u) == 0 ? 4u : 1u;
+  Cursor c;
+  cursor_at(v, start / v[1], &c);
   u32 cv[8];
   for (int i = 0; i < 8; i++) cv[i] = BLAKE3_IV[i];
   u32 blocks = (u32)((len + 63) / 64);
   for (u32 b = 0; b < blocks; b++) {
     u32 m[16];
     u32 avail = (u32)(len - 64 * b);
-    load_view_block(v, start + 64 * b, avail, m);
+    if (contiguous) load_block((const unsigned char*)(address + 64 * b), avail, align, m);
+    else load_strided_block(v, &c, avail, m);
     u32 flags = (b == 0 ? CHUNK_START : 0u) | (b + 1 == blocks ? CHUNK_END : 0u);
     compress(cv, m, index, avail < 64 ? avail : 64u, flags);
   }
   for (int i = 0; i < 8; i++) cvs[8 * item + i] = cv[i];
 }
 
-// Work item `item` of one parent level. Row r of `rows` is (first input node, input node
-// count, first output node) of one view's tree, nodes counted in 8-word chaining values of
-// `nodes`; output j of a view is parent(input 2j, input 2j+1), or input 2j when it has no partner.
+// Parent levels merged by one launch, at most: 2^LEVELS_PER_LAUNCH input nodes per work item.
+#define LEVELS_PER_LAUNCH 4
+
+// Work item `item` of one parent pass. Row r of `rows` is (first input node, input node count,
+// first output node, depth) of one view's tree, nodes counted in 8-word chaining values of
+// `nodes`. Output j of a view is inputs [j * 2^depth, (j + 1) * 2^depth) merged `depth` levels
+// up, one level at a time: node i of a level is parent(node 2i, node 2i + 1) of the level
+// below, or node 2i when it has no partner. The groups are aligned to 2^depth, so a group's
+// pairs are the tree's pairs, and only the last group can hold the odd last node.
 DEVICE void batch_parent(const u64* rows, const u64* prefix, u64 n, u64 item, u32* nodes) {
   u64 r = find_view(prefix, n, item);
-  u64 in = rows[3 * r], n_in = rows[3 * r + 1], out = rows[3 * r + 2];
+  u64 in = rows[4 * r], n_in = rows[4 * r + 1], out = rows[4 * r + 2], depth = rows[4 * r + 3];
   u64 j = item - prefix[r];
-  u32 cv[8];
-  if (2 * j + 1 < n_in) {
-    parent_cv(nodes + 8 * (in + 2 * j), nodes + 8 * (in + 2 * j + 1), cv);
-  } else {
-    for (int i = 0; i < 8; i++) cv[i] = nodes[8 * (in + 2 * j) + i];
+  u64 first = j << depth;
+  u64 group = (u64)1 << depth;
+  u64 count = n_in - first < group ? n_in - first : group;
+  u32 level[8 << LEVELS_PER_LAUNCH];
+  for (u64 i = 0; i < 8 * count; i++) level[i] = nodes[8 * (in + first) + i];
+  for (u64 d = 0; d < depth; d++) {
+    u64 next = (count + 1) / 2;
+    // In place: node i is written after nodes 2i and 2i + 1 are read, and i <= 2i.
+    for (u64 i = 0; i < next; i++) {
+      if (2 * i + 1 < count) {
+        parent_cv(level + 16 * i, level + 16 * i + 8, level + 8 * i);
+      } else if (i > 0) {
+        for (int w = 0; w < 8; w++) level[8 * i + w] = level[16 * i + w];
+      }
+    }
+    count = next;
   }
-  for (int i = 0; i < 8; i++) nodes[8 * (out + j) + i] = cv[i];
+  for (int w = 0; w < 8; w++) nodes[8 * (out + j) + w] = level[w];
 }
 
 // The BLAKE3 hash of view `k`: the root parent of its last two nodes, which start at node

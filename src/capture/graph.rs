@@ -41,26 +41,24 @@ pub(crate) fn graph_nodes(
     if let Some(first) = after {
         sorted.retain(|t| t.is_variable() || tensor_number(t) > first);
     }
-    let mut per_scope: BTreeMap<usize, usize> = BTreeMap::new();
-    let mut anchor = String::from("graph");
+    let mut per_scope = vec![0usize; spans.len()];
+    // The last named node (an index into `nodes`), and how many unscoped nodes followed it.
+    let mut anchor: Option<usize> = None;
     let mut since_anchor = 0usize;
-    let mut nodes = Vec::with_capacity(sorted.len());
+    let mut nodes: Vec<GraphNode> = Vec::with_capacity(sorted.len());
     for (position, t) in sorted.into_iter().enumerate() {
         let id = tensor_number(t);
         let name = if let Some(var) = variables.get(&id).filter(|_| t.is_variable()) {
-            anchor = var.clone();
-            since_anchor = 0;
+            (anchor, since_anchor) = (Some(nodes.len()), 0);
             var.clone()
         } else if let Some(scope) = innermost(spans, id) {
-            let k = per_scope.entry(scope).or_insert(0);
-            let name = format!("{}#{k}", scope_names[scope]);
-            *k += 1;
-            anchor = name.clone();
-            since_anchor = 0;
+            let name = format!("{}#{}", scope_names[scope], per_scope[scope]);
+            per_scope[scope] += 1;
+            (anchor, since_anchor) = (Some(nodes.len()), 0);
             name
         } else {
             since_anchor += 1;
-            format!("{anchor}+{since_anchor}")
+            format!("{}+{since_anchor}", anchor.map_or("graph", |a| nodes[a].name.as_str()))
         };
         nodes.push(GraphNode { position: position as u64, name, is_variable: t.is_variable(), tensor: t.clone() });
     }

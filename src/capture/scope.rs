@@ -19,10 +19,18 @@ pub(crate) fn next_tensor_id() -> u64 {
     tensor_number(&probe)
 }
 
-/// A tensor's number in candle's counter, from `TensorId`'s `Debug` form `TensorId(N)`.
+/// A tensor's number in candle's counter, from `TensorId`'s `Debug` form `TensorId(N)`,
+/// formatted on the stack: this runs for every node of every captured graph.
 pub(crate) fn tensor_number(t: &Tensor) -> u64 {
-    let text = format!("{:?}", t.id());
-    text.trim_start_matches("TensorId(").trim_end_matches(')').parse().unwrap_or(u64::MAX)
+    use std::io::Write;
+    let mut text = [0u8; 48];
+    let mut cursor = std::io::Cursor::new(&mut text[..]);
+    if write!(cursor, "{:?}", t.id()).is_err() {
+        return u64::MAX;
+    }
+    let len = cursor.position() as usize;
+    let digits = text[..len].iter().filter(|b| b.is_ascii_digit());
+    digits.fold(0u64, |n, b| n.wrapping_mul(10).wrapping_add(u64::from(b - b'0')))
 }
 
 /// One scope instance: its path, and the tensor ids created while it was open.

@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 
 #[derive(Debug, Args)]
 pub struct OverheadArgs {
-    /// Measurements of each mode; the fastest counts.
-    #[arg(long, default_value_t = 3)]
+    /// Measurements of each mode, alternating; the pair with the median ratio is printed.
+    #[arg(long, default_value_t = 5)]
     repeats: usize,
     /// Print the table header too.
     #[arg(long)]
@@ -61,12 +61,21 @@ pub fn run(args: OverheadArgs) -> Result<Exit, String> {
         device.synchronize().map_err(|e| e.to_string())?;
         Ok(started.elapsed())
     };
-    // Alternate the two so that warm-up and machine noise hit both alike.
-    let (mut plain, mut recorded) = (Duration::MAX, Duration::MAX);
-    for _ in 0..args.repeats.max(1) {
-        plain = plain.min(time(false)?);
-        recorded = recorded.min(time(true)?);
+    // Alternate the two, swapping which goes first each repeat, so that warm-up and drifts of
+    // the machine's speed hit both alike; each repeat gives one ratio, and the median of those
+    // is the one printed (machines vary by more between runs than one pair does).
+    let mut pairs: Vec<(Duration, Duration)> = Vec::new();
+    for repeat in 0..args.repeats.max(1) {
+        let (plain, recorded) = if repeat % 2 == 0 {
+            let plain = time(false)?;
+            (plain, time(true)?)
+        } else {
+            let recorded = time(true)?;
+            (time(false)?, recorded)
+        };
+        pairs.push((plain, recorded));
     }
+    let (plain, recorded) = median_pair(&pairs);
     let tensors = summarize(&dir).map_err(|e| e.to_string())?.tensors.len();
     drop(scratch);
     let per_step = |d: Duration| d.as_secs_f64() * 1e3 / steps as f64;
@@ -90,4 +99,28 @@ pub fn run(args: OverheadArgs) -> Result<Exit, String> {
         recorded.as_secs_f64() / plain.as_secs_f64()
     ));
     Ok(Exit::Same)
+}
+
+/// The pair (plain, recorded) whose ratio is the median of all pairs' (the lower middle one for
+/// an even count).
+fn median_pair(pairs: &[(Duration, Duration)]) -> (Duration, Duration) {
+    let ratio = |(p, r): &(Duration, Duration)| r.as_secs_f64() / p.as_secs_f64().max(f64::MIN_POSITIVE);
+    let mut sorted = pairs.to_vec();
+    sorted.sort_by(|a, b| ratio(a).total_cmp(&ratio(b)));
+    sorted[(sorted.len() - 1) / 2]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_median_pair_is_the_one_with_the_middle_ratio() {
+        let ms = |p: u64, r: u64| (Duration::from_millis(p), Duration::from_millis(r));
+        // Ratios 1.5, 1.1, 0.9, 1.2, 3.0: the median is 1.2, from a pair that is neither the
+        // fastest plain nor the fastest recorded run.
+        let pairs = [ms(100, 150), ms(200, 220), ms(300, 270), ms(110, 132), ms(90, 270)];
+        assert_eq!(median_pair(&pairs), ms(110, 132));
+        assert_eq!(median_pair(&pairs[..2]), ms(200, 220), "an even count takes the lower middle");
+    }
 }

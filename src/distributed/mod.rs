@@ -121,10 +121,16 @@ impl DataParallel {
     /// This rank's rows of a global batch (dimension 0): rows `rank * b .. (rank + 1) * b`,
     /// where `b` is the batch divided by the world size.
     pub fn shard(&self, batch: &Tensor) -> Result<Tensor, RecordError> {
-        let rows = batch.dim(0)?;
+        let rows = self.share(batch.dim(0)?)?;
+        Ok(batch.narrow(0, rows.start, rows.len())?)
+    }
+
+    /// The rows of a global batch of `rows` that this rank trains on (see `shard`), for a
+    /// batch still on the host.
+    pub fn share(&self, rows: usize) -> Result<std::ops::Range<usize>, RecordError> {
         self.check_batch(rows)?;
         let share = rows / self.world_size();
-        Ok(batch.narrow(0, self.rank() * share, share)?)
+        Ok(self.rank() * share..(self.rank() + 1) * share)
     }
 
     /// Averages gradients over the ranks: records this rank's share of each as `NAME.grad.local`
@@ -133,34 +139,46 @@ impl DataParallel {
     /// sum as `NAME.grad`, and returns the sums in order. Every rank passes the same gradients,
     /// with the same shapes, in the same order.
     pub fn average(&mut self, s: &mut StepRecorder, grads: &[Gradient<'_>]) -> Result<Vec<Tensor>, RecordError> {
+        let scale = 1.0 / self.world_size() as f64;
+        let same_dtype = grads.windows(2).all(|w| w[0].value.dtype() == w[1].value.dtype());
         let mut shares = Vec::with_capacity(grads.len());
-        for g in grads {
-            let share = g.value.affine(1.0 / self.world_size() as f64, 0.0)?;
-            let local = format!("{}{LOCAL_SUFFIX}", g.name);
-            s.record_as(&local, TensorKind::Gradient, Some(Phase::Backward), g.inputs, &share)?;
-            shares.push((local, share));
-        }
-        let same_dtype = shares.windows(2).all(|w| w[0].1.dtype() == w[1].1.dtype());
-        let sums = match shares.len() {
-            0 => Vec::new(),
-            _ if same_dtype => {
-                let flat = shares.iter().map(|(_, t)| t.flatten_all()).collect::<candle_core::Result<Vec<_>>>()?;
-                let bucket = self.collective.all_reduce_sum(&Tensor::cat(&flat, 0)?)?;
-                let mut at = 0;
-                let mut sums = Vec::with_capacity(shares.len());
-                for (_, share) in &shares {
-                    let n = share.elem_count();
-                    sums.push(bucket.narrow(0, at, n)?.reshape(share.shape())?);
-                    at += n;
-                }
-                sums
+        let sums = if grads.is_empty() {
+            Vec::new()
+        } else if same_dtype {
+            // One bucket: the gradients flattened side by side, scaled by one launch (the same
+            // operation on every element as scaling each), and summed by one collective call.
+            let flat = grads.iter().map(|g| g.value.flatten_all()).collect::<candle_core::Result<Vec<_>>>()?;
+            let bucket = Tensor::cat(&flat, 0)?.affine(scale, 0.0)?;
+            shares = unbucket(&bucket, grads)?;
+            self.record_shares(s, grads, &shares)?;
+            unbucket(&self.collective.all_reduce_sum(&bucket)?, grads)?
+        } else {
+            for g in grads {
+                shares.push(g.value.affine(scale, 0.0)?);
             }
-            _ => shares.iter().map(|(_, t)| self.collective.all_reduce_sum(t)).collect::<Result<_, _>>()?,
+            self.record_shares(s, grads, &shares)?;
+            shares.iter().map(|t| self.collective.all_reduce_sum(t)).collect::<Result<_, _>>()?
         };
-        for ((g, (local, _)), sum) in grads.iter().zip(&shares).zip(&sums) {
-            s.record_collective(g.name, ALL_REDUCE_SUM, local, sum)?;
+        let locals = grads.iter().map(|g| format!("{}{LOCAL_SUFFIX}", g.name));
+        for ((g, local), sum) in grads.iter().zip(locals).zip(&sums) {
+            s.record_collective(g.name, ALL_REDUCE_SUM, &local, sum)?;
         }
         Ok(sums)
+    }
+
+    /// Records this rank's share of each gradient as `NAME.grad.local`, computed from the
+    /// gradient's `inputs`.
+    fn record_shares(
+        &self,
+        s: &mut StepRecorder,
+        grads: &[Gradient<'_>],
+        shares: &[Tensor],
+    ) -> Result<(), RecordError> {
+        for (g, share) in grads.iter().zip(shares) {
+            let local = format!("{}{LOCAL_SUFFIX}", g.name);
+            s.record_as(&local, TensorKind::Gradient, Some(Phase::Backward), g.inputs, share)?;
+        }
+        Ok(())
     }
 
     /// Averages the gradient of every floating-point parameter in `params` (in their order,
@@ -195,6 +213,18 @@ impl DataParallel {
         s.note_no_gradient(missing.iter().cloned());
         Ok(missing)
     }
+}
+
+/// The gradients' places in a bucket of them flattened side by side, shaped as the gradients.
+fn unbucket(bucket: &Tensor, grads: &[Gradient<'_>]) -> Result<Vec<Tensor>, RecordError> {
+    let mut at = 0;
+    let mut parts = Vec::with_capacity(grads.len());
+    for g in grads {
+        let n = g.value.elem_count();
+        parts.push(bucket.narrow(0, at, n)?.reshape(g.value.shape())?);
+        at += n;
+    }
+    Ok(parts)
 }
 
 #[cfg(test)]

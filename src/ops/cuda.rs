@@ -242,6 +242,8 @@ pub struct DeviceBatch {
 impl DeviceBatch {
     /// An empty batch on `dev`.
     pub fn new(dev: CudaDevice) -> Self {
+        // The recorder waits for each step's results; keep that wait from emptying the pool.
+        let _ = keep_freed_memory(&dev);
         DeviceBatch { dev, pending: Vec::new(), flushed: Vec::new() }
     }
 
@@ -396,6 +398,48 @@ fn pinned_buffer(dev: &CudaDevice, len: usize) -> Result<PinnedHostSlice<u8>> {
     drop(pool);
     // SAFETY: the copy writes every byte before anything reads it.
     unsafe { dev.cuda_stream().context().alloc_pinned_with_flags::<u8>(len, 0) }.w()
+}
+
+/// Makes CUDA's stream-ordered pool of `dev` keep the memory that candle frees, instead of
+/// handing it back to the driver. candle allocates every tensor with `cuMemAllocAsync` from
+/// the device's default pool, whose release threshold is 0: at every synchronization (a
+/// `to_scalar`, an event wait) the pool returns all freed memory, and the next step maps it
+/// again, which costs more than a small model's step. With the threshold at its maximum the
+/// pool keeps what a step freed for the next one, as PyTorch's caching allocator does; the
+/// process's reserved memory then stays at its peak. Once per device and process;
+/// `REPRO_CUDA_POOL=release` leaves the pool as CUDA sets it.
+pub fn keep_freed_memory(dev: &CudaDevice) -> Result<()> {
+    use candle_core::cuda_backend::cudarc::driver::sys;
+    static DONE: std::sync::Mutex<Vec<usize>> = std::sync::Mutex::new(Vec::new());
+    if std::env::var("REPRO_CUDA_POOL").is_ok_and(|v| v == "release") {
+        return Ok(());
+    }
+    let ctx = dev.cuda_stream().context().clone();
+    let mut done = DONE.lock().map_err(|_| Error::Msg("memory pool registry poisoned".into()))?;
+    if done.contains(&ctx.ordinal()) {
+        return Ok(());
+    }
+    if !ctx.has_async_alloc() {
+        done.push(ctx.ordinal());
+        return Ok(());
+    }
+    ctx.bind_to_thread().w()?;
+    let mut pool = std::ptr::null_mut();
+    let mut threshold = u64::MAX;
+    // SAFETY: the pool handle comes from the driver for this context's device and is only
+    // passed back to it; the attribute's value is a u64, as CU_MEMPOOL_ATTR_RELEASE_THRESHOLD takes.
+    unsafe {
+        sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device()).result().w()?;
+        sys::cuMemPoolSetAttribute(
+            pool,
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            (&mut threshold as *mut u64).cast(),
+        )
+        .result()
+        .w()?;
+    }
+    done.push(ctx.ordinal());
+    Ok(())
 }
 
 /// Free page-locked buffers kept for reuse.

@@ -3,7 +3,7 @@
 //!
 //! Hashing thousands of small tensors one kernel launch at a time costs more than the
 //! hashing itself, so a step's views are hashed together: one launch for all chunks, one per
-//! tree level, one for the roots, and one copy launch for the views whose values the host
+//! four tree levels, one for the roots, and one copy launch for the views whose values the host
 //! keeps. The plan is pure arithmetic on addresses, shapes and strides; `ops::cuda` runs it on a
 //! GPU, and the tests run the very same kernels compiled for the host (crates/kernel-host-check).
 
@@ -13,6 +13,8 @@ use std::ops::Range;
 pub const VIEW_WORDS: usize = 21;
 /// Dimensions a view may have after merging (`VIEW_DIMS` in kernels/repro.cu).
 pub const VIEW_DIMS: usize = 8;
+/// Tree levels one parent launch merges, at most (`LEVELS_PER_LAUNCH` in kernels/repro.cu).
+pub const LEVELS_PER_LAUNCH: u64 = 4;
 /// Bytes of one BLAKE3 chunk: views this small are copied and hashed on the host.
 const CHUNK_LEN: u64 = 1024;
 
@@ -80,8 +82,8 @@ pub enum Slot {
     Bytes(Range<usize>),
 }
 
-/// One tree level's launch: rows `(first input node, inputs, first output node)` and their
-/// prefix table, as word ranges of the plan's table.
+/// One parent launch: rows `(first input node, inputs, first output node, levels merged)` and
+/// their prefix table, as word ranges of the plan's table.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Level {
     /// The rows.
@@ -109,14 +111,15 @@ pub struct Pass {
 }
 
 /// The tables of one batch and the passes to run over them, in order: `chunks`, each of
-/// `levels`, `roots` (each view's last two nodes, one root per view), then `copy`.
+/// `levels` (up to `LEVELS_PER_LAUNCH` tree levels each), `roots` (each view's last two nodes,
+/// one root per view), then `copy`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Plan {
     /// Everything the kernels read, uploaded in one copy.
     pub table: Vec<u64>,
     /// The chunk pass over the views hashed on the device.
     pub chunks: Option<Pass>,
-    /// The tree levels, merged in this order.
+    /// The parent launches, in this order.
     pub levels: Vec<Level>,
     /// Word range of the per-view node index of the last two nodes.
     pub roots: Range<usize>,
@@ -165,14 +168,19 @@ impl Plan {
             while current.iter().any(|&(_, n)| n > 2) {
                 let (mut rows, mut prefix, mut outputs) = (Vec::new(), vec![0], 0);
                 for (first, n) in current.iter_mut().filter(|(_, n)| *n > 2) {
-                    let out = n.div_ceil(2);
-                    rows.extend([*first, *n, next_free]);
+                    // Up to LEVELS_PER_LAUNCH levels, stopping where two nodes remain.
+                    let (mut out, mut depth) = (*n, 0);
+                    while out > 2 && depth < LEVELS_PER_LAUNCH {
+                        out = out.div_ceil(2);
+                        depth += 1;
+                    }
+                    rows.extend([*first, *n, next_free, depth]);
                     (*first, *n) = (next_free, out);
                     next_free += out;
                     outputs += out;
                     prefix.push(outputs);
                 }
-                let views = rows.len() as u64 / 3;
+                let views = rows.len() as u64 / 4;
                 let rows = plan.push(&rows);
                 let prefix = plan.push(&prefix);
                 plan.levels.push(Level { rows, prefix, views, outputs });
@@ -315,11 +323,17 @@ mod tests {
         views.push((view(&memory, 128, 4, &[300, 48], &[0, 1]), Want::Hash));
         views.push((view(&memory, 6, 2, &[3, 5, 7, 11], &[1, 3, 15, 105]), Want::Hash));
         views.push((view(&memory, 16, 8, &[500], &[3]), Want::Hash));
+        // Strided views of 1- and 2-byte elements across several chunks, and a 3-d permutation
+        // whose rows end inside blocks.
+        views.push((view(&memory, 3, 1, &[40, 60], &[1, 40]), Want::Hash));
+        views.push((view(&memory, 2, 2, &[70, 40], &[1, 70]), Want::Hash));
+        views.push((view(&memory, 4, 4, &[7, 13, 9], &[1, 63, 7]), Want::Hash));
         views.push((view(&memory, 64, 4, &[48, 64], &[1, 48]), Want::Bytes));
         views.push((view(&memory, 16, 8, &[2, 70], &[140, 2]), Want::Bytes));
         views.push((view(&memory, 100, 1, &[1, 1, 5000], &[7, 7, 1]), Want::Bytes));
         let plan = Plan::new(&views).expect("every view fits the kernels");
-        assert!(plan.levels.len() >= 8, "a 700-chunk tree needs many levels");
+        // 700 chunks are 9 levels below the root's two nodes: 4 + 4 + 1.
+        assert_eq!(plan.levels.len(), 3, "a 700-chunk tree takes three parent launches");
         let out = run(&plan);
         for (i, ((view, want), slot)) in views.iter().zip(&plan.slots).enumerate() {
             let bytes = row_major(&memory, view);

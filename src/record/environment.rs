@@ -64,6 +64,11 @@ pub fn open_device(name: &str) -> Result<Device, RecordError> {
     let device = Device::new_cuda(ordinal).map_err(|e| RecordError::Unsupported(format!("cannot open {name}: {e}")))?;
     // candle's switch is process-wide; set it either way, so the variable alone decides.
     candle_core::cuda::set_gemm_reduced_precision_f32(tf32_requested());
+    #[cfg(feature = "cuda")]
+    if let Device::Cuda(dev) = &device {
+        crate::ops::cuda::keep_freed_memory(dev)
+            .map_err(|e| RecordError::Unsupported(format!("cannot configure {name}'s memory pool: {e}")))?;
+    }
     Ok(device)
 }
 

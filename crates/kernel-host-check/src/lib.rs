@@ -28,11 +28,12 @@ pub fn hash_chunks(views: &[u64], prefix: &[u64], cvs: &mut [u32]) {
     unsafe { repro_host_hash_chunks(views.as_ptr(), prefix.as_ptr(), prefix.len() as u64 - 1, cvs.as_mut_ptr()) }
 }
 
-/// One tree level: rows of (first input, inputs, first output) over `nodes`.
+/// One parent launch: rows of (first input, inputs, first output, levels) over `nodes`.
 pub fn hash_parents(rows: &[u64], prefix: &[u64], nodes: &mut [u32]) {
-    items(prefix, rows.len(), 3);
-    for row in rows.chunks(3) {
-        let end = (row[2] + row[1].div_ceil(2)).max(row[0] + row[1]);
+    items(prefix, rows.len(), 4);
+    for row in rows.chunks(4) {
+        assert!((1..=4).contains(&row[3]), "one to LEVELS_PER_LAUNCH levels a launch");
+        let end = (row[2] + row[1].div_ceil(1 << row[3])).max(row[0] + row[1]);
         assert!(nodes.len() as u64 >= 8 * end, "the level's nodes lie inside the node buffer");
     }
     // SAFETY: every node a row reads or writes lies inside `nodes` (checked above).

@@ -203,7 +203,8 @@ pub fn check_perturbation(config: &ClassifierConfig, perturb: &Perturbation) -> 
 }
 
 /// Trains `config` on `device`, recording every step into `recorder` (which may discard), and
-/// evaluates on the test split.
+/// evaluates on the test split. Each step waits for the device, so that the outcome's step
+/// times are the steps' own.
 pub fn train(
     config: &ClassifierConfig,
     data: &Dataset,
@@ -211,19 +212,33 @@ pub fn train(
     recorder: &mut Recorder,
     perturb: Option<&Perturbation>,
 ) -> Result<TrainOutcome, RecordError> {
-    train_ranked(config, data, device, recorder, perturb, None)
+    train_loop(config, data, device, recorder, perturb, None, true)
 }
 
 /// [`train`] as one rank of data-parallel training when `dp` is given: the global batch is
 /// drawn (and augmented) as on one device, this rank trains on its share of it, and gradients
-/// are averaged over the ranks. Batch-norm statistics stay per rank, as each rank's own.
+/// are averaged over the ranks. Batch-norm statistics stay per rank, as each rank's own. Steps
+/// are not waited for (the host prepares the next batch while the device runs), so the
+/// outcome has no step times.
 pub fn train_ranked(
     config: &ClassifierConfig,
     data: &Dataset,
     device: &Device,
     recorder: &mut Recorder,
     perturb: Option<&Perturbation>,
+    dp: Option<&mut DataParallel>,
+) -> Result<TrainOutcome, RecordError> {
+    train_loop(config, data, device, recorder, perturb, dp, false)
+}
+
+fn train_loop(
+    config: &ClassifierConfig,
+    data: &Dataset,
+    device: &Device,
+    recorder: &mut Recorder,
+    perturb: Option<&Perturbation>,
     mut dp: Option<&mut DataParallel>,
+    time_steps: bool,
 ) -> Result<TrainOutcome, RecordError> {
     config.validate()?;
     if let Some(dp) = &dp {
@@ -269,13 +284,17 @@ pub fn train_ranked(
                 stream(config.seeds.augment, "augment", step),
             );
         }
-        let mut shape = vec![config.batch];
+        // A rank takes its share on the host: only that much crosses to its device.
+        let rows = match &dp {
+            Some(dp) => dp.share(config.batch)?,
+            None => 0..config.batch,
+        };
+        x.truncate(rows.end * len);
+        x.drain(..rows.start * len);
+        let mut shape = vec![rows.len()];
         shape.extend(&data.example_shape);
-        let mut x = Tensor::from_vec(x, shape, &Device::Cpu)?.to_device(device)?;
-        let mut targets = one_hot(&labels, data.classes, device)?;
-        if let Some(dp) = &dp {
-            (x, targets) = (dp.shard(&x)?, dp.shard(&targets)?);
-        }
+        let x = Tensor::from_vec(x, shape, &Device::Cpu)?.to_device(device)?;
+        let targets = one_hot(&labels[rows], data.classes, device)?;
 
         let mut s = recorder.step(step);
         // A planted fault in the data: training sees, and the trace records, the moved value.
@@ -287,8 +306,10 @@ pub fn train_ranked(
             if value.id() != var.as_tensor().id() {
                 var.set(&value.detach())?;
             }
-            s.record_as(name, TensorKind::Weight, Some(Phase::Forward), &[], var.as_tensor())?;
         }
+        // Read on the device before the optimizer updates them in place: no copy of each.
+        let weights = params.trainable.iter().map(|(name, var)| (name.as_str(), var));
+        s.record_variables(weights, "", TensorKind::Weight, Some(Phase::Forward))?;
         let mut ctx = Ctx {
             rec: &mut s,
             reductions: config.reductions,
@@ -327,11 +348,15 @@ pub fn train_ranked(
             }
         }
         opt.step(&grads)?;
-        final_loss = loss.t.to_scalar::<f32>()?;
         s.finish()?;
-        device.synchronize()?;
-        if step > 0 {
-            step_times.push(started.elapsed());
+        if time_steps || step + 1 == total {
+            final_loss = loss.t.to_scalar::<f32>()?;
+        }
+        if time_steps {
+            device.synchronize()?;
+            if step > 0 {
+                step_times.push(started.elapsed());
+            }
         }
     }
 
