@@ -234,9 +234,11 @@ pub struct DeviceBatch {
     dev: CudaDevice,
     /// Queued since the last flush: each tensor and what the host wants of it.
     pending: Vec<(Tensor, Want)>,
-    /// Flushed: the kernels' output buffers, the slots of their tensors, and the tensors,
-    /// kept alive until every kernel that reads them has run.
-    flushed: Vec<(CudaSlice<u8>, Vec<Slot>, Vec<Tensor>)>,
+    /// Flushed: the kernels' output buffers and the slots of their tensors. The tensors
+    /// themselves are let go once the kernels are queued: candle frees device memory in
+    /// stream order (`cuMemFreeAsync` on its one stream), so nothing can reuse it before the
+    /// kernels that read it have run.
+    flushed: Vec<(CudaSlice<u8>, Vec<Slot>)>,
 }
 
 impl DeviceBatch {
@@ -257,7 +259,7 @@ impl DeviceBatch {
     pub fn push(&mut self, tensor: &Tensor, hash: bool, snapshot: bool) -> Result<usize> {
         // `copy` makes new storage that the tensor's later in-place update cannot reach.
         let tensor = if snapshot { tensor.copy()? } else { tensor.clone() };
-        let tickets = self.flushed.iter().map(|(_, slots, _)| slots.len()).sum::<usize>() + self.pending.len();
+        let tickets = self.flushed.iter().map(|(_, slots)| slots.len()).sum::<usize>() + self.pending.len();
         self.pending.push((tensor, if hash { Want::Hash } else { Want::Bytes }));
         Ok(tickets)
     }
@@ -315,21 +317,23 @@ impl DeviceBatch {
             b.arg(&views).arg(&prefix).arg(&out_at).arg(&copy.count).arg(&mut out);
             unsafe { b.launch(grid(copy.items, 256)) }.w()?;
         }
-        self.flushed.push((out, plan.slots, tensors));
+        self.flushed.push((out, plan.slots));
+        // `tensors` drops here; see `flushed`.
         Ok(())
     }
 
     /// Flushes, then queues the copy of every output to page-locked host memory behind the
     /// kernels, on candle's stream, without waiting: `PendingRead::wait` waits for this step's
-    /// work only, so the host can queue the next step's meanwhile.
+    /// work only, so the host can queue the next steps meanwhile. The output buffers are
+    /// released at once, freed in stream order after the copy.
     pub fn start_read(mut self) -> Result<PendingRead> {
         self.flush()?;
         let stream = self.dev.cuda_stream();
         let mut copies = Vec::with_capacity(self.flushed.len());
-        for (out, slots, tensors) in self.flushed {
+        for (out, slots) in self.flushed {
             let mut host = pinned_buffer(&self.dev, out.len())?;
             stream.memcpy_dtoh(&out, &mut host).w()?;
-            copies.push(PendingCopy { host, slots, _device: (out, tensors) });
+            copies.push(PendingCopy { host, slots });
         }
         // Our own event: a page-locked buffer's own event is recorded only when cudarc manages
         // synchronization between several streams, and candle runs one, so waiting on that
@@ -346,10 +350,9 @@ impl DeviceBatch {
 
 /// One flush's results on their way to the host.
 struct PendingCopy {
+    /// Page-locked, so alive until the copy has landed (`PendingRead::wait`).
     host: PinnedHostSlice<u8>,
     slots: Vec<Slot>,
-    /// The output buffer and the tensors the kernels read, alive until the copy has landed.
-    _device: (CudaSlice<u8>, Vec<Tensor>),
 }
 
 /// A step's device results, copying to the host (see `DeviceBatch::start_read`).

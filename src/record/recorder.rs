@@ -32,7 +32,7 @@ use crate::trace::{
     TraceWriter, CURRENT_FORMAT,
 };
 use candle_core::{Device, Tensor, Var};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::path::Path;
 
 /// The environment variable through which `repro gate -- CMD` tells a program where to record.
@@ -58,11 +58,17 @@ pub struct Recorder {
     on_step: Option<StepCallback>,
     /// How many steps of the run store full values (computed once, for `StepProgress`).
     full_steps: Option<Option<u64>>,
-    /// The last finished step, while its GPU results are still on their way to the host: it
-    /// is completed when the next step finishes (or the recorder does), so that waiting for
-    /// one step's results never stalls the queueing of the next.
-    unread: Option<UnreadStep>,
+    /// Finished steps whose GPU results are still on their way to the host, oldest first. A
+    /// step is completed once [`READ_BEHIND`] later steps have finished (or the recorder
+    /// does), so that the host may queue that many steps ahead of the device, as it does
+    /// unrecorded, instead of waiting for the device at every step.
+    unread: VecDeque<UnreadStep>,
 }
+
+/// How many finished steps may wait for their GPU results while training goes on. Each holds
+/// only its results' buffers (hashes, and values the capture policy keeps), never the graph's
+/// tensors, which are freed in stream order once the hashing kernels have read them.
+const READ_BEHIND: usize = 2;
 
 /// A progress display's hook, called after every recorded step.
 type StepCallback = Box<dyn FnMut(&StepProgress)>;
@@ -191,7 +197,7 @@ impl Recorder {
             no_gradient: BTreeMap::new(),
             on_step: None,
             full_steps: None,
-            unread: None,
+            unread: VecDeque::new(),
         }
     }
 
@@ -239,7 +245,7 @@ impl Recorder {
 
     /// Marks the trace complete and syncs it to disk; returns the number of steps recorded.
     pub fn finish(mut self) -> Result<u64, RecordError> {
-        if let Some(unread) = self.unread.take() {
+        while let Some(unread) = self.unread.pop_front() {
             self.complete(unread)?;
         }
         self.flush_pending()?;
@@ -292,7 +298,7 @@ impl Recorder {
 /// which then reads as incomplete.
 impl Drop for Recorder {
     fn drop(&mut self) {
-        if let Some(unread) = self.unread.take() {
+        while let Some(unread) = self.unread.pop_front() {
             let _ = self.complete(unread);
         }
         let _ = self.flush_pending();
@@ -530,19 +536,23 @@ impl StepRecorder<'_> {
 
     /// Ends the step. Its GPU results start their way to the host; the step reaches the trace
     /// (or, when comparing online, is checked first) once they have arrived, which for a GPU
-    /// run is when the next step finishes.
+    /// run is when `READ_BEHIND` more steps have finished.
     pub fn finish(self) -> Result<(), RecordError> {
         let StepRecorder { recorder, step, full, policy_full, tensors, device, deferred, .. } = self;
         let read = device.start_read()?;
         let unread = UnreadStep { step, full, policy_full, tensors, deferred, read };
-        if let Some(previous) = recorder.unread.take() {
-            recorder.complete(previous)?;
-        }
         if recorder.online.as_ref().is_some_and(|o| !o.diverged) {
             // Comparing online needs this step's hashes before the next step runs.
+            while let Some(previous) = recorder.unread.pop_front() {
+                recorder.complete(previous)?;
+            }
             return recorder.complete(unread);
         }
-        recorder.unread = Some(unread);
+        recorder.unread.push_back(unread);
+        while recorder.unread.len() > READ_BEHIND {
+            let oldest = recorder.unread.pop_front().expect("more than READ_BEHIND queued");
+            recorder.complete(oldest)?;
+        }
         Ok(())
     }
 }
