@@ -1,7 +1,8 @@
 //! Opt-in timing of the recorder's own work (`REPRO_PROFILE=1`): how long recording spends
-//! walking captured graphs, queueing tensors, reading hashes back from the device and writing
-//! the trace, summed over the run and printed to stderr when the recorder finishes. For finding
-//! where a recorded step's extra time goes; off, it costs one flag check per phase.
+//! walking captured graphs, queueing tensors, launching the device's hashing, waiting for its
+//! results and writing the trace, summed over the run and printed to stderr when the recorder
+//! finishes. For finding where a recorded step's extra time goes; off, it costs one flag check
+//! per phase.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
@@ -14,20 +15,23 @@ pub(crate) enum Phase {
     Graph,
     /// Queueing tensors: host hashing, device hash jobs, host copies.
     Queue,
+    /// Launching the device's hashing kernels and the copy of their results.
+    Launch,
     /// Running the queued device work and reading its results back.
     Resolve,
     /// Validating, encoding and writing a step's records and payloads.
     Write,
 }
 
-const PHASES: [(Phase, &str); 4] = [
+const PHASES: [(Phase, &str); 5] = [
     (Phase::Graph, "graph walk"),
     (Phase::Queue, "queue"),
+    (Phase::Launch, "launch"),
     (Phase::Resolve, "device resolve"),
     (Phase::Write, "write"),
 ];
 
-static NANOS: [AtomicU64; 4] = [const { AtomicU64::new(0) }; 4];
+static NANOS: [AtomicU64; 5] = [const { AtomicU64::new(0) }; 5];
 
 fn enabled() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();

@@ -69,7 +69,7 @@ impl DeviceQueue {
     pub fn flush(&mut self) -> Result<(), RecordError> {
         #[cfg(feature = "cuda")]
         if let Some(batch) = self.batch.as_mut() {
-            batch.flush()?;
+            super::profile::time(super::profile::Phase::Launch, || batch.flush())?;
         }
         Ok(())
     }
@@ -79,7 +79,8 @@ impl DeviceQueue {
     pub fn start_read(self) -> Result<DeviceRead, RecordError> {
         #[cfg(feature = "cuda")]
         if let Some(batch) = self.batch {
-            return Ok(DeviceRead { read: Some(batch.start_read()?) });
+            let read = super::profile::time(super::profile::Phase::Launch, || batch.start_read())?;
+            return Ok(DeviceRead { read: Some(read) });
         }
         Ok(DeviceRead::default())
     }
