@@ -234,11 +234,12 @@ pub struct DeviceBatch {
     dev: CudaDevice,
     /// Queued since the last flush: each tensor and what the host wants of it.
     pending: Vec<(Tensor, Want)>,
-    /// Flushed: the kernels' output buffers and the slots of their tensors. The tensors
-    /// themselves are let go once the kernels are queued: candle frees device memory in
-    /// stream order (`cuMemFreeAsync` on its one stream), so nothing can reuse it before the
-    /// kernels that read it have run.
-    flushed: Vec<(CudaSlice<u8>, Vec<Slot>)>,
+    /// Flushed: the kernels' output buffers, the slots of their tensors, and the page-locked
+    /// buffers their tables were uploaded from (reusable once the step's copy has landed). The
+    /// tensors themselves are let go once the kernels are queued: candle frees device memory
+    /// in stream order (`cuMemFreeAsync` on its one stream), so nothing can reuse it before
+    /// the kernels that read it have run.
+    flushed: Vec<(CudaSlice<u8>, Vec<Slot>, PinnedHostSlice<u64>)>,
 }
 
 impl DeviceBatch {
@@ -259,7 +260,7 @@ impl DeviceBatch {
     pub fn push(&mut self, tensor: &Tensor, hash: bool, snapshot: bool) -> Result<usize> {
         // `copy` makes new storage that the tensor's later in-place update cannot reach.
         let tensor = if snapshot { tensor.copy()? } else { tensor.clone() };
-        let tickets = self.flushed.iter().map(|(_, slots)| slots.len()).sum::<usize>() + self.pending.len();
+        let tickets = self.flushed.iter().map(|(_, slots, _)| slots.len()).sum::<usize>() + self.pending.len();
         self.pending.push((tensor, if hash { Want::Hash } else { Want::Bytes }));
         Ok(tickets)
     }
@@ -287,7 +288,11 @@ impl DeviceBatch {
             tensors.push(tensor);
         }
         let plan = Plan::new(&views).expect("every view fits after the contiguous copies above");
-        let table = self.dev.clone_htod(&plan.table)?;
+        let mut staged = PINNED_TABLES.take(&self.dev, plan.table.len().max(1))?;
+        staged.as_mut_slice().w()?[..plan.table.len()].copy_from_slice(&plan.table);
+        // SAFETY: the copy below writes every element the kernels read.
+        let mut table = unsafe { self.dev.alloc::<u64>(staged.len()) }?;
+        stream.memcpy_htod(&staged, &mut table).w()?;
         let words = |r: &std::ops::Range<usize>| table.slice(r.clone());
         let mut out: CudaSlice<u8> = unsafe { self.dev.alloc::<u8>(plan.out_len.max(1)) }?;
         if let Some(chunks) = &plan.chunks {
@@ -317,7 +322,7 @@ impl DeviceBatch {
             b.arg(&views).arg(&prefix).arg(&out_at).arg(&copy.count).arg(&mut out);
             unsafe { b.launch(grid(copy.items, 256)) }.w()?;
         }
-        self.flushed.push((out, plan.slots));
+        self.flushed.push((out, plan.slots, staged));
         // `tensors` drops here; see `flushed`.
         Ok(())
     }
@@ -330,10 +335,10 @@ impl DeviceBatch {
         self.flush()?;
         let stream = self.dev.cuda_stream();
         let mut copies = Vec::with_capacity(self.flushed.len());
-        for (out, slots) in self.flushed {
-            let mut host = pinned_buffer(&self.dev, out.len())?;
+        for (out, slots, table) in self.flushed {
+            let mut host = PINNED_RESULTS.take(&self.dev, out.len())?;
             stream.memcpy_dtoh(&out, &mut host).w()?;
-            copies.push(PendingCopy { host, slots });
+            copies.push(PendingCopy { host, slots, table });
         }
         // Our own event: a page-locked buffer's own event is recorded only when cudarc manages
         // synchronization between several streams, and candle runs one, so waiting on that
@@ -353,6 +358,8 @@ struct PendingCopy {
     /// Page-locked, so alive until the copy has landed (`PendingRead::wait`).
     host: PinnedHostSlice<u8>,
     slots: Vec<Slot>,
+    /// Where the flush's table was uploaded from; free for reuse once the copy has landed.
+    table: PinnedHostSlice<u64>,
 }
 
 /// A step's device results, copying to the host (see `DeviceBatch::start_read`).
@@ -375,33 +382,51 @@ impl PendingRead {
                 Slot::Hash(r) => Resolved::DataHash(host[r.clone()].try_into().expect("32 bytes")),
                 Slot::Bytes(r) => Resolved::Bytes(host[r.clone()].to_vec()),
             }));
-            return_pinned(self.ordinal, copy.host);
+            PINNED_RESULTS.give_back(self.ordinal, copy.host);
+            PINNED_TABLES.give_back(self.ordinal, copy.table);
         }
         Ok(results)
     }
 }
 
-/// Page-locked host buffers for the copies, kept for reuse (allocating one costs far more than
-/// a step's copy); by device.
-static PINNED: std::sync::Mutex<Vec<(candle_core::cuda_backend::DeviceId, PinnedHostSlice<u8>)>> =
-    std::sync::Mutex::new(Vec::new());
+/// Page-locked host buffers of one element type, kept for reuse (allocating one costs far more
+/// than a step's copy, and can wait for the device); by device.
+struct PinnedPool<T>(std::sync::Mutex<Vec<(candle_core::cuda_backend::DeviceId, PinnedHostSlice<T>)>>);
 
-/// A page-locked buffer of exactly `len` bytes for `dev` (a copy into it moves as many bytes
-/// as it holds): a free one, or a new one. Steps of a run mostly have the same sizes, so the
-/// pool keeps the few distinct ones. Not write-combined: the host reads it.
-fn pinned_buffer(dev: &CudaDevice, len: usize) -> Result<PinnedHostSlice<u8>> {
-    let mut pool = PINNED.lock().map_err(|_| Error::Msg("pinned buffer pool poisoned".into()))?;
-    if let Some(i) = pool.iter().position(|(id, b)| *id == dev.id() && b.len() == len) {
-        return Ok(pool.swap_remove(i).1);
+/// Buffers the results are copied into.
+static PINNED_RESULTS: PinnedPool<u8> = PinnedPool(std::sync::Mutex::new(Vec::new()));
+/// Buffers the kernels' tables are uploaded from: a copy from pageable memory can wait for the
+/// GPU to drain, one from page-locked memory never does.
+static PINNED_TABLES: PinnedPool<u64> = PinnedPool(std::sync::Mutex::new(Vec::new()));
+
+impl<T: candle_core::cuda_backend::cudarc::driver::DeviceRepr> PinnedPool<T> {
+    /// A page-locked buffer of exactly `len` elements for `dev` (a copy from or into it moves
+    /// as many as it holds): a free one, or a new one. Steps of a run mostly have the same
+    /// sizes, so the pool keeps the few distinct ones. Not write-combined: the host reads it.
+    fn take(&self, dev: &CudaDevice, len: usize) -> Result<PinnedHostSlice<T>> {
+        let mut pool = self.0.lock().map_err(|_| Error::Msg("pinned buffer pool poisoned".into()))?;
+        if let Some(i) = pool.iter().position(|(id, b)| *id == dev.id() && b.len() == len) {
+            return Ok(pool.swap_remove(i).1);
+        }
+        // Free buffers of other sizes beyond a few are dropped rather than kept forever.
+        if pool.len() >= PINNED_KEPT {
+            pool.remove(0);
+        }
+        drop(pool);
+        // SAFETY: every element is written (by a copy, or by the host) before anything reads it.
+        unsafe { dev.cuda_stream().context().alloc_pinned_with_flags::<T>(len, 0) }.w()
     }
-    // Free buffers of other sizes beyond a few are dropped rather than kept forever.
-    if pool.len() >= PINNED_KEPT {
-        pool.remove(0);
+
+    /// Puts a buffer back for reuse, once nothing on the device uses it any more.
+    fn give_back(&self, ordinal: candle_core::cuda_backend::DeviceId, buffer: PinnedHostSlice<T>) {
+        if let Ok(mut pool) = self.0.lock() {
+            pool.push((ordinal, buffer));
+        }
     }
-    drop(pool);
-    // SAFETY: the copy writes every byte before anything reads it.
-    unsafe { dev.cuda_stream().context().alloc_pinned_with_flags::<u8>(len, 0) }.w()
 }
+
+/// Free page-locked buffers kept for reuse, per pool.
+const PINNED_KEPT: usize = 8;
 
 /// Makes CUDA's stream-ordered pool of `dev` keep the memory that candle frees, instead of
 /// handing it back to the driver. candle allocates every tensor with `cuMemAllocAsync` from
@@ -443,15 +468,6 @@ pub fn keep_freed_memory(dev: &CudaDevice) -> Result<()> {
     }
     done.push(ctx.ordinal());
     Ok(())
-}
-
-/// Free page-locked buffers kept for reuse.
-const PINNED_KEPT: usize = 8;
-
-fn return_pinned(ordinal: candle_core::cuda_backend::DeviceId, buffer: PinnedHostSlice<u8>) {
-    if let Ok(mut pool) = PINNED.lock() {
-        pool.push((ordinal, buffer));
-    }
 }
 
 /// The kernels' view of a CUDA tensor: the device address of its first element, its element
