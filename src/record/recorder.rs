@@ -61,7 +61,8 @@ pub struct Recorder {
     /// Finished steps whose GPU results are still on their way to the host, oldest first. A
     /// step is completed once [`READ_BEHIND`] later steps have finished (or the recorder
     /// does), so that the host may queue that many steps ahead of the device, as it does
-    /// unrecorded, instead of waiting for the device at every step.
+    /// unrecorded, instead of waiting for the device at every step. A step with nothing on a
+    /// GPU is completed when it finishes.
     unread: VecDeque<UnreadStep>,
 }
 
@@ -548,9 +549,11 @@ impl StepRecorder<'_> {
             }
             return recorder.complete(unread);
         }
+        // Only GPU results are worth waiting for; a step recorded on the host is written now.
+        let behind = if unread.read.is_pending() { READ_BEHIND } else { 0 };
         recorder.unread.push_back(unread);
-        while recorder.unread.len() > READ_BEHIND {
-            let oldest = recorder.unread.pop_front().expect("more than READ_BEHIND queued");
+        while recorder.unread.len() > behind {
+            let oldest = recorder.unread.pop_front().expect("the queue is longer than `behind`");
             recorder.complete(oldest)?;
         }
         Ok(())
@@ -632,5 +635,33 @@ impl Recorder {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::RefCell;
+    use std::rc::Rc;
+
+    /// Steps recorded on the host have nothing to wait for: each is reported (and handed to
+    /// the writer) when it finishes, not held back like a GPU step, so a crash loses no
+    /// finished step.
+    #[test]
+    fn a_host_step_is_completed_when_it_finishes() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut recorder =
+            Recorder::create(dir.path().join("t"), RunConfig::default(), &Device::Cpu, CapturePolicy::default())
+                .unwrap();
+        let seen = Rc::new(RefCell::new(Vec::new()));
+        let log = seen.clone();
+        recorder.on_step(move |p| log.borrow_mut().push(p.step));
+        for step in 0..3 {
+            let mut s = recorder.step(step);
+            s.record("x", TensorKind::Input, &Tensor::new(&[step as f32], &Device::Cpu).unwrap()).unwrap();
+            s.finish().unwrap();
+            assert_eq!(*seen.borrow(), (0..=step).collect::<Vec<_>>(), "step {step} reported at its finish");
+        }
+        assert_eq!(recorder.finish().unwrap(), 3);
     }
 }

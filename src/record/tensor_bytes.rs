@@ -95,6 +95,14 @@ pub struct DeviceRead {
 }
 
 impl DeviceRead {
+    /// Whether results are on their way from a GPU (otherwise `wait` returns at once).
+    pub fn is_pending(&self) -> bool {
+        #[cfg(feature = "cuda")]
+        return self.read.is_some();
+        #[cfg(not(feature = "cuda"))]
+        false
+    }
+
     /// Waits for the results (for the step's work, not for anything queued after it) and
     /// returns them in ticket order.
     pub fn wait(self) -> Result<Vec<DeviceResult>, RecordError> {
