@@ -141,44 +141,28 @@ impl DataParallel {
     pub fn average(&mut self, s: &mut StepRecorder, grads: &[Gradient<'_>]) -> Result<Vec<Tensor>, RecordError> {
         let scale = 1.0 / self.world_size() as f64;
         let same_dtype = grads.windows(2).all(|w| w[0].value.dtype() == w[1].value.dtype());
-        let mut shares = Vec::with_capacity(grads.len());
-        let sums = if grads.is_empty() {
-            Vec::new()
-        } else if same_dtype {
-            // One bucket: the gradients flattened side by side, scaled by one launch (the same
-            // operation on every element as scaling each), and summed by one collective call.
-            let flat = grads.iter().map(|g| g.value.flatten_all()).collect::<candle_core::Result<Vec<_>>>()?;
-            let bucket = Tensor::cat(&flat, 0)?.affine(scale, 0.0)?;
-            shares = unbucket(&bucket, grads)?;
-            self.record_shares(s, grads, &shares)?;
-            unbucket(&self.collective.all_reduce_sum(&bucket)?, grads)?
+        // One bucket when the dtypes allow: the gradients flattened side by side, scaled by one
+        // launch (the same operation on every element as scaling each), and summed by one
+        // collective call.
+        let bucket = if grads.is_empty() || !same_dtype {
+            None
         } else {
-            for g in grads {
-                shares.push(g.value.affine(scale, 0.0)?);
-            }
-            self.record_shares(s, grads, &shares)?;
-            shares.iter().map(|t| self.collective.all_reduce_sum(t)).collect::<Result<_, _>>()?
+            let flat = grads.iter().map(|g| g.value.flatten_all()).collect::<candle_core::Result<Vec<_>>>()?;
+            Some(Tensor::cat(&flat, 0)?.affine(scale, 0.0)?)
         };
-        let locals = grads.iter().map(|g| format!("{}{LOCAL_SUFFIX}", g.name));
-        for ((g, local), sum) in grads.iter().zip(locals).zip(&sums) {
-            s.record_collective(g.name, ALL_REDUCE_SUM, &local, sum)?;
+        let shares = match &bucket {
+            Some(bucket) => unbucket(bucket, grads)?,
+            None => grads.iter().map(|g| g.value.affine(scale, 0.0)).collect::<candle_core::Result<_>>()?,
+        };
+        let locals = record_shares(s, grads, &shares)?;
+        let sums = match &bucket {
+            Some(bucket) => unbucket(&self.collective.all_reduce_sum(bucket)?, grads)?,
+            None => shares.iter().map(|t| self.collective.all_reduce_sum(t)).collect::<Result<_, _>>()?,
+        };
+        for ((g, local), sum) in grads.iter().zip(&locals).zip(&sums) {
+            s.record_collective(g.name, ALL_REDUCE_SUM, local, sum)?;
         }
         Ok(sums)
-    }
-
-    /// Records this rank's share of each gradient as `NAME.grad.local`, computed from the
-    /// gradient's `inputs`.
-    fn record_shares(
-        &self,
-        s: &mut StepRecorder,
-        grads: &[Gradient<'_>],
-        shares: &[Tensor],
-    ) -> Result<(), RecordError> {
-        for (g, share) in grads.iter().zip(shares) {
-            let local = format!("{}{LOCAL_SUFFIX}", g.name);
-            s.record_as(&local, TensorKind::Gradient, Some(Phase::Backward), g.inputs, share)?;
-        }
-        Ok(())
     }
 
     /// Averages the gradient of every floating-point parameter in `params` (in their order,
@@ -213,6 +197,18 @@ impl DataParallel {
         s.note_no_gradient(missing.iter().cloned());
         Ok(missing)
     }
+}
+
+/// Records this rank's share of each gradient as `NAME.grad.local`, computed from the
+/// gradient's `inputs`; returns those names.
+fn record_shares(s: &mut StepRecorder, grads: &[Gradient<'_>], shares: &[Tensor]) -> Result<Vec<String>, RecordError> {
+    let mut locals = Vec::with_capacity(grads.len());
+    for (g, share) in grads.iter().zip(shares) {
+        let local = format!("{}{LOCAL_SUFFIX}", g.name);
+        s.record_as(&local, TensorKind::Gradient, Some(Phase::Backward), g.inputs, share)?;
+        locals.push(local);
+    }
+    Ok(locals)
 }
 
 /// The gradients' places in a bucket of them flattened side by side, shaped as the gradients.

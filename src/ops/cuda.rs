@@ -439,15 +439,13 @@ const PINNED_KEPT: usize = 8;
 pub fn keep_freed_memory(dev: &CudaDevice) -> Result<()> {
     use candle_core::cuda_backend::cudarc::driver::sys;
     static DONE: std::sync::Mutex<Vec<usize>> = std::sync::Mutex::new(Vec::new());
-    if std::env::var("REPRO_CUDA_POOL").is_ok_and(|v| v == "release") {
-        return Ok(());
-    }
+    // Called for every step's batch: the devices already seen return before anything else.
     let ctx = dev.cuda_stream().context().clone();
     let mut done = DONE.lock().map_err(|_| Error::Msg("memory pool registry poisoned".into()))?;
     if done.contains(&ctx.ordinal()) {
         return Ok(());
     }
-    if !ctx.has_async_alloc() {
+    if !ctx.has_async_alloc() || std::env::var("REPRO_CUDA_POOL").is_ok_and(|v| v == "release") {
         done.push(ctx.ordinal());
         return Ok(());
     }
