@@ -41,6 +41,7 @@ pub(crate) fn graph_nodes(
     if let Some(first) = after {
         sorted.retain(|t| t.is_variable() || tensor_number(t) > first);
     }
+    let innermost = Innermost::new(spans);
     let mut per_scope = vec![0usize; spans.len()];
     // The last named node (an index into `nodes`), and how many unscoped nodes followed it.
     let mut anchor: Option<usize> = None;
@@ -51,7 +52,7 @@ pub(crate) fn graph_nodes(
         let name = if let Some(var) = variables.get(&id).filter(|_| t.is_variable()) {
             (anchor, since_anchor) = (Some(nodes.len()), 0);
             var.clone()
-        } else if let Some(scope) = innermost(spans, id) {
+        } else if let Some(scope) = innermost.of(spans, id) {
             let name = format!("{}#{}", scope_names[scope], per_scope[scope]);
             per_scope[scope] += 1;
             (anchor, since_anchor) = (Some(nodes.len()), 0);
@@ -65,14 +66,57 @@ pub(crate) fn graph_nodes(
     nodes
 }
 
-/// The innermost scope whose id interval holds `id`.
-fn innermost(spans: &[ScopeSpan], id: u64) -> Option<usize> {
-    spans
-        .iter()
-        .enumerate()
-        .filter(|(_, s)| s.start <= id && id < s.end)
-        .max_by_key(|(_, s)| (s.path.len(), s.start))
-        .map(|(i, _)| i)
+/// Finds the innermost scope that holds a tensor id. Scopes entered and left in order nest as
+/// intervals, so they cut the ids into segments, each with one innermost scope, found by binary
+/// search (a step may open hundreds of scopes, and every node asks).
+enum Innermost {
+    /// Where each segment starts, and its innermost scope; sorted by start.
+    Segments(Vec<(u64, Option<usize>)>),
+    /// The scopes do not nest (spans left out of order): every lookup scans them all.
+    Scan,
+}
+
+impl Innermost {
+    fn new(spans: &[ScopeSpan]) -> Innermost {
+        let mut order: Vec<usize> = (0..spans.len()).collect();
+        // Outer before inner where two start together.
+        order.sort_by_key(|&i| (spans[i].start, std::cmp::Reverse(spans[i].end), spans[i].path.len()));
+        let mut open: Vec<usize> = Vec::new();
+        let mut segments = Vec::with_capacity(2 * spans.len());
+        for i in order {
+            let span = &spans[i];
+            while let Some(&top) = open.last().filter(|&&top| spans[top].end <= span.start) {
+                open.pop();
+                segments.push((spans[top].end, open.last().copied()));
+            }
+            if open.last().is_some_and(|&top| spans[top].end < span.end) {
+                return Innermost::Scan;
+            }
+            segments.push((span.start, Some(i)));
+            open.push(i);
+        }
+        while let Some(top) = open.pop() {
+            segments.push((spans[top].end, open.last().copied()));
+        }
+        Innermost::Segments(segments)
+    }
+
+    /// The innermost scope whose id interval holds `id`: the deepest, and of equally deep ones
+    /// the latest entered.
+    fn of(&self, spans: &[ScopeSpan], id: u64) -> Option<usize> {
+        match self {
+            Innermost::Segments(segments) => {
+                let after = segments.partition_point(|&(start, _)| start <= id);
+                after.checked_sub(1).and_then(|k| segments[k].1)
+            }
+            Innermost::Scan => spans
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| s.start <= id && id < s.end)
+                .max_by_key(|(_, s)| (s.path.len(), s.start))
+                .map(|(i, _)| i),
+        }
+    }
 }
 
 /// One level of a scope path: its name and its ordinal among same-named siblings.
@@ -132,6 +176,48 @@ mod tests {
         assert!(nodes[0].is_variable && !nodes[1].is_variable);
         let positions: Vec<u64> = nodes.iter().map(|n| n.position).collect();
         assert_eq!(positions, [0, 1, 2, 3, 4]);
+    }
+
+    /// Nested scopes of many shapes (empty ones, ones that start or end together, deep chains):
+    /// the segment search finds what a scan of every scope finds, for every id.
+    #[test]
+    fn the_segment_search_finds_the_innermost_scope_like_a_scan() {
+        // Scopes as a deterministic random walk of enters and exits over ids 0..400.
+        let mut spans: Vec<ScopeSpan> = Vec::new();
+        let mut open: Vec<usize> = Vec::new();
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        for id in 0..400u64 {
+            for _ in 0..3 {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                match state % 4 {
+                    0 | 1 if open.len() < 6 => {
+                        let path = (0..=open.len()).map(|d| (format!("s{d}"), 0)).collect();
+                        open.push(spans.len());
+                        spans.push(ScopeSpan { path, start: id, end: u64::MAX });
+                    }
+                    2 => {
+                        if let Some(i) = open.pop() {
+                            spans[i].end = id;
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+        assert!(spans.len() > 100, "{} scopes", spans.len());
+        let segments = Innermost::new(&spans);
+        assert!(matches!(segments, Innermost::Segments(_)), "nested scopes are searched, not scanned");
+        for id in 0..410 {
+            assert_eq!(segments.of(&spans, id), Innermost::Scan.of(&spans, id), "id {id}");
+        }
+        // Scopes that overlap without nesting fall back to the scan.
+        let overlapping = [
+            ScopeSpan { path: vec![("a".into(), 0)], start: 0, end: 5 },
+            ScopeSpan { path: vec![("b".into(), 0)], start: 3, end: 8 },
+        ];
+        assert!(matches!(Innermost::new(&overlapping), Innermost::Scan));
     }
 
     #[test]

@@ -1,11 +1,11 @@
 //! The CUDA side of repro's ops: kernels from `kernels/repro.cu`, compiled once per process
 //! with NVRTC and launched on candle's stream, so they order correctly with candle's own work.
 
-use super::device_hash::{Plan, Slot, View, Want};
+use super::device_hash::{fits, Plan, Slot, View, Want};
 use super::Reductions;
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{
-    CudaEvent, CudaSlice, CudaStream, CudaView, DevicePtr, LaunchConfig, PinnedHostSlice, PushKernelArg,
+    CudaEvent, CudaFunction, CudaSlice, CudaStream, CudaView, DevicePtr, LaunchConfig, PinnedHostSlice, PushKernelArg,
 };
 use candle_core::cuda_backend::{CudaDevice, WrapErr};
 use candle_core::{CudaStorage, DType, Device, Error, Layout, Result, Storage, Tensor};
@@ -273,57 +273,49 @@ impl DeviceBatch {
         }
         // Views with more dimensions than the kernels take are made contiguous first.
         let mut tensors = Vec::with_capacity(self.pending.len());
-        let mut views = Vec::with_capacity(self.pending.len());
-        let stream = self.dev.cuda_stream();
         for (tensor, want) in std::mem::take(&mut self.pending) {
-            let (tensor, view) = match view_of(&tensor, &stream)? {
-                view if view.fits() => (tensor, view),
-                _ => {
-                    let contiguous = tensor.contiguous()?;
-                    let view = view_of(&contiguous, &stream)?;
-                    (contiguous, view)
-                }
-            };
-            views.push((view, want));
-            tensors.push(tensor);
+            let layout = tensor.layout();
+            let tensor = if fits(layout.dims(), layout.stride()) { tensor } else { tensor.contiguous()? };
+            tensors.push((tensor, want));
         }
+        let stream = self.dev.cuda_stream();
+        let views = tensors.iter().map(|(t, want)| Ok((view_of(t, &stream)?, *want))).collect::<Result<Vec<_>>>()?;
         let plan = Plan::new(&views).expect("every view fits after the contiguous copies above");
         let mut staged = PINNED_TABLES.take(&self.dev, plan.table.len().max(1))?;
         staged.as_mut_slice().w()?[..plan.table.len()].copy_from_slice(&plan.table);
         // SAFETY: the copy below writes every element the kernels read.
         let mut table = unsafe { self.dev.alloc::<u64>(staged.len()) }?;
         stream.memcpy_htod(&staged, &mut table).w()?;
-        let words = |r: &std::ops::Range<usize>| table.slice(r.clone());
+        let kernels = HashKernels::of(&self.dev)?;
         let mut out: CudaSlice<u8> = unsafe { self.dev.alloc::<u8>(plan.out_len.max(1)) }?;
+        let words = |r: &std::ops::Range<usize>| table.slice(r.clone());
         if let Some(chunks) = &plan.chunks {
             let mut nodes: CudaSlice<u32> = unsafe { self.dev.alloc::<u32>(8 * plan.nodes as usize) }?;
             let (views, prefix) = (words(&chunks.views), words(&chunks.prefix));
-            let f = self.dev.get_or_load_custom_func("hash_chunks", MODULE, ptx()?)?;
-            let mut b = f.builder();
+            let mut b = stream.launch_builder(&kernels.chunks);
             b.arg(&views).arg(&prefix).arg(&chunks.count).arg(&mut nodes);
             unsafe { b.launch(grid(chunks.items, 128)) }.w()?;
-            let f = self.dev.get_or_load_custom_func("hash_parents", MODULE, ptx()?)?;
             for level in &plan.levels {
                 let (rows, prefix) = (words(&level.rows), words(&level.prefix));
-                let mut b = f.builder();
+                let mut b = stream.launch_builder(&kernels.parents);
                 b.arg(&rows).arg(&prefix).arg(&level.views).arg(&mut nodes);
                 unsafe { b.launch(grid(level.outputs, 128)) }.w()?;
             }
             let (roots, count) = (words(&plan.roots), plan.roots.len() as u64);
-            let f = self.dev.get_or_load_custom_func("hash_roots", MODULE, ptx()?)?;
-            let mut b = f.builder();
+            let mut b = stream.launch_builder(&kernels.roots);
             b.arg(&roots).arg(&count).arg(&nodes).arg(&mut out);
             unsafe { b.launch(grid(count, 128)) }.w()?;
         }
         if let Some(copy) = &plan.copy {
             let (views, prefix, out_at) = (words(&copy.views), words(&copy.prefix), words(&plan.copy_out));
-            let f = self.dev.get_or_load_custom_func("copy_views", MODULE, ptx()?)?;
-            let mut b = f.builder();
+            let mut b = stream.launch_builder(&kernels.copy);
             b.arg(&views).arg(&prefix).arg(&out_at).arg(&copy.count).arg(&mut out);
             unsafe { b.launch(grid(copy.items, 256)) }.w()?;
         }
         self.flushed.push((out, plan.slots, staged));
-        // `tensors` drops here; see `flushed`.
+        // The tensors are let go here; see `flushed`.
+        drop(views);
+        drop(tensors);
         Ok(())
     }
 
@@ -350,6 +342,38 @@ impl DeviceBatch {
     /// Flushes, copies every output to the host, and returns the results in ticket order.
     pub fn resolve(self) -> Result<Vec<Resolved>> {
         self.start_read()?.wait()
+    }
+}
+
+/// The batched hashing kernels of one device, looked up once per device and process rather
+/// than by name at every launch.
+#[derive(Clone)]
+struct HashKernels {
+    chunks: CudaFunction,
+    parents: CudaFunction,
+    roots: CudaFunction,
+    copy: CudaFunction,
+}
+
+impl HashKernels {
+    fn of(dev: &CudaDevice) -> Result<HashKernels> {
+        static LOADED: std::sync::Mutex<Vec<(candle_core::cuda_backend::DeviceId, HashKernels)>> =
+            std::sync::Mutex::new(Vec::new());
+        let mut loaded = LOADED.lock().map_err(|_| Error::Msg("hash kernel cache poisoned".into()))?;
+        if let Some((_, kernels)) = loaded.iter().find(|(id, _)| *id == dev.id()) {
+            return Ok(kernels.clone());
+        }
+        let load = |name: &str| -> Result<CudaFunction> {
+            Ok(dev.get_or_load_custom_func(name, MODULE, ptx()?)?.into_cuda_function())
+        };
+        let kernels = HashKernels {
+            chunks: load("hash_chunks")?,
+            parents: load("hash_parents")?,
+            roots: load("hash_roots")?,
+            copy: load("copy_views")?,
+        };
+        loaded.push((dev.id(), kernels.clone()));
+        Ok(kernels)
     }
 }
 
@@ -469,23 +493,26 @@ pub fn keep_freed_memory(dev: &CudaDevice) -> Result<()> {
 }
 
 /// The kernels' view of a CUDA tensor: the device address of its first element, its element
-/// size, dims and strides.
-fn view_of(tensor: &Tensor, stream: &CudaStream) -> Result<View> {
-    let (storage, layout) = tensor.storage_and_layout();
-    let Storage::Cuda(cuda) = &*storage else {
-        return Err(Error::Msg("DeviceBatch needs CUDA tensors".into()));
+/// size, dims and strides (borrowed from its layout).
+fn view_of<'t>(tensor: &'t Tensor, stream: &CudaStream) -> Result<View<'t>> {
+    let address = {
+        let (storage, layout) = tensor.storage_and_layout();
+        let Storage::Cuda(cuda) = &*storage else {
+            return Err(Error::Msg("DeviceBatch needs CUDA tensors".into()));
+        };
+        let base = for_dtype!(
+            tensor.dtype(),
+            T => cuda.as_cuda_slice::<T>()?.device_ptr(stream).0,
+            other => return Err(Error::Msg(format!("cannot hash {other:?} on the device")))
+        );
+        base + (layout.start_offset() * tensor.dtype().size_in_bytes()) as u64
     };
-    let base = for_dtype!(
-        tensor.dtype(),
-        T => cuda.as_cuda_slice::<T>()?.device_ptr(stream).0,
-        other => return Err(Error::Msg(format!("cannot hash {other:?} on the device")))
-    );
-    let elem_size = tensor.dtype().size_in_bytes() as u64;
+    let layout = tensor.layout();
     Ok(View {
-        address: base + layout.start_offset() as u64 * elem_size,
-        elem_size,
-        dims: layout.dims().to_vec(),
-        strides: layout.stride().to_vec(),
+        address,
+        elem_size: tensor.dtype().size_in_bytes() as u64,
+        dims: layout.dims(),
+        strides: layout.stride(),
     })
 }
 

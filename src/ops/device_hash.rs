@@ -19,48 +19,59 @@ pub const LEVELS_PER_LAUNCH: u64 = 4;
 const CHUNK_LEN: u64 = 1024;
 
 /// A tensor view as the kernels read it: the address of element 0, the element size, and the
-/// shape with strides in elements.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct View {
+/// shape with strides in elements (borrowed from the tensor's layout: planning a step's views
+/// allocates nothing per view).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct View<'a> {
     /// Address of the view's first element.
     pub address: u64,
     /// Bytes per element.
     pub elem_size: u64,
     /// The view's shape.
-    pub dims: Vec<usize>,
+    pub dims: &'a [usize],
     /// Its strides, in elements (0 where it broadcasts).
-    pub strides: Vec<usize>,
+    pub strides: &'a [usize],
 }
 
-impl View {
+impl View<'_> {
     /// Bytes of the view's elements in row-major order.
     pub fn byte_len(&self) -> u64 {
         self.dims.iter().product::<usize>() as u64 * self.elem_size
     }
+}
 
-    /// Whether the kernels can read the view as it is (see `merged`).
-    pub fn fits(&self) -> bool {
-        self.merged().is_some()
-    }
+/// Whether the kernels can read a view of these dims and strides as it is: at most `VIEW_DIMS`
+/// dimensions once size-1 ones are dropped and contiguous ones merged.
+pub fn fits(dims: &[usize], strides: &[usize]) -> bool {
+    Merged::of(dims, strides).is_some()
+}
 
-    /// The same view with size-1 dimensions dropped and dimensions that are contiguous with
-    /// each other merged; `None` if more than `VIEW_DIMS` remain.
-    fn merged(&self) -> Option<(Vec<u64>, Vec<u64>)> {
-        let mut dims: Vec<u64> = Vec::new();
-        let mut strides: Vec<u64> = Vec::new();
-        for (&d, &s) in self.dims.iter().zip(&self.strides).filter(|(&d, _)| d != 1) {
-            match (dims.last_mut(), strides.last_mut()) {
-                (Some(last_d), Some(last_s)) if *last_s == s as u64 * d as u64 => {
-                    *last_d *= d as u64;
-                    *last_s = s as u64;
-                }
-                _ => {
-                    dims.push(d as u64);
-                    strides.push(s as u64);
-                }
+/// A view's dimensions with size-1 dimensions dropped and dimensions that are contiguous with
+/// each other merged: at most `VIEW_DIMS` of them.
+#[derive(Debug, PartialEq, Eq)]
+struct Merged {
+    dims: [u64; VIEW_DIMS],
+    strides: [u64; VIEW_DIMS],
+    len: usize,
+}
+
+impl Merged {
+    /// `None` if more than `VIEW_DIMS` dimensions remain after merging.
+    fn of(dims: &[usize], strides: &[usize]) -> Option<Merged> {
+        let mut m = Merged { dims: [0; VIEW_DIMS], strides: [0; VIEW_DIMS], len: 0 };
+        for (&d, &s) in dims.iter().zip(strides).filter(|(&d, _)| d != 1) {
+            let (d, s) = (d as u64, s as u64);
+            if m.len > 0 && m.strides[m.len - 1] == s * d {
+                m.dims[m.len - 1] *= d;
+                m.strides[m.len - 1] = s;
+            } else if m.len == VIEW_DIMS {
+                return None;
+            } else {
+                (m.dims[m.len], m.strides[m.len]) = (d, s);
+                m.len += 1;
             }
         }
-        (dims.len() <= VIEW_DIMS).then_some((dims, strides))
+        Some(m)
     }
 }
 
@@ -139,8 +150,9 @@ impl Plan {
     /// Plans the batch; `None` if a view has more than `VIEW_DIMS` dimensions that cannot be
     /// merged (the caller makes such a view contiguous first).
     pub fn new(views: &[(View, Want)]) -> Option<Plan> {
-        let mut hashed: Vec<(usize, Vec<u64>, u64)> = Vec::new(); // (view, words, chunks)
-        let mut copied: Vec<(usize, Vec<u64>, u64)> = Vec::new(); // (view, words, elements)
+        // Each view's table words and work items (chunks to hash, or elements to copy).
+        let mut hashed: Vec<(usize, [u64; VIEW_WORDS], u64)> = Vec::new();
+        let mut copied: Vec<(usize, [u64; VIEW_WORDS], u64)> = Vec::new();
         for (i, (view, want)) in views.iter().enumerate() {
             let words = view_words(view)?;
             let len = view.byte_len();
@@ -159,7 +171,7 @@ impl Plan {
         if !hashed.is_empty() {
             plan.chunks = Some(plan.pass(&hashed));
             // Node 0.. are the chunks; every level appends its outputs after the last level.
-            let mut current: Vec<(u64, u64)> = Vec::new(); // (first node, count) per view
+            let mut current: Vec<(u64, u64)> = Vec::with_capacity(hashed.len()); // (first node, count) per view
             let mut next_free = 0;
             for (_, _, chunks) in &hashed {
                 current.push((next_free, *chunks));
@@ -186,19 +198,20 @@ impl Plan {
                 plan.levels.push(Level { rows, prefix, views, outputs });
             }
             plan.nodes = next_free;
-            let roots: Vec<u64> = current.iter().map(|&(first, _)| first).collect();
-            plan.roots = plan.push(&roots);
+            let start = plan.table.len();
+            plan.table.extend(current.iter().map(|&(first, _)| first));
+            plan.roots = start..plan.table.len();
         }
         if !copied.is_empty() {
             plan.copy = Some(plan.pass(&copied));
-            let mut at = Vec::with_capacity(copied.len());
+            let start = plan.table.len();
             for (i, _, elements) in &copied {
                 let len = (*elements * views[*i].0.elem_size) as usize;
-                at.push(out_len as u64);
+                plan.table.push(out_len as u64);
                 slots[*i] = Slot::Bytes(out_len..out_len + len);
                 out_len += len;
             }
-            plan.copy_out = plan.push(&at);
+            plan.copy_out = start..plan.table.len();
         }
         plan.out_len = out_len;
         plan.slots = slots;
@@ -212,29 +225,35 @@ impl Plan {
     }
 
     /// Appends the view table and work-item prefix of one pass.
-    fn pass(&mut self, views: &[(usize, Vec<u64>, u64)]) -> Pass {
-        let table = self.push(&views.iter().flat_map(|(_, w, _)| w.iter().copied()).collect::<Vec<_>>());
-        let mut prefix = vec![0];
-        for (_, _, items) in views {
-            prefix.push(prefix.last().unwrap() + items);
+    fn pass(&mut self, views: &[(usize, [u64; VIEW_WORDS], u64)]) -> Pass {
+        let start = self.table.len();
+        for (_, words, _) in views {
+            self.table.extend_from_slice(words);
         }
-        let items = *prefix.last().unwrap();
-        Pass { views: table, prefix: self.push(&prefix), count: views.len() as u64, items }
+        let table = start..self.table.len();
+        let start = self.table.len();
+        let mut items = 0;
+        self.table.push(0);
+        for (_, _, n) in views {
+            items += n;
+            self.table.push(items);
+        }
+        Pass { views: table, prefix: start..self.table.len(), count: views.len() as u64, items }
     }
 }
 
 /// The kernels' `VIEW_WORDS` words for one view.
-fn view_words(view: &View) -> Option<Vec<u64>> {
-    let (dims, strides) = view.merged()?;
-    let contiguous = dims.is_empty() || (dims.len() == 1 && strides[0] == 1);
-    let mut words = vec![0u64; VIEW_WORDS];
+fn view_words(view: &View) -> Option<[u64; VIEW_WORDS]> {
+    let m = Merged::of(view.dims, view.strides)?;
+    let contiguous = m.len == 0 || (m.len == 1 && m.strides[0] == 1);
+    let mut words = [0u64; VIEW_WORDS];
     words[0] = view.address;
     words[1] = view.elem_size;
-    words[2] = dims.len() as u64;
+    words[2] = m.len as u64;
     words[3] = contiguous as u64;
     words[4] = view.byte_len();
-    words[5..5 + dims.len()].copy_from_slice(&dims);
-    words[5 + VIEW_DIMS..5 + VIEW_DIMS + strides.len()].copy_from_slice(&strides);
+    words[5..5 + VIEW_DIMS].copy_from_slice(&m.dims);
+    words[5 + VIEW_DIMS..5 + 2 * VIEW_DIMS].copy_from_slice(&m.strides);
     Some(words)
 }
 
@@ -276,7 +295,7 @@ mod tests {
         let mut bytes = Vec::with_capacity(n * es);
         for mut e in 0..n {
             let mut off = 0;
-            for (d, s) in view.dims.iter().zip(&view.strides).rev() {
+            for (d, s) in view.dims.iter().zip(view.strides).rev() {
                 off += (e % d) * s;
                 e /= d;
             }
@@ -285,13 +304,8 @@ mod tests {
         bytes
     }
 
-    fn view(memory: &[u8], offset: usize, elem_size: u64, dims: &[usize], strides: &[usize]) -> View {
-        View {
-            address: memory.as_ptr() as u64 + offset as u64,
-            elem_size,
-            dims: dims.to_vec(),
-            strides: strides.to_vec(),
-        }
+    fn view<'a>(memory: &[u8], offset: usize, elem_size: u64, dims: &'a [usize], strides: &'a [usize]) -> View<'a> {
+        View { address: memory.as_ptr() as u64 + offset as u64, elem_size, dims, strides }
     }
 
     fn contiguous_strides(dims: &[usize]) -> Vec<usize> {
@@ -310,10 +324,10 @@ mod tests {
     fn one_batch_hashes_and_copies_every_kind_of_view_like_the_reference() {
         let memory: Vec<u8> = (0..3_000_000u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
         let mut views = Vec::new();
+        const LENS: [usize; 10] = [0, 1, 255, 256, 257, 1024, 1025, 4096, 100_000, 700 * 1024 / 4];
         for (es, offset) in [(4u64, 0usize), (4, 4), (2, 2), (1, 1), (8, 8), (4, 12)] {
-            for len in [0usize, 1, 255, 256, 257, 1024, 1025, 4096, 100_000, 700 * 1024 / 4] {
-                let dims = [len];
-                views.push((view(&memory, offset, es, &dims, &[1]), Want::Hash));
+            for len in &LENS {
+                views.push((view(&memory, offset, es, std::slice::from_ref(len), &[1]), Want::Hash));
             }
         }
         // A [64, 48] f32 matrix transposed, a narrowed window of it, a broadcast row, a bf16
@@ -352,7 +366,7 @@ mod tests {
         let memory = vec![7u8; 8192];
         let small = view(&memory, 0, 4, &[256], &[1]);
         let large = view(&memory, 0, 4, &[257], &[1]);
-        let plan = Plan::new(&[(small.clone(), Want::Hash), (large, Want::Hash), (small, Want::Bytes)]).unwrap();
+        let plan = Plan::new(&[(small, Want::Hash), (large, Want::Hash), (small, Want::Bytes)]).unwrap();
         assert_eq!(plan.slots, vec![Slot::Bytes(32..1056), Slot::Hash(0..32), Slot::Bytes(1056..2080)]);
         assert!(plan.levels.is_empty(), "two chunks go straight to the root");
     }
@@ -361,10 +375,10 @@ mod tests {
     fn contiguous_dimensions_merge_and_too_many_dimensions_are_refused() {
         let memory = vec![0u8; 4096];
         let dims = [2, 1, 3, 4];
-        let merged = view(&memory, 0, 4, &dims, &contiguous_strides(&dims)).merged().unwrap();
-        assert_eq!(merged, (vec![24], vec![1]));
-        let transposed = view(&memory, 0, 4, &[3, 4], &[1, 3]).merged().unwrap();
-        assert_eq!(transposed, (vec![3, 4], vec![1, 3]));
+        let merged = Merged::of(&dims, &contiguous_strides(&dims)).unwrap();
+        assert_eq!((merged.len, merged.dims[0], merged.strides[0]), (1, 24, 1));
+        let transposed = Merged::of(&[3, 4], &[1, 3]).unwrap();
+        assert_eq!((transposed.len, &transposed.dims[..2], &transposed.strides[..2]), (2, &[3, 4][..], &[1, 3][..]));
         // Nine dimensions that do not merge (every stride is three times the next).
         let dims = [2usize; 9];
         let strides: Vec<usize> = (0..9u32).rev().map(|k| 3usize.pow(k)).collect();

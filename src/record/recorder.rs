@@ -32,7 +32,7 @@ use crate::trace::{
     TraceWriter, CURRENT_FORMAT,
 };
 use candle_core::{Device, Tensor, Var};
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::path::Path;
 
 /// The environment variable through which `repro gate -- CMD` tells a program where to record.
@@ -237,7 +237,7 @@ impl Recorder {
             full,
             policy_full,
             tensors: Vec::new(),
-            names: BTreeSet::new(),
+            names: HashSet::new(),
             probes: ProbedGradients::default(),
             device: DeviceQueue::default(),
             deferred: Vec::new(),
@@ -334,8 +334,9 @@ pub struct StepRecorder<'a> {
     full: bool,
     policy_full: bool,
     tensors: Vec<StepTensor>,
-    /// Names recorded so far in the step (a graph can hold 100,000 nodes: no linear search).
-    names: BTreeSet<String>,
+    /// Names recorded so far in the step (a graph can hold 100,000 nodes: no linear search;
+    /// only asked, never listed, so its order never reaches the output).
+    names: HashSet<String>,
     probes: ProbedGradients,
     /// GPU tensors' results, resolved in one copy when the step finishes.
     device: DeviceQueue,
