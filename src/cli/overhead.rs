@@ -98,7 +98,31 @@ pub fn run(args: OverheadArgs) -> Result<Exit, String> {
         per_step(recorded),
         recorded.as_secs_f64() / plain.as_secs_f64()
     ));
+    if let Some(enough) = steps_for_a_steady_ratio(plain, steps) {
+        eprintln!(
+            "note: one plain run took {:.0} ms ({steps} steps, building the model included); ratios of runs this \
+             short vary by several percent from run to run: pass --steps {enough} or more",
+            plain.as_secs_f64() * 1e3
+        );
+    }
     Ok(Exit::Same)
+}
+
+/// How long one measurement should last for its ratio to be steady: the model's construction
+/// and the first steps' warm-up then weigh little, and a machine's hiccups average out.
+const STEADY_MEASUREMENT: Duration = Duration::from_secs(1);
+
+/// The step count (a round number) that makes a plain run last `STEADY_MEASUREMENT`, if one of
+/// `steps` steps took `plain`, less than that; `None` if the run was long enough.
+fn steps_for_a_steady_ratio(plain: Duration, steps: u64) -> Option<u64> {
+    if plain >= STEADY_MEASUREMENT {
+        return None;
+    }
+    let scale = STEADY_MEASUREMENT.as_secs_f64() / plain.as_secs_f64().max(1e-9);
+    let needed = (steps as f64 * scale).ceil().min(1e12) as u64;
+    // Rounded up to one significant digit: 20 steps in 150 ms asks for 200, not 134.
+    let unit = 10u64.pow(needed.max(1).ilog10());
+    Some(needed.div_ceil(unit) * unit)
 }
 
 /// The pair (plain, recorded) whose ratio is the median of all pairs' (the lower middle one for
@@ -113,6 +137,17 @@ fn median_pair(pairs: &[(Duration, Duration)]) -> (Duration, Duration) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn short_runs_are_told_a_round_step_count_that_lasts_a_second() {
+        let ms = Duration::from_millis;
+        assert_eq!(steps_for_a_steady_ratio(ms(150), 20), Some(200));
+        assert_eq!(steps_for_a_steady_ratio(ms(400), 20), Some(50));
+        assert_eq!(steps_for_a_steady_ratio(ms(1), 3), Some(3000));
+        assert_eq!(steps_for_a_steady_ratio(ms(999), 1000), Some(2000));
+        assert_eq!(steps_for_a_steady_ratio(ms(1000), 20), None);
+        assert_eq!(steps_for_a_steady_ratio(Duration::ZERO, 1), Some(1_000_000_000));
+    }
 
     #[test]
     fn the_median_pair_is_the_one_with_the_middle_ratio() {

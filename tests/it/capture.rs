@@ -210,6 +210,10 @@ fn overhead_times_any_workload_with_every_graph_node_recorded() {
     assert!(cells[3].parse::<usize>().unwrap() > 200, "{}", lines[2]);
     let ratio: f64 = cells[6].trim_end_matches('x').parse().unwrap();
     assert!(ratio > 0.0, "{}", lines[2]);
+    // Two tiny steps are far too short to time steadily: the user is told how many to run.
+    let note = run.stderr.lines().find(|l| l.starts_with("note: one plain run took")).expect(&run.stderr);
+    let asked: u64 = note.rsplit("--steps ").next().unwrap().split(' ').next().unwrap().parse().unwrap();
+    assert!(asked > 2, "{note}");
 }
 
 #[test]
