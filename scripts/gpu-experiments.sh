@@ -15,7 +15,7 @@
 # steps; `opfixtures` keeps small op-level traces for fixtures/. The studies: `cost`,
 # `devices-study`, `noise-mlp`, `noise-cnn`, `noise-resnet18` (RESNET_RUNS, RESNET_EPOCHS), and
 # `studyfixtures` (atomic cnn traces for fixtures/), `gpt-studies` (noise, devices and cost on
-# the gpt; GPT_RUNS, GPT_STEPS), `gptfixtures`, `invariance` (gpt default and --batch-invariant with its cost, qwen2 f32 and bf16), `order` (study order, mlp and cnn; ORDER_RUNS), `noise-hw` (cnn noise study with TF32 off and on; NOISE_RUNS), `noise-subgroups` (mlp on the subgroups dataset; SUBGROUP_RUNS), not run by default. `gpt`: the
+# the gpt; GPT_RUNS, GPT_STEPS), `gptfixtures`, `views` (a small gpt trace whose parameter views are checked on the CPU), `invariance` (gpt default and --batch-invariant with its cost, qwen2 f32 and bf16), `order` (study order, mlp and cnn; ORDER_RUNS), `noise-hw` (cnn noise study with TF32 off and on; NOISE_RUNS), `noise-subgroups` (mlp on the subgroups dataset; SUBGROUP_RUNS), not run by default. `gpt`: the
 # transformer recorded by automatic capture (same-seed GPU runs, CPU vs GPU, Qwen2, fixtures). Results land in OUT_DIR:
 # summary.md (everything printed), results.tar.gz (all outputs), fixtures.tar.gz.
 set -uo pipefail
@@ -264,6 +264,21 @@ if want gpt-studies; then
     --out "$work/runs/gpt-ordered-1" 2>>"$work/results/record.log"
   say '```'
   "$repro" diff "$work/runs/gpt-ordered-0" "$work/runs/gpt-ordered-1" 2>&1 | sed "s#$work/runs/##g" | sed -n 4p | tee -a "$summary"
+  say '```'
+fi
+# Graph nodes that are views of a parameter (a transposed weight, a broadcast bias) share its
+# memory, which the optimizer overwrites in place: they must be read before the update. A small
+# gpt trace (values up to 512 bytes inline, so the biases and their updates are in it) keeps
+# the evidence for a CPU test, next to the same run on this machine's CPU.
+if want views; then
+  section "gpt: graph views of parameters hold their values before the update (small fixture)"
+  small=(--workload gpt --steps 3 --batch 2 --context 16 --width 32 --heads 2 --capture none --inline-max-bytes 512)
+  mkdir -p "$work/fixtures/gpt-views"
+  "$repro" record "${small[@]}" --device cuda:0 --out "$work/fixtures/gpt-views/cuda" 2>>"$work/results/record.log"
+  "$repro" record "${small[@]}" --device cpu --out "$work/runs/gpt-views-cpu" 2>>"$work/results/record.log"
+  rm -f "$work"/fixtures/gpt-views/*/run-meta.json
+  say '```'
+  "$repro" diff "$work/runs/gpt-views-cpu" "$work/fixtures/gpt-views/cuda" 2>&1 | sed "s#$work/##g" | head -12 | tee -a "$summary"
   say '```'
 fi
 # Two small atomic gpt runs, hashes only, for CPU tests of the backward-pass root cause.

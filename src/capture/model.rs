@@ -83,6 +83,11 @@ impl ModelCapture {
     /// Records every node of the graph behind `root` except the parameters (which
     /// `record_parameters` names), in topological order; the root itself as `root_name` of kind
     /// `root_kind`. Returns the number of nodes recorded.
+    ///
+    /// The nodes are read before this returns (on a GPU, their reads are queued ahead of
+    /// anything launched later), so the optimizer may update the parameters right after: some
+    /// nodes are views that share a parameter's memory (a transposed weight, a broadcast bias),
+    /// and the update overwrites that memory in place.
     pub fn record_graph(
         &self,
         s: &mut StepRecorder,
@@ -109,6 +114,7 @@ impl ModelCapture {
             s.record_node(name, kind, node.position, &node.tensor)?;
             recorded += 1;
         }
+        s.read_now()?;
         Ok(recorded)
     }
 

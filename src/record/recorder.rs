@@ -384,6 +384,16 @@ impl StepRecorder<'_> {
         for (name, var) in vars {
             self.push(&format!("{name}{suffix}"), kind, phase, &[], None, None, var.as_tensor(), false)?;
         }
+        self.read_now()
+    }
+
+    /// Starts reading, on the device, every tensor recorded so far in this step that has not
+    /// been read yet, so that its memory may change right after this returns. On a GPU a
+    /// recorded tensor is otherwise read when the step's next read starts, and an optimizer
+    /// overwrites parameters in place: call this before changing a recorded tensor, or a view
+    /// of one, in place. `record_variables` and `ModelCapture::record_graph` call it
+    /// themselves. On the CPU tensors are read as they are recorded, and this does nothing.
+    pub fn read_now(&mut self) -> Result<(), RecordError> {
         self.device.flush()
     }
 

@@ -234,3 +234,30 @@ fn two_h200s_over_nccl_kept_replicas_and_differ_from_one_by_the_batch_split() {
     assert_eq!(run.code, 0, "{}", run.stdout);
     assert!(run.stdout.contains("env.NCCL_ALGO: (unset) | Tree"), "{}", run.stdout);
 }
+
+/// Graph nodes that are views of a parameter (candle-nn's `Linear` adds its bias through a
+/// broadcast view of it) share the parameter's memory, which the optimizer overwrites in place
+/// at the end of the step: a GPU recorder must read them before that, as the CPU does. Each
+/// broadcast bias node must hash as the bias before the update, never after.
+#[test]
+fn gpu_graph_views_of_parameters_hold_their_values_before_the_update() {
+    use repro::dtype::DType;
+    use repro::hash::tensor_hash;
+    let fixture = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/gpu-h200-gpt/cuda");
+    let mut reader = repro::trace::TraceReader::open(fixture).unwrap();
+    let step = reader.next_step().unwrap().unwrap();
+    let value = |name: &str| step.tensors.iter().find(|t| t.name == name).unwrap().inline.clone().unwrap();
+    let mut checked = 0;
+    for bias in step.tensors.iter().filter(|t| t.node.is_none() && t.name.ends_with("c_attn.bias")) {
+        let (before, after) = (value(&bias.name), value(&format!("{}.updated", bias.name)));
+        assert_ne!(before, after, "{}: the update changes the bias", bias.name);
+        // The broadcast over [batch 2, context 16] of the bias's 96 values.
+        let shape = [2, 16, 96];
+        let broadcast = |v: &[u8]| tensor_hash(DType::F32, &shape, &v.repeat(32));
+        let nodes: Vec<_> = step.tensors.iter().filter(|t| t.node.is_some() && t.shape == shape).collect();
+        assert!(nodes.iter().all(|n| n.hash != broadcast(&after)), "{}: a view read after the update", bias.name);
+        assert!(nodes.iter().any(|n| n.hash == broadcast(&before)), "{}: no view of the bias", bias.name);
+        checked += 1;
+    }
+    assert_eq!(checked, 2);
+}
