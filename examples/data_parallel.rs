@@ -53,8 +53,9 @@ fn train(rank: usize, rendezvous: &Path, out: &Path) -> Result<(), Box<dyn std::
         s.record("x", TensorKind::Input, &x)?;
         capture.record_parameters(&mut s)?;
         let loss = candle_nn::loss::cross_entropy(&model.forward(&x)?, &y)?;
+        // Recorded on the recorder's worker thread while the backward pass runs.
+        capture.record_graph(&mut s, &loss, "loss", TensorKind::Loss);
         let mut grads = loss.backward()?;
-        capture.record_graph(&mut s, &loss, "loss", TensorKind::Loss)?;
         dp.average_gradients(&mut s, capture.parameters(), &mut grads)?;
         opt.step(&grads)?;
         capture.record_updated(&mut s)?;

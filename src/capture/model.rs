@@ -3,23 +3,25 @@
 //! records itself in four lines.
 
 use super::graph::{graph_nodes, GraphNode};
-use super::scope::{take_step, tensor_number};
+use super::scope::{take_step, tensor_number, ScopeSpan};
 use crate::record::profile;
-use crate::record::{RecordError, Recorder, StepRecorder, TRACE_DIR_ENV};
+use crate::record::{Described, RecordError, Recorder, StepRecorder, TRACE_DIR_ENV};
 use crate::trace::{CapturePolicy, Phase, RunConfig, TensorKind};
 use candle_core::backprop::GradStore;
 use candle_core::{Device, Tensor, Var};
 use candle_nn::VarMap;
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::Arc;
 
 /// The named parameters of a model, and how to record them and the graph they feed.
 #[derive(Clone)]
 pub struct ModelCapture {
     /// Parameters sorted by name.
     params: Vec<(String, Var)>,
-    /// Tensor number of each parameter, to name graph leaves.
-    by_id: BTreeMap<u64, String>,
+    /// Tensor number of each parameter, to name graph leaves (shared with the recorder's worker
+    /// thread, which names the graph).
+    by_id: Arc<BTreeMap<u64, String>>,
 }
 
 impl ModelCapture {
@@ -36,7 +38,7 @@ impl ModelCapture {
         take_step();
         let mut params: Vec<(String, Var)> = vars.into_iter().collect();
         params.sort_by(|a, b| a.0.cmp(&b.0));
-        let by_id = params.iter().map(|(name, var)| (tensor_number(var.as_tensor()), name.clone())).collect();
+        let by_id = Arc::new(params.iter().map(|(name, var)| (tensor_number(var.as_tensor()), name.clone())).collect());
         ModelCapture { params, by_id }
     }
 
@@ -68,58 +70,65 @@ impl ModelCapture {
     /// `graph`, keeping only the variables and the tensors created after the tensor numbered
     /// `after` (see `graph_nodes`).
     pub(crate) fn graph_after(&self, root: &Tensor, after: Option<u64>) -> Result<Vec<GraphNode>, RecordError> {
-        let spans = take_step();
-        let nodes = graph_nodes(root, &self.by_id, &spans, after);
-        if nodes.is_empty() {
-            return Err(RecordError::Unsupported(
-                "the root tensor depends on no variable, so it has no graph to capture: compute it from the \
-                 model's output, and build the model on a VarMap (candle_nn::VarBuilder::from_varmap)"
-                    .into(),
-            ));
-        }
-        Ok(nodes)
+        named_graph(root, &self.by_id, &take_step(), after)
     }
 
     /// Records every node of the graph behind `root` except the parameters (which
     /// `record_parameters` names), in topological order; the root itself as `root_name` of kind
-    /// `root_kind`. Returns the number of nodes recorded.
+    /// `root_kind`. Call it once per step, after the forward pass: it takes the step's scopes.
     ///
-    /// The nodes are read before this returns (on a GPU, their reads are queued ahead of
-    /// anything launched later), so the optimizer may update the parameters right after: some
-    /// nodes are views that share a parameter's memory (a transposed weight, a broadcast bias),
-    /// and the update overwrites that memory in place.
-    pub fn record_graph(
-        &self,
-        s: &mut StepRecorder,
-        root: &Tensor,
-        root_name: &str,
-        root_kind: TensorKind,
-    ) -> Result<usize, RecordError> {
-        let nodes = profile::time(profile::Phase::Graph, || self.graph(root))?;
-        // Checked before anything is recorded, so a refused graph leaves no partial step.
-        if let Some(stray) = nodes.iter().find(|n| n.is_variable && !self.by_id.contains_key(&tensor_number(&n.tensor)))
-        {
-            return Err(RecordError::Unsupported(format!(
-                "the graph uses a variable that is not among the model's parameters (node {}, shape {:?}): \
-                 create every Var through the VarMap given to the capture",
-                stray.position,
-                stray.tensor.dims()
-            )));
-        }
-        let last = nodes.len() - 1;
-        let mut recorded = 0;
-        for (i, node) in nodes.iter().enumerate().filter(|(_, n)| !n.is_variable) {
-            let (name, kind) =
-                if i == last { (root_name, root_kind) } else { (node.name.as_str(), TensorKind::OpOutput) };
-            s.record_node(name, kind, node.position, &node.tensor)?;
-            recorded += 1;
-        }
-        s.read_now()?;
-        Ok(recorded)
+    /// The graph is walked, named and read on the recorder's worker thread while this thread
+    /// goes on: call it as soon as the root exists (before `backward()`), and the work overlaps
+    /// the backward pass. Its records take their place in the step here. Some nodes are views
+    /// that share a parameter's memory (a transposed weight, a broadcast bias), which the
+    /// optimizer overwrites in place, so the step must wait for them before the optimizer's
+    /// step: `record_gradients` does (as does any `StepRecorder::read_now`). A graph that
+    /// cannot be recorded (no variable behind the root, a variable outside the model's) fails
+    /// that wait, and the step is not written.
+    pub fn record_graph(&self, s: &mut StepRecorder, root: &Tensor, root_name: &str, root_kind: TensorKind) {
+        let spans = take_step();
+        let (root, by_id, root_name) = (root.clone(), self.by_id.clone(), root_name.to_string());
+        s.record_in_background(move |records| {
+            let nodes = profile::time(profile::Phase::Graph, || named_graph(&root, &by_id, &spans, None))?;
+            drop(root);
+            // Checked before anything is recorded, so a refused graph leaves no partial step.
+            if let Some(stray) = nodes.iter().find(|n| n.is_variable && !by_id.contains_key(&tensor_number(&n.tensor)))
+            {
+                return Err(RecordError::Unsupported(format!(
+                    "the graph uses a variable that is not among the model's parameters (node {}, shape {:?}): \
+                     create every Var through the VarMap given to the capture",
+                    stray.position,
+                    stray.tensor.dims()
+                )));
+            }
+            let last = nodes.len() - 1;
+            for (i, node) in nodes.into_iter().enumerate().filter(|(_, n)| !n.is_variable) {
+                let (name, kind) =
+                    if i == last { (root_name.clone(), root_kind) } else { (node.name, TensorKind::OpOutput) };
+                let what = Described {
+                    name,
+                    kind,
+                    phase: Some(Phase::Forward),
+                    inputs: &[],
+                    node: Some(node.position),
+                    collective: None,
+                };
+                records.push(what, &node.tensor, false)?;
+            }
+            Ok(())
+        });
+    }
+
+    /// The number of nodes `record_graph` records for `root`: every node of its graph but the
+    /// variables.
+    pub fn graph_len(&self, root: &Tensor) -> usize {
+        root.sorted_nodes().iter().filter(|t| !t.is_variable()).count()
     }
 
     /// Records the gradient of every floating-point parameter as `NAME.grad` (phase backward),
-    /// and notes in the trace those that received none. Returns their names.
+    /// and notes in the trace those that received none. Returns their names. Everything
+    /// recorded in the step so far (the graph too) is read before this returns, so the
+    /// optimizer may update the parameters right after.
     pub fn record_gradients(&self, s: &mut StepRecorder, grads: &GradStore) -> Result<Vec<String>, RecordError> {
         let mut missing = Vec::new();
         for (name, var) in &self.params {
@@ -135,6 +144,7 @@ impl ModelCapture {
             }
         }
         s.note_no_gradient(missing.iter().cloned());
+        s.read_now()?;
         Ok(missing)
     }
 
@@ -210,7 +220,7 @@ impl ModelRecorder {
             s.record(name, TensorKind::Input, tensor)?;
         }
         self.capture.record_parameters(&mut s)?;
-        self.capture.record_graph(&mut s, loss, "loss", TensorKind::Loss)?;
+        self.capture.record_graph(&mut s, loss, "loss", TensorKind::Loss);
         self.capture.record_gradients(&mut s, grads)?;
         Ok(CapturedStep { step: s, capture: &self.capture })
     }
@@ -223,7 +233,7 @@ impl ModelRecorder {
             s.record(name, TensorKind::Input, tensor)?;
         }
         self.capture.record_parameters(&mut s)?;
-        self.capture.record_graph(&mut s, logits, "logits", TensorKind::Prediction)?;
+        self.capture.record_graph(&mut s, logits, "logits", TensorKind::Prediction);
         s.finish()
     }
 
@@ -250,6 +260,24 @@ impl<'a> CapturedStep<'a> {
         self.capture.record_updated(&mut self.step)?;
         self.step.finish()
     }
+}
+
+/// The named nodes behind `root` (see `graph_nodes`); an error if no variable is among them.
+fn named_graph(
+    root: &Tensor,
+    variables: &BTreeMap<u64, String>,
+    spans: &[ScopeSpan],
+    after: Option<u64>,
+) -> Result<Vec<GraphNode>, RecordError> {
+    let nodes = graph_nodes(root, variables, spans, after);
+    if nodes.is_empty() {
+        return Err(RecordError::Unsupported(
+            "the root tensor depends on no variable, so it has no graph to capture: compute it from the \
+             model's output, and build the model on a VarMap (candle_nn::VarBuilder::from_varmap)"
+                .into(),
+        ));
+    }
+    Ok(nodes)
 }
 
 #[cfg(test)]
@@ -284,13 +312,63 @@ mod tests {
             Recorder::create(dir.path().join("t"), RunConfig::default(), &Device::Cpu, CapturePolicy::default())
                 .unwrap();
         let mut s = rec.step(0);
-        let err = ModelCapture::new(&known).record_graph(&mut s, &loss, "loss", TensorKind::Loss).unwrap_err();
+        // The graph is named on the worker thread: its error comes with the step's next read.
+        ModelCapture::new(&known).record_graph(&mut s, &loss, "loss", TensorKind::Loss);
+        let err = s.read_now().unwrap_err();
         assert!(err.to_string().contains("not among the model's parameters"), "{err}");
-        // With every variable known, the same graph records.
+        // With every variable known, the same graph records, in a step of its own.
         let all = ModelCapture::from_vars(
             known.data().lock().unwrap().iter().map(|(n, v)| (n.clone(), v.clone())).chain([("stray".into(), stray)]),
         );
-        assert!(all.record_graph(&mut s, &loss, "loss", TensorKind::Loss).unwrap() > 0);
+        drop(s);
+        let mut s = rec.step(1);
+        all.record_graph(&mut s, &loss, "loss", TensorKind::Loss);
+        s.finish().unwrap();
+        rec.finish().unwrap();
+        let mut reader = crate::trace::TraceReader::open(dir.path().join("t")).unwrap();
+        let step = reader.next_step().unwrap().unwrap();
+        assert_eq!(step.step, 1, "the refused step is not in the trace");
+        assert_eq!(step.tensors.len(), all.graph_len(&loss));
+    }
+
+    /// A graph recorded on the worker thread takes its place in the step: after what was
+    /// recorded before `record_graph`, before what was recorded after it.
+    #[test]
+    fn a_graph_recorded_in_the_background_keeps_its_place_in_the_step() {
+        use candle_core::Module;
+        let varmap = VarMap::new();
+        let model = linear_model(&varmap);
+        let x = Tensor::ones((1, 3), DType::F32, &Device::Cpu).unwrap();
+        let loss = model.forward(&x).unwrap().sum_all().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let mut rec =
+            Recorder::create(dir.path().join("t"), RunConfig::default(), &Device::Cpu, CapturePolicy::default())
+                .unwrap();
+        let capture = ModelCapture::new(&varmap);
+        let mut s = rec.step(0);
+        s.record("x", TensorKind::Input, &x).unwrap();
+        capture.record_graph(&mut s, &loss, "loss", TensorKind::Loss);
+        s.record("after", TensorKind::Input, &x).unwrap();
+        let grads = loss.backward().unwrap();
+        capture.record_gradients(&mut s, &grads).unwrap();
+        s.finish().unwrap();
+        rec.finish().unwrap();
+        let mut reader = crate::trace::TraceReader::open(dir.path().join("t")).unwrap();
+        let names: Vec<String> = reader.next_step().unwrap().unwrap().tensors.into_iter().map(|t| t.name).collect();
+        let at = |name: &str| names.iter().position(|n| n == name).unwrap_or_else(|| panic!("{name} in {names:?}"));
+        assert_eq!(at("x"), 0);
+        assert_eq!(at("loss"), capture.graph_len(&loss), "the graph's nodes follow `x`: {names:?}");
+        assert_eq!(at("after"), at("loss") + 1, "{names:?}");
+        assert!(at("fc.weight.grad") > at("after"), "{names:?}");
+        // A name the graph shares with a tensor recorded by hand is refused when they meet.
+        let mut again =
+            Recorder::create(dir.path().join("u"), RunConfig::default(), &Device::Cpu, CapturePolicy::default())
+                .unwrap();
+        let mut step = again.step(0);
+        step.record("loss", TensorKind::Loss, &loss).unwrap();
+        capture.record_graph(&mut step, &loss, "loss", TensorKind::Loss);
+        let err = step.finish().unwrap_err().to_string();
+        assert!(err.contains("`loss` recorded twice in step 0"), "{err}");
     }
 
     #[test]
@@ -333,7 +411,10 @@ mod tests {
         let policy = CapturePolicy { full: crate::trace::FullCapture::None, ..CapturePolicy::default() };
         let mut rec = Recorder::create(dir.path().join("t"), RunConfig::default(), &Device::Cpu, policy).unwrap();
         let mut s = rec.step(0);
-        let recorded = ModelCapture::new(&varmap).record_graph(&mut s, &root, "root", TensorKind::Loss).unwrap();
+        let capture = ModelCapture::new(&varmap);
+        let recorded = capture.graph_len(&root);
+        capture.record_graph(&mut s, &root, "root", TensorKind::Loss);
+        drop(root);
         s.finish().unwrap();
         rec.finish().unwrap();
         assert!(recorded >= 100_002, "{recorded} nodes");

@@ -319,6 +319,17 @@ impl DeviceBatch {
         Ok(())
     }
 
+    /// Takes over `other`'s flushed work (its kernels launched, from any thread, on this
+    /// device's stream), after everything of this batch, which is flushed first; returns the
+    /// ticket of `other`'s first result here.
+    pub fn absorb(&mut self, mut other: DeviceBatch) -> Result<usize> {
+        self.flush()?;
+        other.flush()?;
+        let first = self.flushed.iter().map(|(_, slots, _)| slots.len()).sum();
+        self.flushed.append(&mut other.flushed);
+        Ok(first)
+    }
+
     /// Flushes, then queues the copy of every output to page-locked host memory behind the
     /// kernels, on candle's stream, without waiting: `PendingRead::wait` waits for this step's
     /// work only, so the host can queue the next steps meanwhile. The output buffers are

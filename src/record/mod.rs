@@ -8,10 +8,13 @@ mod perturb;
 mod probe;
 pub(crate) mod profile;
 mod recorder;
+mod step_records;
 mod tensor_bytes;
+mod worker;
 
 pub use environment::{device_label, environment, open_device, NUMERICS_ENV_VARS};
 pub use error::RecordError;
 pub use perturb::Perturbation;
 pub use recorder::{Recorder, StepProgress, StepRecorder, CAPTURE_ENV, TRACE_DIR_ENV};
+pub(crate) use step_records::Described;
 pub use tensor_bytes::{trace_dtype, with_canonical_bytes};

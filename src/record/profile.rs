@@ -1,8 +1,10 @@
 //! Opt-in timing of the recorder's own work (`REPRO_PROFILE=1`): how long recording spends
 //! walking captured graphs, queueing tensors, launching the device's hashing, waiting for its
 //! results and writing the trace, summed over the run and printed to stderr when the recorder
-//! finishes. For finding where a recorded step's extra time goes; off, it costs one flag check
-//! per phase.
+//! finishes. Work on the recorder's worker thread (a captured graph's walk, queueing and
+//! launches) is counted too, although it runs beside training; the training thread's wait for
+//! it is its own phase. For finding where a recorded step's extra time goes; off, it costs one
+//! flag check per phase.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
@@ -21,17 +23,20 @@ pub(crate) enum Phase {
     Resolve,
     /// Validating, encoding and writing a step's records and payloads.
     Write,
+    /// The training thread waiting for the step's work on the recorder's worker thread.
+    Join,
 }
 
-const PHASES: [(Phase, &str); 5] = [
+const PHASES: [(Phase, &str); 6] = [
     (Phase::Graph, "graph walk"),
     (Phase::Queue, "queue"),
     (Phase::Launch, "launch"),
     (Phase::Resolve, "device resolve"),
     (Phase::Write, "write"),
+    (Phase::Join, "waiting for the worker"),
 ];
 
-static NANOS: [AtomicU64; 5] = [const { AtomicU64::new(0) }; 5];
+static NANOS: [AtomicU64; 6] = [const { AtomicU64::new(0) }; 6];
 
 fn enabled() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();

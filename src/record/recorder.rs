@@ -25,11 +25,13 @@ use super::error::RecordError;
 use super::perturb::Perturbation;
 use super::probe::{Probe, ProbedGradients};
 use super::profile;
-use super::tensor_bytes::{trace_dtype, with_canonical_bytes, DeviceQueue, DeviceRead, DeviceResult};
-use crate::hash::{combine, tensor_hash, TensorHash, CHUNK_LEN};
+use super::step_records::{Described, StepRecords};
+use super::tensor_bytes::{DeviceRead, DeviceResult};
+use super::worker::{Pending, Worker};
+use crate::hash::{combine, tensor_hash};
 use crate::trace::{
-    CapturePolicy, Distributed, Header, Phase, RunConfig, StepCheck, StepTensor, StepVerdict, TensorKind, TensorRecord,
-    TraceWriter, CURRENT_FORMAT,
+    CapturePolicy, Distributed, Header, Phase, RunConfig, StepCheck, StepTensor, StepVerdict, TensorKind, TraceWriter,
+    CURRENT_FORMAT,
 };
 use candle_core::{Device, Tensor, Var};
 use std::collections::{BTreeMap, HashSet, VecDeque};
@@ -64,6 +66,9 @@ pub struct Recorder {
     /// unrecorded, instead of waiting for the device at every step. A step with nothing on a
     /// GPU is completed when it finishes.
     unread: VecDeque<UnreadStep>,
+    /// Runs recording work off the training thread (`StepRecorder::record_in_background`);
+    /// started by the first such job.
+    worker: Option<Worker>,
 }
 
 /// How many finished steps may wait for their GPU results while training goes on. Each holds
@@ -199,6 +204,7 @@ impl Recorder {
             on_step: None,
             full_steps: None,
             unread: VecDeque::new(),
+            worker: None,
         }
     }
 
@@ -231,16 +237,15 @@ impl Recorder {
         let policy_full = self.capture.wants_full(step, first, self.total_steps);
         // Online comparison keeps every step's values until the next step has been checked.
         let full = policy_full || self.online.as_ref().is_some_and(|o| !o.diverged);
+        let inline_max = self.capture.inline_max_bytes;
         StepRecorder {
             recorder: self,
             step,
-            full,
             policy_full,
-            tensors: Vec::new(),
+            records: StepRecords::new(full, inline_max),
             names: HashSet::new(),
             probes: ProbedGradients::default(),
-            device: DeviceQueue::default(),
-            deferred: Vec::new(),
+            background: Vec::new(),
         }
     }
 
@@ -331,17 +336,15 @@ fn strip(mut tensors: Vec<StepTensor>, policy_full: bool) -> Vec<StepTensor> {
 pub struct StepRecorder<'a> {
     recorder: &'a mut Recorder,
     step: u64,
-    full: bool,
     policy_full: bool,
-    tensors: Vec<StepTensor>,
+    records: StepRecords,
     /// Names recorded so far in the step (a graph can hold 100,000 nodes: no linear search;
     /// only asked, never listed, so its order never reaches the output).
     names: HashSet<String>,
     probes: ProbedGradients,
-    /// GPU tensors' results, resolved in one copy when the step finishes.
-    device: DeviceQueue,
-    /// (index into `tensors`, ticket in `device`) of records still waiting for those results.
-    deferred: Vec<(usize, usize)>,
+    /// Parts of the step recorded on the worker thread, each with the index its records take
+    /// among the step's (where it was asked for), in the order they were asked for.
+    background: Vec<(usize, Pending<StepRecords>)>,
 }
 
 impl StepRecorder<'_> {
@@ -388,13 +391,62 @@ impl StepRecorder<'_> {
     }
 
     /// Starts reading, on the device, every tensor recorded so far in this step that has not
-    /// been read yet, so that its memory may change right after this returns. On a GPU a
-    /// recorded tensor is otherwise read when the step's next read starts, and an optimizer
-    /// overwrites parameters in place: call this before changing a recorded tensor, or a view
-    /// of one, in place. `record_variables` and `ModelCapture::record_graph` call it
-    /// themselves. On the CPU tensors are read as they are recorded, and this does nothing.
+    /// been read yet, so that its memory may change right after this returns: waits for the
+    /// step's work on the worker thread (a captured graph), then launches the reads still
+    /// queued. On a GPU a recorded tensor is otherwise read when the step's next read starts,
+    /// and an optimizer overwrites parameters in place: call this before changing a recorded
+    /// tensor, or a view of one, in place. `record_variables`, `ModelCapture::record_gradients`
+    /// and `DataParallel::average_gradients` call it themselves.
     pub fn read_now(&mut self) -> Result<(), RecordError> {
-        self.device.flush()
+        self.join_background()?;
+        self.records.read_now()
+    }
+
+    /// Whether this step's records go anywhere (`false` for `Recorder::discard`).
+    pub fn is_recording(&self) -> bool {
+        self.recorder.writer.is_some()
+    }
+
+    /// Runs `job` on the recorder's worker thread while this thread goes on (training's next
+    /// ops); what it records takes its place in the step here, before anything recorded after
+    /// this call. The job's tensors must not change before the step's next `read_now` (or its
+    /// end), which waits for the job and reports its error. The job launches its own device
+    /// reads; tensors it records stay alive until those are queued.
+    pub(crate) fn record_in_background(
+        &mut self,
+        job: impl FnOnce(&mut StepRecords) -> Result<(), RecordError> + Send + 'static,
+    ) {
+        if !self.is_recording() {
+            return;
+        }
+        let mut part = self.records.part();
+        let pending = self.recorder.worker.get_or_insert_with(Worker::spawn).run(move || {
+            job(&mut part)?;
+            part.read_now()?;
+            Ok(part)
+        });
+        self.background.push((self.records.tensors.len(), pending));
+    }
+
+    /// Waits for the step's jobs on the worker thread and puts their records in their places.
+    fn join_background(&mut self) -> Result<(), RecordError> {
+        // Each part goes where it was asked for, shifted by the parts merged before it.
+        let mut inserted = 0;
+        for (at, pending) in std::mem::take(&mut self.background) {
+            let part = profile::time(profile::Phase::Join, || pending.wait())?;
+            for t in &part.tensors {
+                if !self.names.insert(t.record.name.clone()) {
+                    return Err(RecordError::Unsupported(format!(
+                        "tensor `{}` recorded twice in step {}",
+                        t.record.name, self.step
+                    )));
+                }
+            }
+            let added = part.tensors.len();
+            self.records.merge(at + inserted, part)?;
+            inserted += added;
+        }
+        Ok(())
     }
 
     /// Records a node of an automatically captured graph at `position` of its topological
@@ -441,57 +493,14 @@ impl StepRecorder<'_> {
         tensor: &Tensor,
         snapshot: bool,
     ) -> Result<(), RecordError> {
-        profile::time(profile::Phase::Queue, || {
-            if self.recorder.writer.is_none() {
-                return Ok(());
-            }
-            if !self.names.insert(name.to_string()) {
-                return Err(RecordError::Unsupported(format!("tensor `{name}` recorded twice in step {}", self.step)));
-            }
-            let dtype = trace_dtype(tensor.dtype())?;
-            let shape: Vec<u64> = tensor.dims().iter().map(|&d| d as u64).collect();
-            let inline_max = self.recorder.capture.inline_max_bytes;
-            let full = self.full;
-            let byte_len = tensor.elem_count() as u64 * dtype.size_in_bytes() as u64;
-            let keep_values = byte_len <= inline_max || full;
-            // GPU tensors are queued: hash-only ones are hashed on the device, and everything
-            // reaches the host in one copy when the step finishes.
-            let hash_on_device = !keep_values && byte_len > CHUNK_LEN as u64;
-            let deferred = self.device.push(tensor, hash_on_device, snapshot)?;
-            let (hash, inline, payload) = match deferred {
-                Some(_) => (TensorHash([0; 32]), None, None),
-                None => with_canonical_bytes(tensor, |bytes| {
-                    let hash = tensor_hash(dtype, &shape, bytes);
-                    if bytes.len() as u64 <= inline_max {
-                        (hash, Some(bytes.to_vec()), None)
-                    } else if full {
-                        (hash, None, Some(bytes.to_vec()))
-                    } else {
-                        (hash, None, None)
-                    }
-                })?,
-            };
-            if let Some(ticket) = deferred {
-                self.deferred.push((self.tensors.len(), ticket));
-            }
-            self.tensors.push(StepTensor {
-                record: TensorRecord {
-                    name: name.to_string(),
-                    kind,
-                    dtype,
-                    shape,
-                    hash,
-                    inline,
-                    in_payload: false,
-                    phase,
-                    inputs: inputs.iter().map(|s| s.to_string()).collect(),
-                    node,
-                    collective: collective.map(str::to_string),
-                },
-                payload,
-            });
-            Ok(())
-        })
+        if !self.is_recording() {
+            return Ok(());
+        }
+        if !self.names.insert(name.to_string()) {
+            return Err(RecordError::Unsupported(format!("tensor `{name}` recorded twice in step {}", self.step)));
+        }
+        let what = Described { name: name.to_string(), kind, phase, inputs, node, collective };
+        self.records.push(what, tensor, snapshot)
     }
 
     /// Applies the run's planted perturbation if it targets `name` at this step; otherwise
@@ -549,8 +558,10 @@ impl StepRecorder<'_> {
     /// Ends the step. Its GPU results start their way to the host; the step reaches the trace
     /// (or, when comparing online, is checked first) once they have arrived, which for a GPU
     /// run is when `READ_BEHIND` more steps have finished.
-    pub fn finish(self) -> Result<(), RecordError> {
-        let StepRecorder { recorder, step, full, policy_full, tensors, device, deferred, .. } = self;
+    pub fn finish(mut self) -> Result<(), RecordError> {
+        self.join_background()?;
+        let StepRecorder { recorder, step, policy_full, records, .. } = self;
+        let StepRecords { full, tensors, device, deferred, .. } = records;
         let read = device.start_read()?;
         let unread = UnreadStep { step, full, policy_full, tensors, deferred, read };
         if recorder.online.as_ref().is_some_and(|o| !o.diverged) {

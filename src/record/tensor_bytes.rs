@@ -74,6 +74,27 @@ impl DeviceQueue {
         Ok(())
     }
 
+    /// Takes over `other`'s device work (flushed already, on the same GPU), after everything
+    /// queued here, which is flushed first; returns the ticket `other`'s first result has here.
+    pub fn absorb(&mut self, other: DeviceQueue) -> Result<usize, RecordError> {
+        #[cfg(feature = "cuda")]
+        if let Some(theirs) = other.batch {
+            let Some(mine) = self.batch.as_mut() else {
+                // Nothing of this step is on a GPU yet: its tickets are the other's.
+                self.batch = Some(theirs);
+                return Ok(0);
+            };
+            if mine.device().id() != theirs.device().id() {
+                return Err(RecordError::Unsupported(
+                    "recording tensors of one step from several GPUs is not supported yet".into(),
+                ));
+            }
+            return Ok(super::profile::time(super::profile::Phase::Launch, || mine.absorb(theirs))?);
+        }
+        let _ = other;
+        Ok(0)
+    }
+
     /// Launches what is still queued and starts bringing every result to the host, without
     /// waiting for it (see `DeviceRead`).
     pub fn start_read(self) -> Result<DeviceRead, RecordError> {

@@ -308,8 +308,10 @@ impl GptConfig {
             let logits = model.forward(&inputs)?;
             let (b, t, v) = logits.dims3()?;
             let loss = next_token_loss(&logits.reshape((b * t, v))?, &targets.reshape(b * t)?, self.reductions)?;
+            // The graph is walked and read on the recorder's worker thread during the backward
+            // pass; recording the gradients waits for it, before the optimizer's step.
+            capture.record_graph(&mut s, &loss, "loss", TensorKind::Loss);
             let mut grads = loss.backward()?;
-            capture.record_graph(&mut s, &loss, "loss", TensorKind::Loss)?;
             match dp.as_deref_mut() {
                 Some(dp) => dp.average_gradients(&mut s, capture.parameters(), &mut grads)?,
                 None => capture.record_gradients(&mut s, &grads)?,

@@ -1,0 +1,114 @@
+//! One step's records as they are collected, in order: each tensor's record, with its hash (or
+//! values) computed on the host at once, or queued to be read on the device. A step recorder
+//! fills one; a job on the recorder's worker thread (a captured graph, see `worker`) fills one
+//! of its own, merged into the step's at the place the job was asked for.
+
+use super::error::RecordError;
+use super::profile;
+use super::tensor_bytes::{trace_dtype, with_canonical_bytes, DeviceQueue};
+use crate::hash::{tensor_hash, TensorHash, CHUNK_LEN};
+use crate::trace::{Phase, StepTensor, TensorKind, TensorRecord};
+use candle_core::Tensor;
+
+/// What a recorded tensor is, apart from its values.
+pub(crate) struct Described<'a> {
+    pub name: String,
+    pub kind: TensorKind,
+    pub phase: Option<Phase>,
+    pub inputs: &'a [&'a str],
+    pub node: Option<u64>,
+    pub collective: Option<&'a str>,
+}
+
+/// Records of one step, or of one part of it.
+pub(crate) struct StepRecords {
+    /// Whether the step stores full values.
+    pub(crate) full: bool,
+    /// Values this small are stored inline at every step.
+    inline_max: u64,
+    pub(crate) tensors: Vec<StepTensor>,
+    /// GPU tensors' results, resolved in one copy when the step finishes.
+    pub(crate) device: DeviceQueue,
+    /// (index into `tensors`, ticket in `device`) of records still waiting for those results.
+    pub(crate) deferred: Vec<(usize, usize)>,
+}
+
+impl StepRecords {
+    pub(crate) fn new(full: bool, inline_max: u64) -> Self {
+        StepRecords { full, inline_max, tensors: Vec::new(), device: DeviceQueue::default(), deferred: Vec::new() }
+    }
+
+    /// An empty part of the same step (same full-value settings).
+    pub(crate) fn part(&self) -> Self {
+        Self::new(self.full, self.inline_max)
+    }
+
+    /// Records `tensor` as `what`: its canonical hash always, its values when the step stores
+    /// them or they fit inline. GPU tensors are queued (their hash made on the device unless
+    /// the values are kept); with `snapshot`, a device copy is taken now, for a tensor that
+    /// changes in place before the queue is read.
+    pub(crate) fn push(&mut self, what: Described<'_>, tensor: &Tensor, snapshot: bool) -> Result<(), RecordError> {
+        profile::time(profile::Phase::Queue, || {
+            let dtype = trace_dtype(tensor.dtype())?;
+            let shape: Vec<u64> = tensor.dims().iter().map(|&d| d as u64).collect();
+            let (inline_max, full) = (self.inline_max, self.full);
+            let byte_len = tensor.elem_count() as u64 * dtype.size_in_bytes() as u64;
+            let keep_values = byte_len <= inline_max || full;
+            let hash_on_device = !keep_values && byte_len > CHUNK_LEN as u64;
+            let deferred = self.device.push(tensor, hash_on_device, snapshot)?;
+            let (hash, inline, payload) = match deferred {
+                Some(_) => (TensorHash([0; 32]), None, None),
+                None => with_canonical_bytes(tensor, |bytes| {
+                    let hash = tensor_hash(dtype, &shape, bytes);
+                    if bytes.len() as u64 <= inline_max {
+                        (hash, Some(bytes.to_vec()), None)
+                    } else if full {
+                        (hash, None, Some(bytes.to_vec()))
+                    } else {
+                        (hash, None, None)
+                    }
+                })?,
+            };
+            if let Some(ticket) = deferred {
+                self.deferred.push((self.tensors.len(), ticket));
+            }
+            self.tensors.push(StepTensor {
+                record: TensorRecord {
+                    name: what.name,
+                    kind: what.kind,
+                    dtype,
+                    shape,
+                    hash,
+                    inline,
+                    in_payload: false,
+                    phase: what.phase,
+                    inputs: what.inputs.iter().map(|s| s.to_string()).collect(),
+                    node: what.node,
+                    collective: what.collective.map(str::to_string),
+                },
+                payload,
+            });
+            Ok(())
+        })
+    }
+
+    /// Launches the device reads of everything queued so far (see `StepRecorder::read_now`).
+    pub(crate) fn read_now(&mut self) -> Result<(), RecordError> {
+        self.device.flush()
+    }
+
+    /// Puts `part`'s records at index `at` of this step's (its device reads, launched already,
+    /// after this step's own).
+    pub(crate) fn merge(&mut self, at: usize, part: StepRecords) -> Result<(), RecordError> {
+        let first_ticket = self.device.absorb(part.device)?;
+        let added = part.tensors.len();
+        for (index, _) in &mut self.deferred {
+            if *index >= at {
+                *index += added;
+            }
+        }
+        self.deferred.extend(part.deferred.into_iter().map(|(index, ticket)| (index + at, ticket + first_ticket)));
+        self.tensors.splice(at..at, part.tensors);
+        Ok(())
+    }
+}

@@ -1,0 +1,105 @@
+//! The recorder's worker thread: recording work that need not hold up training (walking,
+//! naming and hashing a captured graph) runs there while the training thread goes on with the
+//! step. Each job's result comes back through a channel of its own; the step waits for it at
+//! its next read (`StepRecorder::read_now`), so jobs never outlive their step.
+
+use super::error::RecordError;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::mpsc::{channel, sync_channel, Receiver, Sender};
+use std::thread::JoinHandle;
+
+type Job = Box<dyn FnOnce() + Send>;
+
+/// One thread running jobs in the order they were given.
+pub(crate) struct Worker {
+    queue: Option<Sender<Job>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// A job's result, on its way from the worker.
+pub(crate) struct Pending<R>(Receiver<Result<R, RecordError>>);
+
+impl Worker {
+    pub(crate) fn spawn() -> Self {
+        let (queue, jobs) = channel::<Job>();
+        let thread = std::thread::Builder::new()
+            .name("repro-recorder".into())
+            .spawn(move || {
+                for job in jobs {
+                    job();
+                }
+            })
+            .expect("the OS starts a thread");
+        Worker { queue: Some(queue), thread: Some(thread) }
+    }
+
+    /// Runs `job` on the worker thread, after the jobs given before it.
+    pub(crate) fn run<R: Send + 'static>(
+        &mut self,
+        job: impl FnOnce() -> Result<R, RecordError> + Send + 'static,
+    ) -> Pending<R> {
+        let (result, pending) = sync_channel(1);
+        let job: Job = Box::new(move || {
+            // A job that panics fails its step; the thread goes on with the next.
+            let outcome = catch_unwind(AssertUnwindSafe(job)).unwrap_or_else(|panic| {
+                let why = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "no message".into());
+                Err(RecordError::Unsupported(format!("a recording job panicked: {why}")))
+            });
+            let _ = result.send(outcome);
+        });
+        if let Some(queue) = &self.queue {
+            // The thread only stops when the worker is dropped; a failed send drops the job,
+            // and `Pending::wait` then reports it.
+            let _ = queue.send(job);
+        }
+        Pending(pending)
+    }
+}
+
+impl<R> Pending<R> {
+    /// Waits for the job's result.
+    pub(crate) fn wait(self) -> Result<R, RecordError> {
+        self.0.recv().unwrap_or_else(|_| Err(RecordError::Unsupported("the recorder's worker thread stopped".into())))
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        drop(self.queue.take());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jobs_run_in_order_and_a_panic_fails_only_its_own_job() {
+        let mut worker = Worker::spawn();
+        let order = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let pending: Vec<_> = (0..5)
+            .map(|i| {
+                let order = order.clone();
+                worker.run(move || {
+                    order.lock().unwrap().push(i);
+                    if i == 2 {
+                        panic!("job two fails");
+                    }
+                    Ok(i * 10)
+                })
+            })
+            .collect();
+        let results: Vec<_> = pending.into_iter().map(Pending::wait).collect();
+        assert_eq!(*order.lock().unwrap(), [0, 1, 2, 3, 4]);
+        assert_eq!(results.iter().filter_map(|r| r.as_ref().ok().copied()).collect::<Vec<_>>(), [0, 10, 30, 40]);
+        let error = results[2].as_ref().unwrap_err().to_string();
+        assert!(error.contains("job two fails"), "{error}");
+    }
+}
