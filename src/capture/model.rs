@@ -82,7 +82,8 @@ impl ModelCapture {
     /// the backward pass. Its records take their place in the step here. Some nodes are views
     /// that share a parameter's memory (a transposed weight, a broadcast bias), which the
     /// optimizer overwrites in place, so the step must wait for them before the optimizer's
-    /// step: `record_gradients` does (as does any `StepRecorder::read_now`). A graph that
+    /// step: `record_gradients` does (as do `StepRecorder::wait_for_background` and
+    /// `read_now`). A graph that
     /// cannot be recorded (no variable behind the root, a variable outside the model's) fails
     /// that wait, and the step is not written.
     pub fn record_graph(&self, s: &mut StepRecorder, root: &Tensor, root_name: &str, root_kind: TensorKind) {
@@ -126,9 +127,10 @@ impl ModelCapture {
     }
 
     /// Records the gradient of every floating-point parameter as `NAME.grad` (phase backward),
-    /// and notes in the trace those that received none. Returns their names. Everything
-    /// recorded in the step so far (the graph too) is read before this returns, so the
-    /// optimizer may update the parameters right after.
+    /// and notes in the trace those that received none. Returns their names. Waits for the
+    /// step's graph (`record_graph`) to be read, so the optimizer may update the parameters,
+    /// and the graph's views of them, right after. The gradients themselves, which an
+    /// optimizer does not change, are read with the step's next read.
     pub fn record_gradients(&self, s: &mut StepRecorder, grads: &GradStore) -> Result<Vec<String>, RecordError> {
         let mut missing = Vec::new();
         for (name, var) in &self.params {
@@ -144,7 +146,7 @@ impl ModelCapture {
             }
         }
         s.note_no_gradient(missing.iter().cloned());
-        s.read_now()?;
+        s.wait_for_background()?;
         Ok(missing)
     }
 

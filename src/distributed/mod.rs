@@ -162,8 +162,8 @@ impl DataParallel {
         for ((g, local), sum) in grads.iter().zip(&locals).zip(&sums) {
             s.record_collective(g.name, ALL_REDUCE_SUM, local, sum)?;
         }
-        // The optimizer's step comes next: everything recorded must be read before it.
-        s.read_now()?;
+        // The optimizer's step comes next: the step's graph must be read before it.
+        s.wait_for_background()?;
         Ok(sums)
     }
 

@@ -25,18 +25,22 @@ pub(crate) enum Phase {
     Write,
     /// The training thread waiting for the step's work on the recorder's worker thread.
     Join,
+    /// Everything the calling (training) thread spends inside recording calls, the phases
+    /// above that run on it included: the host time recording takes from training.
+    Calls,
 }
 
-const PHASES: [(Phase, &str); 6] = [
+const PHASES: [(Phase, &str); 7] = [
     (Phase::Graph, "graph walk"),
     (Phase::Queue, "queue"),
     (Phase::Launch, "launch"),
     (Phase::Resolve, "device resolve"),
     (Phase::Write, "write"),
     (Phase::Join, "waiting for the worker"),
+    (Phase::Calls, "training thread in recording calls (all of its phases)"),
 ];
 
-static NANOS: [AtomicU64; 6] = [const { AtomicU64::new(0) }; 6];
+static NANOS: [AtomicU64; 7] = [const { AtomicU64::new(0) }; 7];
 
 fn enabled() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();

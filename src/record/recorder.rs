@@ -395,11 +395,22 @@ impl StepRecorder<'_> {
     /// step's work on the worker thread (a captured graph), then launches the reads still
     /// queued. On a GPU a recorded tensor is otherwise read when the step's next read starts,
     /// and an optimizer overwrites parameters in place: call this before changing a recorded
-    /// tensor, or a view of one, in place. `record_variables`, `ModelCapture::record_gradients`
-    /// and `DataParallel::average_gradients` call it themselves.
+    /// tensor, or a view of one, in place. `record_variables` calls it itself.
     pub fn read_now(&mut self) -> Result<(), RecordError> {
-        self.join_background()?;
-        self.records.read_now()
+        profile::time(profile::Phase::Calls, || {
+            self.join_background()?;
+            self.records.read_now()
+        })
+    }
+
+    /// Waits for this step's work on the recorder's worker thread (a captured graph, see
+    /// `ModelCapture::record_graph`) and reports its error: once this returns, that work's
+    /// device reads are queued, so the tensors it recorded (views of parameters among them) may
+    /// change. Cheaper than `read_now`, which also launches the reads of what this thread has
+    /// queued since the last one. `ModelCapture::record_gradients` and
+    /// `DataParallel::average_gradients` call it, before the optimizer's step.
+    pub fn wait_for_background(&mut self) -> Result<(), RecordError> {
+        profile::time(profile::Phase::Calls, || self.join_background())
     }
 
     /// Whether this step's records go anywhere (`false` for `Recorder::discard`).
@@ -419,13 +430,15 @@ impl StepRecorder<'_> {
         if !self.is_recording() {
             return;
         }
-        let mut part = self.records.part();
-        let pending = self.recorder.worker.get_or_insert_with(Worker::spawn).run(move || {
-            job(&mut part)?;
-            part.read_now()?;
-            Ok(part)
-        });
-        self.background.push((self.records.tensors.len(), pending));
+        profile::time(profile::Phase::Calls, || {
+            let mut part = self.records.part();
+            let pending = self.recorder.worker.get_or_insert_with(Worker::spawn).run(move || {
+                job(&mut part)?;
+                part.read_now()?;
+                Ok(part)
+            });
+            self.background.push((self.records.tensors.len(), pending));
+        })
     }
 
     /// Waits for the step's jobs on the worker thread and puts their records in their places.
@@ -496,11 +509,13 @@ impl StepRecorder<'_> {
         if !self.is_recording() {
             return Ok(());
         }
-        if !self.names.insert(name.to_string()) {
-            return Err(RecordError::Unsupported(format!("tensor `{name}` recorded twice in step {}", self.step)));
-        }
-        let what = Described { name: name.to_string(), kind, phase, inputs, node, collective };
-        self.records.push(what, tensor, snapshot)
+        profile::time(profile::Phase::Calls, || {
+            if !self.names.insert(name.to_string()) {
+                return Err(RecordError::Unsupported(format!("tensor `{name}` recorded twice in step {}", self.step)));
+            }
+            let what = Described { name: name.to_string(), kind, phase, inputs, node, collective };
+            self.records.push(what, tensor, snapshot)
+        })
     }
 
     /// Applies the run's planted perturbation if it targets `name` at this step; otherwise
@@ -558,7 +573,11 @@ impl StepRecorder<'_> {
     /// Ends the step. Its GPU results start their way to the host; the step reaches the trace
     /// (or, when comparing online, is checked first) once they have arrived, which for a GPU
     /// run is when `READ_BEHIND` more steps have finished.
-    pub fn finish(mut self) -> Result<(), RecordError> {
+    pub fn finish(self) -> Result<(), RecordError> {
+        profile::time(profile::Phase::Calls, || self.finish_step())
+    }
+
+    fn finish_step(mut self) -> Result<(), RecordError> {
         self.join_background()?;
         let StepRecorder { recorder, step, policy_full, records, .. } = self;
         let StepRecords { full, tensors, device, deferred, .. } = records;
