@@ -27,7 +27,7 @@ use super::probe::{Probe, ProbedGradients};
 use super::profile;
 use super::step_records::{Described, StepRecords};
 use super::tensor_bytes::{DeviceRead, DeviceResult};
-use super::worker::{Pending, Worker};
+use super::worker::{BackgroundParts, Worker};
 use crate::hash::{combine, tensor_hash};
 use crate::trace::{
     CapturePolicy, Distributed, Header, Phase, RunConfig, StepCheck, StepTensor, StepVerdict, TensorKind, TraceWriter,
@@ -245,7 +245,7 @@ impl Recorder {
             records: StepRecords::new(full, inline_max),
             names: HashSet::new(),
             probes: ProbedGradients::default(),
-            background: Vec::new(),
+            background: BackgroundParts::default(),
         }
     }
 
@@ -342,9 +342,8 @@ pub struct StepRecorder<'a> {
     /// only asked, never listed, so its order never reaches the output).
     names: HashSet<String>,
     probes: ProbedGradients,
-    /// Parts of the step recorded on the worker thread, each with the index its records take
-    /// among the step's (where it was asked for), in the order they were asked for.
-    background: Vec<(usize, Pending<StepRecords>)>,
+    /// Parts of the step recorded on the worker thread.
+    background: BackgroundParts,
 }
 
 impl StepRecorder<'_> {
@@ -431,35 +430,14 @@ impl StepRecorder<'_> {
             return;
         }
         profile::time(profile::Phase::Calls, || {
-            let mut part = self.records.part();
-            let pending = self.recorder.worker.get_or_insert_with(Worker::spawn).run(move || {
-                job(&mut part)?;
-                part.read_now()?;
-                Ok(part)
-            });
-            self.background.push((self.records.tensors.len(), pending));
+            let worker = self.recorder.worker.get_or_insert_with(Worker::spawn);
+            self.background.start(worker, &self.records, job);
         })
     }
 
     /// Waits for the step's jobs on the worker thread and puts their records in their places.
     fn join_background(&mut self) -> Result<(), RecordError> {
-        // Each part goes where it was asked for, shifted by the parts merged before it.
-        let mut inserted = 0;
-        for (at, pending) in std::mem::take(&mut self.background) {
-            let part = profile::time(profile::Phase::Join, || pending.wait())?;
-            for t in &part.tensors {
-                if !self.names.insert(t.record.name.clone()) {
-                    return Err(RecordError::Unsupported(format!(
-                        "tensor `{}` recorded twice in step {}",
-                        t.record.name, self.step
-                    )));
-                }
-            }
-            let added = part.tensors.len();
-            self.records.merge(at + inserted, part)?;
-            inserted += added;
-        }
-        Ok(())
+        self.background.merge_into(&mut self.records, &mut self.names, self.step)
     }
 
     /// Records a node of an automatically captured graph at `position` of its topological

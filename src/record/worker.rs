@@ -1,9 +1,13 @@
 //! The recorder's worker thread: recording work that need not hold up training (walking,
 //! naming and hashing a captured graph) runs there while the training thread goes on with the
-//! step. Each job's result comes back through a channel of its own; the step waits for it at
-//! its next read (`StepRecorder::read_now`), so jobs never outlive their step.
+//! step. Each job fills a part of the step's records of its own, which comes back through a
+//! channel; the step waits for it (`StepRecorder::wait_for_background`, `read_now`, `finish`)
+//! and puts its records where the job was asked for, so jobs never outlive their step.
 
 use super::error::RecordError;
+use super::profile;
+use super::step_records::StepRecords;
+use std::collections::HashSet;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::mpsc::{channel, sync_channel, Receiver, Sender};
 use std::thread::JoinHandle;
@@ -57,6 +61,55 @@ impl Worker {
             let _ = queue.send(job);
         }
         Pending(pending)
+    }
+}
+
+/// Parts of one step recorded on the worker thread, each with the index its records take among
+/// the step's (where it was asked for), in the order they were asked for.
+#[derive(Default)]
+pub(crate) struct BackgroundParts(Vec<(usize, Pending<StepRecords>)>);
+
+impl BackgroundParts {
+    /// Runs `job` on `worker` into a part of `records`' step, placed after what `records` holds
+    /// now; the job's device reads are launched when it ends.
+    pub(crate) fn start(
+        &mut self,
+        worker: &mut Worker,
+        records: &StepRecords,
+        job: impl FnOnce(&mut StepRecords) -> Result<(), RecordError> + Send + 'static,
+    ) {
+        let mut part = records.part();
+        let pending = worker.run(move || {
+            job(&mut part)?;
+            part.read_now()?;
+            Ok(part)
+        });
+        self.0.push((records.tensors.len(), pending));
+    }
+
+    /// Waits for every part and merges it into `records` at its place; a name that another
+    /// record of step `step` (in `names`) has already is refused.
+    pub(crate) fn merge_into(
+        &mut self,
+        records: &mut StepRecords,
+        names: &mut HashSet<String>,
+        step: u64,
+    ) -> Result<(), RecordError> {
+        // Each part goes where it was asked for, shifted by the parts merged before it.
+        let mut inserted = 0;
+        for (at, pending) in std::mem::take(&mut self.0) {
+            let part = profile::time(profile::Phase::Join, || pending.wait())?;
+            if let Some(t) = part.tensors.iter().find(|t| !names.insert(t.record.name.clone())) {
+                return Err(RecordError::Unsupported(format!(
+                    "tensor `{}` recorded twice in step {step}",
+                    t.record.name
+                )));
+            }
+            let added = part.tensors.len();
+            records.merge(at + inserted, part)?;
+            inserted += added;
+        }
+        Ok(())
     }
 }
 
