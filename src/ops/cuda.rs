@@ -260,9 +260,14 @@ impl DeviceBatch {
     pub fn push(&mut self, tensor: &Tensor, hash: bool, snapshot: bool) -> Result<usize> {
         // `copy` makes new storage that the tensor's later in-place update cannot reach.
         let tensor = if snapshot { tensor.copy()? } else { tensor.clone() };
-        let tickets = self.flushed.iter().map(|(_, slots, _)| slots.len()).sum::<usize>() + self.pending.len();
+        let ticket = self.tickets();
         self.pending.push((tensor, if hash { Want::Hash } else { Want::Bytes }));
-        Ok(tickets)
+        Ok(ticket)
+    }
+
+    /// Tickets handed out so far: results flushed and tensors queued.
+    pub fn tickets(&self) -> usize {
+        self.flushed.iter().map(|(_, slots, _)| slots.len()).sum::<usize>() + self.pending.len()
     }
 
     /// Launches the kernels over everything queued since the last flush, on candle's stream:
@@ -319,15 +324,16 @@ impl DeviceBatch {
         Ok(())
     }
 
-    /// Takes over `other`'s flushed work (its kernels launched, from any thread, on this
-    /// device's stream), after everything of this batch, which is flushed first; returns the
-    /// ticket of `other`'s first result here.
-    pub fn absorb(&mut self, mut other: DeviceBatch) -> Result<usize> {
-        self.flush()?;
+    /// Takes over `other`'s work (its kernels launched, from any thread, on this device's
+    /// stream), after what this batch has flushed and before what it still queues. Returns
+    /// `other`'s results' tickets here: they begin at the first ticket of this batch's queued
+    /// tensors, whose tickets move up by as many.
+    pub fn absorb(&mut self, mut other: DeviceBatch) -> Result<std::ops::Range<usize>> {
         other.flush()?;
-        let first = self.flushed.iter().map(|(_, slots, _)| slots.len()).sum();
+        let first = self.flushed.iter().map(|(_, slots, _)| slots.len()).sum::<usize>();
+        let added = other.flushed.iter().map(|(_, slots, _)| slots.len()).sum::<usize>();
         self.flushed.append(&mut other.flushed);
-        Ok(first)
+        Ok(first..first + added)
     }
 
     /// Flushes, then queues the copy of every output to page-locked host memory behind the

@@ -97,17 +97,21 @@ impl StepRecords {
         self.device.flush()
     }
 
-    /// Puts `part`'s records at index `at` of this step's (its device reads, launched already,
-    /// after this step's own).
+    /// Puts `part`'s records at index `at` of this step's. Its device reads join this step's
+    /// (without launching what is still queued here, whose tickets move up past them).
     pub(crate) fn merge(&mut self, at: usize, part: StepRecords) -> Result<(), RecordError> {
-        let first_ticket = self.device.absorb(part.device)?;
+        let tickets = self.device.absorb(part.device)?;
         let added = part.tensors.len();
-        for (index, _) in &mut self.deferred {
+        for (index, ticket) in &mut self.deferred {
             if *index >= at {
                 *index += added;
             }
+            if *ticket >= tickets.start {
+                *ticket += tickets.len();
+            }
         }
-        self.deferred.extend(part.deferred.into_iter().map(|(index, ticket)| (index + at, ticket + first_ticket)));
+        let first = tickets.start;
+        self.deferred.extend(part.deferred.into_iter().map(|(index, ticket)| (index + at, ticket + first)));
         self.tensors.splice(at..at, part.tensors);
         Ok(())
     }

@@ -74,15 +74,19 @@ impl DeviceQueue {
         Ok(())
     }
 
-    /// Takes over `other`'s device work (flushed already, on the same GPU), after everything
-    /// queued here, which is flushed first; returns the ticket `other`'s first result has here.
-    pub fn absorb(&mut self, other: DeviceQueue) -> Result<usize, RecordError> {
+    /// Takes over `other`'s device work (on the same GPU), placed after what was read here and
+    /// before what is still queued. Returns the tickets `other`'s results have here: they
+    /// begin at the first ticket of the tensors still queued here, whose tickets move up by as
+    /// many.
+    pub fn absorb(&mut self, other: DeviceQueue) -> Result<std::ops::Range<usize>, RecordError> {
         #[cfg(feature = "cuda")]
-        if let Some(theirs) = other.batch {
+        if let Some(mut theirs) = other.batch {
             let Some(mine) = self.batch.as_mut() else {
                 // Nothing of this step is on a GPU yet: its tickets are the other's.
+                theirs.flush()?;
+                let tickets = theirs.tickets();
                 self.batch = Some(theirs);
-                return Ok(0);
+                return Ok(0..tickets);
             };
             if mine.device().id() != theirs.device().id() {
                 return Err(RecordError::Unsupported(
@@ -92,7 +96,7 @@ impl DeviceQueue {
             return Ok(super::profile::time(super::profile::Phase::Launch, || mine.absorb(theirs))?);
         }
         let _ = other;
-        Ok(0)
+        Ok(0..0)
     }
 
     /// Launches what is still queued and starts bringing every result to the host, without
