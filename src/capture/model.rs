@@ -83,9 +83,8 @@ impl ModelCapture {
     /// that share a parameter's memory (a transposed weight, a broadcast bias), which the
     /// optimizer overwrites in place, so the step must wait for them before the optimizer's
     /// step: `record_gradients` does (as do `StepRecorder::wait_for_background` and
-    /// `read_now`). A graph that
-    /// cannot be recorded (no variable behind the root, a variable outside the model's) fails
-    /// that wait, and the step is not written.
+    /// `read_now`). A graph that cannot be recorded (no variable behind the root, a variable
+    /// outside the model's) fails that wait, and the step is not written.
     pub fn record_graph(&self, s: &mut StepRecorder, root: &Tensor, root_name: &str, root_kind: TensorKind) {
         let spans = take_step();
         let (root, by_id, root_name) = (root.clone(), self.by_id.clone(), root_name.to_string());

@@ -267,7 +267,12 @@ impl DeviceBatch {
 
     /// Tickets handed out so far: results flushed and tensors queued.
     pub fn tickets(&self) -> usize {
-        self.flushed.iter().map(|(_, slots, _)| slots.len()).sum::<usize>() + self.pending.len()
+        self.flushed_results() + self.pending.len()
+    }
+
+    /// Results of the flushes so far.
+    fn flushed_results(&self) -> usize {
+        self.flushed.iter().map(|(_, slots, _)| slots.len()).sum()
     }
 
     /// Launches the kernels over everything queued since the last flush, on candle's stream:
@@ -330,8 +335,7 @@ impl DeviceBatch {
     /// tensors, whose tickets move up by as many.
     pub fn absorb(&mut self, mut other: DeviceBatch) -> Result<std::ops::Range<usize>> {
         other.flush()?;
-        let first = self.flushed.iter().map(|(_, slots, _)| slots.len()).sum::<usize>();
-        let added = other.flushed.iter().map(|(_, slots, _)| slots.len()).sum::<usize>();
+        let (first, added) = (self.flushed_results(), other.flushed_results());
         self.flushed.append(&mut other.flushed);
         Ok(first..first + added)
     }

@@ -419,9 +419,10 @@ impl StepRecorder<'_> {
 
     /// Runs `job` on the recorder's worker thread while this thread goes on (training's next
     /// ops); what it records takes its place in the step here, before anything recorded after
-    /// this call. The job's tensors must not change before the step's next `read_now` (or its
-    /// end), which waits for the job and reports its error. The job launches its own device
-    /// reads; tensors it records stay alive until those are queued.
+    /// this call. The job's tensors must not change before the step's next
+    /// `wait_for_background`, `read_now` or `finish`, which wait for the job and report its
+    /// error. The job launches its own device reads; tensors it records stay alive until those
+    /// are queued.
     pub(crate) fn record_in_background(
         &mut self,
         job: impl FnOnce(&mut StepRecords) -> Result<(), RecordError> + Send + 'static,
