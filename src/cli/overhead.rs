@@ -1,6 +1,12 @@
-//! `repro overhead`: the cost of recording. Trains any built-in workload un-instrumented and
-//! with hashes-only recording of everything it records (every graph node for `gpt`), in one
-//! process on one device, alternating the two, and prints the time per training step.
+//! `repro overhead`: the cost of recording. Trains any built-in workload once, switching
+//! hashes-only recording of everything it records (every graph node for `gpt`) on and off every
+//! few steps, and prints the time per training step of each mode.
+//!
+//! Whole runs of a small model vary by more from one run to the next than recording costs
+//! (a host-bound step's speed depends on the machine's moment), so the two modes are compared
+//! within one run: blocks of `--block` steps, each pair of blocks one recorded and one plain
+//! (which goes first alternates), the device drained at each block's edges. Each pair gives a
+//! ratio; the row shows their median and middle half.
 
 use super::ranks::RankArgs;
 use super::workload_args::WorkloadArgs;
@@ -9,12 +15,18 @@ use clap::Args;
 use repro::distributed::DataParallel;
 use repro::record::{open_device, Recorder};
 use repro::trace::{summarize, CapturePolicy, FullCapture};
+use std::cell::RefCell;
+use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 #[derive(Debug, Args)]
 pub struct OverheadArgs {
-    /// Measurements of each mode, alternating; the pair with the median ratio is printed.
-    #[arg(long, default_value_t = 5)]
+    /// Steps per timed block: recording is switched on or off every this many steps (fewer
+    /// when the run is too short for two pairs of blocks).
+    #[arg(long, default_value_t = 10)]
+    block: u64,
+    /// Training runs to time; the pairs of blocks of all of them are pooled.
+    #[arg(long, default_value_t = 1)]
     repeats: usize,
     /// Print the table header too.
     #[arg(long)]
@@ -33,7 +45,16 @@ pub fn run(args: OverheadArgs) -> Result<Exit, String> {
     if args.ranks.starts_ranks() {
         super::ranks::check_devices(&args.ranks.devices)?;
         workload.check_data_parallel().map_err(|e| e.to_string())?;
-        let mut child = vec!["--repeats".to_string(), args.repeats.to_string()];
+    }
+    let steps = workload.run_config().steps.unwrap_or(1);
+    if steps < 2 {
+        return Err(format!(
+            "repro overhead compares recorded steps with plain ones of the same run: pass --steps 2 or more (not {steps})"
+        ));
+    }
+    if args.ranks.starts_ranks() {
+        let mut child =
+            vec!["--repeats".to_string(), args.repeats.to_string(), "--block".into(), args.block.to_string()];
         if args.header {
             child.push("--header".into());
         }
@@ -44,41 +65,29 @@ pub fn run(args: OverheadArgs) -> Result<Exit, String> {
     let device_name = args.ranks.device(&args.train.device)?;
     let device = open_device(device_name).map_err(|e| e.to_string())?;
     let mut dp = args.ranks.data_parallel(&device)?;
-    let steps = workload.run_config().steps.unwrap_or(1).max(1);
+    let blocks = Blocks::new(steps, args.block);
     let scratch = super::scratch::ScratchDir::new("overhead")?;
     let dir = scratch.path().join("run");
-    let mut time = |record: bool| -> Result<Duration, String> {
-        let started = Instant::now();
-        let mut recorder = if record {
-            let capture = CapturePolicy { full: FullCapture::None, ..CapturePolicy::default() };
-            let (run, rank) = (args.train.run_config(&workload), dp.as_ref().map(DataParallel::describe));
-            Recorder::create_stream(&dir, run, &device, capture, true, rank).map_err(|e| e.to_string())?
-        } else {
-            Recorder::discard()
-        };
-        workload.run_ranked(&device, &mut recorder, None, dp.as_mut()).map_err(|e| e.to_string())?;
-        recorder.finish().map_err(|e| e.to_string())?;
-        device.synchronize().map_err(|e| e.to_string())?;
-        Ok(started.elapsed())
-    };
-    // Alternate the two, swapping which goes first each repeat, so that warm-up and drifts of
-    // the machine's speed hit both alike; each repeat gives one ratio, and the median of those
-    // is the one printed (machines vary by more between runs than one pair does).
     let mut pairs: Vec<(Duration, Duration)> = Vec::new();
-    for repeat in 0..args.repeats.max(1) {
-        let (plain, recorded) = if repeat % 2 == 0 {
-            let plain = time(false)?;
-            (plain, time(true)?)
-        } else {
-            let recorded = time(true)?;
-            (time(false)?, recorded)
-        };
-        pairs.push((plain, recorded));
+    for _ in 0..args.repeats.max(1) {
+        let capture = CapturePolicy { full: FullCapture::None, ..CapturePolicy::default() };
+        let (run, rank) = (args.train.run_config(&workload), dp.as_ref().map(DataParallel::describe));
+        let mut recorder =
+            Recorder::create_stream(&dir, run, &device, capture, true, rank).map_err(|e| e.to_string())?;
+        // Asked at the start of every step: drains the device and reads the clock at each
+        // block's start, and says whether the step's block records.
+        let clock = Rc::new(RefCell::new(Clock::default()));
+        let (ticks, at_device) = (clock.clone(), device.clone());
+        recorder.record_only(move |_| ticks.borrow_mut().tick(&at_device, &blocks));
+        workload.run_ranked(&device, &mut recorder, None, dp.as_mut()).map_err(|e| e.to_string())?;
+        // The last block ends when the device has finished its steps.
+        clock.borrow_mut().mark(&device);
+        recorder.finish().map_err(|e| e.to_string())?;
+        let clock = Rc::try_unwrap(clock).map_err(|_| "the recorder kept its step selector")?.into_inner();
+        pairs.extend(blocks.pairs(&clock.marks()?));
     }
-    let (plain, recorded) = median_pair(&pairs);
     let tensors = summarize(&dir).map_err(|e| e.to_string())?.tensors.len();
     drop(scratch);
-    let per_step = |d: Duration| d.as_secs_f64() * 1e3 / steps as f64;
     if args.ranks.rank.is_some_and(|rank| rank > 0) {
         return Ok(Exit::Same);
     }
@@ -86,52 +95,159 @@ pub fn run(args: OverheadArgs) -> Result<Exit, String> {
         0 | 1 => device_name.to_string(),
         n => format!("{n} x {}", args.ranks.devices.join(",")),
     };
+    let timing = Timing::of(&pairs, blocks.block);
     if args.header {
-        super::output::line("| device | workload | tensors/step | plain step | hashes-only recording | ratio |");
-        super::output::line("|---|---|---|---|---|---|");
+        super::output::line(
+            "| device | workload | tensors/step | plain step | hashes-only recording | ratio | middle half | pairs |",
+        );
+        super::output::line("|---|---|---|---|---|---|---|---|");
     }
     super::output::line(&format!(
-        "| {} | {} | {tensors} | {:.3} ms | {:.3} ms | {:.3}x |",
-        on,
+        "| {on} | {} | {tensors} | {:.3} ms | {:.3} ms | {:.3}x | {:.3}x to {:.3}x | {} |",
         workload.describe(),
-        per_step(plain),
-        per_step(recorded),
-        recorded.as_secs_f64() / plain.as_secs_f64()
+        timing.plain_step_ms,
+        timing.recorded_step_ms,
+        timing.ratio,
+        timing.quartiles.0,
+        timing.quartiles.1,
+        pairs.len(),
     ));
-    if let Some(enough) = steps_for_a_steady_ratio(plain, steps) {
+    if pairs.len() < STEADY_PAIRS {
         eprintln!(
-            "note: one plain run took {:.0} ms ({steps} steps, building the model included); ratios of runs this \
-             short vary by several percent from run to run: pass --steps {enough} or more",
-            plain.as_secs_f64() * 1e3
+            "note: {} pair(s) of {}-step blocks timed; a ratio is steady from about {STEADY_PAIRS} pairs: pass --steps {} \
+             or more",
+            pairs.len(),
+            blocks.block,
+            blocks.steps_for(STEADY_PAIRS)
         );
     }
     Ok(Exit::Same)
 }
 
-/// How long one measurement should last for its ratio to be steady: the model's construction
-/// and the first steps' warm-up then weigh little, and a machine's hiccups average out.
-const STEADY_MEASUREMENT: Duration = Duration::from_secs(1);
+/// Pairs of blocks for a steady ratio (beyond the first pair, which warms up).
+const STEADY_PAIRS: usize = 8;
 
-/// The step count (a round number) that makes a plain run last `STEADY_MEASUREMENT`, if one of
-/// `steps` steps took `plain`, less than that; `None` if the run was long enough.
-fn steps_for_a_steady_ratio(plain: Duration, steps: u64) -> Option<u64> {
-    if plain >= STEADY_MEASUREMENT {
-        return None;
-    }
-    let scale = STEADY_MEASUREMENT.as_secs_f64() / plain.as_secs_f64().max(1e-9);
-    let needed = (steps as f64 * scale).ceil().min(1e12) as u64;
-    // Rounded up to one significant digit: 20 steps in 150 ms asks for 200, not 134.
-    let unit = 10u64.pow(needed.max(1).ilog10());
-    Some(needed.div_ceil(unit) * unit)
+/// How a run's steps fall into timed blocks: block `k` covers steps `k * block ..`; blocks go
+/// in pairs, one recorded and one plain, the plain one first in even pairs. The first pair
+/// warms up (the model's first steps, the recorder's buffers) and is not timed when others are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Blocks {
+    /// Steps per block.
+    block: u64,
+    /// Whole blocks in the run; steps after them are not timed.
+    count: u64,
 }
 
-/// The pair (plain, recorded) whose ratio is the median of all pairs' (the lower middle one for
-/// an even count).
-fn median_pair(pairs: &[(Duration, Duration)]) -> (Duration, Duration) {
-    let ratio = |(p, r): &(Duration, Duration)| r.as_secs_f64() / p.as_secs_f64().max(f64::MIN_POSITIVE);
-    let mut sorted = pairs.to_vec();
-    sorted.sort_by(|a, b| ratio(a).total_cmp(&ratio(b)));
-    sorted[(sorted.len() - 1) / 2]
+impl Blocks {
+    /// `block` steps per block, fewer if the run's `steps` would not hold two pairs of blocks.
+    fn new(steps: u64, block: u64) -> Self {
+        let block = block.clamp(1, (steps / 4).max(1));
+        Blocks { block, count: steps / block }
+    }
+
+    /// Whether block `k` records.
+    fn records(k: u64) -> bool {
+        let plain_first = (k / 2).is_multiple_of(2);
+        (k % 2 == 1) == plain_first
+    }
+
+    /// (plain, recorded) durations of each timed pair, from the times at which blocks began
+    /// (one more mark for the end of the last).
+    fn pairs(&self, marks: &[Instant]) -> Vec<(Duration, Duration)> {
+        let durations: Vec<Duration> = marks.windows(2).map(|w| w[1] - w[0]).take(self.count as usize).collect();
+        let pairs: Vec<(Duration, Duration)> = durations
+            .chunks_exact(2)
+            .enumerate()
+            .map(|(j, d)| if Self::records(2 * j as u64) { (d[1], d[0]) } else { (d[0], d[1]) })
+            .collect();
+        // The first pair warms up, unless it is the only one.
+        let warm_up = usize::from(pairs.len() > 1);
+        pairs[warm_up..].to_vec()
+    }
+
+    /// The step count (a round number) that times `pairs` pairs after the warm-up.
+    fn steps_for(&self, pairs: usize) -> u64 {
+        let needed = (pairs as u64 + 1) * 2 * self.block;
+        let unit = 10u64.pow(needed.ilog10());
+        needed.div_ceil(unit) * unit
+    }
+}
+
+/// The clock of one timed run, driven by the recorder's step selector.
+#[derive(Default)]
+struct Clock {
+    /// Steps begun so far.
+    steps: u64,
+    /// When each block began, once the device had drained.
+    marks: Vec<Instant>,
+    /// The first failure to drain the device.
+    error: Option<String>,
+}
+
+impl Clock {
+    /// A step begins: marks the time if it begins a block; whether it records.
+    fn tick(&mut self, device: &candle_core::Device, blocks: &Blocks) -> bool {
+        let (step, block) = (self.steps, self.steps / blocks.block);
+        self.steps += 1;
+        if step.is_multiple_of(blocks.block) && block <= blocks.count {
+            self.mark(device);
+        }
+        Blocks::records(block)
+    }
+
+    /// Drains the device and notes the time.
+    fn mark(&mut self, device: &candle_core::Device) {
+        if let Err(e) = device.synchronize() {
+            self.error.get_or_insert_with(|| format!("cannot wait for {device:?}: {e}"));
+        }
+        self.marks.push(Instant::now());
+    }
+
+    fn marks(&self) -> Result<Vec<Instant>, String> {
+        match &self.error {
+            Some(e) => Err(e.clone()),
+            None => Ok(self.marks.clone()),
+        }
+    }
+}
+
+/// What the timed pairs say.
+#[derive(Debug, PartialEq)]
+struct Timing {
+    /// Median block time of each mode, per step.
+    plain_step_ms: f64,
+    recorded_step_ms: f64,
+    /// Median of the pairs' ratios (recorded / plain).
+    ratio: f64,
+    /// Lower and upper quartiles of the ratios.
+    quartiles: (f64, f64),
+}
+
+impl Timing {
+    fn of(pairs: &[(Duration, Duration)], block: u64) -> Timing {
+        let ms = |d: &Duration| d.as_secs_f64() * 1e3 / block as f64;
+        let plain: Vec<f64> = pairs.iter().map(|(p, _)| ms(p)).collect();
+        let recorded: Vec<f64> = pairs.iter().map(|(_, r)| ms(r)).collect();
+        let ratios: Vec<f64> = pairs.iter().map(|(p, r)| r.as_secs_f64() / p.as_secs_f64().max(1e-12)).collect();
+        Timing {
+            plain_step_ms: quantile(&plain, 0.5),
+            recorded_step_ms: quantile(&recorded, 0.5),
+            ratio: quantile(&ratios, 0.5),
+            quartiles: (quantile(&ratios, 0.25), quantile(&ratios, 0.75)),
+        }
+    }
+}
+
+/// The `q` quantile of `values` (linear between the two nearest; `NaN` for none).
+fn quantile(values: &[f64], q: f64) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let at = q * (sorted.len() - 1) as f64;
+    let (low, high) = (at.floor() as usize, at.ceil() as usize);
+    sorted[low] + (sorted[high] - sorted[low]) * (at - low as f64)
 }
 
 #[cfg(test)]
@@ -139,23 +255,46 @@ mod tests {
     use super::*;
 
     #[test]
-    fn short_runs_are_told_a_round_step_count_that_lasts_a_second() {
-        let ms = Duration::from_millis;
-        assert_eq!(steps_for_a_steady_ratio(ms(150), 20), Some(200));
-        assert_eq!(steps_for_a_steady_ratio(ms(400), 20), Some(50));
-        assert_eq!(steps_for_a_steady_ratio(ms(1), 3), Some(3000));
-        assert_eq!(steps_for_a_steady_ratio(ms(999), 1000), Some(2000));
-        assert_eq!(steps_for_a_steady_ratio(ms(1000), 20), None);
-        assert_eq!(steps_for_a_steady_ratio(Duration::ZERO, 1), Some(1_000_000_000));
+    fn blocks_alternate_which_mode_goes_first_and_shrink_for_short_runs() {
+        let modes: Vec<bool> = (0..8).map(Blocks::records).collect();
+        assert_eq!(modes, [false, true, true, false, false, true, true, false]);
+        assert_eq!(Blocks::new(200, 10), Blocks { block: 10, count: 20 });
+        assert_eq!(Blocks::new(205, 10), Blocks { block: 10, count: 20 }, "the last 5 steps are not timed");
+        assert_eq!(Blocks::new(20, 10), Blocks { block: 5, count: 4 }, "two pairs at least");
+        assert_eq!(Blocks::new(2, 10), Blocks { block: 1, count: 2 });
+        assert_eq!(Blocks::new(200, 0), Blocks { block: 1, count: 200 });
+        assert_eq!(Blocks::new(200, 10).steps_for(8), 200);
+        assert_eq!(Blocks::new(200, 7).steps_for(8), 200, "126 rounds up");
+        assert_eq!(Blocks::new(2000, 100).steps_for(8), 2000);
     }
 
     #[test]
-    fn the_median_pair_is_the_one_with_the_middle_ratio() {
-        let ms = |p: u64, r: u64| (Duration::from_millis(p), Duration::from_millis(r));
-        // Ratios 1.5, 1.1, 0.9, 1.2, 3.0: the median is 1.2, from a pair that is neither the
-        // fastest plain nor the fastest recorded run.
-        let pairs = [ms(100, 150), ms(200, 220), ms(300, 270), ms(110, 132), ms(90, 270)];
-        assert_eq!(median_pair(&pairs), ms(110, 132));
-        assert_eq!(median_pair(&pairs[..2]), ms(200, 220), "an even count takes the lower middle");
+    fn pairs_skip_the_warm_up_and_put_the_plain_block_first() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        // Blocks of 10, 30 (the warm-up pair), 110 recorded and 100 plain (the second pair
+        // records first), 100 plain and 120 recorded; a trailing block that is not whole is
+        // left out.
+        let lengths = [10, 30, 110, 100, 100, 120, 999];
+        let mut marks = vec![t0];
+        for l in lengths {
+            marks.push(*marks.last().unwrap() + ms(l));
+        }
+        let blocks = Blocks { block: 10, count: 6 };
+        assert_eq!(blocks.pairs(&marks), [(ms(100), ms(110)), (ms(100), ms(120))]);
+        // A single pair is all there is: it is kept.
+        assert_eq!(Blocks { block: 1, count: 2 }.pairs(&marks[..3]), [(ms(10), ms(30))]);
+    }
+
+    #[test]
+    fn timing_takes_medians_and_quartiles_per_step() {
+        let ms = Duration::from_millis;
+        let pairs = [(ms(100), ms(110)), (ms(100), ms(120)), (ms(200), ms(200)), (ms(100), ms(300))];
+        let t = Timing::of(&pairs, 10);
+        assert_eq!(t.plain_step_ms, 10.0);
+        assert!((t.recorded_step_ms - 16.0).abs() < 1e-9, "{t:?}");
+        assert!((t.ratio - 1.15).abs() < 1e-9, "{t:?}");
+        assert!((t.quartiles.0 - 1.075).abs() < 1e-9 && (t.quartiles.1 - 1.65).abs() < 1e-9, "{t:?}");
+        assert!(quantile(&[], 0.5).is_nan());
     }
 }

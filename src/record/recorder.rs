@@ -69,7 +69,12 @@ pub struct Recorder {
     /// Runs recording work off the training thread (`StepRecorder::record_in_background`);
     /// started by the first such job.
     worker: Option<Worker>,
+    /// Which steps are recorded (`Recorder::record_only`); every step when `None`.
+    selected: Option<StepSelector>,
 }
+
+/// Says, at the start of each step, whether that step is recorded.
+type StepSelector = Box<dyn FnMut(u64) -> bool>;
 
 /// How many finished steps may wait for their GPU results while training goes on. Each holds
 /// only its results' buffers (hashes, and values the capture policy keeps), never the graph's
@@ -205,6 +210,7 @@ impl Recorder {
             full_steps: None,
             unread: VecDeque::new(),
             worker: None,
+            selected: None,
         }
     }
 
@@ -221,6 +227,15 @@ impl Recorder {
         self.online = Some(Online { check, stop_at_divergence, pending: None, diverged: false });
     }
 
+    /// Records only the steps `which` selects; the others train as if unrecorded (nothing of
+    /// theirs is read, hashed or written, and the trace skips their numbers). `which` is asked
+    /// once per step, in order, when the step begins: a long run can keep every hundredth step
+    /// (`|step| step % 100 == 0`), and `repro overhead` times recorded and plain stretches of
+    /// one run this way.
+    pub fn record_only(&mut self, which: impl FnMut(u64) -> bool + 'static) {
+        self.selected = Some(Box::new(which));
+    }
+
     /// Calls `f` after every recorded step, for a progress display.
     pub fn on_step(&mut self, f: impl FnMut(&StepProgress) + 'static) {
         self.on_step = Some(Box::new(f));
@@ -233,6 +248,20 @@ impl Recorder {
 
     /// Begins recording step `step`. Record its tensors on the returned value, then `finish` it.
     pub fn step(&mut self, step: u64) -> StepRecorder<'_> {
+        let selected = self.selected.as_mut().is_none_or(|which| which(step));
+        let recording = selected && self.writer.is_some();
+        if !recording {
+            return StepRecorder {
+                recorder: self,
+                step,
+                recording,
+                policy_full: false,
+                records: StepRecords::new(false, 0),
+                names: HashSet::new(),
+                probes: ProbedGradients::default(),
+                background: BackgroundParts::default(),
+            };
+        }
         let first = *self.first_step.get_or_insert(step);
         let policy_full = self.capture.wants_full(step, first, self.total_steps);
         // Online comparison keeps every step's values until the next step has been checked.
@@ -241,6 +270,7 @@ impl Recorder {
         StepRecorder {
             recorder: self,
             step,
+            recording,
             policy_full,
             records: StepRecords::new(full, inline_max),
             names: HashSet::new(),
@@ -336,6 +366,8 @@ fn strip(mut tensors: Vec<StepTensor>, policy_full: bool) -> Vec<StepTensor> {
 pub struct StepRecorder<'a> {
     recorder: &'a mut Recorder,
     step: u64,
+    /// Whether this step's records go anywhere (see `is_recording`).
+    recording: bool,
     policy_full: bool,
     records: StepRecords,
     /// Names recorded so far in the step (a graph can hold 100,000 nodes: no linear search;
@@ -412,9 +444,10 @@ impl StepRecorder<'_> {
         profile::time(profile::Phase::Calls, || self.join_background())
     }
 
-    /// Whether this step's records go anywhere (`false` for `Recorder::discard`).
+    /// Whether this step's records go anywhere (`false` for `Recorder::discard`, and for a
+    /// step `Recorder::record_only` leaves out).
     pub fn is_recording(&self) -> bool {
-        self.recorder.writer.is_some()
+        self.recording
     }
 
     /// Runs `job` on the recorder's worker thread while this thread goes on (training's next
@@ -469,6 +502,9 @@ impl StepRecorder<'_> {
 
     /// Notes trainable parameters that received no gradient at this step; the trace lists them.
     pub fn note_no_gradient(&mut self, names: impl IntoIterator<Item = String>) {
+        if !self.is_recording() {
+            return;
+        }
         self.recorder.no_gradient.entry(self.step).or_default().extend(names);
     }
 
@@ -557,6 +593,9 @@ impl StepRecorder<'_> {
     }
 
     fn finish_step(mut self) -> Result<(), RecordError> {
+        if !self.is_recording() {
+            return Ok(());
+        }
         self.join_background()?;
         let StepRecorder { recorder, step, policy_full, records, .. } = self;
         let StepRecords { full, tensors, device, deferred, .. } = records;
@@ -683,5 +722,37 @@ mod tests {
             assert_eq!(*seen.borrow(), (0..=step).collect::<Vec<_>>(), "step {step} reported at its finish");
         }
         assert_eq!(recorder.finish().unwrap(), 3);
+    }
+
+    /// Steps that `record_only` leaves out cost nothing and leave nothing behind: not in the
+    /// trace, not numbered, no note of theirs kept for a later step.
+    #[test]
+    fn steps_left_out_are_neither_recorded_nor_remembered() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut recorder =
+            Recorder::create(dir.path().join("t"), RunConfig::default(), &Device::Cpu, CapturePolicy::default())
+                .unwrap();
+        let asked = Rc::new(RefCell::new(Vec::new()));
+        let log = asked.clone();
+        recorder.record_only(move |step| {
+            log.borrow_mut().push(step);
+            step % 3 == 0
+        });
+        for step in 0..7 {
+            let mut s = recorder.step(step);
+            assert_eq!(s.is_recording(), step % 3 == 0);
+            s.record("x", TensorKind::Input, &Tensor::new(&[step as f32], &Device::Cpu).unwrap()).unwrap();
+            s.note_no_gradient([format!("w{step}")]);
+            s.finish().unwrap();
+        }
+        assert_eq!(recorder.finish().unwrap(), 3);
+        assert_eq!(*asked.borrow(), (0..7).collect::<Vec<_>>(), "asked once per step, in order");
+        let mut reader = crate::trace::TraceReader::open(dir.path().join("t")).unwrap();
+        let mut seen = Vec::new();
+        while let Some(step) = reader.next_step().unwrap() {
+            assert_eq!(step.no_gradient, [format!("w{}", step.step)], "only the step's own note");
+            seen.push(step.step);
+        }
+        assert_eq!(seen, [0, 3, 6]);
     }
 }

@@ -188,7 +188,7 @@ fn overhead_times_any_workload_with_every_graph_node_recorded() {
         "--workload",
         "gpt",
         "--steps",
-        "2",
+        "4",
         "--batch",
         "2",
         "--context",
@@ -197,12 +197,13 @@ fn overhead_times_any_workload_with_every_graph_node_recorded() {
         "16",
         "--heads",
         "2",
-        "--repeats",
-        "1",
     ]);
     assert_eq!(run.code, 0, "{}", run.stderr);
     let lines: Vec<&str> = run.stdout.lines().collect();
-    assert_eq!(lines[0], "| device | workload | tensors/step | plain step | hashes-only recording | ratio |");
+    assert_eq!(
+        lines[0],
+        "| device | workload | tensors/step | plain step | hashes-only recording | ratio | middle half | pairs |"
+    );
     let cells: Vec<&str> = lines[2].split('|').map(str::trim).collect();
     assert_eq!(cells[1], "cpu");
     assert!(cells[2].starts_with("gpt (2 layers, width 16"), "{}", lines[2]);
@@ -210,10 +211,15 @@ fn overhead_times_any_workload_with_every_graph_node_recorded() {
     assert!(cells[3].parse::<usize>().unwrap() > 200, "{}", lines[2]);
     let ratio: f64 = cells[6].trim_end_matches('x').parse().unwrap();
     assert!(ratio > 0.0, "{}", lines[2]);
-    // Two tiny steps are far too short to time steadily: the user is told how many to run.
-    let note = run.stderr.lines().find(|l| l.starts_with("note: one plain run took")).expect(&run.stderr);
+    // Four steps make two pairs of one-step blocks, the first of which warms up.
+    assert_eq!(cells[8], "1", "{}", lines[2]);
+    // One pair is far too few to time steadily: the user is told how many steps to run.
+    let note = run.stderr.lines().find(|l| l.starts_with("note: 1 pair(s) of 1-step blocks")).expect(&run.stderr);
     let asked: u64 = note.rsplit("--steps ").next().unwrap().split(' ').next().unwrap().parse().unwrap();
-    assert!(asked > 2, "{note}");
+    assert_eq!(asked, 20, "{note}");
+    // A run too short to hold a recorded and a plain step is refused.
+    let one = repro(&["overhead", "--workload", "gpt", "--steps", "1"]);
+    assert!(one.code == 2 && one.stderr.contains("pass --steps 2 or more"), "{}", one.stderr);
 }
 
 #[test]

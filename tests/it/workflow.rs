@@ -263,7 +263,7 @@ fn each_command_lists_its_own_options_before_the_workload_headings() {
         (&["gate"][..], &["--runs", "--baseline", "--budget", "--json", "--junit"][..]),
         (&["baseline", "write"][..], &["--out"][..]),
         (&["study", "noise"][..], &["--runs", "--out", "--json"][..]),
-        (&["overhead"][..], &["--repeats"][..]),
+        (&["overhead"][..], &["--block", "--repeats"][..]),
     ] {
         let help = repro(&[command, &["--help"][..]].concat()).stdout;
         let lines: Vec<&str> = help.lines().collect();
