@@ -51,7 +51,7 @@ fn train(rank: usize, rendezvous: &Path, out: &Path) -> Result<(), Box<dyn std::
         let (x, y) = (dp.shard(&x)?, dp.shard(&y)?);
         let mut s = rec.step(step);
         s.record("x", TensorKind::Input, &x)?;
-        capture.record_parameters(&mut s)?;
+        capture.record_parameters(&mut s);
         let loss = candle_nn::loss::cross_entropy(&model.forward(&x)?, &y)?;
         // Recorded on the recorder's worker thread while the backward pass runs.
         capture.record_graph(&mut s, &loss, "loss", TensorKind::Loss);

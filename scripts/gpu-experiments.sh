@@ -15,7 +15,7 @@
 # steps; `opfixtures` keeps small op-level traces for fixtures/. The studies: `cost`,
 # `devices-study`, `noise-mlp`, `noise-cnn`, `noise-resnet18` (RESNET_RUNS, RESNET_EPOCHS), and
 # `studyfixtures` (atomic cnn traces for fixtures/), `gpt-studies` (noise, devices and cost on
-# the gpt; GPT_RUNS, GPT_STEPS), `gptfixtures`, `views` (a small gpt trace whose parameter views are checked on the CPU), `invariance` (gpt default and --batch-invariant with its cost, qwen2 f32 and bf16), `order` (study order, mlp and cnn; ORDER_RUNS), `noise-hw` (cnn noise study with TF32 off and on; NOISE_RUNS), `noise-subgroups` (mlp on the subgroups dataset; SUBGROUP_RUNS), not run by default. `gpt`: the
+# the gpt; GPT_RUNS, GPT_STEPS), `gptfixtures`, `ab` (overhead and traces of this binary against REPRO_BASE's), `views` (a small gpt trace whose parameter views are checked on the CPU), `invariance` (gpt default and --batch-invariant with its cost, qwen2 f32 and bf16), `order` (study order, mlp and cnn; ORDER_RUNS), `noise-hw` (cnn noise study with TF32 off and on; NOISE_RUNS), `noise-subgroups` (mlp on the subgroups dataset; SUBGROUP_RUNS), not run by default. `gpt`: the
 # transformer recorded by automatic capture (same-seed GPU runs, CPU vs GPU, Qwen2, fixtures). Results land in OUT_DIR:
 # summary.md (everything printed), results.tar.gz (all outputs), fixtures.tar.gz.
 set -uo pipefail
@@ -158,15 +158,15 @@ fi
 if want overhead; then
 section "Recording overhead per training step (hashes only, every recorded tensor or graph node; GPU tensors hashed on the GPU)"
 {
-  "$repro" overhead --header --device cuda:0 --steps 200 --batch 10000
+  "$repro" overhead --header --device cuda:0 --steps 400 --batch 10000
   "$repro" overhead --device cuda:0 --steps 200 --batch 1000000
-  "$repro" overhead --device cuda:0 --workload mlp --steps 200
-  "$repro" overhead --device cuda:0 --workload cnn --steps 100
-  "$repro" overhead --device cuda:0 --workload resnet18 --steps 20
-  # Three runs of the gpt: its host-bound steps vary between runs by more than recording costs.
-  for run in 1 2 3; do "$repro" overhead --device cuda:0 --workload gpt --steps 200; done
-  "$repro" overhead --device cuda:0 --workload gpt --steps 100 --layers 4 --width 256 --context 128 --batch 32
-  "$repro" overhead --device cpu --workload gpt --steps 10
+  "$repro" overhead --device cuda:0 --workload mlp --steps 400
+  "$repro" overhead --device cuda:0 --workload cnn --steps 200
+  "$repro" overhead --device cuda:0 --workload resnet18 --steps 40 --block 2
+  # Twice for the gpt: its host-bound steps vary with the machine's moment.
+  for run in 1 2; do "$repro" overhead --device cuda:0 --workload gpt --steps 400; done
+  "$repro" overhead --device cuda:0 --workload gpt --steps 200 --layers 4 --width 256 --context 128 --batch 32
+  "$repro" overhead --device cpu --workload gpt --steps 16 --block 2
   # Where a recorded step's extra time goes, and the GPU time of the hashing kernels.
   REPRO_PROFILE=1 "$repro" record --workload gpt --steps 200 --capture none --device cuda:0 --out "$work/runs/profile"
   if command -v ncu >/dev/null; then
@@ -182,6 +182,38 @@ for row in csv.reader(sys.stdin):
 for k in sorted(ns): print(f"{k}: {n[k] / 4:.0f} launches, {ns[k] / 4e6:.3f} ms per step")'
   fi
 } 2>&1 | grep -v '^note\|^recorded' | tee -a "$summary"
+fi
+
+# Two builds side by side (REPRO_BASE: the other binary): overhead rounds alternating the two,
+# and whether they record the same traces.
+if want ab; then
+  base="${REPRO_BASE:?set REPRO_BASE to the binary to compare with}"
+  section "A/B: $($base --version) (base) against $($repro --version) (new)"
+  say '```'
+  for round in 1 2 3; do
+    for bin in base new; do
+      b="$repro"; [ "$bin" = base ] && b="$base"
+      echo -n "$bin round $round: "
+      "$b" overhead --device cuda:0 --workload gpt --steps 400 2>/dev/null | tail -1
+    done
+  done 2>&1 | tee -a "$summary"
+  for bin in base new; do
+    b="$repro"; [ "$bin" = base ] && b="$base"
+    echo -n "$bin larger gpt: "; "$b" overhead --device cuda:0 --workload gpt --steps 200 --layers 4 --width 256 --context 128 --batch 32 2>/dev/null | tail -1
+    echo -n "$bin resnet18: "; "$b" overhead --device cuda:0 --workload resnet18 --steps 40 --block 2 2>/dev/null | tail -1
+  done 2>&1 | tee -a "$summary"
+  for bin in base new; do
+    b="$repro"; [ "$bin" = base ] && b="$base"
+    "$b" record --workload gpt --steps 200 --capture none --device cuda:0 --out "$work/runs/ab-$bin" 2>>"$work/results/record.log"
+  done
+  "$repro" record --workload gpt --steps 200 --capture none --device cuda:0 --out "$work/runs/ab-new2" 2>>"$work/results/record.log"
+  "$repro" diff "$work/runs/ab-base" "$work/runs/ab-new" 2>&1 | sed "s#$work/runs/##g" | tail -2 | tee -a "$summary"
+  "$repro" diff "$work/runs/ab-new" "$work/runs/ab-new2" 2>&1 | sed "s#$work/runs/##g" | tail -2 | tee -a "$summary"
+  # A planted one-ULP fault on the GPU is found where it was planted.
+  "$repro" record --workload gpt --steps 3 --capture none --device cuda:0 --perturb 1:h.1.mlp.c_fc.weight:1 \
+    --out "$work/runs/ab-planted" 2>>"$work/results/record.log"
+  "$repro" diff "$work/runs/ab-new" "$work/runs/ab-planted" 2>&1 | sed "s#$work/runs/##g" | head -8 | tee -a "$summary"
+  say '```'
 fi
 
 # The gpt workload, recorded by automatic graph capture: two same-seed GPU runs, CPU against

@@ -17,8 +17,8 @@ use std::sync::Arc;
 /// The named parameters of a model, and how to record them and the graph they feed.
 #[derive(Clone)]
 pub struct ModelCapture {
-    /// Parameters sorted by name.
-    params: Vec<(String, Var)>,
+    /// Parameters sorted by name (shared with the recorder's worker thread, which reads them).
+    params: Arc<[(String, Var)]>,
     /// Tensor number of each parameter, to name graph leaves (shared with the recorder's worker
     /// thread, which names the graph).
     by_id: Arc<BTreeMap<u64, String>>,
@@ -39,7 +39,7 @@ impl ModelCapture {
         let mut params: Vec<(String, Var)> = vars.into_iter().collect();
         params.sort_by(|a, b| a.0.cmp(&b.0));
         let by_id = Arc::new(params.iter().map(|(name, var)| (tensor_number(var.as_tensor()), name.clone())).collect());
-        ModelCapture { params, by_id }
+        ModelCapture { params: params.into(), by_id }
     }
 
     /// The parameters, sorted by name.
@@ -57,8 +57,12 @@ impl ModelCapture {
     }
 
     /// Records every parameter under its name (kind `weight`), as it is before the update.
-    pub fn record_parameters(&self, s: &mut StepRecorder) -> Result<(), RecordError> {
-        s.record_variables(self.params.iter().map(|(n, v)| (n.as_str(), v)), "", TensorKind::Weight, None)
+    /// They are read on the recorder's worker thread while this thread goes on (the forward
+    /// pass), so none may change before the step's next wait: `record_gradients` waits, before
+    /// the optimizer's step; code that changes a parameter earlier calls
+    /// `StepRecorder::wait_for_background` first.
+    pub fn record_parameters(&self, s: &mut StepRecorder) {
+        s.record_variables_in_background(self.params.clone(), TensorKind::Weight, None);
     }
 
     /// The nodes of the graph behind `root`, named, in topological order (leaves first). Takes
@@ -132,7 +136,7 @@ impl ModelCapture {
     /// optimizer does not change, are read with the step's next read.
     pub fn record_gradients(&self, s: &mut StepRecorder, grads: &GradStore) -> Result<Vec<String>, RecordError> {
         let mut missing = Vec::new();
-        for (name, var) in &self.params {
+        for (name, var) in self.params.iter() {
             if !var.dtype().is_float() {
                 continue;
             }
@@ -149,10 +153,13 @@ impl ModelCapture {
         Ok(missing)
     }
 
-    /// Records every parameter after the optimizer's update as `NAME.updated` (phase update).
+    /// Records every parameter after the optimizer's update as `NAME.updated` (phase update),
+    /// read when the step finishes (on a GPU, on the recorder's worker thread): the parameters
+    /// must not change before the next step's first wait, which the next step's
+    /// `record_gradients` is, ahead of its optimizer's step.
     pub fn record_updated(&self, s: &mut StepRecorder) -> Result<(), RecordError> {
         let params = self.params.iter().map(|(n, v)| (n.as_str(), v));
-        s.record_variables(params, ".updated", TensorKind::Weight, Some(Phase::Update))
+        s.record_variables_later(params, ".updated", TensorKind::Weight, Some(Phase::Update))
     }
 }
 
@@ -220,7 +227,7 @@ impl ModelRecorder {
         for (name, tensor) in inputs {
             s.record(name, TensorKind::Input, tensor)?;
         }
-        self.capture.record_parameters(&mut s)?;
+        self.capture.record_parameters(&mut s);
         self.capture.record_graph(&mut s, loss, "loss", TensorKind::Loss);
         self.capture.record_gradients(&mut s, grads)?;
         Ok(CapturedStep { step: s, capture: &self.capture })
@@ -233,7 +240,7 @@ impl ModelRecorder {
         for (name, tensor) in inputs {
             s.record(name, TensorKind::Input, tensor)?;
         }
-        self.capture.record_parameters(&mut s)?;
+        self.capture.record_parameters(&mut s);
         self.capture.record_graph(&mut s, logits, "logits", TensorKind::Prediction);
         s.finish()
     }

@@ -27,7 +27,7 @@ use super::probe::{Probe, ProbedGradients};
 use super::profile;
 use super::step_records::{Described, StepRecords};
 use super::tensor_bytes::{DeviceRead, DeviceResult};
-use super::worker::{BackgroundParts, Worker};
+use super::worker::{BackgroundParts, Pending, Worker};
 use crate::hash::{combine, tensor_hash};
 use crate::trace::{
     CapturePolicy, Distributed, Header, Phase, RunConfig, StepCheck, StepTensor, StepVerdict, TensorKind, TraceWriter,
@@ -36,6 +36,7 @@ use crate::trace::{
 use candle_core::{Device, Tensor, Var};
 use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::path::Path;
+use std::sync::Arc;
 
 /// The environment variable through which `repro gate -- CMD` tells a program where to record.
 pub const TRACE_DIR_ENV: &str = "REPRO_TRACE_DIR";
@@ -65,7 +66,13 @@ pub struct Recorder {
     /// does), so that the host may queue that many steps ahead of the device, as it does
     /// unrecorded, instead of waiting for the device at every step. A step with nothing on a
     /// GPU is completed when it finishes.
-    unread: VecDeque<UnreadStep>,
+    unread: VecDeque<FinishedStep>,
+    /// Whether a step's last recording work (merging the worker's parts, launching the reads)
+    /// runs on the worker thread: on a GPU, where it is launches, and unless comparing online.
+    finish_on_worker: bool,
+    /// Whether the worker may still be running an earlier step's finish: the next wait of a
+    /// step with no work of its own there waits for it.
+    worker_behind: bool,
     /// Runs recording work off the training thread (`StepRecorder::record_in_background`);
     /// started by the first such job.
     worker: Option<Worker>,
@@ -171,6 +178,7 @@ impl Recorder {
         let writer = TraceWriter::create(dir.as_ref(), &header, replace)?;
         let mut recorder = Self::discard_with(capture, total_steps);
         recorder.writer = Some(BackgroundWriter::spawn(writer));
+        recorder.finish_on_worker = device.is_cuda();
         Ok(recorder)
     }
 
@@ -209,6 +217,8 @@ impl Recorder {
             on_step: None,
             full_steps: None,
             unread: VecDeque::new(),
+            finish_on_worker: false,
+            worker_behind: false,
             worker: None,
             selected: None,
         }
@@ -341,7 +351,15 @@ impl Drop for Recorder {
     }
 }
 
-/// A finished step waiting for its GPU results (see `Recorder::unread`).
+/// A finished step on its way to the trace (see `Recorder::unread`).
+enum FinishedStep {
+    /// Its records are whole; its GPU results may still be on their way.
+    Read(UnreadStep),
+    /// Its last recording work runs on the worker thread (`Recorder::finish_on_worker`).
+    OnWorker(Pending<UnreadStep>),
+}
+
+/// A finished step waiting for its GPU results.
 struct UnreadStep {
     step: u64,
     full: bool,
@@ -421,6 +439,41 @@ impl StepRecorder<'_> {
         self.read_now()
     }
 
+    /// `record_variables` on the recorder's worker thread, while this thread goes on: the
+    /// variables must not change before the step's next `wait_for_background`, `read_now` or
+    /// `finish` (`ModelCapture::record_gradients` waits, before the optimizer's step).
+    pub(crate) fn record_variables_in_background(
+        &mut self,
+        vars: Arc<[(String, Var)]>,
+        kind: TensorKind,
+        phase: Option<Phase>,
+    ) {
+        self.record_in_background(move |records| {
+            for (name, var) in vars.iter() {
+                let what = Described { name: name.clone(), kind, phase, inputs: &[], node: None, collective: None };
+                records.push(what, var.as_tensor(), false)?;
+            }
+            Ok(())
+        })
+    }
+
+    /// Records variables, each as `NAME{suffix}`, read with the step's next read (on a GPU,
+    /// when the step finishes): they must not change before a later step's first
+    /// `wait_for_background` or `read_now`. For parameters after the optimizer's step, which
+    /// nothing changes before the next step's.
+    pub(crate) fn record_variables_later<'v>(
+        &mut self,
+        vars: impl IntoIterator<Item = (&'v str, &'v Var)>,
+        suffix: &str,
+        kind: TensorKind,
+        phase: Option<Phase>,
+    ) -> Result<(), RecordError> {
+        for (name, var) in vars {
+            self.push(&format!("{name}{suffix}"), kind, phase, &[], None, None, var.as_tensor(), false)?;
+        }
+        Ok(())
+    }
+
     /// Starts reading, on the device, every tensor recorded so far in this step that has not
     /// been read yet, so that its memory may change right after this returns: waits for the
     /// step's work on the worker thread (a captured graph), then launches the reads still
@@ -470,7 +523,16 @@ impl StepRecorder<'_> {
     }
 
     /// Waits for the step's jobs on the worker thread and puts their records in their places.
+    /// The worker runs jobs in order, so once this step's own jobs are done, so are earlier
+    /// steps' finishes; a step without jobs of its own waits for those explicitly, since the
+    /// updated parameters they read may change once this returns.
     fn join_background(&mut self) -> Result<(), RecordError> {
+        if self.background.is_empty() && self.recorder.worker_behind {
+            if let Some(worker) = self.recorder.worker.as_mut() {
+                profile::time(profile::Phase::Join, || worker.run(|| Ok(())).wait())?;
+            }
+        }
+        self.recorder.worker_behind = false;
         self.background.merge_into(&mut self.records, &mut self.names, self.step)
     }
 
@@ -596,33 +658,61 @@ impl StepRecorder<'_> {
         if !self.is_recording() {
             return Ok(());
         }
+        let online = self.recorder.online.as_ref().is_some_and(|o| !o.diverged);
+        if self.recorder.finish_on_worker && !online {
+            // The step's parts are merged and its reads launched behind the jobs already
+            // queued there; the training thread goes on with the next step.
+            let StepRecorder { recorder, step, policy_full, mut records, mut names, mut background, .. } = self;
+            let worker = recorder.worker.get_or_insert_with(Worker::spawn);
+            let pending = worker.run(move || {
+                background.merge_into(&mut records, &mut names, step)?;
+                UnreadStep::start(step, policy_full, records)
+            });
+            recorder.worker_behind = true;
+            recorder.unread.push_back(FinishedStep::OnWorker(pending));
+            return recorder.complete_all_but(READ_BEHIND);
+        }
         self.join_background()?;
         let StepRecorder { recorder, step, policy_full, records, .. } = self;
-        let StepRecords { full, tensors, device, deferred, .. } = records;
-        let read = device.start_read()?;
-        let unread = UnreadStep { step, full, policy_full, tensors, deferred, read };
-        if recorder.online.as_ref().is_some_and(|o| !o.diverged) {
+        let unread = UnreadStep::start(step, policy_full, records)?;
+        if online {
             // Comparing online needs this step's hashes before the next step runs.
-            while let Some(previous) = recorder.unread.pop_front() {
-                recorder.complete(previous)?;
-            }
-            return recorder.complete(unread);
+            recorder.complete_all_but(0)?;
+            return recorder.complete(FinishedStep::Read(unread));
         }
         // Only GPU results are worth waiting for; a step recorded on the host is written now.
         let behind = if unread.read.is_pending() { READ_BEHIND } else { 0 };
-        recorder.unread.push_back(unread);
-        while recorder.unread.len() > behind {
-            let oldest = recorder.unread.pop_front().expect("the queue is longer than `behind`");
-            recorder.complete(oldest)?;
-        }
-        Ok(())
+        recorder.unread.push_back(FinishedStep::Read(unread));
+        recorder.complete_all_but(behind)
+    }
+}
+
+impl UnreadStep {
+    /// Launches what `records` still queues on the device and starts reading its results.
+    fn start(step: u64, policy_full: bool, records: StepRecords) -> Result<UnreadStep, RecordError> {
+        let StepRecords { full, tensors, device, deferred, .. } = records;
+        let read = device.start_read()?;
+        Ok(UnreadStep { step, full, policy_full, tensors, deferred, read })
     }
 }
 
 impl Recorder {
+    /// Completes the oldest finished steps until at most `behind` wait.
+    fn complete_all_but(&mut self, behind: usize) -> Result<(), RecordError> {
+        while self.unread.len() > behind {
+            let oldest = self.unread.pop_front().expect("the queue is longer than `behind`");
+            self.complete(oldest)?;
+        }
+        Ok(())
+    }
+
     /// Waits for a finished step's GPU results, fills in its records, reports it, and writes
     /// it (or, when comparing online, checks it first).
-    fn complete(&mut self, unread: UnreadStep) -> Result<(), RecordError> {
+    fn complete(&mut self, finished: FinishedStep) -> Result<(), RecordError> {
+        let unread = match finished {
+            FinishedStep::Read(unread) => unread,
+            FinishedStep::OnWorker(pending) => profile::time(profile::Phase::Resolve, || pending.wait())?,
+        };
         let UnreadStep { step, full, policy_full, mut tensors, deferred, read } = unread;
         let mut results = profile::time(profile::Phase::Resolve, || read.wait())?;
         let inline_max = self.capture.inline_max_bytes;
@@ -754,5 +844,117 @@ mod tests {
             seen.push(step.step);
         }
         assert_eq!(seen, [0, 3, 6]);
+    }
+
+    /// A CPU recorder whose steps finish on the worker thread, as a GPU recorder's do.
+    fn finishing_on_worker(dir: &Path) -> Recorder {
+        let mut recorder = Recorder::create(dir, RunConfig::default(), &Device::Cpu, CapturePolicy::default()).unwrap();
+        recorder.finish_on_worker = true;
+        recorder
+    }
+
+    /// The names and hashes of every step of the trace in `dir`.
+    fn steps_of(dir: &Path) -> Vec<(u64, Vec<(String, String)>)> {
+        let mut reader = crate::trace::TraceReader::open(dir).unwrap();
+        let mut steps = Vec::new();
+        while let Some(step) = reader.next_step().unwrap() {
+            let tensors = step.tensors.into_iter().map(|t| (t.name, t.hash.to_string())).collect();
+            steps.push((step.step, tensors));
+        }
+        steps
+    }
+
+    #[test]
+    fn steps_finished_on_the_worker_write_the_same_trace() {
+        use crate::capture::ModelCapture;
+        use candle_core::{DType, Module};
+        let dir = tempfile::tempdir().unwrap();
+        let mut traces = Vec::new();
+        for on_worker in [false, true] {
+            let weight =
+                Var::from_tensor(&Tensor::new(&[[0.5f32, -1.0, 0.25], [2.0, 0.125, -0.75]], &Device::Cpu).unwrap())
+                    .unwrap();
+            let bias = Var::zeros(2, DType::F32, &Device::Cpu).unwrap();
+            let model = candle_nn::Linear::new(weight.as_tensor().clone(), Some(bias.as_tensor().clone()));
+            let capture =
+                ModelCapture::from_vars([("fc.weight".to_string(), weight.clone()), ("fc.bias".into(), bias.clone())]);
+            let mut opt = <candle_nn::SGD as candle_nn::Optimizer>::new(vec![weight, bias], 0.1).unwrap();
+            let path = dir.path().join(format!("{on_worker}"));
+            let mut recorder = finishing_on_worker(&path);
+            recorder.finish_on_worker = on_worker;
+            for step in 0..4 {
+                let x = Tensor::new(&[[step as f32, 1.0, -2.0]], &Device::Cpu).unwrap();
+                let mut s = recorder.step(step);
+                s.record("x", TensorKind::Input, &x).unwrap();
+                capture.record_parameters(&mut s);
+                let loss = model.forward(&x).unwrap().sqr().unwrap().sum_all().unwrap();
+                capture.record_graph(&mut s, &loss, "loss", TensorKind::Loss);
+                let grads = loss.backward().unwrap();
+                capture.record_gradients(&mut s, &grads).unwrap();
+                candle_nn::Optimizer::step(&mut opt, &grads).unwrap();
+                capture.record_updated(&mut s).unwrap();
+                s.finish().unwrap();
+            }
+            assert_eq!(recorder.finish().unwrap(), 4);
+            traces.push(steps_of(&path));
+        }
+        assert_eq!(traces[0].len(), 4);
+        assert!(traces[0][0].1.iter().any(|(name, _)| name == "fc.weight.updated"), "{:?}", traces[0][0]);
+        assert_eq!(traces[0], traces[1]);
+    }
+
+    /// The worker runs jobs in order, so a step's own jobs finishing means earlier steps'
+    /// finishes have too; a step with no job of its own must still wait for them before it
+    /// lets the caller change what they read.
+    #[test]
+    fn a_wait_in_a_step_without_jobs_waits_for_the_earlier_finish_on_the_worker() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let dir = tempfile::tempdir().unwrap();
+        let mut recorder = finishing_on_worker(&dir.path().join("t"));
+        let read = Arc::new(AtomicBool::new(false));
+        let mut s = recorder.step(0);
+        let flag = read.clone();
+        s.record_in_background(move |_| {
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            flag.store(true, Ordering::SeqCst);
+            Ok(())
+        });
+        s.finish().unwrap();
+        let mut s = recorder.step(1);
+        s.wait_for_background().unwrap();
+        assert!(read.load(Ordering::SeqCst), "the wait returned before step 0's work on the worker ended");
+        s.finish().unwrap();
+        recorder.finish().unwrap();
+    }
+
+    /// An error found when a step finishes on the worker (a name recorded twice) comes with a
+    /// later call, and the step is not written.
+    #[test]
+    fn an_error_of_a_step_finished_on_the_worker_comes_later_and_the_step_is_not_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t");
+        let mut recorder = finishing_on_worker(&path);
+        let x = Tensor::new(&[1f32], &Device::Cpu).unwrap();
+        let mut s = recorder.step(0);
+        s.record("x", TensorKind::Input, &x).unwrap();
+        s.finish().unwrap();
+        let mut s = recorder.step(1);
+        let twice = x.clone();
+        s.record("x", TensorKind::Input, &x).unwrap();
+        s.record_in_background(move |records| {
+            let what = Described {
+                name: "x".into(),
+                kind: TensorKind::Input,
+                phase: None,
+                inputs: &[],
+                node: None,
+                collective: None,
+            };
+            records.push(what, &twice, false)
+        });
+        s.finish().unwrap();
+        let err = recorder.finish().unwrap_err().to_string();
+        assert!(err.contains("`x` recorded twice in step 1"), "{err}");
+        assert_eq!(steps_of(&path).iter().map(|(step, _)| *step).collect::<Vec<_>>(), [0]);
     }
 }

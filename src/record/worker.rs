@@ -87,6 +87,11 @@ impl BackgroundParts {
         self.0.push((records.tensors.len(), pending));
     }
 
+    /// Whether no part is running or waiting to be merged.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
     /// Waits for every part and merges it into `records` at its place; a name that another
     /// record of step `step` (in `names`) has already is refused.
     pub(crate) fn merge_into(

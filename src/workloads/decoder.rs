@@ -349,7 +349,7 @@ impl DecoderConfig {
             let logits = model.forward(&prompts, 0)?;
             let mut s = recorder.step(step);
             s.record("prompts", TensorKind::Input, &prompts)?;
-            capture.record_parameters(&mut s)?;
+            capture.record_parameters(&mut s);
             capture.record_graph(&mut s, &logits, "logits", TensorKind::Prediction);
             s.finish()?;
             if step == 0 {

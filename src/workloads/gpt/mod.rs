@@ -294,10 +294,13 @@ impl GptConfig {
             let mut s = recorder.step(step);
             s.record("tokens", TensorKind::Input, &inputs)?;
             s.record("targets", TensorKind::Input, &targets)?;
-            capture.record_parameters(&mut s)?;
+            capture.record_parameters(&mut s);
             // A planted fault: the forward pass sees the parameter moved, the trace its true value.
             let planted = match perturb.filter(|p| p.step == step) {
                 Some(p) => {
+                    // The parameters are read on the recorder's worker thread: before changing
+                    // one, wait for that read.
+                    s.wait_for_background()?;
                     let (_, var) = capture.parameters().iter().find(|(n, _)| *n == p.tensor).expect("validated");
                     let original = var.as_tensor().copy()?;
                     var.set(&s.perturbed(&p.tensor, &original)?)?;
