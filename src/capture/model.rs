@@ -92,7 +92,8 @@ impl ModelCapture {
     pub fn record_graph(&self, s: &mut StepRecorder, root: &Tensor, root_name: &str, root_kind: TensorKind) {
         let spans = take_step();
         let (root, by_id, root_name) = (root.clone(), self.by_id.clone(), root_name.to_string());
-        s.record_in_background(move |records| {
+        // This thread holds the root, and with it every node, until the job's work is done.
+        s.record_in_background(Some(root.clone()), move |records| {
             let nodes = profile::time(profile::Phase::Graph, || named_graph(&root, &by_id, &spans, None))?;
             drop(root);
             // Checked before anything is recorded, so a refused graph leaves no partial step.

@@ -3,7 +3,11 @@
 //! 1. For every dtype, sizes around BLAKE3's 1024-byte chunk, and offset, transposed, broadcast
 //!    and permuted views, the hash computed on the GPU (all cases in one batch, and each alone)
 //!    must equal the one computed on the host.
-//! 2. Throughput of GPU hashing at 1 MiB, 64 MiB and 1 GiB, beside the device's memory bandwidth
+//! 2. Recording while the GPU lags far behind the host: a small gpt recorded with a queue of
+//!    long matrix products launched at the start of every step must give the same trace as
+//!    without, which holds only if the recorder's worker thread, whose launches go to a stream
+//!    of its own, orders its reads after the training thread's kernels and before its updates.
+//! 3. Throughput of GPU hashing at 1 MiB, 64 MiB and 1 GiB, beside the device's memory bandwidth
 //!    measured in the same run (a plain read kernel), as a table.
 
 use super::Exit;
@@ -23,7 +27,7 @@ pub struct GpuCheckArgs {
 pub fn run(args: GpuCheckArgs) -> Result<Exit, String> {
     let inner = || -> Result<usize, Box<dyn std::error::Error>> {
         let dev = repro::record::open_device(&args.device)?;
-        let failures = check(&dev)?;
+        let failures = check(&dev)? + check_lagging(&dev)?;
         bench(&dev)?;
         Ok(failures)
     };
@@ -83,6 +87,52 @@ fn check(dev: &Device) -> Result<usize, Box<dyn std::error::Error>> {
         cases.len()
     ));
     Ok(failures)
+}
+
+/// Records a small gpt twice, once with the GPU held about 20 ms behind the host at every step;
+/// returns the number of tensors whose hashes differ between the two traces.
+fn check_lagging(dev: &Device) -> Result<usize, Box<dyn std::error::Error>> {
+    use repro::record::Recorder;
+    use repro::trace::{CapturePolicy, FullCapture, TraceReader};
+    let config = repro::workloads::GptConfig { steps: 6, ..Default::default() };
+    let dir = tempfile::tempdir()?;
+    let capture = CapturePolicy { full: FullCapture::None, ..CapturePolicy::default() };
+    let mut traces = Vec::new();
+    for lag in [false, true] {
+        let path = dir.path().join(if lag { "lagging" } else { "steady" });
+        let mut recorder = Recorder::create(&path, config.run_config(), dev, capture.clone())?;
+        if lag {
+            // Asked at the start of every step, on the training thread: queues ~20 ms of work
+            // ahead of the step's own kernels.
+            let m = Tensor::ones((2048, 2048), DType::F32, dev)?;
+            recorder.record_only(move |_| {
+                for _ in 0..64 {
+                    let _ = m.matmul(&m);
+                }
+                true
+            });
+        }
+        config.run(dev, &mut recorder, None, None)?;
+        recorder.finish()?;
+        let mut reader = TraceReader::open(&path)?;
+        let mut hashes = Vec::new();
+        while let Some(step) = reader.next_step()? {
+            hashes.extend(step.tensors.into_iter().map(|t| (step.step, t.name, t.hash)));
+        }
+        traces.push(hashes);
+    }
+    let (steady, lagging) = (&traces[0], &traces[1]);
+    let mut differing = steady.iter().zip(lagging).filter(|(a, b)| a != b).count();
+    differing += steady.len().abs_diff(lagging.len());
+    if let Some((a, _)) = steady.iter().zip(lagging).find(|(a, b)| a != b) {
+        eprintln!("MISMATCH while the GPU lags: first at step {}, tensor `{}`", a.0, a.1);
+    }
+    super::output::line(&format!(
+        "Recording while the GPU lags behind the host: {} tensors of a {}-step gpt, {differing} differ from a steady run",
+        steady.len(),
+        config.steps
+    ));
+    Ok(differing)
 }
 
 fn median_seconds(

@@ -265,6 +265,11 @@ impl DeviceBatch {
         Ok(ticket)
     }
 
+    /// Clones of the tensors queued and not flushed yet.
+    pub fn queued(&self) -> Vec<Tensor> {
+        self.pending.iter().map(|(t, _)| t.clone()).collect()
+    }
+
     /// Tickets handed out so far: results flushed and tensors queued.
     pub fn tickets(&self) -> usize {
         self.flushed_results() + self.pending.len()
@@ -363,6 +368,27 @@ impl DeviceBatch {
     /// Flushes, copies every output to the host, and returns the results in ticket order.
     pub fn resolve(self) -> Result<Vec<Resolved>> {
         self.start_read()?.wait()
+    }
+}
+
+/// An event recorded on the calling thread's stream (candle's streams are per host thread:
+/// `CU_STREAM_PER_THREAD`), for another thread's stream to wait for.
+pub struct StreamMark {
+    stream: std::sync::Arc<CudaStream>,
+    event: CudaEvent,
+}
+
+impl StreamMark {
+    /// Records the mark on the calling thread's stream of `dev`.
+    pub fn here(dev: &CudaDevice) -> Result<StreamMark> {
+        let stream = dev.cuda_stream();
+        let event = stream.record_event(None).w()?;
+        Ok(StreamMark { stream, event })
+    }
+
+    /// Makes the calling thread's stream wait for the work before the mark.
+    pub fn wait_here(&self) -> Result<()> {
+        self.stream.wait(&self.event).w()
     }
 }
 

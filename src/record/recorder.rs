@@ -26,7 +26,7 @@ use super::perturb::Perturbation;
 use super::probe::{Probe, ProbedGradients};
 use super::profile;
 use super::step_records::{Described, StepRecords};
-use super::tensor_bytes::{DeviceRead, DeviceResult};
+use super::tensor_bytes::{DeviceRead, DeviceResult, StreamMark};
 use super::worker::{BackgroundParts, Pending, Worker};
 use crate::hash::{combine, tensor_hash};
 use crate::trace::{
@@ -78,6 +78,8 @@ pub struct Recorder {
     worker: Option<Worker>,
     /// Which steps are recorded (`Recorder::record_only`); every step when `None`.
     selected: Option<StepSelector>,
+    /// The device recorded from, whose streams the worker's jobs are ordered with.
+    device: Device,
 }
 
 /// Says, at the start of each step, whether that step is recorded.
@@ -179,6 +181,7 @@ impl Recorder {
         let mut recorder = Self::discard_with(capture, total_steps);
         recorder.writer = Some(BackgroundWriter::spawn(writer));
         recorder.finish_on_worker = device.is_cuda();
+        recorder.device = device.clone();
         Ok(recorder)
     }
 
@@ -221,6 +224,7 @@ impl Recorder {
             worker_behind: false,
             worker: None,
             selected: None,
+            device: Device::Cpu,
         }
     }
 
@@ -356,7 +360,12 @@ enum FinishedStep {
     /// Its records are whole; its GPU results may still be on their way.
     Read(UnreadStep),
     /// Its last recording work runs on the worker thread (`Recorder::finish_on_worker`).
-    OnWorker(Pending<UnreadStep>),
+    OnWorker {
+        pending: Pending<UnreadStep>,
+        /// The tensors that work reads, let go here once their results have arrived, so that
+        /// their memory is freed in the order of this thread's stream.
+        keep: Vec<Tensor>,
+    },
 }
 
 /// A finished step waiting for its GPU results.
@@ -448,7 +457,7 @@ impl StepRecorder<'_> {
         kind: TensorKind,
         phase: Option<Phase>,
     ) {
-        self.record_in_background(move |records| {
+        self.record_in_background(None, move |records| {
             for (name, var) in vars.iter() {
                 let what = Described { name: name.clone(), kind, phase, inputs: &[], node: None, collective: None };
                 records.push(what, var.as_tensor(), false)?;
@@ -511,6 +520,7 @@ impl StepRecorder<'_> {
     /// are queued.
     pub(crate) fn record_in_background(
         &mut self,
+        keep: Option<Tensor>,
         job: impl FnOnce(&mut StepRecords) -> Result<(), RecordError> + Send + 'static,
     ) {
         if !self.is_recording() {
@@ -518,7 +528,7 @@ impl StepRecorder<'_> {
         }
         profile::time(profile::Phase::Calls, || {
             let worker = self.recorder.worker.get_or_insert_with(Worker::spawn);
-            self.background.start(worker, &self.records, job);
+            self.background.start(worker, &self.records, &self.recorder.device, keep, job);
         })
     }
 
@@ -529,7 +539,8 @@ impl StepRecorder<'_> {
     fn join_background(&mut self) -> Result<(), RecordError> {
         if self.background.is_empty() && self.recorder.worker_behind {
             if let Some(worker) = self.recorder.worker.as_mut() {
-                profile::time(profile::Phase::Join, || worker.run(|| Ok(())).wait())?;
+                let device = &self.recorder.device;
+                profile::time(profile::Phase::Join, || BackgroundParts::wait_for_earlier(worker, device))?;
             }
         }
         self.recorder.worker_behind = false;
@@ -663,13 +674,18 @@ impl StepRecorder<'_> {
             // The step's parts are merged and its reads launched behind the jobs already
             // queued there; the training thread goes on with the next step.
             let StepRecorder { recorder, step, policy_full, mut records, mut names, mut background, .. } = self;
+            // The worker's reads come after this thread's work of the step (the optimizer's
+            // update), and the tensors they read are let go here.
+            let asked = StreamMark::here(&recorder.device)?;
+            let keep = records.device.queued_tensors();
             let worker = recorder.worker.get_or_insert_with(Worker::spawn);
             let pending = worker.run(move || {
+                asked.wait_here()?;
                 background.merge_into(&mut records, &mut names, step)?;
                 UnreadStep::start(step, policy_full, records)
             });
             recorder.worker_behind = true;
-            recorder.unread.push_back(FinishedStep::OnWorker(pending));
+            recorder.unread.push_back(FinishedStep::OnWorker { pending, keep });
             return recorder.complete_all_but(READ_BEHIND);
         }
         self.join_background()?;
@@ -711,10 +727,38 @@ impl Recorder {
     fn complete(&mut self, finished: FinishedStep) -> Result<(), RecordError> {
         let unread = match finished {
             FinishedStep::Read(unread) => unread,
-            FinishedStep::OnWorker(pending) => profile::time(profile::Phase::Resolve, || pending.wait())?,
+            FinishedStep::OnWorker { pending, keep } => {
+                let unread = profile::time(profile::Phase::Resolve, || pending.wait());
+                // A failed job wrote nothing but its own buffers, so `keep` may go with the error.
+                let unread = unread?;
+                let waited = profile::time(profile::Phase::Resolve, || unread.read.wait());
+                drop(keep);
+                return self.fill(
+                    unread.step,
+                    unread.full,
+                    unread.policy_full,
+                    unread.tensors,
+                    unread.deferred,
+                    waited?,
+                );
+            }
         };
-        let UnreadStep { step, full, policy_full, mut tensors, deferred, read } = unread;
-        let mut results = profile::time(profile::Phase::Resolve, || read.wait())?;
+        let UnreadStep { step, full, policy_full, tensors, deferred, read } = unread;
+        let results = profile::time(profile::Phase::Resolve, || read.wait())?;
+        self.fill(step, full, policy_full, tensors, deferred, results)
+    }
+
+    /// Fills a finished step's records with its device results, reports it, and writes it (or,
+    /// when comparing online, checks it first).
+    fn fill(
+        &mut self,
+        step: u64,
+        full: bool,
+        policy_full: bool,
+        mut tensors: Vec<StepTensor>,
+        deferred: Vec<(usize, usize)>,
+        mut results: Vec<DeviceResult>,
+    ) -> Result<(), RecordError> {
         let inline_max = self.capture.inline_max_bytes;
         for (index, ticket) in deferred {
             let t = &mut tensors[index];
@@ -914,7 +958,7 @@ mod tests {
         let read = Arc::new(AtomicBool::new(false));
         let mut s = recorder.step(0);
         let flag = read.clone();
-        s.record_in_background(move |_| {
+        s.record_in_background(None, move |_| {
             std::thread::sleep(std::time::Duration::from_millis(200));
             flag.store(true, Ordering::SeqCst);
             Ok(())
@@ -941,7 +985,7 @@ mod tests {
         let mut s = recorder.step(1);
         let twice = x.clone();
         s.record("x", TensorKind::Input, &x).unwrap();
-        s.record_in_background(move |records| {
+        s.record_in_background(None, move |records| {
             let what = Described {
                 name: "x".into(),
                 kind: TensorKind::Input,

@@ -99,6 +99,17 @@ impl DeviceQueue {
         Ok(0..0)
     }
 
+    /// The tensors queued and not yet read (clones): a thread that hands the queue to the
+    /// recorder's worker keeps these, so that the last reference to a tensor, whose drop frees
+    /// its memory on the dropping thread's stream, stays on its own thread (see `StreamMark`).
+    pub fn queued_tensors(&self) -> Vec<Tensor> {
+        #[cfg(feature = "cuda")]
+        if let Some(batch) = &self.batch {
+            return batch.queued();
+        }
+        Vec::new()
+    }
+
     /// Launches what is still queued and starts bringing every result to the host, without
     /// waiting for it (see `DeviceRead`).
     pub fn start_read(self) -> Result<DeviceRead, RecordError> {
@@ -108,6 +119,40 @@ impl DeviceQueue {
             return Ok(DeviceRead { read: Some(read) });
         }
         Ok(DeviceRead::default())
+    }
+}
+
+/// A point in the calling thread's stream of device work. candle gives every host thread a
+/// CUDA stream of its own (the per-thread default stream), so work the recorder's worker thread
+/// launches is not ordered after the training thread's by the order of the launches alone: a job
+/// on the worker first waits for the training thread's mark of the moment the job was asked
+/// for, and the training thread waits for the mark of the job's end before it launches anything
+/// that may change what the job reads. On a CPU a mark is nothing.
+#[derive(Default)]
+pub struct StreamMark {
+    #[cfg(feature = "cuda")]
+    mark: Option<crate::ops::cuda::StreamMark>,
+}
+
+impl StreamMark {
+    /// Marks the calling thread's stream on `device` now.
+    pub fn here(device: &Device) -> Result<StreamMark, RecordError> {
+        #[cfg(feature = "cuda")]
+        if let Device::Cuda(dev) = device {
+            return Ok(StreamMark { mark: Some(crate::ops::cuda::StreamMark::here(dev)?) });
+        }
+        let _ = device;
+        Ok(StreamMark::default())
+    }
+
+    /// Makes the calling thread's stream wait for the work before the mark: what it launches
+    /// next runs after that work.
+    pub fn wait_here(&self) -> Result<(), RecordError> {
+        #[cfg(feature = "cuda")]
+        if let Some(mark) = &self.mark {
+            mark.wait_here()?;
+        }
+        Ok(())
     }
 }
 

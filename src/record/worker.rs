@@ -3,10 +3,17 @@
 //! step. Each job fills a part of the step's records of its own, which comes back through a
 //! channel; the step waits for it (`StepRecorder::wait_for_background`, `read_now`, `finish`)
 //! and puts its records where the job was asked for, so jobs never outlive their step.
+//!
+//! On a GPU the worker's launches go to its own stream (candle's streams are per host thread),
+//! so each job is ordered after the training thread's work by a `StreamMark`, the training
+//! thread waits for the job's end mark before it goes on, and tensors are freed by the thread
+//! that launched their last use: a job keeps no last reference to a tensor training made.
 
 use super::error::RecordError;
 use super::profile;
 use super::step_records::StepRecords;
+use super::tensor_bytes::StreamMark;
+use candle_core::{Device, Tensor};
 use std::collections::HashSet;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::mpsc::{channel, sync_channel, Receiver, Sender};
@@ -64,27 +71,57 @@ impl Worker {
     }
 }
 
-/// Parts of one step recorded on the worker thread, each with the index its records take among
-/// the step's (where it was asked for), in the order they were asked for.
+/// A part's records (or why there are none), and the mark of the end of what its job launched.
+type Part = (Result<StepRecords, RecordError>, StreamMark);
+
+/// One part of a step on the worker thread.
+struct Started {
+    /// The index its records take among the step's (where it was asked for).
+    at: usize,
+    pending: Pending<Part>,
+    /// A tensor whose graph the job reads, held here until the job's end mark has been waited
+    /// for, so that the job never drops the last reference to one of its tensors.
+    keep: Option<Tensor>,
+}
+
+/// Parts of one step recorded on the worker thread, in the order they were asked for.
 #[derive(Default)]
-pub(crate) struct BackgroundParts(Vec<(usize, Pending<StepRecords>)>);
+pub(crate) struct BackgroundParts(Vec<Started>);
 
 impl BackgroundParts {
     /// Runs `job` on `worker` into a part of `records`' step, placed after what `records` holds
-    /// now; the job's device reads are launched when it ends.
+    /// now; the job's device reads are launched when it ends. On `device`, the job's work
+    /// comes after what this thread launched before the call; `keep` (the root of a graph the
+    /// job reads) stays alive here until the job's work is done.
     pub(crate) fn start(
         &mut self,
         worker: &mut Worker,
         records: &StepRecords,
+        device: &Device,
+        keep: Option<Tensor>,
         job: impl FnOnce(&mut StepRecords) -> Result<(), RecordError> + Send + 'static,
     ) {
         let mut part = records.part();
+        let asked = StreamMark::here(device);
+        let device = device.clone();
         let pending = worker.run(move || {
-            job(&mut part)?;
-            part.read_now()?;
-            Ok(part)
+            let outcome = asked.and_then(|asked| asked.wait_here()).and_then(|()| {
+                job(&mut part)?;
+                part.read_now()
+            });
+            // Marked whatever happened: the step waits for everything this job launched.
+            let done = StreamMark::here(&device)?;
+            Ok((outcome.map(|()| part), done))
         });
-        self.0.push((records.tensors.len(), pending));
+        self.0.push(Started { at: records.tensors.len(), pending, keep });
+    }
+
+    /// Waits, on this thread and on its stream, for everything the worker was given before
+    /// (the jobs of earlier steps).
+    pub(crate) fn wait_for_earlier(worker: &mut Worker, device: &Device) -> Result<(), RecordError> {
+        let device = device.clone();
+        let done = worker.run(move || StreamMark::here(&device)).wait()?;
+        done.wait_here()
     }
 
     /// Whether no part is running or waiting to be merged.
@@ -100,10 +137,20 @@ impl BackgroundParts {
         names: &mut HashSet<String>,
         step: u64,
     ) -> Result<(), RecordError> {
+        // Every part's work is waited for, even after an error, before its tensors are let go.
+        let parts: Vec<(usize, Result<StepRecords, RecordError>)> = std::mem::take(&mut self.0)
+            .into_iter()
+            .map(|Started { at, pending, keep }| {
+                let waited = profile::time(profile::Phase::Join, || pending.wait())
+                    .and_then(|(part, done)| done.wait_here().and(part));
+                drop(keep);
+                (at, waited)
+            })
+            .collect();
         // Each part goes where it was asked for, shifted by the parts merged before it.
         let mut inserted = 0;
-        for (at, pending) in std::mem::take(&mut self.0) {
-            let part = profile::time(profile::Phase::Join, || pending.wait())?;
+        for (at, part) in parts {
+            let part = part?;
             if let Some(t) = part.tensors.iter().find(|t| !names.insert(t.record.name.clone())) {
                 return Err(RecordError::Unsupported(format!(
                     "tensor `{}` recorded twice in step {step}",
