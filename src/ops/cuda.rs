@@ -1,5 +1,7 @@
 //! The CUDA side of repro's ops: kernels from `kernels/repro.cu`, compiled once per process
-//! with NVRTC and launched on candle's stream, so they order correctly with candle's own work.
+//! with NVRTC and launched on candle's stream of the calling thread, so they order correctly with
+//! the work that thread launched. candle's `Device::new_cuda` uses CUDA's per-thread default
+//! stream: work launched from another thread is not ordered with it (`StreamMark` orders it).
 
 use super::device_hash::{fits, Plan, Slot, View, Want};
 use super::Reductions;
@@ -237,8 +239,10 @@ pub struct DeviceBatch {
     /// Flushed: the kernels' output buffers, the slots of their tensors, and the page-locked
     /// buffers their tables were uploaded from (reusable once the step's copy has landed). The
     /// tensors themselves are let go once the kernels are queued: candle frees device memory
-    /// in stream order (`cuMemFreeAsync` on its one stream), so nothing can reuse it before
-    /// the kernels that read it have run.
+    /// in the order of the dropping thread's stream (`cuMemFreeAsync`), so nothing can reuse it
+    /// before the kernels that read it have run, provided every earlier use of it was on that
+    /// stream or ordered before it (the recorder's worker thread never drops the last
+    /// reference to a tensor the training thread made; see `record::worker`).
     flushed: Vec<(CudaSlice<u8>, Vec<Slot>, PinnedHostSlice<u64>)>,
 }
 
@@ -280,8 +284,9 @@ impl DeviceBatch {
         self.flushed.iter().map(|(_, slots, _)| slots.len()).sum()
     }
 
-    /// Launches the kernels over everything queued since the last flush, on candle's stream:
-    /// they read the tensors before anything launched later can change them.
+    /// Launches the kernels over everything queued since the last flush, on the calling
+    /// thread's stream: they read the tensors before anything launched later on it can change
+    /// them.
     pub fn flush(&mut self) -> Result<()> {
         if self.pending.is_empty() {
             return Ok(());
@@ -346,7 +351,7 @@ impl DeviceBatch {
     }
 
     /// Flushes, then queues the copy of every output to page-locked host memory behind the
-    /// kernels, on candle's stream, without waiting: `PendingRead::wait` waits for this step's
+    /// kernels, on the calling thread's stream, without waiting: `PendingRead::wait` waits for this step's
     /// work only, so the host can queue the next steps meanwhile. The output buffers are
     /// released at once, freed in stream order after the copy.
     pub fn start_read(mut self) -> Result<PendingRead> {

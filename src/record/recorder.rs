@@ -87,7 +87,8 @@ type StepSelector = Box<dyn FnMut(u64) -> bool>;
 
 /// How many finished steps may wait for their GPU results while training goes on. Each holds
 /// only its results' buffers (hashes, and values the capture policy keeps), never the graph's
-/// tensors, which are freed in stream order once the hashing kernels have read them.
+/// tensors, which are freed in stream order once the hashing kernels have read them (the
+/// tensors a step finished on the worker reads are held here until then).
 const READ_BEHIND: usize = 2;
 
 /// A progress display's hook, called after every recorded step.
