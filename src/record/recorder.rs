@@ -726,40 +726,17 @@ impl Recorder {
     /// Waits for a finished step's GPU results, fills in its records, reports it, and writes
     /// it (or, when comparing online, checks it first).
     fn complete(&mut self, finished: FinishedStep) -> Result<(), RecordError> {
-        let unread = match finished {
-            FinishedStep::Read(unread) => unread,
+        let (unread, keep) = match finished {
+            FinishedStep::Read(unread) => (unread, Vec::new()),
+            // A failed job wrote nothing but its own buffers, so `keep` may go with the error.
             FinishedStep::OnWorker { pending, keep } => {
-                let unread = profile::time(profile::Phase::Resolve, || pending.wait());
-                // A failed job wrote nothing but its own buffers, so `keep` may go with the error.
-                let unread = unread?;
-                let waited = profile::time(profile::Phase::Resolve, || unread.read.wait());
-                drop(keep);
-                return self.fill(
-                    unread.step,
-                    unread.full,
-                    unread.policy_full,
-                    unread.tensors,
-                    unread.deferred,
-                    waited?,
-                );
+                (profile::time(profile::Phase::Resolve, || pending.wait())?, keep)
             }
         };
-        let UnreadStep { step, full, policy_full, tensors, deferred, read } = unread;
-        let results = profile::time(profile::Phase::Resolve, || read.wait())?;
-        self.fill(step, full, policy_full, tensors, deferred, results)
-    }
-
-    /// Fills a finished step's records with its device results, reports it, and writes it (or,
-    /// when comparing online, checks it first).
-    fn fill(
-        &mut self,
-        step: u64,
-        full: bool,
-        policy_full: bool,
-        mut tensors: Vec<StepTensor>,
-        deferred: Vec<(usize, usize)>,
-        mut results: Vec<DeviceResult>,
-    ) -> Result<(), RecordError> {
+        let UnreadStep { step, full, policy_full, mut tensors, deferred, read } = unread;
+        let mut results = profile::time(profile::Phase::Resolve, || read.wait())?;
+        // The step's results have arrived: the tensors its reads used may go.
+        drop(keep);
         let inline_max = self.capture.inline_max_bytes;
         for (index, ticket) in deferred {
             let t = &mut tensors[index];
