@@ -21,6 +21,10 @@ pub(crate) enum Phase {
     Launch,
     /// Running the queued device work and reading its results back.
     Resolve,
+    /// Putting a step's device results into its records (hashing the values read back).
+    Fill,
+    /// Letting go of the tensors a step's device reads used, once its results have arrived.
+    Release,
     /// Validating, encoding and writing a step's records and payloads.
     Write,
     /// The training thread waiting for the step's work on the recorder's worker thread.
@@ -30,17 +34,19 @@ pub(crate) enum Phase {
     Calls,
 }
 
-const PHASES: [(Phase, &str); 7] = [
+const PHASES: [(Phase, &str); 9] = [
     (Phase::Graph, "graph walk"),
     (Phase::Queue, "queue"),
     (Phase::Launch, "launch"),
     (Phase::Resolve, "device resolve"),
+    (Phase::Fill, "fill"),
+    (Phase::Release, "release"),
     (Phase::Write, "write"),
     (Phase::Join, "waiting for the worker"),
     (Phase::Calls, "training thread in recording calls (all of its phases)"),
 ];
 
-static NANOS: [AtomicU64; 7] = [const { AtomicU64::new(0) }; 7];
+static NANOS: [AtomicU64; 9] = [const { AtomicU64::new(0) }; 9];
 
 fn enabled() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
