@@ -449,8 +449,7 @@ impl StepRecorder<'_> {
         self.read_now()
     }
 
-    /// `record_variables` on the recorder's worker thread, with the next job asked for at the
-    /// same place (a graph's) or at the step's next wait, while this thread goes on: the
+    /// `record_variables` on the recorder's worker thread, while this thread goes on: the
     /// variables must not change before the step's next `wait_for_background`, `read_now` or
     /// `finish` (`ModelCapture::record_gradients` waits, before the optimizer's step).
     pub(crate) fn record_variables_in_background(
@@ -459,8 +458,7 @@ impl StepRecorder<'_> {
         kind: TensorKind,
         phase: Option<Phase>,
     ) {
-        // Held for the graph's job, if one comes next: one flush of the device's reads for both.
-        self.background_job(None, true, move |records| {
+        self.record_in_background(None, move |records| {
             for (name, var) in vars.iter() {
                 let what = Described { name: name.clone(), kind, phase, inputs: &[], node: None, collective: None };
                 records.push(what, var.as_tensor(), false)?;
@@ -526,31 +524,13 @@ impl StepRecorder<'_> {
         keep: Option<Tensor>,
         job: impl FnOnce(&mut StepRecords) -> Result<(), RecordError> + Send + 'static,
     ) {
-        self.background_job(keep, false, job)
-    }
-
-    /// `record_in_background`; with `hold`, sent with the next job asked for at the same place
-    /// in the step, or with the step's next wait (see `BackgroundParts::start`).
-    fn background_job(
-        &mut self,
-        keep: Option<Tensor>,
-        hold: bool,
-        job: impl FnOnce(&mut StepRecords) -> Result<(), RecordError> + Send + 'static,
-    ) {
         if !self.is_recording() {
             return;
         }
         profile::time(profile::Phase::Calls, || {
             let worker = self.recorder.worker.get_or_insert_with(Worker::spawn);
-            self.background.start(worker, &self.records, &self.recorder.device, keep, hold, job);
+            self.background.start(worker, &self.records, &self.recorder.device, keep, job);
         })
-    }
-
-    /// Sends the jobs held back for a later one (see `background_job`).
-    fn send_held(&mut self) {
-        if let Some(worker) = self.recorder.worker.as_mut() {
-            self.background.send_held(worker, &self.recorder.device);
-        }
     }
 
     /// Waits for the step's jobs on the worker thread and puts their records in their places.
@@ -558,7 +538,6 @@ impl StepRecorder<'_> {
     /// steps' finishes; a step without jobs of its own waits for those explicitly, since the
     /// updated parameters they read may change once this returns.
     fn join_background(&mut self) -> Result<(), RecordError> {
-        self.send_held();
         if self.background.is_empty() && self.recorder.worker_behind {
             if let Some(worker) = self.recorder.worker.as_mut() {
                 let device = &self.recorder.device;
@@ -695,7 +674,6 @@ impl StepRecorder<'_> {
         if self.recorder.finish_on_worker && !online {
             // The step's parts are merged and its reads launched behind the jobs already
             // queued there; the training thread goes on with the next step.
-            self.send_held();
             let StepRecorder { recorder, step, policy_full, mut records, mut names, mut background, .. } = self;
             // The worker's reads come after this thread's work of the step (the optimizer's
             // update), and the tensors they read are let go here.
@@ -1002,47 +980,5 @@ mod tests {
         let err = recorder.finish().unwrap_err().to_string();
         assert!(err.contains("`x` recorded twice in step 1"), "{err}");
         assert_eq!(steps_of(&path).iter().map(|(step, _)| *step).collect::<Vec<_>>(), [0]);
-    }
-
-    /// A held job is not sent on its own: it goes with the next job asked for at the same
-    /// place (one part, one flush), or with the step's next wait, and its records keep their
-    /// place either way.
-    #[test]
-    fn held_jobs_go_with_the_next_job_or_the_next_wait() {
-        use std::sync::atomic::{AtomicBool, Ordering};
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("t");
-        let mut recorder = finishing_on_worker(&path);
-        let x = Tensor::new(&[1f32], &Device::Cpu).unwrap();
-        let job = |name: &'static str, ran: Arc<AtomicBool>| {
-            let x = x.clone();
-            move |records: &mut StepRecords| {
-                ran.store(true, Ordering::SeqCst);
-                let what = Described {
-                    name: name.into(),
-                    kind: TensorKind::Input,
-                    phase: None,
-                    inputs: &[],
-                    node: None,
-                    collective: None,
-                };
-                records.push(what, &x, false)
-            }
-        };
-        let flags: Vec<Arc<AtomicBool>> = (0..3).map(|_| Arc::new(AtomicBool::new(false))).collect();
-        let mut s = recorder.step(0);
-        s.background_job(None, true, job("a", flags[0].clone()));
-        std::thread::sleep(std::time::Duration::from_millis(50));
-        assert!(!flags[0].load(Ordering::SeqCst), "a held job is not sent on its own");
-        s.record_in_background(None, job("b", flags[1].clone()));
-        s.wait_for_background().unwrap();
-        assert!(flags[0].load(Ordering::SeqCst) && flags[1].load(Ordering::SeqCst));
-        s.background_job(None, true, job("c", flags[2].clone()));
-        s.record("x", TensorKind::Input, &x).unwrap();
-        s.finish().unwrap();
-        recorder.finish().unwrap();
-        assert!(flags[2].load(Ordering::SeqCst), "the step's end sends what is held");
-        let names: Vec<String> = steps_of(&path)[0].1.iter().map(|(name, _)| name.clone()).collect();
-        assert_eq!(names, ["a", "b", "c", "x"]);
     }
 }

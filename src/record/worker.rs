@@ -74,83 +74,46 @@ impl Worker {
 /// A part's records (or why there are none), and the mark of the end of what its job launched.
 type Part = (Result<StepRecords, RecordError>, StreamMark);
 
-/// Work for a part of a step.
-type PartJob = Box<dyn FnOnce(&mut StepRecords) -> Result<(), RecordError> + Send>;
-
 /// One part of a step on the worker thread.
 struct Started {
     /// The index its records take among the step's (where it was asked for).
     at: usize,
     pending: Pending<Part>,
-    /// Tensors whose graphs the job reads, held here until the job's end mark has been waited
+    /// A tensor whose graph the job reads, held here until the job's end mark has been waited
     /// for, so that the job never drops the last reference to one of its tensors.
-    keep: Vec<Tensor>,
-}
-
-/// Jobs held back to run as one part with the next (see `BackgroundParts::start`).
-struct Held {
-    at: usize,
-    part: StepRecords,
-    jobs: Vec<PartJob>,
-    keep: Vec<Tensor>,
+    keep: Option<Tensor>,
 }
 
 /// Parts of one step recorded on the worker thread, in the order they were asked for.
 #[derive(Default)]
-pub(crate) struct BackgroundParts {
-    started: Vec<Started>,
-    held: Option<Held>,
-}
+pub(crate) struct BackgroundParts(Vec<Started>);
 
 impl BackgroundParts {
     /// Runs `job` on `worker` into a part of `records`' step, placed after what `records` holds
-    /// now; the part's device reads are launched when its jobs end. On `device`, the part's
-    /// work comes after what this thread launched before it was sent; `keep` (the root of a
-    /// graph the job reads) stays alive here until that work is done. With `hold`, the job
-    /// waits to be sent with the next one asked for at the same place (one flush of the
-    /// device's reads for both: a model's parameters with its graph), or with the step's next
-    /// wait (`send_held`).
+    /// now; the job's device reads are launched when it ends. On `device`, the job's work
+    /// comes after what this thread launched before the call; `keep` (the root of a graph the
+    /// job reads) stays alive here until the job's work is done.
     pub(crate) fn start(
         &mut self,
         worker: &mut Worker,
         records: &StepRecords,
         device: &Device,
         keep: Option<Tensor>,
-        hold: bool,
         job: impl FnOnce(&mut StepRecords) -> Result<(), RecordError> + Send + 'static,
     ) {
-        let at = records.tensors.len();
-        if self.held.as_ref().is_some_and(|held| held.at != at) {
-            self.send_held(worker, device);
-        }
-        let held =
-            self.held.get_or_insert_with(|| Held { at, part: records.part(), jobs: Vec::new(), keep: Vec::new() });
-        held.jobs.push(Box::new(job));
-        held.keep.extend(keep);
-        if !hold {
-            self.send_held(worker, device);
-        }
-    }
-
-    /// Sends the jobs held back by `start`, as one part.
-    pub(crate) fn send_held(&mut self, worker: &mut Worker, device: &Device) {
-        let Some(Held { at, mut part, jobs, keep }) = self.held.take() else {
-            return;
-        };
+        let mut part = records.part();
         let asked = StreamMark::here(device);
         let device = device.clone();
         let pending = worker.run(move || {
             let outcome = asked.and_then(|asked| asked.wait_here()).and_then(|()| {
-                for job in jobs {
-                    job(&mut part)?;
-                }
+                job(&mut part)?;
                 part.read_now()
             });
             // Marked whatever happened: the step waits for everything this job launched.
             let done = StreamMark::here(&device)?;
             Ok((outcome.map(|()| part), done))
         });
-        self.started.push(Started { at, pending, keep });
+        self.0.push(Started { at: records.tensors.len(), pending, keep });
     }
 
     /// Waits, on this thread and on its stream, for everything the worker was given before
@@ -161,14 +124,13 @@ impl BackgroundParts {
         done.wait_here()
     }
 
-    /// Whether no part is held, running or waiting to be merged.
+    /// Whether no part is running or waiting to be merged.
     pub(crate) fn is_empty(&self) -> bool {
-        self.started.is_empty() && self.held.is_none()
+        self.0.is_empty()
     }
 
-    /// Waits for every part sent and merges it into `records` at its place; a name that
-    /// another record of step `step` (in `names`) has already is refused. Held jobs must have
-    /// been sent (`send_held`).
+    /// Waits for every part and merges it into `records` at its place; a name that another
+    /// record of step `step` (in `names`) has already is refused.
     pub(crate) fn merge_into(
         &mut self,
         records: &mut StepRecords,
@@ -176,8 +138,7 @@ impl BackgroundParts {
         step: u64,
     ) -> Result<(), RecordError> {
         // Every part's work is waited for, even after an error, before its tensors are let go.
-        debug_assert!(self.held.is_none(), "held jobs are sent before the step waits for them");
-        let parts: Vec<(usize, Result<StepRecords, RecordError>)> = std::mem::take(&mut self.started)
+        let parts: Vec<(usize, Result<StepRecords, RecordError>)> = std::mem::take(&mut self.0)
             .into_iter()
             .map(|Started { at, pending, keep }| {
                 let waited = profile::time(profile::Phase::Join, || pending.wait())
