@@ -1,9 +1,11 @@
 //! The trace writer on a thread of its own: while training computes the next step, the last
-//! one's records are validated, encoded and written (and its payload file synced). Steps reach
+//! one's records are completed from its device results, validated, encoded and written (and its
+//! payload file synced). Steps reach
 //! the trace in order; at most [`QUEUED_STEPS`] wait, which bounds the memory their values hold.
 //! A write that fails is reported by the next call (the next step, or `finish`), and nothing
 //! after it is written, so the trace stays a readable prefix of the run.
 
+use super::error::RecordError;
 use crate::trace::{StepTensor, TraceError, TraceWriter};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{sync_channel, SyncSender};
@@ -12,14 +14,18 @@ use std::thread::JoinHandle;
 /// Steps that may wait for the writer thread before `write` blocks.
 const QUEUED_STEPS: usize = 2;
 
-/// One step for the writer: its number, tensors, and parameters that received no gradient.
-type Job = (u64, Vec<StepTensor>, Vec<String>);
+/// Makes a step's records whole (waits for its device results and puts them in), on the writer
+/// thread.
+pub(crate) type StepFill = Box<dyn FnOnce() -> Result<Vec<StepTensor>, RecordError> + Send>;
+
+/// One step for the writer: its number, its records, and parameters that received no gradient.
+type Job = (u64, StepFill, Vec<String>);
 
 /// A `TraceWriter` fed through a bounded queue.
 pub(crate) struct BackgroundWriter {
     dir: PathBuf,
     queue: Option<SyncSender<Job>>,
-    thread: Option<JoinHandle<Result<TraceWriter, TraceError>>>,
+    thread: Option<JoinHandle<Result<TraceWriter, RecordError>>>,
 }
 
 impl BackgroundWriter {
@@ -31,8 +37,8 @@ impl BackgroundWriter {
             .name("repro-trace-writer".into())
             .spawn(move || {
                 let mut writer = writer;
-                for (step, tensors, no_gradient) in jobs {
-                    writer.write_step_with(step, tensors, no_gradient)?;
+                for (step, fill, no_gradient) in jobs {
+                    writer.write_step_with(step, fill()?, no_gradient)?;
                 }
                 Ok(writer)
             })
@@ -51,8 +57,19 @@ impl BackgroundWriter {
         step: u64,
         tensors: Vec<StepTensor>,
         no_gradient: Vec<String>,
-    ) -> Result<(), TraceError> {
-        let sent = self.queue.as_ref().map(|q| q.send((step, tensors, no_gradient)));
+    ) -> Result<(), RecordError> {
+        self.fill_and_write(step, Box::new(move || Ok(tensors)), no_gradient)
+    }
+
+    /// Queues a step whose records `fill` completes on the writer thread; returns the error of
+    /// an earlier step, if one failed.
+    pub(crate) fn fill_and_write(
+        &mut self,
+        step: u64,
+        fill: StepFill,
+        no_gradient: Vec<String>,
+    ) -> Result<(), RecordError> {
+        let sent = self.queue.as_ref().map(|q| q.send((step, fill, no_gradient)));
         match sent {
             Some(Ok(())) => Ok(()),
             // The thread stopped: a write failed.
@@ -62,11 +79,11 @@ impl BackgroundWriter {
 
     /// Waits for every queued step to be written and hands the writer back (to write the
     /// footer).
-    pub(crate) fn finish(mut self) -> Result<TraceWriter, TraceError> {
+    pub(crate) fn finish(mut self) -> Result<TraceWriter, RecordError> {
         self.join()
     }
 
-    fn join(&mut self) -> Result<TraceWriter, TraceError> {
+    fn join(&mut self) -> Result<TraceWriter, RecordError> {
         self.queue = None;
         match self.thread.take().map(JoinHandle::join) {
             Some(Ok(result)) => result,
@@ -74,7 +91,8 @@ impl BackgroundWriter {
             None => Err(TraceError::InvalidRecord {
                 path: self.dir.clone(),
                 reason: "the trace writer already stopped after an earlier error".into(),
-            }),
+            }
+            .into()),
         }
     }
 }

@@ -380,6 +380,50 @@ struct UnreadStep {
     read: DeviceRead,
 }
 
+/// Puts a finished step's device results (in ticket order) into its records: `deferred` pairs
+/// a record's index with its ticket.
+fn fill_records(
+    mut tensors: Vec<StepTensor>,
+    deferred: Vec<(usize, usize)>,
+    mut results: Vec<DeviceResult>,
+    full: bool,
+    inline_max: u64,
+) -> Vec<StepTensor> {
+    for (index, ticket) in deferred {
+        let t = &mut tensors[index];
+        let r = &mut t.record;
+        // Each ticket is read once: its bytes move into the record, uncopied.
+        match std::mem::replace(&mut results[ticket], DeviceResult::Bytes(Vec::new())) {
+            DeviceResult::DataHash(h) => r.hash = combine(r.dtype, &r.shape, &h),
+            DeviceResult::Bytes(bytes) => {
+                r.hash = tensor_hash(r.dtype, &r.shape, &bytes);
+                if bytes.len() as u64 <= inline_max {
+                    r.inline = Some(bytes);
+                } else if full {
+                    t.payload = Some(bytes);
+                }
+            }
+        }
+    }
+    tensors
+}
+
+/// Bytes of full values a step stores once `fill_records` has run: the payloads it has, and
+/// the values of every record waiting for device results that will be stored (a step storing
+/// full values reads them all back; those within `inline_max` are kept inline instead).
+fn payload_bytes(tensors: &[StepTensor], deferred: &[(usize, usize)], full: bool, inline_max: u64) -> u64 {
+    let stored: u64 = tensors.iter().filter_map(|t| t.payload.as_ref()).map(|p| p.len() as u64).sum();
+    let coming: u64 = deferred
+        .iter()
+        .map(|&(index, _)| {
+            let r = &tensors[index].record;
+            r.shape.iter().product::<u64>() * r.dtype.size_in_bytes() as u64
+        })
+        .filter(|&bytes| full && bytes > inline_max)
+        .sum();
+    stored + coming
+}
+
 /// Drops the full values the capture policy did not ask for (small inline values stay).
 fn strip(mut tensors: Vec<StepTensor>, policy_full: bool) -> Vec<StepTensor> {
     if !policy_full {
@@ -733,46 +777,37 @@ impl Recorder {
                 (profile::time(profile::Phase::Resolve, || pending.wait())?, keep)
             }
         };
-        let UnreadStep { step, full, policy_full, mut tensors, deferred, read } = unread;
-        let mut results = profile::time(profile::Phase::Resolve, || read.wait())?;
-        // The step's results have arrived: the tensors its reads used may go.
-        profile::time(profile::Phase::Release, || drop(keep));
+        let UnreadStep { step, full, policy_full, tensors, deferred, read } = unread;
         let inline_max = self.capture.inline_max_bytes;
-        profile::time(profile::Phase::Fill, || {
-            for (index, ticket) in deferred {
-                let t = &mut tensors[index];
-                let r = &mut t.record;
-                // Each ticket is read once: its bytes move into the record, uncopied.
-                match std::mem::replace(&mut results[ticket], DeviceResult::Bytes(Vec::new())) {
-                    DeviceResult::DataHash(h) => r.hash = combine(r.dtype, &r.shape, &h),
-                    DeviceResult::Bytes(bytes) => {
-                        r.hash = tensor_hash(r.dtype, &r.shape, &bytes);
-                        if bytes.len() as u64 <= inline_max {
-                            r.inline = Some(bytes);
-                        } else if full {
-                            t.payload = Some(bytes);
-                        }
-                    }
-                }
-            }
-        });
         if let Some(report) = self.on_step.as_mut() {
             let first = self.first_step.unwrap_or(step);
             let total = self.total_steps;
-            let payload_bytes = if policy_full {
-                tensors.iter().filter_map(|t| t.payload.as_ref()).map(|p| p.len() as u64).sum()
-            } else {
-                0
-            };
+            let payload_bytes = if policy_full { payload_bytes(&tensors, &deferred, full, inline_max) } else { 0 };
             let capture = &self.capture;
             let full_steps = *self.full_steps.get_or_insert_with(|| {
                 total.map(|n| (first..first + n).filter(|&s| capture.wants_full(s, first, total)).count() as u64)
             });
             report(&StepProgress { step, total_steps: total, payload_bytes, full_steps });
         }
-        let Some(online) = self.online.as_mut().filter(|o| !o.diverged) else {
-            return self.write(step, tensors);
+        let fill = move || -> Result<Vec<StepTensor>, RecordError> {
+            let results = profile::time(profile::Phase::Resolve, || read.wait())?;
+            // The step's results have arrived: the tensors its reads used may go.
+            profile::time(profile::Phase::Release, || drop(keep));
+            Ok(profile::time(profile::Phase::Fill, || fill_records(tensors, deferred, results, full, inline_max)))
         };
+        if self.online.as_ref().is_none_or(|o| o.diverged) {
+            // The writer thread waits for the results and fills the records in.
+            let no_gradient = self.no_gradient.remove(&step).unwrap_or_default();
+            return match &mut self.writer {
+                Some(writer) => {
+                    profile::time(profile::Phase::Write, || writer.fill_and_write(step, Box::new(fill), no_gradient))
+                }
+                None => Ok(()),
+            };
+        }
+        // Comparing online needs the step's records here.
+        let tensors = fill()?;
+        let online = self.online.as_mut().expect("comparing online");
         let verdict = match online.check.check_step(step, &tensors) {
             Ok(verdict) => verdict,
             Err(e) => {
@@ -980,5 +1015,50 @@ mod tests {
         let err = recorder.finish().unwrap_err().to_string();
         assert!(err.contains("`x` recorded twice in step 1"), "{err}");
         assert_eq!(steps_of(&path).iter().map(|(step, _)| *step).collect::<Vec<_>>(), [0]);
+    }
+
+    /// The progress display learns a step's stored bytes before the writer thread fills its
+    /// records in: the count made before must be what the fill stores.
+    #[test]
+    fn the_payload_counted_before_the_fill_is_the_payload_it_stores() {
+        use crate::trace::{dtype::DType, TensorRecord};
+        let record = |elements: u64| StepTensor {
+            record: TensorRecord {
+                name: format!("t{elements}"),
+                kind: TensorKind::OpOutput,
+                dtype: DType::F32,
+                shape: vec![elements],
+                hash: crate::hash::TensorHash([0; 32]),
+                inline: None,
+                in_payload: false,
+                phase: None,
+                inputs: Vec::new(),
+                node: None,
+                collective: None,
+            },
+            payload: None,
+        };
+        let sizes = [100u64, 128, 129, 300, 5000];
+        for full in [false, true] {
+            let tensors: Vec<StepTensor> = sizes.iter().map(|&n| record(n)).collect();
+            let deferred: Vec<(usize, usize)> = (0..sizes.len()).map(|i| (i, i)).collect();
+            // What a device read gives: values where the host keeps them, a hash otherwise.
+            let results = sizes
+                .iter()
+                .map(|&n| {
+                    let bytes = n as usize * 4;
+                    if full || bytes <= 512 {
+                        DeviceResult::Bytes(vec![0; bytes])
+                    } else {
+                        DeviceResult::DataHash([0; 32])
+                    }
+                })
+                .collect();
+            let counted = payload_bytes(&tensors, &deferred, full, 512);
+            let filled = fill_records(tensors, deferred, results, full, 512);
+            let stored: u64 = filled.iter().filter_map(|t| t.payload.as_ref()).map(|p| p.len() as u64).sum();
+            assert_eq!(counted, stored, "full: {full}");
+            assert_eq!(stored, if full { (129 + 300 + 5000) * 4 } else { 0 });
+        }
     }
 }
