@@ -6,8 +6,9 @@
 //!
 //! On a GPU the worker's launches go to its own stream (candle's streams are per host thread),
 //! so each job is ordered after the training thread's work by a `StreamMark`, the training
-//! thread waits for the job's end mark before it goes on, and tensors are freed by the thread
-//! that launched their last use: a job keeps no last reference to a tensor training made.
+//! thread waits for the job's end mark before it goes on, and a job never holds the last
+//! reference to a tensor training made (its memory would be freed on the worker's stream,
+//! unordered with training's last use of it).
 
 use super::error::RecordError;
 use super::profile;
