@@ -243,7 +243,18 @@ pub struct DeviceBatch {
     /// before the kernels that read it have run, provided every earlier use of it was on that
     /// stream or ordered before it (the recorder's worker thread never drops the last
     /// reference to a tensor the training thread made; see `record::worker`).
-    flushed: Vec<(CudaSlice<u8>, Vec<Slot>, PinnedHostSlice<u64>)>,
+    flushed: Vec<Flushed>,
+}
+
+/// One flush's device work, launched.
+struct Flushed {
+    /// Its one device allocation, whose first `out_len` bytes are the results.
+    arena: CudaSlice<u8>,
+    out_len: usize,
+    /// Where each view's result is among them.
+    slots: Vec<Slot>,
+    /// The page-locked buffer its table was uploaded from.
+    table: PinnedHostSlice<u64>,
 }
 
 impl DeviceBatch {
@@ -281,7 +292,7 @@ impl DeviceBatch {
 
     /// Results of the flushes so far.
     fn flushed_results(&self) -> usize {
-        self.flushed.iter().map(|(_, slots, _)| slots.len()).sum()
+        self.flushed.iter().map(|f| f.slots.len()).sum()
     }
 
     /// Launches the kernels over everything queued since the last flush, on the calling
@@ -303,14 +314,25 @@ impl DeviceBatch {
         let plan = Plan::new(&views).expect("every view fits after the contiguous copies above");
         let mut staged = PINNED_TABLES.take(&self.dev, plan.table.len().max(1))?;
         staged.as_mut_slice().w()?[..plan.table.len()].copy_from_slice(&plan.table);
-        // SAFETY: the copy below writes every element the kernels read.
-        let mut table = unsafe { self.dev.alloc::<u64>(staged.len()) }?;
+        // One device allocation per flush (each costs the driver an allocation, two events and
+        // their release): the output first (what the host copies back), then the table, then
+        // the tree's chaining values.
+        let out_bytes = plan.out_len.max(1).next_multiple_of(8);
+        let table_bytes = 8 * staged.len();
+        let node_bytes = 32 * plan.nodes as usize;
+        // SAFETY: the table is written by the copy below; the kernels write every output and
+        // chaining value they read.
+        let mut arena = unsafe { self.dev.alloc::<u8>(out_bytes + table_bytes + node_bytes.max(4)) }?;
+        let (mut out, mut rest) = arena.split_at_mut(out_bytes);
+        let (mut table, mut nodes) = rest.split_at_mut(table_bytes);
+        // SAFETY: the regions are 8-byte aligned (allocations are, and so are their offsets) and
+        // hold whole elements.
+        let mut table = unsafe { table.transmute_mut::<u64>(staged.len()) }.expect("the table's region");
+        let mut nodes = unsafe { nodes.transmute_mut::<u32>(node_bytes.max(4) / 4) }.expect("the nodes' region");
         stream.memcpy_htod(&staged, &mut table).w()?;
         let kernels = HashKernels::of(&self.dev)?;
-        let mut out: CudaSlice<u8> = unsafe { self.dev.alloc::<u8>(plan.out_len.max(1)) }?;
         let words = |r: &std::ops::Range<usize>| table.slice(r.clone());
         if let Some(chunks) = &plan.chunks {
-            let mut nodes: CudaSlice<u32> = unsafe { self.dev.alloc::<u32>(8 * plan.nodes as usize) }?;
             let (views, prefix) = (words(&chunks.views), words(&chunks.prefix));
             let mut b = stream.launch_builder(&kernels.chunks);
             b.arg(&views).arg(&prefix).arg(&chunks.count).arg(&mut nodes);
@@ -322,6 +344,7 @@ impl DeviceBatch {
                 unsafe { b.launch(grid(level.outputs, 128)) }.w()?;
             }
             let (roots, count) = (words(&plan.roots), plan.roots.len() as u64);
+            let nodes = nodes.slice(..);
             let mut b = stream.launch_builder(&kernels.roots);
             b.arg(&roots).arg(&count).arg(&nodes).arg(&mut out);
             unsafe { b.launch(grid(count, 128)) }.w()?;
@@ -332,7 +355,7 @@ impl DeviceBatch {
             b.arg(&views).arg(&prefix).arg(&out_at).arg(&copy.count).arg(&mut out);
             unsafe { b.launch(grid(copy.items, 256)) }.w()?;
         }
-        self.flushed.push((out, plan.slots, staged));
+        self.flushed.push(Flushed { arena, out_len: plan.out_len, slots: plan.slots, table: staged });
         // The tensors are let go here; see `flushed`.
         drop(views);
         drop(tensors);
@@ -358,7 +381,8 @@ impl DeviceBatch {
         self.flush()?;
         let stream = self.dev.cuda_stream();
         let mut copies = Vec::with_capacity(self.flushed.len());
-        for (out, slots, table) in self.flushed {
+        for Flushed { arena, out_len, slots, table } in self.flushed {
+            let out = arena.slice(..out_len.max(1));
             let mut host = PINNED_RESULTS.take(&self.dev, out.len())?;
             stream.memcpy_dtoh(&out, &mut host).w()?;
             copies.push(PendingCopy { host, slots, table });
@@ -366,7 +390,7 @@ impl DeviceBatch {
         // Our own event: a page-locked buffer's own event is recorded only when cudarc manages
         // synchronization between several streams, and candle runs one, so waiting on that
         // returns at once, before the copy has landed.
-        let landed = stream.record_event(None).w()?;
+        let landed = PooledEvent::recorded(&self.dev, &stream)?;
         Ok(PendingRead { ordinal: self.dev.id(), copies, landed })
     }
 
@@ -380,20 +404,66 @@ impl DeviceBatch {
 /// `CU_STREAM_PER_THREAD`), for another thread's stream to wait for.
 pub struct StreamMark {
     stream: std::sync::Arc<CudaStream>,
-    event: CudaEvent,
+    event: PooledEvent,
 }
 
 impl StreamMark {
     /// Records the mark on the calling thread's stream of `dev`.
     pub fn here(dev: &CudaDevice) -> Result<StreamMark> {
         let stream = dev.cuda_stream();
-        let event = stream.record_event(None).w()?;
+        let event = PooledEvent::recorded(dev, &stream)?;
         Ok(StreamMark { stream, event })
     }
 
     /// Makes the calling thread's stream wait for the work before the mark.
     pub fn wait_here(&self) -> Result<()> {
-        self.stream.wait(&self.event).w()
+        self.stream.wait(self.event.get()).w()
+    }
+}
+
+/// A CUDA event from a pool kept for reuse (creating and destroying one are two driver calls,
+/// and a recorded step marks several points): recorded anew when taken, and given back when
+/// dropped. Recording it again does not change what an earlier wait on it waits for.
+struct PooledEvent {
+    ordinal: candle_core::cuda_backend::DeviceId,
+    event: Option<CudaEvent>,
+}
+
+/// Free events kept for reuse, by device.
+static EVENTS: std::sync::Mutex<Vec<(candle_core::cuda_backend::DeviceId, CudaEvent)>> =
+    std::sync::Mutex::new(Vec::new());
+
+/// Free events kept, at most.
+const EVENTS_KEPT: usize = 64;
+
+impl PooledEvent {
+    /// A free event of `dev` (or a new one), recorded on `stream`.
+    fn recorded(dev: &CudaDevice, stream: &CudaStream) -> Result<PooledEvent> {
+        let ordinal = dev.id();
+        let free = EVENTS.lock().ok().and_then(|mut pool| {
+            let i = pool.iter().rposition(|(id, _)| *id == ordinal)?;
+            Some(pool.swap_remove(i).1)
+        });
+        let event = match free {
+            Some(event) => event,
+            None => stream.context().new_event(None).w()?,
+        };
+        event.record(stream).w()?;
+        Ok(PooledEvent { ordinal, event: Some(event) })
+    }
+
+    fn get(&self) -> &CudaEvent {
+        self.event.as_ref().expect("an event until dropped")
+    }
+}
+
+impl Drop for PooledEvent {
+    fn drop(&mut self) {
+        if let (Some(event), Ok(mut pool)) = (self.event.take(), EVENTS.lock()) {
+            if pool.len() < EVENTS_KEPT {
+                pool.push((self.ordinal, event));
+            }
+        }
     }
 }
 
@@ -443,14 +513,14 @@ pub struct PendingRead {
     ordinal: candle_core::cuda_backend::DeviceId,
     copies: Vec<PendingCopy>,
     /// Recorded on the stream behind the copies.
-    landed: CudaEvent,
+    landed: PooledEvent,
 }
 
 impl PendingRead {
     /// Waits for the copies (that is, for the step's work, not for anything queued after it)
     /// and returns the results in ticket order.
     pub fn wait(self) -> Result<Vec<Resolved>> {
-        self.landed.synchronize().w()?;
+        self.landed.get().synchronize().w()?;
         let mut results = Vec::new();
         for copy in self.copies {
             let host = copy.host.as_slice().w()?;
