@@ -4,6 +4,7 @@
 mod background;
 mod environment;
 mod error;
+mod fill;
 mod perturb;
 mod probe;
 pub(crate) mod profile;

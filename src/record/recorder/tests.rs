@@ -1,0 +1,168 @@
+//! The recorder's unit tests: steps recorded, skipped, finished on the worker, and in order.
+
+use super::*;
+use std::cell::RefCell;
+use std::rc::Rc;
+
+/// Steps recorded on the host have nothing to wait for: each is reported (and handed to
+/// the writer) when it finishes, not held back like a GPU step, so a crash loses no
+/// finished step.
+#[test]
+fn a_host_step_is_completed_when_it_finishes() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut recorder =
+        Recorder::create(dir.path().join("t"), RunConfig::default(), &Device::Cpu, CapturePolicy::default()).unwrap();
+    let seen = Rc::new(RefCell::new(Vec::new()));
+    let log = seen.clone();
+    recorder.on_step(move |p| log.borrow_mut().push(p.step));
+    for step in 0..3 {
+        let mut s = recorder.step(step);
+        s.record("x", TensorKind::Input, &Tensor::new(&[step as f32], &Device::Cpu).unwrap()).unwrap();
+        s.finish().unwrap();
+        assert_eq!(*seen.borrow(), (0..=step).collect::<Vec<_>>(), "step {step} reported at its finish");
+    }
+    assert_eq!(recorder.finish().unwrap(), 3);
+}
+
+/// Steps that `record_only` leaves out cost nothing and leave nothing behind: not in the
+/// trace, not numbered, no note of theirs kept for a later step.
+#[test]
+fn steps_left_out_are_neither_recorded_nor_remembered() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut recorder =
+        Recorder::create(dir.path().join("t"), RunConfig::default(), &Device::Cpu, CapturePolicy::default()).unwrap();
+    let asked = Rc::new(RefCell::new(Vec::new()));
+    let log = asked.clone();
+    recorder.record_only(move |step| {
+        log.borrow_mut().push(step);
+        step % 3 == 0
+    });
+    for step in 0..7 {
+        let mut s = recorder.step(step);
+        assert_eq!(s.is_recording(), step % 3 == 0);
+        s.record("x", TensorKind::Input, &Tensor::new(&[step as f32], &Device::Cpu).unwrap()).unwrap();
+        s.note_no_gradient([format!("w{step}")]);
+        s.finish().unwrap();
+    }
+    assert_eq!(recorder.finish().unwrap(), 3);
+    assert_eq!(*asked.borrow(), (0..7).collect::<Vec<_>>(), "asked once per step, in order");
+    let mut reader = crate::trace::TraceReader::open(dir.path().join("t")).unwrap();
+    let mut seen = Vec::new();
+    while let Some(step) = reader.next_step().unwrap() {
+        assert_eq!(step.no_gradient, [format!("w{}", step.step)], "only the step's own note");
+        seen.push(step.step);
+    }
+    assert_eq!(seen, [0, 3, 6]);
+}
+
+/// A CPU recorder whose steps finish on the worker thread, as a GPU recorder's do.
+fn finishing_on_worker(dir: &Path) -> Recorder {
+    let mut recorder = Recorder::create(dir, RunConfig::default(), &Device::Cpu, CapturePolicy::default()).unwrap();
+    recorder.finish_on_worker = true;
+    recorder
+}
+
+/// The names and hashes of every step of the trace in `dir`.
+fn steps_of(dir: &Path) -> Vec<(u64, Vec<(String, String)>)> {
+    let mut reader = crate::trace::TraceReader::open(dir).unwrap();
+    let mut steps = Vec::new();
+    while let Some(step) = reader.next_step().unwrap() {
+        let tensors = step.tensors.into_iter().map(|t| (t.name, t.hash.to_string())).collect();
+        steps.push((step.step, tensors));
+    }
+    steps
+}
+
+#[test]
+fn steps_finished_on_the_worker_write_the_same_trace() {
+    use crate::capture::ModelCapture;
+    use candle_core::{DType, Module};
+    let dir = tempfile::tempdir().unwrap();
+    let mut traces = Vec::new();
+    for on_worker in [false, true] {
+        let weight =
+            Var::from_tensor(&Tensor::new(&[[0.5f32, -1.0, 0.25], [2.0, 0.125, -0.75]], &Device::Cpu).unwrap())
+                .unwrap();
+        let bias = Var::zeros(2, DType::F32, &Device::Cpu).unwrap();
+        let model = candle_nn::Linear::new(weight.as_tensor().clone(), Some(bias.as_tensor().clone()));
+        let capture =
+            ModelCapture::from_vars([("fc.weight".to_string(), weight.clone()), ("fc.bias".into(), bias.clone())]);
+        let mut opt = <candle_nn::SGD as candle_nn::Optimizer>::new(vec![weight, bias], 0.1).unwrap();
+        let path = dir.path().join(format!("{on_worker}"));
+        let mut recorder = finishing_on_worker(&path);
+        recorder.finish_on_worker = on_worker;
+        for step in 0..4 {
+            let x = Tensor::new(&[[step as f32, 1.0, -2.0]], &Device::Cpu).unwrap();
+            let mut s = recorder.step(step);
+            s.record("x", TensorKind::Input, &x).unwrap();
+            capture.record_parameters(&mut s);
+            let loss = model.forward(&x).unwrap().sqr().unwrap().sum_all().unwrap();
+            capture.record_graph(&mut s, &loss, "loss", TensorKind::Loss);
+            let grads = loss.backward().unwrap();
+            capture.record_gradients(&mut s, &grads).unwrap();
+            candle_nn::Optimizer::step(&mut opt, &grads).unwrap();
+            capture.record_updated(&mut s).unwrap();
+            s.finish().unwrap();
+        }
+        assert_eq!(recorder.finish().unwrap(), 4);
+        traces.push(steps_of(&path));
+    }
+    assert_eq!(traces[0].len(), 4);
+    assert!(traces[0][0].1.iter().any(|(name, _)| name == "fc.weight.updated"), "{:?}", traces[0][0]);
+    assert_eq!(traces[0], traces[1]);
+}
+
+/// The worker runs jobs in order, so a step's own jobs finishing means earlier steps'
+/// finishes have too; a step with no job of its own must still wait for them before it
+/// lets the caller change what they read.
+#[test]
+fn a_wait_in_a_step_without_jobs_waits_for_the_earlier_finish_on_the_worker() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let dir = tempfile::tempdir().unwrap();
+    let mut recorder = finishing_on_worker(&dir.path().join("t"));
+    let read = Arc::new(AtomicBool::new(false));
+    let mut s = recorder.step(0);
+    let flag = read.clone();
+    s.record_in_background(None, move |_| {
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        flag.store(true, Ordering::SeqCst);
+        Ok(())
+    });
+    s.finish().unwrap();
+    let mut s = recorder.step(1);
+    s.wait_for_background().unwrap();
+    assert!(read.load(Ordering::SeqCst), "the wait returned before step 0's work on the worker ended");
+    s.finish().unwrap();
+    recorder.finish().unwrap();
+}
+
+/// An error found when a step finishes on the worker (a name recorded twice) comes with a
+/// later call, and the step is not written.
+#[test]
+fn an_error_of_a_step_finished_on_the_worker_comes_later_and_the_step_is_not_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t");
+    let mut recorder = finishing_on_worker(&path);
+    let x = Tensor::new(&[1f32], &Device::Cpu).unwrap();
+    let mut s = recorder.step(0);
+    s.record("x", TensorKind::Input, &x).unwrap();
+    s.finish().unwrap();
+    let mut s = recorder.step(1);
+    let twice = x.clone();
+    s.record("x", TensorKind::Input, &x).unwrap();
+    s.record_in_background(None, move |records| {
+        let what = Described {
+            name: "x".into(),
+            kind: TensorKind::Input,
+            phase: None,
+            inputs: &[],
+            node: None,
+            collective: None,
+        };
+        records.push(what, &twice, false)
+    });
+    s.finish().unwrap();
+    let err = recorder.finish().unwrap_err().to_string();
+    assert!(err.contains("`x` recorded twice in step 1"), "{err}");
+    assert_eq!(steps_of(&path).iter().map(|(step, _)| *step).collect::<Vec<_>>(), [0]);
+}
