@@ -51,16 +51,6 @@ impl BackgroundWriter {
         &self.dir
     }
 
-    /// Queues a step; returns the error of an earlier step's write, if one failed.
-    pub(crate) fn write(
-        &mut self,
-        step: u64,
-        tensors: Vec<StepTensor>,
-        no_gradient: Vec<String>,
-    ) -> Result<(), RecordError> {
-        self.fill_and_write(step, Box::new(move || Ok(tensors)), no_gradient)
-    }
-
     /// Queues a step whose records `fill` completes on the writer thread; returns the error of
     /// an earlier step, if one failed.
     pub(crate) fn fill_and_write(
@@ -115,6 +105,11 @@ mod tests {
     use crate::trace::hash::tensor_hash;
     use crate::trace::{Header, TensorKind, TensorRecord, TraceReader, CURRENT_FORMAT};
 
+    /// Queues a step whose records are whole already.
+    fn write(w: &mut BackgroundWriter, step: u64, tensors: Vec<StepTensor>) -> Result<(), RecordError> {
+        w.fill_and_write(step, Box::new(move || Ok(tensors)), Vec::new())
+    }
+
     fn writer(dir: &Path) -> BackgroundWriter {
         let header = Header {
             format: CURRENT_FORMAT,
@@ -159,7 +154,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let mut w = writer(&tmp.path().join("ok"));
         for step in 0..5 {
-            w.write(step, loss(step as f32), Vec::new()).unwrap();
+            write(&mut w, step, loss(step as f32)).unwrap();
         }
         w.finish().unwrap().finish().unwrap();
         assert_eq!(steps_in(&tmp.path().join("ok")), (vec![0, 1, 2, 3, 4], true));
@@ -167,9 +162,9 @@ mod tests {
         // Step 1 after step 3 is refused by the writer thread; a later call says so.
         let bad = tmp.path().join("bad");
         let mut w = writer(&bad);
-        w.write(3, loss(0.0), Vec::new()).unwrap();
-        let _ = w.write(1, loss(0.0), Vec::new());
-        let later = (0..10).find_map(|i| w.write(10 + i, loss(0.0), Vec::new()).err());
+        write(&mut w, 3, loss(0.0)).unwrap();
+        let _ = write(&mut w, 1, loss(0.0));
+        let later = (0..10).find_map(|i| write(&mut w, 10 + i, loss(0.0)).err());
         let err = match later {
             Some(e) => e,
             None => w.finish().map(|_| ()).unwrap_err(),
@@ -184,7 +179,7 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let mut w = writer(tmp.path());
         for step in 0..3 {
-            w.write(step, loss(1.0), Vec::new()).unwrap();
+            write(&mut w, step, loss(1.0)).unwrap();
         }
         drop(w);
         assert_eq!(steps_in(tmp.path()), (vec![0, 1, 2], false));

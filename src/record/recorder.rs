@@ -19,7 +19,7 @@
 //! # Ok(()) }
 //! ```
 
-use super::background::BackgroundWriter;
+use super::background::{BackgroundWriter, StepFill};
 use super::environment::environment;
 use super::error::RecordError;
 use super::fill::{fill_records, payload_bytes};
@@ -265,22 +265,15 @@ impl Recorder {
     pub fn step(&mut self, step: u64) -> StepRecorder<'_> {
         let selected = self.selected.as_mut().is_none_or(|which| which(step));
         let recording = selected && self.writer.is_some();
-        if !recording {
-            return StepRecorder {
-                recorder: self,
-                step,
-                recording,
-                policy_full: false,
-                records: StepRecords::new(false, 0),
-                names: HashSet::new(),
-                probes: ProbedGradients::default(),
-                background: BackgroundParts::default(),
-            };
-        }
-        let first = *self.first_step.get_or_insert(step);
-        let policy_full = self.capture.wants_full(step, first, self.total_steps);
-        // Online comparison keeps every step's values until the next step has been checked.
-        let full = policy_full || self.online.as_ref().is_some_and(|o| !o.diverged);
+        // A step left out neither counts as the first nor stores anything.
+        let (policy_full, full) = if recording {
+            let first = *self.first_step.get_or_insert(step);
+            let policy_full = self.capture.wants_full(step, first, self.total_steps);
+            // Online comparison keeps every step's values until the next step has been checked.
+            (policy_full, policy_full || self.online.as_ref().is_some_and(|o| !o.diverged))
+        } else {
+            (false, false)
+        };
         let inline_max = self.capture.inline_max_bytes;
         StepRecorder {
             recorder: self,
@@ -333,12 +326,14 @@ impl Recorder {
     }
 
     fn write(&mut self, step: u64, tensors: Vec<StepTensor>) -> Result<(), RecordError> {
+        self.fill_and_write(step, Box::new(move || Ok(tensors)))
+    }
+
+    /// Hands a step to the trace writer, whose thread runs `fill` to make its records whole.
+    fn fill_and_write(&mut self, step: u64, fill: StepFill) -> Result<(), RecordError> {
         let no_gradient = self.no_gradient.remove(&step).unwrap_or_default();
         match &mut self.writer {
-            Some(writer) => {
-                profile::time(profile::Phase::Write, || writer.write(step, tensors, no_gradient))?;
-                Ok(())
-            }
+            Some(writer) => profile::time(profile::Phase::Write, || writer.fill_and_write(step, fill, no_gradient)),
             None => Ok(()),
         }
     }
@@ -443,9 +438,7 @@ impl StepRecorder<'_> {
         kind: TensorKind,
         phase: Option<Phase>,
     ) -> Result<(), RecordError> {
-        for (name, var) in vars {
-            self.push(&format!("{name}{suffix}"), kind, phase, &[], None, None, var.as_tensor(), false)?;
-        }
+        self.record_variables_later(vars, suffix, kind, phase)?;
         self.read_now()
     }
 
@@ -753,13 +746,7 @@ impl Recorder {
         };
         if self.online.as_ref().is_none_or(|o| o.diverged) {
             // The writer thread waits for the results and fills the records in.
-            let no_gradient = self.no_gradient.remove(&step).unwrap_or_default();
-            return match &mut self.writer {
-                Some(writer) => {
-                    profile::time(profile::Phase::Write, || writer.fill_and_write(step, Box::new(fill), no_gradient))
-                }
-                None => Ok(()),
-            };
+            return self.fill_and_write(step, Box::new(fill));
         }
         // Comparing online needs the step's records here.
         let tensors = fill()?;
