@@ -1,13 +1,15 @@
 //! The CUDA side of repro's ops: kernels from `kernels/repro.cu`, compiled once per process
 //! with NVRTC and launched on candle's stream of the calling thread, so they order correctly with
 //! the work that thread launched. candle's `Device::new_cuda` uses CUDA's per-thread default
-//! stream: work launched from another thread is not ordered with it (`StreamMark` orders it).
+//! stream: work launched from another thread would not be ordered with it, so the recorder
+//! launches only from the thread that trains (see `DeviceBatch`).
 
 use super::device_hash::{fits, Plan, Slot, View, Want};
 use super::Reductions;
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{
-    CudaEvent, CudaFunction, CudaSlice, CudaStream, CudaView, DevicePtr, LaunchConfig, PinnedHostSlice, PushKernelArg,
+    CudaEvent, CudaFunction, CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, LaunchConfig, PinnedHostSlice,
+    PushKernelArg,
 };
 use candle_core::cuda_backend::{CudaDevice, WrapErr};
 use candle_core::{CudaStorage, DType, Device, Error, Layout, Result, Storage, Tensor};
@@ -229,21 +231,34 @@ pub enum Resolved {
 /// the batched kernels of `device_hash`, a handful of launches per flush whatever the number of
 /// tensors, and all results reach the host in one copy per flush when the batch resolves.
 ///
+/// Only the thread that trains should make CUDA calls: the driver serializes a context's calls
+/// from several threads, and each call another thread makes while training launches kernels
+/// costs the training thread a wait for the driver's lock (about a context switch each). So
+/// the host's share of a flush, planning it, can run on any thread (`plan`, which makes no
+/// driver call), and the launches, the copies and the waits run on the training thread.
+///
 /// A queued tensor is kept alive and read through its strides, without a copy, when the batch
 /// is flushed; a tensor that will change in place before that (a variable an optimizer will
 /// update, `Var::set`) is queued with `snapshot`, which copies it on the device at once.
 pub struct DeviceBatch {
     dev: CudaDevice,
-    /// Queued since the last flush: each tensor and what the host wants of it.
+    /// Queued since the last plan: each tensor and what the host wants of it.
     pending: Vec<(Tensor, Want)>,
+    /// Planned, in order, and not launched yet: each plan with the tensors it reads.
+    planned: Vec<Planned>,
     /// Flushed: the kernels' output buffers, the slots of their tensors, and the page-locked
     /// buffers their tables were uploaded from (reusable once the step's copy has landed). The
     /// tensors themselves are let go once the kernels are queued: candle frees device memory
-    /// in the order of the dropping thread's stream (`cuMemFreeAsync`), so nothing can reuse it
-    /// before the kernels that read it have run, provided every earlier use of it was on that
-    /// stream or ordered before it (the recorder's worker thread never drops the last
-    /// reference to a tensor the training thread made; see `record::worker`).
+    /// in the order of the calling thread's stream (`cuMemFreeAsync`), the stream the kernels
+    /// were launched on, so nothing can reuse it before they have run.
     flushed: Vec<Flushed>,
+}
+
+/// A plan for some of a batch's tensors, made on the host.
+struct Planned {
+    plan: Plan,
+    /// The tensors whose addresses the plan holds, alive until its kernels are queued.
+    tensors: Vec<(Tensor, Want)>,
 }
 
 /// One flush's device work, launched.
@@ -254,7 +269,7 @@ struct Flushed {
     /// Where each view's result is among them.
     slots: Vec<Slot>,
     /// The page-locked buffer its table was uploaded from.
-    table: PinnedHostSlice<u64>,
+    table: Pinned<u64>,
 }
 
 impl DeviceBatch {
@@ -262,7 +277,7 @@ impl DeviceBatch {
     pub fn new(dev: CudaDevice) -> Self {
         // The recorder waits for each step's results; keep that wait from emptying the pool.
         let _ = keep_freed_memory(&dev);
-        DeviceBatch { dev, pending: Vec::new(), flushed: Vec::new() }
+        DeviceBatch { dev, pending: Vec::new(), planned: Vec::new(), flushed: Vec::new() }
     }
 
     /// The device the batch belongs to.
@@ -280,14 +295,15 @@ impl DeviceBatch {
         Ok(ticket)
     }
 
-    /// Clones of the tensors queued and not flushed yet.
+    /// Clones of the tensors queued and not launched yet.
     pub fn queued(&self) -> Vec<Tensor> {
-        self.pending.iter().map(|(t, _)| t.clone()).collect()
+        let planned = self.planned.iter().flat_map(|p| &p.tensors);
+        planned.chain(&self.pending).map(|(t, _)| t.clone()).collect()
     }
 
     /// Tickets handed out so far: results flushed and tensors queued.
     pub fn tickets(&self) -> usize {
-        self.flushed_results() + self.pending.len()
+        self.flushed_results() + self.planned.iter().map(|p| p.plan.slots.len()).sum::<usize>() + self.pending.len()
     }
 
     /// Results of the flushes so far.
@@ -295,41 +311,65 @@ impl DeviceBatch {
         self.flushed.iter().map(|f| f.slots.len()).sum()
     }
 
-    /// Launches the kernels over everything queued since the last flush, on the calling
-    /// thread's stream: they read the tensors before anything launched later on it can change
-    /// them.
-    pub fn flush(&mut self) -> Result<()> {
-        if self.pending.is_empty() {
+    /// Plans the reads of everything queued, on the host: no driver call, so any thread may
+    /// (the recorder's worker does, for a captured graph). Views the kernels cannot read as
+    /// they are (too many dimensions) need a contiguous copy, a launch: when one is queued,
+    /// nothing is planned here and `flush` plans it all.
+    pub fn plan(&mut self) -> Result<()> {
+        if self.pending.is_empty() || self.pending.iter().any(|(t, _)| !fits(t.layout().dims(), t.layout().stride())) {
             return Ok(());
         }
-        // Views with more dimensions than the kernels take are made contiguous first.
-        let mut tensors = Vec::with_capacity(self.pending.len());
-        for (tensor, want) in std::mem::take(&mut self.pending) {
-            let layout = tensor.layout();
-            let tensor = if fits(layout.dims(), layout.stride()) { tensor } else { tensor.contiguous()? };
-            tensors.push((tensor, want));
+        let tensors = std::mem::take(&mut self.pending);
+        let plan = plan_of(&tensors, &self.dev)?;
+        self.planned.push(Planned { plan, tensors });
+        Ok(())
+    }
+
+    /// Launches the kernels over everything queued or planned since the last flush, on the
+    /// calling thread's stream: they read the tensors before anything launched later on it can
+    /// change them.
+    pub fn flush(&mut self) -> Result<()> {
+        if !self.pending.is_empty() {
+            // Views with more dimensions than the kernels take are made contiguous first.
+            let mut tensors = Vec::with_capacity(self.pending.len());
+            for (tensor, want) in std::mem::take(&mut self.pending) {
+                let layout = tensor.layout();
+                let tensor = if fits(layout.dims(), layout.stride()) { tensor } else { tensor.contiguous()? };
+                tensors.push((tensor, want));
+            }
+            let plan = plan_of(&tensors, &self.dev)?;
+            self.planned.push(Planned { plan, tensors });
         }
+        for Planned { plan, tensors } in std::mem::take(&mut self.planned) {
+            let flushed = self.launch(plan)?;
+            self.flushed.push(flushed);
+            // The tensors are let go here; see `flushed`.
+            drop(tensors);
+        }
+        Ok(())
+    }
+
+    /// Uploads a plan's table and launches its kernels on the calling thread's stream.
+    fn launch(&self, plan: Plan) -> Result<Flushed> {
         let stream = self.dev.cuda_stream();
-        let views = tensors.iter().map(|(t, want)| Ok((view_of(t, &stream)?, *want))).collect::<Result<Vec<_>>>()?;
-        let plan = Plan::new(&views).expect("every view fits after the contiguous copies above");
         let mut staged = PINNED_TABLES.take(&self.dev, plan.table.len().max(1))?;
-        staged.as_mut_slice().w()?[..plan.table.len()].copy_from_slice(&plan.table);
-        // One device allocation per flush (each costs the driver an allocation, two events and
-        // their release): the output first (what the host copies back), then the table, then
-        // the tree's chaining values.
+        staged.as_mut_slice()[..plan.table.len()].copy_from_slice(&plan.table);
+        // One device buffer per flush, from a pool (an allocation costs the driver an
+        // allocation, two events and their release): the output first (what the host copies
+        // back), then the table, then the tree's chaining values.
         let out_bytes = plan.out_len.max(1).next_multiple_of(8);
         let table_bytes = 8 * staged.len();
         let node_bytes = 32 * plan.nodes as usize;
-        // SAFETY: the table is written by the copy below; the kernels write every output and
-        // chaining value they read.
-        let mut arena = unsafe { self.dev.alloc::<u8>(out_bytes + table_bytes + node_bytes.max(4)) }?;
+        let mut arena = DEVICE_ARENAS.take(&self.dev, out_bytes + table_bytes + node_bytes.max(4))?;
         let (mut out, mut rest) = arena.split_at_mut(out_bytes);
         let (mut table, mut nodes) = rest.split_at_mut(table_bytes);
         // SAFETY: the regions are 8-byte aligned (allocations are, and so are their offsets) and
         // hold whole elements.
         let mut table = unsafe { table.transmute_mut::<u64>(staged.len()) }.expect("the table's region");
         let mut nodes = unsafe { nodes.transmute_mut::<u32>(node_bytes.max(4) / 4) }.expect("the nodes' region");
-        stream.memcpy_htod(&staged, &mut table).w()?;
+        // SAFETY: the staged buffer is page-locked and stays alive (in `Flushed`) until the
+        // step's copy back, queued after this one on the same stream, has landed.
+        unsafe { staged.upload(&mut table, &stream) }?;
         let kernels = HashKernels::of(&self.dev)?;
         let words = |r: &std::ops::Range<usize>| table.slice(r.clone());
         if let Some(chunks) = &plan.chunks {
@@ -355,15 +395,11 @@ impl DeviceBatch {
             b.arg(&views).arg(&prefix).arg(&out_at).arg(&copy.count).arg(&mut out);
             unsafe { b.launch(grid(copy.items, 256)) }.w()?;
         }
-        self.flushed.push(Flushed { arena, out_len: plan.out_len, slots: plan.slots, table: staged });
-        // The tensors are let go here; see `flushed`.
-        drop(views);
-        drop(tensors);
-        Ok(())
+        Ok(Flushed { arena, out_len: plan.out_len, slots: plan.slots, table: staged })
     }
 
-    /// Takes over `other`'s work (its kernels launched, from any thread, on this device's
-    /// stream), after what this batch has flushed and before what it still queues. Returns
+    /// Takes over `other`'s work (launched here, on the calling thread's stream, if it was only
+    /// planned), after what this batch has flushed and before what it still queues. Returns
     /// `other`'s results' tickets here: they begin at the first ticket of this batch's queued
     /// tensors, whose tickets move up by as many.
     pub fn absorb(&mut self, mut other: DeviceBatch) -> Result<std::ops::Range<usize>> {
@@ -374,9 +410,9 @@ impl DeviceBatch {
     }
 
     /// Flushes, then queues the copy of every output to page-locked host memory behind the
-    /// kernels, on the calling thread's stream, without waiting: `PendingRead::wait` waits for this step's
-    /// work only, so the host can queue the next steps meanwhile. The output buffers are
-    /// released at once, freed in stream order after the copy.
+    /// kernels, on the calling thread's stream, without waiting: `PendingRead::wait` waits for
+    /// this step's work only, so the host can queue the next steps meanwhile. The output
+    /// buffers are released at once, freed in stream order after the copy.
     pub fn start_read(mut self) -> Result<PendingRead> {
         self.flush()?;
         let stream = self.dev.cuda_stream();
@@ -384,46 +420,31 @@ impl DeviceBatch {
         for Flushed { arena, out_len, slots, table } in self.flushed {
             let out = arena.slice(..out_len.max(1));
             let mut host = PINNED_RESULTS.take(&self.dev, out.len())?;
-            stream.memcpy_dtoh(&out, &mut host).w()?;
-            copies.push(PendingCopy { host, slots, table });
+            // SAFETY: `host` is page-locked and stays alive (in the `PendingCopy`) until the
+            // copy has landed (`PendingRead::wait`).
+            unsafe { host.download(&out, &stream) }?;
+            drop(out);
+            copies.push(PendingCopy { host, slots, table, arena });
         }
-        // Our own event: a page-locked buffer's own event is recorded only when cudarc manages
-        // synchronization between several streams, and candle runs one, so waiting on that
-        // returns at once, before the copy has landed.
         let landed = PooledEvent::recorded(&self.dev, &stream)?;
         Ok(PendingRead { ordinal: self.dev.id(), copies, landed })
     }
 
     /// Flushes, copies every output to the host, and returns the results in ticket order.
     pub fn resolve(self) -> Result<Vec<Resolved>> {
-        self.start_read()?.wait()
+        Ok(self.start_read()?.wait()?.results())
     }
 }
 
-/// An event recorded on the calling thread's stream (candle's streams are per host thread:
-/// `CU_STREAM_PER_THREAD`), for another thread's stream to wait for.
-pub struct StreamMark {
-    stream: std::sync::Arc<CudaStream>,
-    event: PooledEvent,
+/// The plan of a batch of tensors that all fit the kernels: their addresses, read on the host.
+fn plan_of(tensors: &[(Tensor, Want)], dev: &CudaDevice) -> Result<Plan> {
+    let stream = dev.cuda_stream();
+    let views = tensors.iter().map(|(t, want)| Ok((view_of(t, &stream)?, *want))).collect::<Result<Vec<_>>>()?;
+    Ok(Plan::new(&views).expect("every view fits the kernels"))
 }
 
-impl StreamMark {
-    /// Records the mark on the calling thread's stream of `dev`.
-    pub fn here(dev: &CudaDevice) -> Result<StreamMark> {
-        let stream = dev.cuda_stream();
-        let event = PooledEvent::recorded(dev, &stream)?;
-        Ok(StreamMark { stream, event })
-    }
-
-    /// Makes the calling thread's stream wait for the work before the mark.
-    pub fn wait_here(&self) -> Result<()> {
-        self.stream.wait(self.event.get()).w()
-    }
-}
-
-/// A CUDA event from a pool kept for reuse (creating and destroying one are two driver calls,
-/// and a recorded step marks several points): recorded anew when taken, and given back when
-/// dropped. Recording it again does not change what an earlier wait on it waits for.
+/// A CUDA event from a pool kept for reuse (creating and destroying one are two driver calls):
+/// recorded anew when taken, and given back when dropped.
 struct PooledEvent {
     ordinal: candle_core::cuda_backend::DeviceId,
     event: Option<CudaEvent>,
@@ -502,10 +523,12 @@ impl HashKernels {
 /// One flush's results on their way to the host.
 struct PendingCopy {
     /// Page-locked, so alive until the copy has landed (`PendingRead::wait`).
-    host: PinnedHostSlice<u8>,
+    host: Pinned<u8>,
     slots: Vec<Slot>,
     /// Where the flush's table was uploaded from; free for reuse once the copy has landed.
-    table: PinnedHostSlice<u64>,
+    table: Pinned<u64>,
+    /// The device buffer the results are copied from; free for reuse once the copy has landed.
+    arena: CudaSlice<u8>,
 }
 
 /// A step's device results, copying to the host (see `DeviceBatch::start_read`).
@@ -517,27 +540,102 @@ pub struct PendingRead {
 }
 
 impl PendingRead {
-    /// Waits for the copies (that is, for the step's work, not for anything queued after it)
-    /// and returns the results in ticket order.
-    pub fn wait(self) -> Result<Vec<Resolved>> {
+    /// Waits for the copies (that is, for the step's work, not for anything queued after it).
+    /// A driver call: make it on the thread that trains (see `DeviceBatch`).
+    pub fn wait(self) -> Result<LandedRead> {
         self.landed.get().synchronize().w()?;
+        Ok(LandedRead { ordinal: self.ordinal, copies: self.copies })
+    }
+}
+
+/// A step's device results, on the host: read on any thread, with no driver call.
+pub struct LandedRead {
+    ordinal: candle_core::cuda_backend::DeviceId,
+    copies: Vec<PendingCopy>,
+}
+
+impl LandedRead {
+    /// The results in ticket order; the page-locked buffers go back to their pools.
+    pub fn results(self) -> Vec<Resolved> {
         let mut results = Vec::new();
         for copy in self.copies {
-            let host = copy.host.as_slice().w()?;
+            let host = copy.host.as_slice();
             results.extend(copy.slots.iter().map(|slot| match slot {
                 Slot::Hash(r) => Resolved::DataHash(host[r.clone()].try_into().expect("32 bytes")),
                 Slot::Bytes(r) => Resolved::Bytes(host[r.clone()].to_vec()),
             }));
             PINNED_RESULTS.give_back(self.ordinal, copy.host);
             PINNED_TABLES.give_back(self.ordinal, copy.table);
+            DEVICE_ARENAS.give_back(self.ordinal, copy.arena);
         }
-        Ok(results)
+        results
+    }
+}
+
+/// A page-locked host buffer with its address, read and written without the driver calls
+/// (an event's wait, and the event's record after each copy) that cudarc's accessors make,
+/// since the recorder orders its copies itself, with `PendingRead`'s event.
+struct Pinned<T> {
+    buffer: PinnedHostSlice<T>,
+    address: *mut T,
+}
+
+// SAFETY: the address points into `buffer`, which is `Send`, and is used only through `&self`
+// (reads) and `&mut self` (writes and copies), as the buffer would be.
+unsafe impl<T: Send> Send for Pinned<T> {}
+
+impl<
+        T: candle_core::cuda_backend::cudarc::driver::DeviceRepr
+            + candle_core::cuda_backend::cudarc::driver::ValidAsZeroBits,
+    > Pinned<T>
+{
+    fn new(buffer: PinnedHostSlice<T>) -> Result<Self> {
+        let mut buffer = buffer;
+        // Synchronizes the buffer's event, which nothing has recorded: returns at once.
+        let address = buffer.as_mut_ptr().w()?;
+        Ok(Pinned { buffer, address })
+    }
+
+    fn len(&self) -> usize {
+        self.buffer.len()
+    }
+
+    /// The elements; valid once every copy into the buffer has landed.
+    fn as_slice(&self) -> &[T] {
+        // SAFETY: the buffer holds `len` elements at `address` for as long as it lives.
+        unsafe { std::slice::from_raw_parts(self.address, self.len()) }
+    }
+
+    fn as_mut_slice(&mut self) -> &mut [T] {
+        // SAFETY: as in `as_slice`, borrowed mutably.
+        unsafe { std::slice::from_raw_parts_mut(self.address, self.len()) }
+    }
+
+    /// Queues the copy of the buffer to `dst` (as long as the buffer) on `stream`.
+    ///
+    /// # Safety
+    /// The buffer must stay alive and unchanged until the copy has run.
+    unsafe fn upload(&self, dst: &mut CudaViewMut<'_, T>, stream: &CudaStream) -> Result<()> {
+        use candle_core::cuda_backend::cudarc::driver::{result, DevicePtrMut};
+        let (address, _sync) = dst.device_ptr_mut(stream);
+        unsafe { result::memcpy_htod_async(address, self.as_slice(), stream.cu_stream()) }.w()
+    }
+
+    /// Queues the copy of `src` (as long as the buffer) into the buffer on `stream`.
+    ///
+    /// # Safety
+    /// The buffer must stay alive, and unread, until the copy has landed.
+    unsafe fn download(&mut self, src: &CudaView<'_, T>, stream: &CudaStream) -> Result<()> {
+        use candle_core::cuda_backend::cudarc::driver::result;
+        let (address, _sync) = src.device_ptr(stream);
+        let stream = stream.cu_stream();
+        unsafe { result::memcpy_dtoh_async(self.as_mut_slice(), address, stream) }.w()
     }
 }
 
 /// Page-locked host buffers of one element type, kept for reuse (allocating one costs far more
 /// than a step's copy, and can wait for the device); by device.
-struct PinnedPool<T>(std::sync::Mutex<Vec<(candle_core::cuda_backend::DeviceId, PinnedHostSlice<T>)>>);
+struct PinnedPool<T>(std::sync::Mutex<Vec<(candle_core::cuda_backend::DeviceId, Pinned<T>)>>);
 
 /// Buffers the results are copied into.
 static PINNED_RESULTS: PinnedPool<u8> = PinnedPool(std::sync::Mutex::new(Vec::new()));
@@ -545,11 +643,15 @@ static PINNED_RESULTS: PinnedPool<u8> = PinnedPool(std::sync::Mutex::new(Vec::ne
 /// GPU to drain, one from page-locked memory never does.
 static PINNED_TABLES: PinnedPool<u64> = PinnedPool(std::sync::Mutex::new(Vec::new()));
 
-impl<T: candle_core::cuda_backend::cudarc::driver::DeviceRepr> PinnedPool<T> {
+impl<
+        T: candle_core::cuda_backend::cudarc::driver::DeviceRepr
+            + candle_core::cuda_backend::cudarc::driver::ValidAsZeroBits,
+    > PinnedPool<T>
+{
     /// A page-locked buffer of exactly `len` elements for `dev` (a copy from or into it moves
     /// as many as it holds): a free one, or a new one. Steps of a run mostly have the same
     /// sizes, so the pool keeps the few distinct ones. Not write-combined: the host reads it.
-    fn take(&self, dev: &CudaDevice, len: usize) -> Result<PinnedHostSlice<T>> {
+    fn take(&self, dev: &CudaDevice, len: usize) -> Result<Pinned<T>> {
         let mut pool = self.0.lock().map_err(|_| Error::Msg("pinned buffer pool poisoned".into()))?;
         if let Some(i) = pool.iter().position(|(id, b)| *id == dev.id() && b.len() == len) {
             return Ok(pool.swap_remove(i).1);
@@ -560,19 +662,70 @@ impl<T: candle_core::cuda_backend::cudarc::driver::DeviceRepr> PinnedPool<T> {
         }
         drop(pool);
         // SAFETY: every element is written (by a copy, or by the host) before anything reads it.
-        unsafe { dev.cuda_stream().context().alloc_pinned_with_flags::<T>(len, 0) }.w()
+        Pinned::new(unsafe { dev.cuda_stream().context().alloc_pinned_with_flags::<T>(len, 0) }.w()?)
     }
 
     /// Puts a buffer back for reuse, once nothing on the device uses it any more.
-    fn give_back(&self, ordinal: candle_core::cuda_backend::DeviceId, buffer: PinnedHostSlice<T>) {
+    fn give_back(&self, ordinal: candle_core::cuda_backend::DeviceId, buffer: Pinned<T>) {
         if let Ok(mut pool) = self.0.lock() {
             pool.push((ordinal, buffer));
         }
     }
 }
 
-/// Free page-locked buffers kept for reuse, per pool.
-const PINNED_KEPT: usize = 8;
+/// Free page-locked buffers kept for reuse, per pool: a few steps in flight, each with a few
+/// flushes of distinct sizes.
+const PINNED_KEPT: usize = 16;
+
+/// Device buffers for the flushes' results, tables and chaining values, kept for reuse: a
+/// step's flushes mostly have the sizes of the step before. A buffer comes back once the copy
+/// of its results has landed (`LandedRead::results`, on any thread, with no driver call), so
+/// nothing on the device uses it any more. Buffers are freed (on the calling thread's stream)
+/// when `take` makes room, on the thread that trains, or, if too large to keep, where they
+/// come back.
+struct DeviceArenas(std::sync::Mutex<Vec<(candle_core::cuda_backend::DeviceId, CudaSlice<u8>)>>);
+
+static DEVICE_ARENAS: DeviceArenas = DeviceArenas(std::sync::Mutex::new(Vec::new()));
+
+/// Bytes of free device buffers kept, at most (a flush over large tensors needs a large tree;
+/// a buffer larger than this is freed rather than kept).
+const ARENAS_KEPT_BYTES: usize = 64 << 20;
+
+impl DeviceArenas {
+    /// A device buffer of exactly `len` bytes: a free one, or a new one.
+    fn take(&self, dev: &CudaDevice, len: usize) -> Result<CudaSlice<u8>> {
+        let mut pool = self.0.lock().map_err(|_| Error::Msg("device buffer pool poisoned".into()))?;
+        if let Some(i) = pool.iter().position(|(id, b)| *id == dev.id() && b.len() == len) {
+            return Ok(pool.swap_remove(i).1);
+        }
+        // Room for one of this size: the oldest free buffers go (freed here, on this thread).
+        let mut kept: usize = pool.iter().map(|(_, b)| b.len()).sum();
+        let mut evicted = Vec::new();
+        while kept + len > ARENAS_KEPT_BYTES && !pool.is_empty() {
+            let (_, buffer) = pool.remove(0);
+            kept -= buffer.len();
+            evicted.push(buffer);
+        }
+        drop(pool);
+        drop(evicted);
+        // SAFETY: the flush writes the table by a copy, and its kernels write every output and
+        // chaining value they read.
+        unsafe { dev.alloc::<u8>(len) }
+    }
+
+    /// Puts a buffer back for reuse, once nothing on the device uses it any more; one too large
+    /// to keep is dropped.
+    fn give_back(&self, ordinal: candle_core::cuda_backend::DeviceId, buffer: CudaSlice<u8>) {
+        if buffer.len() > ARENAS_KEPT_BYTES {
+            // Freed on this thread's stream: nothing uses it any more.
+            drop(buffer);
+            return;
+        }
+        if let Ok(mut pool) = self.0.lock() {
+            pool.push((ordinal, buffer));
+        }
+    }
+}
 
 /// Makes CUDA's stream-ordered pool of `dev` keep the memory that candle frees, instead of
 /// handing it back to the driver. candle allocates every tensor with `cuMemAllocAsync` from

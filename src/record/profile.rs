@@ -17,14 +17,14 @@ pub(crate) enum Phase {
     Graph,
     /// Queueing tensors: host hashing, device hash jobs, host copies.
     Queue,
+    /// Planning the device's hashing of queued tensors (host arithmetic, on any thread).
+    Plan,
     /// Launching the device's hashing kernels and the copy of their results.
     Launch,
     /// Running the queued device work and reading its results back.
     Resolve,
     /// Putting a step's device results into its records (hashing the values read back).
     Fill,
-    /// Letting go of the tensors a step's device reads used, once its results have arrived.
-    Release,
     /// Validating, encoding and writing a step's records and payloads.
     Write,
     /// The training thread waiting for the step's work on the recorder's worker thread.
@@ -37,10 +37,10 @@ pub(crate) enum Phase {
 const PHASES: [(Phase, &str); 9] = [
     (Phase::Graph, "graph walk"),
     (Phase::Queue, "queue"),
+    (Phase::Plan, "plan"),
     (Phase::Launch, "launch"),
     (Phase::Resolve, "device resolve"),
     (Phase::Fill, "fill"),
-    (Phase::Release, "release"),
     (Phase::Write, "write"),
     (Phase::Join, "waiting for the worker"),
     (Phase::Calls, "training thread in recording calls (all of its phases)"),

@@ -27,8 +27,8 @@ use super::perturb::Perturbation;
 use super::probe::{Probe, ProbedGradients};
 use super::profile;
 use super::step_records::{Described, StepRecords};
-use super::tensor_bytes::{DeviceRead, StreamMark};
-use super::worker::{BackgroundParts, Pending, Worker};
+use super::tensor_bytes::DeviceRead;
+use super::worker::{BackgroundParts, Worker};
 use crate::trace::{
     CapturePolicy, Distributed, Header, Phase, RunConfig, StepCheck, StepTensor, StepVerdict, TensorKind, TraceWriter,
     CURRENT_FORMAT,
@@ -66,20 +66,12 @@ pub struct Recorder {
     /// does), so that the host may queue that many steps ahead of the device, as it does
     /// unrecorded, instead of waiting for the device at every step. A step with nothing on a
     /// GPU is completed when it finishes.
-    unread: VecDeque<FinishedStep>,
-    /// Whether a step's last recording work (merging the worker's parts, launching the reads)
-    /// runs on the worker thread: on a GPU, where it is launches, and unless comparing online.
-    finish_on_worker: bool,
-    /// Whether the worker may still be running an earlier step's finish: the next wait of a
-    /// step with no work of its own there waits for it.
-    worker_behind: bool,
+    unread: VecDeque<UnreadStep>,
     /// Runs recording work off the training thread (`StepRecorder::record_in_background`);
     /// started by the first such job.
     worker: Option<Worker>,
     /// Which steps are recorded (`Recorder::record_only`); every step when `None`.
     selected: Option<StepSelector>,
-    /// The device recorded from, whose streams the worker's jobs are ordered with.
-    device: Device,
 }
 
 /// Says, at the start of each step, whether that step is recorded.
@@ -181,8 +173,6 @@ impl Recorder {
         let writer = TraceWriter::create(dir.as_ref(), &header, replace)?;
         let mut recorder = Self::discard_with(capture, total_steps);
         recorder.writer = Some(BackgroundWriter::spawn(writer));
-        recorder.finish_on_worker = device.is_cuda();
-        recorder.device = device.clone();
         Ok(recorder)
     }
 
@@ -221,11 +211,8 @@ impl Recorder {
             on_step: None,
             full_steps: None,
             unread: VecDeque::new(),
-            finish_on_worker: false,
-            worker_behind: false,
             worker: None,
             selected: None,
-            device: Device::Cpu,
         }
     }
 
@@ -349,19 +336,6 @@ impl Drop for Recorder {
         }
         let _ = self.flush_pending();
     }
-}
-
-/// A finished step on its way to the trace (see `Recorder::unread`).
-enum FinishedStep {
-    /// Its records are whole; its GPU results may still be on their way.
-    Read(UnreadStep),
-    /// Its last recording work runs on the worker thread (`Recorder::finish_on_worker`).
-    OnWorker {
-        pending: Pending<UnreadStep>,
-        /// The tensors that work reads, let go here once their results have arrived, so that
-        /// their memory is freed in the order of this thread's stream.
-        keep: Vec<Tensor>,
-    },
 }
 
 /// A finished step waiting for its GPU results.
@@ -522,22 +496,13 @@ impl StepRecorder<'_> {
         }
         profile::time(profile::Phase::Calls, || {
             let worker = self.recorder.worker.get_or_insert_with(Worker::spawn);
-            self.background.start(worker, &self.records, &self.recorder.device, keep, job);
+            self.background.start(worker, &self.records, keep, job);
         })
     }
 
-    /// Waits for the step's jobs on the worker thread and puts their records in their places.
-    /// The worker runs jobs in order, so once this step's own jobs are done, so are earlier
-    /// steps' finishes; a step without jobs of its own waits for those explicitly, since the
-    /// updated parameters they read may change once this returns.
+    /// Waits for the step's jobs on the worker thread and puts their records in their places,
+    /// launching the device reads they planned.
     fn join_background(&mut self) -> Result<(), RecordError> {
-        if self.background.is_empty() && self.recorder.worker_behind {
-            if let Some(worker) = self.recorder.worker.as_mut() {
-                let device = &self.recorder.device;
-                profile::time(profile::Phase::Join, || BackgroundParts::wait_for_earlier(worker, device))?;
-            }
-        }
-        self.recorder.worker_behind = false;
         self.background.merge_into(&mut self.records, &mut self.names, self.step)
     }
 
@@ -664,35 +629,17 @@ impl StepRecorder<'_> {
             return Ok(());
         }
         let online = self.recorder.online.as_ref().is_some_and(|o| !o.diverged);
-        if self.recorder.finish_on_worker && !online {
-            // The step's parts are merged and its reads launched behind the jobs already
-            // queued there; the training thread goes on with the next step.
-            let StepRecorder { recorder, step, policy_full, mut records, mut names, mut background, .. } = self;
-            // The worker's reads come after this thread's work of the step (the optimizer's
-            // update), and the tensors they read are let go here.
-            let asked = StreamMark::here(&recorder.device)?;
-            let keep = records.device.queued_tensors();
-            let worker = recorder.worker.get_or_insert_with(Worker::spawn);
-            let pending = worker.run(move || {
-                asked.wait_here()?;
-                background.merge_into(&mut records, &mut names, step)?;
-                UnreadStep::start(step, policy_full, records)
-            });
-            recorder.worker_behind = true;
-            recorder.unread.push_back(FinishedStep::OnWorker { pending, keep });
-            return recorder.complete_all_but(READ_BEHIND);
-        }
         self.join_background()?;
         let StepRecorder { recorder, step, policy_full, records, .. } = self;
         let unread = UnreadStep::start(step, policy_full, records)?;
         if online {
             // Comparing online needs this step's hashes before the next step runs.
             recorder.complete_all_but(0)?;
-            return recorder.complete(FinishedStep::Read(unread));
+            return recorder.complete(unread);
         }
         // Only GPU results are worth waiting for; a step recorded on the host is written now.
         let behind = if unread.read.is_pending() { READ_BEHIND } else { 0 };
-        recorder.unread.push_back(FinishedStep::Read(unread));
+        recorder.unread.push_back(unread);
         recorder.complete_all_but(behind)
     }
 }
@@ -718,15 +665,11 @@ impl Recorder {
 
     /// Waits for a finished step's GPU results, fills in its records, reports it, and writes
     /// it (or, when comparing online, checks it first).
-    fn complete(&mut self, finished: FinishedStep) -> Result<(), RecordError> {
-        let (unread, keep) = match finished {
-            FinishedStep::Read(unread) => (unread, Vec::new()),
-            // A failed job wrote nothing but its own buffers, so `keep` may go with the error.
-            FinishedStep::OnWorker { pending, keep } => {
-                (profile::time(profile::Phase::Resolve, || pending.wait())?, keep)
-            }
-        };
+    fn complete(&mut self, unread: UnreadStep) -> Result<(), RecordError> {
         let UnreadStep { step, full, policy_full, tensors, deferred, read } = unread;
+        // Waiting for the results is a driver call, so it is made here, on the thread that
+        // trains (see `ops::cuda::DeviceBatch`); `READ_BEHIND` steps later they have landed.
+        let results = profile::time(profile::Phase::Resolve, || read.wait())?;
         let inline_max = self.capture.inline_max_bytes;
         if let Some(report) = self.on_step.as_mut() {
             let first = self.first_step.unwrap_or(step);
@@ -739,9 +682,7 @@ impl Recorder {
             report(&StepProgress { step, total_steps: total, payload_bytes, full_steps });
         }
         let fill = move || -> Result<Vec<StepTensor>, RecordError> {
-            let results = profile::time(profile::Phase::Resolve, || read.wait())?;
-            // The step's results have arrived: the tensors its reads used may go.
-            profile::time(profile::Phase::Release, || drop(keep));
+            let results = results.into_results();
             Ok(profile::time(profile::Phase::Fill, || fill_records(tensors, deferred, results, full, inline_max)))
         };
         if self.online.as_ref().is_none_or(|o| o.diverged) {

@@ -99,15 +99,16 @@ impl DeviceQueue {
         Ok(0..0)
     }
 
-    /// The tensors queued and not yet read (clones): a thread that hands the queue to the
-    /// recorder's worker keeps these, so that the last reference to a tensor, whose drop frees
-    /// its memory on the dropping thread's stream, stays on its own thread (see `StreamMark`).
-    pub fn queued_tensors(&self) -> Vec<Tensor> {
+    /// Plans the device reads of everything queued so far, on the host, without a driver call
+    /// (see `ops::cuda::DeviceBatch::plan`): the recorder's worker thread does this for a
+    /// captured graph, and the training thread launches the plan when it takes the graph's
+    /// records over.
+    pub fn plan(&mut self) -> Result<(), RecordError> {
         #[cfg(feature = "cuda")]
-        if let Some(batch) = &self.batch {
-            return batch.queued();
+        if let Some(batch) = self.batch.as_mut() {
+            super::profile::time(super::profile::Phase::Plan, || batch.plan())?;
         }
-        Vec::new()
+        Ok(())
     }
 
     /// Launches what is still queued and starts bringing every result to the host, without
@@ -119,40 +120,6 @@ impl DeviceQueue {
             return Ok(DeviceRead { read: Some(read) });
         }
         Ok(DeviceRead::default())
-    }
-}
-
-/// A point in the calling thread's stream of device work. candle gives every host thread a
-/// CUDA stream of its own (the per-thread default stream), so work the recorder's worker thread
-/// launches is not ordered after the training thread's by the order of the launches alone: a job
-/// on the worker first waits for the training thread's mark of the moment the job was asked
-/// for, and the training thread waits for the mark of the job's end before it launches anything
-/// that may change what the job reads. On a CPU a mark is nothing.
-#[derive(Default)]
-pub struct StreamMark {
-    #[cfg(feature = "cuda")]
-    mark: Option<crate::ops::cuda::StreamMark>,
-}
-
-impl StreamMark {
-    /// Marks the calling thread's stream on `device` now.
-    pub fn here(device: &Device) -> Result<StreamMark, RecordError> {
-        #[cfg(feature = "cuda")]
-        if let Device::Cuda(dev) = device {
-            return Ok(StreamMark { mark: Some(crate::ops::cuda::StreamMark::here(dev)?) });
-        }
-        let _ = device;
-        Ok(StreamMark::default())
-    }
-
-    /// Makes the calling thread's stream wait for the work before the mark: what it launches
-    /// next runs after that work.
-    pub fn wait_here(&self) -> Result<(), RecordError> {
-        #[cfg(feature = "cuda")]
-        if let Some(mark) = &self.mark {
-            mark.wait_here()?;
-        }
-        Ok(())
     }
 }
 
@@ -173,22 +140,40 @@ impl DeviceRead {
         false
     }
 
-    /// Waits for the results (for the step's work, not for anything queued after it) and
-    /// returns them in ticket order.
-    pub fn wait(self) -> Result<Vec<DeviceResult>, RecordError> {
+    /// Waits for the results (for the step's work, not for anything queued after it). A
+    /// driver call, for the thread that trains; what it returns is read on any thread.
+    pub fn wait(self) -> Result<DeviceResults, RecordError> {
         #[cfg(feature = "cuda")]
         if let Some(read) = self.read {
+            return Ok(DeviceResults { landed: Some(read.wait()?) });
+        }
+        Ok(DeviceResults::default())
+    }
+}
+
+/// A step's GPU results, arrived in host memory.
+#[derive(Default)]
+pub struct DeviceResults {
+    #[cfg(feature = "cuda")]
+    landed: Option<crate::ops::cuda::LandedRead>,
+}
+
+impl DeviceResults {
+    /// The results, in ticket order.
+    pub fn into_results(self) -> Vec<DeviceResult> {
+        #[cfg(feature = "cuda")]
+        if let Some(landed) = self.landed {
             use crate::ops::cuda::Resolved;
-            return Ok(read
-                .wait()?
+            return landed
+                .results()
                 .into_iter()
                 .map(|r| match r {
                     Resolved::Bytes(b) => DeviceResult::Bytes(b),
                     Resolved::DataHash(h) => DeviceResult::DataHash(h),
                 })
-                .collect());
+                .collect();
         }
-        Ok(Vec::new())
+        Vec::new()
     }
 }
 

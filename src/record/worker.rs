@@ -4,17 +4,18 @@
 //! channel; the step waits for it (`StepRecorder::wait_for_background`, `read_now`, `finish`)
 //! and puts its records where the job was asked for, so jobs never outlive their step.
 //!
-//! On a GPU the worker's launches go to its own stream (candle's streams are per host thread),
-//! so each job is ordered after the training thread's work by a `StreamMark`, the training
-//! thread waits for the job's end mark before it goes on, and a job never holds the last
-//! reference to a tensor training made (its memory would be freed on the worker's stream,
-//! unordered with training's last use of it).
+//! The worker makes no CUDA call. A job plans its device reads on the host
+//! (`DeviceQueue::plan`) and the training thread launches them when it takes the job's records
+//! over: the launches are ordered with training's own work on its stream, and do not contend
+//! with training for the driver, whose calls from two threads at once cost the training
+//! thread a wait each. Nor does a job drop the last reference to a tensor training made
+//! (freeing device memory is a driver call): the training thread keeps the root of the graph a
+//! job reads until the job is done.
 
 use super::error::RecordError;
 use super::profile;
 use super::step_records::StepRecords;
-use super::tensor_bytes::StreamMark;
-use candle_core::{Device, Tensor};
+use candle_core::Tensor;
 use std::collections::HashSet;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::mpsc::{channel, sync_channel, Receiver, Sender};
@@ -72,16 +73,13 @@ impl Worker {
     }
 }
 
-/// A part's records (or why there are none), and the mark of the end of what its job launched.
-type Part = (Result<StepRecords, RecordError>, StreamMark);
-
 /// One part of a step on the worker thread.
 struct Started {
     /// The index its records take among the step's (where it was asked for).
     at: usize,
-    pending: Pending<Part>,
-    /// A tensor whose graph the job reads, held here until the job's end mark has been waited
-    /// for, so that the job never drops the last reference to one of its tensors.
+    pending: Pending<StepRecords>,
+    /// A tensor whose graph the job reads, held here until the job is done, so that the job
+    /// never drops the last reference to one of its tensors.
     keep: Option<Tensor>,
 }
 
@@ -91,59 +89,38 @@ pub(crate) struct BackgroundParts(Vec<Started>);
 
 impl BackgroundParts {
     /// Runs `job` on `worker` into a part of `records`' step, placed after what `records` holds
-    /// now; the job's device reads are launched when it ends. On `device`, the job's work
-    /// comes after what this thread launched before the call; `keep` (the root of a graph the
-    /// job reads) stays alive here until the job's work is done.
+    /// now; the job's device reads are planned when it ends, and launched when the part is
+    /// merged. `keep` (the root of a graph the job reads) stays alive here until then.
     pub(crate) fn start(
         &mut self,
         worker: &mut Worker,
         records: &StepRecords,
-        device: &Device,
         keep: Option<Tensor>,
         job: impl FnOnce(&mut StepRecords) -> Result<(), RecordError> + Send + 'static,
     ) {
         let mut part = records.part();
-        let asked = StreamMark::here(device);
-        let device = device.clone();
         let pending = worker.run(move || {
-            let outcome = asked.and_then(|asked| asked.wait_here()).and_then(|()| {
-                job(&mut part)?;
-                part.read_now()
-            });
-            // Marked whatever happened: the step waits for everything this job launched.
-            let done = StreamMark::here(&device)?;
-            Ok((outcome.map(|()| part), done))
+            job(&mut part)?;
+            part.device.plan()?;
+            Ok(part)
         });
         self.0.push(Started { at: records.tensors.len(), pending, keep });
     }
 
-    /// Waits, on this thread and on its stream, for everything the worker was given before
-    /// (the jobs of earlier steps).
-    pub(crate) fn wait_for_earlier(worker: &mut Worker, device: &Device) -> Result<(), RecordError> {
-        let device = device.clone();
-        let done = worker.run(move || StreamMark::here(&device)).wait()?;
-        done.wait_here()
-    }
-
-    /// Whether no part is running or waiting to be merged.
-    pub(crate) fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-
-    /// Waits for every part and merges it into `records` at its place; a name that another
-    /// record of step `step` (in `names`) has already is refused.
+    /// Waits for every part and merges it into `records` at its place, launching its planned
+    /// device reads on this thread; a name that another record of step `step` (in `names`)
+    /// has already is refused.
     pub(crate) fn merge_into(
         &mut self,
         records: &mut StepRecords,
         names: &mut HashSet<String>,
         step: u64,
     ) -> Result<(), RecordError> {
-        // Every part's work is waited for, even after an error, before its tensors are let go.
+        // Every part's job is waited for, even after an error, before its root is let go.
         let parts: Vec<(usize, Result<StepRecords, RecordError>)> = std::mem::take(&mut self.0)
             .into_iter()
             .map(|Started { at, pending, keep }| {
-                let waited = profile::time(profile::Phase::Join, || pending.wait())
-                    .and_then(|(part, done)| done.wait_here().and(part));
+                let waited = profile::time(profile::Phase::Join, || pending.wait());
                 drop(keep);
                 (at, waited)
             })

@@ -1,4 +1,4 @@
-//! The recorder's unit tests: steps recorded, skipped, finished on the worker, and in order.
+//! The recorder's unit tests: steps recorded, skipped, with parts from the worker, and in order.
 
 use super::*;
 use std::cell::RefCell;
@@ -55,11 +55,9 @@ fn steps_left_out_are_neither_recorded_nor_remembered() {
     assert_eq!(seen, [0, 3, 6]);
 }
 
-/// A CPU recorder whose steps finish on the worker thread, as a GPU recorder's do.
-fn finishing_on_worker(dir: &Path) -> Recorder {
-    let mut recorder = Recorder::create(dir, RunConfig::default(), &Device::Cpu, CapturePolicy::default()).unwrap();
-    recorder.finish_on_worker = true;
-    recorder
+/// A CPU recorder writing into `dir`.
+fn recorder_in(dir: &Path) -> Recorder {
+    Recorder::create(dir, RunConfig::default(), &Device::Cpu, CapturePolicy::default()).unwrap()
 }
 
 /// The names and hashes of every step of the trace in `dir`.
@@ -73,13 +71,16 @@ fn steps_of(dir: &Path) -> Vec<(u64, Vec<(String, String)>)> {
     steps
 }
 
+/// The parameters and the graph are read on the worker thread; their records still take the
+/// places they were asked for: input, parameters, graph (its root last), gradients, updated
+/// parameters. Two runs give the same trace.
 #[test]
-fn steps_finished_on_the_worker_write_the_same_trace() {
+fn parts_from_the_worker_take_their_places_and_two_runs_agree() {
     use crate::capture::ModelCapture;
     use candle_core::{DType, Module};
     let dir = tempfile::tempdir().unwrap();
     let mut traces = Vec::new();
-    for on_worker in [false, true] {
+    for run in 0..2 {
         let weight =
             Var::from_tensor(&Tensor::new(&[[0.5f32, -1.0, 0.25], [2.0, 0.125, -0.75]], &Device::Cpu).unwrap())
                 .unwrap();
@@ -88,9 +89,8 @@ fn steps_finished_on_the_worker_write_the_same_trace() {
         let capture =
             ModelCapture::from_vars([("fc.weight".to_string(), weight.clone()), ("fc.bias".into(), bias.clone())]);
         let mut opt = <candle_nn::SGD as candle_nn::Optimizer>::new(vec![weight, bias], 0.1).unwrap();
-        let path = dir.path().join(format!("{on_worker}"));
-        let mut recorder = finishing_on_worker(&path);
-        recorder.finish_on_worker = on_worker;
+        let path = dir.path().join(format!("{run}"));
+        let mut recorder = recorder_in(&path);
         for step in 0..4 {
             let x = Tensor::new(&[[step as f32, 1.0, -2.0]], &Device::Cpu).unwrap();
             let mut s = recorder.step(step);
@@ -108,41 +108,21 @@ fn steps_finished_on_the_worker_write_the_same_trace() {
         traces.push(steps_of(&path));
     }
     assert_eq!(traces[0].len(), 4);
-    assert!(traces[0][0].1.iter().any(|(name, _)| name == "fc.weight.updated"), "{:?}", traces[0][0]);
+    let names: Vec<&str> = traces[0][0].1.iter().map(|(name, _)| name.as_str()).collect();
+    let at = |name: &str| names.iter().position(|n| *n == name).unwrap_or_else(|| panic!("{name} in {names:?}"));
+    assert_eq!(&names[..3], ["x", "fc.bias", "fc.weight"], "{names:?}");
+    assert!(at("loss") > 3, "graph nodes before the root: {names:?}");
+    assert_eq!(&names[at("loss") + 1..], ["fc.bias.grad", "fc.weight.grad", "fc.bias.updated", "fc.weight.updated"]);
     assert_eq!(traces[0], traces[1]);
 }
 
-/// The worker runs jobs in order, so a step's own jobs finishing means earlier steps'
-/// finishes have too; a step with no job of its own must still wait for them before it
-/// lets the caller change what they read.
+/// An error in a part from the worker (a name recorded twice) comes with the step's finish,
+/// and the step is not written.
 #[test]
-fn a_wait_in_a_step_without_jobs_waits_for_the_earlier_finish_on_the_worker() {
-    use std::sync::atomic::{AtomicBool, Ordering};
-    let dir = tempfile::tempdir().unwrap();
-    let mut recorder = finishing_on_worker(&dir.path().join("t"));
-    let read = Arc::new(AtomicBool::new(false));
-    let mut s = recorder.step(0);
-    let flag = read.clone();
-    s.record_in_background(None, move |_| {
-        std::thread::sleep(std::time::Duration::from_millis(200));
-        flag.store(true, Ordering::SeqCst);
-        Ok(())
-    });
-    s.finish().unwrap();
-    let mut s = recorder.step(1);
-    s.wait_for_background().unwrap();
-    assert!(read.load(Ordering::SeqCst), "the wait returned before step 0's work on the worker ended");
-    s.finish().unwrap();
-    recorder.finish().unwrap();
-}
-
-/// An error found when a step finishes on the worker (a name recorded twice) comes with a
-/// later call, and the step is not written.
-#[test]
-fn an_error_of_a_step_finished_on_the_worker_comes_later_and_the_step_is_not_written() {
+fn an_error_in_a_part_from_the_worker_fails_the_step_and_the_step_is_not_written() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("t");
-    let mut recorder = finishing_on_worker(&path);
+    let mut recorder = recorder_in(&path);
     let x = Tensor::new(&[1f32], &Device::Cpu).unwrap();
     let mut s = recorder.step(0);
     s.record("x", TensorKind::Input, &x).unwrap();
@@ -161,8 +141,8 @@ fn an_error_of_a_step_finished_on_the_worker_comes_later_and_the_step_is_not_wri
         };
         records.push(what, &twice, false)
     });
-    s.finish().unwrap();
-    let err = recorder.finish().unwrap_err().to_string();
+    let err = s.finish().unwrap_err().to_string();
     assert!(err.contains("`x` recorded twice in step 1"), "{err}");
+    recorder.finish().unwrap();
     assert_eq!(steps_of(&path).iter().map(|(step, _)| *step).collect::<Vec<_>>(), [0]);
 }
