@@ -57,8 +57,8 @@ impl ModelCapture {
     }
 
     /// Records every parameter under its name (kind `weight`), as it is before the update.
-    /// They are read on the recorder's worker thread while this thread goes on (the forward
-    /// pass), so none may change before the step's next wait: `record_gradients` waits, before
+    /// They are queued on the recorder's worker thread while this thread goes on (the forward
+    /// pass) and read when the step next waits for that work, so none may change before it: `record_gradients` waits, before
     /// the optimizer's step; code that changes a parameter earlier calls
     /// `StepRecorder::wait_for_background` first.
     pub fn record_parameters(&self, s: &mut StepRecorder) {
@@ -81,8 +81,8 @@ impl ModelCapture {
     /// `record_parameters` names), in topological order; the root itself as `root_name` of kind
     /// `root_kind`. Call it once per step, after the forward pass: it takes the step's scopes.
     ///
-    /// The graph is walked, named and read on the recorder's worker thread while this thread
-    /// goes on: call it as soon as the root exists (before `backward()`), and the work overlaps
+    /// The graph is walked, named and its reads planned on the recorder's worker thread while
+    /// this thread goes on: call it as soon as the root exists (before `backward()`), and the work overlaps
     /// the backward pass. Its records take their place in the step here. Some nodes are views
     /// that share a parameter's memory (a transposed weight, a broadcast bias), which the
     /// optimizer overwrites in place, so the step must wait for them before the optimizer's
@@ -155,7 +155,7 @@ impl ModelCapture {
     }
 
     /// Records every parameter after the optimizer's update as `NAME.updated` (phase update),
-    /// read when the step finishes (on a GPU, on the recorder's worker thread): the parameters
+    /// read when the step finishes: the parameters
     /// must not change before the next step's first wait, which the next step's
     /// `record_gradients` is, ahead of its optimizer's step.
     pub fn record_updated(&self, s: &mut StepRecorder) -> Result<(), RecordError> {

@@ -5,8 +5,8 @@
 //!    must equal the one computed on the host.
 //! 2. Recording while the GPU lags far behind the host: a small gpt recorded with a queue of
 //!    long matrix products launched at the start of every step must give the same trace as
-//!    without, which holds only if the recorder's worker thread, whose launches go to a stream
-//!    of its own, orders its reads after the training thread's kernels and before its updates.
+//!    without, which holds only if the recorder's reads run after the training thread's kernels
+//!    that computed what they read and before its in-place updates.
 //! 3. Throughput of GPU hashing at 1 MiB, 64 MiB and 1 GiB, beside the device's memory bandwidth
 //!    measured in the same run (a plain read kernel), as a table.
 

@@ -295,12 +295,6 @@ impl DeviceBatch {
         Ok(ticket)
     }
 
-    /// Clones of the tensors queued and not launched yet.
-    pub fn queued(&self) -> Vec<Tensor> {
-        let planned = self.planned.iter().flat_map(|p| &p.tensors);
-        planned.chain(&self.pending).map(|(t, _)| t.clone()).collect()
-    }
-
     /// Tickets handed out so far: results flushed and tensors queued.
     pub fn tickets(&self) -> usize {
         self.flushed_results() + self.planned.iter().map(|p| p.plan.slots.len()).sum::<usize>() + self.pending.len()
@@ -352,7 +346,7 @@ impl DeviceBatch {
     /// Uploads a plan's table and launches its kernels on the calling thread's stream.
     fn launch(&self, plan: Plan) -> Result<Flushed> {
         let stream = self.dev.cuda_stream();
-        let mut staged = PINNED_TABLES.take(&self.dev, plan.table.len().max(1))?;
+        let mut staged = take_pinned(&PINNED_TABLES, &self.dev, plan.table.len().max(1))?;
         staged.as_mut_slice()[..plan.table.len()].copy_from_slice(&plan.table);
         // One device buffer per flush, from a pool (an allocation costs the driver an
         // allocation, two events and their release): the output first (what the host copies
@@ -360,7 +354,10 @@ impl DeviceBatch {
         let out_bytes = plan.out_len.max(1).next_multiple_of(8);
         let table_bytes = 8 * staged.len();
         let node_bytes = 32 * plan.nodes as usize;
-        let mut arena = DEVICE_ARENAS.take(&self.dev, out_bytes + table_bytes + node_bytes.max(4))?;
+        let arena_len = out_bytes + table_bytes + node_bytes.max(4);
+        // SAFETY: the table is written by the copy below, and the kernels write every output
+        // and chaining value they read.
+        let mut arena = DEVICE_ARENAS.take(&self.dev, arena_len, || unsafe { self.dev.alloc::<u8>(arena_len) })?;
         let (mut out, mut rest) = arena.split_at_mut(out_bytes);
         let (mut table, mut nodes) = rest.split_at_mut(table_bytes);
         // SAFETY: the regions are 8-byte aligned (allocations are, and so are their offsets) and
@@ -411,22 +408,23 @@ impl DeviceBatch {
 
     /// Flushes, then queues the copy of every output to page-locked host memory behind the
     /// kernels, on the calling thread's stream, without waiting: `PendingRead::wait` waits for
-    /// this step's work only, so the host can queue the next steps meanwhile. The output
-    /// buffers are released at once, freed in stream order after the copy.
+    /// this step's work only, so the host can queue the next steps meanwhile. The device
+    /// buffers go back to their pool once the copy has landed (`LandedRead::results`).
     pub fn start_read(mut self) -> Result<PendingRead> {
         self.flush()?;
         let stream = self.dev.cuda_stream();
         let mut copies = Vec::with_capacity(self.flushed.len());
         for Flushed { arena, out_len, slots, table } in self.flushed {
             let out = arena.slice(..out_len.max(1));
-            let mut host = PINNED_RESULTS.take(&self.dev, out.len())?;
+            let mut host = take_pinned(&PINNED_RESULTS, &self.dev, out.len())?;
             // SAFETY: `host` is page-locked and stays alive (in the `PendingCopy`) until the
             // copy has landed (`PendingRead::wait`).
             unsafe { host.download(&out, &stream) }?;
-            drop(out);
             copies.push(PendingCopy { host, slots, table, arena });
         }
-        let landed = PooledEvent::recorded(&self.dev, &stream)?;
+        // Our own event: a page-locked buffer's own event is recorded only when cudarc manages
+        // synchronization between several streams, and candle runs one per thread.
+        let landed = stream.record_event(None).w()?;
         Ok(PendingRead { ordinal: self.dev.id(), copies, landed })
     }
 
@@ -441,51 +439,6 @@ fn plan_of(tensors: &[(Tensor, Want)], dev: &CudaDevice) -> Result<Plan> {
     let stream = dev.cuda_stream();
     let views = tensors.iter().map(|(t, want)| Ok((view_of(t, &stream)?, *want))).collect::<Result<Vec<_>>>()?;
     Ok(Plan::new(&views).expect("every view fits the kernels"))
-}
-
-/// A CUDA event from a pool kept for reuse (creating and destroying one are two driver calls):
-/// recorded anew when taken, and given back when dropped.
-struct PooledEvent {
-    ordinal: candle_core::cuda_backend::DeviceId,
-    event: Option<CudaEvent>,
-}
-
-/// Free events kept for reuse, by device.
-static EVENTS: std::sync::Mutex<Vec<(candle_core::cuda_backend::DeviceId, CudaEvent)>> =
-    std::sync::Mutex::new(Vec::new());
-
-/// Free events kept, at most.
-const EVENTS_KEPT: usize = 64;
-
-impl PooledEvent {
-    /// A free event of `dev` (or a new one), recorded on `stream`.
-    fn recorded(dev: &CudaDevice, stream: &CudaStream) -> Result<PooledEvent> {
-        let ordinal = dev.id();
-        let free = EVENTS.lock().ok().and_then(|mut pool| {
-            let i = pool.iter().rposition(|(id, _)| *id == ordinal)?;
-            Some(pool.swap_remove(i).1)
-        });
-        let event = match free {
-            Some(event) => event,
-            None => stream.context().new_event(None).w()?,
-        };
-        event.record(stream).w()?;
-        Ok(PooledEvent { ordinal, event: Some(event) })
-    }
-
-    fn get(&self) -> &CudaEvent {
-        self.event.as_ref().expect("an event until dropped")
-    }
-}
-
-impl Drop for PooledEvent {
-    fn drop(&mut self) {
-        if let (Some(event), Ok(mut pool)) = (self.event.take(), EVENTS.lock()) {
-            if pool.len() < EVENTS_KEPT {
-                pool.push((self.ordinal, event));
-            }
-        }
-    }
 }
 
 /// The batched hashing kernels of one device, looked up once per device and process rather
@@ -536,14 +489,14 @@ pub struct PendingRead {
     ordinal: candle_core::cuda_backend::DeviceId,
     copies: Vec<PendingCopy>,
     /// Recorded on the stream behind the copies.
-    landed: PooledEvent,
+    landed: CudaEvent,
 }
 
 impl PendingRead {
     /// Waits for the copies (that is, for the step's work, not for anything queued after it).
     /// A driver call: make it on the thread that trains (see `DeviceBatch`).
     pub fn wait(self) -> Result<LandedRead> {
-        self.landed.get().synchronize().w()?;
+        self.landed.synchronize().w()?;
         Ok(LandedRead { ordinal: self.ordinal, copies: self.copies })
     }
 }
@@ -589,26 +542,21 @@ impl<
             + candle_core::cuda_backend::cudarc::driver::ValidAsZeroBits,
     > Pinned<T>
 {
-    fn new(buffer: PinnedHostSlice<T>) -> Result<Self> {
-        let mut buffer = buffer;
+    fn new(mut buffer: PinnedHostSlice<T>) -> Result<Self> {
         // Synchronizes the buffer's event, which nothing has recorded: returns at once.
         let address = buffer.as_mut_ptr().w()?;
         Ok(Pinned { buffer, address })
     }
 
-    fn len(&self) -> usize {
-        self.buffer.len()
-    }
-
     /// The elements; valid once every copy into the buffer has landed.
     fn as_slice(&self) -> &[T] {
         // SAFETY: the buffer holds `len` elements at `address` for as long as it lives.
-        unsafe { std::slice::from_raw_parts(self.address, self.len()) }
+        unsafe { std::slice::from_raw_parts(self.address, self.buffer.len()) }
     }
 
     fn as_mut_slice(&mut self) -> &mut [T] {
         // SAFETY: as in `as_slice`, borrowed mutably.
-        unsafe { std::slice::from_raw_parts_mut(self.address, self.len()) }
+        unsafe { std::slice::from_raw_parts_mut(self.address, self.buffer.len()) }
     }
 
     /// Queues the copy of the buffer to `dst` (as long as the buffer) on `stream`.
@@ -633,96 +581,99 @@ impl<
     }
 }
 
-/// Page-locked host buffers of one element type, kept for reuse (allocating one costs far more
-/// than a step's copy, and can wait for the device); by device.
-struct PinnedPool<T>(std::sync::Mutex<Vec<(candle_core::cuda_backend::DeviceId, Pinned<T>)>>);
+/// Buffers kept for reuse between steps, by device and exact length: a step's flushes mostly
+/// have the sizes of the step before, and allocating costs driver calls (a page-locked buffer
+/// far more than a step's copy). A buffer comes back once the copy of its step's results has
+/// landed (`LandedRead::results`, on any thread, with no driver call), so nothing on the device
+/// uses it any more. Buffers are freed when `take` makes room, on the thread that trains, or,
+/// if too large to keep, where they come back.
+struct BufferPool<B> {
+    free: std::sync::Mutex<Vec<(candle_core::cuda_backend::DeviceId, B)>>,
+    /// Free buffers kept, at most.
+    max_count: usize,
+    /// Bytes of free buffers kept, at most.
+    max_bytes: usize,
+}
 
-/// Buffers the results are copied into.
-static PINNED_RESULTS: PinnedPool<u8> = PinnedPool(std::sync::Mutex::new(Vec::new()));
-/// Buffers the kernels' tables are uploaded from: a copy from pageable memory can wait for the
-/// GPU to drain, one from page-locked memory never does.
-static PINNED_TABLES: PinnedPool<u64> = PinnedPool(std::sync::Mutex::new(Vec::new()));
+/// Page-locked buffers the results are copied into (not write-combined: the host reads them).
+static PINNED_RESULTS: BufferPool<Pinned<u8>> = BufferPool::new(16, usize::MAX);
+/// Page-locked buffers the kernels' tables are uploaded from: a copy from pageable memory can
+/// wait for the GPU to drain, one from page-locked memory never does.
+static PINNED_TABLES: BufferPool<Pinned<u64>> = BufferPool::new(16, usize::MAX);
+/// Device buffers for the flushes' results, tables and chaining values (a flush over large
+/// tensors needs a large tree; a buffer larger than the bound is freed rather than kept).
+static DEVICE_ARENAS: BufferPool<CudaSlice<u8>> = BufferPool::new(usize::MAX, 64 << 20);
 
-impl<
-        T: candle_core::cuda_backend::cudarc::driver::DeviceRepr
-            + candle_core::cuda_backend::cudarc::driver::ValidAsZeroBits,
-    > PinnedPool<T>
+/// A page-locked buffer of `len` elements from `pool`, or a new one.
+fn take_pinned<T>(pool: &BufferPool<Pinned<T>>, dev: &CudaDevice, len: usize) -> Result<Pinned<T>>
+where
+    T: candle_core::cuda_backend::cudarc::driver::DeviceRepr
+        + candle_core::cuda_backend::cudarc::driver::ValidAsZeroBits,
 {
-    /// A page-locked buffer of exactly `len` elements for `dev` (a copy from or into it moves
-    /// as many as it holds): a free one, or a new one. Steps of a run mostly have the same
-    /// sizes, so the pool keeps the few distinct ones. Not write-combined: the host reads it.
-    fn take(&self, dev: &CudaDevice, len: usize) -> Result<Pinned<T>> {
-        let mut pool = self.0.lock().map_err(|_| Error::Msg("pinned buffer pool poisoned".into()))?;
-        if let Some(i) = pool.iter().position(|(id, b)| *id == dev.id() && b.len() == len) {
-            return Ok(pool.swap_remove(i).1);
-        }
-        // Free buffers of other sizes beyond a few are dropped rather than kept forever.
-        if pool.len() >= PINNED_KEPT {
-            pool.remove(0);
-        }
-        drop(pool);
-        // SAFETY: every element is written (by a copy, or by the host) before anything reads it.
+    // SAFETY: every element is written (by a copy, or by the host) before anything reads it.
+    pool.take(dev, len, || {
         Pinned::new(unsafe { dev.cuda_stream().context().alloc_pinned_with_flags::<T>(len, 0) }.w()?)
-    }
+    })
+}
 
-    /// Puts a buffer back for reuse, once nothing on the device uses it any more.
-    fn give_back(&self, ordinal: candle_core::cuda_backend::DeviceId, buffer: Pinned<T>) {
-        if let Ok(mut pool) = self.0.lock() {
-            pool.push((ordinal, buffer));
-        }
+/// What a pool needs to know of a buffer.
+trait Buffer {
+    /// Its length in elements (a copy from or into it moves as many as it holds).
+    fn len(&self) -> usize;
+    /// Its size in bytes.
+    fn bytes(&self) -> usize;
+}
+
+impl<T> Buffer for Pinned<T> {
+    fn len(&self) -> usize {
+        self.buffer.len()
+    }
+    fn bytes(&self) -> usize {
+        self.buffer.num_bytes()
     }
 }
 
-/// Free page-locked buffers kept for reuse, per pool: a few steps in flight, each with a few
-/// flushes of distinct sizes.
-const PINNED_KEPT: usize = 16;
+impl Buffer for CudaSlice<u8> {
+    fn len(&self) -> usize {
+        CudaSlice::len(self)
+    }
+    fn bytes(&self) -> usize {
+        CudaSlice::len(self)
+    }
+}
 
-/// Device buffers for the flushes' results, tables and chaining values, kept for reuse: a
-/// step's flushes mostly have the sizes of the step before. A buffer comes back once the copy
-/// of its results has landed (`LandedRead::results`, on any thread, with no driver call), so
-/// nothing on the device uses it any more. Buffers are freed (on the calling thread's stream)
-/// when `take` makes room, on the thread that trains, or, if too large to keep, where they
-/// come back.
-struct DeviceArenas(std::sync::Mutex<Vec<(candle_core::cuda_backend::DeviceId, CudaSlice<u8>)>>);
+impl<B: Buffer> BufferPool<B> {
+    const fn new(max_count: usize, max_bytes: usize) -> Self {
+        BufferPool { free: std::sync::Mutex::new(Vec::new()), max_count, max_bytes }
+    }
 
-static DEVICE_ARENAS: DeviceArenas = DeviceArenas(std::sync::Mutex::new(Vec::new()));
-
-/// Bytes of free device buffers kept, at most (a flush over large tensors needs a large tree;
-/// a buffer larger than this is freed rather than kept).
-const ARENAS_KEPT_BYTES: usize = 64 << 20;
-
-impl DeviceArenas {
-    /// A device buffer of exactly `len` bytes: a free one, or a new one.
-    fn take(&self, dev: &CudaDevice, len: usize) -> Result<CudaSlice<u8>> {
-        let mut pool = self.0.lock().map_err(|_| Error::Msg("device buffer pool poisoned".into()))?;
-        if let Some(i) = pool.iter().position(|(id, b)| *id == dev.id() && b.len() == len) {
-            return Ok(pool.swap_remove(i).1);
+    /// A buffer of exactly `len` elements for `dev`: a free one, or one `allocate` makes.
+    fn take(&self, dev: &CudaDevice, len: usize, allocate: impl FnOnce() -> Result<B>) -> Result<B> {
+        let mut free = self.free.lock().map_err(|_| Error::Msg("buffer pool poisoned".into()))?;
+        if let Some(i) = free.iter().position(|(id, b)| *id == dev.id() && b.len() == len) {
+            return Ok(free.swap_remove(i).1);
         }
-        // Room for one of this size: the oldest free buffers go (freed here, on this thread).
-        let mut kept: usize = pool.iter().map(|(_, b)| b.len()).sum();
+        // Room for one more: the oldest free buffers go (freed below, outside the lock).
+        let mut kept: usize = free.iter().map(|(_, b)| b.bytes()).sum();
         let mut evicted = Vec::new();
-        while kept + len > ARENAS_KEPT_BYTES && !pool.is_empty() {
-            let (_, buffer) = pool.remove(0);
-            kept -= buffer.len();
+        while !free.is_empty() && (free.len() >= self.max_count || kept.saturating_add(len) > self.max_bytes) {
+            let (_, buffer) = free.remove(0);
+            kept -= buffer.bytes();
             evicted.push(buffer);
         }
-        drop(pool);
+        drop(free);
         drop(evicted);
-        // SAFETY: the flush writes the table by a copy, and its kernels write every output and
-        // chaining value they read.
-        unsafe { dev.alloc::<u8>(len) }
+        allocate()
     }
 
     /// Puts a buffer back for reuse, once nothing on the device uses it any more; one too large
     /// to keep is dropped.
-    fn give_back(&self, ordinal: candle_core::cuda_backend::DeviceId, buffer: CudaSlice<u8>) {
-        if buffer.len() > ARENAS_KEPT_BYTES {
-            // Freed on this thread's stream: nothing uses it any more.
-            drop(buffer);
+    fn give_back(&self, ordinal: candle_core::cuda_backend::DeviceId, buffer: B) {
+        if buffer.bytes() > self.max_bytes {
             return;
         }
-        if let Ok(mut pool) = self.0.lock() {
-            pool.push((ordinal, buffer));
+        if let Ok(mut free) = self.free.lock() {
+            free.push((ordinal, buffer));
         }
     }
 }

@@ -2,7 +2,7 @@
 //! walking captured graphs, queueing tensors, launching the device's hashing, waiting for its
 //! results and writing the trace, summed over the run and printed to stderr when the recorder
 //! finishes. Work on the recorder's worker thread (a captured graph's walk, queueing and
-//! launches) is counted too, although it runs beside training; the training thread's wait for
+//! planning) is counted too, although it runs beside training; the training thread's wait for
 //! it is its own phase. For finding where a recorded step's extra time goes; off, it costs one
 //! flag check per phase.
 

@@ -79,8 +79,7 @@ type StepSelector = Box<dyn FnMut(u64) -> bool>;
 
 /// How many finished steps may wait for their GPU results while training goes on. Each holds
 /// only its results' buffers (hashes, and values the capture policy keeps), never the graph's
-/// tensors, which are freed in stream order once the hashing kernels have read them (the
-/// tensors a step finished on the worker reads are held here until then).
+/// tensors, which are freed in stream order once the hashing kernels have read them.
 const READ_BEHIND: usize = 2;
 
 /// A progress display's hook, called after every recorded step.
@@ -465,8 +464,8 @@ impl StepRecorder<'_> {
     }
 
     /// Waits for this step's work on the recorder's worker thread (a captured graph, see
-    /// `ModelCapture::record_graph`) and reports its error: once this returns, that work's
-    /// device reads are queued, so the tensors it recorded (views of parameters among them) may
+    /// `ModelCapture::record_graph`), launches the device reads it planned, and reports its
+    /// error: once this returns, those reads are queued, so the tensors it recorded (views of parameters among them) may
     /// change. Cheaper than `read_now`, which also launches the reads of what this thread has
     /// queued since the last one. `ModelCapture::record_gradients` and
     /// `DataParallel::average_gradients` call it, before the optimizer's step.
@@ -484,8 +483,8 @@ impl StepRecorder<'_> {
     /// ops); what it records takes its place in the step here, before anything recorded after
     /// this call. The job's tensors must not change before the step's next
     /// `wait_for_background`, `read_now` or `finish`, which wait for the job and report its
-    /// error. The job launches its own device reads; tensors it records stay alive until those
-    /// are queued.
+    /// error. The job plans its device reads (no driver call); this thread launches them when
+    /// it takes the job's records over, and the tensors it recorded stay alive until then.
     pub(crate) fn record_in_background(
         &mut self,
         keep: Option<Tensor>,

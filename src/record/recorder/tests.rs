@@ -10,8 +10,7 @@ use std::rc::Rc;
 #[test]
 fn a_host_step_is_completed_when_it_finishes() {
     let dir = tempfile::tempdir().unwrap();
-    let mut recorder =
-        Recorder::create(dir.path().join("t"), RunConfig::default(), &Device::Cpu, CapturePolicy::default()).unwrap();
+    let mut recorder = recorder_in(&dir.path().join("t"));
     let seen = Rc::new(RefCell::new(Vec::new()));
     let log = seen.clone();
     recorder.on_step(move |p| log.borrow_mut().push(p.step));
@@ -29,8 +28,7 @@ fn a_host_step_is_completed_when_it_finishes() {
 #[test]
 fn steps_left_out_are_neither_recorded_nor_remembered() {
     let dir = tempfile::tempdir().unwrap();
-    let mut recorder =
-        Recorder::create(dir.path().join("t"), RunConfig::default(), &Device::Cpu, CapturePolicy::default()).unwrap();
+    let mut recorder = recorder_in(&dir.path().join("t"));
     let asked = Rc::new(RefCell::new(Vec::new()));
     let log = asked.clone();
     recorder.record_only(move |step| {
