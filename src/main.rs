@@ -2,6 +2,12 @@
 
 mod cli;
 
+/// mimalloc, not the system's `malloc`: the recorder's writer thread frees what the training
+/// thread allocated, and glibc makes such frees wait for the training thread's arena lock
+/// (docs/cuda.md, "The allocator").
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> std::process::ExitCode {
     cli::run(cli::parse()).into()
 }
