@@ -226,6 +226,13 @@ pub enum Resolved {
     DataHash([u8; 32]),
 }
 
+/// Compiles and loads the hashing kernels on `dev`, and makes its memory pool keep what candle
+/// frees (`keep_freed_memory`): what a `DeviceBatch` would otherwise do at its first flush.
+pub fn prepare(dev: &CudaDevice) -> Result<()> {
+    keep_freed_memory(dev)?;
+    HashKernels::of(dev).map(|_| ())
+}
+
 /// One step's device-side recording work. Tensors are queued as they are recorded and read
 /// when the batch is flushed: every view is hashed (or copied, where the host keeps values) by
 /// the batched kernels of `device_hash`, a handful of launches per flush whatever the number of

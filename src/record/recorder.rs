@@ -33,7 +33,7 @@ use super::perturb::Perturbation;
 use super::probe::{Probe, ProbedGradients};
 use super::profile;
 use super::step_records::{Described, StepRecords};
-use super::tensor_bytes::DeviceRead;
+use super::tensor_bytes::{DeviceQueue, DeviceRead};
 use super::worker::{BackgroundParts, Worker};
 use crate::trace::{
     CapturePolicy, Distributed, Header, Phase, RunConfig, StepCheck, StepTensor, StepVerdict, TensorKind, TraceWriter,
@@ -166,6 +166,7 @@ impl Recorder {
         replace: bool,
         distributed: Option<Distributed>,
     ) -> Result<Self, RecordError> {
+        DeviceQueue::prepare(device)?;
         let total_steps = run.steps;
         let header = Header {
             format: CURRENT_FORMAT,

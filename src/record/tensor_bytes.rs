@@ -45,6 +45,19 @@ pub struct DeviceQueue {
 }
 
 impl DeviceQueue {
+    /// Gets `device` ready to hash: on a GPU, compiles and loads the hashing kernels (tens of
+    /// milliseconds, seconds on a machine whose driver has not compiled them before), so that
+    /// a recorder pays for it when it is created rather than in its first step; any
+    /// compilation error is reported here. Nothing to do on the CPU.
+    pub fn prepare(device: &Device) -> Result<(), RecordError> {
+        #[cfg(feature = "cuda")]
+        if let Device::Cuda(dev) = device {
+            crate::ops::cuda::prepare(dev)?;
+        }
+        let _ = device;
+        Ok(())
+    }
+
     /// Queues `tensor` if it lives on a GPU: its data hash when `hash` (values not needed),
     /// otherwise its bytes; with `snapshot`, a device copy of it taken now (for a tensor that
     /// changes in place before the queue is flushed). Returns a ticket for `resolve`, or `None`
