@@ -313,14 +313,17 @@ impl DeviceBatch {
     }
 
     /// Plans the reads of everything queued, on the host: no driver call, so any thread may
-    /// (the recorder's worker does, for a captured graph). Views the kernels cannot read as
-    /// they are (too many dimensions) need a contiguous copy, a launch: when one is queued,
-    /// nothing is planned here and `flush` plans it all.
+    /// (the recorder's worker does, for a captured graph). What an earlier call planned and
+    /// nothing has launched yet is planned again with it, so the lot is launched in one flush.
+    /// Views the kernels cannot read as they are (too many dimensions) need a contiguous copy,
+    /// a launch: when one is queued, nothing is planned here and `flush` plans it.
     pub fn plan(&mut self) -> Result<()> {
         if self.pending.is_empty() || self.pending.iter().any(|(t, _)| !fits(t.layout().dims(), t.layout().stride())) {
             return Ok(());
         }
-        let tensors = std::mem::take(&mut self.pending);
+        let mut tensors: Vec<(Tensor, Want)> =
+            std::mem::take(&mut self.planned).into_iter().flat_map(|planned| planned.tensors).collect();
+        tensors.append(&mut self.pending);
         let plan = plan_of(&tensors, &self.dev)?;
         self.planned.push(Planned { plan, tensors });
         Ok(())

@@ -78,9 +78,9 @@ struct Started {
     /// The index its records take among the step's (where it was asked for).
     at: usize,
     pending: Pending<StepRecords>,
-    /// A tensor whose graph the job reads, held here until the job is done, so that the job
-    /// never drops the last reference to one of its tensors.
-    keep: Option<Tensor>,
+    /// Tensors whose graphs the part's jobs read, held here until the jobs are done, so that a
+    /// job never drops the last reference to one of its tensors.
+    keep: Vec<Tensor>,
 }
 
 /// Parts of one step recorded on the worker thread, in the order they were asked for.
@@ -91,6 +91,10 @@ impl BackgroundParts {
     /// Runs `job` on `worker` into a part of `records`' step, placed after what `records` holds
     /// now; the job's device reads are planned when it ends, and launched when the part is
     /// merged. `keep` (the root of a graph the job reads) stays alive here until then.
+    ///
+    /// A job whose records follow the last part's directly (this thread recorded nothing in
+    /// between: a model's parameters, then its graph) continues that part, so that both are
+    /// planned together and launched in one flush.
     pub(crate) fn start(
         &mut self,
         worker: &mut Worker,
@@ -98,13 +102,26 @@ impl BackgroundParts {
         keep: Option<Tensor>,
         job: impl FnOnce(&mut StepRecords) -> Result<(), RecordError> + Send + 'static,
     ) {
+        let at = records.tensors.len();
+        let (earlier, mut kept) = match self.0.pop() {
+            Some(last) if last.at == at => (Some(last.pending), last.keep),
+            other => {
+                self.0.extend(other);
+                (None, Vec::new())
+            }
+        };
         let mut part = records.part();
         let pending = worker.run(move || {
+            if let Some(earlier) = earlier {
+                // Ran before this job, on this thread: its result is there.
+                part = earlier.wait()?;
+            }
             job(&mut part)?;
             part.device.plan()?;
             Ok(part)
         });
-        self.0.push(Started { at: records.tensors.len(), pending, keep });
+        kept.extend(keep);
+        self.0.push(Started { at, pending, keep: kept });
     }
 
     /// Waits for every part and merges it into `records` at its place, launching its planned
@@ -162,6 +179,55 @@ impl Drop for Worker {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::record::step_records::Described;
+    use crate::trace::TensorKind;
+
+    fn record(records: &mut StepRecords, name: &str) -> Result<(), RecordError> {
+        let tensor = Tensor::new(&[1f32, 2.0], &candle_core::Device::Cpu)?;
+        let what = Described {
+            name: name.into(),
+            kind: TensorKind::Input,
+            phase: None,
+            inputs: &[],
+            node: None,
+            collective: None,
+        };
+        records.push(what, &tensor, false)
+    }
+
+    /// Jobs with nothing recorded between them on this thread continue one part (planned and
+    /// launched together); a record in between starts a new one. Every record takes its place.
+    #[test]
+    fn contiguous_jobs_share_a_part_and_every_record_takes_its_place() {
+        let mut worker = Worker::spawn();
+        let mut records = StepRecords::new(false, 256);
+        let mut parts = BackgroundParts::default();
+        record(&mut records, "first").unwrap();
+        parts.start(&mut worker, &records, None, |part| record(part, "job.a"));
+        parts.start(&mut worker, &records, None, |part| record(part, "job.b"));
+        assert_eq!(parts.0.len(), 1, "contiguous jobs continue one part");
+        record(&mut records, "between").unwrap();
+        parts.start(&mut worker, &records, None, |part| record(part, "job.c"));
+        assert_eq!(parts.0.len(), 2, "a record in between starts a new part");
+        record(&mut records, "last").unwrap();
+        let mut names = ["first", "between", "last"].map(String::from).into_iter().collect();
+        parts.merge_into(&mut records, &mut names, 0).unwrap();
+        let order: Vec<&str> = records.tensors.iter().map(|t| t.record.name.as_str()).collect();
+        assert_eq!(order, ["first", "job.a", "job.b", "between", "job.c", "last"]);
+    }
+
+    /// A failed job fails the jobs that continue its part, and the merge reports it.
+    #[test]
+    fn a_failed_job_fails_the_part_it_began() {
+        let mut worker = Worker::spawn();
+        let mut records = StepRecords::new(false, 256);
+        let mut parts = BackgroundParts::default();
+        parts.start(&mut worker, &records, None, |_| Err(RecordError::Unsupported("the first job failed".into())));
+        parts.start(&mut worker, &records, None, |part| record(part, "after"));
+        let err = parts.merge_into(&mut records, &mut HashSet::new(), 0).unwrap_err().to_string();
+        assert!(err.contains("the first job failed"), "{err}");
+        assert!(records.tensors.is_empty());
+    }
 
     #[test]
     fn jobs_run_in_order_and_a_panic_fails_only_its_own_job() {
