@@ -110,12 +110,13 @@ impl BackgroundParts {
                 (None, Vec::new())
             }
         };
-        let mut part = records.part();
+        let fresh = records.part();
         let pending = worker.run(move || {
-            if let Some(earlier) = earlier {
-                // Ran before this job, on this thread: its result is there.
-                part = earlier.wait()?;
-            }
+            // The part's earlier jobs ran before this one, on this thread: their result is there.
+            let mut part = match earlier {
+                Some(earlier) => earlier.wait()?,
+                None => fresh,
+            };
             job(&mut part)?;
             part.device.plan()?;
             Ok(part)
