@@ -56,10 +56,10 @@ impl ModelCapture {
         names
     }
 
-    /// Records every parameter under its name (kind `weight`), as it is before the update.
-    /// They are queued on the recorder's worker thread while this thread goes on (the forward
-    /// pass) and read when the step next waits for that work, so none may change before it: `record_gradients` waits, before
-    /// the optimizer's step; code that changes a parameter earlier calls
+    /// Records every parameter under its name (kind `weight`), as it is before the update. They are
+    /// queued on the recorder's worker thread while this thread goes on (the forward pass) and read
+    /// when the step next waits for that work, so none may change before it: `record_gradients`
+    /// waits, before the optimizer's step; code that changes a parameter earlier calls
     /// `StepRecorder::wait_for_background` first.
     pub fn record_parameters(&self, s: &mut StepRecorder) {
         s.record_variables_in_background(self.params.clone(), TensorKind::Weight, None);
@@ -81,14 +81,14 @@ impl ModelCapture {
     /// `record_parameters` names), in topological order; the root itself as `root_name` of kind
     /// `root_kind`. Call it once per step, after the forward pass: it takes the step's scopes.
     ///
-    /// The graph is walked, named and its reads planned on the recorder's worker thread while
-    /// this thread goes on: call it as soon as the root exists (before `backward()`), and the work overlaps
-    /// the backward pass. Its records take their place in the step here. Some nodes are views
-    /// that share a parameter's memory (a transposed weight, a broadcast bias), which the
-    /// optimizer overwrites in place, so the step must wait for them before the optimizer's
-    /// step: `record_gradients` does (as do `StepRecorder::wait_for_background` and
-    /// `read_now`). A graph that cannot be recorded (no variable behind the root, a variable
-    /// outside the model's) fails that wait, and the step is not written.
+    /// The graph is walked, named and its reads planned on the recorder's worker thread while this
+    /// thread goes on: call it as soon as the root exists (before `backward()`), and the work
+    /// overlaps the backward pass. Its records take their place in the step here. Some nodes are
+    /// views that share a parameter's memory (a transposed weight, a broadcast bias), which the
+    /// optimizer overwrites in place, so the step must wait for them before the optimizer's step:
+    /// `record_gradients` does (as do `StepRecorder::wait_for_background` and `read_now`). A graph
+    /// that cannot be recorded (no variable behind the root, a variable outside the model's) fails
+    /// that wait, and the step is not written.
     pub fn record_graph(&self, s: &mut StepRecorder, root: &Tensor, root_name: &str, root_kind: TensorKind) {
         let spans = take_step();
         let (root, by_id, root_name) = (root.clone(), self.by_id.clone(), root_name.to_string());
@@ -154,10 +154,9 @@ impl ModelCapture {
         Ok(missing)
     }
 
-    /// Records every parameter after the optimizer's update as `NAME.updated` (phase update),
-    /// read when the step finishes: the parameters
-    /// must not change before the next step's first wait, which the next step's
-    /// `record_gradients` is, ahead of its optimizer's step.
+    /// Records every parameter after the optimizer's update as `NAME.updated` (phase update), read
+    /// when the step finishes: the parameters must not change before the next step's first wait,
+    /// which the next step's `record_gradients` is, ahead of its optimizer's step.
     pub fn record_updated(&self, s: &mut StepRecorder) -> Result<(), RecordError> {
         let params = self.params.iter().map(|(n, v)| (n.as_str(), v));
         s.record_variables_later(params, ".updated", TensorKind::Weight, Some(Phase::Update))

@@ -471,10 +471,10 @@ impl StepRecorder<'_> {
     }
 
     /// Waits for this step's work on the recorder's worker thread (a captured graph, see
-    /// `ModelCapture::record_graph`), launches the device reads it planned, and reports its
-    /// error: once this returns, those reads are queued, so the tensors it recorded (views of parameters among them) may
-    /// change. Cheaper than `read_now`, which also launches the reads of what this thread has
-    /// queued since the last one. `ModelCapture::record_gradients` and
+    /// `ModelCapture::record_graph`), launches the device reads it planned, and reports its error:
+    /// once this returns, those reads are queued, so the tensors it recorded (views of parameters
+    /// among them) may change. Cheaper than `read_now`, which also launches the reads of what this
+    /// thread has queued since the last one. `ModelCapture::record_gradients` and
     /// `DataParallel::average_gradients` call it, before the optimizer's step.
     pub fn wait_for_background(&mut self) -> Result<(), RecordError> {
         profile::time(profile::Phase::Calls, || self.join_background())
