@@ -4,7 +4,7 @@
 CARGO ?= cargo
 REPRO := target/release/repro
 
-.PHONY: build run test gate lint fmt fuzz bench bench-huge cuda cuda-check gpu-experiments clean-runs
+.PHONY: build run test gate lint fmt fuzz bench bench-huge bench-gpu cuda cuda-check gpu-experiments clean-runs
 
 ## build: the release binary at target/release/repro
 build:
@@ -49,6 +49,12 @@ cuda-check:
 ## gpu-experiments: on a GPU machine, after `make cuda`: OUT=dir make gpu-experiments
 gpu-experiments:
 	scripts/gpu-experiments.sh $${OUT:?set OUT to an output folder}
+
+## bench-gpu: on a GPU machine, after `make cuda`: the scale ladder (recording's time and memory
+## from the default gpt to GPT-2-medium and 1B parameters, ResNet-18 to batch 1024, Qwen2-0.5B)
+## into $OUT/ladder.md: OUT=dir make bench-gpu
+bench-gpu:
+	scripts/bench-gpu.sh $${OUT:?set OUT to an output folder}
 
 ## fuzz: cargo-fuzz on the trace reader, FUZZ_SECONDS per target (default 60; stable toolchain)
 fuzz:

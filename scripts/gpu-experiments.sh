@@ -7,7 +7,9 @@
 #
 #   scripts/gpu-experiments.sh OUT_DIR [STEPS] [SECTION...]
 #
-# Sections (all by default): `hash` checks GPU hashing against the CPU and benchmarks it;
+# Sections (all by default): `midsize` records the mid-size rungs that once crashed (gpt 512 x 4
+# layers, context 256, batch 16; ResNet-18 at batch 256), checks device hashes against host
+# hashes and diffs two same-seed runs; `hash` checks GPU hashing against the CPU and benchmarks it;
 # `matrices` records seven same-seed adder runs for each reduction mode and formulation and
 # prints their error matrices at step 0 and the last step; `devices` diffs a CPU run against a
 # GPU run; `fixtures` keeps small traces for fixtures/; `rootcause` diffs two atomic runs op by
@@ -22,7 +24,7 @@ set -uo pipefail
 out="${1:?usage: gpu-experiments.sh OUT_DIR [STEPS] [SECTION...]}"
 steps="${2:-1000}"
 shift $(( $# < 2 ? $# : 2 ))
-sections="${*:-hash matrices devices fixtures opfixtures rootcause overhead}"
+sections="${*:-midsize hash matrices devices fixtures opfixtures rootcause overhead}"
 want() { [[ " $sections " == *" $1 "* ]]; }
 repro="${REPRO_BIN:-target/cuda/release/repro}"
 work="$(mktemp -d)"
@@ -40,6 +42,30 @@ nvcc --version 2>/dev/null | tail -1 | tee -a "$summary"
 say "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
 say "repro: $($repro --version)"
 say '```'
+
+if want midsize; then
+section "Mid-size rungs: record, device hashes against host hashes, two same-seed runs"
+for spec in "gpt --width 512 --heads 8 --layers 4 --context 256 --batch 16" "resnet18 --batch 256"; do
+  name="${spec%% *}"
+  say "### $spec"
+  say '```'
+  ok=1
+  for run in a b; do
+    # shellcheck disable=SC2086
+    "$repro" record --workload $spec --seed 0 --steps 3 --capture none --device cuda:0 \
+      --out "$work/runs/mid-$name-$run" --force 2>&1 | tail -1 | sed "s#$work/runs/##g" | tee -a "$summary" || ok=0
+  done
+  # shellcheck disable=SC2086
+  "$repro" record --workload $spec --seed 0 --steps 3 --capture steps:2 --device cuda:0 \
+    --out "$work/runs/mid-$name-full" --force 2>&1 | tail -1 | sed "s#$work/runs/##g" | tee -a "$summary"
+  say "same seed, hashes on the device:"
+  "$repro" diff "$work/runs/mid-$name-a" "$work/runs/mid-$name-b" 2>&1 | sed "s#$work/runs/##g" | tail -3 | tee -a "$summary"
+  say "hashes on the device against hashes of the values read back (step 2):"
+  "$repro" diff "$work/runs/mid-$name-a" "$work/runs/mid-$name-full" 2>&1 | sed "s#$work/runs/##g" | tail -3 | tee -a "$summary"
+  say '```'
+  rm -rf "$work/runs/mid-$name-"*
+done
+fi
 
 if want hash; then
 section "GPU hashing: correctness and throughput"

@@ -7,8 +7,12 @@
 //!    long matrix products launched at the start of every step must give the same trace as
 //!    without, which holds only if the recorder's reads run after the training thread's kernels
 //!    that computed what they read and before its in-place updates.
-//! 3. Throughput of GPU hashing at 1 MiB, 64 MiB and 1 GiB, beside the device's memory bandwidth
-//!    measured in the same run (a plain read kernel), as a table.
+//! 3. Recording steps of several GiB: three steps of a recorder (its trace writer on its own
+//!    thread, as in every recording) whose hashes need a device arena far larger than the pool
+//!    keeps must record, and every hash must equal the host's.
+//! 4. Throughput of GPU hashing at 1 MiB, 64 MiB and 1 GiB, and of a step's worth of 64 MiB
+//!    tensors in one batch, beside the device's memory bandwidth measured in the same run (a
+//!    plain read kernel), as a table.
 
 use super::Exit;
 use candle_core::{DType, Device, Tensor};
@@ -27,7 +31,7 @@ pub struct GpuCheckArgs {
 pub fn run(args: GpuCheckArgs) -> Result<Exit, String> {
     let inner = || -> Result<usize, Box<dyn std::error::Error>> {
         let dev = repro::record::open_device(&args.device)?;
-        let failures = check(&dev)? + check_lagging(&dev)?;
+        let failures = check(&dev)? + check_lagging(&dev)? + check_large_steps(&dev)?;
         bench(&dev)?;
         Ok(failures)
     };
@@ -44,6 +48,8 @@ fn check(dev: &Device) -> Result<usize, Box<dyn std::error::Error>> {
     let dtypes =
         [DType::U8, DType::U32, DType::I16, DType::I32, DType::I64, DType::F16, DType::BF16, DType::F32, DType::F64];
     let byte_sizes = [0usize, 8, 1016, 1024, 1032, 2048, 2056, 3072, 4096 + 8, 65_536, 1_048_576 + 8, (64 << 20) + 24];
+    // Above 64 MiB, for one narrow and one wide dtype (all dtypes would take GiBs).
+    let large = [(DType::BF16, (160usize << 20) + 24), (DType::F32, (320 << 20) + 8)];
     let mut cases: Vec<(String, Tensor)> = Vec::new();
     for dtype in dtypes {
         let size = dtype.size_in_bytes();
@@ -62,6 +68,12 @@ fn check(dev: &Device) -> Result<usize, Box<dyn std::error::Error>> {
         cases.push((format!("{dtype:?} row broadcast to [64, 80]"), m.narrow(0, 3, 1)?.broadcast_as((64, 80))?));
         cases.push((format!("{dtype:?} columns 7..57"), m.narrow(1, 7, 50)?));
         cases.push((format!("{dtype:?} [8, 12, 80] permuted"), m.reshape((8, 12, 80))?.permute((2, 0, 1))?));
+    }
+    for (dtype, bytes) in large {
+        let n = bytes / dtype.size_in_bytes();
+        let t = Tensor::rand(0f32, 1f32, n, dev)?.to_dtype(dtype)?;
+        cases.push((format!("{dtype:?} {} MiB", bytes >> 20), t.clone()));
+        cases.push((format!("{dtype:?} {} MiB from element 1", bytes >> 20), t.narrow(0, 1, n - 1)?));
     }
     let mut batch = DeviceBatch::new(cuda.clone());
     for (_, tensor) in &cases {
@@ -82,8 +94,8 @@ fn check(dev: &Device) -> Result<usize, Box<dyn std::error::Error>> {
         }
     }
     super::output::line(&format!(
-        "GPU hash check: {} cases in one batch and alone, {failures} mismatches (all dtypes; 0 B to 64 MiB; \
-         aligned, offset, transposed, broadcast, narrowed and permuted views)",
+        "GPU hash check: {} cases in one batch and alone, {failures} mismatches (all dtypes 0 B to 64 MiB, bf16 and \
+         f32 to 320 MiB; aligned, offset, transposed, broadcast, narrowed and permuted views)",
         cases.len()
     ));
     Ok(failures)
@@ -135,6 +147,48 @@ fn check_lagging(dev: &Device) -> Result<usize, Box<dyn std::error::Error>> {
     Ok(differing)
 }
 
+/// Records three steps of `STEP_GIB` GiB of tensors each (hashes only) through a recorder,
+/// whose trace writer gives the step's device buffers back on its own thread; returns the
+/// number of recorded hashes that differ from the host's (or fails, as recording did when a
+/// buffer larger than the pool keeps was freed on that thread).
+fn check_large_steps(dev: &Device) -> Result<usize, Box<dyn std::error::Error>> {
+    use repro::record::Recorder;
+    use repro::trace::{CapturePolicy, FullCapture, RunConfig, TensorKind, TraceReader};
+    const STEP_GIB: usize = 3;
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("large");
+    let capture = CapturePolicy { full: FullCapture::None, ..CapturePolicy::default() };
+    let run = RunConfig { workload: "gpu-check".into(), steps: Some(3), params: Default::default() };
+    let mut recorder = Recorder::create(&path, run, dev, capture)?;
+    let mut expected = Vec::new();
+    for step in 0..3u64 {
+        let mut s = recorder.step(step);
+        for k in 0..STEP_GIB {
+            // 1 GiB a tensor, a different one every step.
+            let t = (Tensor::rand(0f32, 1f32, 1usize << 28, dev)? + step as f64)?;
+            s.record(&format!("t{k}"), TensorKind::Activation, &t)?;
+            let host = t.to_device(&Device::Cpu)?;
+            expected.push(repro::record::with_canonical_bytes(&host, |b| {
+                repro::hash::tensor_hash(repro::dtype::DType::F32, &[1u64 << 28], b)
+            })?);
+        }
+        s.finish()?;
+    }
+    recorder.finish()?;
+    let mut reader = TraceReader::open(&path)?;
+    let mut recorded = Vec::new();
+    while let Some(step) = reader.next_step()? {
+        recorded.extend(step.tensors.into_iter().map(|t| t.hash));
+    }
+    let differing =
+        expected.iter().zip(&recorded).filter(|(a, b)| a != b).count() + expected.len().abs_diff(recorded.len());
+    super::output::line(&format!(
+        "Recording steps of {STEP_GIB} GiB: {} tensors in 3 steps, {differing} hashes differ from the host's",
+        expected.len()
+    ));
+    Ok(differing)
+}
+
 fn median_seconds(
     dev: &Device,
     reps: usize,
@@ -178,5 +232,26 @@ fn bench(dev: &Device) -> Result<(), Box<dyn std::error::Error>> {
             gb(host, bytes)
         ));
     }
+    // A step's worth of 64 MiB tensors (a large model's weight matrices and activations),
+    // hashed in one batch as the recorder does.
+    let (count, bytes) = (16usize, 64usize << 20);
+    let tensors =
+        (0..count).map(|_| Tensor::rand(0f32, 1f32, bytes / 4, dev)).collect::<candle_core::Result<Vec<_>>>()?;
+    let Device::Cuda(cuda) = dev else { return Err("gpu-check needs a CUDA device".into()) };
+    let hash = median_seconds(dev, 21, || {
+        let mut batch = DeviceBatch::new(cuda.clone());
+        for t in &tensors {
+            batch.push(t, true, false)?;
+        }
+        batch.resolve().map(|_| ())
+    })?;
+    let read = median_seconds(dev, 21, || tensors.iter().try_for_each(read_all))?;
+    let total = count * bytes;
+    super::output::line(&format!(
+        "| {count} x 64 MiB, one batch | {:.0} GB/s | {:.0} GB/s | {:.0}% | |",
+        total as f64 / hash / 1e9,
+        total as f64 / read / 1e9,
+        100.0 * read / hash
+    ));
     Ok(())
 }

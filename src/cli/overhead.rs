@@ -7,13 +7,17 @@
 //! within one run: blocks of `--block` steps, each pair of blocks one recorded and one plain
 //! (which goes first alternates), the device drained at each block's edges. Each pair gives a
 //! ratio; the row shows their median and middle half.
+//!
+//! The row also gives what recording costs in memory: the device's peak (what tensors and the
+//! recorder's buffers held at once, read at each block's edge) in plain and in recorded blocks,
+//! the process's peak resident memory, and the trace's bytes per recorded step.
 
 use super::ranks::RankArgs;
 use super::workload_args::WorkloadArgs;
 use super::Exit;
 use clap::Args;
 use repro::distributed::DataParallel;
-use repro::record::{open_device, Recorder};
+use repro::record::{open_device, take_peak_device_memory, Recorder};
 use repro::trace::{summarize, CapturePolicy, FullCapture};
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -69,6 +73,7 @@ pub fn run(args: OverheadArgs) -> Result<Exit, String> {
     let scratch = super::scratch::ScratchDir::new("overhead")?;
     let dir = scratch.path().join("run");
     let mut pairs: Vec<(Duration, Duration)> = Vec::new();
+    let (mut peaks, mut trace_bytes, mut recorded_steps) = (Peaks::default(), 0u64, 0u64);
     for _ in 0..args.repeats.max(1) {
         let capture = CapturePolicy { full: FullCapture::None, ..CapturePolicy::default() };
         let (run, rank) = (args.train.run_config(&workload), dp.as_ref().map(DataParallel::describe));
@@ -85,6 +90,9 @@ pub fn run(args: OverheadArgs) -> Result<Exit, String> {
         recorder.finish().map_err(|e| e.to_string())?;
         let clock = Rc::try_unwrap(clock).map_err(|_| "the recorder kept its step selector")?.into_inner();
         pairs.extend(blocks.pairs(&clock.marks()?));
+        peaks = peaks.max(blocks.peaks(&clock.peaks));
+        trace_bytes += dir_bytes(&dir).map_err(|e| format!("cannot measure the trace at {}: {e}", dir.display()))?;
+        recorded_steps += summarize(&dir).map_err(|e| e.to_string())?.steps;
     }
     let tensors = summarize(&dir).map_err(|e| e.to_string())?.tensors.len();
     drop(scratch);
@@ -98,12 +106,13 @@ pub fn run(args: OverheadArgs) -> Result<Exit, String> {
     let timing = Timing::of(&pairs, blocks.block);
     if args.header {
         super::output::line(
-            "| device | workload | tensors/step | plain step | hashes-only recording | ratio | middle half | pairs |",
+            "| device | workload | tensors/step | plain step | hashes-only recording | ratio | middle half | pairs \
+             | peak device memory, plain | recorded | peak host memory | trace/step |",
         );
-        super::output::line("|---|---|---|---|---|---|---|---|");
+        super::output::line("|---|---|---|---|---|---|---|---|---|---|---|---|");
     }
     super::output::line(&format!(
-        "| {on} | {} | {tensors} | {:.3} ms | {:.3} ms | {:.3}x | {:.3}x to {:.3}x | {} |",
+        "| {on} | {} | {tensors} | {:.3} ms | {:.3} ms | {:.3}x | {:.3}x to {:.3}x | {} | {} | {} | {} | {:.1} KiB |",
         workload.describe(),
         timing.plain_step_ms,
         timing.recorded_step_ms,
@@ -111,6 +120,10 @@ pub fn run(args: OverheadArgs) -> Result<Exit, String> {
         timing.quartiles.0,
         timing.quartiles.1,
         pairs.len(),
+        peaks.plain.map_or("-".into(), mib),
+        peaks.recorded.map_or("-".into(), mib),
+        peak_resident_bytes().map_or("-".into(), mib),
+        (trace_bytes / recorded_steps.max(1)) as f64 / 1024.0,
     ));
     if pairs.len() < STEADY_PAIRS {
         eprintln!(
@@ -165,6 +178,19 @@ impl Blocks {
         pairs[warm_up..].to_vec()
     }
 
+    /// The device's peak memory in plain steps and in recorded ones, from the peak read at each
+    /// mark (`peaks[k]` covers the span that mark `k` ended: block `k - 1`). Plain is block 0,
+    /// which runs before anything is recorded: the recorder keeps its device buffers for reuse
+    /// once it has made them, so later plain blocks hold them too. Recorded is the highest of
+    /// the whole recorded blocks.
+    fn peaks(&self, peaks: &[Option<u64>]) -> Peaks {
+        let plain = peaks.get(1).copied().flatten();
+        let whole = self.count - self.count % 2;
+        let recorded =
+            (0..whole).filter(|&k| Self::records(k)).filter_map(|k| peaks.get(k as usize + 1).copied().flatten()).max();
+        Peaks { plain, recorded }
+    }
+
     /// The step count (a round number) that times `pairs` pairs after the warm-up.
     fn steps_for(&self, pairs: usize) -> u64 {
         let needed = (pairs as u64 + 1) * 2 * self.block;
@@ -180,6 +206,8 @@ struct Clock {
     steps: u64,
     /// When each block began, once the device had drained.
     marks: Vec<Instant>,
+    /// At each mark, the device's peak memory since the mark before (`None` on the CPU).
+    peaks: Vec<Option<u64>>,
     /// The first failure to drain the device.
     error: Option<String>,
 }
@@ -201,6 +229,12 @@ impl Clock {
             self.error.get_or_insert_with(|| format!("cannot wait for {device:?}: {e}"));
         }
         self.marks.push(Instant::now());
+        match take_peak_device_memory(device) {
+            Ok(peak) => self.peaks.push(peak),
+            Err(e) => {
+                self.error.get_or_insert_with(|| e.to_string());
+            }
+        }
     }
 
     fn marks(&self) -> Result<Vec<Instant>, String> {
@@ -209,6 +243,44 @@ impl Clock {
             None => Ok(self.marks.clone()),
         }
     }
+}
+
+/// The highest device memory of plain and of recorded blocks, in bytes (`None` on the CPU).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct Peaks {
+    plain: Option<u64>,
+    recorded: Option<u64>,
+}
+
+impl Peaks {
+    fn max(self, other: Peaks) -> Peaks {
+        let max = |a: Option<u64>, b: Option<u64>| a.max(b);
+        Peaks { plain: max(self.plain, other.plain), recorded: max(self.recorded, other.recorded) }
+    }
+}
+
+/// Bytes as MiB, for the table.
+fn mib(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / (1u64 << 20) as f64)
+}
+
+/// The process's peak resident memory (`VmHWM`), where the OS tells it (Linux).
+fn peak_resident_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: u64 = line.trim_start_matches("VmHWM:").trim().trim_end_matches("kB").trim().parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// Bytes of the files under `dir`.
+fn dir_bytes(dir: &std::path::Path) -> std::io::Result<u64> {
+    let mut total = 0;
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let meta = entry.metadata()?;
+        total += if meta.is_dir() { dir_bytes(&entry.path())? } else { meta.len() };
+    }
+    Ok(total)
 }
 
 /// What the timed pairs say.
@@ -284,6 +356,19 @@ mod tests {
         assert_eq!(blocks.pairs(&marks), [(ms(100), ms(110)), (ms(100), ms(120))]);
         // A single pair is all there is: it is kept.
         assert_eq!(Blocks { block: 1, count: 2 }.pairs(&marks[..3]), [(ms(10), ms(30))]);
+    }
+
+    #[test]
+    fn peaks_take_the_plain_block_before_any_recording_and_the_highest_recorded_block() {
+        // Six blocks: plain, recorded, recorded, plain, plain, recorded. Mark k reads the peak
+        // of block k - 1; mark 0 read the set-up's. The later plain blocks (which hold the
+        // recorder's kept buffers) do not count.
+        let peaks = [Some(999), Some(20), Some(35), Some(30), Some(50), Some(12), Some(40)];
+        let blocks = Blocks { block: 10, count: 6 };
+        assert_eq!(blocks.peaks(&peaks), Peaks { plain: Some(20), recorded: Some(40) });
+        assert_eq!(Blocks { block: 1, count: 2 }.peaks(&peaks[..3]), Peaks { plain: Some(20), recorded: Some(35) });
+        // No device, no figure.
+        assert_eq!(blocks.peaks(&[None; 7]), Peaks::default());
     }
 
     #[test]

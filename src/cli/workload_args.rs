@@ -6,8 +6,8 @@ use repro::record::{open_device, Perturbation, Recorder};
 use repro::trace::{CapturePolicy, FullCapture};
 use repro::workloads::gpt::model::Norm;
 use repro::workloads::{
-    AdderConfig, ClassifierConfig, DatasetName, DecoderConfig, Family, Formulation, GptConfig, ModelKind, Workload,
-    WORKLOADS,
+    AdderConfig, ClassifierConfig, DatasetName, DecoderConfig, DecoderShape, Family, Formulation, GptConfig, ModelKind,
+    Workload, WORKLOADS,
 };
 use std::path::Path;
 
@@ -84,6 +84,10 @@ pub struct GptArgs {
     /// f32).
     #[arg(long, default_value = "f32", value_parser = ["f32", "bf16"])]
     pub dtype: String,
+    /// qwen2's config shape: small (width and layers as given) or qwen2-0.5b (Qwen2-0.5B's
+    /// widths, heads and vocabulary; --layers sets the depth, 24 in the real model).
+    #[arg(long, default_value = "small", value_parser = clap::builder::PossibleValuesParser::new(DecoderShape::NAMES))]
+    pub shape: String,
 }
 
 /// Settings of the classifier workloads.
@@ -208,6 +212,9 @@ impl WorkloadArgs {
         if self.formulation != Formulation::Reduce {
             return Err("--formulation is a setting of the adder, not of gpt".into());
         }
+        if self.gpt.shape != "small" {
+            return Err(format!("--shape {} is a shape of qwen2's config, not of gpt", self.gpt.shape));
+        }
         if self.gpt.dtype != "f32" {
             return Err("gpt trains in f32: --dtype bf16 applies to qwen2 and gemma".into());
         }
@@ -225,9 +232,13 @@ impl WorkloadArgs {
             tokens: self.gpt.context,
             layers: self.gpt.layers,
             width: self.width.unwrap_or(d.width),
+            shape: DecoderShape::named(&self.gpt.shape).expect("clap checked the shape"),
             dtype: if self.gpt.dtype == "bf16" { candle_core::DType::BF16 } else { candle_core::DType::F32 },
         };
         config.validate().map_err(|e| e.to_string())?;
+        if config.shape != DecoderShape::Small && self.width.is_some() {
+            return Err(format!("--shape {} sets the width: leave --width out", self.gpt.shape));
+        }
         if self.perturb.is_some() || self.reductions != Reductions::Candle || self.formulation != Formulation::Reduce {
             return Err(format!("{family} records inference: --perturb, --reductions and --formulation do not apply"));
         }

@@ -4,6 +4,7 @@
 //! stream: work launched from another thread would not be ordered with it, so the recorder
 //! launches only from the thread that trains (see `DeviceBatch`).
 
+use super::buffer_pool::{Buffer, BufferPool};
 use super::device_hash::{fits, Plan, Slot, View, Want};
 use super::Reductions;
 use candle_core::backend::BackendStorage;
@@ -11,7 +12,7 @@ use candle_core::cuda_backend::cudarc::driver::{
     CudaEvent, CudaFunction, CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, LaunchConfig, PinnedHostSlice,
     PushKernelArg,
 };
-use candle_core::cuda_backend::{CudaDevice, WrapErr};
+use candle_core::cuda_backend::{CudaDevice, DeviceId, WrapErr};
 use candle_core::{CudaStorage, DType, Device, Error, Layout, Result, Storage, Tensor};
 use std::sync::OnceLock;
 
@@ -277,6 +278,8 @@ struct Flushed {
     slots: Vec<Slot>,
     /// The page-locked buffer its table was uploaded from.
     table: Pinned<u64>,
+    /// The tensors of its `Slot::Direct` slots (by slot index), alive until they are read back.
+    direct: Vec<(usize, Tensor)>,
 }
 
 impl DeviceBatch {
@@ -296,7 +299,11 @@ impl DeviceBatch {
     /// `snapshot`. Returns the ticket of its result in `resolve`.
     pub fn push(&mut self, tensor: &Tensor, hash: bool, snapshot: bool) -> Result<usize> {
         // `copy` makes new storage that the tensor's later in-place update cannot reach.
-        let tensor = if snapshot { tensor.copy()? } else { tensor.clone() };
+        let tensor = if snapshot {
+            tensor.copy().map_err(|e| e.context("copying a tensor that changes in place before it is hashed"))?
+        } else {
+            tensor.clone()
+        };
         let ticket = self.tickets();
         self.pending.push((tensor, if hash { Want::Hash } else { Want::Bytes }));
         Ok(ticket)
@@ -338,16 +345,30 @@ impl DeviceBatch {
             let mut tensors = Vec::with_capacity(self.pending.len());
             for (tensor, want) in std::mem::take(&mut self.pending) {
                 let layout = tensor.layout();
-                let tensor = if fits(layout.dims(), layout.stride()) { tensor } else { tensor.contiguous()? };
+                let tensor = if fits(layout.dims(), layout.stride()) {
+                    tensor
+                } else {
+                    let copied = tensor.contiguous();
+                    copied.map_err(|e| e.context("copying a view of too many dimensions to hash it"))?
+                };
                 tensors.push((tensor, want));
             }
             let plan = plan_of(&tensors, &self.dev)?;
             self.planned.push(Planned { plan, tensors });
         }
         for Planned { plan, tensors } in std::mem::take(&mut self.planned) {
-            let flushed = self.launch(plan)?;
+            let bytes: u64 = tensors.iter().map(|(t, _)| (t.elem_count() * t.dtype().size_in_bytes()) as u64).sum();
+            let what = format!("hashing {} tensors ({})", tensors.len(), size(bytes as usize));
+            let mut flushed = self.launch(plan).map_err(|e| e.context(what))?;
+            flushed.direct = flushed
+                .slots
+                .iter()
+                .enumerate()
+                .filter(|(_, slot)| **slot == Slot::Direct)
+                .map(|(i, _)| (i, tensors[i].0.clone()))
+                .collect();
             self.flushed.push(flushed);
-            // The tensors are let go here; see `flushed`.
+            // The other tensors are let go here; see `flushed`.
             drop(tensors);
         }
         Ok(())
@@ -356,7 +377,15 @@ impl DeviceBatch {
     /// Uploads a plan's table and launches its kernels on the calling thread's stream.
     fn launch(&self, plan: Plan) -> Result<Flushed> {
         let stream = self.dev.cuda_stream();
-        let mut staged = take_pinned(&PINNED_TABLES, &self.dev, plan.table.len().max(1))?;
+        // cudarc keeps the errors of calls that cannot return one (a free, when a buffer is
+        // dropped) for the next call to find: name it as such rather than as this launch's.
+        stream.context().check_err().w().map_err(|e| {
+            e.context("a CUDA call that could not report its error (freeing memory, say) failed before this one")
+        })?;
+        let table_len = plan.table.len().max(1);
+        let mut staged = take_pinned(&PINNED_TABLES, &self.dev, table_len).map_err(|e| {
+            e.context(format!("allocating {} of page-locked memory for its table", size(8 * table_len)))
+        })?;
         staged.as_mut_slice()[..plan.table.len()].copy_from_slice(&plan.table);
         // One device buffer per flush, from a pool (an allocation costs the driver an
         // allocation, two events and their release): the output first (what the host copies
@@ -367,7 +396,9 @@ impl DeviceBatch {
         let arena_len = out_bytes + table_bytes + node_bytes.max(4);
         // SAFETY: the table is written by the copy below, and the kernels write every output
         // and chaining value they read.
-        let mut arena = DEVICE_ARENAS.take(&self.dev, arena_len, || unsafe { self.dev.alloc::<u8>(arena_len) })?;
+        let mut arena = DEVICE_ARENAS
+            .take(&self.dev.id(), arena_len, || unsafe { self.dev.alloc::<u8>(arena_len) })
+            .map_err(|e| e.context(format!("allocating {} of GPU memory for its results and tree", size(arena_len))))?;
         let (mut out, mut rest) = arena.split_at_mut(out_bytes);
         let (mut table, mut nodes) = rest.split_at_mut(table_bytes);
         // SAFETY: the regions are 8-byte aligned (allocations are, and so are their offsets) and
@@ -376,33 +407,48 @@ impl DeviceBatch {
         let mut nodes = unsafe { nodes.transmute_mut::<u32>(node_bytes.max(4) / 4) }.expect("the nodes' region");
         // SAFETY: the staged buffer is page-locked and stays alive (in `Flushed`) until the
         // step's copy back, queued after this one on the same stream, has landed.
-        unsafe { staged.upload(&mut table, &stream) }?;
+        unsafe { staged.upload(&mut table, &stream) }.map_err(|e| e.context("uploading its table"))?;
         let kernels = HashKernels::of(&self.dev)?;
+        self.launch_kernels(&plan, &kernels, &stream, &table, &mut nodes, &mut out)
+            .map_err(|e| e.context("launching its kernels"))?;
+        Ok(Flushed { arena, out_len: plan.out_len, slots: plan.slots, table: staged, direct: Vec::new() })
+    }
+
+    /// Launches a plan's kernels, its table uploaded.
+    fn launch_kernels(
+        &self,
+        plan: &Plan,
+        kernels: &HashKernels,
+        stream: &CudaStream,
+        table: &CudaViewMut<'_, u64>,
+        nodes: &mut CudaViewMut<'_, u32>,
+        out: &mut CudaViewMut<'_, u8>,
+    ) -> Result<()> {
         let words = |r: &std::ops::Range<usize>| table.slice(r.clone());
         if let Some(chunks) = &plan.chunks {
             let (views, prefix) = (words(&chunks.views), words(&chunks.prefix));
             let mut b = stream.launch_builder(&kernels.chunks);
-            b.arg(&views).arg(&prefix).arg(&chunks.count).arg(&mut nodes);
+            b.arg(&views).arg(&prefix).arg(&chunks.count).arg(&mut *nodes);
             unsafe { b.launch(grid(chunks.items, 128)) }.w()?;
             for level in &plan.levels {
                 let (rows, prefix) = (words(&level.rows), words(&level.prefix));
                 let mut b = stream.launch_builder(&kernels.parents);
-                b.arg(&rows).arg(&prefix).arg(&level.views).arg(&mut nodes);
+                b.arg(&rows).arg(&prefix).arg(&level.views).arg(&mut *nodes);
                 unsafe { b.launch(grid(level.outputs, 128)) }.w()?;
             }
             let (roots, count) = (words(&plan.roots), plan.roots.len() as u64);
             let nodes = nodes.slice(..);
             let mut b = stream.launch_builder(&kernels.roots);
-            b.arg(&roots).arg(&count).arg(&nodes).arg(&mut out);
+            b.arg(&roots).arg(&count).arg(&nodes).arg(&mut *out);
             unsafe { b.launch(grid(count, 128)) }.w()?;
         }
         if let Some(copy) = &plan.copy {
             let (views, prefix, out_at) = (words(&copy.views), words(&copy.prefix), words(&plan.copy_out));
             let mut b = stream.launch_builder(&kernels.copy);
-            b.arg(&views).arg(&prefix).arg(&out_at).arg(&copy.count).arg(&mut out);
+            b.arg(&views).arg(&prefix).arg(&out_at).arg(&copy.count).arg(&mut *out);
             unsafe { b.launch(grid(copy.items, 256)) }.w()?;
         }
-        Ok(Flushed { arena, out_len: plan.out_len, slots: plan.slots, table: staged })
+        Ok(())
     }
 
     /// Takes over `other`'s work (launched here, on the calling thread's stream, if it was only
@@ -422,15 +468,34 @@ impl DeviceBatch {
     /// buffers go back to their pool once the copy has landed (`LandedRead::results`).
     pub fn start_read(mut self) -> Result<PendingRead> {
         self.flush()?;
+        let bytes: usize = self.flushed.iter().map(|f| f.out_len).sum();
+        self.copy_back().map_err(|e| e.context(format!("copying {} of results back to the host", size(bytes))))
+    }
+
+    /// `start_read` once everything is flushed. Values read back straight from their tensors
+    /// (`Slot::Direct`) go into pageable memory, a copy that returns once it has landed: a step
+    /// that keeps large values waits here for the device to reach its end.
+    fn copy_back(self) -> Result<PendingRead> {
         let stream = self.dev.cuda_stream();
         let mut copies = Vec::with_capacity(self.flushed.len());
-        for Flushed { arena, out_len, slots, table } in self.flushed {
+        let mut read_direct_values = false;
+        for Flushed { arena, out_len, slots, table, direct } in self.flushed {
             let out = arena.slice(..out_len.max(1));
             let mut host = take_pinned(&PINNED_RESULTS, &self.dev, out.len())?;
             // SAFETY: `host` is page-locked and stays alive (in the `PendingCopy`) until the
             // copy has landed (`PendingRead::wait`).
             unsafe { host.download(&out, &stream) }?;
-            copies.push(PendingCopy { host, slots, table, arena });
+            let direct = direct
+                .into_iter()
+                .map(|(slot, tensor)| Ok((slot, read_values(&tensor, &stream)?)))
+                .collect::<Result<Vec<_>>>()?;
+            read_direct_values |= !direct.is_empty();
+            copies.push(PendingCopy { host, slots, table, arena, direct });
+        }
+        if read_direct_values {
+            // The copies into pageable memory have landed when they return; this makes sure of
+            // it before anything reads them.
+            stream.synchronize().w()?;
         }
         // Our own event: a page-locked buffer's own event is recorded only when cudarc manages
         // synchronization between several streams, and candle runs one per thread.
@@ -441,6 +506,33 @@ impl DeviceBatch {
     /// Flushes, copies every output to the host, and returns the results in ticket order.
     pub fn resolve(self) -> Result<Vec<Resolved>> {
         Ok(self.start_read()?.wait()?.results())
+    }
+}
+
+/// A tensor's row-major bytes, copied from its own device memory into pageable host memory (a
+/// strided view is made contiguous on the device first, one tensor at a time), on `stream`
+/// after the work queued there. The copy returns once it has landed.
+fn read_values(tensor: &Tensor, stream: &std::sync::Arc<CudaStream>) -> Result<Vec<u8>> {
+    use candle_core::cuda_backend::cudarc::driver::result;
+    let contiguous = if tensor.is_contiguous() { tensor.clone() } else { tensor.contiguous()? };
+    let mut bytes = vec![0u8; contiguous.elem_count() * contiguous.dtype().size_in_bytes()];
+    let address = view_of(&contiguous, stream)?.address;
+    // SAFETY: `bytes` holds exactly the view's bytes, which start at `address` (contiguous), and
+    // stays alive and unread until the copy has landed (it returns once it has, for pageable
+    // memory, and the caller synchronizes the stream before reading).
+    unsafe { result::memcpy_dtoh_async(&mut bytes, address, stream.cu_stream()) }
+        .w()
+        .map_err(|e| e.context(format!("copying {} of values back to the host", size(bytes.len()))))?;
+    Ok(bytes)
+}
+
+/// A size in bytes as people read it (`96.0 MiB`).
+fn size(bytes: usize) -> String {
+    match bytes {
+        b if b >= 1 << 30 => format!("{:.1} GiB", b as f64 / (1u64 << 30) as f64),
+        b if b >= 1 << 20 => format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64),
+        b if b >= 1 << 10 => format!("{:.1} KiB", b as f64 / 1024.0),
+        b => format!("{b} bytes"),
     }
 }
 
@@ -492,6 +584,8 @@ struct PendingCopy {
     table: Pinned<u64>,
     /// The device buffer the results are copied from; free for reuse once the copy has landed.
     arena: CudaSlice<u8>,
+    /// The values of its `Slot::Direct` slots, by slot index.
+    direct: Vec<(usize, Vec<u8>)>,
 }
 
 /// A step's device results, copying to the host (see `DeviceBatch::start_read`).
@@ -506,32 +600,52 @@ impl PendingRead {
     /// Waits for the copies (that is, for the step's work, not for anything queued after it).
     /// A driver call: make it on the thread that trains (see `DeviceBatch`).
     pub fn wait(self) -> Result<LandedRead> {
-        self.landed.synchronize().w()?;
+        self.landed.synchronize().w().map_err(|e| e.context("waiting for the step's hashing and copies on the GPU"))?;
         Ok(LandedRead { ordinal: self.ordinal, copies: self.copies })
     }
 }
 
-/// A step's device results, on the host: read on any thread, with no driver call.
+/// A step's device results, on the host: read on any thread, with no driver call. Its buffers
+/// go back to their pools, read or not (dropped on the writer's thread, they would be freed
+/// where no CUDA context is current; see `buffer_pool`).
 pub struct LandedRead {
     ordinal: candle_core::cuda_backend::DeviceId,
     copies: Vec<PendingCopy>,
 }
 
 impl LandedRead {
-    /// The results in ticket order; the page-locked buffers go back to their pools.
-    pub fn results(self) -> Vec<Resolved> {
+    /// The results in ticket order.
+    pub fn results(mut self) -> Vec<Resolved> {
         let mut results = Vec::new();
-        for copy in self.copies {
+        for copy in &mut self.copies {
             let host = copy.host.as_slice();
-            results.extend(copy.slots.iter().map(|slot| match slot {
+            let mut direct = std::mem::take(&mut copy.direct).into_iter();
+            results.extend(copy.slots.iter().enumerate().map(|(i, slot)| match slot {
                 Slot::Hash(r) => Resolved::DataHash(host[r.clone()].try_into().expect("32 bytes")),
                 Slot::Bytes(r) => Resolved::Bytes(host[r.clone()].to_vec()),
+                Slot::Direct => {
+                    let (at, bytes) = direct.next().expect("a value for every direct slot");
+                    debug_assert_eq!(at, i);
+                    Resolved::Bytes(bytes)
+                }
             }));
+        }
+        self.give_back();
+        results
+    }
+
+    fn give_back(&mut self) {
+        for copy in self.copies.drain(..) {
             PINNED_RESULTS.give_back(self.ordinal, copy.host);
             PINNED_TABLES.give_back(self.ordinal, copy.table);
             DEVICE_ARENAS.give_back(self.ordinal, copy.arena);
         }
-        results
+    }
+}
+
+impl Drop for LandedRead {
+    fn drop(&mut self) {
+        self.give_back();
     }
 }
 
@@ -591,47 +705,27 @@ impl<
     }
 }
 
-/// Buffers kept for reuse between steps, by device and exact length: a step's flushes mostly
-/// have the sizes of the step before, and allocating costs driver calls (a page-locked buffer
-/// far more than a step's copy). A buffer comes back once the copy of its step's results has
-/// landed (`LandedRead::results`, on any thread, with no driver call), so nothing on the device
-/// uses it any more. Buffers are freed when `take` makes room, on the thread that trains, or,
-/// if too large to keep, where they come back.
-struct BufferPool<B> {
-    free: std::sync::Mutex<Vec<(candle_core::cuda_backend::DeviceId, B)>>,
-    /// Free buffers kept, at most.
-    max_count: usize,
-    /// Bytes of free buffers kept, at most.
-    max_bytes: usize,
-}
-
 /// Page-locked buffers the results are copied into (not write-combined: the host reads them).
-static PINNED_RESULTS: BufferPool<Pinned<u8>> = BufferPool::new(16, usize::MAX);
+static PINNED_RESULTS: BufferPool<DeviceId, Pinned<u8>> = BufferPool::new(16, usize::MAX);
 /// Page-locked buffers the kernels' tables are uploaded from: a copy from pageable memory can
 /// wait for the GPU to drain, one from page-locked memory never does.
-static PINNED_TABLES: BufferPool<Pinned<u64>> = BufferPool::new(16, usize::MAX);
-/// Device buffers for the flushes' results, tables and chaining values (a flush over large
-/// tensors needs a large tree; a buffer larger than the bound is freed rather than kept).
-static DEVICE_ARENAS: BufferPool<CudaSlice<u8>> = BufferPool::new(usize::MAX, 64 << 20);
+static PINNED_TABLES: BufferPool<DeviceId, Pinned<u64>> = BufferPool::new(16, usize::MAX);
+/// Device buffers for the flushes' results, tables and chaining values. A flush over large
+/// tensors needs a large tree (32 bytes of chaining values per KiB hashed): an arena above the
+/// bound is kept while steps reuse its exact size, and freed by the first `take` that needs
+/// another (see `buffer_pool`: never on the writer thread, which gives it back).
+static DEVICE_ARENAS: BufferPool<DeviceId, CudaSlice<u8>> = BufferPool::new(usize::MAX, 64 << 20);
 
 /// A page-locked buffer of `len` elements from `pool`, or a new one.
-fn take_pinned<T>(pool: &BufferPool<Pinned<T>>, dev: &CudaDevice, len: usize) -> Result<Pinned<T>>
+fn take_pinned<T>(pool: &BufferPool<DeviceId, Pinned<T>>, dev: &CudaDevice, len: usize) -> Result<Pinned<T>>
 where
     T: candle_core::cuda_backend::cudarc::driver::DeviceRepr
         + candle_core::cuda_backend::cudarc::driver::ValidAsZeroBits,
 {
     // SAFETY: every element is written (by a copy, or by the host) before anything reads it.
-    pool.take(dev, len, || {
+    pool.take(&dev.id(), len, || {
         Pinned::new(unsafe { dev.cuda_stream().context().alloc_pinned_with_flags::<T>(len, 0) }.w()?)
     })
-}
-
-/// What a pool needs to know of a buffer.
-trait Buffer {
-    /// Its length in elements (a copy from or into it moves as many as it holds).
-    fn len(&self) -> usize;
-    /// Its size in bytes.
-    fn bytes(&self) -> usize;
 }
 
 impl<T> Buffer for Pinned<T> {
@@ -649,42 +743,6 @@ impl Buffer for CudaSlice<u8> {
     }
     fn bytes(&self) -> usize {
         CudaSlice::len(self)
-    }
-}
-
-impl<B: Buffer> BufferPool<B> {
-    const fn new(max_count: usize, max_bytes: usize) -> Self {
-        BufferPool { free: std::sync::Mutex::new(Vec::new()), max_count, max_bytes }
-    }
-
-    /// A buffer of exactly `len` elements for `dev`: a free one, or one `allocate` makes.
-    fn take(&self, dev: &CudaDevice, len: usize, allocate: impl FnOnce() -> Result<B>) -> Result<B> {
-        let mut free = self.free.lock().map_err(|_| Error::Msg("buffer pool poisoned".into()))?;
-        if let Some(i) = free.iter().position(|(id, b)| *id == dev.id() && b.len() == len) {
-            return Ok(free.swap_remove(i).1);
-        }
-        // Room for one more: the oldest free buffers go (freed below, outside the lock).
-        let mut kept: usize = free.iter().map(|(_, b)| b.bytes()).sum();
-        let mut evicted = Vec::new();
-        while !free.is_empty() && (free.len() >= self.max_count || kept.saturating_add(len) > self.max_bytes) {
-            let (_, buffer) = free.remove(0);
-            kept -= buffer.bytes();
-            evicted.push(buffer);
-        }
-        drop(free);
-        drop(evicted);
-        allocate()
-    }
-
-    /// Puts a buffer back for reuse, once nothing on the device uses it any more; one too large
-    /// to keep is dropped.
-    fn give_back(&self, ordinal: candle_core::cuda_backend::DeviceId, buffer: B) {
-        if buffer.bytes() > self.max_bytes {
-            return;
-        }
-        if let Ok(mut free) = self.free.lock() {
-            free.push((ordinal, buffer));
-        }
     }
 }
 
@@ -726,6 +784,28 @@ pub fn keep_freed_memory(dev: &CudaDevice) -> Result<()> {
     }
     done.push(ctx.ordinal());
     Ok(())
+}
+
+/// The most device memory that tensors and the recorder's buffers (everything allocated from
+/// the device's stream-ordered pool, which candle uses) have held at once since the last call,
+/// and starts the next such span. One driver call per attribute: call it on the thread that
+/// trains, with the device drained.
+pub fn take_peak_memory(dev: &CudaDevice) -> Result<u64> {
+    use candle_core::cuda_backend::cudarc::driver::sys;
+    let ctx = dev.cuda_stream().context().clone();
+    ctx.bind_to_thread().w()?;
+    let mut pool = std::ptr::null_mut();
+    let mut peak = 0u64;
+    let mut reset = 0u64;
+    // SAFETY: the pool handle comes from the driver for this context's device; both attributes
+    // are u64s, and USED_MEM_HIGH may only be set to 0 (which restarts it from what is in use).
+    unsafe {
+        sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device()).result().w()?;
+        let high = sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH;
+        sys::cuMemPoolGetAttribute(pool, high, (&mut peak as *mut u64).cast()).result().w()?;
+        sys::cuMemPoolSetAttribute(pool, high, (&mut reset as *mut u64).cast()).result().w()?;
+    }
+    Ok(peak)
 }
 
 /// The kernels' view of a CUDA tensor: the device address of its first element, its element

@@ -7,6 +7,7 @@
 //! keeps. The plan is pure arithmetic on addresses, shapes and strides; `ops::cuda` runs it on a
 //! GPU, and the tests run the very same kernels compiled for the host (crates/kernel-host-check).
 
+use std::collections::hash_map::{Entry, HashMap};
 use std::ops::Range;
 
 /// Words per view in the kernels' view table (`VIEW_WORDS` in kernels/repro.cu).
@@ -17,6 +18,11 @@ pub const VIEW_DIMS: usize = 8;
 pub const LEVELS_PER_LAUNCH: u64 = 4;
 /// Bytes of one BLAKE3 chunk: views this small are copied and hashed on the host.
 const CHUNK_LEN: u64 = 1024;
+/// Views whose values the host keeps are read back straight from their own memory from this
+/// size on (`Slot::Direct`), not gathered into the output buffer: a step that keeps full values
+/// then needs no device copy of them, whatever its size. Smaller ones are gathered, so that a
+/// step's many small tensors cost one copy back rather than one each.
+pub const DIRECT_MIN: u64 = 64 << 10;
 
 /// A tensor view as the kernels read it: the address of element 0, the element size, and the
 /// shape with strides in elements (borrowed from the tensor's layout: planning a step's views
@@ -91,6 +97,9 @@ pub enum Slot {
     Hash(Range<usize>),
     /// The view's bytes, in row-major order (the host hashes them if it asked for a hash).
     Bytes(Range<usize>),
+    /// The view's bytes, read back from its own memory rather than from the output buffer:
+    /// values the host keeps, `DIRECT_MIN` bytes or more.
+    Direct,
 }
 
 /// One parent launch: rows `(first input node, inputs, first output node, levels merged)` and
@@ -153,11 +162,25 @@ impl Plan {
         // Each view's table words and work items (chunks to hash, or elements to copy).
         let mut hashed: Vec<(usize, [u64; VIEW_WORDS], u64)> = Vec::new();
         let mut copied: Vec<(usize, [u64; VIEW_WORDS], u64)> = Vec::new();
+        let mut direct: Vec<usize> = Vec::new();
+        // Views that read the same bytes in the same order (a reshape of a contiguous tensor, the
+        // same view recorded twice) have the same data hash: hashed once, the slot shared. The
+        // tensors are all alive until the kernels run, so one address is one memory.
+        let mut first_of: HashMap<[u64; VIEW_WORDS], usize> = HashMap::new();
+        let mut shared: Vec<(usize, usize)> = Vec::new();
         for (i, (view, want)) in views.iter().enumerate() {
             let words = view_words(view)?;
             let len = view.byte_len();
             if *want == Want::Hash && len > CHUNK_LEN {
-                hashed.push((i, words, len.div_ceil(CHUNK_LEN)));
+                match first_of.entry(words) {
+                    Entry::Occupied(k) => shared.push((i, *k.get())),
+                    Entry::Vacant(k) => {
+                        k.insert(hashed.len());
+                        hashed.push((i, words, len.div_ceil(CHUNK_LEN)));
+                    }
+                }
+            } else if *want == Want::Bytes && len >= DIRECT_MIN {
+                direct.push(i);
             } else {
                 copied.push((i, words, len / view.elem_size));
             }
@@ -166,6 +189,12 @@ impl Plan {
         let mut slots = vec![Slot::Bytes(0..0); views.len()];
         for (k, (i, _, _)) in hashed.iter().enumerate() {
             slots[*i] = Slot::Hash(32 * k..32 * (k + 1));
+        }
+        for (i, k) in shared {
+            slots[i] = Slot::Hash(32 * k..32 * (k + 1));
+        }
+        for i in direct {
+            slots[i] = Slot::Direct;
         }
         let mut out_len = 32 * hashed.len();
         if !hashed.is_empty() {
@@ -357,8 +386,41 @@ mod tests {
                     assert_eq!(&out[r.clone()], blake3::hash(&bytes).as_bytes(), "view {i}: {view:?}");
                 }
                 Slot::Bytes(r) => assert_eq!(&out[r.clone()], &bytes[..], "view {i}: {view:?}"),
+                Slot::Direct => panic!("view {i} is below DIRECT_MIN and must be gathered"),
             }
         }
+    }
+
+    #[test]
+    fn views_that_read_the_same_bytes_in_the_same_order_are_hashed_once() {
+        let memory: Vec<u8> = (0..65_536u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8).collect();
+        let flat = view(&memory, 0, 4, &[4096], &[1]);
+        // The same bytes as a [64, 64] matrix (a reshape), and that matrix transposed.
+        let matrix = view(&memory, 0, 4, &[64, 64], &[64, 1]);
+        let transposed = view(&memory, 0, 4, &[64, 64], &[1, 64]);
+        let plan = Plan::new(&[(flat, Want::Hash), (transposed, Want::Hash), (matrix, Want::Hash)]).unwrap();
+        assert_eq!(plan.slots, vec![Slot::Hash(0..32), Slot::Hash(32..64), Slot::Hash(0..32)]);
+        assert_eq!(plan.chunks.as_ref().map(|c| c.count), Some(2), "two distinct views hashed");
+        let out = run(&plan);
+        assert_eq!(&out[0..32], blake3::hash(&memory[..16_384]).as_bytes());
+        assert_eq!(&out[32..64], blake3::hash(&row_major(&memory, &transposed)).as_bytes());
+    }
+
+    #[test]
+    fn values_of_direct_min_bytes_or_more_are_read_from_their_own_memory_not_gathered() {
+        let memory = vec![3u8; 4 * DIRECT_MIN as usize];
+        let n = DIRECT_MIN as usize / 4;
+        let (below_dims, at_dims, strided_dims) = ([n - 1], [n], [2, n / 2]);
+        let below = view(&memory, 0, 4, &below_dims, &[1]);
+        let at = view(&memory, 0, 4, &at_dims, &[1]);
+        let strided = view(&memory, 0, 4, &strided_dims, &[1, 2]);
+        let plan =
+            Plan::new(&[(at, Want::Bytes), (below, Want::Bytes), (strided, Want::Bytes), (at, Want::Hash)]).unwrap();
+        let gathered = 4 * (n - 1);
+        assert_eq!(plan.slots, vec![Slot::Direct, Slot::Bytes(32..32 + gathered), Slot::Direct, Slot::Hash(0..32)]);
+        // The output buffer holds the hash and the one gathered view only.
+        assert_eq!(plan.out_len, 32 + gathered);
+        assert_eq!(plan.copy.as_ref().map(|c| c.count), Some(1));
     }
 
     #[test]

@@ -3,6 +3,8 @@
 //! matrix product and row sum (`invariant`); and (with the `cuda` feature) the kernels behind
 //! them and GPU hashing.
 
+#[cfg(any(feature = "cuda", test))]
+mod buffer_pool;
 pub mod invariant;
 mod reduce;
 

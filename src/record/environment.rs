@@ -44,6 +44,20 @@ pub fn tf32_requested() -> bool {
     std::env::var(TF32_ENV).is_ok_and(|v| v == "1")
 }
 
+/// The most memory the device's tensors (and the recorder's device buffers) held at once since
+/// the last call, which starts the next span; `None` on the CPU. Drains nothing: call it with
+/// the device synchronized for a figure that covers all the work queued so far.
+pub fn take_peak_device_memory(device: &Device) -> Result<Option<u64>, RecordError> {
+    #[cfg(feature = "cuda")]
+    if let Device::Cuda(dev) = device {
+        let peak = crate::ops::cuda::take_peak_memory(dev)
+            .map_err(|e| RecordError::Unsupported(format!("cannot read {device:?}'s peak memory: {e}")))?;
+        return Ok(Some(peak));
+    }
+    let _ = device;
+    Ok(None)
+}
+
 /// Opens a device from its name: `cpu`, `cuda` or `cuda:N`.
 pub fn open_device(name: &str) -> Result<Device, RecordError> {
     if name == "cpu" {

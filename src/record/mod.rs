@@ -13,7 +13,7 @@ mod step_records;
 mod tensor_bytes;
 mod worker;
 
-pub use environment::{device_label, environment, open_device, NUMERICS_ENV_VARS};
+pub use environment::{device_label, environment, open_device, take_peak_device_memory, NUMERICS_ENV_VARS};
 pub use error::RecordError;
 pub use perturb::Perturbation;
 pub use recorder::{Recorder, StepProgress, StepRecorder, CAPTURE_ENV, TRACE_DIR_ENV};

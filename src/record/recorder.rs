@@ -273,7 +273,7 @@ impl Recorder {
             step,
             recording,
             policy_full,
-            records: StepRecords::new(full, inline_max),
+            records: StepRecords::new(step, full, inline_max),
             names: HashSet::new(),
             probes: ProbedGradients::default(),
             background: BackgroundParts::default(),

@@ -34,13 +34,13 @@ pub(crate) struct StepRecords {
 }
 
 impl StepRecords {
-    pub(crate) fn new(full: bool, inline_max: u64) -> Self {
-        StepRecords { full, inline_max, tensors: Vec::new(), device: DeviceQueue::default(), deferred: Vec::new() }
+    pub(crate) fn new(step: u64, full: bool, inline_max: u64) -> Self {
+        StepRecords { full, inline_max, tensors: Vec::new(), device: DeviceQueue::new(step), deferred: Vec::new() }
     }
 
     /// An empty part of the same step (same full-value settings).
     pub(crate) fn part(&self) -> Self {
-        Self::new(self.full, self.inline_max)
+        Self::new(self.device.step(), self.full, self.inline_max)
     }
 
     /// Records `tensor` as `what`: its canonical hash always, its values when the step stores

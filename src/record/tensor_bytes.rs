@@ -38,13 +38,34 @@ pub enum DeviceResult {
 /// Tensors of one step that live on a GPU, queued so that they are hashed on the device in a
 /// few batched launches and their hashes (and the values that must be stored) reach the host
 /// together at the end of the step. On CPU-only builds, and for CPU tensors, nothing is queued.
-#[derive(Default)]
 pub struct DeviceQueue {
+    /// The step the tensors belong to, named in errors.
+    step: u64,
     #[cfg(feature = "cuda")]
     batch: Option<crate::ops::cuda::DeviceBatch>,
 }
 
 impl DeviceQueue {
+    /// An empty queue for `step`'s tensors.
+    pub fn new(step: u64) -> Self {
+        DeviceQueue {
+            step,
+            #[cfg(feature = "cuda")]
+            batch: None,
+        }
+    }
+
+    /// The step the queue's tensors belong to.
+    pub fn step(&self) -> u64 {
+        self.step
+    }
+
+    /// A failed device call of this step's recording, as the error that says so.
+    #[cfg(feature = "cuda")]
+    fn failed(&self, error: candle_core::Error) -> RecordError {
+        RecordError::Device { step: self.step, source: error }
+    }
+
     /// Gets `device` ready to hash: on a GPU, compiles and loads the hashing kernels (tens of
     /// milliseconds, seconds on a machine whose driver has not compiled them before), so that
     /// a recorder pays for it when it is created rather than in its first step; any
@@ -71,7 +92,8 @@ impl DeviceQueue {
                     "recording tensors of one step from several GPUs is not supported yet".into(),
                 ));
             }
-            return Ok(Some(batch.push(tensor, hash, snapshot)?));
+            let step = self.step;
+            return batch.push(tensor, hash, snapshot).map(Some).map_err(|source| RecordError::Device { step, source });
         }
         let _ = (tensor, hash, snapshot);
         Ok(None)
@@ -82,7 +104,8 @@ impl DeviceQueue {
     pub fn flush(&mut self) -> Result<(), RecordError> {
         #[cfg(feature = "cuda")]
         if let Some(batch) = self.batch.as_mut() {
-            super::profile::time(super::profile::Phase::Launch, || batch.flush())?;
+            let flushed = super::profile::time(super::profile::Phase::Launch, || batch.flush());
+            flushed.map_err(|e| self.failed(e))?;
         }
         Ok(())
     }
@@ -96,7 +119,7 @@ impl DeviceQueue {
         if let Some(mut theirs) = other.batch {
             let Some(mine) = self.batch.as_mut() else {
                 // Nothing of this step is on a GPU yet: its tickets are the other's.
-                theirs.flush()?;
+                theirs.flush().map_err(|e| self.failed(e))?;
                 let tickets = theirs.tickets();
                 self.batch = Some(theirs);
                 return Ok(0..tickets);
@@ -106,7 +129,8 @@ impl DeviceQueue {
                     "recording tensors of one step from several GPUs is not supported yet".into(),
                 ));
             }
-            return Ok(super::profile::time(super::profile::Phase::Launch, || mine.absorb(theirs))?);
+            let absorbed = super::profile::time(super::profile::Phase::Launch, || mine.absorb(theirs));
+            return absorbed.map_err(|e| self.failed(e));
         }
         let _ = other;
         Ok(0..0)
@@ -119,7 +143,8 @@ impl DeviceQueue {
     pub fn plan(&mut self) -> Result<(), RecordError> {
         #[cfg(feature = "cuda")]
         if let Some(batch) = self.batch.as_mut() {
-            super::profile::time(super::profile::Phase::Plan, || batch.plan())?;
+            let planned = super::profile::time(super::profile::Phase::Plan, || batch.plan());
+            planned.map_err(|e| self.failed(e))?;
         }
         Ok(())
     }
@@ -129,8 +154,9 @@ impl DeviceQueue {
     pub fn start_read(self) -> Result<DeviceRead, RecordError> {
         #[cfg(feature = "cuda")]
         if let Some(batch) = self.batch {
-            let read = super::profile::time(super::profile::Phase::Launch, || batch.start_read())?;
-            return Ok(DeviceRead { read: Some(read) });
+            let read = super::profile::time(super::profile::Phase::Launch, || batch.start_read());
+            let read = read.map_err(|source| RecordError::Device { step: self.step, source })?;
+            return Ok(DeviceRead { step: self.step, read: Some(read) });
         }
         Ok(DeviceRead::default())
     }
@@ -140,6 +166,9 @@ impl DeviceQueue {
 /// the host can queue the next step before it waits for them.
 #[derive(Default)]
 pub struct DeviceRead {
+    /// The step, named in errors.
+    #[cfg(feature = "cuda")]
+    step: u64,
     #[cfg(feature = "cuda")]
     read: Option<crate::ops::cuda::PendingRead>,
 }
@@ -158,7 +187,8 @@ impl DeviceRead {
     pub fn wait(self) -> Result<DeviceResults, RecordError> {
         #[cfg(feature = "cuda")]
         if let Some(read) = self.read {
-            return Ok(DeviceResults { landed: Some(read.wait()?) });
+            let landed = read.wait().map_err(|source| RecordError::Device { step: self.step, source })?;
+            return Ok(DeviceResults { landed: Some(landed) });
         }
         Ok(DeviceResults::default())
     }

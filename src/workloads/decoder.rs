@@ -145,6 +145,49 @@ fn gemma_rms_norm(x: &Tensor, weight: &Tensor) -> candle_core::Result<Tensor> {
 /// The RMS norms' epsilon, both models.
 const RMS_EPS: f64 = 1e-6;
 
+/// The shape of a decoder's config.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DecoderShape {
+    /// The small test shape: byte vocabulary, 4 heads (2 for keys and values), an MLP twice the
+    /// width, `width` and `layers` as given, prompts of up to 512 tokens.
+    #[default]
+    Small,
+    /// Qwen2-0.5B's shape (hidden 896, MLP 4864, 14 heads and 2 for keys and values, a vocabulary
+    /// of 151,936 tied to the embeddings, 32,768 positions); `layers` as given (24 in the real
+    /// model: about 494M parameters).
+    Qwen2_0_5B,
+}
+
+impl DecoderShape {
+    /// The shapes by name, as `--shape` takes them.
+    pub const NAMES: &'static [&'static str] = &["small", "qwen2-0.5b"];
+
+    /// The shape named `name`.
+    pub fn named(name: &str) -> Option<Self> {
+        match name {
+            "small" => Some(DecoderShape::Small),
+            "qwen2-0.5b" => Some(DecoderShape::Qwen2_0_5B),
+            _ => None,
+        }
+    }
+
+    /// Its name.
+    pub fn name(self) -> &'static str {
+        match self {
+            DecoderShape::Small => "small",
+            DecoderShape::Qwen2_0_5B => "qwen2-0.5b",
+        }
+    }
+
+    /// Positions the model takes: the longest prompt.
+    fn max_positions(self) -> usize {
+        match self {
+            DecoderShape::Small => 512,
+            DecoderShape::Qwen2_0_5B => 32_768,
+        }
+    }
+}
+
 /// A decoder inference run's settings.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DecoderConfig {
@@ -162,8 +205,10 @@ pub struct DecoderConfig {
     pub tokens: usize,
     /// Decoder layers.
     pub layers: usize,
-    /// Hidden width.
+    /// Hidden width (the small shape's).
     pub width: usize,
+    /// The config's shape.
+    pub shape: DecoderShape,
     /// Element type of the weights and activations (F32 or BF16).
     pub dtype: DType,
 }
@@ -179,6 +224,7 @@ impl Default for DecoderConfig {
             tokens: 64,
             layers: 2,
             width: 64,
+            shape: DecoderShape::Small,
             dtype: DType::F32,
         }
     }
@@ -206,6 +252,24 @@ impl DecoderConfig {
 
     /// candle-transformers' Qwen2 configuration for these settings.
     fn qwen2_config(&self) -> qwen2::Config {
+        if self.shape == DecoderShape::Qwen2_0_5B {
+            return qwen2::Config {
+                vocab_size: 151_936,
+                hidden_size: 896,
+                intermediate_size: 4864,
+                num_hidden_layers: self.layers,
+                num_attention_heads: 14,
+                num_key_value_heads: 2,
+                max_position_embeddings: 32_768,
+                sliding_window: 32_768,
+                max_window_layers: self.layers,
+                tie_word_embeddings: true,
+                rope_theta: 1_000_000.0,
+                rms_norm_eps: RMS_EPS,
+                use_sliding_window: false,
+                hidden_act: Activation::Silu,
+            };
+        }
         qwen2::Config {
             vocab_size: 256,
             hidden_size: self.width,
@@ -238,6 +302,11 @@ impl DecoderConfig {
         if self.dtype != DType::F32 {
             params.insert("dtype".to_string(), "bf16".to_string());
         }
+        if self.shape != DecoderShape::Small {
+            // The shape sets the width.
+            params.remove("width");
+            params.insert("shape".to_string(), self.shape.name().to_string());
+        }
         RunConfig { workload: self.family.to_string(), steps: Some(self.steps), params }
     }
 
@@ -252,9 +321,25 @@ impl DecoderConfig {
         if !matches!(self.dtype, DType::F32 | DType::BF16) {
             return Err(RecordError::Unsupported(format!("{} runs in f32 or bf16, not {:?}", self.family, self.dtype)));
         }
-        if self.width == 0 || !self.width.is_multiple_of(8) || self.tokens > 512 {
+        if self.shape != DecoderShape::Small && self.family != Family::Qwen2 {
             return Err(RecordError::Unsupported(format!(
-                "{} needs a --width that is a positive multiple of 8 (4 heads of even size), not {}, and at most 512 --tokens",
+                "--shape {} is qwen2's; {} has the small shape only",
+                self.shape.name(),
+                self.family
+            )));
+        }
+        if self.tokens > self.shape.max_positions() {
+            return Err(RecordError::Unsupported(format!(
+                "{} of shape {} takes prompts of at most {} tokens (--context), not {}",
+                self.family,
+                self.shape.name(),
+                self.shape.max_positions(),
+                self.tokens
+            )));
+        }
+        if self.shape == DecoderShape::Small && (self.width == 0 || !self.width.is_multiple_of(8)) {
+            return Err(RecordError::Unsupported(format!(
+                "{} needs a --width that is a positive multiple of 8 (4 heads of even size), not {}",
                 self.family, self.width
             )));
         }
@@ -333,7 +418,9 @@ impl DecoderConfig {
     /// Seeded prompts `[batch, tokens]` for one step.
     fn prompts(&self, step: u64, device: &Device) -> Result<Tensor, RecordError> {
         let mut rng = stream(self.data_seed, &format!("{}.prompts", self.family), step);
-        let ids: Vec<u32> = (0..self.batch * self.tokens).map(|_| rng.random_range(0..256)).collect();
+        // Token ids over the whole vocabulary (the small shape's is the 256 bytes).
+        let vocab = self.qwen2_config().vocab_size as u32;
+        let ids: Vec<u32> = (0..self.batch * self.tokens).map(|_| rng.random_range(0..vocab)).collect();
         Ok(Tensor::from_vec(ids, (self.batch, self.tokens), &Device::Cpu)?.to_device(device)?)
     }
 

@@ -10,7 +10,7 @@ pub mod seeded;
 
 pub use adder::{AdderConfig, Formulation};
 pub use classifier::{ClassifierConfig, Dataset, DatasetName, ModelKind};
-pub use decoder::{DecoderConfig, Family};
+pub use decoder::{DecoderConfig, DecoderShape, Family};
 pub use gpt::GptConfig;
 pub use outcome::{ModelState, Seeds, TrainOutcome};
 
@@ -68,8 +68,18 @@ impl Workload {
                 c.layers, c.width, c.context, c.seed, c.steps, c.batch
             ),
             Workload::Decoder(c) => format!(
-                "{} inference ({} layers, width {}; seed {}, {} forward passes of {} prompts x {} tokens)",
-                c.family, c.layers, c.width, c.seed, c.steps, c.batch, c.tokens
+                "{} inference ({} layers, {}{}; seed {}, {} forward passes of {} prompts x {} tokens)",
+                c.family,
+                c.layers,
+                match c.shape {
+                    DecoderShape::Small => format!("width {}", c.width),
+                    shape => format!("{} shape", shape.name()),
+                },
+                if c.dtype == candle_core::DType::BF16 { ", bf16" } else { "" },
+                c.seed,
+                c.steps,
+                c.batch,
+                c.tokens
             ),
         }
     }

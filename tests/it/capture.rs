@@ -202,7 +202,8 @@ fn overhead_times_any_workload_with_every_graph_node_recorded() {
     let lines: Vec<&str> = run.stdout.lines().collect();
     assert_eq!(
         lines[0],
-        "| device | workload | tensors/step | plain step | hashes-only recording | ratio | middle half | pairs |"
+        "| device | workload | tensors/step | plain step | hashes-only recording | ratio | middle half | pairs \
+         | peak device memory, plain | recorded | peak host memory | trace/step |"
     );
     let cells: Vec<&str> = lines[2].split('|').map(str::trim).collect();
     assert_eq!(cells[1], "cpu");
@@ -213,6 +214,11 @@ fn overhead_times_any_workload_with_every_graph_node_recorded() {
     assert!(ratio > 0.0, "{}", lines[2]);
     // Four steps make two pairs of one-step blocks, the first of which warms up.
     assert_eq!(cells[8], "1", "{}", lines[2]);
+    // Memory: no device peaks on the CPU; the process's peak and the trace's bytes per step.
+    assert_eq!((cells[9], cells[10]), ("-", "-"), "{}", lines[2]);
+    let mib = |cell: &str| cell.trim_end_matches(" MiB").parse::<f64>().unwrap();
+    assert!(mib(cells[11]) > 1.0, "{}", lines[2]);
+    assert!(cells[12].trim_end_matches(" KiB").parse::<f64>().unwrap() > 1.0, "{}", lines[2]);
     // One pair is far too few to time steadily: the user is told how many steps to run.
     let note = run.stderr.lines().find(|l| l.starts_with("note: 1 pair(s) of 1-step blocks")).expect(&run.stderr);
     let asked: u64 = note.rsplit("--steps ").next().unwrap().split(' ').next().unwrap().parse().unwrap();

@@ -1,0 +1,155 @@
+//! Buffers kept for reuse between steps, by device and exact length, and the one rule that
+//! makes that safe with CUDA: a buffer is only ever freed inside `take`, on the thread that
+//! trains, never where it comes back.
+//!
+//! A step's flushes mostly have the sizes of the step before, and allocating costs driver calls
+//! (a page-locked buffer far more than a step's copy), so `ops::cuda` keeps its device arenas
+//! and page-locked buffers here. They come back (`give_back`) on the trace writer's thread,
+//! which has no CUDA context: freeing device memory there fails with
+//! `CUDA_ERROR_INVALID_CONTEXT`, which cudarc does not return but stores in the context, so the
+//! training thread's next candle call fails with it. That is how recording crashed once a
+//! step's hashing needed an arena larger than the pool kept (above about 2 GiB of hashed
+//! tensors in one flush). So `give_back` keeps every buffer, and `take` frees what the pool
+//! must not keep.
+//!
+//! Generic over the buffer, so the rule is tested on the CPU.
+
+use std::sync::Mutex;
+
+/// What a pool needs to know of a buffer.
+pub(crate) trait Buffer {
+    /// Its length in elements (a copy from or into it moves as many as it holds).
+    fn len(&self) -> usize;
+    /// Its size in bytes.
+    fn bytes(&self) -> usize;
+}
+
+/// Free buffers by device (`K`) and exact length.
+pub(crate) struct BufferPool<K, B> {
+    free: Mutex<Vec<(K, B)>>,
+    /// Free buffers kept, at most, once a `take` has made room.
+    max_count: usize,
+    /// Bytes of free buffers kept, at most, once a `take` has made room.
+    max_bytes: usize,
+}
+
+impl<K: PartialEq, B: Buffer> BufferPool<K, B> {
+    pub(crate) const fn new(max_count: usize, max_bytes: usize) -> Self {
+        BufferPool { free: Mutex::new(Vec::new()), max_count, max_bytes }
+    }
+
+    /// A buffer of exactly `len` elements for `device`: a free one, or one `allocate` makes.
+    /// Call it on the thread that trains: it frees the oldest free buffers (of any device)
+    /// while the pool holds more than its bounds allow with the new one.
+    pub(crate) fn take<E>(&self, device: &K, len: usize, allocate: impl FnOnce() -> Result<B, E>) -> Result<B, E> {
+        let mut free = self.free.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(i) = free.iter().position(|(k, b)| k == device && b.len() == len) {
+            return Ok(free.swap_remove(i).1);
+        }
+        let mut kept: usize = free.iter().map(|(_, b)| b.bytes()).sum();
+        let mut evicted = Vec::new();
+        while !free.is_empty() && (free.len() >= self.max_count || kept.saturating_add(len) > self.max_bytes) {
+            let (_, buffer) = free.remove(0);
+            kept -= buffer.bytes();
+            evicted.push(buffer);
+        }
+        drop(free);
+        // Freed here, outside the lock, on the calling thread.
+        drop(evicted);
+        allocate()
+    }
+
+    /// Puts a buffer back for reuse once nothing on the device uses it any more. On any
+    /// thread: it never frees anything, even a buffer larger than the pool keeps (the next
+    /// `take` frees it).
+    pub(crate) fn give_back(&self, device: K, buffer: B) {
+        let mut free = self.free.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        free.push((device, buffer));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use std::thread::ThreadId;
+
+    /// A buffer that notes which thread freed it.
+    struct Noted {
+        len: usize,
+        freed_on: Arc<Mutex<Vec<(usize, ThreadId)>>>,
+    }
+
+    impl Buffer for Noted {
+        fn len(&self) -> usize {
+            self.len
+        }
+        fn bytes(&self) -> usize {
+            self.len
+        }
+    }
+
+    impl Drop for Noted {
+        fn drop(&mut self) {
+            self.freed_on.lock().unwrap().push((self.len, std::thread::current().id()));
+        }
+    }
+
+    fn noted(len: usize, freed_on: &Arc<Mutex<Vec<(usize, ThreadId)>>>) -> Noted {
+        Noted { len, freed_on: freed_on.clone() }
+    }
+
+    #[test]
+    fn a_buffer_larger_than_the_pool_keeps_is_freed_by_the_next_take_not_where_it_comes_back() {
+        static POOL: BufferPool<u32, Noted> = BufferPool::new(usize::MAX, 64);
+        let freed_on = Arc::new(Mutex::new(Vec::new()));
+        let big = noted(1000, &freed_on);
+        // Given back on another thread, as the trace writer does.
+        std::thread::spawn(move || POOL.give_back(0, big)).join().unwrap();
+        assert!(freed_on.lock().unwrap().is_empty(), "give_back freed a buffer");
+        // A take of another length makes room: the big one is freed here, on this thread.
+        let small = POOL.take(&0, 8, || Ok::<_, ()>(noted(8, &freed_on))).unwrap();
+        assert_eq!(*freed_on.lock().unwrap(), vec![(1000, std::thread::current().id())]);
+        drop(small);
+    }
+
+    #[test]
+    fn a_buffer_of_the_same_device_and_length_is_reused_whatever_its_size() {
+        let pool: BufferPool<u32, Noted> = BufferPool::new(usize::MAX, 64);
+        let freed_on = Arc::new(Mutex::new(Vec::new()));
+        pool.give_back(1, noted(1000, &freed_on));
+        pool.give_back(0, noted(16, &freed_on));
+        let allocated = std::cell::Cell::new(0);
+        let take = |device, len| {
+            pool.take(&device, len, || {
+                allocated.set(allocated.get() + 1);
+                Ok::<_, ()>(noted(len, &freed_on))
+            })
+            .unwrap()
+        };
+        // An oversized arena of a steady step size is reused, not freed and made again.
+        let big = take(1, 1000);
+        let small = take(0, 16);
+        assert_eq!(allocated.get(), 0);
+        assert!(freed_on.lock().unwrap().is_empty());
+        // The same length on another device is not a match.
+        let other = take(1, 16);
+        assert_eq!(allocated.get(), 1);
+        drop((big, small, other));
+    }
+
+    #[test]
+    fn the_oldest_free_buffers_go_first_when_the_count_is_full() {
+        let pool: BufferPool<u32, Noted> = BufferPool::new(2, usize::MAX);
+        let freed_on = Arc::new(Mutex::new(Vec::new()));
+        for len in [1, 2, 3] {
+            pool.give_back(0, noted(len, &freed_on));
+        }
+        let four = pool.take(&0, 4, || Ok::<_, ()>(noted(4, &freed_on))).unwrap();
+        let freed: Vec<usize> = freed_on.lock().unwrap().iter().map(|(len, _)| *len).collect();
+        assert_eq!(freed, vec![1, 2], "room for one more below the count of 2 frees the two oldest");
+        // The newest is still there.
+        let three = pool.take(&0, 3, || Err(())).unwrap();
+        drop((four, three));
+    }
+}
