@@ -8,8 +8,9 @@
 # resnet18-512 resnet18-1024 qwen2-0.5b. Each rung runs `repro overhead` (plain and hash-only
 # recorded blocks of one run: step times, ratio, peak device memory of each mode, peak host
 # memory, trace bytes per step), starting from the batch given and halving it until plain
-# candle fits (the batch used is in the row), then records two steps with full values at the
-# second (`--capture last`) and reports the write throughput. Results: OUT_DIR/ladder.md.
+# candle fits (the batch used is in the row); then, where the disk holds a step's values, it
+# records two steps with full values at the second (`--capture steps:1`) and reports the write
+# throughput. Results: OUT_DIR/ladder.md.
 set -uo pipefail
 out="${1:?usage: bench-gpu.sh OUT_DIR [RUNG...]}"
 shift
@@ -23,18 +24,19 @@ table="$out/ladder.md"
 log="$out/ladder.log"
 say() { echo "$@" | tee -a "$table"; }
 
-# name: workload options, first batch to try, steps, block.
+# name: workload options | first batch to try | steps | block | whether to time a full-value
+# step (off where a step's values, every graph node and view, outgrow the machine's 64 GB disk).
 rung() {
   case "$1" in
-    gpt-default) echo "--workload gpt|8|200|10" ;;
-    gpt-mid) echo "--workload gpt --width 512 --heads 8 --layers 4 --context 256|16|40|4" ;;
-    gpt-small) echo "--workload gpt --width 768 --heads 12 --layers 12 --context 1024|16|24|2" ;;
-    gpt-medium) echo "--workload gpt --width 1024 --heads 16 --layers 24 --context 1024|8|24|2" ;;
-    gpt-1b) echo "--workload gpt --width 2048 --heads 16 --layers 20 --context 1024|4|16|2" ;;
-    resnet18-256) echo "--workload resnet18|256|24|2" ;;
-    resnet18-512) echo "--workload resnet18|512|24|2" ;;
-    resnet18-1024) echo "--workload resnet18|1024|16|2" ;;
-    qwen2-0.5b) echo "--workload qwen2 --preset qwen2-0.5b --dtype bf16 --layers 24 --context 1024|64|24|2" ;;
+    gpt-default) echo "--workload gpt|8|200|10|full" ;;
+    gpt-mid) echo "--workload gpt --width 512 --heads 8 --layers 4 --context 256|16|80|4|full" ;;
+    gpt-small) echo "--workload gpt --width 768 --heads 12 --layers 12 --context 1024|8|24|2|" ;;
+    gpt-medium) echo "--workload gpt --width 1024 --heads 16 --layers 24 --context 1024|4|24|2|" ;;
+    gpt-1b) echo "--workload gpt --width 2048 --heads 16 --layers 20 --context 512|4|16|2|" ;;
+    resnet18-256) echo "--workload resnet18|256|24|2|full" ;;
+    resnet18-512) echo "--workload resnet18|512|24|2|full" ;;
+    resnet18-1024) echo "--workload resnet18|1024|16|2|" ;;
+    qwen2-0.5b) echo "--workload qwen2 --shape qwen2-0.5b --dtype bf16 --layers 24 --context 1024|16|24|2|full" ;;
     *) return 1 ;;
   esac
 }
@@ -46,13 +48,16 @@ rung() {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   echo "repro: $("$repro" --version)"
   echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  # The disk's own write speed, the ceiling of a full-value step's (4 GiB, page cache bypassed).
+  dd if=/dev/zero of="$work/dd" bs=16M count=256 oflag=direct 2>&1 | tail -1 | sed 's/^/disk: /'
+  rm -f "$work/dd"
   echo '```'
   echo
 } | tee -a "$table"
 header=--header
 for name in $rungs; do
   spec="$(rung "$name")" || { echo "unknown rung $name" >&2; continue; }
-  IFS='|' read -r options batch steps block <<<"$spec"
+  IFS='|' read -r options batch steps block full <<<"$spec"
   row=""
   while [ "$batch" -ge 1 ]; do
     # shellcheck disable=SC2086
@@ -66,6 +71,7 @@ for name in $rungs; do
   [ -n "$row" ] || { say "| $name | failed at every batch |"; continue; }
   say "$row"
   header=""
+  [ -n "$full" ] || continue
   # Full values at one step: two steps, the second stored whole; the time of the record beyond
   # a hash-only one of the same two steps is the cost of bringing the values home and writing them.
   # shellcheck disable=SC2086

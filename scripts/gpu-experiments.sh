@@ -33,6 +33,8 @@ export LD_LIBRARY_PATH="/usr/local/cuda-13.0/targets/x86_64-linux/lib:/usr/local
 summary="$work/results/summary.md"
 say() { echo "$@" | tee -a "$summary"; }
 section() { say; say "## $1"; say; }
+# A diff's verdict and the lines that explain a divergence (the per-tensor table is left out).
+verdict() { "$repro" diff "$@" 2>&1 | sed "s#$work/runs/##g" | grep -E -A4 '^(IDENTICAL|DIVERGED|INCOMPLETE|error)' | head -8; }
 runs=7
 
 section "Machine"
@@ -59,9 +61,9 @@ for spec in "gpt --width 512 --heads 8 --layers 4 --context 256 --batch 16" "res
   "$repro" record --workload $spec --seed 0 --steps 3 --capture steps:2 --device cuda:0 \
     --out "$work/runs/mid-$name-full" --force 2>&1 | tail -1 | sed "s#$work/runs/##g" | tee -a "$summary"
   say "same seed, hashes on the device:"
-  "$repro" diff "$work/runs/mid-$name-a" "$work/runs/mid-$name-b" 2>&1 | sed "s#$work/runs/##g" | tail -3 | tee -a "$summary"
+  verdict "$work/runs/mid-$name-a" "$work/runs/mid-$name-b" | tee -a "$summary"
   say "hashes on the device against hashes of the values read back (step 2):"
-  "$repro" diff "$work/runs/mid-$name-a" "$work/runs/mid-$name-full" 2>&1 | sed "s#$work/runs/##g" | tail -3 | tee -a "$summary"
+  verdict "$work/runs/mid-$name-a" "$work/runs/mid-$name-full" | tee -a "$summary"
   say '```'
   rm -rf "$work/runs/mid-$name-"*
 done
@@ -77,7 +79,7 @@ for capture in none all; do
     --out "$work/runs/capture-$capture" 2>>"$work/results/record.log"
 done
 say '```'
-"$repro" diff "$work/runs/capture-none" "$work/runs/capture-all" 2>&1 | sed "s#$work/runs/##g" | tail -3 | tee -a "$summary"
+verdict "$work/runs/capture-none" "$work/runs/capture-all" | tee -a "$summary"
 say '```'
 # The same for a captured graph, whose views (transposed, broadcast, narrowed) the device
 # hashes through their strides.
@@ -86,7 +88,7 @@ for capture in none all; do
     --out "$work/runs/gpt-capture-$capture" 2>>"$work/results/record.log"
 done
 say '```'
-"$repro" diff "$work/runs/gpt-capture-none" "$work/runs/gpt-capture-all" 2>&1 | sed "s#$work/runs/##g" | tail -3 | tee -a "$summary"
+verdict "$work/runs/gpt-capture-none" "$work/runs/gpt-capture-all" | tee -a "$summary"
 say '```'
 fi
 

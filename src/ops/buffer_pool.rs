@@ -38,9 +38,10 @@ impl<K: PartialEq, B: Buffer> BufferPool<K, B> {
         BufferPool { free: Mutex::new(Vec::new()), max_count, max_bytes }
     }
 
-    /// A buffer of exactly `len` elements for `device`: a free one, or one `allocate` makes.
-    /// Call it on the thread that trains: it frees the oldest free buffers (of any device)
-    /// while the pool holds more than its bounds allow with the new one.
+    /// A buffer of exactly `len` elements for key `device`: a free one, or one `allocate`
+    /// makes. Call it on the thread that trains: it frees the oldest free buffers of the same
+    /// key while the pool holds more than its bounds allow with the new one (only those: a key
+    /// can name a thread whose stream may still be using its buffers).
     pub(crate) fn take<E>(&self, device: &K, len: usize, allocate: impl FnOnce() -> Result<B, E>) -> Result<B, E> {
         let mut free = self.free.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         if let Some(i) = free.iter().position(|(k, b)| k == device && b.len() == len) {
@@ -48,8 +49,9 @@ impl<K: PartialEq, B: Buffer> BufferPool<K, B> {
         }
         let mut kept: usize = free.iter().map(|(_, b)| b.bytes()).sum();
         let mut evicted = Vec::new();
-        while !free.is_empty() && (free.len() >= self.max_count || kept.saturating_add(len) > self.max_bytes) {
-            let (_, buffer) = free.remove(0);
+        while free.len() >= self.max_count || kept.saturating_add(len) > self.max_bytes {
+            let Some(oldest) = free.iter().position(|(k, _)| k == device) else { break };
+            let (_, buffer) = free.remove(oldest);
             kept -= buffer.bytes();
             evicted.push(buffer);
         }
@@ -66,6 +68,14 @@ impl<K: PartialEq, B: Buffer> BufferPool<K, B> {
         let mut free = self.free.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         free.push((device, buffer));
     }
+}
+
+/// A length rounded up to its size class (at most an eighth above it, 256 at least), so that
+/// requests of slightly different lengths share one pooled buffer.
+pub(crate) fn size_class(len: usize) -> usize {
+    let len = len.max(256);
+    let step = 1usize << (len.ilog2() - 3);
+    len.div_ceil(step) * step
 }
 
 #[cfg(test)]
@@ -136,6 +146,32 @@ mod tests {
         let other = take(1, 16);
         assert_eq!(allocated.get(), 1);
         drop((big, small, other));
+    }
+
+    #[test]
+    fn size_classes_are_at_most_an_eighth_above_the_length() {
+        assert_eq!(size_class(0), 256);
+        assert_eq!(size_class(256), 256);
+        assert_eq!(size_class(257), 288);
+        assert_eq!(size_class(1 << 30), 1 << 30);
+        assert_eq!(size_class((1 << 30) + 1), (1 << 30) + (1 << 27));
+        for len in [300usize, 4095, 100_000, 2_700_000_000] {
+            let class = size_class(len);
+            assert!(class >= len && class - len <= len / 8, "{len} -> {class}");
+        }
+    }
+
+    #[test]
+    fn only_buffers_of_the_same_key_are_freed_to_make_room() {
+        let pool: BufferPool<u32, Noted> = BufferPool::new(2, usize::MAX);
+        let freed_on = Arc::new(Mutex::new(Vec::new()));
+        pool.give_back(1, noted(1, &freed_on));
+        pool.give_back(0, noted(2, &freed_on));
+        pool.give_back(1, noted(3, &freed_on));
+        let four = pool.take(&0, 4, || Ok::<_, ()>(noted(4, &freed_on))).unwrap();
+        let freed: Vec<usize> = freed_on.lock().unwrap().iter().map(|(len, _)| *len).collect();
+        assert_eq!(freed, vec![2], "key 1's buffers stay, though the pool is over its count");
+        drop(four);
     }
 
     #[test]

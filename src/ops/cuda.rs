@@ -4,7 +4,7 @@
 //! stream: work launched from another thread would not be ordered with it, so the recorder
 //! launches only from the thread that trains (see `DeviceBatch`).
 
-use super::buffer_pool::{Buffer, BufferPool};
+use super::buffer_pool::{size_class, Buffer, BufferPool};
 use super::device_hash::{fits, Plan, Slot, View, Want};
 use super::Reductions;
 use candle_core::backend::BackendStorage;
@@ -278,8 +278,8 @@ struct Flushed {
     slots: Vec<Slot>,
     /// The page-locked buffer its table was uploaded from.
     table: Pinned<u64>,
-    /// The tensors of its `Slot::Direct` slots (by slot index), alive until they are read back.
-    direct: Vec<(usize, Tensor)>,
+    /// The values of its `Slot::Direct` slots (by slot index), read back when it was launched.
+    direct: Vec<(usize, Vec<u8>)>,
 }
 
 impl DeviceBatch {
@@ -360,13 +360,19 @@ impl DeviceBatch {
             let bytes: u64 = tensors.iter().map(|(t, _)| (t.elem_count() * t.dtype().size_in_bytes()) as u64).sum();
             let what = format!("hashing {} tensors ({})", tensors.len(), size(bytes as usize));
             let mut flushed = self.launch(plan).map_err(|e| e.context(what))?;
-            flushed.direct = flushed
-                .slots
-                .iter()
-                .enumerate()
-                .filter(|(_, slot)| **slot == Slot::Direct)
-                .map(|(i, _)| (i, tensors[i].0.clone()))
-                .collect();
+            // Values read straight from their tensors are read now, as the kernels read the
+            // others: a flush comes before what changes them (an optimizer's in-place update).
+            let stream = self.dev.cuda_stream();
+            for (i, slot) in flushed.slots.iter().enumerate() {
+                if *slot == Slot::Direct {
+                    flushed.direct.push((i, read_values(&tensors[i].0, &stream)?));
+                }
+            }
+            if !flushed.direct.is_empty() {
+                // A copy into pageable memory returns once it has landed; this makes sure of it
+                // before anything reads the values.
+                stream.synchronize().w()?;
+            }
             self.flushed.push(flushed);
             // The other tensors are let go here; see `flushed`.
             drop(tensors);
@@ -389,28 +395,38 @@ impl DeviceBatch {
         staged.as_mut_slice()[..plan.table.len()].copy_from_slice(&plan.table);
         // One device buffer per flush, from a pool (an allocation costs the driver an
         // allocation, two events and their release): the output first (what the host copies
-        // back), then the table, then the tree's chaining values.
+        // back), then the table. Both live until the step's results land, two steps later.
         let out_bytes = plan.out_len.max(1).next_multiple_of(8);
         let table_bytes = 8 * staged.len();
-        let node_bytes = 32 * plan.nodes as usize;
-        let arena_len = out_bytes + table_bytes + node_bytes.max(4);
-        // SAFETY: the table is written by the copy below, and the kernels write every output
-        // and chaining value they read.
+        let arena_len = out_bytes + table_bytes;
+        // SAFETY: the table is written by the copy below, and the kernels write every output.
         let mut arena = DEVICE_ARENAS
             .take(&self.dev.id(), arena_len, || unsafe { self.dev.alloc::<u8>(arena_len) })
-            .map_err(|e| e.context(format!("allocating {} of GPU memory for its results and tree", size(arena_len))))?;
-        let (mut out, mut rest) = arena.split_at_mut(out_bytes);
-        let (mut table, mut nodes) = rest.split_at_mut(table_bytes);
-        // SAFETY: the regions are 8-byte aligned (allocations are, and so are their offsets) and
-        // hold whole elements.
+            .map_err(|e| e.context(format!("allocating {} of GPU memory for its results", size(arena_len))))?;
+        let (mut out, mut table) = arena.split_at_mut(out_bytes);
+        // SAFETY: the region is 8-byte aligned (allocations are, and so is its offset) and holds
+        // whole elements.
         let mut table = unsafe { table.transmute_mut::<u64>(staged.len()) }.expect("the table's region");
-        let mut nodes = unsafe { nodes.transmute_mut::<u32>(node_bytes.max(4) / 4) }.expect("the nodes' region");
         // SAFETY: the staged buffer is page-locked and stays alive (in `Flushed`) until the
         // step's copy back, queued after this one on the same stream, has landed.
         unsafe { staged.upload(&mut table, &stream) }.map_err(|e| e.context("uploading its table"))?;
+        // The tree's chaining values (32 bytes per KiB hashed) are needed only while the kernels
+        // run: scratch of this thread, whose next flush reuses it behind these kernels on the
+        // same stream, rather than memory held until the results land (three steps' worth).
+        let scratch_key = (self.dev.id(), std::thread::current().id());
+        let scratch_len = size_class(32 * plan.nodes as usize);
+        // SAFETY: the kernels write every chaining value they read.
+        let mut scratch = NODE_SCRATCH
+            .take(&scratch_key, scratch_len, || unsafe { self.dev.alloc::<u8>(scratch_len) })
+            .map_err(|e| e.context(format!("allocating {} of GPU memory for its tree", size(scratch_len))))?;
         let kernels = HashKernels::of(&self.dev)?;
-        self.launch_kernels(&plan, &kernels, &stream, &table, &mut nodes, &mut out)
-            .map_err(|e| e.context("launching its kernels"))?;
+        {
+            // SAFETY: allocations are aligned, and the scratch holds whole u32 words.
+            let mut nodes = unsafe { scratch.transmute_mut::<u32>(scratch_len / 4) }.expect("the tree's scratch");
+            self.launch_kernels(&plan, &kernels, &stream, &table, &mut nodes, &mut out)
+                .map_err(|e| e.context("launching its kernels"))?;
+        }
+        NODE_SCRATCH.give_back(scratch_key, scratch);
         Ok(Flushed { arena, out_len: plan.out_len, slots: plan.slots, table: staged, direct: Vec::new() })
     }
 
@@ -472,30 +488,17 @@ impl DeviceBatch {
         self.copy_back().map_err(|e| e.context(format!("copying {} of results back to the host", size(bytes))))
     }
 
-    /// `start_read` once everything is flushed. Values read back straight from their tensors
-    /// (`Slot::Direct`) go into pageable memory, a copy that returns once it has landed: a step
-    /// that keeps large values waits here for the device to reach its end.
+    /// `start_read` once everything is flushed.
     fn copy_back(self) -> Result<PendingRead> {
         let stream = self.dev.cuda_stream();
         let mut copies = Vec::with_capacity(self.flushed.len());
-        let mut read_direct_values = false;
         for Flushed { arena, out_len, slots, table, direct } in self.flushed {
             let out = arena.slice(..out_len.max(1));
             let mut host = take_pinned(&PINNED_RESULTS, &self.dev, out.len())?;
             // SAFETY: `host` is page-locked and stays alive (in the `PendingCopy`) until the
             // copy has landed (`PendingRead::wait`).
             unsafe { host.download(&out, &stream) }?;
-            let direct = direct
-                .into_iter()
-                .map(|(slot, tensor)| Ok((slot, read_values(&tensor, &stream)?)))
-                .collect::<Result<Vec<_>>>()?;
-            read_direct_values |= !direct.is_empty();
             copies.push(PendingCopy { host, slots, table, arena, direct });
-        }
-        if read_direct_values {
-            // The copies into pageable memory have landed when they return; this makes sure of
-            // it before anything reads them.
-            stream.synchronize().w()?;
         }
         // Our own event: a page-locked buffer's own event is recorded only when cudarc manages
         // synchronization between several streams, and candle runs one per thread.
@@ -511,7 +514,7 @@ impl DeviceBatch {
 
 /// A tensor's row-major bytes, copied from its own device memory into pageable host memory (a
 /// strided view is made contiguous on the device first, one tensor at a time), on `stream`
-/// after the work queued there. The copy returns once it has landed.
+/// after the work queued there: the thread waits for the device to get there.
 fn read_values(tensor: &Tensor, stream: &std::sync::Arc<CudaStream>) -> Result<Vec<u8>> {
     use candle_core::cuda_backend::cudarc::driver::result;
     let contiguous = if tensor.is_contiguous() { tensor.clone() } else { tensor.contiguous()? };
@@ -715,6 +718,11 @@ static PINNED_TABLES: BufferPool<DeviceId, Pinned<u64>> = BufferPool::new(16, us
 /// bound is kept while steps reuse its exact size, and freed by the first `take` that needs
 /// another (see `buffer_pool`: never on the writer thread, which gives it back).
 static DEVICE_ARENAS: BufferPool<DeviceId, CudaSlice<u8>> = BufferPool::new(usize::MAX, 64 << 20);
+
+/// The hashing trees' scratch, by device and thread: one thread's flushes run on its own stream
+/// (candle's per-thread default stream), so a flush reuses the scratch of the one before it
+/// with no wait, and no other thread's flush can take it while those kernels may still run.
+static NODE_SCRATCH: BufferPool<(DeviceId, std::thread::ThreadId), CudaSlice<u8>> = BufferPool::new(8, usize::MAX);
 
 /// A page-locked buffer of `len` elements from `pool`, or a new one.
 fn take_pinned<T>(pool: &BufferPool<DeviceId, Pinned<T>>, dev: &CudaDevice, len: usize) -> Result<Pinned<T>>
