@@ -45,6 +45,7 @@ pub fn run(args: DiffArgs) -> Result<Exit, String> {
     }
     if args.json {
         let verdict = match (run.is_identical(), args.tolerance) {
+            (false, _) if run.is_incomplete() => "incomplete",
             (false, _) => "diverged",
             (true, None) => "identical",
             (true, Some(_)) => "within_tolerance",

@@ -48,13 +48,17 @@ pub fn run(args: InspectArgs) -> Result<Exit, String> {
         summaries.push(summary);
     }
     let replicas = check_replicas(&args.trace, &ranks).map_err(|e| e.to_string())?;
-    let verdict = if replicas.drift.is_none() { "identical" } else { "diverged" };
+    let verdict = match (&replicas.drift, replicas.unfinished.is_empty()) {
+        (Some(_), _) => "diverged",
+        (None, false) => "incomplete",
+        (None, true) => "identical",
+    };
     if args.json {
         print_json("repro.inspect-run.v1", Some(verdict), &RunSummary { ranks: summaries, replicas: &replicas })?;
     } else {
         super::output::emit(&replica_line(&replicas));
     }
-    Ok(if replicas.drift.is_some() && args.verify { Exit::Diverged } else { Exit::Same })
+    Ok(if !replicas.passed() && args.verify { Exit::Diverged } else { Exit::Same })
 }
 
 /// A data-parallel run as JSON: every rank's summary, and the replica check.

@@ -39,6 +39,50 @@ fn two_rank_runs_write_a_stream_per_rank_that_stay_replicas_and_reproduce() {
 }
 
 #[test]
+fn a_rank_cut_short_makes_the_run_unfinished_for_diff_and_inspect() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (two_ranks(dir.path(), "a", &[]), two_ranks(dir.path(), "b", &[]));
+    // Rank 1 of B loses its last 100 bytes (a killed rank), rank 0 is whole.
+    let records = b.join("rank-1/records.rpr");
+    let len = std::fs::metadata(&records).unwrap().len();
+    std::fs::OpenOptions::new().write(true).open(&records).unwrap().set_len(len - 100).unwrap();
+    let run = repro(&["diff", s(&a), s(&b)]);
+    assert_eq!(run.code, 1, "{}{}", run.stdout, run.stderr);
+    assert!(
+        run.stdout.contains("UNFINISHED RANK") && run.stdout.contains("rank 1 holds 2 of the 3 steps"),
+        "{}",
+        run.stdout
+    );
+    assert!(!run.stdout.contains("IDENTICAL "), "{}", run.stdout);
+    let diff = json(&repro(&["diff", s(&a), s(&b), "--json"]).stdout);
+    assert_eq!(diff["verdict"], "diverged", "rank 1's streams do not match: {diff}");
+    // The same damage on both sides: every rank pair agrees, and still no IDENTICAL.
+    let c = dir.path().join("c");
+    copy_dir(&b, &c);
+    let run = repro(&["diff", s(&b), s(&c)]);
+    assert_eq!(run.code, 1, "{}", run.stdout);
+    assert!(run.stdout.contains("INCOMPLETE"), "{}", run.stdout);
+    assert_eq!(json(&repro(&["diff", s(&b), s(&c), "--json"]).stdout)["verdict"], "incomplete");
+    let inspect = repro(&["inspect", s(&b), "--verify"]);
+    assert_eq!(inspect.code, 1, "{}{}", inspect.stdout, inspect.stderr);
+    assert_eq!(json(&repro(&["inspect", s(&b), "--json"]).stdout)["verdict"], "incomplete");
+}
+
+/// Copies a directory tree (a data-parallel run).
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), target).unwrap();
+        }
+    }
+}
+
+#[test]
 fn one_device_against_two_ranks_compares_the_replicated_state_and_names_the_batch_split() {
     let dir = tempfile::tempdir().unwrap();
     let one = record_small_gpt(dir.path(), "one", "all", &[]);

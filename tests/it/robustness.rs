@@ -156,3 +156,27 @@ fn a_failed_write_is_reported_and_leaves_a_readable_incomplete_trace() {
     assert_eq!(v["complete"], false);
     assert!(v["steps"].as_u64().unwrap() > 0);
 }
+
+#[test]
+fn two_traces_cut_short_the_same_way_are_incomplete_not_identical() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = crate::util::record(dir.path(), "a", &[]);
+    let records = a.join("records.rpr");
+    let len = fs::metadata(&records).unwrap().len();
+    fs::OpenOptions::new().write(true).open(&records).unwrap().set_len(len - 100).unwrap();
+    let b = dir.path().join("b");
+    fs::create_dir_all(b.join("tensors")).unwrap();
+    fs::copy(&records, b.join("records.rpr")).unwrap();
+    for entry in fs::read_dir(a.join("tensors")).unwrap() {
+        let entry = entry.unwrap();
+        fs::copy(entry.path(), b.join("tensors").join(entry.file_name())).unwrap();
+    }
+    let run = repro(&["diff", s(&a), s(&b)]);
+    assert_eq!(run.code, 1, "every step both hold agrees, but neither finished: {}", run.stdout);
+    assert!(
+        run.stdout.contains("INCOMPLETE  19 steps") && run.stdout.contains("A and B did not finish"),
+        "{}",
+        run.stdout
+    );
+    assert_eq!(json(&repro(&["diff", s(&a), s(&b), "--json"]).stdout)["verdict"], "incomplete");
+}

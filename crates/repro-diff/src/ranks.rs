@@ -17,7 +17,7 @@
 use crate::metrics::compare;
 use crate::traces::{diff_traces_with, DiffOptions, TraceDiff};
 use repro_trace::dtype::DType;
-use repro_trace::{rank_streams, StepRecord, TensorKind, TraceError, TraceReader};
+use repro_trace::{rank_streams, Completeness, StepRecord, TensorKind, TraceError, TraceReader};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 
@@ -34,6 +34,30 @@ pub struct ReplicaReport {
     pub tensors_checked: u64,
     /// The first tensor a rank holds other bits of than rank 0, if any.
     pub drift: Option<ReplicaDrift>,
+    /// Ranks whose stream is unfinished (no footer, cut short, or stopped early) or holds fewer
+    /// steps than the longest rank's: a run is whole only when every rank is.
+    pub unfinished: Vec<UnfinishedRank>,
+}
+
+impl ReplicaReport {
+    /// True when every rank finished, with as many steps as every other, and the ranks held
+    /// identical replicated state at every step.
+    pub fn passed(&self) -> bool {
+        self.drift.is_none() && self.unfinished.is_empty()
+    }
+}
+
+/// A rank that did not finish the run with the others.
+#[derive(Debug, Clone, Serialize)]
+pub struct UnfinishedRank {
+    /// The rank.
+    pub rank: u64,
+    /// Steps its stream holds.
+    pub steps: u64,
+    /// Steps the longest rank's stream holds.
+    pub steps_of_longest: u64,
+    /// Why its stream is unfinished, when it is (otherwise it finished with fewer steps).
+    pub reason: Option<String>,
 }
 
 /// Where replicas first stopped being replicas.
@@ -65,12 +89,18 @@ pub fn check_replicas(run: &Path, streams: &[PathBuf]) -> Result<ReplicaReport, 
         steps_checked: 0,
         tensors_checked: 0,
         drift: None,
+        unfinished: Vec::new(),
     };
+    // Steps read from each rank's stream.
+    let mut read = vec![0u64; readers.len()];
     'steps: loop {
         let mut steps = Vec::with_capacity(readers.len());
-        for reader in &mut readers {
+        for (reader, read) in readers.iter_mut().zip(&mut read) {
             match reader.next_step()? {
-                Some(step) => steps.push(step),
+                Some(step) => {
+                    *read += 1;
+                    steps.push(step);
+                }
                 None => break 'steps,
             }
         }
@@ -99,7 +129,36 @@ pub fn check_replicas(run: &Path, streams: &[PathBuf]) -> Result<ReplicaReport, 
             }
         }
     }
+    report.unfinished = unfinished_ranks(&mut readers, read)?;
     Ok(report)
+}
+
+/// The ranks whose streams are unfinished or shorter than the longest, given the steps already
+/// read from each (the rest of every stream is read here, to count it).
+fn unfinished_ranks(readers: &mut [TraceReader], mut steps: Vec<u64>) -> Result<Vec<UnfinishedRank>, TraceError> {
+    for (reader, steps) in readers.iter_mut().zip(&mut steps) {
+        while reader.next_step()?.is_some() {
+            *steps += 1;
+        }
+    }
+    let longest = steps.iter().copied().max().unwrap_or(0);
+    Ok(readers
+        .iter()
+        .zip(steps)
+        .enumerate()
+        .filter_map(|(rank, (reader, steps))| {
+            let reason = match reader.completeness() {
+                Some(Completeness::Incomplete(why)) => Some(why.clone()),
+                _ => None,
+            };
+            (reason.is_some() || steps < longest).then_some(UnfinishedRank {
+                rank: rank as u64,
+                steps,
+                steps_of_longest: longest,
+                reason,
+            })
+        })
+        .collect())
 }
 
 /// The comparison of two runs, each on one device or data-parallel.
@@ -123,9 +182,16 @@ pub struct RunDiff {
 }
 
 impl RunDiff {
-    /// True when the runs agree bit for bit and every data-parallel run kept its replicas.
+    /// True when the runs agree bit for bit, and every data-parallel run finished on every rank
+    /// and kept its replicas.
     pub fn is_identical(&self) -> bool {
-        self.diff.is_identical() && self.replicas.iter().all(|r| r.drift.is_none())
+        self.diff.is_identical() && self.replicas.iter().all(ReplicaReport::passed)
+    }
+
+    /// True when nothing compared differs, and the runs are not identical only because a trace
+    /// or a rank did not finish.
+    pub fn is_incomplete(&self) -> bool {
+        !self.is_identical() && self.diff.agrees_so_far() && self.replicas.iter().all(|r| r.drift.is_none())
     }
 }
 
@@ -220,8 +286,11 @@ fn diff_rank_by_rank(
         let diff = diff_traces_with(&mut TraceReader::open(a)?, &mut TraceReader::open(b)?, options)?;
         compared += diff.tensors_compared;
         diverged += diff.tensors_diverged;
+        // A rank whose streams disagree in structure or did not finish comes after every
+        // rank that diverged in value, and before every rank that agrees.
         let place = match &diff.first_divergence {
             Some(d) => place_in_step(a, d.step, &d.tensor)?,
+            None if !diff.is_identical() => Place { at: (u64::MAX, 0), collective: false },
             None => Place { at: (u64::MAX, usize::MAX), collective: false },
         };
         if best.as_ref().is_none_or(|(_, _, best)| place.at < best.at) {
@@ -347,14 +416,16 @@ mod tests {
     /// Writes a trace of `steps` into `dir`, as rank `rank` of `world` (or a single device when
     /// `world` is 1), every value stored inline.
     fn stream(dir: &Path, rank: u64, world: u64, steps: Vec<Vec<T>>) {
+        let declared = steps.len() as u64;
+        stream_declaring(dir, rank, world, declared, steps)
+    }
+
+    /// `stream`, whose header declares `declared` steps (a rank that finished early).
+    fn stream_declaring(dir: &Path, rank: u64, world: u64, declared: u64, steps: Vec<Vec<T>>) {
         let header = Header {
             format: CURRENT_FORMAT,
             producer: "test".into(),
-            run: RunConfig {
-                workload: "synthetic".into(),
-                steps: Some(steps.len() as u64),
-                params: Default::default(),
-            },
+            run: RunConfig { workload: "synthetic".into(), steps: Some(declared), params: Default::default() },
             environment: Default::default(),
             capture: CapturePolicy::default(),
             distributed: (world > 1).then(|| Distributed {
@@ -416,6 +487,63 @@ mod tests {
         assert_eq!((drift.step, drift.tensor.as_str(), drift.ranks), (0, "w.updated", vec![1]));
         // The weight, the sum, then the drifting update: three checks against rank 0.
         assert_eq!(report.tensors_checked, 3);
+    }
+
+    /// A 2-rank run of `steps[rank]` identical steps on each rank.
+    fn ranks_of_steps(dir: &Path, steps: [usize; 2]) -> PathBuf {
+        for (rank, steps) in steps.into_iter().enumerate() {
+            let step = || {
+                vec![
+                    T("w", TensorKind::Weight, vec![1.0], None),
+                    T("w.grad.local", TensorKind::Gradient, vec![0.25], None),
+                    T("w.grad", TensorKind::Gradient, vec![0.5], Some("w.grad.local")),
+                ]
+            };
+            let declared = 3;
+            stream_declaring(
+                &dir.join(format!("rank-{rank}")),
+                rank as u64,
+                2,
+                declared,
+                (0..steps).map(|_| step()).collect(),
+            );
+        }
+        dir.to_path_buf()
+    }
+
+    #[test]
+    fn a_rank_with_fewer_steps_leaves_the_run_unfinished_and_never_identical() {
+        let dir = tempfile::tempdir().unwrap();
+        let whole = ranks_of_steps(&dir.path().join("whole"), [3, 3]);
+        let short = ranks_of_steps(&dir.path().join("short"), [3, 2]);
+        let report = check_replicas(&short, &rank_streams(&short).unwrap().unwrap()).unwrap();
+        assert!(report.drift.is_none(), "the steps both ranks hold agree");
+        let [u] = report.unfinished.as_slice() else { panic!("{:?}", report.unfinished) };
+        assert_eq!((u.rank, u.steps, u.steps_of_longest, u.reason.as_deref()), (1, 2, 3, None));
+        assert!(!report.passed());
+        let diff = diff_runs(&whole, &short, &DiffOptions::default()).unwrap();
+        assert!(!diff.is_identical());
+        assert_eq!(diff.rank, Some(1), "the rank whose streams do not match is the one shown");
+        // Both runs short the same way: every rank pair agrees, and the run is still not whole.
+        let also_short = ranks_of_steps(&dir.path().join("also-short"), [3, 2]);
+        let diff = diff_runs(&short, &also_short, &DiffOptions::default()).unwrap();
+        assert!(diff.diff.is_identical() && !diff.is_identical() && diff.is_incomplete());
+        let text = crate::report::render_run_diff(&diff);
+        assert!(text.contains("UNFINISHED RANK") && text.contains("INCOMPLETE  the streams compared agree"), "{text}");
+        assert!(!text.contains("IDENTICAL "), "{text}");
+    }
+
+    #[test]
+    fn an_unfinished_rank_counts_across_world_sizes_too() {
+        let dir = tempfile::tempdir().unwrap();
+        let single = dir.path().join("single");
+        let step =
+            || vec![T("w", TensorKind::Weight, vec![1.0], None), T("w.grad", TensorKind::Gradient, vec![0.5], None)];
+        stream(&single, 0, 1, vec![step(), step(), step()]);
+        let short = ranks_of_steps(&dir.path().join("short"), [3, 2]);
+        let diff = diff_runs(&single, &short, &DiffOptions::default()).unwrap();
+        assert!(diff.diff.is_identical(), "rank 0 agrees with the single device");
+        assert!(!diff.is_identical() && diff.is_incomplete());
     }
 
     #[test]

@@ -99,8 +99,16 @@ pub struct GapPoint {
 }
 
 impl TraceDiff {
-    /// True when the traces recorded the same tensors with the same bits at the same steps.
+    /// True when both traces are finished and recorded the same tensors with the same bits at
+    /// the same steps. Steps that agree in an unfinished trace are no verdict on the steps it
+    /// lacks.
     pub fn is_identical(&self) -> bool {
+        self.agrees_so_far() && self.a.complete && self.b.complete
+    }
+
+    /// True when every step both traces hold agrees, in values and in structure, whether or not
+    /// both finished.
+    pub fn agrees_so_far(&self) -> bool {
         self.first_divergence.is_none() && self.structure.is_empty()
     }
 }

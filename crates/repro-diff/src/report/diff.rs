@@ -9,12 +9,18 @@ use std::fmt::{self, Write};
 
 /// Renders a diff for people.
 pub fn render_diff(d: &TraceDiff) -> String {
+    render_diff_unless(d, None)
+}
+
+/// Renders a diff for people; where the traces agree, `disagreement` (a verdict line of the
+/// caller's, who knows more: an unfinished rank of a data-parallel run) replaces the verdict.
+pub(crate) fn render_diff_unless(d: &TraceDiff, disagreement: Option<&str>) -> String {
     let mut out = String::new();
-    write_diff(&mut out, d).expect("writing to a String cannot fail");
+    write_diff(&mut out, d, disagreement).expect("writing to a String cannot fail");
     out
 }
 
-fn write_diff(out: &mut String, d: &TraceDiff) -> fmt::Result {
+fn write_diff(out: &mut String, d: &TraceDiff, disagreement: Option<&str>) -> fmt::Result {
     write_side(out, "A", &d.a)?;
     write_side(out, "B", &d.b)?;
     for warning in &d.warnings {
@@ -36,7 +42,20 @@ fn write_diff(out: &mut String, d: &TraceDiff) -> fmt::Result {
         )?;
     }
     let Some(first) = &d.first_divergence else {
-        if let (Some(t), true) = (&d.tolerance, d.structure.is_empty()) {
+        let unfinished: Vec<&str> =
+            [("A", &d.a), ("B", &d.b)].into_iter().filter(|(_, side)| !side.complete).map(|(label, _)| label).collect();
+        if let (Some(line), true) = (disagreement, d.structure.is_empty()) {
+            writeln!(out, "{line}")?;
+        } else if !unfinished.is_empty() && d.structure.is_empty() {
+            writeln!(
+                out,
+                "INCOMPLETE  {} steps, {} tensors compared bit-exact, but {} did not finish (see above): later steps \
+                 were never compared",
+                d.steps_compared,
+                d.tensors_compared,
+                unfinished.join(" and ")
+            )?;
+        } else if let (Some(t), true) = (&d.tolerance, d.structure.is_empty()) {
             let largest = match &d.largest_within_tolerance {
                 Some(l) => format!("; largest: `{}` at step {}, {}", l.tensor, l.step, divergence_metrics(l)),
                 None => String::new(),

@@ -19,6 +19,18 @@ fn verdict_line(d: &TraceDiff) -> String {
             let metrics = f.metrics.as_ref().map_or("hashes differ".to_string(), metrics_sentence);
             format!("first differs at step {}, `{}` ({}): {metrics}", f.step, f.tensor, f.kind)
         }
+        None if d.agrees_so_far() => {
+            let unfinished: Vec<&str> = [(&d.a, "the reference"), (&d.b, "this run")]
+                .into_iter()
+                .filter(|(s, _)| !s.complete)
+                .map(|(_, n)| n)
+                .collect();
+            format!(
+                "incomplete: {} did not finish ({} steps agree; the rest were never compared)",
+                unfinished.join(" and "),
+                d.steps_compared
+            )
+        }
         None => "the runs recorded different steps or tensors".into(),
     }
 }
@@ -30,7 +42,7 @@ pub fn render_gate(r: &GateReport) -> String {
     let _ = writeln!(out, "reference: {}", r.reference);
     for crate::GateComparison { run: label, diff: d, replicas, .. } in &r.comparisons {
         let _ = writeln!(out, "  {label}: {}", verdict_line(d));
-        for replica in replicas.iter().filter(|r| r.drift.is_some()) {
+        for replica in replicas.iter().filter(|r| !r.passed()) {
             let _ = write!(out, "    {}", super::ranks::replica_line(replica));
         }
     }

@@ -2,7 +2,7 @@
 //! each kept its replicas, the diff itself, and what data parallelism did to the first gradient
 //! that differs.
 
-use super::diff::render_diff;
+use super::diff::{render_diff, render_diff_unless};
 use crate::ranks::{DataParallelCause, ReplicaReport, RunDiff};
 use std::fmt::Write;
 
@@ -18,7 +18,13 @@ pub fn render_run_diff(r: &RunDiff) -> String {
         Some(rank) => writeln!(
             out,
             "data-parallel: A and B on {a}, compared rank by rank; shown: rank {rank}, {}",
-            if r.diff.first_divergence.is_some() { "the first to diverge" } else { "and every rank agrees" }
+            if r.diff.first_divergence.is_some() {
+                "the first to diverge"
+            } else if !r.diff.is_identical() {
+                "whose streams do not match"
+            } else {
+                "and every rank agrees"
+            }
         ),
         None => writeln!(
             out,
@@ -28,19 +34,52 @@ pub fn render_run_diff(r: &RunDiff) -> String {
     for report in &r.replicas {
         out.push_str(&replica_line(report));
     }
-    out.push_str(&render_diff(&r.diff));
+    // The streams shown can agree while the run as a whole does not: a rank that did not finish
+    // (the same in both runs, or in a run whose other ranks were not compared).
+    let unfinished: Vec<String> = r
+        .replicas
+        .iter()
+        .flat_map(|report| report.unfinished.iter().map(move |u| format!("{} rank {}", report.run, u.rank)))
+        .collect();
+    let disagreement = (r.diff.agrees_so_far() && !unfinished.is_empty()).then(|| {
+        format!(
+            "INCOMPLETE  the streams compared agree bit for bit, but not every rank finished ({}): the run is not \
+             identical",
+            unfinished.join(", ")
+        )
+    });
+    out.push_str(&render_diff_unless(&r.diff, disagreement.as_deref()));
     if let Some(cause) = &r.cause {
         let _ = writeln!(out, "\n{}", cause_sentence(cause, r));
     }
     out
 }
 
-/// One line saying whether a data-parallel run's ranks stayed replicas.
+/// Lines saying whether a data-parallel run's ranks finished together and stayed replicas.
 pub fn replica_line(r: &ReplicaReport) -> String {
+    let mut out = String::new();
+    for u in &r.unfinished {
+        let why = u.reason.as_deref().unwrap_or("finished early");
+        let _ = writeln!(
+            out,
+            "UNFINISHED RANK  {}: rank {} holds {} of the {} steps its longest rank holds ({why})",
+            r.run, u.rank, u.steps, u.steps_of_longest
+        );
+    }
+    out.push_str(&replica_drift_line(r));
+    out
+}
+
+/// The line of the replica check proper.
+fn replica_drift_line(r: &ReplicaReport) -> String {
     match &r.drift {
         None => format!(
-            "replicas: {} kept identical parameters and gradient sums on all {} ranks at all {} steps ({} tensors checked against rank 0)\n",
-            r.run, r.world_size, r.steps_checked, r.tensors_checked
+            "replicas: {} kept identical parameters and gradient sums on all {} ranks at all {} steps {}({} tensors checked against rank 0)\n",
+            r.run,
+            r.world_size,
+            r.steps_checked,
+            if r.unfinished.is_empty() { "" } else { "that every rank holds " },
+            r.tensors_checked
         ),
         Some(d) => {
             let ranks: Vec<String> = d.ranks.iter().map(u64::to_string).collect();
