@@ -10,5 +10,5 @@ mod cli;
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> std::process::ExitCode {
-    cli::run(cli::parse()).into()
+    cli::main().into()
 }

@@ -43,6 +43,13 @@ pub fn run(args: BaselineArgs) -> Result<Exit, String> {
         record_command(&command, &work, &FullCapture::None)
     };
     let result = recorded.and_then(|()| {
+        if work.join("rank-0").exists() {
+            return Err(
+                "the program wrote a data-parallel run: a baseline holds one stream; gate such runs with `repro gate \
+                 -- CMD` (two runs compared), or record one device for the baseline"
+                    .to_string(),
+            );
+        }
         let records = work.join(repro::trace::format::RECORDS_FILE);
         std::fs::copy(&records, &out).map_err(|e| format!("cannot write {}: {e}", out.display()))
     });

@@ -16,10 +16,11 @@ use std::time::{Duration, Instant};
 /// `repro gate --baseline FILE` gating a built-in workload takes the baseline's settings as its
 /// defaults: they are inserted before the options given (clap keeps the last of a repeated
 /// option, so those win, and a conflict is refused by the baseline check). Any other command
-/// line, and a baseline that cannot be read (the gate says why), is returned as it is.
-pub fn with_baseline_defaults(argv: Vec<OsString>) -> Vec<OsString> {
+/// line, and a baseline that cannot be read (the gate says why), is returned as it is. A
+/// baseline whose settings are not a built-in workload's is refused (see `options_for`).
+pub fn with_baseline_defaults(argv: Vec<OsString>) -> Result<Vec<OsString>, String> {
     if argv.get(1).is_none_or(|a| a != "gate") || argv.iter().any(|a| a == "--") {
-        return argv;
+        return Ok(argv);
     }
     let baseline = argv.iter().enumerate().find_map(|(i, a)| {
         let a = a.to_str()?;
@@ -29,15 +30,18 @@ pub fn with_baseline_defaults(argv: Vec<OsString>) -> Vec<OsString> {
             None => None,
         }
     });
-    let run = baseline.and_then(|file| TraceReader::open(Path::new(&file)).ok()).map(|r| r.header().run.clone());
+    let file = baseline.unwrap_or_default();
+    let run = TraceReader::open(Path::new(&file)).ok().map(|r| r.header().run.clone());
     // A baseline of a user's program has no built-in settings; the gate explains the mismatch.
     let Some(run) = run.filter(|run| repro::workloads::WORKLOADS.contains(&run.workload.as_str())) else {
-        return argv;
+        return Ok(argv);
     };
+    let options = super::workload_args::options_for(&run)
+        .map_err(|e| format!("baseline {}: {e}; it cannot set the gate's run", Path::new(&file).display()))?;
     let mut with_defaults = argv[..2].to_vec();
-    with_defaults.extend(super::workload_args::options_for(&run).into_iter().map(OsString::from));
+    with_defaults.extend(options.into_iter().map(OsString::from));
     with_defaults.extend_from_slice(&argv[2..]);
-    with_defaults
+    Ok(with_defaults)
 }
 
 #[derive(Debug, Args)]
@@ -237,11 +241,46 @@ pub fn record_command(command: &[String], dir: &Path, capture: &FullCapture) -> 
             command.join(" ")
         ));
     }
-    if !dir.join(repro::trace::format::RECORDS_FILE).exists() {
-        return Err(format!(
-            "`{}` recorded nothing: it should record into the directory in ${TRACE_DIR_ENV} (see `Recorder::from_env`)",
-            command.join(" ")
-        ));
+    check_recorded(&command.join(" "), dir)
+}
+
+/// Checks what a program left in `dir` before anything compares or keeps it: a finished trace of
+/// at least one step, or a data-parallel run of such rank traces; never a link.
+fn check_recorded(program: &str, dir: &Path) -> Result<(), String> {
+    let streams = match repro::trace::rank_streams(dir) {
+        Ok(Some(ranks)) => ranks,
+        Ok(None) => vec![dir.to_path_buf()],
+        Err(e) => return Err(format!("`{program}` left a data-parallel run that cannot be read: {e}")),
+    };
+    for stream in &streams {
+        let records = stream.join(repro::trace::format::RECORDS_FILE);
+        match std::fs::symlink_metadata(&records) {
+            Err(_) => {
+                return Err(format!(
+                    "`{program}` recorded nothing: it should record into the directory in ${TRACE_DIR_ENV} (see \
+                     `Recorder::from_env`)"
+                ))
+            }
+            Ok(meta) if !meta.file_type().is_file() => {
+                return Err(format!(
+                    "`{program}` left {} as a link or other non-file; repro reads and keeps only files it wrote",
+                    records.display()
+                ))
+            }
+            Ok(_) => {}
+        }
+        let summary = repro::trace::summarize(stream)
+            .map_err(|e| format!("`{program}` left something that is not a readable trace: {e}"))?;
+        if !summary.complete {
+            let why = summary.incomplete_reason.unwrap_or_default();
+            return Err(format!(
+                "`{program}` left an unfinished trace in {} ({why}): did it return before `Recorder::finish`?",
+                stream.display()
+            ));
+        }
+        if summary.steps == 0 {
+            return Err(format!("`{program}` recorded no steps in {}: nothing to compare", stream.display()));
+        }
     }
     Ok(())
 }

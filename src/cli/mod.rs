@@ -63,9 +63,20 @@ enum Command {
 }
 
 /// Parses the process's command line (`repro gate --baseline FILE` takes its defaults from
-/// the baseline).
-pub fn parse() -> Cli {
-    Cli::parse_from(gate::with_baseline_defaults(std::env::args_os().collect()))
+/// the baseline, and fails when it cannot give them).
+pub fn parse() -> Result<Cli, String> {
+    gate::with_baseline_defaults(std::env::args_os().collect()).map(Cli::parse_from)
+}
+
+/// Parses and runs the command line: its exit status.
+pub fn main() -> Exit {
+    match parse() {
+        Ok(cli) => run(cli),
+        Err(e) => {
+            eprintln!("error: {e}");
+            Exit::Error
+        }
+    }
 }
 
 impl Command {

@@ -62,7 +62,7 @@ pub fn run(args: OverheadArgs) -> Result<Exit, String> {
         if args.header {
             child.push("--header".into());
         }
-        child.extend(super::workload_args::options_for(&workload.run_config()));
+        child.extend(super::workload_args::options_for(&workload.run_config())?);
         super::ranks::supervise("overhead", &args.ranks.devices, None, &child)?;
         return Ok(Exit::Same);
     }

@@ -114,7 +114,7 @@ pub fn run(args: RecordArgs) -> Result<Exit, String> {
 fn record_ranks(args: &RecordArgs, workload: &Workload) -> Result<Exit, String> {
     let started = Instant::now();
     let capture = CapturePolicy { full: args.capture.clone(), inline_max_bytes: args.inline_max_bytes };
-    let options = args.train.rank_options(workload);
+    let options = args.train.rank_options(workload)?;
     ranks::record_ranks(&args.ranks.devices, &args.out, args.force, &capture, workload, &options)?;
     eprintln!(
         "recorded {} ranks of {} on {} into {} in {:.2}s",

@@ -125,12 +125,18 @@ pub struct ClassifierArgs {
 }
 
 /// The options that reproduce a built-in workload's recorded settings (a baseline's), to serve
-/// as defaults: `--workload gpt --steps 50 --width 128 ...`. A planted perturbation is left out:
+/// as defaults: `--workload=gpt --steps=50 --width=128 ...`. A planted perturbation is left out:
 /// a gate's run may differ from its baseline there.
-pub fn options_for(run: &repro::trace::RunConfig) -> Vec<String> {
-    let mut options = vec!["--workload".to_string(), run.workload.clone()];
+///
+/// A trace is input, not a command line: every setting must name an option of the workload's
+/// own (`WorkloadArgs`), or this fails naming it, and values are passed as `--key=value`, so a
+/// value is never read as another option (a baseline whose settings held `help` once printed
+/// the help and passed the gate with no run).
+pub fn options_for(run: &repro::trace::RunConfig) -> Result<Vec<String>, String> {
+    let known = workload_options();
+    let mut options = vec![format!("--workload={}", run.workload)];
     if let Some(steps) = run.steps {
-        options.extend(["--steps".to_string(), steps.to_string()]);
+        options.push(format!("--steps={steps}"));
     }
     for (key, value) in &run.params {
         let option = match (key.as_str(), value.as_str()) {
@@ -150,10 +156,23 @@ pub fn options_for(run: &repro::trace::RunConfig) -> Vec<String> {
             ("tokens", _) => "context",
             (other, _) => other,
         };
-        options.push(format!("--{}", option.replace('_', "-")));
-        options.push(value.clone());
+        let option = option.replace('_', "-");
+        if !known.contains(&option) || option == "workload" || option == "steps" {
+            return Err(format!(
+                "setting `{key}` = `{value}` is not a setting of repro's built-in workloads (a trace of a newer repro, \
+                 or not made by repro)"
+            ));
+        }
+        options.push(format!("--{option}={value}"));
     }
-    options
+    Ok(options)
+}
+
+/// The long names of the options that describe a workload (`WorkloadArgs` and what it flattens).
+fn workload_options() -> Vec<String> {
+    use clap::Args as _;
+    let command = WorkloadArgs::augment_args(clap::Command::new("workload"));
+    command.get_arguments().filter_map(|a| a.get_long().map(str::to_string)).collect()
 }
 
 impl WorkloadArgs {
@@ -295,12 +314,12 @@ impl WorkloadArgs {
 
     /// The options that make a rank process train this workload: the workload's settings, and
     /// the planted fault if any.
-    pub fn rank_options(&self, workload: &Workload) -> Vec<String> {
-        let mut options = options_for(&workload.run_config());
+    pub fn rank_options(&self, workload: &Workload) -> Result<Vec<String>, String> {
+        let mut options = options_for(&workload.run_config())?;
         if let Some(p) = &self.perturb {
-            options.extend(["--perturb".to_string(), p.to_string()]);
+            options.push(format!("--perturb={p}"));
         }
-        options
+        Ok(options)
     }
 
     /// Records one run of the built-in workload into `dir` the way a gate compares runs:
@@ -310,7 +329,7 @@ impl WorkloadArgs {
         let workload = self.workload()?;
         if devices.len() > 1 {
             let capture = CapturePolicy { full: full.clone(), ..CapturePolicy::default() };
-            return super::ranks::record_ranks(devices, dir, true, &capture, &workload, &self.rank_options(&workload));
+            return super::ranks::record_ranks(devices, dir, true, &capture, &workload, &self.rank_options(&workload)?);
         }
         let device = open_device(devices.first().unwrap_or(&self.device)).map_err(|e| e.to_string())?;
         let capture = CapturePolicy { full: full.clone(), ..CapturePolicy::default() };

@@ -279,3 +279,72 @@ fn a_tolerance_keeps_values_and_is_refused_against_a_hashes_only_baseline() {
     assert_eq!(run.code, 2, "{}{}", run.stdout, run.stderr);
     assert!(run.stderr.contains("keeps hashes only") && run.stderr.contains("no --baseline"), "{}", run.stderr);
 }
+
+/// Writes a finished trace of no steps at `path`, of `workload` with these settings.
+fn stepless_trace(path: &std::path::Path, workload: &str, params: &[(&str, &str)]) {
+    use repro::trace::{CapturePolicy, Header, RunConfig, TraceWriter, CURRENT_FORMAT};
+    let params = params.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    let header = Header {
+        format: CURRENT_FORMAT,
+        producer: "test".into(),
+        run: RunConfig { workload: workload.into(), steps: Some(12), params },
+        environment: Default::default(),
+        capture: CapturePolicy::default(),
+        distributed: None,
+    };
+    TraceWriter::create(path, &header, false).unwrap().finish().unwrap();
+}
+
+#[test]
+fn a_baseline_s_settings_never_become_options_of_the_gate() {
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str, params: &[(&str, &str)]| {
+        let path = dir.path().join(name);
+        stepless_trace(&path, "adder", params);
+        path
+    };
+    // A setting named `help` once printed the help text and passed the gate (exit 0) with no run.
+    let run = repro(&["gate", "--baseline", s(&write("help", &[("help", "1")]))]);
+    assert_eq!(run.code, 2, "{}{}", run.stdout, run.stderr);
+    assert!(run.stderr.contains("setting `help`") && !run.stdout.contains("Usage"), "{}{}", run.stdout, run.stderr);
+    // A value that looks like an option stays a value: clap refuses it as a batch size.
+    let run = repro(&["gate", "--baseline", s(&write("value", &[("batch", "--help")]))]);
+    assert_eq!(run.code, 2, "{}{}", run.stdout, run.stderr);
+    assert!(!run.stdout.contains("Usage"), "{}", run.stdout);
+}
+
+#[test]
+fn a_program_that_leaves_no_finished_trace_fails_the_gate_and_writes_no_baseline() {
+    let dir = tempfile::tempdir().unwrap();
+    // A trace with no steps, and one cut short, for the programs to copy.
+    let empty = dir.path().join("empty");
+    stepless_trace(&empty, "mine", &[]);
+    let cut = crate::util::record(dir.path(), "cut", &[]);
+    let records = cut.join("records.rpr");
+    let len = fs::metadata(&records).unwrap().len();
+    fs::OpenOptions::new().write(true).open(&records).unwrap().set_len(len - 100).unwrap();
+    let programs = [
+        (
+            "garbage",
+            "mkdir -p \"$REPRO_TRACE_DIR\" && printf 12345678 > \"$REPRO_TRACE_DIR/records.rpr\"".to_string(),
+            "not a readable trace",
+        ),
+        (
+            "link",
+            "mkdir -p \"$REPRO_TRACE_DIR\" && ln -s /etc/passwd \"$REPRO_TRACE_DIR/records.rpr\"".to_string(),
+            "as a link",
+        ),
+        ("no steps", format!("cp -r {}/. \"$REPRO_TRACE_DIR\"", s(&empty)), "recorded no steps"),
+        ("unfinished", format!("cp -r {}/. \"$REPRO_TRACE_DIR\"", s(&cut)), "unfinished trace"),
+    ];
+    for (what, script, says) in programs {
+        let run = repro(&["gate", "--", "sh", "-c", &script]);
+        assert_eq!(run.code, 2, "{what}: {}{}", run.stdout, run.stderr);
+        assert!(run.stderr.contains(says), "{what}: {}", run.stderr);
+        let base = dir.path().join(format!("{what}.rpr"));
+        let run = repro(&["baseline", "write", "--out", s(&base), "--", "sh", "-c", &script]);
+        assert_eq!(run.code, 2, "{what}: {}", run.stderr);
+        assert!(run.stderr.contains(says), "{what}: {}", run.stderr);
+        assert!(!base.exists(), "{what}: a baseline was written");
+    }
+}
