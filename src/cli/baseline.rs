@@ -7,7 +7,7 @@ use super::Exit;
 use clap::{Args, Subcommand};
 use repro::report::bytes;
 use repro::trace::FullCapture;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 #[derive(Debug, Args)]
 pub struct BaselineArgs {
@@ -22,6 +22,9 @@ enum BaselineAction {
         /// The baseline file to write (e.g. repro-baseline.rpr).
         #[arg(long)]
         out: PathBuf,
+        /// Replace the file if it exists (it is replaced whole or not at all).
+        #[arg(long)]
+        force: bool,
         /// Your own training program, which records itself with repro's library into
         /// $REPRO_TRACE_DIR (instead of a built-in workload).
         #[arg(last = true, value_name = "CMD")]
@@ -32,8 +35,24 @@ enum BaselineAction {
     },
 }
 
+/// Copies `records` to `out` through a temporary file beside it, renamed into place once whole
+/// and on disk: a full disk or a crash leaves the old baseline as it was. Without `replace`, an
+/// `out` that appeared meanwhile is kept. Returns the bytes written.
+fn write_whole(records: &Path, out: &Path, replace: bool) -> std::io::Result<u64> {
+    let dir = out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
+    let size = std::io::copy(&mut std::fs::File::open(records)?, &mut tmp)?;
+    tmp.as_file().sync_all()?;
+    let persisted = if replace { tmp.persist(out) } else { tmp.persist_noclobber(out) };
+    persisted.map_err(|e| e.error)?;
+    Ok(size)
+}
+
 pub fn run(args: BaselineArgs) -> Result<Exit, String> {
-    let BaselineAction::Write { train, out, command } = args.action;
+    let BaselineAction::Write { train, out, force, command } = args.action;
+    if !force && std::fs::symlink_metadata(&out).is_ok() {
+        return Err(format!("{} exists: pass --force to replace it with a new baseline", out.display()));
+    }
     let scratch = super::scratch::ScratchDir::new("baseline")?;
     let work = scratch.path().join("run");
     // A baseline keeps hashes only: it is committed, and the gate compares hashes.
@@ -50,8 +69,8 @@ pub fn run(args: BaselineArgs) -> Result<Exit, String> {
                     .to_string(),
             );
         }
-        let records = work.join(repro::trace::format::RECORDS_FILE);
-        std::fs::copy(&records, &out).map_err(|e| format!("cannot write {}: {e}", out.display()))
+        write_whole(&work.join(repro::trace::format::RECORDS_FILE), &out, force)
+            .map_err(|e| format!("cannot write {}: {e}", out.display()))
     });
     drop(scratch);
     let size = result?;

@@ -53,6 +53,15 @@ pub fn run(args: InvarianceArgs) -> Result<Exit, String> {
         return Err("--batch-sizes must be at least 1".into());
     }
     let workload = args.train.workload()?;
+    // Every batching's token ids are built on the host (and its forward pass's activations grow
+    // with it): a size the host cannot even hold the ids of is refused before any model runs.
+    let largest = sizes.iter().copied().max().unwrap_or(1) as u128;
+    let tokens = args.train.gpt.context as u128;
+    repro::workloads::host_memory::check_fits("the largest batch's token ids", largest * tokens, 4, "--batch-sizes")
+        .map_err(|e| e.to_string())?;
+    if args.cost.is_some_and(|passes| passes > 1_000_000) {
+        return Err("--cost takes at most 1000000 passes".into());
+    }
     let device = open_device(&args.train.device).map_err(|e| e.to_string())?;
     let label = &args.train.device;
     if let Some(passes) = args.cost {

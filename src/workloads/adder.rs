@@ -186,6 +186,9 @@ impl AdderConfig {
         if self.batch == 0 || self.features == 0 || self.steps == 0 {
             return Err(RecordError::Unsupported("the adder needs --steps, --batch and --features above 0".into()));
         }
+        // A batch of inputs and a copy on its way to the device, in f32.
+        let elements = (self.batch as u128).saturating_mul(self.features as u128);
+        super::host_memory::check_fits("the adder's batch", elements, 8, "--batch or --features")?;
         if !(self.lr.is_finite() && self.lr > 0.0) {
             return Err(RecordError::Unsupported(format!("--lr must be a positive number, not {}", self.lr)));
         }

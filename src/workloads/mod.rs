@@ -5,6 +5,7 @@ mod adder;
 pub mod classifier;
 pub mod decoder;
 pub mod gpt;
+pub mod host_memory;
 mod outcome;
 pub mod seeded;
 

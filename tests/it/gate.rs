@@ -348,3 +348,20 @@ fn a_program_that_leaves_no_finished_trace_fails_the_gate_and_writes_no_baseline
         assert!(!base.exists(), "{what}: a baseline was written");
     }
 }
+
+#[test]
+fn a_baseline_is_replaced_only_when_asked_and_then_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path().join("base.rpr");
+    let write = |extra: &[&str]| repro(&[&["baseline", "write", "--out", s(&base)][..], &SMALL, extra].concat());
+    assert_eq!(write(&[]).code, 0);
+    let first = fs::read(&base).unwrap();
+    let run = write(&["--seed", "1"]);
+    assert_eq!(run.code, 2, "{}", run.stderr);
+    assert!(run.stderr.contains("exists: pass --force"), "{}", run.stderr);
+    assert_eq!(fs::read(&base).unwrap(), first, "the old baseline is untouched");
+    assert_eq!(write(&["--seed", "1", "--force"]).code, 0);
+    assert_ne!(fs::read(&base).unwrap(), first, "--force wrote the new baseline");
+    let leftovers: Vec<_> = fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(leftovers.len(), 1, "no temporary file is left beside it: {leftovers:?}");
+}

@@ -190,3 +190,64 @@ fn json_commands_report_errors_as_json_too() {
     // Without --json, stdout stays empty.
     assert_eq!(repro(&["diff", s(&a), s(&missing)]).stdout, "");
 }
+
+#[test]
+fn a_tensor_name_of_64_kib_is_read_and_reported_without_a_panic() {
+    use repro::dtype::DType;
+    use repro::hash::tensor_hash;
+    use repro::trace::{
+        CapturePolicy, Header, RunConfig, StepTensor, TensorKind, TensorRecord, TraceWriter, CURRENT_FORMAT,
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str, value: f32| {
+        let path = dir.path().join(name);
+        let header = Header {
+            format: CURRENT_FORMAT,
+            producer: "test".into(),
+            run: RunConfig { workload: "mine".into(), steps: Some(1), params: Default::default() },
+            environment: Default::default(),
+            capture: CapturePolicy::default(),
+            distributed: None,
+        };
+        let bytes = value.to_le_bytes().to_vec();
+        let record = TensorRecord {
+            name: "n".repeat(70_000),
+            kind: TensorKind::Weight,
+            dtype: DType::F32,
+            shape: vec![1],
+            hash: tensor_hash(DType::F32, &[1], &bytes),
+            inline: Some(bytes),
+            in_payload: false,
+            phase: None,
+            inputs: Vec::new(),
+            node: None,
+            collective: None,
+        };
+        let mut w = TraceWriter::create(&path, &header, false).unwrap();
+        w.write_step(0, vec![StepTensor { record, payload: None }]).unwrap();
+        w.finish().unwrap();
+        path
+    };
+    let (a, b) = (write("a", 1.0), write("b", 2.0));
+    let inspect = repro(&["inspect", s(&a)]);
+    assert_eq!(inspect.code, 0, "{}", inspect.stderr);
+    let diff = repro(&["diff", s(&a), s(&b)]);
+    assert_eq!(diff.code, 1, "{}", diff.stderr);
+}
+
+#[test]
+fn sizes_beyond_the_hosts_memory_are_refused_before_anything_is_allocated() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    for args in [
+        vec!["record", "--features", "100000000", "--out", s(&out)],
+        vec!["invariance", "--batch-sizes", "18446744073709551615"],
+        vec!["invariance", "--batch-sizes", "1,100000000"],
+        vec!["invariance", "--cost", "18446744073709551615"],
+    ] {
+        let run = repro(&args);
+        assert_eq!(run.code, 2, "{args:?}: {}", run.stderr);
+        assert!(run.stderr.contains("lower --") || run.stderr.contains("at most"), "{args:?}: {}", run.stderr);
+    }
+    assert!(!out.exists(), "nothing was recorded");
+}

@@ -144,6 +144,15 @@ impl TraceReader {
                         format!("header says format {} but the preamble says {version}", header.format),
                     ));
                 }
+                if let Some(d) = header.distributed.as_ref().filter(|d| d.world_size == 0 || d.rank >= d.world_size) {
+                    return Err(reader.corrupt(
+                        "the header record",
+                        format!(
+                            "it is rank {} of a world of {}: a rank must be below the world size, which is at least 1",
+                            d.rank, d.world_size
+                        ),
+                    ));
+                }
                 reader.header = *header;
                 Ok(reader)
             }
@@ -441,6 +450,17 @@ mod tests {
         dir
     }
 
+    #[test]
+    fn a_rank_outside_its_world_is_refused_when_the_header_is_read() {
+        for (rank, world_size) in [(0, 0), (2, 2), (5, 1)] {
+            let distributed =
+                crate::schema::Distributed { rank, world_size, backend: "file".into(), backend_version: String::new() };
+            let dir = trace_with(&[header_of(Some(distributed))]);
+            let err = TraceReader::open(dir.path()).err().expect("refused").to_string();
+            assert!(err.contains(&format!("rank {rank} of a world of {world_size}")), "{err}");
+        }
+    }
+
     fn read_all(dir: &Path) -> Result<u64, TraceError> {
         let mut reader = TraceReader::open(dir)?;
         let mut n = 0;
@@ -454,13 +474,18 @@ mod tests {
     }
 
     fn header() -> Vec<u8> {
+        header_of(None)
+    }
+
+    /// A header record, of a rank's stream when `distributed` says so.
+    fn header_of(distributed: Option<crate::schema::Distributed>) -> Vec<u8> {
         let h = Header {
             format: CURRENT_FORMAT,
             producer: "test".into(),
             run: Default::default(),
             environment: Default::default(),
             capture: Default::default(),
-            distributed: None,
+            distributed,
         };
         rmp_serde::to_vec_named(&Record::Header(Box::new(h))).unwrap()
     }

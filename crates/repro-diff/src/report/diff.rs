@@ -1,6 +1,6 @@
 //! The human-readable `repro diff` report.
 
-use super::format::{missing_gradients, sci, shape};
+use super::format::{column_width, missing_gradients, sci, shape};
 use crate::{
     CauseRule, Divergence, FieldDifference, RootCause, StructuralDifference, TensorMetrics, TraceDiff, TraceSide,
 };
@@ -129,7 +129,7 @@ fn write_diff(out: &mut String, d: &TraceDiff, disagreement: Option<&str>) -> fm
         }
     }
     writeln!(out, "\nper tensor:")?;
-    let width = d.tensors.iter().map(|t| t.name.len()).max().unwrap_or(6).max(6);
+    let width = column_width(d.tensors.iter().map(|t| t.name.len()), 6);
     writeln!(out, "  {:<width$}  {:<10}  {:>11}  {:>9}", "tensor", "kind", "first step", "diverged")?;
     for t in &d.tensors {
         let first = t.first_divergent_step.map_or("-".to_string(), |s| s.to_string());

@@ -63,6 +63,17 @@ pub fn missing_gradients(list: &[repro_trace::MissingGradient]) -> String {
     described.join(", ")
 }
 
+/// The widest a padded column gets: a longer cell (a tensor name of 70,000 bytes in a crafted
+/// trace) overflows its column instead of widening every row, and stays under the formatter's
+/// limit on widths (65,535), past which it panics.
+pub const MAX_COLUMN: usize = 96;
+
+/// The width of a padded column for cells of these lengths: the longest, at least `min`, at
+/// most `MAX_COLUMN`.
+pub fn column_width(lengths: impl IntoIterator<Item = usize>, min: usize) -> usize {
+    lengths.into_iter().max().unwrap_or(0).max(min).min(MAX_COLUMN)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -53,7 +53,7 @@ pub fn render_summary(s: &TraceSummary) -> String {
     let _ =
         writeln!(out, "full steps {}", if s.full_steps.is_empty() { "none".into() } else { step_list(&s.full_steps) });
     if !s.tensors.is_empty() {
-        let width = s.tensors.iter().map(|t| t.name.len()).max().unwrap_or(6).max(6);
+        let width = super::format::column_width(s.tensors.iter().map(|t| t.name.len()), 6);
         let _ = writeln!(out, "\ntensors per step, in recording order");
         let _ = writeln!(
             out,

@@ -26,7 +26,7 @@ pub fn render_invariance(r: &InvarianceReport) -> String {
             r.parameters_reached, r.parameters
         );
     }
-    let label_width = r.results.iter().map(|b| b.batching.to_string().len()).max().unwrap_or(1).max(8);
+    let label_width = super::format::column_width(r.results.iter().map(|b| b.batching.to_string().len()), 8);
     for b in &r.results {
         let label = b.batching.to_string();
         if let Some(error) = &b.error {

@@ -30,8 +30,10 @@ pub fn render_matrix(r: &MatrixReport) -> String {
                     .collect()
             })
             .collect();
-        let width =
-            cells.iter().flatten().map(String::len).max().unwrap_or(1).max(format!("r{}", r.runs.len() - 1).len());
+        let width = super::format::column_width(
+            cells.iter().flatten().map(String::len),
+            format!("r{}", r.runs.len() - 1).len(),
+        );
         let _ = writeln!(out, "\n{}", m.tensor);
         let mut header = format!("{:>w$}", "", w = 4);
         for j in 0..r.runs.len() {

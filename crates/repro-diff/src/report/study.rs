@@ -20,7 +20,7 @@ fn table(header: &[&str], rows: &[Vec<String>], markdown: bool) -> String {
         return out;
     }
     let widths: Vec<usize> = (0..header.len())
-        .map(|c| rows.iter().map(|r| r[c].chars().count()).chain([header[c].len()]).max().unwrap_or(0))
+        .map(|c| super::format::column_width(rows.iter().map(|r| r[c].chars().count()).chain([header[c].len()]), 0))
         .collect();
     let line = |cells: Vec<&str>| {
         let padded: Vec<String> = cells.iter().zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect();

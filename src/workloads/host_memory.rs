@@ -1,0 +1,56 @@
+//! Settings are checked against the host's memory before anything is allocated: a batch or a
+//! feature count typed with a few zeros too many must be refused with the numbers, not grow the
+//! process until the OOM killer stops it. Every built-in workload draws its data on the host
+//! first, so the host's memory bounds what it can start.
+
+use crate::record::RecordError;
+
+const GIB: f64 = (1u64 << 30) as f64;
+
+/// The host's memory in bytes (`MemTotal` of /proc/meminfo), or 1 TiB where the OS does not say.
+pub fn host_memory_bytes() -> u64 {
+    let total = std::fs::read_to_string("/proc/meminfo").ok().and_then(|info| {
+        let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
+        line.trim_start_matches("MemTotal:").trim().trim_end_matches("kB").trim().parse::<u64>().ok()
+    });
+    total.map_or(1 << 40, |kib| kib * 1024)
+}
+
+/// Refuses `what` when its `count` elements of `elem_bytes` bytes each exceed the host's memory
+/// (or do not fit in a u64 at all), naming the setting to lower.
+pub fn check_fits(what: &str, count: u128, elem_bytes: u128, setting: &str) -> Result<(), RecordError> {
+    check_fits_in(what, count, elem_bytes, setting, host_memory_bytes())
+}
+
+fn check_fits_in(what: &str, count: u128, elem_bytes: u128, setting: &str, memory: u64) -> Result<(), RecordError> {
+    let bytes = count.saturating_mul(elem_bytes);
+    if bytes > u128::from(memory) {
+        return Err(RecordError::Unsupported(format!(
+            "{what} would take {:.1} GiB, more than this machine's {:.1} GiB of memory: lower {setting}",
+            bytes as f64 / GIB,
+            memory as f64 / GIB
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_beyond_the_memory_are_refused_with_the_setting_to_lower() {
+        let gib = 1u64 << 30;
+        assert!(check_fits_in("x", 1 << 20, 4, "--batch", gib).is_ok());
+        let err = check_fits_in("the adder's batch", 10_000 * 100_000_000, 4, "--batch or --features", 64 * gib)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            err,
+            "the adder's batch would take 3725.3 GiB, more than this machine's 64.0 GiB of memory: lower --batch or --features"
+        );
+        // Products past u64 saturate rather than wrap.
+        assert!(check_fits_in("x", u128::MAX, 8, "--batch", gib).is_err());
+        assert!(host_memory_bytes() > 0);
+    }
+}
