@@ -192,3 +192,49 @@ fn a_users_own_data_parallel_loop_records_ranks_that_read_as_one_run() {
     assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
     assert!(run.stdout.contains("IDENTICAL  10 steps"), "{}", run.stdout);
 }
+
+/// The pids of processes whose command line holds `needle` (Linux: /proc).
+fn processes_with(needle: &str) -> Vec<u32> {
+    let mut pids = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else { continue };
+        if String::from_utf8_lossy(&cmdline).contains(needle) && pid != std::process::id() {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn killing_the_supervisor_kills_every_rank() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("long-run");
+    let mut supervisor = std::process::Command::new(env!("CARGO_BIN_EXE_repro"))
+        .args(["record", "--workload", "mlp", "--devices", "cpu,cpu", "--steps", "100000000", "--capture", "none"])
+        .arg("--out")
+        .arg(&out)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Wait for both ranks to be training.
+    let started = std::time::Instant::now();
+    let needle = format!("{}/rank-", out.display());
+    while processes_with(&needle).len() < 2 || !out.join("rank-1/records.rpr").exists() {
+        assert!(started.elapsed() < std::time::Duration::from_secs(60), "the ranks never started");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    // SIGKILL, as a cancelled CI job sends: the supervisor cannot clean up.
+    supervisor.kill().unwrap();
+    supervisor.wait().unwrap();
+    let killed = std::time::Instant::now();
+    while !processes_with(&needle).is_empty() {
+        assert!(
+            killed.elapsed() < std::time::Duration::from_secs(10),
+            "ranks outlived their supervisor: {:?}",
+            processes_with(&needle)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
