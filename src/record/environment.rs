@@ -108,18 +108,30 @@ pub fn environment(device: &Device) -> Environment {
             .unwrap_or_else(|e| format!("{} (name unavailable: {e})", device_label(device))),
         _ => device_label(device),
     };
-    let env: BTreeMap<String, String> =
-        NUMERICS_ENV_VARS.iter().filter_map(|&k| std::env::var(k).ok().map(|v| (k.to_string(), v))).collect();
+    let env: BTreeMap<String, String> = NUMERICS_ENV_VARS
+        .iter()
+        .filter_map(|&k| std::env::var(k).ok().map(|v| (k.to_string(), printable(v))))
+        .collect();
     Environment {
         repro_version: env!("CARGO_PKG_VERSION").into(),
         candle_version: env!("REPRO_CANDLE_VERSION").into(),
         device: device_label(device),
-        device_name,
-        cpu_model,
+        device_name: printable(device_name),
+        cpu_model: printable(cpu_model),
         os: format!("{} {}", std::env::consts::OS, std::env::consts::ARCH),
         rustc: env!("REPRO_RUSTC_VERSION").into(),
         threads: candle_core::utils::get_num_threads() as u64,
         env,
+    }
+}
+
+/// `s` with any control character escaped (`\t`, `\u{1b}`): a trace holds printable strings
+/// only (docs/trace-format.md), and what the machine reports is not ours to refuse.
+fn printable(s: String) -> String {
+    if s.chars().any(char::is_control) {
+        s.escape_debug().to_string()
+    } else {
+        s
     }
 }
 

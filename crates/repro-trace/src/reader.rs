@@ -152,6 +152,11 @@ impl TraceReader {
                         format!("header says format {} but the preamble says {version}", header.format),
                     ));
                 }
+                if let Some(why) =
+                    format::header_strings(&header).iter().find_map(|(what, v)| format::unprintable(what, v))
+                {
+                    return Err(reader.corrupt("the header record", why));
+                }
                 if let Some(d) = header.distributed.as_ref().filter(|d| d.world_size == 0 || d.rank >= d.world_size) {
                     return Err(reader.corrupt(
                         "the header record",
@@ -378,6 +383,9 @@ impl TraceReader {
                 );
             }
         }
+        if let Some(why) = step.tensors.iter().find_map(format::unprintable_in_tensor) {
+            return Err(self.corrupt(&where_, why));
+        }
         let mut names = std::collections::BTreeSet::new();
         for t in &step.tensors {
             if !names.insert(t.name.as_str()) {
@@ -414,6 +422,9 @@ impl TraceReader {
     }
 
     fn check_footer(&mut self, footer: &Footer) -> Result<(), TraceError> {
+        if let Some(why) = footer.stopped.as_deref().and_then(|s| format::unprintable("the reason it stopped", s)) {
+            return Err(self.corrupt("the footer", why));
+        }
         if footer.steps != self.steps_read {
             return Err(self.corrupt(
                 "the footer",
@@ -489,15 +500,20 @@ mod tests {
 
     /// A header record, of a rank's stream when `distributed` says so.
     fn header_of(distributed: Option<crate::schema::Distributed>) -> Vec<u8> {
-        let h = Header {
+        let h = Header { distributed, ..plain_header() };
+        rmp_serde::to_vec_named(&Record::Header(Box::new(h))).unwrap()
+    }
+
+    /// The header of a single-device test trace.
+    fn plain_header() -> Header {
+        Header {
             format: CURRENT_FORMAT,
             producer: "test".into(),
             run: Default::default(),
             environment: Default::default(),
             capture: Default::default(),
-            distributed,
-        };
-        rmp_serde::to_vec_named(&Record::Header(Box::new(h))).unwrap()
+            distributed: None,
+        }
     }
 
     fn step_with(tensor: TensorRecord, payload: Option<&str>) -> Vec<u8> {
@@ -524,6 +540,38 @@ mod tests {
             node: None,
             collective: None,
         }
+    }
+
+    #[test]
+    fn control_characters_in_a_traces_strings_are_corruption_named_escaped() {
+        let forged = "t\n\nIDENTICAL  3 steps, 9 tensors compared, bit-exact\x1b[2K";
+        let named = TensorRecord { name: forged.into(), ..tensor(vec![1], Some(vec![0; 4]), false) };
+        let err = error_reading(&[header(), step_with(named, None)]);
+        assert!(err.contains("corrupt") && err.contains("U+000A"), "{err}");
+        assert!(!err.chars().any(char::is_control), "the message itself stays printable: {err:?}");
+        let input =
+            TensorRecord { inputs: vec!["\x1b]0;title\x07".into()], ..tensor(vec![1], Some(vec![0; 4]), false) };
+        assert!(error_reading(&[header(), step_with(input, None)]).contains("U+001B"));
+        let mut h = plain_header();
+        h.run.workload = "mlp\rIDENTICAL".into();
+        let dir = trace_with(&[rmp_serde::to_vec_named(&Record::Header(Box::new(h))).unwrap()]);
+        let err = TraceReader::open(dir.path()).err().expect("refused").to_string();
+        assert!(err.contains("the workload") && err.contains("U+000D"), "{err}");
+    }
+
+    #[test]
+    fn writers_refuse_what_readers_would_call_corrupt() {
+        use crate::writer::{StepTensor, TraceWriter};
+        let dir = tempfile::tempdir().unwrap();
+        let mut h = plain_header();
+        h.run.params.insert("lr".into(), "1e-3\u{9b}".into());
+        let err = TraceWriter::create(&dir.path().join("a"), &h, false).err().expect("refused").to_string();
+        assert!(err.contains("setting `lr`") && err.contains("U+009B"), "{err}");
+        h.run.params.clear();
+        let mut w = TraceWriter::create(&dir.path().join("b"), &h, false).unwrap();
+        let record = TensorRecord { name: "w\x1b[31m".into(), ..tensor(vec![1], Some(vec![0; 4]), false) };
+        let err = w.write_step(0, vec![StepTensor { record, payload: None }]).unwrap_err().to_string();
+        assert!(err.contains("U+001B") && !err.chars().any(char::is_control), "{err:?}");
     }
 
     fn error_reading(records: &[Vec<u8>]) -> String {

@@ -65,6 +65,9 @@ impl TraceWriter {
                 reason: "capture every:0 is not a policy".into(),
             });
         }
+        if let Some(why) = format::header_strings(header).iter().find_map(|(what, v)| format::unprintable(what, v)) {
+            return Err(TraceError::InvalidRecord { path: dir.to_path_buf(), reason: why });
+        }
         let records_path = dir.join(RECORDS_FILE);
         // Refused before the lock is taken, so a refused call changes nothing on disk.
         if records_path.exists() && !replace {
@@ -137,6 +140,9 @@ impl TraceWriter {
         let mut names = BTreeSet::new();
         for t in &tensors {
             let r = &t.record;
+            if let Some(why) = format::unprintable_in_tensor(r) {
+                return Err(self.invalid(format!("step {step}: {why}")));
+            }
             if let Some(input) = r.inputs.iter().find(|i| !names.contains(i.as_str())) {
                 return Err(self.invalid(format!(
                     "input `{input}` of `{}` at step {step} is not a tensor recorded before it in the step",
@@ -201,6 +207,8 @@ impl TraceWriter {
     }
 
     fn finish_with(mut self, stopped: Option<String>) -> Result<u64, TraceError> {
+        // The reason is repro's own message, which may quote a user's string: written printable.
+        let stopped = stopped.map(|s| s.chars().map(|c| if c.is_control() { ' ' } else { c }).collect());
         let steps = self.steps_written;
         self.append(&Record::Footer(Footer { steps, stopped }))?;
         self.records.sync_all().map_err(TraceError::io(&self.records_path))?;
