@@ -251,3 +251,30 @@ fn sizes_beyond_the_hosts_memory_are_refused_before_anything_is_allocated() {
     }
     assert!(!out.exists(), "nothing was recorded");
 }
+
+#[cfg(unix)]
+#[test]
+fn recording_never_writes_or_deletes_through_a_link_in_the_trace() {
+    let dir = tempfile::tempdir().unwrap();
+    let victims = dir.path().join("victims");
+    fs::create_dir_all(&victims).unwrap();
+    let victim_payload = victims.join("step-00000000.safetensors");
+    let victim_file = victims.join("precious.txt");
+    fs::write(&victim_payload, b"someone else's payload").unwrap();
+    fs::write(&victim_file, b"someone else's file").unwrap();
+    for (name, target) in [("tensors", &victims), (".repro-lock", &victim_file), ("run-meta.json.tmp", &victim_file)] {
+        let trace = record(dir.path(), &format!("trace-{}", name.trim_start_matches('.')), &[]);
+        let link = trace.join(name);
+        if link.is_dir() {
+            fs::remove_dir_all(&link).unwrap();
+        } else {
+            let _ = fs::remove_file(&link);
+        }
+        std::os::unix::fs::symlink(target, &link).unwrap();
+        let run = repro(&["record", "--steps", "3", "--force", "--out", s(&trace)]);
+        assert_eq!(run.code, 2, "{name}: {}", run.stderr);
+        assert!(run.stderr.contains("is a symbolic link"), "{name}: {}", run.stderr);
+        assert_eq!(fs::read(&victim_payload).unwrap(), b"someone else's payload", "{name}");
+        assert_eq!(fs::read(&victim_file).unwrap(), b"someone else's file", "{name}");
+    }
+}

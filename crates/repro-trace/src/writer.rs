@@ -77,6 +77,7 @@ impl TraceWriter {
             return Err(TraceError::NotEmpty { path: dir.to_path_buf() });
         }
         fs::create_dir_all(dir).map_err(TraceError::io(dir))?;
+        refuse_links(dir)?;
         let lock = lock_dir(dir)?;
         if records_path.exists() {
             if !replace {
@@ -260,6 +261,7 @@ impl TraceWriter {
         let tmp_path = final_path.with_extension("safetensors.tmp");
         let parent = final_path.parent().expect("payload names have a directory");
         fs::create_dir_all(parent).map_err(TraceError::io(parent))?;
+        remove_stale(&tmp_path)?;
         safetensors::serialize_to_file(views, None, &tmp_path).map_err(|e| match e {
             safetensors::SafeTensorError::IoError(source) => TraceError::Io { path: tmp_path.clone(), source },
             other => self.invalid(format!("cannot write payload of step {step}: {other}")),
@@ -279,7 +281,10 @@ impl TraceWriter {
         let path = self.dir.join(RUN_META_FILE);
         let tmp = path.with_extension("json.tmp");
         let text = serde_json::to_string_pretty(&self.meta).expect("run metadata serializes");
-        fs::write(&tmp, text + "\n").map_err(TraceError::io(&tmp))?;
+        // A link left in the temporary file's place is removed, never written through.
+        remove_stale(&tmp)?;
+        let mut file = OpenOptions::new().write(true).create_new(true).open(&tmp).map_err(TraceError::io(&tmp))?;
+        file.write_all((text + "\n").as_bytes()).map_err(TraceError::io(&tmp))?;
         fs::rename(&tmp, &path).map_err(TraceError::io(&path))
     }
 }
@@ -307,6 +312,39 @@ fn holds_foreign_files(dir: &Path) -> Result<bool, TraceError> {
 /// Deletes the files of the trace in `dir`: the record file, run metadata and the payload
 /// files the writer names `tensors/step-*.safetensors` (and their `.tmp` leftovers). Anything
 /// else stays, and `tensors/` goes only if it is left empty.
+/// Refuses a trace directory in which a file repro writes (the lock, the records, the run
+/// metadata and its temporary file, the payload folder) is a symbolic link: writing through it
+/// would change files outside the trace, and replacing a trace would delete them.
+fn refuse_links(dir: &Path) -> Result<(), TraceError> {
+    let run_meta_tmp = Path::new(RUN_META_FILE).with_extension("json.tmp");
+    for name in
+        [Path::new(LOCK_FILE), Path::new(RECORDS_FILE), Path::new(RUN_META_FILE), &run_meta_tmp, Path::new(TENSORS_DIR)]
+    {
+        let path = dir.join(name);
+        if fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_symlink()) {
+            return Err(TraceError::InvalidRecord {
+                path: dir.to_path_buf(),
+                reason: format!(
+                    "{} is a symbolic link: repro writes only its own files in a trace directory and never follows links \
+                     there; remove it or choose another directory",
+                    path.display()
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Removes `path` if something is there (a link itself, not what it points to).
+fn remove_stale(path: &Path) -> Result<(), TraceError> {
+    match fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Err(TraceError::Io { path: path.to_path_buf(), source: e })
+        }
+        _ => Ok(()),
+    }
+}
+
 fn remove_trace_files(dir: &Path) -> Result<(), TraceError> {
     for stale in [RECORDS_FILE, RUN_META_FILE] {
         let p = dir.join(stale);
