@@ -62,20 +62,25 @@ enum Command {
     GpuCheck(gpu_check::GpuCheckArgs),
 }
 
-/// Parses the process's command line (`repro gate --baseline FILE` takes its defaults from
-/// the baseline, and fails when it cannot give them).
-pub fn parse() -> Result<Cli, String> {
-    gate::with_baseline_defaults(std::env::args_os().collect()).map(Cli::parse_from)
-}
-
-/// Parses and runs the command line: its exit status.
+/// Parses and runs the process's command line: its exit status. `repro gate --baseline FILE`
+/// takes its defaults from the baseline, and fails when it cannot give them. A command line
+/// that does not parse is an error like any other: with `--json` on it, stdout gets the
+/// `repro.error.v1` document too.
 pub fn main() -> Exit {
-    match parse() {
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let json = argv.iter().any(|a| a == "--json");
+    let parsed = gate::with_baseline_defaults(argv).and_then(|argv| {
+        Cli::try_parse_from(argv).map_err(|e| match e.kind() {
+            // Asked-for help and version are printed as clap prints them.
+            clap::error::ErrorKind::DisplayHelp
+            | clap::error::ErrorKind::DisplayVersion
+            | clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => e.exit(),
+            _ => e.render().to_string().trim_start_matches("error: ").trim_end().to_string(),
+        })
+    });
+    match parsed {
         Ok(cli) => run(cli),
-        Err(e) => {
-            eprintln!("error: {e}");
-            Exit::Error
-        }
+        Err(message) => fail(&message, json),
     }
 }
 
@@ -113,19 +118,22 @@ pub fn run(cli: Cli) -> Exit {
     match result {
         Ok(_) if output::write_failed() => Exit::Error,
         Ok(exit) => exit,
-        Err(message) => {
-            eprintln!("error: {message}");
-            if json {
-                // A program reading stdout gets a document whatever happened.
-                #[derive(serde::Serialize)]
-                struct Failure<'a> {
-                    error: &'a str,
-                }
-                let _ = print_json("repro.error.v1", Some("error"), &Failure { error: &message });
-            }
-            Exit::Error
-        }
+        Err(message) => fail(&message, json),
     }
+}
+
+/// Reports an error: one `error:` message on stderr and, under `--json`, the error document
+/// on stdout (a program reading stdout gets a document whatever happened).
+fn fail(message: &str, json: bool) -> Exit {
+    eprintln!("error: {message}");
+    if json {
+        #[derive(serde::Serialize)]
+        struct Failure<'a> {
+            error: &'a str,
+        }
+        let _ = print_json("repro.error.v1", Some("error"), &Failure { error: message });
+    }
+    Exit::Error
 }
 
 /// A JSON report as printed: what it is (`schema`, e.g. `repro.diff.v1`, versioned so consumers

@@ -278,3 +278,47 @@ fn recording_never_writes_or_deletes_through_a_link_in_the_trace() {
         assert_eq!(fs::read(&victim_file).unwrap(), b"someone else's file", "{name}");
     }
 }
+
+#[cfg(unix)]
+#[test]
+fn a_fifo_for_records_and_a_file_for_out_are_refused_not_waited_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("fifo");
+    fs::create_dir_all(&trace).unwrap();
+    let fifo = trace.join("records.rpr");
+    assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    // Run with a deadline: a reader that opens the FIFO would wait for a writer forever.
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_repro"))
+        .args(["inspect", s(&trace)])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if started.elapsed() > std::time::Duration::from_secs(20) {
+            child.kill().unwrap();
+            panic!("inspect blocked on a FIFO");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    assert_eq!(status.code(), Some(2));
+    let file = dir.path().join("a-file");
+    fs::write(&file, b"not a trace").unwrap();
+    let run = repro(&["record", "--steps", "2", "--out", s(&file)]);
+    assert_eq!(run.code, 2);
+    assert!(run.stderr.contains("is a file, not a directory"), "{}", run.stderr);
+    assert_eq!(fs::read(&file).unwrap(), b"not a trace");
+}
+
+#[test]
+fn a_command_line_that_does_not_parse_still_gives_the_json_error_document() {
+    let run = repro(&["diff", "--json", "--bogus", "a", "b"]);
+    assert_eq!(run.code, 2);
+    let doc = crate::util::json(&run.stdout);
+    assert_eq!((doc["schema"].as_str(), doc["verdict"].as_str()), (Some("repro.error.v1"), Some("error")));
+    assert!(doc["error"].as_str().unwrap().contains("--bogus"), "{doc}");
+    assert!(run.stderr.starts_with("error: "), "{}", run.stderr);
+}

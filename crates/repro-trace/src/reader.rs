@@ -96,6 +96,14 @@ impl TraceReader {
         } else {
             (path.clone(), path, true)
         };
+        // A FIFO or device in its place would block or read forever: refused unopened.
+        let kind = fs::metadata(&records_path).map_err(TraceError::io(&records_path))?.file_type();
+        if !kind.is_file() {
+            return Err(TraceError::NotATrace {
+                path: records_path,
+                reason: "it is not a regular file (a FIFO, a device or a directory)".into(),
+            });
+        }
         let file = File::open(&records_path).map_err(TraceError::io(&records_path))?;
         let mut input = BufReader::with_capacity(1 << 16, file);
         let mut preamble = [0u8; PREAMBLE_LEN];

@@ -68,6 +68,12 @@ impl TraceWriter {
         if let Some(why) = format::header_strings(header).iter().find_map(|(what, v)| format::unprintable(what, v)) {
             return Err(TraceError::InvalidRecord { path: dir.to_path_buf(), reason: why });
         }
+        if fs::metadata(dir).is_ok_and(|m| !m.is_dir()) {
+            return Err(TraceError::InvalidRecord {
+                path: dir.to_path_buf(),
+                reason: "it is a file, not a directory: a trace is a directory; choose a new or empty one".into(),
+            });
+        }
         let records_path = dir.join(RECORDS_FILE);
         // Refused before the lock is taken, so a refused call changes nothing on disk.
         if records_path.exists() && !replace {
