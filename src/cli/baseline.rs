@@ -59,7 +59,7 @@ pub fn run(args: BaselineArgs) -> Result<Exit, String> {
     let recorded = if command.is_empty() {
         train.record_for_gate(&work, &FullCapture::None, &[])
     } else {
-        record_command(&command, &work, &FullCapture::None)
+        record_command(&command, &work, &FullCapture::None, None)
     };
     let result = recorded.and_then(|()| {
         if work.join("rank-0").exists() {

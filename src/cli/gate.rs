@@ -57,6 +57,10 @@ pub struct GateArgs {
     /// Stop starting new runs after this many seconds (at least two traces are compared).
     #[arg(long, value_name = "SECONDS")]
     budget: Option<u64>,
+    /// Stop a run of -- CMD that takes longer than this many seconds (it and every process it
+    /// started), and fail with an error naming it.
+    #[arg(long, value_name = "SECONDS", requires = "command")]
+    timeout: Option<u64>,
     /// Keep the recorded traces in this directory (default: a temporary one, removed).
     #[arg(long, value_name = "DIR")]
     keep: Option<PathBuf>,
@@ -198,7 +202,7 @@ fn gate(args: &GateArgs, runs: usize, work: &Path) -> Result<GateReport, String>
         if args.command.is_empty() {
             args.train.record_for_gate(&dir, &args.capture(), &args.devices)?;
         } else {
-            record_command(&args.command, &dir, &args.capture())?;
+            record_command(&args.command, &dir, &args.capture(), args.timeout.map(Duration::from_secs))?;
         }
         traces.push(dir);
         progress.inc(1);
@@ -225,16 +229,50 @@ fn gate(args: &GateArgs, runs: usize, work: &Path) -> Result<GateReport, String>
 
 /// Runs a self-recording program with `REPRO_TRACE_DIR` set to `dir` and `REPRO_CAPTURE` to
 /// `capture`.
-pub fn record_command(command: &[String], dir: &Path, capture: &FullCapture) -> Result<(), String> {
+///
+/// The program runs in a process group of its own, which is stopped whole when the run passes
+/// `timeout` or this process is interrupted; the program itself also dies with this process.
+pub fn record_command(
+    command: &[String],
+    dir: &Path,
+    capture: &FullCapture,
+    timeout: Option<Duration>,
+) -> Result<(), String> {
     let _ = std::fs::remove_dir_all(dir);
-    let status = std::process::Command::new(&command[0])
+    let mut program = std::process::Command::new(&command[0]);
+    program
         .args(&command[1..])
         .env(TRACE_DIR_ENV, dir)
         // A gate compares hashes: the program stores full values only where the gate asks.
         .env(CAPTURE_ENV, capture.to_string())
-        .stdout(std::process::Stdio::null())
-        .status()
-        .map_err(|e| format!("cannot run `{}`: {e}", command[0]))?;
+        .stdout(std::process::Stdio::null());
+    #[cfg(unix)]
+    std::os::unix::process::CommandExt::process_group(&mut program, 0);
+    super::ranks::die_with_this_process(&mut program);
+    let mut child = program.spawn().map_err(|e| format!("cannot run `{}`: {e}", command[0]))?;
+    let group = child.id();
+    super::scratch::watch_program(group);
+    let started = Instant::now();
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) if timeout.is_some_and(|t| started.elapsed() > t) => {
+                super::scratch::kill_group(group);
+                let _ = child.wait();
+                super::scratch::forget_program(group);
+                return Err(format!(
+                    "`{}` ran longer than --timeout {}s and was stopped, with every process it started",
+                    command.join(" "),
+                    timeout.unwrap_or_default().as_secs()
+                ));
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+            Err(e) => return Err(format!("cannot wait for `{}`: {e}", command[0])),
+        }
+    };
+    // Whatever the program left running in its group goes with it.
+    super::scratch::kill_group(group);
+    super::scratch::forget_program(group);
     if !status.success() {
         return Err(format!(
             "`{}` failed ({status}); the gate needs it to train and record successfully",

@@ -209,7 +209,7 @@ pub fn supervise(command_name: &str, devices: &[String], out: Option<&Path>, arg
 /// Makes the child die with this process, however this process ends (a cancelled CI job's
 /// SIGKILL included): on Linux, the kernel sends it SIGKILL when its parent exits. A child that
 /// would start after its parent already died does not start. Elsewhere, nothing.
-fn die_with_this_process(command: &mut Command) {
+pub(super) fn die_with_this_process(command: &mut Command) {
     #[cfg(target_os = "linux")]
     {
         use std::os::unix::process::CommandExt;

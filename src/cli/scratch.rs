@@ -1,6 +1,7 @@
 //! Scratch directories of commands that record traces only to compare them (`gate`, `baseline
 //! write`, `overhead`): created with unique names under the system's temporary directory, and
-//! removed when the command ends, whether it succeeds, fails, or is stopped with Ctrl-C.
+//! removed when the command ends, whether it succeeds, fails, or is stopped by a signal; and
+//! the programs such a command runs (`-- CMD`), stopped with it.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, Once};
@@ -9,7 +10,7 @@ use std::sync::{Mutex, Once};
 static LIVE: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
 static HANDLER: Once = Once::new();
 
-/// A temporary directory, removed on drop and on Ctrl-C (SIGINT, SIGTERM).
+/// A temporary directory, removed on drop and on SIGINT, SIGTERM or SIGHUP.
 pub struct ScratchDir {
     dir: tempfile::TempDir,
 }
@@ -38,16 +39,54 @@ impl Drop for ScratchDir {
     }
 }
 
-/// On interruption: remove every live scratch directory, then exit as a shell expects of a
-/// process stopped by SIGINT (130). Child processes of the same terminal get the signal too.
+/// Process groups of programs the command started (a gated program and its children), to stop
+/// if the command is interrupted.
+static PROGRAMS: Mutex<Vec<u32>> = Mutex::new(Vec::new());
+
+/// Notes a running program's process group, to stop it with the command; `forget` it once it
+/// has exited.
+pub fn watch_program(group: u32) {
+    HANDLER.call_once(install_handler);
+    PROGRAMS.lock().unwrap_or_else(|p| p.into_inner()).push(group);
+}
+
+/// Forgets a program that has exited.
+pub fn forget_program(group: u32) {
+    PROGRAMS.lock().unwrap_or_else(|p| p.into_inner()).retain(|&g| g != group);
+}
+
+/// Stops a process group (SIGKILL to every process in it).
+pub fn kill_group(group: u32) {
+    #[cfg(unix)]
+    // SAFETY: killpg only sends a signal; a group that is gone makes it fail harmlessly.
+    unsafe {
+        libc::killpg(group as libc::pid_t, libc::SIGKILL);
+    }
+    #[cfg(not(unix))]
+    let _ = group;
+}
+
+/// On SIGINT, SIGTERM or SIGHUP: stop the programs the command started, remove every live
+/// scratch directory, then exit as a shell expects of a process stopped by that signal
+/// (128 + its number: 130, 143, 129).
 fn install_handler() {
-    // Without a handler (another one already set), interruption leaves the directories behind;
-    // nothing else depends on it.
-    let _ = ctrlc::set_handler(|| {
-        for dir in LIVE.lock().unwrap_or_else(|p| p.into_inner()).drain(..) {
-            let _ = std::fs::remove_dir_all(dir);
-        }
-        eprintln!("\ninterrupted: temporary traces removed");
-        std::process::exit(130);
-    });
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    // Without the handler (signals cannot be registered), interruption leaves the directories
+    // behind; nothing else depends on it.
+    let Ok(mut signals) = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP]) else { return };
+    std::thread::Builder::new()
+        .name("repro-interrupt".into())
+        .spawn(move || {
+            if let Some(signal) = signals.forever().next() {
+                for group in PROGRAMS.lock().unwrap_or_else(|p| p.into_inner()).drain(..) {
+                    kill_group(group);
+                }
+                for dir in LIVE.lock().unwrap_or_else(|p| p.into_inner()).drain(..) {
+                    let _ = std::fs::remove_dir_all(dir);
+                }
+                eprintln!("\ninterrupted: temporary traces removed");
+                std::process::exit(128 + signal);
+            }
+        })
+        .expect("the OS starts a thread");
 }

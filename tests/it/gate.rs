@@ -230,34 +230,59 @@ fn a_baseline_s_settings_are_the_gate_s_defaults() {
 
 #[test]
 fn an_interrupted_gate_removes_its_temporary_traces() {
-    let tmp = tempfile::tempdir().unwrap();
-    let child = std::process::Command::new(env!("CARGO_BIN_EXE_repro"))
-        .args(["gate", "--workload", "adder", "--steps", "100000", "--batch", "100"])
-        .env("TMPDIR", tmp.path())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let scratch =
-        || {
+    // Each signal ends the gate as a shell expects: 128 + its number.
+    for (signal, code) in [(libc::SIGINT, 130), (libc::SIGTERM, 143), (libc::SIGHUP, 129)] {
+        let tmp = tempfile::tempdir().unwrap();
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_repro"))
+            .args(["gate", "--workload", "adder", "--steps", "100000", "--batch", "100"])
+            .env("TMPDIR", tmp.path())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let scratch = || {
             fs::read_dir(tmp.path()).unwrap().filter_map(Result::ok).map(|e| e.path()).find(|p| {
                 p.file_name().unwrap().to_string_lossy().starts_with("repro-gate-") && p.join("run-0").exists()
             })
         };
+        let started = std::time::Instant::now();
+        let dir = loop {
+            if let Some(dir) = scratch() {
+                break dir;
+            }
+            assert!(started.elapsed().as_secs() < 60, "the gate never started recording");
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        };
+        // SAFETY: kill(2) with a child's pid and a signal number has no memory effects.
+        assert_eq!(unsafe { libc::kill(child.id() as i32, signal) }, 0);
+        let out = child.wait_with_output().unwrap();
+        assert_eq!(out.status.code(), Some(code), "signal {signal}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(!dir.exists(), "{} left behind", dir.display());
+        assert!(String::from_utf8_lossy(&out.stderr).contains("interrupted"));
+    }
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn a_gated_program_that_hangs_is_stopped_at_its_timeout_with_everything_it_started() {
+    // A marker no other process on the machine has in its command line.
+    let marker = format!("sleep 1000.{}", std::process::id());
+    let script = format!("{marker} & {marker}");
     let started = std::time::Instant::now();
-    let dir = loop {
-        if let Some(dir) = scratch() {
-            break dir;
-        }
-        assert!(started.elapsed().as_secs() < 60, "the gate never started recording");
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    };
-    // SAFETY: kill(2) with a child's pid and a signal number has no memory effects.
-    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGINT) }, 0);
-    let out = child.wait_with_output().unwrap();
-    assert_eq!(out.status.code(), Some(130), "{}", String::from_utf8_lossy(&out.stderr));
-    assert!(!dir.exists(), "{} left behind", dir.display());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("interrupted"));
+    let run = repro(&["gate", "--timeout", "1", "--", "sh", "-c", &script]);
+    assert_eq!(run.code, 2, "{}", run.stderr);
+    assert!(run.stderr.contains("ran longer than --timeout 1s"), "{}", run.stderr);
+    assert!(started.elapsed() < std::time::Duration::from_secs(30));
+    // Neither sleep outlives the gate: the program's whole process group was stopped.
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let left: Vec<String> = fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| fs::read(e.path().join("cmdline")).ok())
+        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+        .filter(|c| c.contains(&marker) && !c.contains("repro"))
+        .collect();
+    assert!(left.is_empty(), "left running: {left:?}");
 }
 
 #[test]
