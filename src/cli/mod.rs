@@ -70,6 +70,7 @@ pub fn main() -> Exit {
     let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
     let json = argv.iter().any(|a| a == "--json");
     let parsed = gate::with_baseline_defaults(argv).and_then(|argv| {
+        workload_args::note_given_options(&argv);
         Cli::try_parse_from(argv).map_err(|e| match e.kind() {
             // Asked-for help and version are printed as clap prints them.
             clap::error::ErrorKind::DisplayHelp

@@ -175,9 +175,76 @@ fn workload_options() -> Vec<String> {
     command.get_arguments().filter_map(|a| a.get_long().map(str::to_string)).collect()
 }
 
+/// The long options given on this process's command line (before any `--`), set once by
+/// `cli::main`: clap fills defaults in, so only the command line says what a user asked for.
+static GIVEN: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+
+/// Notes the options of the command line about to be parsed (see `GIVEN`).
+pub fn note_given_options(argv: &[std::ffi::OsString]) {
+    let given = argv
+        .iter()
+        .map_while(|a| a.to_str().filter(|a| *a != "--"))
+        .filter_map(|a| a.strip_prefix("--"))
+        .map(|a| a.split('=').next().unwrap_or(a).to_string())
+        .collect();
+    let _ = GIVEN.set(given);
+}
+
+/// The workload options each workload takes beyond the ones all take (`--workload`, `--seed`,
+/// `--data-seed`, `--steps`, `--batch`, `--lr`, `--device`, `--perturb`, `--reductions`,
+/// `--formulation`, which the workloads check themselves).
+fn own_options(workload: &str) -> &'static [&'static str] {
+    match workload {
+        "adder" => &["features"],
+        "gpt" => &["width", "layers", "context", "heads", "norm", "batch-invariant"],
+        "qwen2" => &["width", "layers", "context", "dtype", "shape"],
+        "gemma" => &["width", "layers", "context", "dtype"],
+        _ => &[
+            "width",
+            "dataset",
+            "examples",
+            "epochs",
+            "order-seed",
+            "augment-seed",
+            "dropout-seed",
+            "batch-norm",
+            "dropout",
+            "augment-shift",
+        ],
+    }
+}
+
+/// Refuses a workload option given on the command line that `workload` does not take, rather
+/// than ignoring it silently (`--features` with mlp, `--epochs` with the adder).
+fn check_options_apply(workload: &str) -> Result<(), String> {
+    const EVERY_WORKLOAD: [&str; 10] =
+        ["workload", "seed", "data-seed", "steps", "batch", "lr", "device", "perturb", "reductions", "formulation"];
+    let Some(given) = GIVEN.get() else { return Ok(()) };
+    let known = workload_options();
+    let own = own_options(workload);
+    match given
+        .iter()
+        .find(|o| known.contains(o) && !EVERY_WORKLOAD.contains(&o.as_str()) && !own.contains(&o.as_str()))
+    {
+        Some(option) => {
+            let takers: Vec<&str> =
+                WORKLOADS.iter().copied().filter(|w| own_options(w).contains(&option.as_str())).collect();
+            Err(format!("--{option} is a setting of {}, not of {workload}", takers.join(", ")))
+        }
+        None => Ok(()),
+    }
+}
+
 impl WorkloadArgs {
     /// The workload these arguments describe, checked (with the perturbation).
     pub fn workload(&self) -> Result<Workload, String> {
+        // The workload's own checks first (their messages say more), then the general one.
+        let workload = self.workload_unchecked()?;
+        check_options_apply(&self.workload)?;
+        Ok(workload)
+    }
+
+    fn workload_unchecked(&self) -> Result<Workload, String> {
         if self.workload == "adder" {
             return self.adder().map(Workload::Adder);
         }

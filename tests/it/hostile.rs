@@ -322,3 +322,23 @@ fn a_command_line_that_does_not_parse_still_gives_the_json_error_document() {
     assert!(doc["error"].as_str().unwrap().contains("--bogus"), "{doc}");
     assert!(run.stderr.starts_with("error: "), "{}", run.stderr);
 }
+
+#[test]
+fn an_option_the_workload_does_not_take_is_refused_not_ignored() {
+    let dir = tempfile::tempdir().unwrap();
+    for (args, says) in [
+        (vec!["--workload", "mlp", "--features", "7"], "--features is a setting of adder, not of mlp"),
+        (vec!["--epochs", "3"], "--epochs is a setting of mlp, cnn, resnet18, not of adder"),
+        (vec!["--workload", "gpt", "--dataset", "digits"], "not of gpt"),
+        (vec!["--workload", "qwen2", "--norm", "fused"], "--norm is a setting of gpt, not of qwen2"),
+    ] {
+        let out = dir.path().join("out");
+        let run = repro(&[&["record", "--steps", "1", "--out", s(&out)][..], &args].concat());
+        assert_eq!(run.code, 2, "{args:?}: {}", run.stderr);
+        assert!(run.stderr.contains(says), "{args:?}: {}", run.stderr);
+        assert!(!out.exists(), "{args:?}: recorded anyway");
+    }
+    // The options a workload does take still work, `=` form included.
+    let run = repro(&["record", "--workload", "mlp", "--steps", "1", "--epochs=1", "--out", s(&dir.path().join("ok"))]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+}
