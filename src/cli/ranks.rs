@@ -208,7 +208,9 @@ pub fn supervise(command_name: &str, devices: &[String], out: Option<&Path>, arg
 
 /// Makes the child die with this process, however this process ends (a cancelled CI job's
 /// SIGKILL included): on Linux, the kernel sends it SIGKILL when its parent exits. A child that
-/// would start after its parent already died does not start. Elsewhere, nothing.
+/// would start after its parent already died does not start. Elsewhere, nothing. Linux ties the
+/// signal to the thread that spawns the child, so spawn from the main thread (every caller
+/// does), not from a thread that may end before the child should.
 pub(super) fn die_with_this_process(command: &mut Command) {
     #[cfg(target_os = "linux")]
     {
