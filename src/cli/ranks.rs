@@ -120,12 +120,16 @@ fn prepare_run_dir(out: &Path, force: bool) -> Result<(), String> {
         ));
     }
     if out.is_dir() {
-        let holds_run = rank_dir(out, 0).join("records.rpr").exists();
+        let records = std::fs::metadata(rank_dir(out, 0).join("records.rpr")).ok();
+        // Rank 0's record file too short for a preamble: an earlier start failed before
+        // recording anything (a full disk), and its directories are replaced like an empty one.
+        let holds_run = records.as_ref().is_some_and(|m| m.len() >= repro::trace::format::PREAMBLE_LEN as u64);
+        let failed_start = records.is_some() && !holds_run;
         let empty = std::fs::read_dir(out).map_err(|e| format!("cannot read {}: {e}", out.display()))?.next().is_none();
         if holds_run && !force {
             return Err(format!("{} already holds a data-parallel run; --force replaces it", out.display()));
         }
-        if !holds_run && !empty {
+        if !holds_run && !failed_start && !empty {
             return Err(format!(
                 "{} holds files that are not a repro run; repro writes only into a new or empty directory",
                 out.display()

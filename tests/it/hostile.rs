@@ -342,3 +342,26 @@ fn an_option_the_workload_does_not_take_is_refused_not_ignored() {
     let run = repro(&["record", "--workload", "mlp", "--steps", "1", "--epochs=1", "--out", s(&dir.path().join("ok"))]);
     assert_eq!(run.code, 0, "{}", run.stderr);
 }
+
+#[test]
+fn an_empty_record_file_left_by_a_failed_start_does_not_block_the_next_recording() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    fs::create_dir_all(&out).unwrap();
+    fs::write(out.join("records.rpr"), b"").unwrap();
+    let run = repro(&["record", "--steps", "2", "--out", s(&out)]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(repro(&["inspect", s(&out), "--verify"]).code, 0);
+    // A record file that holds a trace is still guarded.
+    let run = repro(&["record", "--steps", "2", "--out", s(&out)]);
+    assert_eq!(run.code, 2, "{}", run.stderr);
+    // The same for a data-parallel run whose ranks failed to start.
+    let run_dir = dir.path().join("ranks");
+    for rank in 0..2 {
+        fs::create_dir_all(run_dir.join(format!("rank-{rank}"))).unwrap();
+        fs::write(run_dir.join(format!("rank-{rank}/records.rpr")), b"").unwrap();
+    }
+    let run = repro(&["record", "--workload", "mlp", "--devices", "cpu,cpu", "--steps", "2", "--out", s(&run_dir)]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(repro(&["inspect", s(&run_dir), "--verify"]).code, 0);
+}

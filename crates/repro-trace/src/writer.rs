@@ -75,6 +75,9 @@ impl TraceWriter {
             });
         }
         let records_path = dir.join(RECORDS_FILE);
+        // A record file too short to hold even the preamble (a recorder that failed before
+        // writing anything, on a full disk say) holds no data: it is replaced, not guarded.
+        let replace = replace || holds_nothing(&records_path);
         // Refused before the lock is taken, so a refused call changes nothing on disk.
         if records_path.exists() && !replace {
             return Err(TraceError::AlreadyExists { path: dir.to_path_buf() });
@@ -220,7 +223,11 @@ impl TraceWriter {
         self.append(&Record::Footer(Footer { steps, stopped }))?;
         self.records.sync_all().map_err(TraceError::io(&self.records_path))?;
         self.meta.finished_unix_s = Some(unix_now());
-        self.write_meta()?;
+        // The trace is whole once its footer is on disk; the run metadata (times, host, command)
+        // is informational, read by nothing: a full disk here leaves the one from the start.
+        if self.write_meta().is_err() {
+            let _ = fs::remove_file(self.dir.join(RUN_META_FILE).with_extension("json.tmp"));
+        }
         Ok(steps)
     }
 
@@ -339,6 +346,11 @@ fn refuse_links(dir: &Path) -> Result<(), TraceError> {
         }
     }
     Ok(())
+}
+
+/// Whether `records` is a regular file too short to hold a preamble: nothing was recorded in it.
+fn holds_nothing(records: &Path) -> bool {
+    fs::symlink_metadata(records).is_ok_and(|m| m.file_type().is_file() && m.len() < format::PREAMBLE_LEN as u64)
 }
 
 /// Removes `path` if something is there (a link itself, not what it points to).
