@@ -50,8 +50,9 @@ pub struct WorkloadArgs {
     /// Device: cpu, cuda or cuda:N.
     #[arg(long, default_value = "cpu")]
     pub device: String,
-    /// Fault injection: move element 0 of TENSOR by ULPS units in the last place at STEP.
-    #[arg(long, value_name = "STEP:TENSOR:ULPS")]
+    /// Fault injection: move element ELEMENT (default 0, row-major) of TENSOR by ULPS units in
+    /// the last place at STEP.
+    #[arg(long, value_name = "STEP:TENSOR:ULPS[@ELEMENT]")]
     pub perturb: Option<Perturbation>,
     #[command(flatten)]
     pub classifier: ClassifierArgs,

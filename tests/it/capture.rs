@@ -319,3 +319,26 @@ fn a_tolerance_decides_which_differences_count_and_says_what_it_cannot_judge() {
     assert_eq!(bad.code, 2);
     assert!(bad.stderr.contains("use ulp:N"), "{}", bad.stderr);
 }
+
+#[test]
+fn a_perturbation_the_step_does_not_read_is_refused_and_one_it_reads_is_found() {
+    let dir = tempfile::tempdir().unwrap();
+    let gpt = ["--workload", "gpt", "--width", "16", "--heads", "2", "--context", "8", "--batch", "2", "--steps", "3"];
+    let record = |name: &str, extra: &[&str]| {
+        let out = dir.path().join(name);
+        (repro(&[&["record", "--capture", "none", "--out", out.to_str().unwrap()][..], &gpt, extra].concat()), out)
+    };
+    // Element 0 of the token embedding is byte 0's, which no batch holds: nothing would change.
+    let (run, _) = record("byte-0", &["--perturb", "1:wte.weight:3"]);
+    assert_eq!(run.code, 2, "{}", run.stderr);
+    assert!(run.stderr.contains("the step does not read it"), "{}", run.stderr);
+    let suggested: String = run.stderr.split("starts at element ").nth(1).unwrap().split(':').next().unwrap().into();
+    // The element the message suggests is read, and the diff finds it at that step.
+    let (clean, a) = record("clean", &[]);
+    assert_eq!(clean.code, 0, "{}", clean.stderr);
+    let (planted, b) = record("planted", &["--perturb", &format!("1:wte.weight:3@{suggested}")]);
+    assert_eq!(planted.code, 0, "{}", planted.stderr);
+    let diff = repro(&["diff", a.to_str().unwrap(), b.to_str().unwrap()]);
+    assert_eq!(diff.code, 1, "{}", diff.stdout);
+    assert!(diff.stdout.contains("DIVERGED  first at step 1"), "{}", diff.stdout);
+}

@@ -188,7 +188,7 @@ pub fn check_perturbation(config: &ClassifierConfig, perturb: &Perturbation) -> 
     let capture = crate::trace::CapturePolicy { full: crate::trace::FullCapture::None, ..Default::default() };
     let mut recorder = Recorder::create_with(&dir, probe.run_config(), &Device::Cpu, capture, true)?;
     // At step 0 and by one ULP: only the name is in question here.
-    let at_step_zero = Perturbation { step: 0, tensor: perturb.tensor.clone(), ulps: 1 };
+    let at_step_zero = Perturbation { step: 0, tensor: perturb.tensor.clone(), ulps: 1, element: perturb.element };
     train(&probe, &data, &Device::Cpu, &mut recorder, Some(&at_step_zero))?;
     if recorder.finish().is_ok() {
         return Ok(());

@@ -142,8 +142,43 @@ impl GptConfig {
             if p.step >= self.steps {
                 return bad(format!("--perturb: step {} is past the last step {}", p.step, self.steps - 1));
             }
+            self.check_element_is_read(p)?;
         }
         Ok(())
+    }
+
+    /// Refuses a perturbation of an embedding row that its step does not read: the token
+    /// embedding of a byte the step's batch does not hold (byte 0, which the corpus never
+    /// holds, among them), or the position embedding past the context. Moving it would change
+    /// nothing, and a gate meant to catch the planted fault would pass.
+    fn check_element_is_read(&self, p: &Perturbation) -> Result<(), RecordError> {
+        let row = p.element / self.width as u64;
+        let unread = match p.tensor.as_str() {
+            "wte.weight" => {
+                let (inputs, _) = self.batch_data(p.step, &Device::Cpu)?;
+                let tokens: Vec<u32> = inputs.flatten_all()?.to_vec1()?;
+                (!tokens.contains(&(row as u32)) || row > u32::MAX as u64).then(|| {
+                    format!(
+                        "the embedding of byte {row}, which the batch of step {} does not hold; its first byte, {}, \
+                         starts at element {}",
+                        p.step,
+                        tokens[0],
+                        tokens[0] as usize * self.width
+                    )
+                })
+            }
+            "wpe.weight" => (row >= self.context as u64)
+                .then(|| format!("the embedding of position {row}, past the context of {}", self.context)),
+            _ => None,
+        };
+        match unread {
+            Some(why) => Err(RecordError::Unsupported(format!(
+                "--perturb {p}: element {} of `{}` is {why}: the step does not read it, so moving it would change \
+                 nothing; choose another with @ELEMENT",
+                p.element, p.tensor
+            ))),
+            None => Ok(()),
+        }
     }
 
     /// The model's parameter names, sorted.
