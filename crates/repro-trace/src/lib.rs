@@ -13,6 +13,7 @@ mod error;
 pub mod format;
 pub mod frame;
 pub mod hash;
+mod printable;
 mod ranks;
 mod reader;
 mod schema;

@@ -10,6 +10,7 @@ use crate::error::TraceError;
 use crate::format::{self, FormatVersion, MAGIC, MAX_NESTING, PREAMBLE_LEN, RECORDS_FILE};
 use crate::frame::{read_frame, read_full, Frame, FRAME_HEADER_LEN};
 use crate::hash::tensor_hash;
+use crate::printable;
 use crate::schema::{Footer, Header, Record, StepRecord, TensorRecord};
 use crate::writer::safetensors_dtype;
 use serde::Deserialize;
@@ -161,7 +162,7 @@ impl TraceReader {
                     ));
                 }
                 if let Some(why) =
-                    format::header_strings(&header).iter().find_map(|(what, v)| format::unprintable(what, v))
+                    printable::header_strings(&header).iter().find_map(|(what, v)| printable::unprintable(what, v))
                 {
                     return Err(reader.corrupt("the header record", why));
                 }
@@ -391,7 +392,7 @@ impl TraceReader {
                 );
             }
         }
-        if let Some(why) = step.tensors.iter().find_map(format::unprintable_in_tensor) {
+        if let Some(why) = step.tensors.iter().find_map(printable::unprintable_in_tensor) {
             return Err(self.corrupt(&where_, why));
         }
         let mut names = std::collections::BTreeSet::new();
@@ -430,7 +431,7 @@ impl TraceReader {
     }
 
     fn check_footer(&mut self, footer: &Footer) -> Result<(), TraceError> {
-        if let Some(why) = footer.stopped.as_deref().and_then(|s| format::unprintable("the reason it stopped", s)) {
+        if let Some(why) = footer.stopped.as_deref().and_then(|s| printable::unprintable("the reason it stopped", s)) {
             return Err(self.corrupt("the footer", why));
         }
         if footer.steps != self.steps_read {

@@ -10,6 +10,7 @@ use crate::dtype::DType;
 use crate::error::TraceError;
 use crate::format::{self, CURRENT_FORMAT, MAGIC, RECORDS_FILE, RUN_META_FILE, TENSORS_DIR};
 use crate::frame::{write_frame, FRAME_HEADER_LEN};
+use crate::printable;
 use crate::schema::{Footer, FullCapture, Header, Record, StepRecord, TensorRecord};
 use serde::Serialize;
 use std::collections::BTreeSet;
@@ -65,7 +66,9 @@ impl TraceWriter {
                 reason: "capture every:0 is not a policy".into(),
             });
         }
-        if let Some(why) = format::header_strings(header).iter().find_map(|(what, v)| format::unprintable(what, v)) {
+        if let Some(why) =
+            printable::header_strings(header).iter().find_map(|(what, v)| printable::unprintable(what, v))
+        {
             return Err(TraceError::InvalidRecord { path: dir.to_path_buf(), reason: why });
         }
         if fs::metadata(dir).is_ok_and(|m| !m.is_dir()) {
@@ -150,7 +153,7 @@ impl TraceWriter {
         let mut names = BTreeSet::new();
         for t in &tensors {
             let r = &t.record;
-            if let Some(why) = format::unprintable_in_tensor(r) {
+            if let Some(why) = printable::unprintable_in_tensor(r) {
                 return Err(self.invalid(format!("step {step}: {why}")));
             }
             if let Some(input) = r.inputs.iter().find(|i| !names.contains(i.as_str())) {
