@@ -62,7 +62,7 @@ pub fn run(args: BaselineArgs) -> Result<Exit, String> {
         record_command(&command, &work, &FullCapture::None, None)
     };
     let result = recorded.and_then(|()| {
-        if work.join("rank-0").exists() {
+        if repro::trace::is_ranked_run(&work) {
             return Err(
                 "the program wrote a data-parallel run: a baseline holds one stream; gate such runs with `repro gate \
                  -- CMD` (two runs compared), or record one device for the baseline"

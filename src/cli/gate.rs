@@ -248,7 +248,7 @@ pub fn record_command(
         .stdout(std::process::Stdio::null());
     #[cfg(unix)]
     std::os::unix::process::CommandExt::process_group(&mut program, 0);
-    super::ranks::die_with_this_process(&mut program);
+    super::scratch::die_with_this_process(&mut program);
     let mut child = program.spawn().map_err(|e| format!("cannot run `{}`: {e}", command[0]))?;
     let group = child.id();
     super::scratch::watch_program(group);

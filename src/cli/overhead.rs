@@ -73,7 +73,7 @@ pub fn run(args: OverheadArgs) -> Result<Exit, String> {
     let scratch = super::scratch::ScratchDir::new("overhead")?;
     let dir = scratch.path().join("run");
     let mut pairs: Vec<(Duration, Duration)> = Vec::new();
-    let (mut peaks, mut trace_bytes, mut recorded_steps) = (Peaks::default(), 0u64, 0u64);
+    let (mut peaks, mut trace_bytes, mut recorded_steps, mut tensors) = (Peaks::default(), 0u64, 0u64, 0);
     for _ in 0..args.repeats.max(1) {
         let capture = CapturePolicy { full: FullCapture::None, ..CapturePolicy::default() };
         let (run, rank) = (args.train.run_config(&workload), dp.as_ref().map(DataParallel::describe));
@@ -91,10 +91,11 @@ pub fn run(args: OverheadArgs) -> Result<Exit, String> {
         let clock = Rc::try_unwrap(clock).map_err(|_| "the recorder kept its step selector")?.into_inner();
         pairs.extend(blocks.pairs(&clock.marks()?));
         peaks = peaks.max(blocks.peaks(&clock.peaks));
-        trace_bytes += dir_bytes(&dir).map_err(|e| format!("cannot measure the trace at {}: {e}", dir.display()))?;
-        recorded_steps += summarize(&dir).map_err(|e| e.to_string())?.steps;
+        let summary = summarize(&dir).map_err(|e| e.to_string())?;
+        trace_bytes += summary.records_bytes + summary.payload_bytes;
+        recorded_steps += summary.steps;
+        tensors = summary.tensors.len();
     }
-    let tensors = summarize(&dir).map_err(|e| e.to_string())?.tensors.len();
     drop(scratch);
     if args.ranks.rank.is_some_and(|rank| rank > 0) {
         return Ok(Exit::Same);
@@ -122,7 +123,7 @@ pub fn run(args: OverheadArgs) -> Result<Exit, String> {
         pairs.len(),
         peaks.plain.map_or("-".into(), mib),
         peaks.recorded.map_or("-".into(), mib),
-        peak_resident_bytes().map_or("-".into(), mib),
+        repro::workloads::host_memory::peak_resident_bytes().map_or("-".into(), mib),
         (trace_bytes / recorded_steps.max(1)) as f64 / 1024.0,
     ));
     if pairs.len() < STEADY_PAIRS {
@@ -262,25 +263,6 @@ impl Peaks {
 /// Bytes as MiB, for the table.
 fn mib(bytes: u64) -> String {
     format!("{:.1} MiB", bytes as f64 / (1u64 << 20) as f64)
-}
-
-/// The process's peak resident memory (`VmHWM`), where the OS tells it (Linux).
-fn peak_resident_bytes() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kib: u64 = line.trim_start_matches("VmHWM:").trim().trim_end_matches("kB").trim().parse().ok()?;
-    Some(kib * 1024)
-}
-
-/// Bytes of the files under `dir`.
-fn dir_bytes(dir: &std::path::Path) -> std::io::Result<u64> {
-    let mut total = 0;
-    for entry in std::fs::read_dir(dir)? {
-        let entry = entry?;
-        let meta = entry.metadata()?;
-        total += if meta.is_dir() { dir_bytes(&entry.path())? } else { meta.len() };
-    }
-    Ok(total)
 }
 
 /// What the timed pairs say.

@@ -165,7 +165,7 @@ pub fn supervise(command_name: &str, devices: &[String], out: Option<&Path>, arg
             .stdin(Stdio::null())
             .stdout(Stdio::inherit())
             .stderr(Stdio::piped());
-        die_with_this_process(&mut command);
+        super::scratch::die_with_this_process(&mut command);
         match command.spawn() {
             Ok(child) => ranks.push(RankProcess::watch(rank, child)),
             Err(e) => {
@@ -208,34 +208,6 @@ pub fn supervise(command_name: &str, devices: &[String], out: Option<&Path>, arg
         message.push_str(&format!("; the partial streams in {} are marked incomplete", out.display()));
     }
     Err(message)
-}
-
-/// Makes the child die with this process, however this process ends (a cancelled CI job's
-/// SIGKILL included): on Linux, the kernel sends it SIGKILL when its parent exits. A child that
-/// would start after its parent already died does not start. Elsewhere, nothing. Linux ties the
-/// signal to the thread that spawns the child, so spawn from the main thread (every caller
-/// does), not from a thread that may end before the child should.
-pub(super) fn die_with_this_process(command: &mut Command) {
-    #[cfg(target_os = "linux")]
-    {
-        use std::os::unix::process::CommandExt;
-        // SAFETY: the closure runs in the child between fork and exec and calls only
-        // async-signal-safe functions (prctl, getppid).
-        let parent = std::process::id() as libc::pid_t;
-        unsafe {
-            command.pre_exec(move || {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                if libc::getppid() != parent {
-                    return Err(std::io::Error::other("the supervisor exited before this rank started"));
-                }
-                Ok(())
-            });
-        }
-    }
-    #[cfg(not(target_os = "linux"))]
-    let _ = command;
 }
 
 fn describe(status: ExitStatus) -> String {

@@ -55,6 +55,34 @@ pub fn forget_program(group: u32) {
     PROGRAMS.lock().unwrap_or_else(|p| p.into_inner()).retain(|&g| g != group);
 }
 
+/// Makes the child die with this process, however this process ends (a cancelled CI job's
+/// SIGKILL included): on Linux, the kernel sends it SIGKILL when its parent exits. A child that
+/// would start after its parent already died does not start. Elsewhere, nothing. Linux ties the
+/// signal to the thread that spawns the child, so spawn from the main thread (every caller
+/// does), not from a thread that may end before the child should.
+pub fn die_with_this_process(command: &mut std::process::Command) {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::process::CommandExt;
+        // SAFETY: the closure runs in the child between fork and exec and calls only
+        // async-signal-safe functions (prctl, getppid).
+        let parent = std::process::id() as libc::pid_t;
+        unsafe {
+            command.pre_exec(move || {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                if libc::getppid() != parent {
+                    return Err(std::io::Error::other("the supervisor exited before this rank started"));
+                }
+                Ok(())
+            });
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = command;
+}
+
 /// Stops a process group (SIGKILL to every process in it).
 pub fn kill_group(group: u32) {
     #[cfg(unix)]

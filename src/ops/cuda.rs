@@ -531,12 +531,7 @@ fn read_values(tensor: &Tensor, stream: &std::sync::Arc<CudaStream>) -> Result<V
 
 /// A size in bytes as people read it (`96.0 MiB`).
 fn size(bytes: usize) -> String {
-    match bytes {
-        b if b >= 1 << 30 => format!("{:.1} GiB", b as f64 / (1u64 << 30) as f64),
-        b if b >= 1 << 20 => format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64),
-        b if b >= 1 << 10 => format!("{:.1} KiB", b as f64 / 1024.0),
-        b => format!("{b} bytes"),
-    }
+    crate::report::bytes(bytes as u64)
 }
 
 /// The plan of a batch of tensors that all fit the kernels: their addresses, read on the host.

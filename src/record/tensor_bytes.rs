@@ -60,12 +60,6 @@ impl DeviceQueue {
         self.step
     }
 
-    /// A failed device call of this step's recording, as the error that says so.
-    #[cfg(feature = "cuda")]
-    fn failed(&self, error: candle_core::Error) -> RecordError {
-        RecordError::Device { step: self.step, source: error }
-    }
-
     /// Gets `device` ready to hash: on a GPU, compiles and loads the hashing kernels (tens of
     /// milliseconds, seconds on a machine whose driver has not compiled them before), so that
     /// a recorder pays for it when it is created rather than in its first step; any
@@ -92,8 +86,7 @@ impl DeviceQueue {
                     "recording tensors of one step from several GPUs is not supported yet".into(),
                 ));
             }
-            let step = self.step;
-            return batch.push(tensor, hash, snapshot).map(Some).map_err(|source| RecordError::Device { step, source });
+            return batch.push(tensor, hash, snapshot).map(Some).map_err(failed_at(self.step));
         }
         let _ = (tensor, hash, snapshot);
         Ok(None)
@@ -105,7 +98,7 @@ impl DeviceQueue {
         #[cfg(feature = "cuda")]
         if let Some(batch) = self.batch.as_mut() {
             let flushed = super::profile::time(super::profile::Phase::Launch, || batch.flush());
-            flushed.map_err(|e| self.failed(e))?;
+            flushed.map_err(failed_at(self.step))?;
         }
         Ok(())
     }
@@ -119,7 +112,7 @@ impl DeviceQueue {
         if let Some(mut theirs) = other.batch {
             let Some(mine) = self.batch.as_mut() else {
                 // Nothing of this step is on a GPU yet: its tickets are the other's.
-                theirs.flush().map_err(|e| self.failed(e))?;
+                theirs.flush().map_err(failed_at(self.step))?;
                 let tickets = theirs.tickets();
                 self.batch = Some(theirs);
                 return Ok(0..tickets);
@@ -130,7 +123,7 @@ impl DeviceQueue {
                 ));
             }
             let absorbed = super::profile::time(super::profile::Phase::Launch, || mine.absorb(theirs));
-            return absorbed.map_err(|e| self.failed(e));
+            return absorbed.map_err(failed_at(self.step));
         }
         let _ = other;
         Ok(0..0)
@@ -144,7 +137,7 @@ impl DeviceQueue {
         #[cfg(feature = "cuda")]
         if let Some(batch) = self.batch.as_mut() {
             let planned = super::profile::time(super::profile::Phase::Plan, || batch.plan());
-            planned.map_err(|e| self.failed(e))?;
+            planned.map_err(failed_at(self.step))?;
         }
         Ok(())
     }
@@ -155,7 +148,7 @@ impl DeviceQueue {
         #[cfg(feature = "cuda")]
         if let Some(batch) = self.batch {
             let read = super::profile::time(super::profile::Phase::Launch, || batch.start_read());
-            let read = read.map_err(|source| RecordError::Device { step: self.step, source })?;
+            let read = read.map_err(failed_at(self.step))?;
             return Ok(DeviceRead { step: self.step, read: Some(read) });
         }
         Ok(DeviceRead::default())
@@ -187,7 +180,7 @@ impl DeviceRead {
     pub fn wait(self) -> Result<DeviceResults, RecordError> {
         #[cfg(feature = "cuda")]
         if let Some(read) = self.read {
-            let landed = read.wait().map_err(|source| RecordError::Device { step: self.step, source })?;
+            let landed = read.wait().map_err(failed_at(self.step))?;
             return Ok(DeviceResults { landed: Some(landed) });
         }
         Ok(DeviceResults::default())
@@ -218,6 +211,12 @@ impl DeviceResults {
         }
         Vec::new()
     }
+}
+
+/// A failed device call of `step`'s recording, as the error that says so.
+#[cfg(feature = "cuda")]
+fn failed_at(step: u64) -> impl FnOnce(candle_core::Error) -> RecordError {
+    move |source| RecordError::Device { step, source }
 }
 
 /// Calls `f` with the tensor's canonical element bytes.
