@@ -110,7 +110,14 @@ fn install_handler() {
                     kill_group(group);
                 }
                 for dir in LIVE.lock().unwrap_or_else(|p| p.into_inner()).drain(..) {
-                    let _ = std::fs::remove_dir_all(dir);
+                    // The training thread may still be writing into it: a file it adds between
+                    // the removal's listing and its last rmdir fails that removal, so try again.
+                    for _ in 0..50 {
+                        if std::fs::remove_dir_all(&dir).is_ok() || !dir.exists() {
+                            break;
+                        }
+                        std::thread::sleep(std::time::Duration::from_millis(2));
+                    }
                 }
                 eprintln!("\ninterrupted: temporary traces removed");
                 std::process::exit(128 + signal);
