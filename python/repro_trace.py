@@ -441,7 +441,15 @@ class Trace:
         if header["format"] != self.version:
             raise Corrupt(self.records_path, "header says format %d.%d but the preamble says %d.%d"
                           % (header["format"] + self.version), "the header record")
+        if header["distributed"] is not None:
+            self._needs((1, 3), "`distributed`", "the header record")
         self.header = header
+
+    def _needs(self, version: tuple, key: str, where: str) -> None:
+        """A key newer than the declared version is corrupt (sections 7 and 8)."""
+        if self.version < version:
+            raise self._corrupt(f"{key} is a key of format {version[0]}.{version[1]}, but the file declares "
+                                f"{self.version[0]}.{self.version[1]}", where)
 
     def close(self) -> None:
         self._f.close()
@@ -510,6 +518,8 @@ class Trace:
             yield value
 
     def _footer(self, footer: dict, start: int) -> None:
+        if footer["stopped"] is not None:
+            self._needs((1, 2), "`stopped`", f"byte {start}, the footer")
         if footer["steps"] != self.steps_read:
             raise self._corrupt(f"the footer counts {footer['steps']} steps, the trace holds {self.steps_read}",
                                 f"byte {start}, the footer")
@@ -527,11 +537,31 @@ class Trace:
             raise self._corrupt(f"steps out of order (step {s.step} follows step {self._last_step})", where)
         if s.payload is not None and s.payload != payload_name(s.step):
             raise self._corrupt(f"payload reference {_show(s.payload)} is not this step's payload file", where)
-        names = set()
+        if s.no_gradient:
+            self._needs((1, 2), "`no_gradient`", where)
+        names = {}
         for t in s.tensors:
             if t.name in names:
                 raise self._corrupt(f"tensor `{t.name}` appears twice", where)
-            names.add(t.name)
+            if t.phase is not None or t.inputs:
+                self._needs((1, 1), "`phase` or `inputs`", where)
+            if t.node is not None:
+                self._needs((1, 2), "`node`", where)
+            if t.collective is not None:
+                self._needs((1, 3), "`collective`", where)
+                if t.collective != "all_reduce_sum":
+                    raise self._corrupt(f"tensor `{t.name}`: unknown collective {_show(t.collective)}", where)
+                if len(t.inputs) != 1:
+                    raise self._corrupt(f"tensor `{t.name}`: a collective sums exactly one contribution per rank; "
+                                        f"it names {len(t.inputs)}", where)
+                share = names.get(t.inputs[0])
+                if share is None:
+                    raise self._corrupt(f"tensor `{t.name}`: its contribution `{t.inputs[0]}` is not recorded "
+                                        "earlier in the step", where)
+                if (share.dtype, share.shape) != (t.dtype, t.shape):
+                    raise self._corrupt(f"tensor `{t.name}`: its contribution `{t.inputs[0]}` is {share.dtype} "
+                                        f"{share.shape}, the sum {t.dtype} {t.shape}", where)
+            names[t.name] = t
             if len(t.shape) > MAX_RANK:
                 raise self._corrupt(f"tensor `{t.name}` has rank {len(t.shape)} (limit {MAX_RANK})", where)
             n = DTYPE_SIZES[t.dtype]

@@ -29,7 +29,7 @@ use candle_core::{Device, Tensor, Var};
 use std::path::Path;
 
 /// The name of the collective a data-parallel step records its gradient sums under.
-pub const ALL_REDUCE_SUM: &str = "all_reduce_sum";
+pub use crate::trace::format::ALL_REDUCE_SUM;
 
 /// Suffix of a rank's own contribution to a gradient sum: `NAME.grad.local`.
 pub const LOCAL_SUFFIX: &str = ".local";

@@ -7,7 +7,7 @@ use super::results::{DeviceComparison, DeviceRun, DevicesReport, WeightGap};
 use super::stats::RunResult;
 use super::store::{StudyDir, StudyOut};
 use super::subject::{Subject, Variation};
-use crate::diff::{compare, diff_traces, RootCause};
+use crate::diff::{compare_values, diff_traces, RootCause};
 use crate::record::{open_device, Recorder};
 use crate::trace::{CapturePolicy, FullCapture, TensorKind, TraceReader};
 use std::time::Instant;
@@ -109,7 +109,7 @@ fn weight_gaps(a: &str, b: &str, steps: &[u64]) -> Result<Vec<WeightGap>, StudyE
                 continue;
             };
             let (Some(va), Some(vb)) = (ra.values(&sa, ta)?, rb.values(&sb, tb)?) else { continue };
-            let m = compare(va.dtype, va.bytes, vb.bytes);
+            let m = compare_values(&va, &vb);
             gap.max_ulp = gap.max_ulp.max(m.max_ulp);
             gap.max_abs = gap.max_abs.max(m.max_abs);
             gap.mismatched += m.mismatched;

@@ -28,6 +28,15 @@ fn two_rank_runs_write_a_stream_per_rank_that_stay_replicas_and_reproduce() {
         2
     );
     assert!(run.stdout.contains("IDENTICAL  3 steps"), "{}", run.stdout);
+    // The diff's figures are the shown rank's own; totals over the ranks stand apart.
+    let v = json(&repro(&["diff", s(&a), s(&b), "--json"]).stdout);
+    let shown = v["diff"]["tensors_compared"].as_u64().unwrap();
+    let history: u64 =
+        v["diff"]["tensors"].as_array().unwrap().iter().map(|t| t["steps_compared"].as_u64().unwrap()).sum();
+    assert_eq!(shown, history, "the count agrees with the shown rank's per-tensor histories");
+    assert_eq!(v["all_ranks"]["ranks"], 2);
+    assert_eq!(v["all_ranks"]["tensors_compared"].as_u64(), Some(2 * shown), "two ranks of the same layout");
+    assert!(run.stdout.contains(&format!("over all 2 ranks: 0 of {} tensors differ", 2 * shown)), "{}", run.stdout);
 
     let inspect = repro(&["inspect", s(&a), "--verify"]);
     assert_eq!(inspect.code, 0, "{}", inspect.stderr);

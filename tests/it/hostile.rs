@@ -1,5 +1,6 @@
 use crate::util::{record, repro, s};
 use std::fs;
+use std::path::Path;
 
 fn expect_error(args: &[&str], needles: &[&str]) {
     let run = repro(args);
@@ -193,39 +194,10 @@ fn json_commands_report_errors_as_json_too() {
 
 #[test]
 fn a_tensor_name_of_64_kib_is_read_and_reported_without_a_panic() {
-    use repro::dtype::DType;
-    use repro::hash::tensor_hash;
-    use repro::trace::{
-        CapturePolicy, Header, RunConfig, StepTensor, TensorKind, TensorRecord, TraceWriter, CURRENT_FORMAT,
-    };
     let dir = tempfile::tempdir().unwrap();
     let write = |name: &str, value: f32| {
         let path = dir.path().join(name);
-        let header = Header {
-            format: CURRENT_FORMAT,
-            producer: "test".into(),
-            run: RunConfig { workload: "mine".into(), steps: Some(1), params: Default::default() },
-            environment: Default::default(),
-            capture: CapturePolicy::default(),
-            distributed: None,
-        };
-        let bytes = value.to_le_bytes().to_vec();
-        let record = TensorRecord {
-            name: "n".repeat(70_000),
-            kind: TensorKind::Weight,
-            dtype: DType::F32,
-            shape: vec![1],
-            hash: tensor_hash(DType::F32, &[1], &bytes),
-            inline: Some(bytes),
-            in_payload: false,
-            phase: None,
-            inputs: Vec::new(),
-            node: None,
-            collective: None,
-        };
-        let mut w = TraceWriter::create(&path, &header, false).unwrap();
-        w.write_step(0, vec![StepTensor { record, payload: None }]).unwrap();
-        w.finish().unwrap();
+        write_one_tensor_trace(&path, &"n".repeat(70_000), value.to_le_bytes().to_vec(), true);
         path
     };
     let (a, b) = (write("a", 1.0), write("b", 2.0));
@@ -364,4 +336,84 @@ fn an_empty_record_file_left_by_a_failed_start_does_not_block_the_next_recording
     let run = repro(&["record", "--workload", "mlp", "--devices", "cpu,cpu", "--steps", "2", "--out", s(&run_dir)]);
     assert_eq!(run.code, 0, "{}", run.stderr);
     assert_eq!(repro(&["inspect", s(&run_dir), "--verify"]).code, 0);
+}
+
+/// Issue 32, item 12: diffing large stored tensors keeps memory flat (payloads were mapped
+/// populated, so a 2 GiB pair took 4.1 GB of resident memory).
+#[test]
+fn diffing_large_stored_tensors_keeps_resident_memory_flat() {
+    const ELEMENTS: usize = 64 << 20; // 256 MiB of f32 in each trace
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str, bump: bool| {
+        let mut bytes: Vec<u8> = (0..ELEMENTS).flat_map(|i| (i as f32).to_le_bytes()).collect();
+        if bump {
+            // One element in every 64 KiB changes by one ULP.
+            for i in (0..ELEMENTS).step_by(16_384) {
+                let v = f32::from_le_bytes(bytes[4 * i..4 * i + 4].try_into().unwrap());
+                bytes[4 * i..4 * i + 4].copy_from_slice(&f32::from_bits(v.to_bits() + 1).to_le_bytes());
+            }
+        }
+        let path = dir.path().join(name);
+        write_one_tensor_trace(&path, "big", bytes, false);
+        path
+    };
+    let (a, b) = (write("a", false), write("b", true));
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_repro"))
+        .args(["diff", s(&a), s(&b)])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // The child's own high-water mark, read while it runs: its rusage would count the test
+    // process's memory too (a spawned process inherits its parent's peak across exec).
+    let status_file = format!("/proc/{}/status", child.id());
+    let mut peak_kib = 0u64;
+    let code = loop {
+        if let Some(kib) = std::fs::read_to_string(&status_file).ok().and_then(|status| {
+            let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+            line.split_whitespace().nth(1)?.parse::<u64>().ok()
+        }) {
+            peak_kib = peak_kib.max(kib);
+        }
+        if let Some(status) = child.try_wait().unwrap() {
+            break status.code();
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    };
+    assert_eq!(code, Some(1), "the traces differ");
+    assert!(peak_kib > 0, "the child's memory was read at least once");
+    let peak_mib = peak_kib / 1024;
+    assert!(peak_mib < 160, "diff of two 256 MiB tensors peaked at {peak_mib} MiB of resident memory");
+}
+
+/// Writes a finished one-step trace holding one 1-D f32 tensor, stored inline or in a payload.
+fn write_one_tensor_trace(path: &Path, name: &str, bytes: Vec<u8>, inline: bool) {
+    use repro::dtype::DType;
+    use repro::hash::tensor_hash;
+    use repro::trace::{CapturePolicy, Header, RunConfig, StepTensor, TensorKind, TensorRecord, TraceWriter};
+    let header = Header {
+        format: repro::trace::CURRENT_FORMAT,
+        producer: "test".into(),
+        run: RunConfig { workload: "mine".into(), steps: Some(1), params: Default::default() },
+        environment: Default::default(),
+        capture: CapturePolicy::default(),
+        distributed: None,
+    };
+    let shape = vec![(bytes.len() / 4) as u64];
+    let record = TensorRecord {
+        name: name.into(),
+        kind: TensorKind::Weight,
+        dtype: DType::F32,
+        hash: tensor_hash(DType::F32, &shape, &bytes),
+        shape,
+        inline: inline.then(|| bytes.clone()),
+        in_payload: !inline,
+        phase: None,
+        inputs: Vec::new(),
+        node: None,
+        collective: None,
+    };
+    let mut w = TraceWriter::create(path, &header, false).unwrap();
+    w.write_step(0, vec![StepTensor { record, payload: (!inline).then_some(bytes) }]).unwrap();
+    w.finish().unwrap();
 }

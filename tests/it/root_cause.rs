@@ -183,6 +183,12 @@ fn an_input_of_another_shape_is_the_first_divergence_and_its_setting_explains_it
     assert_eq!(v["root_cause"]["rule"], "leaf");
     assert_eq!(v["root_cause"]["cause"]["tensor"], "x");
     assert_eq!(v["first_divergence"]["b_layout"][1], serde_json::json!([200, 10]));
+    // The batches of all 5 steps differ in shape: counted as compared pairs that diverged, in
+    // the totals and in the tensor's history, like pairs whose values differ.
+    let x = v["tensors"].as_array().unwrap().iter().find(|t| t["name"] == "x").expect("x has a history");
+    assert_eq!((x["steps_compared"].as_u64(), x["steps_diverged"].as_u64()), (Some(5), Some(5)));
+    assert!(v["tensors_diverged"].as_u64().unwrap() >= 5, "{}", v["tensors_diverged"]);
+    assert!(v["tensors_compared"].as_u64().unwrap() >= v["tensors_diverged"].as_u64().unwrap());
 }
 
 #[test]

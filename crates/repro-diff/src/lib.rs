@@ -11,6 +11,7 @@ mod divergence;
 mod error;
 mod gate;
 pub mod invariance;
+mod json_float;
 mod matrix;
 mod metrics;
 mod online;
@@ -29,9 +30,9 @@ pub use gate::{
     baseline_mismatch, gate_traces, likely_causes, GateComparison, GateReference, GateReport, MAY_DIFFER_FROM_BASELINE,
 };
 pub use matrix::{error_matrices, ErrorMatrix, HashOnlyTensor, MatrixReport, Metric, StepSelector};
-pub use metrics::{compare, TensorMetrics};
+pub use metrics::{compare, compare_pairs, compare_values, TensorMetrics};
 pub use online::{OnlineDivergence, ReferenceCheck};
-pub use ranks::{check_replicas, diff_runs, DataParallelCause, ReplicaDrift, ReplicaReport, RunDiff};
+pub use ranks::{check_replicas, diff_runs, DataParallelCause, RankTotals, ReplicaDrift, ReplicaReport, RunDiff};
 pub use root_cause::{CauseRule, Consequence, RootCause};
 pub use tolerance::Tolerance;
 pub use traces::{

@@ -2,7 +2,7 @@
 //! of a metric (by default the sum of absolute errors) between every two runs' values.
 
 use crate::error::DiffError;
-use crate::metrics::{compare, TensorMetrics};
+use crate::metrics::{compare_pairs, TensorMetrics};
 use crate::tolerance::Tolerance;
 use repro_trace::{StepRecord, TensorValues, TraceReader};
 use serde::Serialize;
@@ -136,6 +136,7 @@ pub struct ErrorMatrix {
     /// The tensor's name.
     pub tensor: String,
     /// `values[i][j]`: the metric between run i and run j.
+    #[serde(serialize_with = "crate::json_float::matrix")]
     pub values: Vec<Vec<f64>>,
     /// Whether every run holds the same bits (a zero cell can hide +0 against -0).
     pub bit_identical: bool,
@@ -214,17 +215,15 @@ pub fn error_matrices(
         let mut cells = vec![vec![0.0; n]; n];
         let mut beyond_tolerance = Vec::new();
         let mut bit_identical = true;
-        for i in 0..n {
-            for j in i + 1..n {
-                let metrics = compare(values[i].dtype, values[i].bytes, values[j].bytes);
-                bit_identical &= metrics.mismatched == 0;
-                if tolerance.is_some_and(|t| !t.allows(&metrics)) {
-                    beyond_tolerance.push([i, j]);
-                }
-                let m = metric.of(&metrics);
-                cells[i][j] = m;
-                cells[j][i] = m;
+        let pairs = (0..n).flat_map(|i| (i + 1..n).map(move |j| (i, j)));
+        for ((i, j), metrics) in pairs.zip(compare_pairs(&values.iter().collect::<Vec<_>>())) {
+            bit_identical &= metrics.mismatched == 0;
+            if tolerance.is_some_and(|t| !t.allows(&metrics)) {
+                beyond_tolerance.push([i, j]);
             }
+            let m = metric.of(&metrics);
+            cells[i][j] = m;
+            cells[j][i] = m;
         }
         matrices.push(ErrorMatrix { tensor: name.clone(), values: cells, bit_identical, beyond_tolerance });
     }

@@ -3,10 +3,12 @@
 //! the last place (ULPs).
 //!
 //! Work is split into fixed-size chunks compared in parallel and combined in chunk order, so the
-//! result (including the floating-point sum) does not depend on the thread count.
+//! result (including the floating-point sum) does not depend on the thread count. Mapped values
+//! are read a window of chunks at a time, so memory stays flat however large the tensors.
 
 use rayon::prelude::*;
 use repro_trace::dtype::{DType, Element};
+use repro_trace::{TensorValues, WINDOW_BYTES};
 use serde::Serialize;
 
 /// Elements per parallel chunk. Fixed, so sums are combined in the same order on every machine.
@@ -20,12 +22,17 @@ pub struct TensorMetrics {
     /// Elements whose bits differ.
     pub mismatched: u64,
     /// Largest |a - b| (computed in f64).
+    #[serde(serialize_with = "crate::json_float::serialize")]
     pub max_abs: f64,
     /// Sum of |a - b| over all elements (f64, summed chunk by chunk in a fixed order).
+    #[serde(serialize_with = "crate::json_float::serialize")]
     pub sum_abs: f64,
     /// Largest distance in ULPs (for integers: the largest integer difference).
     pub max_ulp: u64,
-    /// Largest relative error |a - b| / max(|a|, |b|) over the elements that differ.
+    /// Largest relative error |a - b| / max(|a|, |b|) over the elements whose values differ
+    /// (+0 against -0 differ in bits only); +inf where one side is infinite, NaN where one is
+    /// NaN.
+    #[serde(serialize_with = "crate::json_float::serialize")]
     pub max_rel: f64,
     /// Flat index of the first element that differs.
     pub first_mismatch: Option<u64>,
@@ -71,14 +78,44 @@ fn max_nan(a: f64, b: f64) -> f64 {
 /// whole number of elements.
 pub fn compare(dtype: DType, a: &[u8], b: &[u8]) -> TensorMetrics {
     assert_eq!(a.len(), b.len(), "compare() needs equal-sized tensors");
-    let size = dtype.size_in_bytes();
-    let chunk_bytes = CHUNK_ELEMENTS * size;
+    fold_chunks(TensorMetrics::identical(0), dtype, a, b, 0)
+}
+
+/// Compares two tensors' values (of equal dtype and size) in bounded memory. The result is
+/// [`compare`]'s, bit for bit.
+pub fn compare_values(a: &TensorValues, b: &TensorValues) -> TensorMetrics {
+    compare_pairs(&[a, b])[0]
+}
+
+/// Compares every pair of `tensors` (all of one dtype and size), reading each window of them
+/// once: returns the metrics of pairs (0, 1), (0, 2), …, (1, 2), … in that order, each equal
+/// to [`compare`]'s.
+pub fn compare_pairs(tensors: &[&TensorValues]) -> Vec<TensorMetrics> {
+    let Some(first) = tensors.first() else { return Vec::new() };
+    let dtype = first.dtype;
+    assert!(tensors.iter().all(|t| t.dtype == dtype), "compare_pairs() needs tensors of one dtype");
+    let pairs: Vec<(usize, usize)> =
+        (0..tensors.len()).flat_map(|i| (i + 1..tensors.len()).map(move |j| (i, j))).collect();
+    let mut metrics = vec![TensorMetrics::identical(0); pairs.len()];
+    let chunk_bytes = CHUNK_ELEMENTS * dtype.size_in_bytes();
+    let window = (WINDOW_BYTES / chunk_bytes).max(1) * chunk_bytes;
+    TensorValues::zip_windows(tensors, window, |start, windows| {
+        let first_element = (start / dtype.size_in_bytes()) as u64;
+        for (m, &(i, j)) in metrics.iter_mut().zip(&pairs) {
+            *m = fold_chunks(*m, dtype, windows[i], windows[j], first_element);
+        }
+    });
+    metrics
+}
+
+/// Compares `a` and `b` chunk by chunk in parallel and folds the chunks' metrics into `acc` in
+/// chunk order. `a` starts at element `first_element` of its tensor and, unless it ends the
+/// tensor, holds whole chunks; so folding a tensor's windows in order equals one pass.
+fn fold_chunks(acc: TensorMetrics, dtype: DType, a: &[u8], b: &[u8], first_element: u64) -> TensorMetrics {
+    let chunk_bytes = CHUNK_ELEMENTS * dtype.size_in_bytes();
     let partials: Vec<TensorMetrics> =
         a.par_chunks(chunk_bytes).zip(b.par_chunks(chunk_bytes)).map(|(ca, cb)| compare_chunk(dtype, ca, cb)).collect();
-    partials
-        .into_iter()
-        .enumerate()
-        .fold(TensorMetrics::identical(0), |acc, (i, p)| acc.merge(p, (i * CHUNK_ELEMENTS) as u64))
+    partials.into_iter().enumerate().fold(acc, |acc, (i, p)| acc.merge(p, first_element + (i * CHUNK_ELEMENTS) as u64))
 }
 
 fn compare_chunk(dtype: DType, a: &[u8], b: &[u8]) -> TensorMetrics {
@@ -118,9 +155,12 @@ fn compare_typed<T: Element>(a: &[u8], b: &[u8]) -> TensorMetrics {
         max_abs = max_abs.max(abs);
         sum_abs += abs;
         max_ulp = max_ulp.max(x.ordinal().abs_diff(y.ordinal()));
-        // +0 and -0 differ in bits but not in value: no relative error.
+        // +0 and -0 differ in bits but not in value: no relative error. Against an infinity
+        // the relative error is infinite (the quotient would be inf / inf, NaN, which `max`
+        // drops: `rel:X` once accepted 1.0 against +inf).
         if abs > 0.0 {
-            max_rel = max_rel.max(abs / x.value().abs().max(y.value().abs()));
+            let scale = x.value().abs().max(y.value().abs());
+            max_rel = max_rel.max(if scale.is_infinite() { f64::INFINITY } else { abs / scale });
         }
     }
     m.mismatched = mismatched;
@@ -182,12 +222,46 @@ mod tests {
     }
 
     #[test]
+    fn windowed_comparison_is_the_one_pass_comparison_bit_for_bit() {
+        // Several windows of f64 with a short last one; differences spread so that the summed
+        // error depends on the order of addition.
+        let n = 3 * WINDOW_BYTES / 8 / 2 + 4321;
+        let a: Vec<f64> = (0..n).map(|i| (i as f64 * 0.37).sin() * 1e3).collect();
+        let b: Vec<f64> =
+            a.iter().enumerate().map(|(i, x)| if i % 3 == 0 { x + (i as f64).sqrt() } else { *x }).collect();
+        let c: Vec<f64> = a.iter().map(|x| x * (1.0 + 1e-9)).collect();
+        let bytes64 = |v: &[f64]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+        let (ba, bb, bc) = (bytes64(&a), bytes64(&b), bytes64(&c));
+        let values = [&ba, &bb, &bc].map(|bytes| TensorValues::in_memory(DType::F64, vec![n as u64], bytes));
+        let pairs = compare_pairs(&[&values[0], &values[1], &values[2]]);
+        let expected = [compare(DType::F64, &ba, &bb), compare(DType::F64, &ba, &bc), compare(DType::F64, &bb, &bc)];
+        assert_eq!(pairs, expected);
+        assert_eq!(pairs[0].sum_abs.to_bits(), expected[0].sum_abs.to_bits());
+        assert_eq!(compare_values(&values[0], &values[1]), expected[0]);
+        assert!(pairs.iter().all(|m| m.mismatched > 0), "every pair differs");
+    }
+
+    #[test]
     fn one_ulp_is_one_ulp() {
         let a = [1.0f32, 2.0];
         let b = [1.0f32, f32::from_bits(2.0f32.to_bits() + 1)];
         let m = compare(DType::F32, &bytes(&a), &bytes(&b));
         assert_eq!((m.mismatched, m.max_ulp, m.first_mismatch), (1, 1, Some(1)));
         assert_eq!(m.max_abs, 2.0f64.powi(-22));
+    }
+
+    #[test]
+    fn an_infinity_against_a_finite_value_has_infinite_relative_error() {
+        let m = compare(DType::F32, &bytes(&[1.0, f32::INFINITY]), &bytes(&[1.0, 1.0]));
+        assert_eq!((m.max_abs, m.max_rel), (f64::INFINITY, f64::INFINITY));
+        let m = compare(DType::F32, &bytes(&[f32::INFINITY]), &bytes(&[f32::NEG_INFINITY]));
+        assert_eq!((m.max_abs, m.max_rel), (f64::INFINITY, f64::INFINITY));
+        for tolerance in ["rel:0.5", "abs:1e30", "ulp:1"] {
+            let tolerance: crate::Tolerance = tolerance.parse().unwrap();
+            let next_to_max = compare(DType::F32, &bytes(&[f32::MAX]), &bytes(&[f32::INFINITY]));
+            assert_eq!(next_to_max.max_ulp, 1);
+            assert!(!tolerance.allows(&m) && !tolerance.allows(&next_to_max), "{tolerance}");
+        }
     }
 
     #[test]

@@ -4,9 +4,9 @@
 
 use crate::align::{align, Pairing};
 use crate::divergence::Divergence;
-use crate::metrics::compare;
+use crate::metrics::compare_values;
 use crate::root_cause::{analyze, Entry, RootCause};
-use repro_trace::{StepCheck, StepRecord, StepTensor, StepVerdict, TraceError, TraceReader};
+use repro_trace::{StepCheck, StepRecord, StepTensor, StepVerdict, TensorValues, TraceError, TraceReader};
 use serde::Serialize;
 use std::path::Path;
 
@@ -107,7 +107,9 @@ impl StepCheck for ReferenceCheck {
                     .find(|t| t.record.name == mine.name)
                     .and_then(|t| t.record.inline.as_deref().or(t.payload.as_deref()));
                 let metrics = match (my_values, self.reader.values(&reference, theirs)?) {
-                    (Some(a), Some(b)) => Some(compare(mine.dtype, a, b.bytes)),
+                    (Some(a), Some(b)) => {
+                        Some(compare_values(&TensorValues::in_memory(mine.dtype, mine.shape.clone(), a), &b))
+                    }
                     _ => None,
                 };
                 Ok(Divergence::of(mine, step, metrics))

@@ -165,9 +165,11 @@ fn unfinished_ranks(readers: &mut [TraceReader], mut steps: Vec<u64>) -> Result<
 #[derive(Debug, Clone, Serialize)]
 pub struct RunDiff {
     /// The streams compared: the only ones for single-device runs, else the rank reported (see
-    /// `rank`), or rank 0 of each when the world sizes differ. Its counts cover every rank
-    /// compared.
+    /// `rank`), or rank 0 of each when the world sizes differ. Every figure in it is that
+    /// rank's; `all_ranks` sums them over the ranks.
     pub diff: TraceDiff,
+    /// With equal world sizes above 1: the counts summed over every rank pair compared.
+    pub all_ranks: Option<RankTotals>,
     /// A's number of ranks (1: one device).
     pub world_size_a: u64,
     /// B's number of ranks.
@@ -179,6 +181,17 @@ pub struct RunDiff {
     pub replicas: Vec<ReplicaReport>,
     /// Why a gradient sum differs, when data parallelism explains it.
     pub cause: Option<DataParallelCause>,
+}
+
+/// Counts summed over the rank pairs of two data-parallel runs of one world size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct RankTotals {
+    /// Rank pairs compared (the world size).
+    pub ranks: u64,
+    /// Tensors compared, over all ranks and steps.
+    pub tensors_compared: u64,
+    /// Tensors that differ, over all ranks and steps.
+    pub tensors_diverged: u64,
 }
 
 impl RunDiff {
@@ -252,9 +265,10 @@ pub fn diff_runs(a: &Path, b: &Path, options: &DiffOptions) -> Result<RunDiff, T
     let streams_b = ranks_b.clone().unwrap_or_else(|| vec![b.to_path_buf()]);
     let (world_a, world_b) = (streams_a.len() as u64, streams_b.len() as u64);
     if world_a == world_b {
-        let (diff, rank, cause) = diff_rank_by_rank(&streams_a, &streams_b, options)?;
+        let (diff, rank, cause, totals) = diff_rank_by_rank(&streams_a, &streams_b, options)?;
         let rank = (world_a > 1).then_some(rank);
-        return Ok(RunDiff { diff, world_size_a: world_a, world_size_b: world_b, rank, replicas, cause });
+        let all_ranks = (world_a > 1).then_some(totals);
+        return Ok(RunDiff { diff, all_ranks, world_size_a: world_a, world_size_b: world_b, rank, replicas, cause });
     }
     let options = DiffOptions { replicated_state_only: true, ..options.clone() };
     let diff =
@@ -265,20 +279,23 @@ pub fn diff_runs(a: &Path, b: &Path, options: &DiffOptions) -> Result<RunDiff, T
         }
         _ => None,
     };
-    Ok(RunDiff { diff, world_size_a: world_a, world_size_b: world_b, rank: None, replicas, cause })
+    Ok(RunDiff { diff, all_ranks: None, world_size_a: world_a, world_size_b: world_b, rank: None, replicas, cause })
 }
 
 /// Diffs rank `r` of A with rank `r` of B for every rank; returns the diff of the rank that
-/// diverged first (counts summed over all ranks), that rank, and whether the collective is the
-/// cause.
+/// diverged first, that rank, whether the collective is the cause, and the counts summed over
+/// all ranks.
 fn diff_rank_by_rank(
     streams_a: &[PathBuf],
     streams_b: &[PathBuf],
     options: &DiffOptions,
-) -> Result<(TraceDiff, u64, Option<DataParallelCause>), TraceError> {
+) -> Result<(TraceDiff, u64, Option<DataParallelCause>, RankTotals), TraceError> {
     if let ([a], [b]) = (streams_a, streams_b) {
         // One stream each: nothing to choose between, and no sums to blame.
-        return Ok((diff_traces_with(&mut TraceReader::open(a)?, &mut TraceReader::open(b)?, options)?, 0, None));
+        let diff = diff_traces_with(&mut TraceReader::open(a)?, &mut TraceReader::open(b)?, options)?;
+        let totals =
+            RankTotals { ranks: 1, tensors_compared: diff.tensors_compared, tensors_diverged: diff.tensors_diverged };
+        return Ok((diff, 0, None, totals));
     }
     let mut best: Option<(TraceDiff, u64, Place)> = None;
     let (mut compared, mut diverged) = (0, 0);
@@ -297,9 +314,8 @@ fn diff_rank_by_rank(
             best = Some((diff, rank as u64, place));
         }
     }
-    let (mut diff, rank, place) = best.expect("at least one rank");
-    diff.tensors_compared = compared;
-    diff.tensors_diverged = diverged;
+    let (diff, rank, place) = best.expect("at least one rank");
+    let totals = RankTotals { ranks: streams_a.len() as u64, tensors_compared: compared, tensors_diverged: diverged };
     // No rank diverged before this place, and a sum's shares come before it in every rank's
     // stream: if it is a sum, every rank's share is identical.
     let cause = match &diff.first_divergence {
@@ -308,7 +324,7 @@ fn diff_rank_by_rank(
         }
         _ => None,
     };
-    Ok((diff, rank, cause))
+    Ok((diff, rank, cause, totals))
 }
 
 /// Where a tensor stands in its step: (step, index among the step's records), and whether it is
@@ -453,7 +469,7 @@ mod tests {
                         phase: Some(Phase::Backward),
                         inputs: sum_of.iter().map(|s| s.to_string()).collect(),
                         node: None,
-                        collective: sum_of.map(|_| "all_reduce_sum".to_string()),
+                        collective: sum_of.map(|_| repro_trace::format::ALL_REDUCE_SUM.to_string()),
                     };
                     StepTensor { record, payload: None }
                 })

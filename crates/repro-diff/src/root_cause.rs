@@ -14,6 +14,7 @@ use crate::divergence::Divergence;
 use repro_trace::{Phase, TensorKind};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
+use std::rc::Rc;
 
 /// Which rule established the root cause.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -64,8 +65,38 @@ pub struct Consequence {
     pub kind: TensorKind,
     /// Its phase, if recorded.
     pub phase: Option<Phase>,
-    /// The root divergences it descends from through recorded inputs (empty: no recorded path).
+    /// The root divergences it descends from through recorded inputs (empty: no recorded path),
+    /// in the order they were found; at most [`MAX_ROOTS_LISTED`] of them.
     pub from: Vec<String>,
+    /// Whether it descends from more roots than `from` lists.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub more_roots: bool,
+}
+
+/// Roots listed per consequence. A step where every tensor descends from every earlier root
+/// would otherwise take memory, and output, quadratic in its tensors.
+pub const MAX_ROOTS_LISTED: usize = 8;
+
+/// A set of roots by index: the first [`MAX_ROOTS_LISTED`] of them, and whether there are more.
+/// The first few of a union are found among the first few of its parts, so the cap is exact.
+#[derive(Debug, Default, Clone, PartialEq)]
+struct Roots {
+    first: Vec<u32>,
+    more: bool,
+}
+
+impl Roots {
+    fn one(root: usize) -> Self {
+        Roots { first: vec![root as u32], more: false }
+    }
+
+    fn union(&self, other: &Roots) -> Roots {
+        let mut first: Vec<u32> =
+            self.first.iter().chain(&other.first).copied().collect::<BTreeSet<u32>>().into_iter().collect();
+        let more = self.more || other.more || first.len() > MAX_ROOTS_LISTED;
+        first.truncate(MAX_ROOTS_LISTED);
+        Roots { first, more }
+    }
 }
 
 /// One tensor of the first diverging step, in recording order.
@@ -100,6 +131,10 @@ impl Entry {
 
 /// Finds the root cause among the entries of one step; `None` when nothing differs.
 pub(crate) fn analyze(entries: Vec<Entry>) -> Option<RootCause> {
+    analyze_entries(&entries)
+}
+
+fn analyze_entries<'a>(entries: &'a [Entry]) -> Option<RootCause> {
     if entries.iter().any(|e| e.node) {
         return analyze_captured(entries);
     }
@@ -111,14 +146,24 @@ pub(crate) fn analyze(entries: Vec<Entry>) -> Option<RootCause> {
     let mut cause_is_leaf = false;
     let mut independent = Vec::new();
     let mut consequences = Vec::new();
-    // Which roots each tensor descends from.
-    let mut taint: BTreeMap<&str, BTreeSet<String>> = BTreeMap::new();
-    for e in &entries {
-        let from: BTreeSet<String> =
-            e.inputs.iter().flat_map(|i| taint.get(i.as_str()).cloned().unwrap_or_default()).collect();
+    // The roots (cause and independent divergences), by index, and which of them each differing
+    // tensor descends from. Sets are shared, not copied, along chains.
+    let mut roots: Vec<&str> = Vec::new();
+    let mut taint: BTreeMap<&str, Rc<Roots>> = BTreeMap::new();
+    for e in entries {
+        let from = e.inputs.iter().filter_map(|i| taint.get(i.as_str())).fold(None, |acc: Option<Rc<Roots>>, t| {
+            Some(match acc {
+                None => Rc::clone(t),
+                Some(acc) => Rc::new(acc.union(t)),
+            })
+        });
         let Some(d) = &e.divergence else { continue };
-        if !e.inputs.is_empty() && from.is_empty() && inputs_agree(e) {
-            taint.insert(&e.name, BTreeSet::from([e.name.clone()]));
+        let new_root = |roots: &mut Vec<&'a str>| {
+            roots.push(&e.name);
+            Rc::new(Roots::one(roots.len() - 1))
+        };
+        if !e.inputs.is_empty() && from.is_none() && inputs_agree(e) {
+            taint.insert(&e.name, new_root(&mut roots));
             match cause {
                 None => cause = Some((d.clone(), true)),
                 Some(_) => independent.push(d.clone()),
@@ -127,21 +172,23 @@ pub(crate) fn analyze(entries: Vec<Entry>) -> Option<RootCause> {
             // The first difference, without recorded inputs or with one we could not compare:
             // call it the cause, but say its inputs were not established as identical (or that
             // it is itself data or a parameter the runs were fed differently).
-            taint.insert(&e.name, BTreeSet::from([e.name.clone()]));
+            taint.insert(&e.name, new_root(&mut roots));
             cause_is_leaf = e.leaf;
             cause = Some((d.clone(), false));
         } else if e.inputs.is_empty() && inputs_recorded {
             // Differs, but nothing recorded explains it: a divergence of its own.
-            taint.insert(&e.name, BTreeSet::from([e.name.clone()]));
+            taint.insert(&e.name, new_root(&mut roots));
             independent.push(d.clone());
         } else {
-            taint.insert(&e.name, from.clone());
+            let from = from.unwrap_or_default();
             consequences.push(Consequence {
                 tensor: e.name.clone(),
                 kind: d.kind,
                 phase: d.phase,
-                from: from.into_iter().collect(),
+                from: from.first.iter().map(|&r| roots[r as usize].to_string()).collect(),
+                more_roots: from.more,
             });
+            taint.insert(&e.name, from);
         }
     }
     let (cause, inputs_checked) = cause?;
@@ -157,7 +204,7 @@ pub(crate) fn analyze(entries: Vec<Entry>) -> Option<RootCause> {
 /// is the cause; with every leaf identical, the first differing graph node is. Every later
 /// difference is listed as a consequence without a path (it is downstream of the cause, or of a
 /// separate cause the missing edges cannot tell apart).
-fn analyze_captured(entries: Vec<Entry>) -> Option<RootCause> {
+fn analyze_captured(entries: &[Entry]) -> Option<RootCause> {
     let differing: Vec<&Entry> = entries.iter().filter(|e| e.divergence.is_some()).collect();
     let leaves_identical = entries.iter().filter(|e| e.leaf).all(|e| e.compared && e.divergence.is_none());
     let forward_compared = entries.iter().filter(|e| e.node).all(|e| e.compared);
@@ -183,7 +230,7 @@ fn analyze_captured(entries: Vec<Entry>) -> Option<RootCause> {
         .filter(|e| e.name != cause.name && !separate(e))
         .map(|e| {
             let d = e.divergence.as_ref().expect("differing");
-            Consequence { tensor: e.name.clone(), kind: d.kind, phase: d.phase, from: Vec::new() }
+            Consequence { tensor: e.name.clone(), kind: d.kind, phase: d.phase, from: Vec::new(), more_roots: false }
         })
         .collect();
     Some(RootCause {
@@ -259,6 +306,30 @@ mod tests {
         assert_eq!(r.cause.tensor, "mm");
         assert_eq!(r.independent.iter().map(|d| d.tensor.as_str()).collect::<Vec<_>>(), ["x2"]);
         assert_eq!(r.consequences[0].from, ["mm", "x2"]);
+    }
+
+    #[test]
+    fn roots_are_listed_in_execution_order_and_capped_so_a_long_chain_stays_linear() {
+        // Each link consumes the previous link and a new root of its own: link k descends from
+        // k + 1 roots, so listing them all would take memory quadratic in the links.
+        let links = 3000;
+        let mut entries = vec![entry("x", &[], false), entry("root0", &["x"], true)];
+        for k in 1..links {
+            let (root, prev) =
+                (format!("root{k}"), if k == 1 { "root0".to_string() } else { format!("link{}", k - 1) });
+            entries.push(entry(&root, &[], true));
+            entries.push(entry(&format!("link{k}"), &[&prev, &root], true));
+        }
+        let r = analyze(entries).unwrap();
+        assert_eq!(r.cause.tensor, "root0");
+        assert_eq!(r.independent.len(), links - 1);
+        let last = r.consequences.last().unwrap();
+        assert_eq!(last.tensor, format!("link{}", links - 1));
+        let expected: Vec<String> = (0..MAX_ROOTS_LISTED).map(|k| format!("root{k}")).collect();
+        assert_eq!(last.from, expected, "the earliest roots, in the order they were found");
+        assert!(last.more_roots);
+        let first = &r.consequences[0];
+        assert_eq!((first.from.clone(), first.more_roots), (vec!["root0".to_string(), "root1".to_string()], false));
     }
 
     fn captured(name: &str, leaf: bool, differs: bool) -> Entry {

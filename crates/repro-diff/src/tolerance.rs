@@ -24,7 +24,9 @@ impl Tolerance {
     /// Whether tensors that differ as `m` says are within the tolerance (a NaN never is).
     pub fn allows(&self, m: &TensorMetrics) -> bool {
         match *self {
-            Tolerance::Ulp(n) => m.max_ulp <= n && !m.max_abs.is_nan(),
+            // Counted in ULPs, f32::MAX is one step from +inf: an infinity or a NaN against
+            // another value is never within a tolerance.
+            Tolerance::Ulp(n) => m.max_ulp <= n && m.max_abs.is_finite(),
             Tolerance::Abs(x) => m.max_abs <= x,
             Tolerance::Rel(x) => m.max_rel <= x,
         }

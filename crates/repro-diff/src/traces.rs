@@ -6,7 +6,7 @@
 
 use crate::align::{align, Pairing};
 use crate::divergence::Divergence;
-use crate::metrics::{compare, TensorMetrics};
+use crate::metrics::{compare_values, TensorMetrics};
 use crate::root_cause::{analyze, Entry, RootCause};
 use crate::tolerance::Tolerance;
 use repro_trace::{
@@ -93,6 +93,7 @@ pub struct GapPoint {
     /// Tensors whose bits differ (from hashes, so known at every step).
     pub differing: u64,
     /// Largest |a - b| among those whose values both traces stored (`None`: hashes only).
+    #[serde(serialize_with = "crate::json_float::option")]
     pub max_abs: Option<f64>,
     /// Largest ULP distance among those.
     pub max_ulp: Option<u64>,
@@ -533,13 +534,19 @@ impl DiffState {
             if ta.dtype != tb.dtype || ta.shape != tb.shape {
                 // A tensor of another dtype or shape differs as surely as one of other values:
                 // it can be the first divergence (an input batch of another size, say).
+                // It counts as compared and diverged, like a pair whose values differ.
                 self.mismatch(ta, tb, sa.step);
+                self.tensors_compared += 1;
+                self.tensors_diverged += 1;
                 self.by_kind.entry(ta.kind).or_insert(sa.step);
                 let divergence =
                     Divergence { b_layout: Some((tb.dtype, tb.shape.clone())), ..Divergence::of(ta, sa.step, None) };
                 if self.first.is_none() {
                     self.first = Some(divergence.clone());
                 }
+                let h = self.history(ta);
+                self.histories[h].history.steps_compared += 1;
+                self.histories[h].diverged(sa.step, None);
                 entries.push(Entry::new(ta, Some(divergence), false));
                 continue;
             }
@@ -551,7 +558,7 @@ impl DiffState {
                 continue;
             }
             let metrics = match (ra.values(sa, ta)?, rb.values(sb, tb)?) {
-                (Some(va), Some(vb)) => Some(compare(ta.dtype, va.bytes, vb.bytes)),
+                (Some(va), Some(vb)) => Some(compare_values(&va, &vb)),
                 _ => None,
             };
             self.gap(format!("kind:{}", ta.kind), sa.step, metrics);

@@ -74,6 +74,9 @@ pub const MAX_NESTING: usize = 32;
 /// Largest tensor rank a reader accepts.
 pub const MAX_RANK: usize = 16;
 
+/// The one collective of format 1.3: the elementwise sum over all ranks (section 10).
+pub const ALL_REDUCE_SUM: &str = "all_reduce_sum";
+
 /// The payload file name for a step: `tensors/step-00000042.safetensors`.
 pub fn payload_name(step: u64) -> String {
     format!("{TENSORS_DIR}/step-{step:08}.safetensors")

@@ -34,12 +34,17 @@ pub struct TensorHash(pub [u8; 32]);
 /// BLAKE3 of the element bytes alone (the inner hash).
 pub fn data_hash(bytes: &[u8]) -> [u8; 32] {
     let mut hasher = blake3::Hasher::new();
+    update(&mut hasher, bytes);
+    *hasher.finalize().as_bytes()
+}
+
+/// Feeds `bytes` to `hasher`, on several threads where that pays.
+pub(crate) fn update(hasher: &mut blake3::Hasher, bytes: &[u8]) {
     if bytes.len() >= PARALLEL_THRESHOLD {
         hasher.update_rayon(bytes);
     } else {
         hasher.update(bytes);
     }
-    *hasher.finalize().as_bytes()
 }
 
 /// Combines a dtype, a shape and an inner data hash into the canonical hash.

@@ -13,6 +13,7 @@ mod error;
 pub mod format;
 pub mod frame;
 pub mod hash;
+mod paging;
 mod printable;
 mod ranks;
 mod reader;
@@ -24,6 +25,7 @@ pub use check::{StepCheck, StepVerdict};
 pub use error::TraceError;
 pub use format::{is_ranked_run, rank_dir};
 pub use format::{FormatVersion, CURRENT_FORMAT};
+pub use paging::WINDOW_BYTES;
 pub use ranks::rank_streams;
 pub use reader::{Completeness, TensorValues, TraceReader};
 pub use schema::{

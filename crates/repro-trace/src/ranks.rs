@@ -5,7 +5,26 @@
 use crate::error::TraceError;
 use crate::format::{is_ranked_run, rank_dir, RECORDS_FILE};
 use crate::reader::TraceReader;
+use crate::schema::Header;
 use std::path::{Path, PathBuf};
+
+/// What in a rank's header disagrees with rank 0's, if anything. The ranks of one run share
+/// the format version, the run configuration, the capture policy and the collectives' backend
+/// (and its version); the environment (device, host, process) is each rank's own.
+fn disagreement(rank0: &Header, other: &Header) -> Option<&'static str> {
+    let backend = |h: &Header| h.distributed.as_ref().map(|d| (d.backend.clone(), d.backend_version.clone()));
+    if other.format != rank0.format {
+        Some("format version")
+    } else if other.run != rank0.run {
+        Some("run configuration")
+    } else if other.capture != rank0.capture {
+        Some("capture policy")
+    } else if backend(other) != backend(rank0) {
+        Some("collective backend")
+    } else {
+        None
+    }
+}
 
 /// The rank streams of the data-parallel run in `path`, in rank order, or `None` when `path` is
 /// not one (a single trace, or nothing: opening it says which). Every rank from 0 to the world
@@ -51,10 +70,54 @@ pub fn rank_streams(path: &Path) -> Result<Option<Vec<PathBuf>>, TraceError> {
             }
             None => return Err(wrong(&dir, format!("it names no rank, where rank {rank} of {world} belongs"))),
         }
-        if header.run != first.header().run {
-            return Err(wrong(&dir, "its run configuration differs from rank 0's: not the same run".into()));
+        if let Some(what) = disagreement(first.header(), header) {
+            return Err(wrong(&dir, format!("its {what} differs from rank 0's: not the same run")));
         }
         streams.push(dir);
     }
     Ok(Some(streams))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::schema::{CapturePolicy, Distributed, FullCapture};
+
+    fn rank_header(rank: u64, backend: &str) -> Header {
+        Header {
+            format: crate::CURRENT_FORMAT,
+            producer: "test".into(),
+            run: Default::default(),
+            environment: Default::default(),
+            capture: CapturePolicy::default(),
+            distributed: Some(Distributed {
+                rank,
+                world_size: 2,
+                backend: backend.into(),
+                backend_version: "2.28".into(),
+            }),
+        }
+    }
+
+    #[test]
+    fn ranks_agree_on_version_run_capture_and_backend_but_not_environment() {
+        let rank0 = rank_header(0, "nccl");
+        let mut same = rank_header(1, "nccl");
+        same.environment.device = "cuda:1".into();
+        same.environment.device_name = "other".into();
+        assert_eq!(disagreement(&rank0, &same), None, "each rank's environment is its own");
+        let mut capture = rank_header(1, "nccl");
+        capture.capture.full = FullCapture::All;
+        assert_eq!(disagreement(&rank0, &capture), Some("capture policy"));
+        assert_eq!(disagreement(&rank0, &rank_header(1, "file")), Some("collective backend"));
+        let mut version = rank_header(1, "nccl");
+        version.distributed.as_mut().unwrap().backend_version = "2.27".into();
+        assert_eq!(disagreement(&rank0, &version), Some("collective backend"));
+        let mut run = rank_header(1, "nccl");
+        run.run.workload = "other".into();
+        assert_eq!(disagreement(&rank0, &run), Some("run configuration"));
+        let mut format = rank_header(1, "nccl");
+        format.format.minor = 2;
+        assert_eq!(disagreement(&rank0, &format), Some("format version"));
+    }
 }

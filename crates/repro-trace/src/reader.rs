@@ -9,7 +9,8 @@ use crate::dtype::DType;
 use crate::error::TraceError;
 use crate::format::{self, FormatVersion, MAGIC, MAX_NESTING, PREAMBLE_LEN, RECORDS_FILE};
 use crate::frame::{read_frame, read_full, Frame, FRAME_HEADER_LEN};
-use crate::hash::tensor_hash;
+use crate::hash::combine;
+use crate::paging::{self, Pages};
 use crate::printable;
 use crate::schema::{Footer, Header, Record, StepRecord, TensorRecord};
 use crate::writer::safetensors_dtype;
@@ -37,7 +38,10 @@ pub enum Completeness {
 
 /// A tensor's values, checked against its record. The bytes are borrowed from the record
 /// (inline values) or from the mapped payload file, so reading them copies nothing.
-#[derive(Debug, Clone, PartialEq)]
+///
+/// Reading `bytes` directly pages a mapped tensor into memory, where it stays until the step's
+/// payload is unmapped; [`TensorValues::zip_windows`] reads in bounded memory.
+#[derive(Debug, Clone)]
 pub struct TensorValues<'a> {
     /// Element type.
     pub dtype: DType,
@@ -45,12 +49,32 @@ pub struct TensorValues<'a> {
     pub shape: Vec<u64>,
     /// Contiguous little-endian element bytes.
     pub bytes: &'a [u8],
+    /// Where `bytes` lie in a mapped payload; `None` for inline values.
+    pages: Option<Pages<'a>>,
 }
 
-impl TensorValues<'_> {
+impl<'a> TensorValues<'a> {
+    /// Values held in memory (not mapped from a payload file).
+    pub fn in_memory(dtype: DType, shape: Vec<u64>, bytes: &'a [u8]) -> Self {
+        TensorValues { dtype, shape, bytes, pages: None }
+    }
+
     /// Number of elements.
     pub fn numel(&self) -> usize {
         self.bytes.len() / self.dtype.size_in_bytes()
+    }
+
+    /// Calls `visit(start, windows)` for consecutive byte ranges of these equal-length tensors,
+    /// in order, `windows[i]` being the range's bytes of `tensors[i]` and `start` its first byte.
+    /// Each window of a mapped tensor is paged in before the call and dropped from memory after
+    /// it, so memory stays flat however large the tensors are. `window_bytes` must be a
+    /// multiple of the element size.
+    ///
+    /// # Panics
+    /// If the tensors' byte lengths differ.
+    pub fn zip_windows(tensors: &[&TensorValues<'_>], window_bytes: usize, visit: impl FnMut(usize, &[&[u8]])) {
+        let parts: Vec<_> = tensors.iter().map(|t| (t.bytes, t.pages)).collect();
+        paging::for_each_window(&parts, window_bytes, visit);
     }
 }
 
@@ -166,6 +190,11 @@ impl TraceReader {
                 {
                     return Err(reader.corrupt("the header record", why));
                 }
+                if header.distributed.is_some() {
+                    if let Err(why) = reader.needs_version(1, 3, "`distributed`") {
+                        return Err(reader.corrupt("the header record", why));
+                    }
+                }
                 if let Some(d) = header.distributed.as_ref().filter(|d| d.world_size == 0 || d.rank >= d.world_size) {
                     return Err(reader.corrupt(
                         "the header record",
@@ -257,14 +286,15 @@ impl TraceReader {
             self.map_payload(step.step, name)?;
         }
         let this: &'a TraceReader = self;
-        let bytes = if let Some(inline) = &tensor.inline {
-            inline.as_slice()
+        let (bytes, pages) = if let Some(inline) = &tensor.inline {
+            (inline.as_slice(), None)
         } else if let (true, Some(name)) = (tensor.in_payload, &step.payload) {
-            this.payload_tensor(step.step, name, tensor)?
+            let (bytes, pages) = this.payload_tensor(step.step, name, tensor)?;
+            (bytes, Some(pages))
         } else {
             return Ok(None);
         };
-        if tensor_hash(tensor.dtype, &tensor.shape, bytes) != tensor.hash {
+        if combine(tensor.dtype, &tensor.shape, &paging::data_hash_windowed(bytes, pages)) != tensor.hash {
             let path = match (&tensor.inline, &step.payload) {
                 (None, Some(name)) => this.dir.join(name),
                 _ => this.records_path.clone(),
@@ -275,7 +305,7 @@ impl TraceReader {
                 reason: "the stored values do not match the recorded hash".into(),
             });
         }
-        Ok(Some(TensorValues { dtype: tensor.dtype, shape: tensor.shape.clone(), bytes }))
+        Ok(Some(TensorValues { dtype: tensor.dtype, shape: tensor.shape.clone(), bytes, pages }))
     }
 
     /// Whether this is a lone record file (a baseline): its payload references, if any, cannot
@@ -312,10 +342,9 @@ impl TraceReader {
         let file = File::open(&path).map_err(TraceError::io(&path))?;
         // SAFETY: the map is only read. A file truncated by another process while mapped can
         // fault; traces are written once and renamed into place, never rewritten.
-        // Populated: the whole file's pages are mapped in one go. Faulting them in page by page
-        // costs more than comparing them (measured: 0.7 against 1.8 GB/s in `make bench`), at
-        // the price of reading tensors of the step that are not compared.
-        let map = unsafe { memmap2::MmapOptions::new().populate().map(&file) }.map_err(TraceError::io(&path))?;
+        // Not populated: tensors are paged in window by window as they are read (see `paging`),
+        // so memory does not grow with the payload's size.
+        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(TraceError::io(&path))?;
         // The header is parsed once per file, not once per tensor read from it (which made
         // reading a step of thousands of stored tensors quadratic).
         let index = safetensors::SafeTensors::read_metadata(&map).map_err(|e| e.to_string());
@@ -324,7 +353,7 @@ impl TraceReader {
     }
 
     /// Finds `tensor` in the mapped payload of `step` and checks its dtype and shape.
-    fn payload_tensor(&self, step: u64, name: &str, tensor: &TensorRecord) -> Result<&[u8], TraceError> {
+    fn payload_tensor(&self, step: u64, name: &str, tensor: &TensorRecord) -> Result<(&[u8], Pages<'_>), TraceError> {
         let path = self.dir.join(name);
         let bad = |reason: String| TraceError::Corrupt {
             path: path.clone(),
@@ -346,8 +375,8 @@ impl TraceReader {
             )));
         }
         // `read_metadata` checked that the offsets tile the data, which ends where the file does.
-        let data = 8 + header_len;
-        Ok(&payload.map[data + info.data_offsets.0..data + info.data_offsets.1])
+        let start = 8 + header_len + info.data_offsets.0;
+        Ok((&payload.map[start..8 + header_len + info.data_offsets.1], Pages::new(&payload.map, start)))
     }
 
     fn next_record(&mut self) -> Result<Option<Record>, TraceError> {
@@ -395,11 +424,16 @@ impl TraceReader {
         if let Some(why) = step.tensors.iter().find_map(printable::unprintable_in_tensor) {
             return Err(self.corrupt(&where_, why));
         }
-        let mut names = std::collections::BTreeSet::new();
+        if !step.no_gradient.is_empty() {
+            self.needs_version(1, 2, "`no_gradient`").map_err(|why| self.corrupt(&where_, why))?;
+        }
+        let mut names = std::collections::BTreeMap::new();
         for t in &step.tensors {
-            if !names.insert(t.name.as_str()) {
+            if names.insert(t.name.as_str(), t).is_some() {
                 return Err(self.corrupt(&where_, format!("tensor `{}` appears twice", t.name)));
             }
+            self.check_tensor_keys(t, &names)
+                .map_err(|why| self.corrupt(&where_, format!("tensor `{}`: {why}", t.name)))?;
             if t.shape.len() > format::MAX_RANK {
                 return Err(self.corrupt(
                     &where_,
@@ -430,7 +464,53 @@ impl TraceReader {
         Ok(())
     }
 
+    /// Refuses a key that the file's declared version predates: read by the older version's
+    /// rules it would be ignored, and ignoring `stopped` or `collective` would change a verdict.
+    fn needs_version(&self, major: u16, minor: u16, key: &str) -> Result<(), String> {
+        if (self.version.major, self.version.minor) < (major, minor) {
+            return Err(format!("{key} is a key of format {major}.{minor}, but the file declares {}", self.version));
+        }
+        Ok(())
+    }
+
+    /// The version rule for a tensor's optional keys, and the collective rule: `all_reduce_sum`
+    /// of exactly one contribution, recorded earlier in the step with the same dtype and shape.
+    fn check_tensor_keys(
+        &self,
+        t: &TensorRecord,
+        earlier: &std::collections::BTreeMap<&str, &TensorRecord>,
+    ) -> Result<(), String> {
+        if t.phase.is_some() || !t.inputs.is_empty() {
+            self.needs_version(1, 1, "`phase` or `inputs`")?;
+        }
+        if t.node.is_some() {
+            self.needs_version(1, 2, "`node`")?;
+        }
+        let Some(collective) = &t.collective else { return Ok(()) };
+        self.needs_version(1, 3, "`collective`")?;
+        if collective != format::ALL_REDUCE_SUM {
+            return Err(format!(
+                "unknown collective `{collective}` (format 1.3 knows only `{}`)",
+                format::ALL_REDUCE_SUM
+            ));
+        }
+        let [input] = t.inputs.as_slice() else {
+            return Err(format!("a collective sums exactly one contribution per rank; it names {}", t.inputs.len()));
+        };
+        match earlier.get(input.as_str()) {
+            Some(share) if !std::ptr::eq(*share, t) && share.dtype == t.dtype && share.shape == t.shape => Ok(()),
+            Some(share) if !std::ptr::eq(*share, t) => Err(format!(
+                "its contribution `{input}` is {} {:?}, the sum {} {:?}",
+                share.dtype, share.shape, t.dtype, t.shape
+            )),
+            _ => Err(format!("its contribution `{input}` is not recorded earlier in the step")),
+        }
+    }
+
     fn check_footer(&mut self, footer: &Footer) -> Result<(), TraceError> {
+        if footer.stopped.is_some() {
+            self.needs_version(1, 2, "`stopped`").map_err(|why| self.corrupt("the footer", why))?;
+        }
         if let Some(why) = footer.stopped.as_deref().and_then(|s| printable::unprintable("the reason it stopped", s)) {
             return Err(self.corrupt("the footer", why));
         }
@@ -462,17 +542,23 @@ impl TraceReader {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::format::ALL_REDUCE_SUM;
     use crate::format::CURRENT_FORMAT;
     use crate::frame::write_frame;
+    use crate::hash::tensor_hash;
     use crate::schema::TensorRecord;
 
     /// A record file with the valid preamble and the given record payloads, each framed with a
     /// correct checksum: what reaches the msgpack decoder when the damage is not random.
     fn trace_with(records: &[Vec<u8>]) -> tempfile::TempDir {
+        trace_in_version(CURRENT_FORMAT, records)
+    }
+
+    fn trace_in_version(version: FormatVersion, records: &[Vec<u8>]) -> tempfile::TempDir {
         let dir = tempfile::tempdir().unwrap();
         let mut bytes = MAGIC.to_vec();
-        bytes.extend_from_slice(&CURRENT_FORMAT.major.to_le_bytes());
-        bytes.extend_from_slice(&CURRENT_FORMAT.minor.to_le_bytes());
+        bytes.extend_from_slice(&version.major.to_le_bytes());
+        bytes.extend_from_slice(&version.minor.to_le_bytes());
         for r in records {
             write_frame(&mut bytes, r).unwrap();
         }
@@ -605,6 +691,73 @@ mod tests {
             let err = error_reading(&[header(), record]);
             assert!(err.contains("corrupt") && err.contains(expected), "expected `{expected}`: {err}");
         }
+    }
+
+    #[test]
+    fn a_collective_sums_one_earlier_contribution_of_its_own_layout() {
+        let named = |name: &str, shape: Vec<u64>, collective: Option<&str>, inputs: &[&str]| TensorRecord {
+            name: name.into(),
+            collective: collective.map(str::to_string),
+            inputs: inputs.iter().map(|s| s.to_string()).collect(),
+            ..tensor(shape.clone(), Some(vec![0; 4 * shape.iter().product::<u64>() as usize]), false)
+        };
+        let step = |tensors: Vec<TensorRecord>| {
+            let record = StepRecord { step: 0, payload: None, tensors, no_gradient: Vec::new() };
+            rmp_serde::to_vec_named(&Record::Step(record)).unwrap()
+        };
+        let share = named("g.local", vec![2], None, &[]);
+        let good = step(vec![share.clone(), named("g", vec![2], Some(ALL_REDUCE_SUM), &["g.local"])]);
+        assert_eq!(read_all(trace_with(&[header(), good]).path()).unwrap(), 1);
+        let cases = [
+            (
+                vec![share.clone(), named("g", vec![2], Some("all_gather"), &["g.local"])],
+                "unknown collective `all_gather`",
+            ),
+            (vec![share.clone(), named("g", vec![2], Some(ALL_REDUCE_SUM), &[])], "names 0"),
+            (vec![share.clone(), named("g", vec![2], Some(ALL_REDUCE_SUM), &["g.local", "g.local"])], "names 2"),
+            (vec![named("g", vec![2], Some(ALL_REDUCE_SUM), &["g.local"]), share.clone()], "not recorded earlier"),
+            (vec![named("g", vec![2], Some(ALL_REDUCE_SUM), &["g"])], "not recorded earlier"),
+            (vec![share, named("g", vec![3], Some(ALL_REDUCE_SUM), &["g.local"])], "is F32 [2], the sum F32 [3]"),
+        ];
+        for (tensors, expected) in cases {
+            let err = error_reading(&[header(), step(tensors)]);
+            assert!(err.contains("corrupt") && err.contains(expected), "expected `{expected}`: {err}");
+        }
+    }
+
+    #[test]
+    fn a_key_newer_than_the_declared_version_is_corrupt_not_ignored() {
+        // Read by 1.1's rules, a `stopped` footer would be ignored and the trace read as
+        // finished: a verdict changed by a key the file had no right to carry.
+        let v = |minor| FormatVersion { major: 1, minor };
+        let header_in = |version: FormatVersion, distributed| {
+            let h = Header { format: version, distributed, ..plain_header() };
+            rmp_serde::to_vec_named(&Record::Header(Box::new(h))).unwrap()
+        };
+        let footer = |stopped: Option<&str>| {
+            rmp_serde::to_vec_named(&Record::Footer(Footer { steps: 0, stopped: stopped.map(str::to_string) })).unwrap()
+        };
+        let err = |version, records: &[Vec<u8>]| {
+            read_all(trace_in_version(version, records).path()).err().map(|e| e.to_string()).unwrap_or_default()
+        };
+        let stopped = err(v(1), &[header_in(v(1), None), footer(Some("budget"))]);
+        assert!(stopped.contains("`stopped` is a key of format 1.2, but the file declares 1.1"), "{stopped}");
+        let rank = crate::schema::Distributed {
+            rank: 0,
+            world_size: 1,
+            backend: "file".into(),
+            backend_version: String::new(),
+        };
+        let distributed = err(v(2), &[header_in(v(2), Some(rank))]);
+        assert!(distributed.contains("`distributed` is a key of format 1.3"), "{distributed}");
+        let node = TensorRecord { node: Some(0), ..tensor(vec![1], Some(vec![0; 4]), false) };
+        let node = err(v(1), &[header_in(v(1), None), step_with(node, None)]);
+        assert!(node.contains("`node` is a key of format 1.2"), "{node}");
+        let phase = TensorRecord { phase: Some(crate::Phase::Forward), ..tensor(vec![1], Some(vec![0; 4]), false) };
+        let phase = err(v(0), &[header_in(v(0), None), step_with(phase, None)]);
+        assert!(phase.contains("is a key of format 1.1"), "{phase}");
+        // The same keys in files that declare their version are read.
+        assert_eq!(err(v(2), &[header_in(v(2), None), footer(Some("budget"))]), "");
     }
 
     #[test]

@@ -247,7 +247,7 @@ pub fn write_root_cause(out: &mut String, r: &RootCause) -> fmt::Result {
             let from = match (traced, c.from.is_empty()) {
                 (false, _) => String::new(),
                 (true, true) => ": no recorded path".to_string(),
-                (true, false) => format!(": from {}", c.from.join(", ")),
+                (true, false) => format!(": from {}{}", c.from.join(", "), if c.more_roots { " and more" } else { "" }),
             };
             writeln!(out, "  `{}` ({}{phase}){from}", c.tensor, c.kind)?;
         }

@@ -49,6 +49,13 @@ pub fn render_run_diff(r: &RunDiff) -> String {
         )
     });
     out.push_str(&render_diff_unless(&r.diff, disagreement.as_deref()));
+    if let (Some(t), Some(rank)) = (&r.all_ranks, r.rank) {
+        let _ = writeln!(
+            out,
+            "over all {} ranks: {} of {} tensors differ (the figures above are rank {rank}'s)",
+            t.ranks, t.tensors_diverged, t.tensors_compared
+        );
+    }
     if let Some(cause) = &r.cause {
         let _ = writeln!(out, "\n{}", cause_sentence(cause, r));
     }
