@@ -17,7 +17,9 @@
 # steps; `opfixtures` keeps small op-level traces for fixtures/. The studies: `cost`,
 # `devices-study`, `noise-mlp`, `noise-cnn`, `noise-resnet18` (RESNET_RUNS, RESNET_EPOCHS), and
 # `studyfixtures` (atomic cnn traces for fixtures/), `gpt-studies` (noise, devices and cost on
-# the gpt; GPT_RUNS, GPT_STEPS), `gptfixtures`, `ab` (overhead and traces of this binary against REPRO_BASE's), `views` (a small gpt trace whose parameter views are checked on the CPU), `invariance` (gpt default and --batch-invariant with its cost, qwen2 f32 and bf16), `order` (study order, mlp and cnn; ORDER_RUNS), `noise-hw` (cnn noise study with TF32 off and on; NOISE_RUNS), `noise-subgroups` (mlp on the subgroups dataset; SUBGROUP_RUNS), not run by default. `gpt`: the
+# the gpt; GPT_RUNS, GPT_STEPS), `gptfixtures`, `ab` (overhead and traces of this binary against REPRO_BASE's), `views` (a small gpt trace whose parameter views are checked on the CPU), `invariance` (gpt default and --batch-invariant with its cost, qwen2 f32 and bf16), `order` (study order, mlp and cnn; ORDER_RUNS), `noise-hw` (cnn noise study with TF32 off and on; NOISE_RUNS), `noise-subgroups` (mlp on the subgroups dataset; SUBGROUP_RUNS), `tensorcore` (the bf16
+# invariant product's checks and TFLOPS, and the gpt's bf16 invariant-mode cost at GPT-2 sizes;
+# COST_PASSES, COST_BATCHES), not run by default. `gpt`: the
 # transformer recorded by automatic capture (same-seed GPU runs, CPU vs GPU, Qwen2, fixtures). Results land in OUT_DIR:
 # summary.md (everything printed), results.tar.gz (all outputs), fixtures.tar.gz.
 set -uo pipefail
@@ -380,6 +382,22 @@ if want invariance; then
     section "Cost of --batch-invariant on cuda:0: gpt $size, 64 tokens"
     say '```'
     "$repro" invariance --workload gpt $size --device cuda:0 --cost 50 --batch-sizes 1,8,64,256 2>&1 | tee -a "$summary"
+    say '```'
+  done
+fi
+# The batch-invariant bf16 product on tensor cores: its checks and TFLOPS beside cuBLAS's, then
+# what the gpt's --batch-invariant mode costs in bf16 at real sizes (issue 31, section 3).
+if want tensorcore; then
+  section "Tensor-core batch-invariant product: checks and TFLOPS against cuBLAS"
+  say '```'
+  "$repro" gpu-check --device cuda:0 --only tensor-core 2>&1 | tee -a "$summary"
+  say '```'
+  for size in "--layers 12 --width 768 --heads 12 --context 1024" "--layers 24 --width 1024 --heads 16 --context 512"; do
+    section "Cost of --batch-invariant on cuda:0, bf16 forward: gpt $size"
+    say '```'
+    # shellcheck disable=SC2086
+    "$repro" invariance --workload gpt $size --dtype bf16 --device cuda:0 --cost "${COST_PASSES:-10}" \
+      --batch-sizes "${COST_BATCHES:-1,8,64,128,256}" 2>&1 | tee -a "$summary"
     say '```'
   done
 fi

@@ -13,6 +13,9 @@
 //! 4. Throughput of GPU hashing at 1 MiB, 64 MiB and 1 GiB, and of a step's worth of 64 MiB
 //!    tensors in one batch, beside the device's memory bandwidth measured in the same run (a
 //!    plain read kernel), as a table.
+//! 5. The batch-invariant bf16 product on tensor cores: each row of a batch of 256 (and of a
+//!    batched product with another layout) bit-identical to the row alone, results within
+//!    bf16 rounding of an f32 product, and its TFLOPS beside cuBLAS's (candle's bf16 matmul).
 
 use super::Exit;
 use candle_core::{DType, Device, Tensor};
@@ -26,18 +29,38 @@ pub struct GpuCheckArgs {
     /// The GPU to check.
     #[arg(long, default_value = "cuda:0")]
     device: String,
+    /// Only the checks and benchmarks of one part: hashing (1 to 4) or the tensor-core
+    /// product (5) [default: both].
+    #[arg(long, value_enum)]
+    only: Option<Part>,
+}
+
+/// A part of the GPU check.
+#[derive(Debug, Clone, Copy, PartialEq, clap::ValueEnum)]
+enum Part {
+    /// GPU hashing against the host's, and its throughput.
+    Hash,
+    /// The batch-invariant bf16 product on tensor cores.
+    TensorCore,
 }
 
 pub fn run(args: GpuCheckArgs) -> Result<Exit, String> {
     let inner = || -> Result<usize, Box<dyn std::error::Error>> {
         let dev = repro::record::open_device(&args.device)?;
-        let failures = check(&dev)? + check_lagging(&dev)? + check_large_steps(&dev)?;
-        bench(&dev)?;
+        let mut failures = 0;
+        if args.only != Some(Part::TensorCore) {
+            failures += check(&dev)? + check_lagging(&dev)? + check_large_steps(&dev)?;
+            bench(&dev)?;
+        }
+        if args.only != Some(Part::Hash) {
+            failures += check_tensor_core(&dev)?;
+            bench_tensor_core(&dev)?;
+        }
         Ok(failures)
     };
     match inner().map_err(|e| e.to_string())? {
         0 => Ok(Exit::Same),
-        failures => Err(format!("{failures} GPU/CPU hash mismatches")),
+        failures => Err(format!("{failures} GPU checks failed (hashes against the host's, or the invariant product)")),
     }
 }
 
@@ -253,5 +276,100 @@ fn bench(dev: &Device) -> Result<(), Box<dyn std::error::Error>> {
         total as f64 / read / 1e9,
         100.0 * read / hash
     ));
+    Ok(())
+}
+
+/// The tensor-core product's batch invariance and accuracy; returns the number of failures.
+fn check_tensor_core(dev: &Device) -> Result<usize, Box<dyn std::error::Error>> {
+    use repro::ops::invariant::matmul;
+    let bf16 = |dims: &[usize], seed: f64| -> candle_core::Result<Tensor> {
+        let n: usize = dims.iter().product();
+        let v: Vec<f32> = (0..n).map(|i| ((i as f64 * 0.618 + seed).fract() * 2.0 - 1.0) as f32).collect();
+        Tensor::from_vec(v, dims, &Device::Cpu)?.to_dtype(DType::BF16)?.to_device(dev)
+    };
+    let bits = |t: &Tensor| -> candle_core::Result<Vec<u16>> {
+        Ok(t.flatten_all()?.to_vec1::<half::bf16>()?.iter().map(|v| v.to_bits()).collect())
+    };
+    let mut failures = 0;
+    // A linear layer's product (K not a multiple of 8 or of the tile), rows alone and in a batch.
+    let (k, n) = (1000, 1030);
+    let w = bf16(&[n, k], 0.1)?;
+    let x = bf16(&[256, k], 0.3)?;
+    let all = matmul(&x, &w.t()?)?;
+    for r in [0usize, 1, 127, 128, 200, 255] {
+        let alone = matmul(&x.narrow(0, r, 1)?, &w.t()?)?;
+        if bits(&alone)? != bits(&all.narrow(0, r, 1)?)? {
+            failures += 1;
+            eprintln!("MISMATCH tensor-core product: row {r} of a batch of 256 differs from the row alone");
+        }
+    }
+    // Batched, with the second operand's N contiguous (attention's values): every batch entry
+    // alone against the batch of 8.
+    let (q, v) = (bf16(&[8, 70, 136], 0.5)?, bf16(&[8, 136, 64], 0.7)?);
+    let batched = matmul(&q, &v)?;
+    for z in [0usize, 3, 7] {
+        let alone = matmul(&q.narrow(0, z, 1)?, &v.narrow(0, z, 1)?)?;
+        if bits(&alone)? != bits(&batched.narrow(0, z, 1)?)? {
+            failures += 1;
+            eprintln!("MISMATCH tensor-core product: batch entry {z} of 8 differs from the entry alone");
+        }
+    }
+    // Within bf16 rounding of the product computed in f32.
+    for (a, b, label) in [(&x, &w.t()?, "linear"), (&q, &v, "batched")] {
+        let ours = matmul(a, b)?.to_dtype(DType::F32)?;
+        let exact = a.to_dtype(DType::F32)?.matmul(&b.to_dtype(DType::F32)?)?;
+        let err = (&ours - &exact)?.abs()?.max_all()?.to_scalar::<f32>()?;
+        let scale = exact.abs()?.max_all()?.to_scalar::<f32>()?;
+        let ok = err <= scale * 2f32.powi(-7);
+        failures += usize::from(!ok);
+        super::output::line(&format!(
+            "Tensor-core product ({label}): max |error| {err:.3e} against an f32 product of largest magnitude {scale:.3e} ({})",
+            if ok { "within bf16 rounding" } else { "MISMATCH: beyond bf16 rounding" }
+        ));
+    }
+    // Another depth of K slice in shared memory: other tiles of the same sums, the same bits.
+    for (m, k, n) in [(300, 1016, 1030), (4096, 4096, 4096)] {
+        let (a, w) = (bf16(&[m, k], 0.2)?, bf16(&[n, k], 0.4)?);
+        let ours: Vec<Vec<u16>> = (0..repro::ops::cuda::TENSOR_CORE_VARIANTS.len())
+            .map(|v| bits(&repro::ops::cuda::matmul_bf16_variant(&a, &w.t()?, v)?))
+            .collect::<candle_core::Result<_>>()?;
+        if ours.iter().any(|b| b != &ours[0]) {
+            failures += 1;
+            eprintln!("MISMATCH tensor-core product {m} x {k} x {n}: another slice depth gives other bits");
+        }
+    }
+    super::output::line(&format!(
+        "Tensor-core product: rows of a batch of 256 and entries of a batch of 8 bit-identical to each alone, and \
+         the same bits from slices of 32 and 64: {}",
+        if failures == 0 { "yes" } else { "NO" }
+    ));
+    Ok(failures)
+}
+
+/// TFLOPS of the tensor-core product beside cuBLAS's, on square products and on a large
+/// model's linear layers (GPT-2-medium's width at 64 sequences of 1,024 tokens).
+fn bench_tensor_core(dev: &Device) -> Result<(), Box<dyn std::error::Error>> {
+    use repro::ops::invariant::matmul;
+    super::output::line(
+        "\n| bf16 product (M x K x N) | batch-invariant (tensor cores) | cuBLAS | invariant / cuBLAS time |",
+    );
+    super::output::line("|---|---|---|---|");
+    for (m, k, n) in
+        [(4096, 4096, 4096), (8192, 8192, 8192), (65_536, 1024, 4096), (65_536, 4096, 1024), (64, 4096, 4096)]
+    {
+        let a = Tensor::rand(-1f32, 1f32, (m, k), dev)?.to_dtype(DType::BF16)?;
+        let w = Tensor::rand(-1f32, 1f32, (n, k), dev)?.to_dtype(DType::BF16)?;
+        let wt = w.t()?;
+        let reps = 21;
+        let ours = median_seconds(dev, reps, || matmul(&a, &wt).map(|_| ()))?;
+        let cublas = median_seconds(dev, reps, || a.matmul(&wt).map(|_| ()))?;
+        let tflops = |secs: f64| 2.0 * (m * k * n) as f64 / secs / 1e12;
+        super::output::line(&format!(
+            "| {m} x {k} x {n} | {:.0} TFLOPS | {:.0} TFLOPS | {:.2}x |",
+            tflops(ours),
+            tflops(cublas),
+            ours / cublas
+        ));
+    }
     Ok(())
 }

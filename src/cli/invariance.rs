@@ -52,7 +52,7 @@ pub fn run(args: InvarianceArgs) -> Result<Exit, String> {
     if sizes.contains(&0) {
         return Err("--batch-sizes must be at least 1".into());
     }
-    let workload = args.train.workload()?;
+    let (workload, dtype) = args.train.inference_workload()?;
     // Every batching's token ids are built on the host (and its forward pass's activations grow
     // with it): a size the host cannot even hold the ids of is refused before any model runs.
     let largest = sizes.iter().copied().max().unwrap_or(1) as u128;
@@ -68,7 +68,8 @@ pub fn run(args: InvarianceArgs) -> Result<Exit, String> {
         let Workload::Gpt(config) = &workload else {
             return Err("--cost times the gpt's batch-invariant mode: pass --workload gpt".into());
         };
-        let report = cost::gpt_forward_cost(config, &sizes, passes, &device, label).map_err(|e| e.to_string())?;
+        let report =
+            cost::gpt_forward_cost(config, &sizes, passes, dtype, &device, label).map_err(|e| e.to_string())?;
         if args.json {
             print_json("repro.invariance-cost.v1", None, &report)?;
         } else {
@@ -87,7 +88,7 @@ pub fn run(args: InvarianceArgs) -> Result<Exit, String> {
     };
     let report =
         match &workload {
-            Workload::Gpt(c) => workloads::gpt(c, &runs(c.context), &device, label),
+            Workload::Gpt(c) => workloads::gpt(c, &runs(c.context), dtype, &device, label),
             Workload::Decoder(c) => workloads::decoder(c, &runs(c.tokens), &device, label),
             _ => return Err(
                 "invariance checks a model's forward pass: pass --workload gpt, --workload qwen2 or --workload gemma"

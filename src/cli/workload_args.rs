@@ -82,7 +82,7 @@ pub struct GptArgs {
     #[arg(long)]
     pub batch_invariant: bool,
     /// Element type of qwen2's and gemma's weights and activations: f32 or bf16 (gpt trains in
-    /// f32).
+    /// f32; its forward pass in `repro invariance` also runs in bf16).
     #[arg(long, default_value = "f32", value_parser = ["f32", "bf16"])]
     pub dtype: String,
     /// qwen2's config shape: small (width and layers as given) or qwen2-0.5b (Qwen2-0.5B's
@@ -218,15 +218,22 @@ fn own_options(workload: &str) -> &'static [&'static str] {
 /// Refuses a workload option given on the command line that `workload` does not take, rather
 /// than ignoring it silently (`--features` with mlp, `--epochs` with the adder).
 fn check_options_apply(workload: &str) -> Result<(), String> {
+    check_options_apply_besides(workload, &[])
+}
+
+/// `check_options_apply`, with `also` taken too (options a command adds to a workload's own).
+fn check_options_apply_besides(workload: &str, also: &[&str]) -> Result<(), String> {
     const EVERY_WORKLOAD: [&str; 10] =
         ["workload", "seed", "data-seed", "steps", "batch", "lr", "device", "perturb", "reductions", "formulation"];
     let Some(given) = GIVEN.get() else { return Ok(()) };
     let known = workload_options();
     let own = own_options(workload);
-    match given
-        .iter()
-        .find(|o| known.contains(o) && !EVERY_WORKLOAD.contains(&o.as_str()) && !own.contains(&o.as_str()))
-    {
+    match given.iter().find(|o| {
+        known.contains(o)
+            && !EVERY_WORKLOAD.contains(&o.as_str())
+            && !own.contains(&o.as_str())
+            && !also.contains(&o.as_str())
+    }) {
         Some(option) => {
             let takers: Vec<&str> =
                 WORKLOADS.iter().copied().filter(|w| own_options(w).contains(&option.as_str())).collect();
@@ -245,12 +252,25 @@ impl WorkloadArgs {
         Ok(workload)
     }
 
+    /// The workload for a forward pass only (`repro invariance`), and the gpt's element type:
+    /// the gpt trains in f32, but its forward pass also runs in bf16.
+    pub fn inference_workload(&self) -> Result<(Workload, candle_core::DType), String> {
+        let bf16 = self.gpt.dtype == "bf16";
+        let dtype = if bf16 { candle_core::DType::BF16 } else { candle_core::DType::F32 };
+        if self.workload != "gpt" || !bf16 {
+            return Ok((self.workload()?, dtype));
+        }
+        let workload = self.gpt_in(true).map(Workload::Gpt)?;
+        check_options_apply_besides(&self.workload, &["dtype"])?;
+        Ok((workload, dtype))
+    }
+
     fn workload_unchecked(&self) -> Result<Workload, String> {
         if self.workload == "adder" {
             return self.adder().map(Workload::Adder);
         }
         if self.workload == "gpt" {
-            return self.gpt().map(Workload::Gpt);
+            return self.gpt_in(false).map(Workload::Gpt);
         }
         if self.workload == "qwen2" {
             return self.decoder(Family::Qwen2).map(Workload::Decoder);
@@ -278,7 +298,8 @@ impl WorkloadArgs {
         Ok(config)
     }
 
-    fn gpt(&self) -> Result<GptConfig, String> {
+    /// The gpt's settings; `inference`: for a forward pass only, where bf16 is allowed.
+    fn gpt_in(&self, inference: bool) -> Result<GptConfig, String> {
         let d = GptConfig::default();
         let g = &self.gpt;
         let config = GptConfig {
@@ -302,8 +323,10 @@ impl WorkloadArgs {
         if self.gpt.shape != "small" {
             return Err(format!("--shape {} is a shape of qwen2's config, not of gpt", self.gpt.shape));
         }
-        if self.gpt.dtype != "f32" {
-            return Err("gpt trains in f32: --dtype bf16 applies to qwen2 and gemma".into());
+        if self.gpt.dtype != "f32" && !inference {
+            return Err(
+                "gpt trains in f32: --dtype bf16 applies to qwen2 and gemma, and to gpt in `repro invariance`".into()
+            );
         }
         Ok(config)
     }

@@ -32,6 +32,7 @@ pub struct Batchings {
 pub fn gpt(
     config: &GptConfig,
     runs: &Batchings,
+    dtype: candle_core::DType,
     device: &Device,
     label: &str,
 ) -> Result<InvarianceReport, RecordError> {
@@ -44,7 +45,7 @@ pub fn gpt(
         )));
     }
     let _spans = span_scopes_on_this_thread();
-    let (model, varmap) = config.build(device)?;
+    let (model, varmap) = config.build_in(device, dtype)?;
     let capture = ModelCapture::new(&varmap);
     let tokens = config.context - room;
     let mut windows: Vec<Vec<u32>> =
@@ -58,10 +59,11 @@ pub fn gpt(
         paddings: paddings.clone(),
         chunks: runs.chunks.clone(),
         subject: format!(
-            "gpt ({} layers, width {}, seed {}, untrained{})",
+            "gpt ({} layers, width {}, seed {}, untrained{}{})",
             config.layers,
             config.width,
             config.seed,
+            if dtype == candle_core::DType::BF16 { ", bf16" } else { "" },
             if config.batch_invariant { ", batch-invariant kernels" } else { "" }
         ),
         device_label: label.into(),

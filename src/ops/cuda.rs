@@ -76,6 +76,23 @@ fn ptx() -> Result<&'static str> {
     ptx.as_deref().map_err(|e| Error::Msg(e.clone()))
 }
 
+const TENSOR_CORE_SOURCE: &str = include_str!("../../kernels/matmul_bf16.cu");
+const TENSOR_CORE_MODULE: &str = "repro_tensor_core";
+
+/// The tensor-core kernels' PTX (kernels/matmul_bf16.cu), compiled once per process for
+/// compute_80: a module of their own, so that GPUs older than that still load the others.
+fn tensor_core_ptx() -> Result<&'static str> {
+    static PTX: OnceLock<std::result::Result<String, String>> = OnceLock::new();
+    let ptx = PTX.get_or_init(|| {
+        let options =
+            candle_core::cuda_backend::cudarc::nvrtc::CompileOptions { arch: Some("compute_80"), ..Default::default() };
+        candle_core::cuda_backend::cudarc::nvrtc::compile_ptx_with_opts(TENSOR_CORE_SOURCE, options)
+            .map(|ptx| ptx.to_src())
+            .map_err(|e| format!("compiling kernels/matmul_bf16.cu with NVRTC failed: {e}"))
+    });
+    ptx.as_deref().map_err(|e| Error::Msg(e.clone()))
+}
+
 fn grid(n: u64, block: u32) -> LaunchConfig {
     let blocks = n.div_ceil(block as u64).clamp(1, 65_535 * 8) as u32;
     LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (block, 1, 1), shared_mem_bytes: 0 }
@@ -903,6 +920,96 @@ pub(crate) fn matmul_f32_fixed(
     }
     for s in [&a_z, &a_m, &a_k, &b_z, &b_k, &b_n] {
         l.arg(s);
+    }
+    unsafe { l.launch(cfg) }.w()?;
+    Ok(CudaStorage::wrap_cuda_slice(out, dev))
+}
+
+/// Tiles of the tensor-core kernels (kernels/matmul_bf16.cu): 128 x 128 outputs a block of
+/// 256 threads.
+const TC_TILE: usize = 128;
+
+/// The tensor-core kernels: name, and shared memory (3 slices in flight x both operands' 128
+/// rows x (slice depth + 8 padding) x 2 bytes). The first is the one products use; the other
+/// tiles K otherwise, and must give the same bits (gpu-check).
+pub const TENSOR_CORE_VARIANTS: [(&str, usize); 2] =
+    [("matmul_bf16_fixed", 3 * 256 * 72 * 2), ("matmul_bf16_fixed_k32", 3 * 256 * 40 * 2)];
+
+/// `a @ wt` for 2-d bf16 `a` `[M, K]` and `wt` `[K, N]` with K contiguous in both (a linear
+/// layer's transposed weight), by tensor-core kernel `variant` of `TENSOR_CORE_VARIANTS`: for
+/// gpu-check's comparison of the variants' bits.
+pub fn matmul_bf16_variant(a: &Tensor, wt: &Tensor, variant: usize) -> Result<Tensor> {
+    let (m, k) = a.dims2()?;
+    let (_, n) = wt.dims2()?;
+    let plan = super::MatmulPlan {
+        batch: 1,
+        m,
+        n,
+        k,
+        a_strides: [0, a.stride()[0], a.stride()[1]],
+        b_strides: [0, wt.stride()[0], wt.stride()[1]],
+    };
+    let (sa, la) = a.storage_and_layout();
+    let (sb, lb) = wt.storage_and_layout();
+    let (Storage::Cuda(sa), Storage::Cuda(sb)) = (&*sa, &*sb) else {
+        return Err(Error::Msg("matmul_bf16_variant needs CUDA tensors".into()));
+    };
+    let out = matmul_bf16_fixed(sa, la, sb, lb, &plan, variant)?;
+    Ok(Tensor::from_storage(Storage::Cuda(out), (m, n), candle_core::op::BackpropOp::none(), false))
+}
+
+/// The batch-invariant bf16 product on tensor cores (`matmul_bf16_fixed`) into a new
+/// contiguous `[batch, m, n]` device buffer. Both operands must have K contiguous (a_k and
+/// b_k of 1), K a multiple of 8, and every row 16-byte aligned: `ops::invariant::matmul`
+/// prepares them so. `variant` indexes `TENSOR_CORE_VARIANTS` (0 for products).
+pub(crate) fn matmul_bf16_fixed(
+    a: &CudaStorage,
+    a_layout: &Layout,
+    b: &CudaStorage,
+    b_layout: &Layout,
+    shape: &super::MatmulPlan,
+    variant: usize,
+) -> Result<CudaStorage> {
+    let (kernel, shared_bytes) = TENSOR_CORE_VARIANTS[variant];
+    let [a_z, a_m, a_k] = shape.a_strides;
+    let [b_z, b_k, b_n] = shape.b_strides;
+    let aligned = |x: usize| x % 8 == 0;
+    if a_k != 1
+        || b_k != 1
+        || !aligned(shape.k)
+        || ![a_z, a_m, b_z, b_n, a_layout.start_offset(), b_layout.start_offset()].into_iter().all(aligned)
+    {
+        return Err(Error::Msg(format!(
+            "the tensor-core matmul needs K contiguous, a multiple of 8, and 16-byte aligned rows; got K {} and strides {:?}, {:?}",
+            shape.k, shape.a_strides, shape.b_strides
+        )));
+    }
+    let dev = a.device().clone();
+    let a = a.as_cuda_slice::<half::bf16>()?.slice(a_layout.start_offset()..);
+    let b = b.as_cuda_slice::<half::bf16>()?.slice(b_layout.start_offset()..);
+    // Every element is written by the kernel.
+    let mut out = unsafe { dev.alloc::<half::bf16>(shape.batch * shape.m * shape.n) }?;
+    let func = dev.get_or_load_custom_func(kernel, TENSOR_CORE_MODULE, tensor_core_ptx()?)?;
+    let stream = dev.cuda_stream();
+    let func = func.into_cuda_function();
+    func.set_attribute(
+        candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+        shared_bytes as i32,
+    )
+    .w()?;
+    let tiles = |x: usize| x.div_ceil(TC_TILE) as u32;
+    let cfg = LaunchConfig {
+        grid_dim: (tiles(shape.n), tiles(shape.m), shape.batch as u32),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: shared_bytes as u32,
+    };
+    let args = [shape.m, shape.n, shape.k, a_z, a_m, b_z, b_n].map(|d| d as u64);
+    let mut l = stream.launch_builder(&func);
+    l.arg(&a);
+    l.arg(&b);
+    l.arg(&mut out);
+    for d in &args {
+        l.arg(d);
     }
     unsafe { l.launch(cfg) }.w()?;
     Ok(CudaStorage::wrap_cuda_slice(out, dev))

@@ -8,12 +8,15 @@
 //! reduction by problem size (cuBLAS's split-K, a block reduction sized by the row), which is
 //! what makes a sequence's logits depend on its batch.
 //!
-//! F32 only, CPU and CUDA, with backward passes made of the same ops (so gradients are
-//! batch-invariant too).
+//! F32 and BF16, CPU and CUDA, with backward passes made of the same ops (so gradients are
+//! batch-invariant too). BF16 products run on the GPU's tensor cores (kernels/matmul_bf16.cu):
+//! f32 accumulators take the tensor core's 16-deep steps over K in order, with no split of K
+//! whatever the problem's size, and round to bf16 once. On the CPU a bf16 product adds in f32,
+//! k in order, and rounds once (the products of two bf16 values are exact in f32).
 
 use super::MatmulPlan;
 use candle_core::backend::BackendStorage;
-use candle_core::{CpuStorage, CustomOp1, CustomOp2, Error, Layout, Result, Shape, Tensor, D};
+use candle_core::{CpuStorage, CustomOp1, CustomOp2, DType, Error, Layout, Result, Shape, Tensor, D};
 use rayon::prelude::*;
 
 /// `a @ b` over the last two dimensions, batch-invariant. `a` is `[..., M, K]`; `b` is
@@ -29,16 +32,50 @@ pub fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     }
     let lead = &a_dims[..a_dims.len() - 2];
     let batch: usize = lead.iter().product();
-    let as3 = |t: &Tensor, batch: usize| -> Result<Tensor> {
-        let (rows, cols) = (t.dim(D::Minus2)?, t.dim(D::Minus1)?);
-        // A reshape keeps a strided view where it can and copies where it must.
-        t.reshape((batch, rows, cols))
-    };
-    let b_batch = if b.rank() == 2 { 1 } else { batch };
-    let out = as3(a, batch)?.apply_op2(&as3(b, b_batch)?, FixedMatmul)?;
+    let (a3, b3) = (as3(a, batch)?, if b.rank() == 2 { b.unsqueeze(0)? } else { as3(b, batch)? });
+    let (a3, b3) =
+        if a.dtype() == DType::BF16 && a.device().is_cuda() { tensor_core_operands(&a3, &b3)? } else { (a3, b3) };
+    let out = a3.apply_op2(&b3, FixedMatmul)?;
     let mut dims = lead.to_vec();
     dims.extend([a.dim(D::Minus2)?, b.dim(D::Minus1)?]);
     out.reshape(dims)
+}
+
+/// `t` as `[batch, rows, cols]`: a view with its strides where it has no leading dimensions or
+/// one, else a reshape (which copies a strided tensor).
+fn as3(t: &Tensor, batch: usize) -> Result<Tensor> {
+    match t.rank() {
+        2 => t.unsqueeze(0),
+        3 => Ok(t.clone()),
+        _ => t.reshape((batch, t.dim(D::Minus2)?, t.dim(D::Minus1)?)),
+    }
+}
+
+/// 3-d operands laid out as the tensor-core kernel reads them, with the same product: K padded
+/// with zeros to a multiple of 8 (the padding depends on K alone, so on no batch), `a` with K
+/// contiguous, `b` with K contiguous (a linear layer's transposed weight already is), and
+/// rows starting 16-byte aligned.
+fn tensor_core_operands(a: &Tensor, b: &Tensor) -> Result<(Tensor, Tensor)> {
+    let k = a.dim(D::Minus1)?;
+    let pad = k.next_multiple_of(8) - k;
+    let (mut a, mut b) = (a.clone(), b.clone());
+    if pad > 0 {
+        a = a.pad_with_zeros(D::Minus1, 0, pad)?;
+        b = b.pad_with_zeros(D::Minus2, 0, pad)?;
+    }
+    let aligned = |t: &Tensor, k_dim: usize| {
+        let (start, strides) = (t.layout().start_offset(), t.stride());
+        strides[k_dim] == 1 && start % 8 == 0 && strides.iter().enumerate().all(|(d, s)| d == k_dim || s % 8 == 0)
+    };
+    let (a_k, b_k) = (a.rank() - 1, b.rank() - 2);
+    if !aligned(&a, a_k) {
+        a = a.copy()?.contiguous()?;
+    }
+    if !aligned(&b, b_k) {
+        // Stored as bᵀ, K contiguous; read back through a transposed view.
+        b = b.transpose(D::Minus1, D::Minus2)?.contiguous()?.copy()?.transpose(D::Minus1, D::Minus2)?;
+    }
+    Ok((a, b))
 }
 
 /// Sums over the last dimension, keeping it (size 1), each row added left to right.
@@ -47,8 +84,11 @@ pub fn sum_last_keepdim(x: &Tensor) -> Result<Tensor> {
 }
 
 /// Softmax over the last dimension with the row sum of `sum_last_keepdim` (the maximum is
-/// exact in any order).
+/// exact in any order). Other dtypes than F32 are computed in F32 and rounded back.
 pub fn softmax_last_dim(x: &Tensor) -> Result<Tensor> {
+    if x.dtype() != DType::F32 {
+        return softmax_last_dim(&x.to_dtype(DType::F32)?)?.to_dtype(x.dtype());
+    }
     let max = x.max_keepdim(D::Minus1)?;
     let e = x.broadcast_sub(&max)?.exp()?;
     e.broadcast_div(&sum_last_keepdim(&e)?)
@@ -77,11 +117,23 @@ fn matmul_shape(a: &Layout, b: &Layout) -> Result<MatmulPlan> {
     })
 }
 
-fn f32_storage<'a>(op: &str, storage: &'a CpuStorage) -> Result<&'a [f32]> {
-    match storage {
-        CpuStorage::F32(values) => Ok(values),
-        other => Err(Error::Msg(format!("{op} supports F32 only, got {:?}", other.dtype()))),
-    }
+/// The product on the CPU: one output row per task, each element's sum over k in order (how
+/// rows are spread over threads never changes a row's sums).
+fn cpu_matmul(p: &MatmulPlan, a: &[f32], b: &[f32]) -> Vec<f32> {
+    let [a_z, a_m, a_k] = p.a_strides;
+    let [b_z, b_k, b_n] = p.b_strides;
+    let mut out = vec![0f32; p.batch * p.m * p.n];
+    out.par_chunks_mut(p.n.max(1)).enumerate().for_each(|(row, c)| {
+        let (z, i) = (row / p.m, row % p.m);
+        for k in 0..p.k {
+            let aik = a[z * a_z + i * a_m + k * a_k];
+            let b_row = z * b_z + k * b_k;
+            for (j, c) in c.iter_mut().enumerate() {
+                *c += aik * b[b_row + j * b_n];
+            }
+        }
+    });
+    out
 }
 
 impl CustomOp2 for FixedMatmul {
@@ -91,23 +143,25 @@ impl CustomOp2 for FixedMatmul {
 
     fn cpu_fwd(&self, s1: &CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout) -> Result<(CpuStorage, Shape)> {
         let p = matmul_shape(l1, l2)?;
-        let a = &f32_storage(self.name(), s1)?[l1.start_offset()..];
-        let b = &f32_storage(self.name(), s2)?[l2.start_offset()..];
-        let [a_z, a_m, a_k] = p.a_strides;
-        let [b_z, b_k, b_n] = p.b_strides;
-        let mut out = vec![0f32; p.batch * p.m * p.n];
-        // One output row per task: how rows are spread over threads never changes a row's sums.
-        out.par_chunks_mut(p.n.max(1)).enumerate().for_each(|(row, c)| {
-            let (z, i) = (row / p.m, row % p.m);
-            for k in 0..p.k {
-                let aik = a[z * a_z + i * a_m + k * a_k];
-                let b_row = z * b_z + k * b_k;
-                for (j, c) in c.iter_mut().enumerate() {
-                    *c += aik * b[b_row + j * b_n];
-                }
+        let out = match (s1, s2) {
+            (CpuStorage::F32(a), CpuStorage::F32(b)) => {
+                CpuStorage::F32(cpu_matmul(&p, &a[l1.start_offset()..], &b[l2.start_offset()..]))
             }
-        });
-        Ok((CpuStorage::F32(out), Shape::from((p.batch, p.m, p.n))))
+            (CpuStorage::BF16(a), CpuStorage::BF16(b)) => {
+                let widen = |v: &[half::bf16]| v.iter().map(|x| x.to_f32()).collect::<Vec<f32>>();
+                let (a, b) = (widen(&a[l1.start_offset()..]), widen(&b[l2.start_offset()..]));
+                CpuStorage::BF16(cpu_matmul(&p, &a, &b).into_iter().map(half::bf16::from_f32).collect())
+            }
+            (a, b) => {
+                return Err(Error::Msg(format!(
+                    "{} supports F32 and BF16 operands of one dtype, got {:?} and {:?}",
+                    self.name(),
+                    a.dtype(),
+                    b.dtype()
+                )))
+            }
+        };
+        Ok((out, Shape::from((p.batch, p.m, p.n))))
     }
 
     #[cfg(feature = "cuda")]
@@ -119,7 +173,16 @@ impl CustomOp2 for FixedMatmul {
         l2: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
         let p = matmul_shape(l1, l2)?;
-        let out = super::cuda::matmul_f32_fixed(s1, l1, s2, l2, &p)?;
+        let out = match (s1.dtype(), s2.dtype()) {
+            (DType::F32, DType::F32) => super::cuda::matmul_f32_fixed(s1, l1, s2, l2, &p)?,
+            (DType::BF16, DType::BF16) => super::cuda::matmul_bf16_fixed(s1, l1, s2, l2, &p, 0)?,
+            (a, b) => {
+                return Err(Error::Msg(format!(
+                    "{} supports F32 and BF16 operands of one dtype, got {a:?} and {b:?}",
+                    self.name()
+                )))
+            }
+        };
         Ok((out, Shape::from((p.batch, p.m, p.n))))
     }
 
@@ -236,6 +299,62 @@ mod tests {
         let mut zeros_after = row.clone();
         zeros_after.extend([0.0; 13]);
         assert_eq!(bits(&sums(row.clone(), k)), bits(&sums(zeros_after, k + 13)));
+    }
+
+    #[test]
+    fn a_bf16_row_s_product_does_not_depend_on_its_batch_and_rounds_once() {
+        let dev = Device::Cpu;
+        let (k, n) = (77, 9);
+        let bf16 = |v: Vec<f32>, shape: (usize, usize)| {
+            Tensor::from_vec(v, shape, &dev).unwrap().to_dtype(DType::BF16).unwrap()
+        };
+        let w = bf16(values(n * k, 3), (n, k));
+        let row = values(k, 8);
+        let alone = matmul(&bf16(row.clone(), (1, k)), &w.t().unwrap()).unwrap();
+        assert_eq!(alone.dtype(), DType::BF16);
+        let as_bits = |t: &Tensor| {
+            t.flatten_all().unwrap().to_vec1::<half::bf16>().unwrap().iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        };
+        for batch in [3, 64] {
+            let mut rows = values((batch - 1) * k, batch);
+            rows.extend(&row);
+            let batched = matmul(&bf16(rows, (batch, k)), &w.t().unwrap()).unwrap();
+            assert_eq!(as_bits(&batched.get(batch - 1).unwrap()), as_bits(&alone.get(0).unwrap()), "batch {batch}");
+        }
+        // One rounding of the f32 sum: the f32 product of the same (bf16-exact) values, rounded.
+        let f32 = |t: &Tensor| t.to_dtype(DType::F32).unwrap();
+        let exact = matmul(&f32(&bf16(row, (1, k))), &f32(&w).t().unwrap()).unwrap();
+        assert_eq!(as_bits(&exact.to_dtype(DType::BF16).unwrap()), as_bits(&alone));
+        // Softmax in bf16 goes through f32 and keeps the dtype.
+        let s = softmax_last_dim(&alone).unwrap();
+        assert_eq!(s.dtype(), DType::BF16);
+        let total = s.to_dtype(DType::F32).unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap();
+        assert!((total - 1.0).abs() < 0.02, "{total}");
+    }
+
+    #[test]
+    fn tensor_core_operands_have_k_contiguous_padded_and_aligned_and_the_same_product() {
+        let dev = Device::Cpu;
+        let (z, m, k, n) = (2, 5, 13, 6);
+        let a = Tensor::from_vec(values(z * m * k, 1), (z, m, k), &dev).unwrap().to_dtype(DType::BF16).unwrap();
+        // b with N contiguous (as attention's values are): it must be stored transposed.
+        let b = Tensor::from_vec(values(z * k * n, 2), (z, k, n), &dev).unwrap().to_dtype(DType::BF16).unwrap();
+        let (pa, pb) = tensor_core_operands(&a.narrow(1, 1, 4).unwrap(), &b).unwrap();
+        assert_eq!((pa.dims(), pb.dims()), (&[z, 4, 16][..], &[z, 16, n][..]), "K padded to a multiple of 8");
+        assert_eq!(pa.stride()[2], 1);
+        assert_eq!(pb.stride()[1], 1, "b's K contiguous");
+        for t in [&pa, &pb] {
+            assert_eq!(t.layout().start_offset() % 8, 0);
+        }
+        let bits = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<half::bf16>().unwrap();
+        let product = |x: &Tensor, y: &Tensor| x.apply_op2(y, FixedMatmul).unwrap();
+        let expected = product(&a.narrow(1, 1, 4).unwrap(), &b);
+        assert_eq!(bits(&product(&pa, &pb)), bits(&expected), "appended zeros change nothing");
+        // A linear layer's transposed weight is taken as it is.
+        let w = Tensor::from_vec(values(n * 16, 4), (n, 16), &dev).unwrap().to_dtype(DType::BF16).unwrap();
+        let wt = w.t().unwrap().unsqueeze(0).unwrap();
+        let (_, pw) = tensor_core_operands(&pa, &wt).unwrap();
+        assert_eq!(pw.stride(), wt.stride());
     }
 
     #[test]

@@ -210,9 +210,15 @@ fn qwen2_runs_in_bf16_and_a_bf16_baseline_keeps_its_dtype() {
     assert_eq!(logits["dtype"], "BF16", "{logits}");
     let gate = repro(&["gate", "--baseline", crate::util::s(&base)]);
     assert_eq!(gate.code, 0, "{}{}", gate.stdout, gate.stderr);
-    let run = repro(&["invariance", "--workload", "gpt", "--dtype", "bf16"]);
+    // The gpt trains in f32, and its forward pass runs in bf16 for the check.
+    let run =
+        repro(&["record", "--workload", "gpt", "--dtype", "bf16", "--out", crate::util::s(&dir.path().join("g"))]);
     assert_eq!(run.code, 2);
     assert!(run.stderr.contains("gpt trains in f32"), "{}", run.stderr);
+    let run = repro(&["invariance", "--workload", "gpt", "--dtype", "bf16", "--batch-sizes", "1,2", "--json"]);
+    assert!(run.code <= 1, "{}{}", run.stdout, run.stderr);
+    let v = json(&run.stdout);
+    assert!(v["subject"].as_str().unwrap().contains("bf16"), "{v}");
 }
 
 #[test]

@@ -222,8 +222,24 @@ impl GptConfig {
     /// approximated by a uniform of the same spread for matrices and embeddings, ones and zeros
     /// for norms and biases; keyed by parameter name, so identical on every device.
     pub fn build(&self, device: &Device) -> Result<(Gpt, VarMap), RecordError> {
+        self.build_in(device, DType::F32)
+    }
+
+    /// The model for forward passes only: `build_in`'s weights as plain tensors, not
+    /// variables, so a pass records no graph and frees each activation once the next op has
+    /// read it (with variables every activation stays alive until the output is dropped).
+    pub fn build_for_inference(&self, device: &Device, dtype: DType) -> Result<Gpt, RecordError> {
+        let (_, varmap) = self.build_in(device, dtype)?;
+        let weights: std::collections::HashMap<String, Tensor> =
+            sorted_vars(&varmap).into_iter().map(|(name, var)| (name, var.as_detached_tensor())).collect();
+        Ok(Gpt::new(self.shape(), VarBuilder::from_tensors(weights, dtype, device))?)
+    }
+
+    /// `build`, with the parameters (and so the activations) in `dtype`: the f32 initial
+    /// values rounded to it. For forward passes; training is in f32.
+    pub fn build_in(&self, device: &Device, dtype: DType) -> Result<(Gpt, VarMap), RecordError> {
         let mut varmap = VarMap::new();
-        let model = Gpt::new(self.shape(), VarBuilder::from_varmap(&varmap, DType::F32, device))?;
+        let model = Gpt::new(self.shape(), VarBuilder::from_varmap(&varmap, dtype, device))?;
         let params: Vec<(String, Vec<usize>)> =
             sorted_vars(&varmap).into_iter().map(|(name, var)| (name, var.dims().to_vec())).collect();
         let spread = 0.02 * 3f64.sqrt();
@@ -236,7 +252,7 @@ impl GptConfig {
             } else {
                 uniform_vec(&mut stream(self.seed, &format!("gpt.init.{name}"), 0), n, -spread, spread)
             };
-            varmap.set_one(&name, Tensor::from_vec(values, dims, &Device::Cpu)?.to_device(device)?)?;
+            varmap.set_one(&name, Tensor::from_vec(values, dims, &Device::Cpu)?.to_dtype(dtype)?.to_device(device)?)?;
         }
         Ok((model, varmap))
     }

@@ -288,7 +288,7 @@ impl Gpt {
         let device = tokens.device();
         let positions = Tensor::arange(offset as u32, (offset + t) as u32, device)?;
         let mut x = self.wte.forward(tokens)?.broadcast_add(&self.wpe.forward(&positions)?)?;
-        let mask = causal_mask(t, offset, device)?;
+        let mask = causal_mask(t, offset, device)?.to_dtype(x.dtype())?;
         for (i, block) in self.blocks.iter().enumerate() {
             x = block.forward(&x, &mask, cache.as_mut().map(|c| &mut c[i]))?;
         }
