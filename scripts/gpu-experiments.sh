@@ -19,7 +19,8 @@
 # `studyfixtures` (atomic cnn traces for fixtures/), `gpt-studies` (noise, devices and cost on
 # the gpt; GPT_RUNS, GPT_STEPS), `gptfixtures`, `ab` (overhead and traces of this binary against REPRO_BASE's), `views` (a small gpt trace whose parameter views are checked on the CPU), `invariance` (gpt default and --batch-invariant with its cost, qwen2 f32 and bf16), `order` (study order, mlp and cnn; ORDER_RUNS), `noise-hw` (cnn noise study with TF32 off and on; NOISE_RUNS), `noise-subgroups` (mlp on the subgroups dataset; SUBGROUP_RUNS), `tensorcore` (the bf16
 # invariant product's checks and TFLOPS, and the gpt's bf16 invariant-mode cost at GPT-2 sizes;
-# COST_PASSES, COST_BATCHES), not run by default. `gpt`: the
+# COST_PASSES, COST_BATCHES), `invariance-large` (Qwen2-0.5B and the GPT-2-medium-shaped gpt
+# at batches up to 256), not run by default. `gpt`: the
 # transformer recorded by automatic capture (same-seed GPU runs, CPU vs GPU, Qwen2, fixtures). Results land in OUT_DIR:
 # summary.md (everything printed), results.tar.gz (all outputs), fixtures.tar.gz.
 set -uo pipefail
@@ -398,6 +399,23 @@ if want tensorcore; then
     # shellcheck disable=SC2086
     "$repro" invariance --workload gpt $size --dtype bf16 --device cuda:0 --cost "${COST_PASSES:-10}" \
       --batch-sizes "${COST_BATCHES:-1,8,64,128,256}" 2>&1 | tee -a "$summary"
+    say '```'
+  done
+fi
+# Batch invariance at real sizes, batches up to 256: logits from passes that keep no graph, ops
+# compared where the whole graph fits (issue 31, section 3).
+if want invariance-large; then
+  section "Batch invariance on cuda:0: Qwen2-0.5B shape, bf16, 512 tokens, batches up to 256"
+  say '```'
+  "$repro" invariance --workload qwen2 --shape qwen2-0.5b --layers 24 --dtype bf16 --context 512 --device cuda:0 \
+    --batch-sizes 1,8,64,128,256 --paddings 0 --chunks 0 2>&1 | tee -a "$summary"
+  say '```'
+  for mode in "" --batch-invariant; do
+    section "Batch invariance on cuda:0: GPT-2-medium-shaped gpt ${mode:-default kernels}, f32, context 512, batches up to 256"
+    say '```'
+    # shellcheck disable=SC2086
+    "$repro" invariance --workload gpt --layers 24 --width 1024 --heads 16 --context 512 $mode --device cuda:0 \
+      --batch-sizes 1,8,64,256 --paddings 0 --chunks 0 2>&1 | tee -a "$summary"
     say '```'
   done
 fi

@@ -71,6 +71,12 @@ impl ModelCapture {
         self.graph_after(root, None)
     }
 
+    /// Forgets the scopes entered on this thread since the last graph was taken: those of a
+    /// pass whose graph is not captured (which would otherwise number the next pass's anew).
+    pub(crate) fn forget_scopes(&self) {
+        take_step();
+    }
+
     /// `graph`, keeping only the variables and the tensors created after the tensor numbered
     /// `after` (see `graph_nodes`).
     pub(crate) fn graph_after(&self, root: &Tensor, after: Option<u64>) -> Result<Vec<GraphNode>, RecordError> {

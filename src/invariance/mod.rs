@@ -67,6 +67,29 @@ struct Piece {
 impl InvarianceCheck<'_> {
     /// Runs `forward` on every batching and compares each with the sequence alone.
     pub fn run(&self, device: &Device, forward: &mut Forward) -> Result<InvarianceReport, RecordError> {
+        self.run_with(device, forward, None)
+    }
+
+    /// `run`, with `plain`: the same model built with its weights as plain tensors (not the
+    /// `VarMap`'s variables), whose passes keep no graph. Every batching's logits then come
+    /// from `plain`, which needs the memory of one op's output at a time; its ops are compared
+    /// when the pass that keeps them all fits in memory too, and are listed as not compared
+    /// (with why) when it fails. So batches far larger than a whole graph fits are checked.
+    pub fn run_with_plain(
+        &self,
+        device: &Device,
+        forward: &mut Forward,
+        plain: &mut Forward,
+    ) -> Result<InvarianceReport, RecordError> {
+        self.run_with(device, forward, Some(plain))
+    }
+
+    fn run_with(
+        &self,
+        device: &Device,
+        forward: &mut Forward,
+        mut plain: Option<&mut Forward>,
+    ) -> Result<InvarianceReport, RecordError> {
         if self.sequence.is_empty() || self.fillers.is_empty() {
             return Err(RecordError::Unsupported("an invariance check needs a sequence and filler sequences".into()));
         }
@@ -96,6 +119,19 @@ impl InvarianceCheck<'_> {
                 unmatched: Vec::new(),
                 op_max_ulp: vec![None; ops.len()],
                 error: None,
+                ops_skipped: None,
+            };
+            // The sequence's logits from the passes that keep no graph, when there are such.
+            let plain_logits = match plain.as_deref_mut() {
+                Some(plain) => match self.plain_logits(device, batching, &root.tensor, plain) {
+                    Ok(logits) => Some(logits),
+                    Err(e) => {
+                        result.error = Some(format!("the forward pass failed: {e}"));
+                        results.push(result);
+                        continue;
+                    }
+                },
+                None => None,
             };
             // The sequence's logits, piece after piece; `None` once a piece's cannot be cut.
             let mut logits: Option<Vec<u8>> = Some(Vec::new());
@@ -105,6 +141,15 @@ impl InvarianceCheck<'_> {
                 // cache path) fails that batching, not the check.
                 let pass = match self.pass(device, batching, piece, forward) {
                     Ok((pass, _)) => pass,
+                    Err(e) if plain_logits.is_some() => {
+                        // The logits are known: only the op-by-op comparison is lost.
+                        result.ops_skipped =
+                            Some(format!("keeping every op of the pass from token {} failed: {e}", piece.offset));
+                        result.first_op = None;
+                        result.op_max_ulp = vec![None; ops.len()];
+                        differs.iter_mut().for_each(|d| *d = false);
+                        break;
+                    }
                     Err(e) => {
                         result.error = Some(format!("the forward pass from token {} failed: {e}", piece.offset));
                         logits = None;
@@ -120,6 +165,10 @@ impl InvarianceCheck<'_> {
             }
             result.ops_differing = differs.iter().filter(|&&d| d).count();
             result.ops_compared = result.op_max_ulp.iter().filter(|u| u.is_some()).count();
+            let logits = match plain_logits {
+                Some(plain) => plain,
+                None => logits,
+            };
             if let Some(logits) = logits.filter(|l| l.len() == reference_logits.len()) {
                 let dtype = trace_dtype(root.tensor.dtype())?;
                 let metrics = compare(dtype, &reference_logits, &logits);
@@ -170,6 +219,31 @@ impl InvarianceCheck<'_> {
         (0..tokens).step_by(chunk).map(|offset| Piece { offset, len: chunk.min(tokens - offset) }).collect()
     }
 
+    /// The sequence's logits in `batching` from `plain`'s passes (which keep no graph), cut
+    /// as the root op is (`reference_root`: the logits of the sequence alone); `None` when a
+    /// piece's cannot be cut.
+    fn plain_logits(
+        &self,
+        device: &Device,
+        batching: Batching,
+        reference_root: &Tensor,
+        plain: &mut Forward,
+    ) -> Result<Option<Vec<u8>>, RecordError> {
+        let tokens = self.sequence.len();
+        let mut all = Vec::new();
+        for piece in self.pieces(batching) {
+            let logits = plain(&self.token_ids(device, batching, piece)?, piece.offset);
+            // Its scopes are not the next graph pass's.
+            self.capture.forget_scopes();
+            let logits = logits?;
+            match cut(reference_root, &logits, Run { batching, piece, tokens })? {
+                Some((_, ours)) => with_canonical_bytes(&ours, |bytes| all.extend_from_slice(bytes))?,
+                None => return Ok(None),
+            }
+        }
+        Ok(Some(all))
+    }
+
     /// One forward pass: its ops (parameters and the graph of earlier passes that a KV cache
     /// links in left out; the root, the logits, last) and the number of parameters its graph
     /// reaches.
@@ -180,6 +254,18 @@ impl InvarianceCheck<'_> {
         piece: Piece,
         forward: &mut Forward,
     ) -> Result<(Vec<GraphNode>, usize), RecordError> {
+        let tokens = self.token_ids(device, batching, piece)?;
+        // Every tensor this pass creates has a higher id than its input's.
+        let first = tensor_number(&tokens);
+        let logits = forward(&tokens, piece.offset)?;
+        let nodes = self.capture.graph_after(&logits, Some(first))?;
+        let parameters = nodes.iter().filter(|n| n.is_variable).count();
+        Ok((nodes.into_iter().filter(|n| !n.is_variable).collect(), parameters))
+    }
+
+    /// The token ids `[batch, len]` of one pass: the sequence's piece in its row, fillers'
+    /// in the others, and the batching's padding after each.
+    fn token_ids(&self, device: &Device, batching: Batching, piece: Piece) -> Result<Tensor, RecordError> {
         let len = piece.len + batching.padding;
         let pad = self.fillers[0].iter().cycle();
         let mut ids: Vec<u32> = Vec::with_capacity(batching.batch * len);
@@ -188,13 +274,7 @@ impl InvarianceCheck<'_> {
                 if row == batching.position { &self.sequence } else { &self.fillers[row % self.fillers.len()] };
             ids.extend(tokens[piece.offset..piece.offset + piece.len].iter().chain(pad.clone()).take(len));
         }
-        let tokens = Tensor::from_vec(ids, (batching.batch, len), &Device::Cpu)?.to_device(device)?;
-        // Every tensor this pass creates has a higher id than its input's.
-        let first = tensor_number(&tokens);
-        let logits = forward(&tokens, piece.offset)?;
-        let nodes = self.capture.graph_after(&logits, Some(first))?;
-        let parameters = nodes.iter().filter(|n| n.is_variable).count();
-        Ok((nodes.into_iter().filter(|n| !n.is_variable).collect(), parameters))
+        Ok(Tensor::from_vec(ids, (batching.batch, len), &Device::Cpu)?.to_device(device)?)
     }
 }
 
@@ -425,12 +505,22 @@ mod tests {
     /// sums the row scaled by 3 and divides by 3 afterwards: the same ops, the same graph, other
     /// rounding, as a kernel choosing its variant by problem size does; then a linear head.
     fn planted(plant: Plant, chunks: &[usize]) -> Result<InvarianceReport, RecordError> {
+        planted_with(plant, chunks, None)
+    }
+
+    /// `planted`; with `graph_fails_from: Some(b)`, the graph-keeping pass fails (as out of
+    /// memory) at batch b and above, and a plain pass gives the logits.
+    fn planted_with(
+        plant: Plant,
+        chunks: &[usize],
+        graph_fails_from: Option<usize>,
+    ) -> Result<InvarianceReport, RecordError> {
         let varmap = VarMap::new();
         let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
         let embedding = candle_nn::embedding(256, 64, vb.pp("embed"))?;
         let head = candle_nn::linear(1, 8, vb.pp("head"))?;
         let capture = ModelCapture::new(&varmap);
-        let mut forward = |tokens: &Tensor, offset: usize| -> Result<Tensor, RecordError> {
+        let run = |tokens: &Tensor, offset: usize| -> Result<Tensor, RecordError> {
             let x = scope("embed", || embedding.forward(tokens))?;
             let (batch, len) = tokens.dims2()?;
             if plant == Plant::FailingChunks && offset > 0 && len > 1 {
@@ -460,7 +550,33 @@ mod tests {
             subject: "planted".into(),
             device_label: "cpu".into(),
         };
-        check.run(&Device::Cpu, &mut forward)
+        let mut forward = |tokens: &Tensor, offset: usize| match graph_fails_from {
+            Some(b) if tokens.dim(0)? >= b => Err(RecordError::Unsupported("out of memory".into())),
+            _ => run(tokens, offset),
+        };
+        match graph_fails_from {
+            Some(_) => check.run_with_plain(&Device::Cpu, &mut forward, &mut |t, o| run(&t.clone(), o)),
+            None => check.run(&Device::Cpu, &mut forward),
+        }
+    }
+
+    #[test]
+    fn batchings_whose_graph_does_not_fit_still_compare_their_logits() {
+        let report = planted_with(Plant::FromBatch4, &[], Some(8)).unwrap();
+        let at = |batch: usize| report.results.iter().find(|r| r.batching.batch == batch).unwrap();
+        // Batch 8's graph "ran out of memory": its ops were not compared, its logits were, and
+        // they differ (the planted reduction rounds otherwise from batch 4).
+        let eight = at(8);
+        assert!(eight.error.is_none(), "{:?}", eight.error);
+        assert!(eight.ops_skipped.as_deref().unwrap().contains("out of memory"));
+        assert_eq!((eight.ops_compared, eight.first_op.is_none()), (0, true));
+        assert!(!eight.logits_identical && eight.logits.is_some());
+        // Below it, ops compared as usual, and the cause found.
+        let four = at(4);
+        assert!(four.ops_skipped.is_none() && four.ops_compared > 0);
+        assert!(four.first_op.as_ref().unwrap().name.starts_with("planted"), "{four:?}");
+        assert!(at(2).logits_identical && at(2).ops_compared > 0);
+        assert_eq!(report.failed(), 0, "no batching failed");
     }
 
     #[test]

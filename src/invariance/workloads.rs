@@ -68,13 +68,25 @@ pub fn gpt(
         ),
         device_label: label.into(),
     };
-    let mut cache = KvCache::default();
-    check.run(device, &mut |tokens, offset| {
-        if offset == 0 {
-            cache = KvCache::default();
-        }
-        Ok(model.forward_cached(tokens, &mut cache)?)
-    })
+    // The same weights as plain tensors: passes that keep no graph give every batching's
+    // logits, however large the batch.
+    let plain = config.build_for_inference(device, dtype)?;
+    let (mut cache, mut plain_cache) = (KvCache::default(), KvCache::default());
+    check.run_with_plain(
+        device,
+        &mut |tokens, offset| {
+            if offset == 0 {
+                cache = KvCache::default();
+            }
+            Ok(model.forward_cached(tokens, &mut cache)?)
+        },
+        &mut |tokens, offset| {
+            if offset == 0 {
+                plain_cache = KvCache::default();
+            }
+            Ok(plain.forward_cached(tokens, &mut plain_cache)?)
+        },
+    )
 }
 
 /// Checks a candle-transformers decoder: its layers unchanged, with the head it ties to the
@@ -116,10 +128,20 @@ pub fn decoder(
         ),
         device_label: label.into(),
     };
-    check.run(device, &mut |tokens, offset| {
-        if offset == 0 {
-            model.clear_kv_cache();
-        }
-        Ok(model.forward(tokens, offset)?)
-    })
+    let mut plain = config.build_every_position_plain(device)?;
+    check.run_with_plain(
+        device,
+        &mut |tokens, offset| {
+            if offset == 0 {
+                model.clear_kv_cache();
+            }
+            Ok(model.forward(tokens, offset)?)
+        },
+        &mut |tokens, offset| {
+            if offset == 0 {
+                plain.clear_kv_cache();
+            }
+            Ok(plain.forward(tokens, offset)?)
+        },
+    )
 }

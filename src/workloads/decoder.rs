@@ -364,28 +364,48 @@ impl DecoderConfig {
     /// The decoder with its head at every position (see `EveryPosition`); the same seeded
     /// weights as `build`.
     pub fn build_every_position(&self, device: &Device) -> Result<(EveryPosition, VarMap), RecordError> {
-        let var = |varmap: &VarMap, name: &str| {
-            varmap
-                .data()
-                .lock()
-                .expect("VarMap lock")
-                .get(name)
-                .map(|v| v.as_tensor().clone())
-                .ok_or_else(|| RecordError::Unsupported(format!("{} has no parameter {name}", self.family)))
+        let mut model = None;
+        let (_, varmap) = self.seeded(device, |vb| {
+            model = Some(self.every_position(vb.clone()));
+            Ok(())
+        })?;
+        let model = model.expect("built")?;
+        Ok((model, varmap))
+    }
+
+    /// `build_every_position`'s model with its weights as plain tensors, not variables: a
+    /// forward pass records no graph and frees each activation once read, so far larger
+    /// batches fit (for comparing logits only).
+    pub fn build_every_position_plain(&self, device: &Device) -> Result<EveryPosition, RecordError> {
+        let (_, varmap) = self.build_every_position(device)?;
+        let weights: std::collections::HashMap<String, Tensor> = varmap
+            .data()
+            .lock()
+            .expect("VarMap lock")
+            .iter()
+            .map(|(name, var)| (name.clone(), var.as_detached_tensor()))
+            .collect();
+        self.every_position(VarBuilder::from_tensors(weights, self.dtype, device))
+    }
+
+    /// The decoder and its head at every position, built through `vb`.
+    fn every_position(&self, vb: VarBuilder) -> Result<EveryPosition, RecordError> {
+        let (vocab, width) = match self.family {
+            Family::Qwen2 => (self.qwen2_config().vocab_size, self.qwen2_config().hidden_size),
+            Family::Gemma => (self.gemma_config().vocab_size, self.gemma_config().hidden_size),
         };
-        match self.family {
+        let embeddings = || vb.get((vocab, width), "model.embed_tokens.weight");
+        Ok(match self.family {
             Family::Qwen2 => {
-                let (model, varmap) = self.seeded(device, |vb| qwen2::Model::new(&self.qwen2_config(), vb))?;
-                let head = Linear::new(var(&varmap, "model.embed_tokens.weight")?, None);
-                Ok((EveryPosition::Qwen2 { model, head }, varmap))
+                let model = qwen2::Model::new(&self.qwen2_config(), vb.clone())?;
+                EveryPosition::Qwen2 { model, head: Linear::new(embeddings()?, None) }
             }
             Family::Gemma => {
-                let (model, varmap) = self.seeded(device, |vb| gemma::Model::new(false, &self.gemma_config(), vb))?;
-                let head = Linear::new(var(&varmap, "model.embed_tokens.weight")?, None);
-                let norm = var(&varmap, "model.norm.weight")?;
-                Ok((EveryPosition::Gemma { model, norm, head }, varmap))
+                let model = gemma::Model::new(false, &self.gemma_config(), vb.clone())?;
+                let norm = vb.get(width, "model.norm.weight")?;
+                EveryPosition::Gemma { model, norm, head: Linear::new(embeddings()?, None) }
             }
-        }
+        })
     }
 
     /// Builds a model with `new`, then sets every parameter it created to its seeded values.

@@ -92,6 +92,11 @@ pub struct BatchingResult {
     /// Why the model could not run this batching (the rest of the result is then empty).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// Why its ops were not compared although its logits were: the pass that keeps every op's
+    /// output for the comparison failed (out of memory, at large batches), and the logits
+    /// come from a pass that keeps none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ops_skipped: Option<String>,
 }
 
 /// The whole check.

@@ -33,6 +33,10 @@ pub fn render_invariance(r: &InvarianceReport) -> String {
             let _ = writeln!(out, "  {label:<label_width$}  FAILED  {error}");
             continue;
         }
+        if let (Some(why), true) = (&b.ops_skipped, b.logits_identical) {
+            let _ = writeln!(out, "  {label:<label_width$}  identical logits; ops not compared: {why}");
+            continue;
+        }
         if b.logits_identical && b.ops_differing == 0 {
             let _ = writeln!(out, "  {label:<label_width$}  identical ({} ops compared)", b.ops_compared);
             continue;
@@ -56,6 +60,9 @@ pub fn render_invariance(r: &InvarianceReport) -> String {
                 b.ops_differing,
                 b.ops_compared
             );
+        }
+        if let Some(why) = &b.ops_skipped {
+            let _ = writeln!(out, "  {:<label_width$}  ops not compared: {why}", "");
         }
         if !b.unmatched.is_empty() {
             let _ = writeln!(
