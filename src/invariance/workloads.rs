@@ -12,6 +12,7 @@ use crate::workloads::seeded::stream;
 use crate::workloads::{DecoderConfig, GptConfig};
 use candle_core::Device;
 use rand::Rng;
+use std::cell::RefCell;
 
 /// Sequences in the check besides the one checked: batches reuse them in turn.
 const FILLERS: usize = 16;
@@ -70,21 +71,24 @@ pub fn gpt(
     };
     // The same weights as plain tensors: passes that keep no graph give every batching's
     // logits, however large the batch.
+    // Each batching starts both caches afresh: the graph model's holds its pass's whole graph
+    // (keys and values computed from the variables), which must not outlive the batching.
     let plain = config.build_for_inference(device, dtype)?;
-    let (mut cache, mut plain_cache) = (KvCache::default(), KvCache::default());
+    let caches = RefCell::new((KvCache::default(), KvCache::default()));
+    let fresh = || *caches.borrow_mut() = (KvCache::default(), KvCache::default());
     check.run_with_plain(
         device,
         &mut |tokens, offset| {
             if offset == 0 {
-                cache = KvCache::default();
+                fresh();
             }
-            Ok(model.forward_cached(tokens, &mut cache)?)
+            Ok(model.forward_cached(tokens, &mut caches.borrow_mut().0)?)
         },
         &mut |tokens, offset| {
             if offset == 0 {
-                plain_cache = KvCache::default();
+                fresh();
             }
-            Ok(plain.forward_cached(tokens, &mut plain_cache)?)
+            Ok(plain.forward_cached(tokens, &mut caches.borrow_mut().1)?)
         },
     )
 }
@@ -105,7 +109,7 @@ pub fn decoder(
         )));
     }
     let _spans = span_scopes_on_this_thread();
-    let (mut model, varmap) = config.build_every_position(device)?;
+    let (model, varmap) = config.build_every_position(device)?;
     let capture = ModelCapture::new(&varmap);
     let mut rng = stream(config.data_seed, &format!("{}.invariance", config.family), 0);
     let mut prompt = || (0..config.tokens).map(|_| rng.random_range(0..256u32)).collect::<Vec<_>>();
@@ -122,26 +126,32 @@ pub fn decoder(
             "candle-transformers {} ({} layers, width {}, {}, seed {})",
             config.family,
             config.layers,
-            config.width,
+            config.vocab_and_width().1,
             if config.dtype == candle_core::DType::BF16 { "bf16" } else { "f32" },
             config.seed
         ),
         device_label: label.into(),
     };
-    let mut plain = config.build_every_position_plain(device)?;
+    // As for the gpt: each batching starts both models' caches afresh.
+    let models = RefCell::new((model, config.build_every_position_plain(device)?));
+    let fresh = || {
+        let mut models = models.borrow_mut();
+        models.0.clear_kv_cache();
+        models.1.clear_kv_cache();
+    };
     check.run_with_plain(
         device,
         &mut |tokens, offset| {
             if offset == 0 {
-                model.clear_kv_cache();
+                fresh();
             }
-            Ok(model.forward(tokens, offset)?)
+            Ok(models.borrow_mut().0.forward(tokens, offset)?)
         },
         &mut |tokens, offset| {
             if offset == 0 {
-                plain.clear_kv_cache();
+                fresh();
             }
-            Ok(plain.forward(tokens, offset)?)
+            Ok(models.borrow_mut().1.forward(tokens, offset)?)
         },
     )
 }

@@ -388,12 +388,17 @@ impl DecoderConfig {
         self.every_position(VarBuilder::from_tensors(weights, self.dtype, device))
     }
 
-    /// The decoder and its head at every position, built through `vb`.
-    fn every_position(&self, vb: VarBuilder) -> Result<EveryPosition, RecordError> {
-        let (vocab, width) = match self.family {
+    /// The model's vocabulary and hidden width (the shape's, where it sets them).
+    pub fn vocab_and_width(&self) -> (usize, usize) {
+        match self.family {
             Family::Qwen2 => (self.qwen2_config().vocab_size, self.qwen2_config().hidden_size),
             Family::Gemma => (self.gemma_config().vocab_size, self.gemma_config().hidden_size),
-        };
+        }
+    }
+
+    /// The decoder and its head at every position, built through `vb`.
+    fn every_position(&self, vb: VarBuilder) -> Result<EveryPosition, RecordError> {
+        let (vocab, width) = self.vocab_and_width();
         let embeddings = || vb.get((vocab, width), "model.embed_tokens.weight");
         Ok(match self.family {
             Family::Qwen2 => {
