@@ -10,7 +10,9 @@
 //! - [`distributed`] trains data-parallel across ranks (NCCL on GPUs), each rank recording its
 //!   own stream;
 //! - [`invariance`] runs a model's forward pass under different batchings and finds the first
-//!   captured op whose result for one sequence depends on its batch.
+//!   captured op whose result for one sequence depends on its batch;
+//! - [`study`] runs the research seeds' experiments (seeds, devices, reductions, cost) as
+//!   commands, recording each run and comparing them.
 //!
 //! `trace` (with `hash` and `dtype`) is the `repro-trace` crate, and `diff` (with `report`) the
 //! `repro-diff` crate, re-exported here under the names the library has always used. Neither

@@ -1,5 +1,6 @@
-//! Recording: turning candle tensors into trace records. With `workloads`, the only code that
-//! touches candle.
+//! Recording: turning candle tensors into trace records. This crate's modules all build on
+//! candle (recording, capture, ops, workloads, distributed training, invariance, studies); the
+//! trace and diff crates never do, so reading and comparing traces needs no model code.
 
 mod background;
 mod environment;
