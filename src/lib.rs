@@ -29,6 +29,6 @@ pub mod study;
 pub mod workloads;
 
 pub use repro_diff as diff;
-pub use repro_diff::report;
+pub use repro_report as report;
 pub use repro_trace as trace;
 pub use repro_trace::{dtype, hash};

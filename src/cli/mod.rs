@@ -137,21 +137,11 @@ fn fail(message: &str, json: bool) -> Exit {
     Exit::Error
 }
 
-/// A JSON report as printed: what it is (`schema`, e.g. `repro.diff.v1`, versioned so consumers
-/// can check it before reading on), its verdict where it has one, then the report's own fields.
-#[derive(serde::Serialize)]
-struct JsonReport<'a, T: serde::Serialize> {
-    schema: &'a str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    verdict: Option<&'a str>,
-    #[serde(flatten)]
-    report: &'a T,
-}
-
-/// Prints `report` as pretty JSON on stdout, under `schema` and with its `verdict`.
+/// Prints `report` as pretty JSON on stdout, under `schema` and with its `verdict`
+/// (`repro::report::json::document`).
 fn print_json(schema: &str, verdict: Option<&str>, report: &impl serde::Serialize) -> Result<(), String> {
-    let document = JsonReport { schema, verdict, report };
-    let text = serde_json::to_string_pretty(&document).map_err(|e| format!("cannot encode JSON: {e}"))?;
+    let text =
+        repro::report::json::document(schema, verdict, report).map_err(|e| format!("cannot encode JSON: {e}"))?;
     output::line(&text);
     Ok(())
 }

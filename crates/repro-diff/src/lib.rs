@@ -1,9 +1,9 @@
 //! repro-diff: comparing traces. The diff of two runs (alignment, error metrics, root cause),
-//! N-run error matrices, the determinism gate's policy and verdict, batch-invariance results,
-//! the statistics of multi-run studies, and [`report`], which renders all of it as text, Markdown, JUnit XML or SVG.
+//! N-run error matrices, the determinism gate's policy and verdict, batch-invariance results
+//! and the statistics of multi-run studies, as data; the `repro-report` crate renders them.
 //!
-//! Everything here reads traces through `repro_trace` and returns plain data; only `report`
-//! turns data into text. No candle and no model code: diffing traces needs no GPU.
+//! Everything here reads traces through `repro_trace` and returns plain data. No candle, no
+//! model code and no rendering: diffing traces needs no GPU.
 #![deny(missing_docs)]
 
 mod align;
@@ -16,7 +16,6 @@ mod matrix;
 mod metrics;
 mod online;
 mod ranks;
-pub mod report;
 mod root_cause;
 pub mod study;
 #[cfg(test)]

@@ -544,9 +544,8 @@ mod tests {
         let also_short = ranks_of_steps(&dir.path().join("also-short"), [3, 2]);
         let diff = diff_runs(&short, &also_short, &DiffOptions::default()).unwrap();
         assert!(diff.diff.is_identical() && !diff.is_identical() && diff.is_incomplete());
-        let text = crate::report::render_run_diff(&diff);
-        assert!(text.contains("UNFINISHED RANK") && text.contains("INCOMPLETE  the streams compared agree"), "{text}");
-        assert!(!text.contains("IDENTICAL "), "{text}");
+        // Its text (`UNFINISHED RANK`, `INCOMPLETE`, never `IDENTICAL`) is checked in
+        // tests/it/distributed.rs.
     }
 
     #[test]

@@ -1,9 +1,9 @@
 //! The human-readable `repro invariance` report: one line per batching, then the classes of
 //! batchings that agree.
 
-use super::diff::metrics_sentence;
-use super::format::shape;
-use crate::invariance::{ForwardCostReport, InvarianceReport};
+use crate::diff::metrics_sentence;
+use crate::format::shape;
+use repro_diff::invariance::{ForwardCostReport, InvarianceReport};
 use std::fmt::Write;
 
 /// Renders a batch-invariance check for people.

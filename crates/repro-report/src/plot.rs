@@ -3,12 +3,12 @@
 //! accuracies, churn and weight distance per noise variant; the weights' ULP distance over
 //! training per device pair; time per step per mode).
 
-use crate::invariance::InvarianceReport;
-use crate::matrix::MatrixReport;
-use crate::study::results::{CostReport, DevicesReport, NoiseReport, OrderReport};
-use crate::traces::{GapPoint, TraceDiff};
 use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
+use repro_diff::invariance::InvarianceReport;
+use repro_diff::study::results::{CostReport, DevicesReport, NoiseReport, OrderReport};
+use repro_diff::MatrixReport;
+use repro_diff::{GapPoint, TraceDiff};
 
 type PlotResult = Result<String, String>;
 
@@ -171,7 +171,7 @@ pub fn plot_noise(r: &NoiseReport) -> PlotResult {
 /// against the whole test set's, one colour per variant (variants whose runs agree have no
 /// ratio and are left out).
 fn subgroup_panels(r: &NoiseReport, panels: &[Area<'_>]) -> Result<(), String> {
-    type Ratio = fn(&crate::study::subgroups::SubgroupSpread) -> Option<f64>;
+    type Ratio = fn(&repro_diff::study::subgroups::SubgroupSpread) -> Option<f64>;
     let metrics: [(&str, Ratio); 3] = [
         ("error rate", |g| g.error_ratio),
         ("false-positive rate", |g| g.fpr_ratio),

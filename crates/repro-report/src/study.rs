@@ -1,7 +1,7 @@
 //! Tables of the studies' results: plain text for the terminal, Markdown for docs/results.
 
-use super::format::sci;
-use crate::study::results::{CostReport, DevicesReport, NoiseReport, OrderReport};
+use crate::format::sci;
+use repro_diff::study::results::{CostReport, DevicesReport, NoiseReport, OrderReport};
 use std::fmt::Write;
 
 fn pct(x: f64) -> String {

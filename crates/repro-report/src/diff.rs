@@ -1,7 +1,7 @@
 //! The human-readable `repro diff` report.
 
-use super::format::{column_width, missing_gradients, sci, shape};
-use crate::{
+use crate::format::{column_width, missing_gradients, sci, shape};
+use repro_diff::{
     CauseRule, Divergence, FieldDifference, RootCause, StructuralDifference, TensorMetrics, TraceDiff, TraceSide,
 };
 use repro_trace::TensorKind;

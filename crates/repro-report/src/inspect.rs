@@ -1,6 +1,6 @@
 //! The human-readable `repro inspect` report.
 
-use super::format::{bytes, missing_gradients, shape, step_list};
+use crate::format::{bytes, missing_gradients, shape, step_list};
 use repro_trace::TraceSummary;
 use std::fmt::Write;
 

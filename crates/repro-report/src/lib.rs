@@ -1,11 +1,16 @@
-//! Rendering results for people. Every function here takes plain data from `diff`, `trace` or
-//! `study` and returns text (or SVG); machine output is the same data serialized as JSON by the CLI.
+//! repro-report: rendering comparisons. Every function here takes plain data from `repro-diff`
+//! or `repro-trace` and returns text, Markdown, JUnit XML or SVG, or ([`json`]) the versioned
+//! JSON document the command line prints; nothing here compares or reads traces. Kept apart
+//! from the comparison, as a searcher is from its printer: a library user gets the same
+//! reports as the command line, and comparing needs no plotting or JUnit code.
+#![deny(missing_docs)]
 
 mod diff;
 mod format;
 mod gate;
 mod inspect;
 mod invariance;
+pub mod json;
 mod matrix;
 mod online;
 mod plot;

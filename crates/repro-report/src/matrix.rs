@@ -1,7 +1,7 @@
 //! The human-readable `repro matrix` report: one N×N table per tensor.
 
-use super::format::sci;
-use crate::{MatrixReport, Metric};
+use crate::format::sci;
+use repro_diff::{MatrixReport, Metric};
 use std::fmt::Write;
 
 /// Renders error matrices for people.

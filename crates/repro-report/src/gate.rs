@@ -1,8 +1,8 @@
 //! The gate's reports: for people (terminal), for pull requests (Markdown), for CI systems
 //! (JUnit XML).
 
-use super::diff::{metrics_sentence, write_root_cause};
-use crate::{GateReport, TraceDiff};
+use crate::diff::{metrics_sentence, write_root_cause};
+use repro_diff::{GateReport, TraceDiff};
 use std::fmt::Write;
 
 /// One line on what a comparison found.
@@ -40,7 +40,7 @@ pub fn render_gate(r: &GateReport) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "gate: {}", r.subject);
     let _ = writeln!(out, "reference: {}", r.reference);
-    for crate::GateComparison { run: label, diff: d, replicas, .. } in &r.comparisons {
+    for repro_diff::GateComparison { run: label, diff: d, replicas, .. } in &r.comparisons {
         let _ = writeln!(out, "  {label}: {}", verdict_line(d));
         for replica in replicas.iter().filter(|r| !r.passed()) {
             let _ = write!(out, "    {}", super::ranks::replica_line(replica));
@@ -66,7 +66,7 @@ pub fn render_gate(r: &GateReport) -> String {
     }
     let failed = r.comparisons.iter().filter(|c| !c.passed).count();
     let _ = writeln!(out, "FAIL  {failed} of {} run(s) differ from the reference", r.comparisons.len());
-    if let Some(crate::GateComparison { run: label, diff: d, .. }) = r.comparisons.iter().find(|c| !c.passed) {
+    if let Some(repro_diff::GateComparison { run: label, diff: d, .. }) = r.comparisons.iter().find(|c| !c.passed) {
         if let Some(root) = &d.root_cause {
             let _ = writeln!(out, "\n{label}:");
             let _ = write_root_cause(&mut out, root);
@@ -101,7 +101,7 @@ pub fn render_gate_markdown(r: &GateReport) -> String {
     let _ = writeln!(out, "### repro determinism gate: {status}\n");
     let _ = writeln!(out, "{}, against {}.\n", r.subject, r.reference);
     let _ = writeln!(out, "| run | result |\n|---|---|");
-    for crate::GateComparison { run: label, diff: d, .. } in &r.comparisons {
+    for repro_diff::GateComparison { run: label, diff: d, .. } in &r.comparisons {
         let _ = writeln!(out, "| {label} | {} |", verdict_line(d).replace('|', "\\|"));
     }
     if let Some(root) = r.comparisons.iter().find_map(|c| c.diff.root_cause.as_ref().filter(|_| !c.passed)) {
@@ -123,7 +123,7 @@ pub fn render_gate_junit(r: &GateReport) -> Result<String, String> {
     use quick_junit::{NonSuccessKind, Report, TestCase, TestCaseStatus, TestSuite};
     let mut report = Report::new("repro");
     let mut suite = TestSuite::new("repro gate");
-    for crate::GateComparison { run: label, diff: d, .. } in &r.comparisons {
+    for repro_diff::GateComparison { run: label, diff: d, .. } in &r.comparisons {
         let status = if d.is_identical() {
             TestCaseStatus::success()
         } else {

@@ -2,8 +2,8 @@
 //! each kept its replicas, the diff itself, and what data parallelism did to the first gradient
 //! that differs.
 
-use super::diff::{render_diff, render_diff_unless};
-use crate::ranks::{DataParallelCause, ReplicaReport, RunDiff};
+use crate::diff::{render_diff, render_diff_unless};
+use repro_diff::{DataParallelCause, ReplicaReport, RunDiff};
 use std::fmt::Write;
 
 /// Renders a run-level diff; for two single-device runs, exactly `render_diff`.

@@ -1,7 +1,7 @@
 //! The report `repro record --against` prints when a step diverges from the reference.
 
-use super::diff::write_root_cause;
-use crate::OnlineDivergence;
+use crate::diff::write_root_cause;
+use repro_diff::OnlineDivergence;
 use std::fmt::Write;
 
 /// Renders an online divergence for people; `trace` is the run being recorded.
