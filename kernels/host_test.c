@@ -1,7 +1,8 @@
-/* Host build of the hashing device functions in repro.cu, for tests without a GPU: each
+/* Host build of the hashing device functions of hash.cu, for tests without a GPU: each
    function runs one pass the way a kernel launch does, one work item after another. */
 #define REPRO_HOST_TEST
-#include "repro.cu"
+#include "common.cuh"
+#include "hash.cu"
 
 void repro_host_hash_chunks(const u64* views, const u64* prefix, u64 n, u32* cvs) {
   for (u64 item = 0; item < prefix[n]; item++) batch_chunk(views, prefix, n, item, cvs);

@@ -1,5 +1,5 @@
 // repro's batch-invariant bf16 matrix product on tensor cores (sm_80 and later; compiled apart
-// from kernels/repro.cu, with NVRTC for compute_80, so that older GPUs still load the rest).
+// from the other kernels, with NVRTC for compute_80, so that older GPUs still load the rest).
 //
 // c[z] = a[z] @ b[z] for a [Z, M, K] and b given as bt [Z or 1, N, K] (b transposed: both
 // operands have K contiguous, as a linear layer's weight is stored), into a contiguous [Z, M, N].

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Checks the hashing kernels of kernels/repro.cu on the host: the test crate
+# Checks the hashing kernels of kernels/hash.cu on the host: the test crate
 # crates/kernel-host-check compiles them as C, and repro's device_hash tests run batched plans
 # through them against the blake3 crate and a plain row-major read.
 set -euo pipefail

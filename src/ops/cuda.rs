@@ -1,4 +1,4 @@
-//! The CUDA side of repro's ops: kernels from `kernels/repro.cu`, compiled once per process
+//! The CUDA side of repro's ops: kernels from `kernels/`, compiled once per process
 //! with NVRTC and launched on candle's stream of the calling thread, so they order correctly with
 //! the work that thread launched. candle's `Device::new_cuda` uses CUDA's per-thread default
 //! stream: work launched from another thread would not be ordered with it, so the recorder
@@ -62,7 +62,14 @@ macro_rules! for_dtype {
     };
 }
 
-const SOURCE: &str = include_str!("../../kernels/repro.cu");
+/// The kernels of one module, in this order (kernels/common.cuh says why).
+const SOURCE: &str = concat!(
+    include_str!("../../kernels/common.cuh"),
+    include_str!("../../kernels/hash.cu"),
+    include_str!("../../kernels/hash_kernels.cu"),
+    include_str!("../../kernels/reduce.cu"),
+    include_str!("../../kernels/matmul_f32.cu"),
+);
 const MODULE: &str = "repro";
 
 /// The kernels' PTX, compiled once per process.
@@ -71,7 +78,7 @@ fn ptx() -> Result<&'static str> {
     let ptx = PTX.get_or_init(|| {
         candle_core::cuda_backend::cudarc::nvrtc::compile_ptx(SOURCE)
             .map(|ptx| ptx.to_src())
-            .map_err(|e| format!("compiling kernels/repro.cu with NVRTC failed: {e}"))
+            .map_err(|e| format!("compiling the kernels of kernels/ with NVRTC failed: {e}"))
     });
     ptx.as_deref().map_err(|e| Error::Msg(e.clone()))
 }
@@ -877,7 +884,7 @@ pub fn read_all(tensor: &Tensor) -> Result<()> {
     Ok(())
 }
 
-/// The batch-invariant matrix product (`matmul_f32_fixed_*` in kernels/repro.cu) into a new
+/// The batch-invariant matrix product (`matmul_f32_fixed_*` in kernels/matmul_f32.cu) into a new
 /// contiguous `[batch, m, n]` device buffer.
 pub(crate) fn matmul_f32_fixed(
     a: &CudaStorage,

@@ -1,5 +1,5 @@
 //! The plan of one batched hashing pass over many tensor views: the tables the kernels of
-//! `kernels/repro.cu` (section 1b) read, and where each view's result lands in the output.
+//! `kernels/hash.cu` read, and where each view's result lands in the output.
 //!
 //! Hashing thousands of small tensors one kernel launch at a time costs more than the
 //! hashing itself, so a step's views are hashed together: one launch for all chunks, one per
@@ -10,11 +10,11 @@
 use std::collections::hash_map::{Entry, HashMap};
 use std::ops::Range;
 
-/// Words per view in the kernels' view table (`VIEW_WORDS` in kernels/repro.cu).
+/// Words per view in the kernels' view table (`VIEW_WORDS` in kernels/hash.cu).
 pub const VIEW_WORDS: usize = 21;
-/// Dimensions a view may have after merging (`VIEW_DIMS` in kernels/repro.cu).
+/// Dimensions a view may have after merging (`VIEW_DIMS` in kernels/hash.cu).
 pub const VIEW_DIMS: usize = 8;
-/// Tree levels one parent launch merges, at most (`LEVELS_PER_LAUNCH` in kernels/repro.cu).
+/// Tree levels one parent launch merges, at most (`LEVELS_PER_LAUNCH` in kernels/hash.cu).
 pub const LEVELS_PER_LAUNCH: u64 = 4;
 /// Bytes of one BLAKE3 chunk: views this small are copied and hashed on the host.
 const CHUNK_LEN: u64 = 1024;

@@ -1,4 +1,4 @@
-//! The hashing device functions of `kernels/repro.cu`, compiled for the host (see `build.rs`),
+//! The hashing device functions of `kernels/hash.cu`, compiled for the host (see `build.rs`),
 //! so that the batched GPU hash can be checked against BLAKE3 on a machine without a GPU. Each
 //! function runs one kernel pass over the tables of a plan (`repro::ops::device_hash`), with
 //! host addresses in place of device addresses.

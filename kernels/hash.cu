@@ -1,0 +1,267 @@
+// BLAKE3 over device memory, for many tensor views in one launch per pass: one work item per
+// 1024-byte chunk computes the chunk's chaining value, parent levels are merged pairwise (an odd
+// last node moves up unchanged; up to four levels per launch) until two nodes remain, and one
+// work item per view makes the root. This is exactly BLAKE3's left-complete tree, so the result
+// equals the blake3 crate's hash of the same bytes. A copy pass gathers views' elements for
+// values the host keeps.
+//
+// Only device functions, one per work item; kernels/hash_kernels.cu launches them on the GPU,
+// kernels/host_test.c runs them on the host (crates/kernel-host-check), so the same code is
+// checked against a reference without a GPU. Needs kernels/common.cuh before it.
+
+#define CHUNK_START 1u
+#define CHUNK_END 2u
+#define PARENT 4u
+
+CONSTANT u32 BLAKE3_IV[8] = {0x6A09E667u, 0xBB67AE85u, 0x3C6EF372u, 0xA54FF53Au,
+                             0x510E527Fu, 0x9B05688Cu, 0x1F83D9ABu, 0x5BE0CD19u};
+
+#define ROTR32(x, n) (((x) >> (n)) | ((x) << (32 - (n))))
+#define G(a, b, c, d, x, y)          \
+  do {                               \
+    s[a] = s[a] + s[b] + (x);        \
+    s[d] = ROTR32(s[d] ^ s[a], 16);  \
+    s[c] = s[c] + s[d];              \
+    s[b] = ROTR32(s[b] ^ s[c], 12);  \
+    s[a] = s[a] + s[b] + (y);        \
+    s[d] = ROTR32(s[d] ^ s[a], 8);   \
+    s[c] = s[c] + s[d];              \
+    s[b] = ROTR32(s[b] ^ s[c], 7);   \
+  } while (0)
+// One round with the message words taken in the order of one row of BLAKE3's schedule.
+#define ROUND(m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15) \
+  do {                                                                              \
+    G(0, 4, 8, 12, m[m0], m[m1]);                                                   \
+    G(1, 5, 9, 13, m[m2], m[m3]);                                                   \
+    G(2, 6, 10, 14, m[m4], m[m5]);                                                  \
+    G(3, 7, 11, 15, m[m6], m[m7]);                                                  \
+    G(0, 5, 10, 15, m[m8], m[m9]);                                                  \
+    G(1, 6, 11, 12, m[m10], m[m11]);                                                \
+    G(2, 7, 8, 13, m[m12], m[m13]);                                                 \
+    G(3, 4, 9, 14, m[m14], m[m15]);                                                 \
+  } while (0)
+
+// The BLAKE3 compression function, keeping only the chaining value (first 8 output words).
+DEVICE void compress(u32 cv[8], const u32 m[16], u64 counter, u32 block_len, u32 flags) {
+  u32 s[16] = {cv[0], cv[1], cv[2], cv[3], cv[4], cv[5], cv[6], cv[7],
+               BLAKE3_IV[0], BLAKE3_IV[1], BLAKE3_IV[2], BLAKE3_IV[3],
+               (u32)counter, (u32)(counter >> 32), block_len, flags};
+  ROUND(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  ROUND(2, 6, 3, 10, 7, 0, 4, 13, 1, 11, 12, 5, 9, 14, 15, 8);
+  ROUND(3, 4, 10, 12, 13, 2, 7, 14, 6, 5, 9, 0, 11, 15, 8, 1);
+  ROUND(10, 7, 12, 9, 14, 3, 13, 15, 4, 0, 11, 2, 5, 8, 1, 6);
+  ROUND(12, 13, 9, 11, 15, 10, 14, 8, 7, 2, 5, 3, 0, 1, 6, 4);
+  ROUND(9, 14, 11, 5, 8, 12, 15, 1, 13, 3, 0, 10, 2, 6, 4, 7);
+  ROUND(11, 15, 5, 0, 1, 9, 8, 6, 14, 10, 2, 12, 3, 4, 7, 13);
+  for (int i = 0; i < 8; i++) cv[i] = s[i] ^ s[i + 8];
+}
+
+// Loads one 64-byte block of a chunk as 16 little-endian words, zero-padded past `avail`.
+// `p` is aligned to `align` bytes (16, 4 or 1): the widest loads that alignment allows.
+DEVICE void load_block(const unsigned char* p, u32 avail, u32 align, u32 m[16]) {
+  if (avail >= 64 && align >= 16) {
+    for (int i = 0; i < 4; i++) load16(p + 16 * i, m + 4 * i);
+    return;
+  }
+  u32 whole = 0;
+  if (align >= 4) {
+    whole = (avail < 64 ? avail : 64u) / 4;
+    for (u32 w = 0; w < whole; w++) m[w] = LOAD(u32, p + 4 * w);
+  }
+  for (u32 w = whole; w < 16; w++) {
+    u32 word = 0;
+    for (int b = 0; b < 4; b++) {
+      u32 idx = 4 * w + (u32)b;
+      u32 byte = idx < avail ? p[idx] : 0u;
+      word |= byte << (8 * b);
+    }
+    m[w] = word;
+  }
+}
+
+// The (non-root) parent of two chaining values; `out` may be `left`.
+DEVICE void parent_cv(const u32 left[8], const u32 right[8], u32 out[8]) {
+  u32 m[16];
+  for (int i = 0; i < 8; i++) { m[i] = left[i]; m[i + 8] = right[i]; }
+  for (int i = 0; i < 8; i++) out[i] = BLAKE3_IV[i];
+  compress(out, m, 0, 64, PARENT);
+}
+
+// 1b. Batched hashing of many tensor views at once (src/ops/device_hash.rs plans the tables).
+//
+// A view is described by VIEW_WORDS u64 words: the address of its element 0, the element size,
+// the number of dimensions (at most VIEW_DIMS, size-1 dims dropped and contiguous dims merged),
+// flags (bit 0: contiguous row-major), its byte length, then its dims and its strides in
+// elements. Elements are read through the strides, so transposed, broadcast or narrowed views
+// are hashed without a contiguous copy. Every thread finds its view by binary search in a
+// prefix table (prefix[k] = the first work item of view k, prefix[n] = the total).
+#define VIEW_WORDS 21
+#define VIEW_DIMS 8
+#define ROOT 8u
+
+// The view holding work item `item`: the k with prefix[k] <= item < prefix[k + 1].
+DEVICE u64 find_view(const u64* prefix, u64 n, u64 item) {
+  u64 lo = 0, hi = n;
+  while (hi - lo > 1) {
+    u64 mid = (lo + hi) / 2;
+    if (prefix[mid] <= item) lo = mid; else hi = mid;
+  }
+  return lo;
+}
+
+// The address of element `e` (in row-major order) of a view.
+DEVICE const unsigned char* view_element(const u64* v, u64 e) {
+  u64 esize = v[1];
+  if (v[3] & 1u) return (const unsigned char*)(v[0] + e * esize);
+  u64 off = 0;
+  for (int k = (int)v[2] - 1; k >= 0; k--) {
+    u64 dim = v[5 + k];
+    off += (e % dim) * v[5 + VIEW_DIMS + k];
+    e /= dim;
+  }
+  return (const unsigned char*)(v[0] + off * esize);
+}
+
+// A walk through a strided view in row-major order: the current element's index in each
+// dimension and its offset in elements. Dividing an element number into indices costs a
+// division per dimension, so it is done once per chunk; the next element is then one addition
+// (and a carry into the dimension before at the end of a row).
+typedef struct {
+  u64 idx[VIEW_DIMS];
+  u64 off;
+} Cursor;
+
+DEVICE void cursor_at(const u64* v, u64 e, Cursor* c) {
+  int nd = (int)v[2];
+  c->off = 0;
+  UNROLL for (int k = VIEW_DIMS - 1; k >= 0; k--) {
+    c->idx[k] = 0;
+    if (k >= nd) continue;
+    u64 dim = v[5 + k];
+    c->idx[k] = e % dim;
+    c->off += c->idx[k] * v[5 + VIEW_DIMS + k];
+    e /= dim;
+  }
+}
+
+// Moves to the next element (after the last one it wraps to element 0, which no caller reads).
+DEVICE void cursor_next(const u64* v, Cursor* c) {
+  int nd = (int)v[2];
+  UNROLL for (int k = VIEW_DIMS - 1; k >= 0; k--) {
+    if (k >= nd) continue;
+    u64 stride = v[5 + VIEW_DIMS + k];
+    c->off += stride;
+    if (++c->idx[k] < v[5 + k]) return;
+    c->off -= c->idx[k] * stride;
+    c->idx[k] = 0;
+  }
+}
+
+// Loads the next 64-byte block (`avail` bytes of it, zero-padded) of a strided view from the
+// cursor, one element per load; elements are aligned to their size.
+DEVICE void load_strided_block(const u64* v, Cursor* c, u32 avail, u32 m[16]) {
+  const unsigned char* base = (const unsigned char*)v[0];
+  u32 esize = (u32)v[1];
+  u32 count = (avail < 64 ? avail : 64u) / esize;
+  for (int w = 0; w < 16; w++) m[w] = 0;
+  if (esize == 4) {
+    for (u32 j = 0; j < count; j++, cursor_next(v, c)) m[j] = LOAD(u32, base + 4 * c->off);
+  } else if (esize == 2) {
+    for (u32 j = 0; j < count; j++, cursor_next(v, c)) m[j / 2] |= (u32)LOAD(u16, base + 2 * c->off) << (16 * (j % 2));
+  } else if (esize == 8) {
+    for (u32 j = 0; j < count; j++, cursor_next(v, c)) {
+      u64 x = LOAD(u64, base + 8 * c->off);
+      m[2 * j] = (u32)x;
+      m[2 * j + 1] = (u32)(x >> 32);
+    }
+  } else {
+    for (u32 j = 0; j < count; j++, cursor_next(v, c)) {
+      const unsigned char* p = base + esize * c->off;
+      for (u32 b = 0; b < esize; b++) {
+        u32 idx = j * esize + b;
+        m[idx / 4] |= (u32)p[b] << (8 * (idx % 4));
+      }
+    }
+  }
+}
+
+// Work item `item` of the chunk pass: the chaining value of one 1024-byte chunk of one view,
+// written to cvs[8 * item ..]. Views hold more than one chunk.
+DEVICE void batch_chunk(const u64* views, const u64* prefix, u64 n, u64 item, u32* cvs) {
+  u64 k = find_view(prefix, n, item);
+  const u64* v = views + VIEW_WORDS * k;
+  u64 index = item - prefix[k];
+  u64 start = index * 1024;
+  u64 len = v[4] - start < 1024 ? v[4] - start : 1024;
+  int contiguous = (int)(v[3] & 1u);
+  u64 address = v[0] + start;
+  u32 align = (address & 15u) == 0 ? 16u : (address & 3u) == 0 ? 4u : 1u;
+  Cursor c;
+  cursor_at(v, start / v[1], &c);
+  u32 cv[8];
+  for (int i = 0; i < 8; i++) cv[i] = BLAKE3_IV[i];
+  u32 blocks = (u32)((len + 63) / 64);
+  for (u32 b = 0; b < blocks; b++) {
+    u32 m[16];
+    u32 avail = (u32)(len - 64 * b);
+    if (contiguous) load_block((const unsigned char*)(address + 64 * b), avail, align, m);
+    else load_strided_block(v, &c, avail, m);
+    u32 flags = (b == 0 ? CHUNK_START : 0u) | (b + 1 == blocks ? CHUNK_END : 0u);
+    compress(cv, m, index, avail < 64 ? avail : 64u, flags);
+  }
+  for (int i = 0; i < 8; i++) cvs[8 * item + i] = cv[i];
+}
+
+// Parent levels merged by one launch, at most: 2^LEVELS_PER_LAUNCH input nodes per work item.
+#define LEVELS_PER_LAUNCH 4
+
+// Work item `item` of one parent pass. Row r of `rows` is (first input node, input node count,
+// first output node, depth) of one view's tree, nodes counted in 8-word chaining values of
+// `nodes`. Output j of a view is inputs [j * 2^depth, (j + 1) * 2^depth) merged `depth` levels
+// up, one level at a time: node i of a level is parent(node 2i, node 2i + 1) of the level
+// below, or node 2i when it has no partner. The groups are aligned to 2^depth, so a group's
+// pairs are the tree's pairs, and only the last group can hold the odd last node.
+DEVICE void batch_parent(const u64* rows, const u64* prefix, u64 n, u64 item, u32* nodes) {
+  u64 r = find_view(prefix, n, item);
+  u64 in = rows[4 * r], n_in = rows[4 * r + 1], out = rows[4 * r + 2], depth = rows[4 * r + 3];
+  u64 j = item - prefix[r];
+  u64 first = j << depth;
+  u64 group = (u64)1 << depth;
+  u64 count = n_in - first < group ? n_in - first : group;
+  u32 level[8 << LEVELS_PER_LAUNCH];
+  for (u64 i = 0; i < 8 * count; i++) level[i] = nodes[8 * (in + first) + i];
+  for (u64 d = 0; d < depth; d++) {
+    u64 next = (count + 1) / 2;
+    // In place: node i is written after nodes 2i and 2i + 1 are read, and i <= 2i.
+    for (u64 i = 0; i < next; i++) {
+      if (2 * i + 1 < count) {
+        parent_cv(level + 16 * i, level + 16 * i + 8, level + 8 * i);
+      } else if (i > 0) {
+        for (int w = 0; w < 8; w++) level[8 * i + w] = level[16 * i + w];
+      }
+    }
+    count = next;
+  }
+  for (int w = 0; w < 8; w++) nodes[8 * (out + j) + w] = level[w];
+}
+
+// The BLAKE3 hash of view `k`: the root parent of its last two nodes, which start at node
+// roots[k] of `nodes`.
+DEVICE void batch_root(const u64* roots, u64 k, const u32* nodes, u32* hashes) {
+  const u32* left = nodes + 8 * roots[k];
+  u32 m[16], cv[8];
+  for (int i = 0; i < 8; i++) { m[i] = left[i]; m[i + 8] = left[i + 8]; cv[i] = BLAKE3_IV[i]; }
+  compress(cv, m, 0, 64, PARENT | ROOT);
+  for (int i = 0; i < 8; i++) hashes[8 * k + i] = cv[i];
+}
+
+// Work item `item` of the copy pass: one element of one view, written in row-major order at
+// byte offset out_at[k] of `out`.
+DEVICE void batch_copy(const u64* views, const u64* prefix, const u64* out_at, u64 n, u64 item, unsigned char* out) {
+  u64 k = find_view(prefix, n, item);
+  const u64* v = views + VIEW_WORDS * k;
+  u64 e = item - prefix[k];
+  const unsigned char* p = view_element(v, e);
+  unsigned char* q = out + out_at[k] + e * v[1];
+  for (u64 b = 0; b < v[1]; b++) q[b] = p[b];
+}
