@@ -21,6 +21,7 @@
 #![deny(missing_docs)]
 
 pub mod capture;
+pub mod cuda;
 pub mod distributed;
 pub mod invariance;
 pub mod ops;

@@ -20,8 +20,9 @@
 use super::Exit;
 use candle_core::{DType, Device, Tensor};
 use clap::Args;
+use repro::cuda::read_all;
 use repro::hash::data_hash as host_data_hash;
-use repro::ops::cuda::{data_hash as gpu_data_hash, read_all, DeviceBatch, Resolved};
+use repro::record::device::{data_hash as gpu_data_hash, DeviceBatch, Resolved};
 use std::time::Instant;
 
 #[derive(Debug, Args)]
@@ -330,8 +331,8 @@ fn check_tensor_core(dev: &Device) -> Result<usize, Box<dyn std::error::Error>> 
     // Another depth of K slice in shared memory: other tiles of the same sums, the same bits.
     for (m, k, n) in [(300, 1016, 1030), (4096, 4096, 4096)] {
         let (a, w) = (bf16(&[m, k], 0.2)?, bf16(&[n, k], 0.4)?);
-        let ours: Vec<Vec<u16>> = (0..repro::ops::cuda::TENSOR_CORE_VARIANTS.len())
-            .map(|v| bits(&repro::ops::cuda::matmul_bf16_variant(&a, &w.t()?, v)?))
+        let ours: Vec<Vec<u16>> = (0..repro::ops::TENSOR_CORE_VARIANTS.len())
+            .map(|v| bits(&repro::ops::matmul_bf16_variant(&a, &w.t()?, v)?))
             .collect::<candle_core::Result<_>>()?;
         if ours.iter().any(|b| b != &ours[0]) {
             failures += 1;

@@ -1,17 +1,17 @@
 //! Custom candle ops whose numerics repro controls: the reductions that frameworks make
 //! non-deterministic in practice, each in an `atomic` and an `ordered` mode; a batch-invariant
-//! matrix product and row sum (`invariant`); and (with the `cuda` feature) the kernels behind
-//! them and GPU hashing.
+//! matrix product and row sum (`invariant`); and (with the `cuda` feature) their launchers.
 
-#[cfg(any(feature = "cuda", test))]
-mod buffer_pool;
 pub mod invariant;
 mod reduce;
 
 #[cfg(feature = "cuda")]
-pub mod cuda;
-#[cfg(any(feature = "cuda", test))]
-pub mod device_hash;
+mod cuda;
+
+/// The tensor-core product's kernels, and one of them run on a 2-d product (for gpu-check,
+/// which checks that they give the same bits).
+#[cfg(feature = "cuda")]
+pub use cuda::{matmul_bf16_variant, TENSOR_CORE_VARIANTS};
 
 pub use reduce::{expand, expand_rows, sum_all, sum_rows, Reductions};
 

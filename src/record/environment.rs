@@ -50,7 +50,7 @@ pub fn tf32_requested() -> bool {
 pub fn take_peak_device_memory(device: &Device) -> Result<Option<u64>, RecordError> {
     #[cfg(feature = "cuda")]
     if let Device::Cuda(dev) = device {
-        let peak = crate::ops::cuda::take_peak_memory(dev)
+        let peak = crate::cuda::take_peak_memory(dev)
             .map_err(|e| RecordError::Unsupported(format!("cannot read {device:?}'s peak memory: {e}")))?;
         return Ok(Some(peak));
     }
@@ -80,7 +80,7 @@ pub fn open_device(name: &str) -> Result<Device, RecordError> {
     candle_core::cuda::set_gemm_reduced_precision_f32(tf32_requested());
     #[cfg(feature = "cuda")]
     if let Device::Cuda(dev) = &device {
-        crate::ops::cuda::keep_freed_memory(dev)
+        crate::cuda::keep_freed_memory(dev)
             .map_err(|e| RecordError::Unsupported(format!("cannot configure {name}'s memory pool: {e}")))?;
     }
     Ok(device)

@@ -3,6 +3,7 @@
 //! trace and diff crates never do, so reading and comparing traces needs no model code.
 
 mod background;
+pub mod device;
 mod environment;
 mod error;
 mod fill;

@@ -674,7 +674,7 @@ impl Recorder {
     fn complete(&mut self, unread: UnreadStep) -> Result<(), RecordError> {
         let UnreadStep { step, full, policy_full, tensors, deferred, read } = unread;
         // Waiting for the results is a driver call, so it is made here, on the thread that
-        // trains (see `ops::cuda::DeviceBatch`); `READ_BEHIND` steps later they have landed.
+        // trains (see `record::device::DeviceBatch`); `READ_BEHIND` steps later they have landed.
         let results = profile::time(profile::Phase::Resolve, || read.wait())?;
         let inline_max = self.capture.inline_max_bytes;
         if let Some(report) = self.on_step.as_mut() {

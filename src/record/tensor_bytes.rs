@@ -42,7 +42,7 @@ pub struct DeviceQueue {
     /// The step the tensors belong to, named in errors.
     step: u64,
     #[cfg(feature = "cuda")]
-    batch: Option<crate::ops::cuda::DeviceBatch>,
+    batch: Option<crate::record::device::DeviceBatch>,
 }
 
 impl DeviceQueue {
@@ -67,7 +67,7 @@ impl DeviceQueue {
     pub fn prepare(device: &Device) -> Result<(), RecordError> {
         #[cfg(feature = "cuda")]
         if let Device::Cuda(dev) = device {
-            crate::ops::cuda::prepare(dev)?;
+            crate::record::device::prepare(dev)?;
         }
         let _ = device;
         Ok(())
@@ -80,7 +80,7 @@ impl DeviceQueue {
     pub fn push(&mut self, tensor: &Tensor, hash: bool, snapshot: bool) -> Result<Option<usize>, RecordError> {
         #[cfg(feature = "cuda")]
         if let Device::Cuda(dev) = tensor.device() {
-            let batch = self.batch.get_or_insert_with(|| crate::ops::cuda::DeviceBatch::new(dev.clone()));
+            let batch = self.batch.get_or_insert_with(|| crate::record::device::DeviceBatch::new(dev.clone()));
             if batch.device().id() != dev.id() {
                 return Err(RecordError::Unsupported(
                     "recording tensors of one step from several GPUs is not supported yet".into(),
@@ -130,7 +130,7 @@ impl DeviceQueue {
     }
 
     /// Plans the device reads of everything queued so far, on the host, without a driver call
-    /// (see `ops::cuda::DeviceBatch::plan`): the recorder's worker thread does this for a
+    /// (see `record::device::DeviceBatch::plan`): the recorder's worker thread does this for a
     /// captured graph, and the training thread launches the plan when it takes the graph's
     /// records over.
     pub fn plan(&mut self) -> Result<(), RecordError> {
@@ -163,7 +163,7 @@ pub struct DeviceRead {
     #[cfg(feature = "cuda")]
     step: u64,
     #[cfg(feature = "cuda")]
-    read: Option<crate::ops::cuda::PendingRead>,
+    read: Option<crate::record::device::PendingRead>,
 }
 
 impl DeviceRead {
@@ -191,7 +191,7 @@ impl DeviceRead {
 #[derive(Default)]
 pub struct DeviceResults {
     #[cfg(feature = "cuda")]
-    landed: Option<crate::ops::cuda::LandedRead>,
+    landed: Option<crate::record::device::LandedRead>,
 }
 
 impl DeviceResults {
@@ -199,7 +199,7 @@ impl DeviceResults {
     pub fn into_results(self) -> Vec<DeviceResult> {
         #[cfg(feature = "cuda")]
         if let Some(landed) = self.landed {
-            use crate::ops::cuda::Resolved;
+            use crate::record::device::Resolved;
             return landed
                 .results()
                 .into_iter()

@@ -1,6 +1,6 @@
 //! The hashing device functions of `kernels/hash.cu`, compiled for the host (see `build.rs`),
 //! so that the batched GPU hash can be checked against BLAKE3 on a machine without a GPU. Each
-//! function runs one kernel pass over the tables of a plan (`repro::ops::device_hash`), with
+//! function runs one kernel pass over the tables of a plan (`repro::record::device::plan`), with
 //! host addresses in place of device addresses.
 //!
 //! Test-only: only test builds depend on this crate; the `repro` binary never links it.

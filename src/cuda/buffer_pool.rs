@@ -3,7 +3,7 @@
 //! trains, never where it comes back.
 //!
 //! A step's flushes mostly have the sizes of the step before, and allocating costs driver calls
-//! (a page-locked buffer far more than a step's copy), so `ops::cuda` keeps its device arenas
+//! (a page-locked buffer far more than a step's copy), so the recorder's device hashing keeps its device arenas
 //! and page-locked buffers here. They come back (`give_back`) on the trace writer's thread,
 //! which has no CUDA context: freeing device memory there fails with
 //! `CUDA_ERROR_INVALID_CONTEXT`, which cudarc does not return but stores in the context, so the

@@ -4,7 +4,7 @@
 //! Hashing thousands of small tensors one kernel launch at a time costs more than the
 //! hashing itself, so a step's views are hashed together: one launch for all chunks, one per
 //! four tree levels, one for the roots, and one copy launch for the views whose values the host
-//! keeps. The plan is pure arithmetic on addresses, shapes and strides; `ops::cuda` runs it on a
+//! keeps. The plan is pure arithmetic on addresses, shapes and strides; `record::device::batch` runs it on a
 //! GPU, and the tests run the very same kernels compiled for the host (crates/kernel-host-check).
 
 use std::collections::hash_map::{Entry, HashMap};
@@ -293,7 +293,7 @@ mod tests {
     use super::*;
     use kernel_host_check as kernels;
 
-    /// Runs a plan the way `ops::cuda` does, on the host; returns the output buffer.
+    /// Runs a plan the way `record::device::batch` does, on the host; returns the output buffer.
     fn run(plan: &Plan) -> Vec<u8> {
         let t = &plan.table;
         let mut out = vec![0u8; plan.out_len];
@@ -445,5 +445,7 @@ mod tests {
         let dims = [2usize; 9];
         let strides: Vec<usize> = (0..9u32).rev().map(|k| 3usize.pow(k)).collect();
         assert!(Plan::new(&[(view(&memory, 0, 1, &dims, &strides), Want::Hash)]).is_none());
+        assert!(!fits(&dims, &strides), "the recorder copies such a view before hashing it");
+        assert!(fits(&[2, 1, 3, 4], &contiguous_strides(&[2, 1, 3, 4])) && fits(&[3, 4], &[1, 3]));
     }
 }

@@ -1,0 +1,547 @@
+//! The recorder's device side: a step's tensors hashed on the GPU (or copied, where the host
+//! keeps values) by the batched kernels of `kernels/hash.cu`, a handful of launches per flush
+//! whatever the number of tensors, and the results brought to the host in one copy per flush.
+//! candle's `Device::new_cuda` uses CUDA's per-thread default stream: work launched from another
+//! thread would not be ordered with it, so the recorder launches only from the thread that
+//! trains (see `DeviceBatch`).
+
+use super::plan::{fits, Plan, Slot, View, Want};
+use crate::cuda::buffer_pool::{size_class, Buffer, BufferPool};
+use crate::cuda::keep_freed_memory;
+use crate::cuda::kernels::{grid, ptx, MODULE};
+use crate::cuda::pinned::{take_pinned, Pinned};
+use candle_core::cuda_backend::cudarc::driver::{
+    CudaEvent, CudaFunction, CudaSlice, CudaStream, CudaViewMut, DevicePtr, PushKernelArg,
+};
+use candle_core::cuda_backend::{CudaDevice, DeviceId, WrapErr};
+use candle_core::{DType, Device, Error, Result, Storage, Tensor};
+
+/// Runs `$body` with `$t` bound to the Rust element type of `$dtype` (the dtypes traces hold);
+/// evaluates `$other` for any other dtype.
+macro_rules! for_dtype {
+    ($dtype:expr, $t:ident => $body:expr, $other:pat => $fallback:expr) => {
+        match $dtype {
+            DType::U8 => {
+                type $t = u8;
+                $body
+            }
+            DType::U32 => {
+                type $t = u32;
+                $body
+            }
+            DType::I16 => {
+                type $t = i16;
+                $body
+            }
+            DType::I32 => {
+                type $t = i32;
+                $body
+            }
+            DType::I64 => {
+                type $t = i64;
+                $body
+            }
+            DType::F16 => {
+                type $t = half::f16;
+                $body
+            }
+            DType::BF16 => {
+                type $t = half::bf16;
+                $body
+            }
+            DType::F32 => {
+                type $t = f32;
+                $body
+            }
+            DType::F64 => {
+                type $t = f64;
+                $body
+            }
+            $other => $fallback,
+        }
+    };
+}
+
+/// The BLAKE3 data hash of a CUDA tensor's canonical bytes (a batch of one; see `DeviceBatch`).
+pub fn data_hash(tensor: &Tensor) -> Result<[u8; 32]> {
+    let Device::Cuda(dev) = tensor.device() else {
+        return Err(Error::Msg("data_hash needs a CUDA tensor".into()));
+    };
+    let mut batch = DeviceBatch::new(dev.clone());
+    batch.push(tensor, true, false)?;
+    Ok(match batch.resolve()?.remove(0) {
+        Resolved::DataHash(h) => h,
+        Resolved::Bytes(bytes) => *blake3::hash(&bytes).as_bytes(),
+    })
+}
+
+/// What a queued tensor resolves to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Resolved {
+    /// The tensor's canonical bytes.
+    Bytes(Vec<u8>),
+    /// BLAKE3 of the tensor's canonical bytes, computed on the device.
+    DataHash([u8; 32]),
+}
+
+/// Compiles and loads the hashing kernels on `dev`, and makes its memory pool keep what candle
+/// frees (`keep_freed_memory`): what a `DeviceBatch` would otherwise do at its first flush.
+pub fn prepare(dev: &CudaDevice) -> Result<()> {
+    keep_freed_memory(dev)?;
+    HashKernels::of(dev).map(|_| ())
+}
+
+/// One step's device-side recording work. Tensors are queued as they are recorded and read
+/// when the batch is flushed: every view is hashed (or copied, where the host keeps values) by
+/// the batched kernels of `plan`, a handful of launches per flush whatever the number of
+/// tensors, and all results reach the host in one copy per flush when the batch resolves.
+///
+/// Only the thread that trains should make CUDA calls: the driver serializes a context's calls
+/// from several threads, and each call another thread makes while training launches kernels
+/// costs the training thread a wait for the driver's lock (about a context switch each). So
+/// the host's share of a flush, planning it, can run on any thread (`plan`, which makes no
+/// driver call), and the launches, the copies and the waits run on the training thread.
+///
+/// A queued tensor is kept alive and read through its strides, without a copy, when the batch
+/// is flushed; a tensor that will change in place before that (a variable an optimizer will
+/// update, `Var::set`) is queued with `snapshot`, which copies it on the device at once.
+pub struct DeviceBatch {
+    dev: CudaDevice,
+    /// Queued since the last plan: each tensor and what the host wants of it.
+    pending: Vec<(Tensor, Want)>,
+    /// Planned, in order, and not launched yet: each plan with the tensors it reads.
+    planned: Vec<Planned>,
+    /// Flushed: the kernels' output buffers, the slots of their tensors, and the page-locked
+    /// buffers their tables were uploaded from (reusable once the step's copy has landed). The
+    /// tensors themselves are let go once the kernels are queued: candle frees device memory
+    /// in the order of the calling thread's stream (`cuMemFreeAsync`), the stream the kernels
+    /// were launched on, so nothing can reuse it before they have run.
+    flushed: Vec<Flushed>,
+}
+
+/// A plan for some of a batch's tensors, made on the host.
+struct Planned {
+    plan: Plan,
+    /// The tensors whose addresses the plan holds, alive until its kernels are queued.
+    tensors: Vec<(Tensor, Want)>,
+}
+
+/// One flush's device work, launched.
+struct Flushed {
+    /// Its one device allocation, whose first `out_len` bytes are the results.
+    arena: CudaSlice<u8>,
+    out_len: usize,
+    /// Where each view's result is among them.
+    slots: Vec<Slot>,
+    /// The page-locked buffer its table was uploaded from.
+    table: Pinned<u64>,
+    /// The values of its `Slot::Direct` slots (by slot index), read back when it was launched.
+    direct: Vec<(usize, Vec<u8>)>,
+}
+
+impl DeviceBatch {
+    /// An empty batch on `dev`.
+    pub fn new(dev: CudaDevice) -> Self {
+        // The recorder waits for each step's results; keep that wait from emptying the pool.
+        let _ = keep_freed_memory(&dev);
+        DeviceBatch { dev, pending: Vec::new(), planned: Vec::new(), flushed: Vec::new() }
+    }
+
+    /// The device the batch belongs to.
+    pub fn device(&self) -> &CudaDevice {
+        &self.dev
+    }
+
+    /// Queues a CUDA tensor: its data hash when `hash`, otherwise its bytes; copied now when
+    /// `snapshot`. Returns the ticket of its result in `resolve`.
+    pub fn push(&mut self, tensor: &Tensor, hash: bool, snapshot: bool) -> Result<usize> {
+        // `copy` makes new storage that the tensor's later in-place update cannot reach.
+        let tensor = if snapshot {
+            tensor.copy().map_err(|e| e.context("copying a tensor that changes in place before it is hashed"))?
+        } else {
+            tensor.clone()
+        };
+        let ticket = self.tickets();
+        self.pending.push((tensor, if hash { Want::Hash } else { Want::Bytes }));
+        Ok(ticket)
+    }
+
+    /// Tickets handed out so far: results flushed and tensors queued.
+    pub fn tickets(&self) -> usize {
+        self.flushed_results() + self.planned.iter().map(|p| p.plan.slots.len()).sum::<usize>() + self.pending.len()
+    }
+
+    /// Results of the flushes so far.
+    fn flushed_results(&self) -> usize {
+        self.flushed.iter().map(|f| f.slots.len()).sum()
+    }
+
+    /// Plans the reads of everything queued, on the host: no driver call, so any thread may
+    /// (the recorder's worker does, for a captured graph). What an earlier call planned and
+    /// nothing has launched yet is planned again with it, so the lot is launched in one flush.
+    /// Views the kernels cannot read as they are (too many dimensions) need a contiguous copy,
+    /// a launch: when one is queued, nothing is planned here and `flush` plans it.
+    pub fn plan(&mut self) -> Result<()> {
+        if self.pending.is_empty() || self.pending.iter().any(|(t, _)| !fits(t.layout().dims(), t.layout().stride())) {
+            return Ok(());
+        }
+        let mut tensors: Vec<(Tensor, Want)> =
+            std::mem::take(&mut self.planned).into_iter().flat_map(|planned| planned.tensors).collect();
+        tensors.append(&mut self.pending);
+        let plan = plan_of(&tensors, &self.dev)?;
+        self.planned.push(Planned { plan, tensors });
+        Ok(())
+    }
+
+    /// Launches the kernels over everything queued or planned since the last flush, on the
+    /// calling thread's stream: they read the tensors before anything launched later on it can
+    /// change them.
+    pub fn flush(&mut self) -> Result<()> {
+        if !self.pending.is_empty() {
+            // Views with more dimensions than the kernels take are made contiguous first.
+            let mut tensors = Vec::with_capacity(self.pending.len());
+            for (tensor, want) in std::mem::take(&mut self.pending) {
+                let layout = tensor.layout();
+                let tensor = if fits(layout.dims(), layout.stride()) {
+                    tensor
+                } else {
+                    let copied = tensor.contiguous();
+                    copied.map_err(|e| e.context("copying a view of too many dimensions to hash it"))?
+                };
+                tensors.push((tensor, want));
+            }
+            let plan = plan_of(&tensors, &self.dev)?;
+            self.planned.push(Planned { plan, tensors });
+        }
+        for Planned { plan, tensors } in std::mem::take(&mut self.planned) {
+            let bytes: u64 = tensors.iter().map(|(t, _)| (t.elem_count() * t.dtype().size_in_bytes()) as u64).sum();
+            let what = format!("hashing {} tensors ({})", tensors.len(), size(bytes as usize));
+            let mut flushed = self.launch(plan).map_err(|e| e.context(what))?;
+            // Values read straight from their tensors are read now, as the kernels read the
+            // others: a flush comes before what changes them (an optimizer's in-place update).
+            let stream = self.dev.cuda_stream();
+            for (i, slot) in flushed.slots.iter().enumerate() {
+                if *slot == Slot::Direct {
+                    flushed.direct.push((i, read_values(&tensors[i].0, &stream)?));
+                }
+            }
+            if !flushed.direct.is_empty() {
+                // A copy into pageable memory returns once it has landed; this makes sure of it
+                // before anything reads the values.
+                stream.synchronize().w()?;
+            }
+            self.flushed.push(flushed);
+            // The other tensors are let go here; see `flushed`.
+            drop(tensors);
+        }
+        Ok(())
+    }
+
+    /// Uploads a plan's table and launches its kernels on the calling thread's stream.
+    fn launch(&self, plan: Plan) -> Result<Flushed> {
+        let stream = self.dev.cuda_stream();
+        // cudarc keeps the errors of calls that cannot return one (a free, when a buffer is
+        // dropped) for the next call to find: name it as such rather than as this launch's.
+        stream.context().check_err().w().map_err(|e| {
+            e.context("a CUDA call that could not report its error (freeing memory, say) failed before this one")
+        })?;
+        let table_len = plan.table.len().max(1);
+        let mut staged = take_pinned(&PINNED_TABLES, &self.dev, table_len).map_err(|e| {
+            e.context(format!("allocating {} of page-locked memory for its table", size(8 * table_len)))
+        })?;
+        staged.as_mut_slice()[..plan.table.len()].copy_from_slice(&plan.table);
+        // One device buffer per flush, from a pool (an allocation costs the driver an
+        // allocation, two events and their release): the output first (what the host copies
+        // back), then the table. Both live until the step's results land, two steps later.
+        let out_bytes = plan.out_len.max(1).next_multiple_of(8);
+        let table_bytes = 8 * staged.len();
+        let arena_len = out_bytes + table_bytes;
+        // SAFETY: the table is written by the copy below, and the kernels write every output.
+        let mut arena = DEVICE_ARENAS
+            .take(&self.dev.id(), arena_len, || unsafe { self.dev.alloc::<u8>(arena_len) })
+            .map_err(|e| e.context(format!("allocating {} of GPU memory for its results", size(arena_len))))?;
+        let (mut out, mut table) = arena.split_at_mut(out_bytes);
+        // SAFETY: the region is 8-byte aligned (allocations are, and so is its offset) and holds
+        // whole elements.
+        let mut table = unsafe { table.transmute_mut::<u64>(staged.len()) }.expect("the table's region");
+        // SAFETY: the staged buffer is page-locked and stays alive (in `Flushed`) until the
+        // step's copy back, queued after this one on the same stream, has landed.
+        unsafe { staged.upload(&mut table, &stream) }.map_err(|e| e.context("uploading its table"))?;
+        // The tree's chaining values (32 bytes per KiB hashed) are needed only while the kernels
+        // run: scratch of this thread, whose next flush reuses it behind these kernels on the
+        // same stream, rather than memory held until the results land (three steps' worth).
+        let scratch_key = (self.dev.id(), std::thread::current().id());
+        let scratch_len = size_class(32 * plan.nodes as usize);
+        // SAFETY: the kernels write every chaining value they read.
+        let mut scratch = NODE_SCRATCH
+            .take(&scratch_key, scratch_len, || unsafe { self.dev.alloc::<u8>(scratch_len) })
+            .map_err(|e| e.context(format!("allocating {} of GPU memory for its tree", size(scratch_len))))?;
+        let kernels = HashKernels::of(&self.dev)?;
+        {
+            // SAFETY: allocations are aligned, and the scratch holds whole u32 words.
+            let mut nodes = unsafe { scratch.transmute_mut::<u32>(scratch_len / 4) }.expect("the tree's scratch");
+            self.launch_kernels(&plan, &kernels, &stream, &table, &mut nodes, &mut out)
+                .map_err(|e| e.context("launching its kernels"))?;
+        }
+        NODE_SCRATCH.give_back(scratch_key, scratch);
+        Ok(Flushed { arena, out_len: plan.out_len, slots: plan.slots, table: staged, direct: Vec::new() })
+    }
+
+    /// Launches a plan's kernels, its table uploaded.
+    fn launch_kernels(
+        &self,
+        plan: &Plan,
+        kernels: &HashKernels,
+        stream: &CudaStream,
+        table: &CudaViewMut<'_, u64>,
+        nodes: &mut CudaViewMut<'_, u32>,
+        out: &mut CudaViewMut<'_, u8>,
+    ) -> Result<()> {
+        let words = |r: &std::ops::Range<usize>| table.slice(r.clone());
+        if let Some(chunks) = &plan.chunks {
+            let (views, prefix) = (words(&chunks.views), words(&chunks.prefix));
+            let mut b = stream.launch_builder(&kernels.chunks);
+            b.arg(&views).arg(&prefix).arg(&chunks.count).arg(&mut *nodes);
+            unsafe { b.launch(grid(chunks.items, 128)) }.w()?;
+            for level in &plan.levels {
+                let (rows, prefix) = (words(&level.rows), words(&level.prefix));
+                let mut b = stream.launch_builder(&kernels.parents);
+                b.arg(&rows).arg(&prefix).arg(&level.views).arg(&mut *nodes);
+                unsafe { b.launch(grid(level.outputs, 128)) }.w()?;
+            }
+            let (roots, count) = (words(&plan.roots), plan.roots.len() as u64);
+            let nodes = nodes.slice(..);
+            let mut b = stream.launch_builder(&kernels.roots);
+            b.arg(&roots).arg(&count).arg(&nodes).arg(&mut *out);
+            unsafe { b.launch(grid(count, 128)) }.w()?;
+        }
+        if let Some(copy) = &plan.copy {
+            let (views, prefix, out_at) = (words(&copy.views), words(&copy.prefix), words(&plan.copy_out));
+            let mut b = stream.launch_builder(&kernels.copy);
+            b.arg(&views).arg(&prefix).arg(&out_at).arg(&copy.count).arg(&mut *out);
+            unsafe { b.launch(grid(copy.items, 256)) }.w()?;
+        }
+        Ok(())
+    }
+
+    /// Takes over `other`'s work (launched here, on the calling thread's stream, if it was only
+    /// planned), after what this batch has flushed and before what it still queues. Returns
+    /// `other`'s results' tickets here: they begin at the first ticket of this batch's queued
+    /// tensors, whose tickets move up by as many.
+    pub fn absorb(&mut self, mut other: DeviceBatch) -> Result<std::ops::Range<usize>> {
+        other.flush()?;
+        let (first, added) = (self.flushed_results(), other.flushed_results());
+        self.flushed.append(&mut other.flushed);
+        Ok(first..first + added)
+    }
+
+    /// Flushes, then queues the copy of every output to page-locked host memory behind the
+    /// kernels, on the calling thread's stream, without waiting: `PendingRead::wait` waits for
+    /// this step's work only, so the host can queue the next steps meanwhile. The device
+    /// buffers go back to their pool once the copy has landed (`LandedRead::results`).
+    pub fn start_read(mut self) -> Result<PendingRead> {
+        self.flush()?;
+        let bytes: usize = self.flushed.iter().map(|f| f.out_len).sum();
+        self.copy_back().map_err(|e| e.context(format!("copying {} of results back to the host", size(bytes))))
+    }
+
+    /// `start_read` once everything is flushed.
+    fn copy_back(self) -> Result<PendingRead> {
+        let stream = self.dev.cuda_stream();
+        let mut copies = Vec::with_capacity(self.flushed.len());
+        for Flushed { arena, out_len, slots, table, direct } in self.flushed {
+            let out = arena.slice(..out_len.max(1));
+            let mut host = take_pinned(&PINNED_RESULTS, &self.dev, out.len())?;
+            // SAFETY: `host` is page-locked and stays alive (in the `PendingCopy`) until the
+            // copy has landed (`PendingRead::wait`).
+            unsafe { host.download(&out, &stream) }?;
+            copies.push(PendingCopy { host, slots, table, arena, direct });
+        }
+        // Our own event: a page-locked buffer's own event is recorded only when cudarc manages
+        // synchronization between several streams, and candle runs one per thread.
+        let landed = stream.record_event(None).w()?;
+        Ok(PendingRead { ordinal: self.dev.id(), copies, landed })
+    }
+
+    /// Flushes, copies every output to the host, and returns the results in ticket order.
+    pub fn resolve(self) -> Result<Vec<Resolved>> {
+        Ok(self.start_read()?.wait()?.results())
+    }
+}
+
+/// A tensor's row-major bytes, copied from its own device memory into pageable host memory (a
+/// strided view is made contiguous on the device first, one tensor at a time), on `stream`
+/// after the work queued there: the thread waits for the device to get there.
+fn read_values(tensor: &Tensor, stream: &std::sync::Arc<CudaStream>) -> Result<Vec<u8>> {
+    use candle_core::cuda_backend::cudarc::driver::result;
+    let contiguous = if tensor.is_contiguous() { tensor.clone() } else { tensor.contiguous()? };
+    let mut bytes = vec![0u8; contiguous.elem_count() * contiguous.dtype().size_in_bytes()];
+    let address = view_of(&contiguous, stream)?.address;
+    // SAFETY: `bytes` holds exactly the view's bytes, which start at `address` (contiguous), and
+    // stays alive and unread until the copy has landed (it returns once it has, for pageable
+    // memory, and the caller synchronizes the stream before reading).
+    unsafe { result::memcpy_dtoh_async(&mut bytes, address, stream.cu_stream()) }
+        .w()
+        .map_err(|e| e.context(format!("copying {} of values back to the host", size(bytes.len()))))?;
+    Ok(bytes)
+}
+
+/// A size in bytes as people read it (`96.0 MiB`).
+fn size(bytes: usize) -> String {
+    crate::report::bytes(bytes as u64)
+}
+
+/// The plan of a batch of tensors that all fit the kernels: their addresses, read on the host.
+fn plan_of(tensors: &[(Tensor, Want)], dev: &CudaDevice) -> Result<Plan> {
+    let stream = dev.cuda_stream();
+    let views = tensors.iter().map(|(t, want)| Ok((view_of(t, &stream)?, *want))).collect::<Result<Vec<_>>>()?;
+    Ok(Plan::new(&views).expect("every view fits the kernels"))
+}
+
+/// The batched hashing kernels of one device, looked up once per device and process rather
+/// than by name at every launch.
+#[derive(Clone)]
+struct HashKernels {
+    chunks: CudaFunction,
+    parents: CudaFunction,
+    roots: CudaFunction,
+    copy: CudaFunction,
+}
+
+impl HashKernels {
+    fn of(dev: &CudaDevice) -> Result<HashKernels> {
+        static LOADED: std::sync::Mutex<Vec<(candle_core::cuda_backend::DeviceId, HashKernels)>> =
+            std::sync::Mutex::new(Vec::new());
+        let mut loaded = LOADED.lock().map_err(|_| Error::Msg("hash kernel cache poisoned".into()))?;
+        if let Some((_, kernels)) = loaded.iter().find(|(id, _)| *id == dev.id()) {
+            return Ok(kernels.clone());
+        }
+        let load = |name: &str| -> Result<CudaFunction> {
+            Ok(dev.get_or_load_custom_func(name, MODULE, ptx()?)?.into_cuda_function())
+        };
+        let kernels = HashKernels {
+            chunks: load("hash_chunks")?,
+            parents: load("hash_parents")?,
+            roots: load("hash_roots")?,
+            copy: load("copy_views")?,
+        };
+        loaded.push((dev.id(), kernels.clone()));
+        Ok(kernels)
+    }
+}
+
+/// One flush's results on their way to the host.
+struct PendingCopy {
+    /// Page-locked, so alive until the copy has landed (`PendingRead::wait`).
+    host: Pinned<u8>,
+    slots: Vec<Slot>,
+    /// Where the flush's table was uploaded from; free for reuse once the copy has landed.
+    table: Pinned<u64>,
+    /// The device buffer the results are copied from; free for reuse once the copy has landed.
+    arena: CudaSlice<u8>,
+    /// The values of its `Slot::Direct` slots, by slot index.
+    direct: Vec<(usize, Vec<u8>)>,
+}
+
+/// A step's device results, copying to the host (see `DeviceBatch::start_read`).
+pub struct PendingRead {
+    ordinal: candle_core::cuda_backend::DeviceId,
+    copies: Vec<PendingCopy>,
+    /// Recorded on the stream behind the copies.
+    landed: CudaEvent,
+}
+
+impl PendingRead {
+    /// Waits for the copies (that is, for the step's work, not for anything queued after it).
+    /// A driver call: make it on the thread that trains (see `DeviceBatch`).
+    pub fn wait(self) -> Result<LandedRead> {
+        self.landed.synchronize().w().map_err(|e| e.context("waiting for the step's hashing and copies on the GPU"))?;
+        Ok(LandedRead { ordinal: self.ordinal, copies: self.copies })
+    }
+}
+
+/// A step's device results, on the host: read on any thread, with no driver call. Its buffers
+/// go back to their pools, read or not (dropped on the writer's thread, they would be freed
+/// where no CUDA context is current; see `buffer_pool`).
+pub struct LandedRead {
+    ordinal: candle_core::cuda_backend::DeviceId,
+    copies: Vec<PendingCopy>,
+}
+
+impl LandedRead {
+    /// The results in ticket order.
+    pub fn results(mut self) -> Vec<Resolved> {
+        let mut results = Vec::new();
+        for copy in &mut self.copies {
+            let host = copy.host.as_slice();
+            let mut direct = std::mem::take(&mut copy.direct).into_iter();
+            results.extend(copy.slots.iter().enumerate().map(|(i, slot)| match slot {
+                Slot::Hash(r) => Resolved::DataHash(host[r.clone()].try_into().expect("32 bytes")),
+                Slot::Bytes(r) => Resolved::Bytes(host[r.clone()].to_vec()),
+                Slot::Direct => {
+                    let (at, bytes) = direct.next().expect("a value for every direct slot");
+                    debug_assert_eq!(at, i);
+                    Resolved::Bytes(bytes)
+                }
+            }));
+        }
+        self.give_back();
+        results
+    }
+
+    fn give_back(&mut self) {
+        for copy in self.copies.drain(..) {
+            PINNED_RESULTS.give_back(self.ordinal, copy.host);
+            PINNED_TABLES.give_back(self.ordinal, copy.table);
+            DEVICE_ARENAS.give_back(self.ordinal, copy.arena);
+        }
+    }
+}
+
+impl Drop for LandedRead {
+    fn drop(&mut self) {
+        self.give_back();
+    }
+}
+
+/// Page-locked buffers the results are copied into (not write-combined: the host reads them).
+static PINNED_RESULTS: BufferPool<DeviceId, Pinned<u8>> = BufferPool::new(16, usize::MAX);
+
+/// Page-locked buffers the kernels' tables are uploaded from: a copy from pageable memory can
+/// wait for the GPU to drain, one from page-locked memory never does.
+static PINNED_TABLES: BufferPool<DeviceId, Pinned<u64>> = BufferPool::new(16, usize::MAX);
+
+/// Device buffers for the flushes' results, tables and chaining values. A flush over large
+/// tensors needs a large tree (32 bytes of chaining values per KiB hashed): an arena above the
+/// bound is kept while steps reuse its exact size, and freed by the first `take` that needs
+/// another (see `buffer_pool`: never on the writer thread, which gives it back).
+static DEVICE_ARENAS: BufferPool<DeviceId, CudaSlice<u8>> = BufferPool::new(usize::MAX, 64 << 20);
+
+/// The hashing trees' scratch, by device and thread: one thread's flushes run on its own stream
+/// (candle's per-thread default stream), so a flush reuses the scratch of the one before it
+/// with no wait, and no other thread's flush can take it while those kernels may still run.
+static NODE_SCRATCH: BufferPool<(DeviceId, std::thread::ThreadId), CudaSlice<u8>> = BufferPool::new(8, usize::MAX);
+
+/// The kernels' view of a CUDA tensor: the device address of its first element, its element
+/// size, dims and strides (borrowed from its layout).
+fn view_of<'t>(tensor: &'t Tensor, stream: &CudaStream) -> Result<View<'t>> {
+    let address = {
+        let (storage, layout) = tensor.storage_and_layout();
+        let Storage::Cuda(cuda) = &*storage else {
+            return Err(Error::Msg("DeviceBatch needs CUDA tensors".into()));
+        };
+        let base = for_dtype!(
+            tensor.dtype(),
+            T => cuda.as_cuda_slice::<T>()?.device_ptr(stream).0,
+            other => return Err(Error::Msg(format!("cannot hash {other:?} on the device")))
+        );
+        base + (layout.start_offset() * tensor.dtype().size_in_bytes()) as u64
+    };
+    let layout = tensor.layout();
+    Ok(View {
+        address,
+        elem_size: tensor.dtype().size_in_bytes() as u64,
+        dims: layout.dims(),
+        strides: layout.stride(),
+    })
+}
