@@ -3,6 +3,7 @@
 
 use super::gate::record_command;
 use super::workload_args::WorkloadArgs;
+use super::CliError;
 use super::Exit;
 use clap::{Args, Subcommand};
 use repro::report::bytes;
@@ -48,10 +49,10 @@ fn write_whole(records: &Path, out: &Path, replace: bool) -> std::io::Result<u64
     Ok(size)
 }
 
-pub fn run(args: BaselineArgs) -> Result<Exit, String> {
+pub fn run(args: BaselineArgs) -> Result<Exit, CliError> {
     let BaselineAction::Write { train, out, force, command } = args.action;
     if !force && std::fs::symlink_metadata(&out).is_ok() {
-        return Err(format!("{} exists: pass --force to replace it with a new baseline", out.display()));
+        return Err(format!("{} exists: pass --force to replace it with a new baseline", out.display()).into());
     }
     let scratch = super::scratch::ScratchDir::new("baseline")?;
     let work = scratch.path().join("run");
@@ -66,11 +67,13 @@ pub fn run(args: BaselineArgs) -> Result<Exit, String> {
             return Err(
                 "the program wrote a data-parallel run: a baseline holds one stream; gate such runs with `repro gate \
                  -- CMD` (two runs compared), or record one device for the baseline"
-                    .to_string(),
+                    .to_string()
+                    .into(),
             );
         }
         write_whole(&work.join(repro::trace::format::RECORDS_FILE), &out, force)
             .map_err(|e| format!("cannot write {}: {e}", out.display()))
+            .map_err(CliError::from)
     });
     drop(scratch);
     let size = result?;

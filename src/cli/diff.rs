@@ -1,5 +1,6 @@
 //! `repro diff A B`: compare two traces.
 
+use super::CliError;
 use super::{print_json, Exit};
 use clap::Args;
 use repro::diff::{diff_runs, DiffOptions, Tolerance};
@@ -36,9 +37,9 @@ impl DiffArgs {
     }
 }
 
-pub fn run(args: DiffArgs) -> Result<Exit, String> {
+pub fn run(args: DiffArgs) -> Result<Exit, CliError> {
     let options = DiffOptions { tolerance: args.tolerance, track: args.plot_tensor.clone(), ..DiffOptions::default() };
-    let run = diff_runs(&args.a, &args.b, &options).map_err(|e| e.to_string())?;
+    let run = diff_runs(&args.a, &args.b, &options)?;
     let single = run.world_size_a == 1 && run.world_size_b == 1;
     if let Some(path) = &args.plot {
         super::output::write_plot(path, plot_diff(&run.diff))?;

@@ -3,6 +3,7 @@
 //! program, which records itself into the directory named by `REPRO_TRACE_DIR`.
 
 use super::workload_args::WorkloadArgs;
+use super::CliError;
 use super::Exit;
 use clap::Args;
 use repro::diff::{baseline_mismatch, gate_traces, DiffError, GateReference, GateReport, Tolerance};
@@ -18,7 +19,7 @@ use std::time::{Duration, Instant};
 /// option, so those win, and a conflict is refused by the baseline check). Any other command
 /// line, and a baseline that cannot be read (the gate says why), is returned as it is. A
 /// baseline whose settings are not a built-in workload's is refused (see `options_for`).
-pub fn with_baseline_defaults(argv: Vec<OsString>) -> Result<Vec<OsString>, String> {
+pub fn with_baseline_defaults(argv: Vec<OsString>) -> Result<Vec<OsString>, CliError> {
     if argv.get(1).is_none_or(|a| a != "gate") || argv.iter().any(|a| a == "--") {
         return Ok(argv);
     }
@@ -112,7 +113,7 @@ impl GateArgs {
     }
 }
 
-pub fn run(args: GateArgs) -> Result<Exit, String> {
+pub fn run(args: GateArgs) -> Result<Exit, CliError> {
     let runs = args.runs.unwrap_or(if args.baseline.is_some() { 1 } else { 2 });
     if runs == 0 || (args.baseline.is_none() && runs < 2) {
         return Err("a gate needs --runs 2 or more (or --baseline FILE with --runs 1 or more)".into());
@@ -124,15 +125,15 @@ pub fn run(args: GateArgs) -> Result<Exit, String> {
             "--tolerance {tolerance} judges values, and the baseline {} keeps hashes only (values of tensors up to 256 bytes aside): \
              gate fresh runs with `repro gate --tolerance {tolerance}` (no --baseline), or compare a full trace with `repro diff --tolerance {tolerance}`",
             file.display()
-        ));
+        ).into());
     }
     if let Some(file) = &args.baseline {
-        let baseline = TraceReader::open(file).map_err(|e| e.to_string())?;
+        let baseline = TraceReader::open(file)?;
         if args.command.is_empty() {
             let planned = args.train.run_config(&args.train.workload()?);
             let fields = baseline_mismatch(&baseline.header().run, &planned);
             if !fields.is_empty() {
-                return Err(DiffError::BaselineMismatch { baseline: file.clone(), fields }.to_string());
+                return Err(DiffError::BaselineMismatch { baseline: file.clone(), fields }.to_string().into());
             }
         }
     }
@@ -142,7 +143,8 @@ pub fn run(args: GateArgs) -> Result<Exit, String> {
             return Err(format!(
                 "{} is not empty: --keep needs a new or empty directory (the gate would replace the runs in it)",
                 dir.display()
-            ));
+            )
+            .into());
         }
         Some(dir) => dir.clone(),
         None => {
@@ -178,7 +180,7 @@ pub fn run(args: GateArgs) -> Result<Exit, String> {
     Ok(if report.passed() { Exit::Same } else { Exit::Diverged })
 }
 
-fn gate(args: &GateArgs, runs: usize, work: &Path) -> Result<GateReport, String> {
+fn gate(args: &GateArgs, runs: usize, work: &Path) -> Result<GateReport, CliError> {
     let subject = if args.command.is_empty() {
         let on = match args.devices.len() {
             0 | 1 => args.devices.first().unwrap_or(&args.train.device).clone(),
@@ -224,7 +226,7 @@ fn gate(args: &GateArgs, runs: usize, work: &Path) -> Result<GateReport, String>
         Some(file) => GateReference::Baseline(file),
         None => GateReference::FirstRun,
     };
-    gate_traces(subject, reference, &traces, args.tolerance).map_err(|e| e.to_string())
+    Ok(gate_traces(subject, reference, &traces, args.tolerance)?)
 }
 
 /// Runs a self-recording program with `REPRO_TRACE_DIR` set to `dir` and `REPRO_CAPTURE` to
@@ -237,7 +239,7 @@ pub fn record_command(
     dir: &Path,
     capture: &FullCapture,
     timeout: Option<Duration>,
-) -> Result<(), String> {
+) -> Result<(), CliError> {
     let _ = std::fs::remove_dir_all(dir);
     let mut program = std::process::Command::new(&command[0]);
     program
@@ -264,10 +266,11 @@ pub fn record_command(
                     "`{}` ran longer than --timeout {}s and was stopped, with every process it started",
                     command.join(" "),
                     timeout.unwrap_or_default().as_secs()
-                ));
+                )
+                .into());
             }
             Ok(None) => std::thread::sleep(Duration::from_millis(20)),
-            Err(e) => return Err(format!("cannot wait for `{}`: {e}", command[0])),
+            Err(e) => return Err(format!("cannot wait for `{}`: {e}", command[0]).into()),
         }
     };
     // Whatever the program left running in its group goes with it.
@@ -277,18 +280,19 @@ pub fn record_command(
         return Err(format!(
             "`{}` failed ({status}); the gate needs it to train and record successfully",
             command.join(" ")
-        ));
+        )
+        .into());
     }
     check_recorded(&command.join(" "), dir)
 }
 
 /// Checks what a program left in `dir` before anything compares or keeps it: a finished trace of
 /// at least one step, or a data-parallel run of such rank traces; never a link.
-fn check_recorded(program: &str, dir: &Path) -> Result<(), String> {
+fn check_recorded(program: &str, dir: &Path) -> Result<(), CliError> {
     let streams = match repro::trace::rank_streams(dir) {
         Ok(Some(ranks)) => ranks,
         Ok(None) => vec![dir.to_path_buf()],
-        Err(e) => return Err(format!("`{program}` left a data-parallel run that cannot be read: {e}")),
+        Err(e) => return Err(format!("`{program}` left a data-parallel run that cannot be read: {e}").into()),
     };
     for stream in &streams {
         let records = stream.join(repro::trace::format::RECORDS_FILE);
@@ -297,13 +301,15 @@ fn check_recorded(program: &str, dir: &Path) -> Result<(), String> {
                 return Err(format!(
                     "`{program}` recorded nothing: it should record into the directory in ${TRACE_DIR_ENV} (see \
                      `Recorder::from_env`)"
-                ))
+                )
+                .into())
             }
             Ok(meta) if !meta.file_type().is_file() => {
                 return Err(format!(
                     "`{program}` left {} as a link or other non-file; repro reads and keeps only files it wrote",
                     records.display()
-                ))
+                )
+                .into())
             }
             Ok(_) => {}
         }
@@ -314,10 +320,11 @@ fn check_recorded(program: &str, dir: &Path) -> Result<(), String> {
             return Err(format!(
                 "`{program}` left an unfinished trace in {} ({why}): did it return before `Recorder::finish`?",
                 stream.display()
-            ));
+            )
+            .into());
         }
         if summary.steps == 0 {
-            return Err(format!("`{program}` recorded no steps in {}: nothing to compare", stream.display()));
+            return Err(format!("`{program}` recorded no steps in {}: nothing to compare", stream.display()).into());
         }
     }
     Ok(())

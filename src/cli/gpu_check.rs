@@ -17,6 +17,7 @@
 //!    batched product with another layout) bit-identical to the row alone, results within
 //!    bf16 rounding of an f32 product, and its TFLOPS beside cuBLAS's (candle's bf16 matmul).
 
+use super::CliError;
 use super::Exit;
 use candle_core::{DType, Device, Tensor};
 use clap::Args;
@@ -45,7 +46,7 @@ enum Part {
     TensorCore,
 }
 
-pub fn run(args: GpuCheckArgs) -> Result<Exit, String> {
+pub fn run(args: GpuCheckArgs) -> Result<Exit, CliError> {
     let inner = || -> Result<usize, Box<dyn std::error::Error>> {
         let dev = repro::record::open_device(&args.device)?;
         let mut failures = 0;
@@ -59,9 +60,11 @@ pub fn run(args: GpuCheckArgs) -> Result<Exit, String> {
         }
         Ok(failures)
     };
-    match inner().map_err(|e| e.to_string())? {
+    match inner()? {
         0 => Ok(Exit::Same),
-        failures => Err(format!("{failures} GPU checks failed (hashes against the host's, or the invariant product)")),
+        failures => {
+            Err(format!("{failures} GPU checks failed (hashes against the host's, or the invariant product)").into())
+        }
     }
 }
 

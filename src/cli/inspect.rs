@@ -1,5 +1,6 @@
 //! `repro inspect DIR`: what a trace holds.
 
+use super::CliError;
 use super::{print_json, Exit};
 use clap::Args;
 use repro::diff::{check_replicas, ReplicaReport};
@@ -27,8 +28,8 @@ impl InspectArgs {
     }
 }
 
-pub fn run(args: InspectArgs) -> Result<Exit, String> {
-    let Some(ranks) = rank_streams(&args.trace).map_err(|e| e.to_string())? else {
+pub fn run(args: InspectArgs) -> Result<Exit, CliError> {
+    let Some(ranks) = rank_streams(&args.trace)? else {
         let summary = inspect_stream(&args.trace, args.verify)?;
         if args.json {
             print_json("repro.inspect.v1", None, &summary)?;
@@ -47,7 +48,7 @@ pub fn run(args: InspectArgs) -> Result<Exit, String> {
         }
         summaries.push(summary);
     }
-    let replicas = check_replicas(&args.trace, &ranks).map_err(|e| e.to_string())?;
+    let replicas = check_replicas(&args.trace, &ranks)?;
     let verdict = match (&replicas.drift, replicas.unfinished.is_empty()) {
         (Some(_), _) => "diverged",
         (None, false) => "incomplete",
@@ -69,9 +70,9 @@ struct RunSummary<'a> {
 }
 
 /// Verifies (if asked) and summarizes one trace.
-fn inspect_stream(trace: &Path, verify_values: bool) -> Result<TraceSummary, String> {
+fn inspect_stream(trace: &Path, verify_values: bool) -> Result<TraceSummary, CliError> {
     if verify_values {
-        let v = verify(trace).map_err(|e| e.to_string())?;
+        let v = verify(trace)?;
         let elsewhere = match v.values_elsewhere {
             0 => String::new(),
             n => format!("; {n} values kept in payload files were not checked (a lone record file has none: verify the trace directory)"),
@@ -85,5 +86,5 @@ fn inspect_stream(trace: &Path, verify_values: bool) -> Result<TraceSummary, Str
             if v.complete { "" } else { " (trace incomplete)" }
         );
     }
-    summarize(trace).map_err(|e| e.to_string())
+    Ok(summarize(trace)?)
 }

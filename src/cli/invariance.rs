@@ -1,6 +1,7 @@
 //! `repro invariance`: does a sequence's output depend on the batch it is run in?
 
 use super::workload_args::WorkloadArgs;
+use super::CliError;
 use super::{print_json, Exit};
 use clap::Args;
 use repro::invariance::{cost, workloads, DEFAULT_BATCH_SIZES};
@@ -46,7 +47,7 @@ impl InvarianceArgs {
     }
 }
 
-pub fn run(args: InvarianceArgs) -> Result<Exit, String> {
+pub fn run(args: InvarianceArgs) -> Result<Exit, CliError> {
     let default_sizes = if args.cost.is_some() { vec![1, 8, 64] } else { DEFAULT_BATCH_SIZES.to_vec() };
     let sizes = if args.batch_sizes.is_empty() { default_sizes } else { args.batch_sizes.clone() };
     if sizes.contains(&0) {
@@ -57,19 +58,17 @@ pub fn run(args: InvarianceArgs) -> Result<Exit, String> {
     // with it): a size the host cannot even hold the ids of is refused before any model runs.
     let largest = sizes.iter().copied().max().unwrap_or(1) as u128;
     let tokens = args.train.gpt.context as u128;
-    repro::workloads::host_memory::check_fits("the largest batch's token ids", largest * tokens, 4, "--batch-sizes")
-        .map_err(|e| e.to_string())?;
+    repro::workloads::host_memory::check_fits("the largest batch's token ids", largest * tokens, 4, "--batch-sizes")?;
     if args.cost.is_some_and(|passes| passes > 1_000_000) {
         return Err("--cost takes at most 1000000 passes".into());
     }
-    let device = open_device(&args.train.device).map_err(|e| e.to_string())?;
+    let device = open_device(&args.train.device)?;
     let label = &args.train.device;
     if let Some(passes) = args.cost {
         let Workload::Gpt(config) = &workload else {
             return Err("--cost times the gpt's batch-invariant mode: pass --workload gpt".into());
         };
-        let report =
-            cost::gpt_forward_cost(config, &sizes, passes, dtype, &device, label).map_err(|e| e.to_string())?;
+        let report = cost::gpt_forward_cost(config, &sizes, passes, dtype, &device, label)?;
         if args.json {
             print_json("repro.invariance-cost.v1", None, &report)?;
         } else {
@@ -94,8 +93,7 @@ pub fn run(args: InvarianceArgs) -> Result<Exit, String> {
                 "invariance checks a model's forward pass: pass --workload gpt, --workload qwen2 or --workload gemma"
                     .into(),
             ),
-        }
-        .map_err(|e| e.to_string())?;
+        }?;
     if let Some(path) = &args.plot {
         super::output::write_plot(path, repro::report::plot_invariance(&report))?;
     }

@@ -1,5 +1,6 @@
 //! `repro matrix R1 ... RN`: pairwise error matrices at one step.
 
+use super::CliError;
 use super::{print_json, Exit};
 use clap::Args;
 use repro::diff::{error_matrices, Metric, StepSelector, Tolerance};
@@ -39,9 +40,8 @@ impl MatrixArgs {
     }
 }
 
-pub fn run(args: MatrixArgs) -> Result<Exit, String> {
-    let report =
-        error_matrices(&args.runs, args.step, &args.tensor, args.metric, args.tolerance).map_err(|e| e.to_string())?;
+pub fn run(args: MatrixArgs) -> Result<Exit, CliError> {
+    let report = error_matrices(&args.runs, args.step, &args.tensor, args.metric, args.tolerance)?;
     let agrees = report.agrees();
     if let Some(path) = &args.plot {
         super::output::write_plot(path, plot_matrix(&report))?;

@@ -3,6 +3,7 @@
 
 mod baseline;
 mod diff;
+mod error;
 mod exit;
 mod gate;
 #[cfg(feature = "cuda")]
@@ -18,6 +19,7 @@ mod scratch;
 mod study;
 mod workload_args;
 
+pub use error::CliError;
 pub use exit::Exit;
 
 use clap::{Parser, Subcommand};
@@ -71,13 +73,15 @@ pub fn main() -> Exit {
     let json = argv.iter().any(|a| a == "--json");
     let parsed = gate::with_baseline_defaults(argv).and_then(|argv| {
         workload_args::note_given_options(&argv);
-        Cli::try_parse_from(argv).map_err(|e| match e.kind() {
-            // Asked-for help and version are printed as clap prints them.
-            clap::error::ErrorKind::DisplayHelp
-            | clap::error::ErrorKind::DisplayVersion
-            | clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => e.exit(),
-            _ => e.render().to_string().trim_start_matches("error: ").trim_end().to_string(),
-        })
+        Cli::try_parse_from(argv)
+            .map_err(|e| match e.kind() {
+                // Asked-for help and version are printed as clap prints them.
+                clap::error::ErrorKind::DisplayHelp
+                | clap::error::ErrorKind::DisplayVersion
+                | clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => e.exit(),
+                _ => e.render().to_string().trim_start_matches("error: ").trim_end().to_string(),
+            })
+            .map_err(CliError::from)
     });
     match parsed {
         Ok(cli) => run(cli),
@@ -123,23 +127,28 @@ pub fn run(cli: Cli) -> Exit {
     }
 }
 
-/// Reports an error: one `error:` message on stderr and, under `--json`, the error document
-/// on stdout (a program reading stdout gets a document whatever happened).
-fn fail(message: &str, json: bool) -> Exit {
-    eprintln!("error: {message}");
+/// Reports an error: `error: …` (and `caused by: …` for each cause the message does not show)
+/// on stderr and, under `--json`, the error document on stdout (a program reading stdout gets a
+/// document whatever happened).
+fn fail(error: &CliError, json: bool) -> Exit {
+    let lines = error.lines();
+    eprintln!("error: {}", lines.join("\ncaused by: "));
     if json {
         #[derive(serde::Serialize)]
         struct Failure<'a> {
             error: &'a str,
+            #[serde(skip_serializing_if = "<[String]>::is_empty")]
+            caused_by: &'a [String],
         }
-        let _ = print_json("repro.error.v1", Some("error"), &Failure { error: message });
+        let failure = Failure { error: &lines[0], caused_by: &lines[1..] };
+        let _ = print_json("repro.error.v1", Some("error"), &failure);
     }
     Exit::Error
 }
 
 /// Prints `report` as pretty JSON on stdout, under `schema` and with its `verdict`
 /// (`repro::report::json::document`).
-fn print_json(schema: &str, verdict: Option<&str>, report: &impl serde::Serialize) -> Result<(), String> {
+fn print_json(schema: &str, verdict: Option<&str>, report: &impl serde::Serialize) -> Result<(), CliError> {
     let text =
         repro::report::json::document(schema, verdict, report).map_err(|e| format!("cannot encode JSON: {e}"))?;
     output::line(&text);

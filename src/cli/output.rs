@@ -2,6 +2,7 @@
 //! closes the pipe: the report simply ends there, with the command's own exit code, instead of
 //! the panic `print!` gives on a broken pipe.
 
+use super::CliError;
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -32,7 +33,7 @@ pub fn line(text: &str) {
 }
 
 /// Writes a chart (`--plot FILE`) and says where on stderr, so that stdout keeps the report.
-pub fn write_plot(path: &std::path::Path, svg: Result<String, String>) -> Result<(), String> {
+pub fn write_plot(path: &std::path::Path, svg: Result<String, String>) -> Result<(), CliError> {
     let svg = svg?;
     std::fs::write(path, svg).map_err(|e| format!("cannot write the plot to {}: {e}", path.display()))?;
     eprintln!("plot: {}", path.display());

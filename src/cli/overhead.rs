@@ -14,6 +14,7 @@
 
 use super::ranks::RankArgs;
 use super::workload_args::WorkloadArgs;
+use super::CliError;
 use super::Exit;
 use clap::Args;
 use repro::distributed::DataParallel;
@@ -44,17 +45,17 @@ pub struct OverheadArgs {
     train: WorkloadArgs,
 }
 
-pub fn run(args: OverheadArgs) -> Result<Exit, String> {
+pub fn run(args: OverheadArgs) -> Result<Exit, CliError> {
     let workload = args.train.workload()?;
     if args.ranks.starts_ranks() {
         super::ranks::check_devices(&args.ranks.devices)?;
-        workload.check_data_parallel().map_err(|e| e.to_string())?;
+        workload.check_data_parallel()?;
     }
     let steps = workload.run_config().steps.unwrap_or(1);
     if steps < 2 {
         return Err(format!(
             "repro overhead compares recorded steps with plain ones of the same run: pass --steps 2 or more (not {steps})"
-        ));
+        ).into());
     }
     if args.ranks.starts_ranks() {
         let mut child =
@@ -67,7 +68,7 @@ pub fn run(args: OverheadArgs) -> Result<Exit, String> {
         return Ok(Exit::Same);
     }
     let device_name = args.ranks.device(&args.train.device)?;
-    let device = open_device(device_name).map_err(|e| e.to_string())?;
+    let device = open_device(device_name)?;
     let mut dp = args.ranks.data_parallel(&device)?;
     let blocks = Blocks::new(steps, args.block);
     let scratch = super::scratch::ScratchDir::new("overhead")?;
@@ -77,21 +78,20 @@ pub fn run(args: OverheadArgs) -> Result<Exit, String> {
     for _ in 0..args.repeats.max(1) {
         let capture = CapturePolicy { full: FullCapture::None, ..CapturePolicy::default() };
         let (run, rank) = (args.train.run_config(&workload), dp.as_ref().map(DataParallel::describe));
-        let mut recorder =
-            Recorder::create_stream(&dir, run, &device, capture, true, rank).map_err(|e| e.to_string())?;
+        let mut recorder = Recorder::create_stream(&dir, run, &device, capture, true, rank)?;
         // Asked at the start of every step: drains the device and reads the clock at each
         // block's start, and says whether the step's block records.
         let clock = Rc::new(RefCell::new(Clock::default()));
         let (ticks, at_device) = (clock.clone(), device.clone());
         recorder.record_only(move |_| ticks.borrow_mut().tick(&at_device, &blocks));
-        workload.run_ranked(&device, &mut recorder, None, dp.as_mut()).map_err(|e| e.to_string())?;
+        workload.run_ranked(&device, &mut recorder, None, dp.as_mut())?;
         // The last block ends when the device has finished its steps.
         clock.borrow_mut().mark(&device);
-        recorder.finish().map_err(|e| e.to_string())?;
+        recorder.finish()?;
         let clock = Rc::try_unwrap(clock).map_err(|_| "the recorder kept its step selector")?.into_inner();
         pairs.extend(blocks.pairs(&clock.marks()?));
         peaks = peaks.max(blocks.peaks(&clock.peaks));
-        let summary = summarize(&dir).map_err(|e| e.to_string())?;
+        let summary = summarize(&dir)?;
         trace_bytes += summary.records_bytes + summary.payload_bytes;
         recorded_steps += summary.steps;
         tensors = summary.tensors.len();
@@ -238,9 +238,9 @@ impl Clock {
         }
     }
 
-    fn marks(&self) -> Result<Vec<Instant>, String> {
+    fn marks(&self) -> Result<Vec<Instant>, CliError> {
         match &self.error {
-            Some(e) => Err(e.clone()),
+            Some(e) => Err(e.clone().into()),
             None => Ok(self.marks.clone()),
         }
     }

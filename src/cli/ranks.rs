@@ -3,6 +3,7 @@
 //! one fails or is killed, the others are stopped and the error names the rank and its cause.
 //! Also the options that make a command data-parallel, shared by `record` and `overhead`.
 
+use super::CliError;
 use candle_core::Device;
 use clap::Args;
 use repro::distributed::{self, DataParallel};
@@ -41,21 +42,22 @@ impl RankArgs {
     }
 
     /// The device this process trains on: its rank's, else the one listed, else `default`.
-    pub fn device<'a>(&'a self, default: &'a str) -> Result<&'a str, String> {
+    pub fn device<'a>(&'a self, default: &'a str) -> Result<&'a str, CliError> {
         match self.rank {
             Some(rank) => self
                 .devices
                 .get(rank)
                 .map(String::as_str)
-                .ok_or_else(|| format!("rank {rank} has no device in --devices")),
+                .ok_or_else(|| format!("rank {rank} has no device in --devices"))
+                .map_err(CliError::from),
             None => Ok(self.devices.first().map_or(default, String::as_str)),
         }
     }
 
     /// This rank's side of data-parallel training on `device`, when this process is a rank.
-    pub fn data_parallel(&self, device: &Device) -> Result<Option<DataParallel>, String> {
+    pub fn data_parallel(&self, device: &Device) -> Result<Option<DataParallel>, CliError> {
         let (Some(rank), Some(rendezvous)) = (self.rank, &self.rendezvous) else { return Ok(None) };
-        let collective = distributed::join(device, rendezvous, rank, self.devices.len()).map_err(|e| e.to_string())?;
+        let collective = distributed::join(device, rendezvous, rank, self.devices.len())?;
         Ok(Some(DataParallel::new(collective)))
     }
 }
@@ -71,9 +73,9 @@ pub fn record_ranks(
     capture: &CapturePolicy,
     workload: &Workload,
     options: &[String],
-) -> Result<(), String> {
+) -> Result<(), CliError> {
     check_devices(devices)?;
-    workload.check_data_parallel().map_err(|e| e.to_string())?;
+    workload.check_data_parallel()?;
     let run = workload.run_config();
     // Said before any rank starts, rather than by each rank, leaving partial streams behind.
     let batch = run.params.get("batch").and_then(|b| b.parse::<usize>().ok());
@@ -81,7 +83,7 @@ pub fn record_ranks(
         return Err(format!(
             "the batch ({batch}) must be a positive multiple of the number of ranks ({}): each rank trains on an equal share",
             devices.len()
-        ));
+        ).into());
     }
     prepare_run_dir(out, force)?;
     let mut args = vec![
@@ -98,13 +100,15 @@ pub fn record_ranks(
 }
 
 /// Checks a device list for data-parallel training: at least two, and no GPU twice.
-pub fn check_devices(devices: &[String]) -> Result<(), String> {
+pub fn check_devices(devices: &[String]) -> Result<(), CliError> {
     if devices.len() < 2 {
-        return Err(format!("--devices needs at least two devices for data-parallel training, got {}", devices.len()));
+        return Err(
+            format!("--devices needs at least two devices for data-parallel training, got {}", devices.len()).into()
+        );
     }
     for (i, d) in devices.iter().enumerate() {
         if d != "cpu" && devices[..i].contains(d) {
-            return Err(format!("--devices lists {d} twice: NCCL runs one rank per GPU"));
+            return Err(format!("--devices lists {d} twice: NCCL runs one rank per GPU").into());
         }
     }
     Ok(())
@@ -112,12 +116,13 @@ pub fn check_devices(devices: &[String]) -> Result<(), String> {
 
 /// Prepares `out` for a run of rank directories: it must be new, empty, or (with `force`) hold
 /// an earlier data-parallel run, whose rank streams the ranks then replace.
-fn prepare_run_dir(out: &Path, force: bool) -> Result<(), String> {
+fn prepare_run_dir(out: &Path, force: bool) -> Result<(), CliError> {
     if out.join("records.rpr").exists() {
         return Err(format!(
             "{} holds a single-device trace; a data-parallel run is a directory of rank-N traces: choose another --out",
             out.display()
-        ));
+        )
+        .into());
     }
     if out.is_dir() {
         let records = std::fs::metadata(rank_dir(out, 0).join("records.rpr")).ok();
@@ -127,21 +132,22 @@ fn prepare_run_dir(out: &Path, force: bool) -> Result<(), String> {
         let failed_start = records.is_some() && !holds_run;
         let empty = std::fs::read_dir(out).map_err(|e| format!("cannot read {}: {e}", out.display()))?.next().is_none();
         if holds_run && !force {
-            return Err(format!("{} already holds a data-parallel run; --force replaces it", out.display()));
+            return Err(format!("{} already holds a data-parallel run; --force replaces it", out.display()).into());
         }
         if !holds_run && !failed_start && !empty {
             return Err(format!(
                 "{} holds files that are not a repro run; repro writes only into a new or empty directory",
                 out.display()
-            ));
+            )
+            .into());
         }
     }
-    std::fs::create_dir_all(out).map_err(|e| format!("cannot create {}: {e}", out.display()))
+    Ok(std::fs::create_dir_all(out).map_err(|e| format!("cannot create {}: {e}", out.display()))?)
 }
 
 /// Runs `repro COMMAND` once per device with `args` and the rank options, and waits for all of
 /// them; with `out`, each writes its rank directory of it (`--out OUT/rank-N`).
-pub fn supervise(command_name: &str, devices: &[String], out: Option<&Path>, args: &[String]) -> Result<(), String> {
+pub fn supervise(command_name: &str, devices: &[String], out: Option<&Path>, args: &[String]) -> Result<(), CliError> {
     let rendezvous = tempfile::Builder::new()
         .prefix("repro-ranks-")
         .tempdir()
@@ -170,7 +176,7 @@ pub fn supervise(command_name: &str, devices: &[String], out: Option<&Path>, arg
             Ok(child) => ranks.push(RankProcess::watch(rank, child)),
             Err(e) => {
                 stop_all(&mut ranks);
-                return Err(format!("cannot start rank {rank} ({}): {e}", exe.display()));
+                return Err(format!("cannot start rank {rank} ({}): {e}", exe.display()).into());
             }
         }
     }
@@ -186,7 +192,7 @@ pub fn supervise(command_name: &str, devices: &[String], out: Option<&Path>, arg
                     }
                 }
                 Ok(None) => {}
-                Err(e) => return Err(format!("cannot watch rank {}: {e}", rank.rank)),
+                Err(e) => return Err(format!("cannot watch rank {}: {e}", rank.rank).into()),
             }
         }
         std::thread::sleep(Duration::from_millis(20));
@@ -207,7 +213,7 @@ pub fn supervise(command_name: &str, devices: &[String], out: Option<&Path>, arg
     if let Some(out) = out {
         message.push_str(&format!("; the partial streams in {} are marked incomplete", out.display()));
     }
-    Err(message)
+    Err(message.into())
 }
 
 fn describe(status: ExitStatus) -> String {

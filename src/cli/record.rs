@@ -2,6 +2,7 @@
 
 use super::ranks::{self, RankArgs};
 use super::workload_args::WorkloadArgs;
+use super::CliError;
 use super::Exit;
 use clap::Args;
 use repro::diff::{config_differences, ReferenceCheck};
@@ -42,19 +43,19 @@ pub struct RecordArgs {
     train: WorkloadArgs,
 }
 
-pub fn run(args: RecordArgs) -> Result<Exit, String> {
+pub fn run(args: RecordArgs) -> Result<Exit, CliError> {
     let workload = args.train.workload()?;
     if args.ranks.starts_ranks() {
         return record_ranks(&args, &workload);
     }
     let perturb = args.train.perturb.clone();
     let device_name = args.ranks.device(&args.train.device)?;
-    let device = open_device(device_name).map_err(|e| e.to_string())?;
+    let device = open_device(device_name)?;
     let run = args.train.run_config(&workload);
     let capture = CapturePolicy { full: args.capture, inline_max_bytes: args.inline_max_bytes };
     let started = Instant::now();
     let reference = match &args.against {
-        Some(dir) => Some(ReferenceCheck::open(dir).map_err(|e| e.to_string())?),
+        Some(dir) => Some(ReferenceCheck::open(dir)?),
         None => None,
     };
     // Settings that differ from the reference's explain a divergence before anyone looks for one.
@@ -62,18 +63,17 @@ pub fn run(args: RecordArgs) -> Result<Exit, String> {
     let reference = reference.map(|r| Arc::new(Mutex::new(r)));
     let mut dp = args.ranks.data_parallel(&device)?;
     let rank = dp.as_ref().map(DataParallel::describe);
-    let mut recorder =
-        Recorder::create_stream(&args.out, run, &device, capture, args.force, rank).map_err(|e| e.to_string())?;
+    let mut recorder = Recorder::create_stream(&args.out, run, &device, capture, args.force, rank)?;
     if let Some(check) = &reference {
         recorder.compare_with(Box::new(check.clone()), !args.keep_going);
     }
     recorder.on_step(progress_display());
     match workload.run_ranked(&device, &mut recorder, perturb.as_ref(), dp.as_mut()) {
         Ok(()) | Err(RecordError::Diverged { .. }) => {}
-        Err(e) => return Err(format!("{e} (the partial trace in {} is marked incomplete)", args.out.display())),
+        Err(e) => return Err(format!("{e} (the partial trace in {} is marked incomplete)", args.out.display()).into()),
     }
-    let steps = recorder.finish().map_err(|e| e.to_string())?;
-    let summary = summarize(&args.out).map_err(|e| e.to_string())?;
+    let steps = recorder.finish()?;
+    let summary = summarize(&args.out)?;
     eprintln!(
         "recorded {steps} steps of {} on {} into {} in {:.2}s: records {}, payloads {}",
         workload.describe(),
@@ -111,7 +111,7 @@ pub fn run(args: RecordArgs) -> Result<Exit, String> {
 
 /// Records a data-parallel run: starts one rank process per device and waits for them, then
 /// checks that the ranks' parameters stayed replicas.
-fn record_ranks(args: &RecordArgs, workload: &Workload) -> Result<Exit, String> {
+fn record_ranks(args: &RecordArgs, workload: &Workload) -> Result<Exit, CliError> {
     let started = Instant::now();
     let capture = CapturePolicy { full: args.capture.clone(), inline_max_bytes: args.inline_max_bytes };
     let options = args.train.rank_options(workload)?;

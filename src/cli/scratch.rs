@@ -3,6 +3,7 @@
 //! removed when the command ends, whether it succeeds, fails, or is stopped by a signal; and
 //! the programs such a command runs (`-- CMD`), stopped with it.
 
+use super::CliError;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, Once};
 
@@ -17,7 +18,7 @@ pub struct ScratchDir {
 
 impl ScratchDir {
     /// Creates `<tmp>/repro-<purpose>-XXXXXX`.
-    pub fn new(purpose: &str) -> Result<Self, String> {
+    pub fn new(purpose: &str) -> Result<Self, CliError> {
         let dir = tempfile::Builder::new()
             .prefix(&format!("repro-{purpose}-"))
             .tempdir()

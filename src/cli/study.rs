@@ -2,6 +2,7 @@
 
 use super::exit::Exit;
 use super::workload_args::WorkloadArgs;
+use super::CliError;
 use clap::{Args, Subcommand};
 use repro::record::open_device;
 use repro::report::{
@@ -139,7 +140,7 @@ impl StudyArgs {
     }
 }
 
-pub fn run(args: StudyArgs) -> Result<Exit, String> {
+pub fn run(args: StudyArgs) -> Result<Exit, CliError> {
     match args.study {
         Study::Noise(a) => noise(a),
         Study::Devices(a) => devices(a),
@@ -149,7 +150,7 @@ pub fn run(args: StudyArgs) -> Result<Exit, String> {
     }
 }
 
-fn show(a: ShowArgs) -> Result<Exit, String> {
+fn show(a: ShowArgs) -> Result<Exit, CliError> {
     let path = a.file.display();
     let text = std::fs::read_to_string(&a.file).map_err(|e| format!("{path}: {e}"))?;
     let report: StudyReport = serde_json::from_str(&text).map_err(|_| {
@@ -179,8 +180,8 @@ fn show(a: ShowArgs) -> Result<Exit, String> {
     Ok(Exit::Same)
 }
 
-fn subject(train: &WorkloadArgs) -> Result<Subject, String> {
-    Subject::new(train.workload()?).map_err(|e| e.to_string())
+fn subject(train: &WorkloadArgs) -> Result<Subject, CliError> {
+    Ok(Subject::new(train.workload()?)?)
 }
 
 /// The indicatif bar behind a study's `Progress` (hidden when stderr is not a terminal).
@@ -224,11 +225,11 @@ fn finish(
     text: String,
     markdown: String,
     svg: Result<String, String>,
-) -> Result<(), String> {
-    let encoded = serde_json::to_string_pretty(report).map_err(|e| e.to_string())?;
-    dir.write(&format!("{name}.json"), encoded.as_bytes()).map_err(|e| e.to_string())?;
-    dir.write(&format!("{name}.md"), markdown.as_bytes()).map_err(|e| e.to_string())?;
-    let plot = dir.write(&format!("{name}.svg"), svg?.as_bytes()).map_err(|e| e.to_string())?;
+) -> Result<(), CliError> {
+    let encoded = serde_json::to_string_pretty(report)?;
+    dir.write(&format!("{name}.json"), encoded.as_bytes())?;
+    dir.write(&format!("{name}.md"), markdown.as_bytes())?;
+    let plot = dir.write(&format!("{name}.svg"), svg?.as_bytes())?;
     if json {
         super::output::line(&encoded);
     } else {
@@ -242,20 +243,19 @@ fn finish(
     Ok(())
 }
 
-fn noise(a: NoiseArgs) -> Result<Exit, String> {
+fn noise(a: NoiseArgs) -> Result<Exit, CliError> {
     let subject = subject(&a.train)?;
-    let device = open_device(&a.train.device).map_err(|e| e.to_string())?;
+    let device = open_device(&a.train.device)?;
     let (report, dir) = {
         let mut bar = Bar::new("runs");
-        run_noise(&subject, a.runs, &device, &a.train.device, &a.output.study_out(), &mut bar)
-            .map_err(|e| e.to_string())?
+        run_noise(&subject, a.runs, &device, &a.train.device, &a.output.study_out(), &mut bar)?
     };
     let svg = plot_noise(&report);
     finish(&dir, "noise", a.output.json, &report, render_noise(&report, false), render_noise(&report, true), svg)?;
     Ok(Exit::Same)
 }
 
-fn devices(a: DevicesArgs) -> Result<Exit, String> {
+fn devices(a: DevicesArgs) -> Result<Exit, CliError> {
     let subject = subject(&a.train)?;
     let devices = if a.devices.is_empty() {
         if cfg!(feature = "cuda") {
@@ -267,7 +267,7 @@ fn devices(a: DevicesArgs) -> Result<Exit, String> {
     } else {
         a.devices.clone()
     };
-    let (report, dir) = run_devices(&subject, &devices, &a.output.study_out()).map_err(|e| e.to_string())?;
+    let (report, dir) = run_devices(&subject, &devices, &a.output.study_out())?;
     let svg = plot_devices(&report);
     finish(
         &dir,
@@ -281,8 +281,8 @@ fn devices(a: DevicesArgs) -> Result<Exit, String> {
     Ok(if report.comparisons.iter().all(|c| c.identical) { Exit::Same } else { Exit::Diverged })
 }
 
-fn cost(a: CostArgs) -> Result<Exit, String> {
-    let device = open_device(&a.device).map_err(|e| e.to_string())?;
+fn cost(a: CostArgs) -> Result<Exit, CliError> {
+    let device = open_device(&a.device)?;
     // The CPU defaults keep the study to a couple of minutes there.
     let cpu = a.device == "cpu";
     let width = a.width.unwrap_or(if cpu { 8 } else { 64 });
@@ -304,20 +304,19 @@ fn cost(a: CostArgs) -> Result<Exit, String> {
                 }
                 Workload::Classifier(c)
             };
-            Subject::new(workload).map_err(|e| e.to_string())
+            Ok(Subject::new(workload)?)
         })
-        .collect::<Result<Vec<_>, String>>()?;
+        .collect::<Result<Vec<_>, CliError>>()?;
     let (report, dir) = {
         let mut bar = Bar::new("timings");
-        run_cost(&subjects, steps, rounds, &device, &a.device, &a.output.study_out(), &mut bar)
-            .map_err(|e| e.to_string())?
+        run_cost(&subjects, steps, rounds, &device, &a.device, &a.output.study_out(), &mut bar)?
     };
     let svg = plot_cost(&report);
     finish(&dir, "cost", a.output.json, &report, render_cost(&report, false), render_cost(&report, true), svg)?;
     Ok(Exit::Same)
 }
 
-fn order(a: OrderArgs) -> Result<Exit, String> {
+fn order(a: OrderArgs) -> Result<Exit, CliError> {
     let subject = subject(&a.train)?;
     let full = subject
         .train_examples()
@@ -337,11 +336,10 @@ fn order(a: OrderArgs) -> Result<Exit, String> {
             })
             .collect::<Result<Vec<_>, String>>()?
     };
-    let device = open_device(&a.train.device).map_err(|e| e.to_string())?;
+    let device = open_device(&a.train.device)?;
     let (report, dir) = {
         let mut bar = Bar::new("runs");
-        run_order(&subject, &sizes, a.runs, &device, &a.train.device, &a.output.study_out(), &mut bar)
-            .map_err(|e| e.to_string())?
+        run_order(&subject, &sizes, a.runs, &device, &a.train.device, &a.output.study_out(), &mut bar)?
     };
     let svg = plot_order(&report);
     finish(&dir, "order", a.output.json, &report, render_order(&report, false), render_order(&report, true), svg)?;

@@ -1,5 +1,6 @@
 //! The arguments that say what to train, shared by `record`, `gate`, `baseline` and `study`.
 
+use super::CliError;
 use clap::Args;
 use repro::ops::Reductions;
 use repro::record::{open_device, Perturbation, Recorder};
@@ -133,7 +134,7 @@ pub struct ClassifierArgs {
 /// own (`WorkloadArgs`), or this fails naming it, and values are passed as `--key=value`, so a
 /// value is never read as another option (a baseline whose settings held `help` once printed
 /// the help and passed the gate with no run).
-pub fn options_for(run: &repro::trace::RunConfig) -> Result<Vec<String>, String> {
+pub fn options_for(run: &repro::trace::RunConfig) -> Result<Vec<String>, CliError> {
     let known = workload_options();
     let mut options = vec![format!("--workload={}", run.workload)];
     if let Some(steps) = run.steps {
@@ -162,7 +163,8 @@ pub fn options_for(run: &repro::trace::RunConfig) -> Result<Vec<String>, String>
             return Err(format!(
                 "setting `{key}` = `{value}` is not a setting of repro's built-in workloads (a trace of a newer repro, \
                  or not made by repro)"
-            ));
+            )
+            .into());
         }
         options.push(format!("--{option}={value}"));
     }
@@ -217,12 +219,12 @@ fn own_options(workload: &str) -> &'static [&'static str] {
 
 /// Refuses a workload option given on the command line that `workload` does not take, rather
 /// than ignoring it silently (`--features` with mlp, `--epochs` with the adder).
-fn check_options_apply(workload: &str) -> Result<(), String> {
+fn check_options_apply(workload: &str) -> Result<(), CliError> {
     check_options_apply_besides(workload, &[])
 }
 
 /// `check_options_apply`, with `also` taken too (options a command adds to a workload's own).
-fn check_options_apply_besides(workload: &str, also: &[&str]) -> Result<(), String> {
+fn check_options_apply_besides(workload: &str, also: &[&str]) -> Result<(), CliError> {
     const EVERY_WORKLOAD: [&str; 10] =
         ["workload", "seed", "data-seed", "steps", "batch", "lr", "device", "perturb", "reductions", "formulation"];
     let Some(given) = GIVEN.get() else { return Ok(()) };
@@ -237,7 +239,7 @@ fn check_options_apply_besides(workload: &str, also: &[&str]) -> Result<(), Stri
         Some(option) => {
             let takers: Vec<&str> =
                 WORKLOADS.iter().copied().filter(|w| own_options(w).contains(&option.as_str())).collect();
-            Err(format!("--{option} is a setting of {}, not of {workload}", takers.join(", ")))
+            Err(format!("--{option} is a setting of {}, not of {workload}", takers.join(", ")).into())
         }
         None => Ok(()),
     }
@@ -245,7 +247,7 @@ fn check_options_apply_besides(workload: &str, also: &[&str]) -> Result<(), Stri
 
 impl WorkloadArgs {
     /// The workload these arguments describe, checked (with the perturbation).
-    pub fn workload(&self) -> Result<Workload, String> {
+    pub fn workload(&self) -> Result<Workload, CliError> {
         // The workload's own checks first (their messages say more), then the general one.
         let workload = self.workload_unchecked()?;
         check_options_apply(&self.workload)?;
@@ -254,7 +256,7 @@ impl WorkloadArgs {
 
     /// The workload for a forward pass only (`repro invariance`), and the gpt's element type:
     /// the gpt trains in f32, but its forward pass also runs in bf16.
-    pub fn inference_workload(&self) -> Result<(Workload, candle_core::DType), String> {
+    pub fn inference_workload(&self) -> Result<(Workload, candle_core::DType), CliError> {
         let bf16 = self.gpt.dtype == "bf16";
         let dtype = if bf16 { candle_core::DType::BF16 } else { candle_core::DType::F32 };
         if self.workload != "gpt" || !bf16 {
@@ -265,7 +267,7 @@ impl WorkloadArgs {
         Ok((workload, dtype))
     }
 
-    fn workload_unchecked(&self) -> Result<Workload, String> {
+    fn workload_unchecked(&self) -> Result<Workload, CliError> {
         if self.workload == "adder" {
             return self.adder().map(Workload::Adder);
         }
@@ -282,7 +284,7 @@ impl WorkloadArgs {
         self.classifier(model).map(Workload::Classifier)
     }
 
-    fn adder(&self) -> Result<AdderConfig, String> {
+    fn adder(&self) -> Result<AdderConfig, CliError> {
         let defaults = AdderConfig::default();
         let config = AdderConfig {
             seed: self.seed,
@@ -294,12 +296,12 @@ impl WorkloadArgs {
             formulation: self.formulation,
             reductions: self.reductions,
         };
-        config.validate(self.perturb.as_ref()).map_err(|e| e.to_string())?;
+        config.validate(self.perturb.as_ref())?;
         Ok(config)
     }
 
     /// The gpt's settings; `inference`: for a forward pass only, where bf16 is allowed.
-    fn gpt_in(&self, inference: bool) -> Result<GptConfig, String> {
+    fn gpt_in(&self, inference: bool) -> Result<GptConfig, CliError> {
         let d = GptConfig::default();
         let g = &self.gpt;
         let config = GptConfig {
@@ -316,12 +318,12 @@ impl WorkloadArgs {
             reductions: self.reductions,
             batch_invariant: g.batch_invariant,
         };
-        config.validate(self.perturb.as_ref()).map_err(|e| e.to_string())?;
+        config.validate(self.perturb.as_ref())?;
         if self.formulation != Formulation::Reduce {
             return Err("--formulation is a setting of the adder, not of gpt".into());
         }
         if self.gpt.shape != "small" {
-            return Err(format!("--shape {} is a shape of qwen2's config, not of gpt", self.gpt.shape));
+            return Err(format!("--shape {} is a shape of qwen2's config, not of gpt", self.gpt.shape).into());
         }
         if self.gpt.dtype != "f32" && !inference {
             return Err(
@@ -331,7 +333,7 @@ impl WorkloadArgs {
         Ok(config)
     }
 
-    fn decoder(&self, family: Family) -> Result<DecoderConfig, String> {
+    fn decoder(&self, family: Family) -> Result<DecoderConfig, CliError> {
         let d = DecoderConfig::default();
         let config = DecoderConfig {
             family,
@@ -345,22 +347,25 @@ impl WorkloadArgs {
             shape: DecoderShape::named(&self.gpt.shape).expect("clap checked the shape"),
             dtype: if self.gpt.dtype == "bf16" { candle_core::DType::BF16 } else { candle_core::DType::F32 },
         };
-        config.validate().map_err(|e| e.to_string())?;
+        config.validate()?;
         if config.shape != DecoderShape::Small && self.width.is_some() {
-            return Err(format!("--shape {} sets the width: leave --width out", self.gpt.shape));
+            return Err(format!("--shape {} sets the width: leave --width out", self.gpt.shape).into());
         }
         if self.perturb.is_some() || self.reductions != Reductions::Candle || self.formulation != Formulation::Reduce {
-            return Err(format!("{family} records inference: --perturb, --reductions and --formulation do not apply"));
+            return Err(
+                format!("{family} records inference: --perturb, --reductions and --formulation do not apply").into()
+            );
         }
         if self.gpt.batch_invariant {
             return Err(format!(
                 "--batch-invariant is a mode of the gpt; {family} runs candle-transformers' code unchanged"
-            ));
+            )
+            .into());
         }
         Ok(config)
     }
 
-    fn classifier(&self, model: ModelKind) -> Result<ClassifierConfig, String> {
+    fn classifier(&self, model: ModelKind) -> Result<ClassifierConfig, CliError> {
         let c = &self.classifier;
         let d = ClassifierConfig::defaults(model);
         let config = ClassifierConfig {
@@ -384,12 +389,12 @@ impl WorkloadArgs {
             augment_shift: c.augment_shift.unwrap_or(d.augment_shift),
             width: self.width.unwrap_or(d.width),
         };
-        config.validate().map_err(|e| e.to_string())?;
+        config.validate()?;
         if self.formulation != Formulation::Reduce {
-            return Err(format!("--formulation is a setting of the adder, not of {model}"));
+            return Err(format!("--formulation is a setting of the adder, not of {model}").into());
         }
         if let Some(p) = &self.perturb {
-            repro::workloads::classifier::check_perturbation(&config, p).map_err(|e| e.to_string())?;
+            repro::workloads::classifier::check_perturbation(&config, p)?;
         }
         Ok(config)
     }
@@ -405,7 +410,7 @@ impl WorkloadArgs {
 
     /// The options that make a rank process train this workload: the workload's settings, and
     /// the planted fault if any.
-    pub fn rank_options(&self, workload: &Workload) -> Result<Vec<String>, String> {
+    pub fn rank_options(&self, workload: &Workload) -> Result<Vec<String>, CliError> {
         let mut options = options_for(&workload.run_config())?;
         if let Some(p) = &self.perturb {
             options.push(format!("--perturb={p}"));
@@ -416,18 +421,17 @@ impl WorkloadArgs {
     /// Records one run of the built-in workload into `dir` the way a gate compares runs:
     /// hashes at every step, small tensors' values, and full values at the steps `full` names.
     /// With several `devices`, the run is data-parallel, one rank per device.
-    pub fn record_for_gate(&self, dir: &Path, full: &FullCapture, devices: &[String]) -> Result<(), String> {
+    pub fn record_for_gate(&self, dir: &Path, full: &FullCapture, devices: &[String]) -> Result<(), CliError> {
         let workload = self.workload()?;
         if devices.len() > 1 {
             let capture = CapturePolicy { full: full.clone(), ..CapturePolicy::default() };
             return super::ranks::record_ranks(devices, dir, true, &capture, &workload, &self.rank_options(&workload)?);
         }
-        let device = open_device(devices.first().unwrap_or(&self.device)).map_err(|e| e.to_string())?;
+        let device = open_device(devices.first().unwrap_or(&self.device))?;
         let capture = CapturePolicy { full: full.clone(), ..CapturePolicy::default() };
-        let mut recorder = Recorder::create_with(dir, self.run_config(&workload), &device, capture, true)
-            .map_err(|e| e.to_string())?;
-        workload.run(&device, &mut recorder, self.perturb.as_ref()).map_err(|e| e.to_string())?;
-        recorder.finish().map_err(|e| e.to_string())?;
+        let mut recorder = Recorder::create_with(dir, self.run_config(&workload), &device, capture, true)?;
+        workload.run(&device, &mut recorder, self.perturb.as_ref())?;
+        recorder.finish()?;
         Ok(())
     }
 }
