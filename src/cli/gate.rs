@@ -190,16 +190,12 @@ fn gate(args: &GateArgs, runs: usize, work: &Path) -> Result<GateReport, CliErro
     } else {
         format!("`{}`", args.command.join(" "))
     };
-    let progress = indicatif::ProgressBar::new(runs as u64);
-    progress.set_style(
-        indicatif::ProgressStyle::with_template("{spinner} recording run {pos}/{len} {wide_bar} {elapsed}")
-            .expect("valid template"),
-    );
-    // A run takes seconds to minutes: keep the spinner and the clock moving meanwhile.
-    progress.enable_steady_tick(Duration::from_millis(250));
+    // A run takes seconds to minutes: the spinner and the clock keep moving meanwhile.
+    let progress = super::progress::Progress::new("recording run", Some(runs as u64)).tick_steadily();
     let started = Instant::now();
     let mut traces = Vec::new();
     for i in 0..runs {
+        progress.working_on(i as u64);
         let dir = work.join(format!("run-{i}"));
         if args.command.is_empty() {
             args.train.record_for_gate(&dir, &args.capture(), &args.devices)?;
@@ -207,13 +203,12 @@ fn gate(args: &GateArgs, runs: usize, work: &Path) -> Result<GateReport, CliErro
             record_command(&args.command, &dir, &args.capture(), args.timeout.map(Duration::from_secs))?;
         }
         traces.push(dir);
-        progress.inc(1);
         let enough = traces.len() + usize::from(args.baseline.is_some()) >= 2;
         if enough && args.budget.is_some_and(|b| started.elapsed() > Duration::from_secs(b)) {
             break;
         }
     }
-    progress.finish_and_clear();
+    drop(progress);
     // Say so when the budget cut the runs short: "2 runs identical" must not read as the 5 asked.
     let subject = match args.budget {
         Some(b) if traces.len() < runs => {

@@ -13,6 +13,7 @@ mod invariance;
 mod matrix;
 mod output;
 mod overhead;
+mod progress;
 mod ranks;
 mod record;
 mod scratch;

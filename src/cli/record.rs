@@ -130,19 +130,11 @@ fn record_ranks(args: &RecordArgs, workload: &Workload) -> Result<Exit, CliError
 /// A progress bar on a terminal (hidden otherwise), and, at the first step that stores full
 /// values, how much the payloads will take in all.
 fn progress_display() -> impl FnMut(&StepProgress) + 'static {
-    let bar = indicatif::ProgressBar::new(0);
-    bar.set_style(
-        indicatif::ProgressStyle::with_template(
-            "{spinner} recording step {pos}/{len} {wide_bar} {elapsed} (eta {eta})",
-        )
-        .expect("valid template"),
-    );
+    let mut bar = Some(super::progress::Progress::new("recording step", None));
     let mut told = false;
     move |p: &StepProgress| {
-        if let Some(total) = p.total_steps {
-            bar.set_length(total);
-        }
-        bar.set_position(p.step + 1);
+        let Some(shown) = &bar else { return };
+        shown.done(p.step + 1, p.total_steps.unwrap_or(p.step + 1));
         if !told && p.payload_bytes > 0 {
             told = true;
             if let Some(n) = p.full_steps {
@@ -151,11 +143,11 @@ fn progress_display() -> impl FnMut(&StepProgress) + 'static {
                     bytes(p.payload_bytes),
                     bytes(p.payload_bytes.saturating_mul(n))
                 );
-                bar.suspend(|| eprintln!("{note}"));
+                shown.note(&note);
             }
         }
         if p.total_steps.is_some_and(|t| p.step + 1 >= t) {
-            bar.finish_and_clear();
+            bar = None;
         }
     }
 }

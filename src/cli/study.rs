@@ -184,30 +184,19 @@ fn subject(train: &WorkloadArgs) -> Result<Subject, CliError> {
     Ok(Subject::new(train.workload()?)?)
 }
 
-/// The indicatif bar behind a study's `Progress` (hidden when stderr is not a terminal).
-struct Bar(indicatif::ProgressBar);
+/// The progress bar behind a study's `Progress`, counting its `unit` (runs, timings).
+struct Bar(super::progress::Progress);
 
 impl Bar {
-    /// A bar counting `unit` (runs, timings).
     fn new(unit: &str) -> Self {
-        let bar = indicatif::ProgressBar::new(0);
-        let template = format!("{{bar:30}} {{pos}}/{{len}} {unit}  {{elapsed_precise}}  {{msg}}");
-        bar.set_style(indicatif::ProgressStyle::with_template(&template).expect("valid template"));
-        Bar(bar)
+        Bar(super::progress::Progress::new(unit, None))
     }
 }
 
 impl Progress for Bar {
     fn update(&mut self, done: usize, total: usize, message: &str) {
-        self.0.set_length(total as u64);
-        self.0.set_position(done as u64);
-        self.0.set_message(message.to_string());
-    }
-}
-
-impl Drop for Bar {
-    fn drop(&mut self) {
-        self.0.finish_and_clear();
+        self.0.done(done as u64, total as u64);
+        self.0.message(message);
     }
 }
 
