@@ -8,7 +8,7 @@
 
 use repro::dtype::DType;
 use repro::hash::tensor_hash;
-use repro::record::Recorder;
+use repro::record::{RecordOptions, Recorder};
 use repro::trace::{
     CapturePolicy, Environment, FullCapture, Header, RunConfig, StepTensor, TensorKind, TensorRecord, TraceWriter,
     CURRENT_FORMAT,
@@ -71,14 +71,17 @@ fn main() {
     // Alternate the two, so warm-up and machine noise hit both alike; the fastest of each counts.
     let (mut plain, mut recorded) = (Duration::MAX, Duration::MAX);
     for _ in 0..5 {
-        plain =
-            plain.min(best_of(1, || config.run(&candle_core::Device::Cpu, &mut Recorder::discard(), None).unwrap()));
+        plain = plain.min(best_of(1, || config.run(&candle_core::Device::Cpu, &mut Recorder::discard()).unwrap()));
         recorded = recorded.min(best_of(1, || {
             let capture = CapturePolicy { full: FullCapture::None, ..CapturePolicy::default() };
-            let mut r =
-                Recorder::create_with(dir.join("t"), config.run_config(), &candle_core::Device::Cpu, capture, true)
-                    .unwrap();
-            config.run(&candle_core::Device::Cpu, &mut r, None).unwrap();
+            let mut r = Recorder::create(
+                dir.join("t"),
+                config.run_config(),
+                &candle_core::Device::Cpu,
+                RecordOptions::capture(capture).replacing(true),
+            )
+            .unwrap();
+            config.run(&candle_core::Device::Cpu, &mut r).unwrap();
             r.finish().unwrap()
         }));
     }

@@ -17,8 +17,8 @@ use candle_core::{DType, Device, Module, Tensor};
 use candle_nn::{linear, AdamW, Optimizer, VarBuilder, VarMap};
 use repro::capture::ModelCapture;
 use repro::distributed::{join, DataParallel};
-use repro::record::Recorder;
-use repro::trace::{CapturePolicy, RunConfig, TensorKind};
+use repro::record::{RecordOptions, Recorder};
+use repro::trace::{RunConfig, TensorKind};
 use repro::workloads::seeded::{stream, uniform_vec};
 use std::path::Path;
 
@@ -42,7 +42,8 @@ fn train(rank: usize, rendezvous: &Path, out: &Path) -> Result<(), Box<dyn std::
     let mut opt = AdamW::new_lr(varmap.all_vars(), 1e-2)?;
     let run = RunConfig { workload: "dp-example".into(), steps: Some(STEPS), ..Default::default() };
     let dir = out.join(format!("rank-{rank}"));
-    let mut rec = Recorder::create_rank(&dir, run, &device, CapturePolicy::default(), true, dp.describe())?;
+    let options = RecordOptions { replace: true, rank: Some(dp.describe()), ..RecordOptions::default() };
+    let mut rec = Recorder::create(&dir, run, &device, options)?;
     for step in 0..STEPS {
         // The global batch, the same on every rank; each trains on its rows of it.
         let mut rng = stream(1, "example.data", step);

@@ -14,7 +14,7 @@
 
 use candle_core::{DType, Device, Tensor};
 use candle_nn::{linear, Module, Optimizer, VarBuilder, VarMap, SGD};
-use repro::record::Recorder;
+use repro::record::{RecordOptions, Recorder};
 use repro::trace::{CapturePolicy, Phase, RunConfig, TensorKind};
 use repro::workloads::seeded::{stream, uniform_vec};
 use std::collections::BTreeMap;
@@ -48,7 +48,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut recorder = if std::env::var_os(repro::record::TRACE_DIR_ENV).is_some() {
         Recorder::from_env(run, &device, CapturePolicy::default())?
     } else {
-        Recorder::create_with(&out, run, &device, CapturePolicy::default(), true)?
+        Recorder::create(&out, run, &device, RecordOptions::default().replacing(true))?
     };
     let mut sgd = SGD::new(varmap.all_vars(), 0.05)?;
 

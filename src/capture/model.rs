@@ -5,7 +5,7 @@
 use super::graph::{graph_nodes, GraphNode};
 use super::scope::{take_step, tensor_number, ScopeSpan};
 use crate::record::profile;
-use crate::record::{Described, RecordError, Recorder, StepRecorder, TRACE_DIR_ENV};
+use crate::record::{Described, RecordError, RecordOptions, Recorder, StepRecorder, TRACE_DIR_ENV};
 use crate::trace::{CapturePolicy, Phase, RunConfig, TensorKind};
 use candle_core::backprop::GradStore;
 use candle_core::{Device, Tensor, Var};
@@ -184,7 +184,7 @@ impl ModelRecorder {
         device: &Device,
         varmap: &VarMap,
     ) -> Result<Self, RecordError> {
-        let recorder = Recorder::create(dir, run, device, CapturePolicy::default())?;
+        let recorder = Recorder::create(dir, run, device, RecordOptions::default())?;
         Ok(Self::new(recorder, ModelCapture::new(varmap)))
     }
 
@@ -323,7 +323,7 @@ mod tests {
         let loss = model.forward(&x).unwrap().broadcast_mul(stray.as_tensor()).unwrap().sum_all().unwrap();
         let dir = tempfile::tempdir().unwrap();
         let mut rec =
-            Recorder::create(dir.path().join("t"), RunConfig::default(), &Device::Cpu, CapturePolicy::default())
+            Recorder::create(dir.path().join("t"), RunConfig::default(), &Device::Cpu, RecordOptions::default())
                 .unwrap();
         let mut s = rec.step(0);
         // The graph is named on the worker thread: its error comes with the step's next read.
@@ -356,7 +356,7 @@ mod tests {
         let loss = model.forward(&x).unwrap().sum_all().unwrap();
         let dir = tempfile::tempdir().unwrap();
         let mut rec =
-            Recorder::create(dir.path().join("t"), RunConfig::default(), &Device::Cpu, CapturePolicy::default())
+            Recorder::create(dir.path().join("t"), RunConfig::default(), &Device::Cpu, RecordOptions::default())
                 .unwrap();
         let capture = ModelCapture::new(&varmap);
         let mut s = rec.step(0);
@@ -376,7 +376,7 @@ mod tests {
         assert!(at("fc.weight.grad") > at("after"), "{names:?}");
         // A name the graph shares with a tensor recorded by hand is refused when they meet.
         let mut again =
-            Recorder::create(dir.path().join("u"), RunConfig::default(), &Device::Cpu, CapturePolicy::default())
+            Recorder::create(dir.path().join("u"), RunConfig::default(), &Device::Cpu, RecordOptions::default())
                 .unwrap();
         let mut step = again.step(0);
         step.record("loss", TensorKind::Loss, &loss).unwrap();
@@ -401,7 +401,7 @@ mod tests {
         let grads = loss.backward().unwrap();
         let dir = tempfile::tempdir().unwrap();
         let mut rec =
-            Recorder::create(dir.path().join("t"), RunConfig::default(), &Device::Cpu, CapturePolicy::default())
+            Recorder::create(dir.path().join("t"), RunConfig::default(), &Device::Cpu, RecordOptions::default())
                 .unwrap();
         let mut s = rec.step(0);
         let missing = ModelCapture::new(&varmap).record_gradients(&mut s, &grads).unwrap();
@@ -423,7 +423,9 @@ mod tests {
         drop(parts);
         let dir = tempfile::tempdir().unwrap();
         let policy = CapturePolicy { full: crate::trace::FullCapture::None, ..CapturePolicy::default() };
-        let mut rec = Recorder::create(dir.path().join("t"), RunConfig::default(), &Device::Cpu, policy).unwrap();
+        let mut rec =
+            Recorder::create(dir.path().join("t"), RunConfig::default(), &Device::Cpu, RecordOptions::capture(policy))
+                .unwrap();
         let mut s = rec.step(0);
         let capture = ModelCapture::new(&varmap);
         let recorded = capture.graph_len(&root);

@@ -131,7 +131,7 @@ fn check(dev: &Device) -> Result<usize, Box<dyn std::error::Error>> {
 /// Records a small gpt twice, once with the GPU held about 20 ms behind the host at every step;
 /// returns the number of tensors whose hashes differ between the two traces.
 fn check_lagging(dev: &Device) -> Result<usize, Box<dyn std::error::Error>> {
-    use repro::record::Recorder;
+    use repro::record::{RecordOptions, Recorder};
     use repro::trace::{CapturePolicy, FullCapture, TraceReader};
     let config = repro::workloads::GptConfig { steps: 6, ..Default::default() };
     let dir = tempfile::tempdir()?;
@@ -139,7 +139,7 @@ fn check_lagging(dev: &Device) -> Result<usize, Box<dyn std::error::Error>> {
     let mut traces = Vec::new();
     for lag in [false, true] {
         let path = dir.path().join(if lag { "lagging" } else { "steady" });
-        let mut recorder = Recorder::create(&path, config.run_config(), dev, capture.clone())?;
+        let mut recorder = Recorder::create(&path, config.run_config(), dev, RecordOptions::capture(capture.clone()))?;
         if lag {
             // Asked at the start of every step, on the training thread: queues ~20 ms of work
             // ahead of the step's own kernels.
@@ -151,7 +151,7 @@ fn check_lagging(dev: &Device) -> Result<usize, Box<dyn std::error::Error>> {
                 true
             });
         }
-        config.run(dev, &mut recorder, None, None)?;
+        config.run(dev, &mut recorder, None)?;
         recorder.finish()?;
         let mut reader = TraceReader::open(&path)?;
         let mut hashes = Vec::new();
@@ -179,14 +179,14 @@ fn check_lagging(dev: &Device) -> Result<usize, Box<dyn std::error::Error>> {
 /// number of recorded hashes that differ from the host's (or fails, as recording did when a
 /// buffer larger than the pool keeps was freed on that thread).
 fn check_large_steps(dev: &Device) -> Result<usize, Box<dyn std::error::Error>> {
-    use repro::record::Recorder;
+    use repro::record::{RecordOptions, Recorder};
     use repro::trace::{CapturePolicy, FullCapture, RunConfig, TensorKind, TraceReader};
     const STEP_GIB: usize = 3;
     let dir = tempfile::tempdir()?;
     let path = dir.path().join("large");
     let capture = CapturePolicy { full: FullCapture::None, ..CapturePolicy::default() };
     let run = RunConfig { workload: "gpu-check".into(), steps: Some(3), params: Default::default() };
-    let mut recorder = Recorder::create(&path, run, dev, capture)?;
+    let mut recorder = Recorder::create(&path, run, dev, RecordOptions::capture(capture))?;
     let mut expected = Vec::new();
     for step in 0..3u64 {
         let mut s = recorder.step(step);

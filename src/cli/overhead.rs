@@ -18,7 +18,7 @@ use super::CliError;
 use super::Exit;
 use clap::Args;
 use repro::distributed::DataParallel;
-use repro::record::{open_device, take_peak_device_memory, Recorder};
+use repro::record::{open_device, take_peak_device_memory, RecordOptions, Recorder};
 use repro::trace::{summarize, CapturePolicy, FullCapture};
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -78,13 +78,18 @@ pub fn run(args: OverheadArgs) -> Result<Exit, CliError> {
     for _ in 0..args.repeats.max(1) {
         let capture = CapturePolicy { full: FullCapture::None, ..CapturePolicy::default() };
         let (run, rank) = (args.train.run_config(&workload), dp.as_ref().map(DataParallel::describe));
-        let mut recorder = Recorder::create_stream(&dir, run, &device, capture, true, rank)?;
+        let mut recorder = Recorder::create(
+            &dir,
+            run,
+            &device,
+            RecordOptions { rank, ..RecordOptions::capture(capture).replacing(true) },
+        )?;
         // Asked at the start of every step: drains the device and reads the clock at each
         // block's start, and says whether the step's block records.
         let clock = Rc::new(RefCell::new(Clock::default()));
         let (ticks, at_device) = (clock.clone(), device.clone());
         recorder.record_only(move |_| ticks.borrow_mut().tick(&at_device, &blocks));
-        workload.run_ranked(&device, &mut recorder, None, dp.as_mut())?;
+        workload.run_ranked(&device, &mut recorder, dp.as_mut())?;
         // The last block ends when the device has finished its steps.
         clock.borrow_mut().mark(&device);
         recorder.finish()?;

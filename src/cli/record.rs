@@ -7,7 +7,7 @@ use super::Exit;
 use clap::Args;
 use repro::diff::{config_differences, ReferenceCheck};
 use repro::distributed::DataParallel;
-use repro::record::{open_device, RecordError, Recorder, StepProgress};
+use repro::record::{open_device, RecordError, RecordOptions, Recorder, StepProgress};
 use repro::report::{bytes, render_online};
 use repro::trace::{summarize, CapturePolicy, FullCapture};
 use repro::workloads::Workload;
@@ -48,7 +48,6 @@ pub fn run(args: RecordArgs) -> Result<Exit, CliError> {
     if args.ranks.starts_ranks() {
         return record_ranks(&args, &workload);
     }
-    let perturb = args.train.perturb.clone();
     let device_name = args.ranks.device(&args.train.device)?;
     let device = open_device(device_name)?;
     let run = args.train.run_config(&workload);
@@ -63,12 +62,13 @@ pub fn run(args: RecordArgs) -> Result<Exit, CliError> {
     let reference = reference.map(|r| Arc::new(Mutex::new(r)));
     let mut dp = args.ranks.data_parallel(&device)?;
     let rank = dp.as_ref().map(DataParallel::describe);
-    let mut recorder = Recorder::create_stream(&args.out, run, &device, capture, args.force, rank)?;
+    let options = RecordOptions { capture, replace: args.force, rank, perturbation: args.train.perturb.clone() };
+    let mut recorder = Recorder::create(&args.out, run, &device, options)?;
     if let Some(check) = &reference {
         recorder.compare_with(Box::new(check.clone()), !args.keep_going);
     }
     recorder.on_step(progress_display());
-    match workload.run_ranked(&device, &mut recorder, perturb.as_ref(), dp.as_mut()) {
+    match workload.run_ranked(&device, &mut recorder, dp.as_mut()) {
         Ok(()) | Err(RecordError::Diverged { .. }) => {}
         Err(e) => return Err(format!("{e} (the partial trace in {} is marked incomplete)", args.out.display()).into()),
     }

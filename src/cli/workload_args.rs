@@ -3,7 +3,7 @@
 use super::CliError;
 use clap::Args;
 use repro::ops::Reductions;
-use repro::record::{open_device, Perturbation, Recorder};
+use repro::record::{open_device, Perturbation, RecordOptions, Recorder};
 use repro::trace::{CapturePolicy, FullCapture};
 use repro::workloads::gpt::model::Norm;
 use repro::workloads::{
@@ -429,8 +429,10 @@ impl WorkloadArgs {
         }
         let device = open_device(devices.first().unwrap_or(&self.device))?;
         let capture = CapturePolicy { full: full.clone(), ..CapturePolicy::default() };
-        let mut recorder = Recorder::create_with(dir, self.run_config(&workload), &device, capture, true)?;
-        workload.run(&device, &mut recorder, self.perturb.as_ref())?;
+        let options =
+            RecordOptions { perturbation: self.perturb.clone(), ..RecordOptions::capture(capture).replacing(true) };
+        let mut recorder = Recorder::create(dir, self.run_config(&workload), &device, options)?;
+        workload.run(&device, &mut recorder)?;
         recorder.finish()?;
         Ok(())
     }

@@ -2,11 +2,11 @@
 //! candle (recording, capture, ops, workloads, distributed training, invariance, studies); the
 //! trace and diff crates never do, so reading and comparing traces needs no model code.
 
-mod background;
 pub mod device;
 mod environment;
 mod error;
 mod fill;
+mod options;
 mod perturb;
 mod probe;
 pub(crate) mod profile;
@@ -14,9 +14,11 @@ mod recorder;
 mod step_records;
 mod tensor_bytes;
 mod worker;
+mod writer_thread;
 
 pub use environment::{device_label, environment, open_device, take_peak_device_memory, NUMERICS_ENV_VARS};
 pub use error::RecordError;
+pub use options::RecordOptions;
 pub use perturb::Perturbation;
 pub use recorder::{Recorder, StepProgress, StepRecorder, CAPTURE_ENV, TRACE_DIR_ENV};
 pub(crate) use step_records::Described;

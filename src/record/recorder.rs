@@ -2,13 +2,13 @@
 //!
 //! ```no_run
 //! use candle_core::{Device, Tensor};
-//! use repro::record::Recorder;
-//! use repro::trace::{CapturePolicy, RunConfig, TensorKind};
+//! use repro::record::{RecordOptions, Recorder};
+//! use repro::trace::{RunConfig, TensorKind};
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let device = Device::Cpu;
 //! let run = RunConfig { workload: "my-model".into(), steps: Some(10), ..Default::default() };
-//! let mut recorder = Recorder::create("runs/mine", run, &device, CapturePolicy::default())?;
+//! let mut recorder = Recorder::create("runs/mine", run, &device, RecordOptions::default())?;
 //! for step in 0..10 {
 //!     let loss = Tensor::new(1.0f32 / (step as f32 + 1.0), &device)?;
 //!     let mut s = recorder.step(step);
@@ -25,18 +25,19 @@
 //! records itself can do the same (`#[global_allocator] static A: mimalloc::MiMalloc =
 //! mimalloc::MiMalloc;`; docs/cuda.md, "The allocator").
 
-use super::background::{BackgroundWriter, StepFill};
 use super::environment::environment;
 use super::error::RecordError;
 use super::fill::{fill_records, payload_bytes};
+use super::options::RecordOptions;
 use super::perturb::Perturbation;
 use super::probe::{Probe, ProbedGradients};
 use super::profile;
 use super::step_records::{Described, StepRecords};
 use super::tensor_bytes::{DeviceQueue, DeviceRead};
 use super::worker::{BackgroundParts, Worker};
+use super::writer_thread::{StepFill, WriterThread};
 use crate::trace::{
-    CapturePolicy, Distributed, Header, Phase, RunConfig, StepCheck, StepTensor, StepVerdict, TensorKind, TraceWriter,
+    CapturePolicy, Header, Phase, RunConfig, StepCheck, StepTensor, StepVerdict, TensorKind, TraceWriter,
     CURRENT_FORMAT,
 };
 use candle_core::{Device, Tensor, Var};
@@ -54,7 +55,7 @@ pub const CAPTURE_ENV: &str = "REPRO_CAPTURE";
 /// Records a run into a trace directory.
 pub struct Recorder {
     /// `None` for a recorder that discards everything (see `Recorder::discard`).
-    writer: Option<BackgroundWriter>,
+    writer: Option<WriterThread>,
     capture: CapturePolicy,
     total_steps: Option<u64>,
     first_step: Option<u64>,
@@ -122,49 +123,13 @@ struct PendingStep {
 }
 
 impl Recorder {
-    /// Starts recording into `dir`, which must not already hold a trace.
+    /// Starts recording run `run` on `device` into `dir`, as `options` say (see
+    /// `RecordOptions`: capture policy, replacing an existing trace, rank, planted fault).
     pub fn create(
         dir: impl AsRef<Path>,
         run: RunConfig,
         device: &Device,
-        capture: CapturePolicy,
-    ) -> Result<Self, RecordError> {
-        Self::create_with(dir, run, device, capture, false)
-    }
-
-    /// Starts recording into `dir`; with `replace`, an existing trace there is deleted first.
-    pub fn create_with(
-        dir: impl AsRef<Path>,
-        run: RunConfig,
-        device: &Device,
-        capture: CapturePolicy,
-        replace: bool,
-    ) -> Result<Self, RecordError> {
-        Self::create_stream(dir, run, device, capture, replace, None)
-    }
-
-    /// Starts recording one rank's stream of a data-parallel run into `dir` (`create_with`,
-    /// with the rank's place in the run written to the header).
-    pub fn create_rank(
-        dir: impl AsRef<Path>,
-        run: RunConfig,
-        device: &Device,
-        capture: CapturePolicy,
-        replace: bool,
-        rank: Distributed,
-    ) -> Result<Self, RecordError> {
-        Self::create_stream(dir, run, device, capture, replace, Some(rank))
-    }
-
-    /// `create_with` for a single device (`distributed` is `None`), `create_rank` for one rank
-    /// of a data-parallel run.
-    pub fn create_stream(
-        dir: impl AsRef<Path>,
-        run: RunConfig,
-        device: &Device,
-        capture: CapturePolicy,
-        replace: bool,
-        distributed: Option<Distributed>,
+        options: RecordOptions,
     ) -> Result<Self, RecordError> {
         DeviceQueue::prepare(device)?;
         let total_steps = run.steps;
@@ -173,12 +138,13 @@ impl Recorder {
             producer: format!("repro {}", env!("CARGO_PKG_VERSION")),
             run,
             environment: environment(device),
-            capture: capture.clone(),
-            distributed,
+            capture: options.capture.clone(),
+            distributed: options.rank,
         };
-        let writer = TraceWriter::create(dir.as_ref(), &header, replace)?;
-        let mut recorder = Self::discard_with(capture, total_steps);
-        recorder.writer = Some(BackgroundWriter::spawn(writer));
+        let writer = TraceWriter::create(dir.as_ref(), &header, options.replace)?;
+        let mut recorder = Self::discard_with(options.capture, total_steps);
+        recorder.perturbation = options.perturbation;
+        recorder.writer = Some(WriterThread::spawn(writer));
         Ok(recorder)
     }
 
@@ -195,7 +161,7 @@ impl Recorder {
             capture.full =
                 policy.parse().map_err(|e| RecordError::Unsupported(format!("{CAPTURE_ENV}={policy}: {e}")))?;
         }
-        Self::create_with(dir, run, device, capture, true)
+        Self::create(dir, run, device, RecordOptions::capture(capture).replacing(true))
     }
 
     /// A recorder that hashes nothing and writes nothing: the un-instrumented baseline that
@@ -222,10 +188,11 @@ impl Recorder {
         }
     }
 
-    /// Plants a fault (see `Perturbation`): the named tensor is moved when `StepRecorder::op`
-    /// or `StepRecorder::perturbed` sees it at the given step.
-    pub fn set_perturbation(&mut self, perturbation: Option<Perturbation>) {
-        self.perturbation = perturbation;
+    /// The fault planted through `RecordOptions::perturbation`: the named tensor is moved when
+    /// `StepRecorder::op` or `StepRecorder::perturbed` sees it at the given step. Workloads
+    /// read it to check it and to plant it where no op of theirs passes the tensor.
+    pub fn perturbation(&self) -> Option<&Perturbation> {
+        self.perturbation.as_ref()
     }
 
     /// Compares every step, as it is recorded, with a reference run through `check`. On the
@@ -251,7 +218,7 @@ impl Recorder {
 
     /// The trace directory (`None` for a discarding recorder).
     pub fn dir(&self) -> Option<&Path> {
-        self.writer.as_ref().map(BackgroundWriter::dir)
+        self.writer.as_ref().map(WriterThread::dir)
     }
 
     /// Begins recording step `step`. Record its tensors on the returned value, then `finish` it.
@@ -295,7 +262,7 @@ impl Recorder {
                 p.tensor, p.step
             )));
         }
-        let writer = self.writer.take().map(BackgroundWriter::finish).transpose()?;
+        let writer = self.writer.take().map(WriterThread::finish).transpose()?;
         match writer {
             Some(writer) if stopped_early => Ok(writer.finish_stopped(
                 "at the first divergence from the reference run (`repro record --keep-going` records to the end)"

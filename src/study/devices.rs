@@ -8,7 +8,7 @@ use super::stats::RunResult;
 use super::store::{StudyDir, StudyOut};
 use super::subject::{Subject, Variation};
 use crate::diff::{compare_values, diff_traces, RootCause};
-use crate::record::{open_device, Recorder};
+use crate::record::{open_device, RecordOptions, Recorder};
 use crate::trace::{CapturePolicy, FullCapture, TensorKind, TraceReader};
 use std::time::Instant;
 
@@ -47,7 +47,12 @@ pub fn run_devices(
     let mut classes = 0;
     for (i, (label, device)) in devices.iter().zip(&opened).enumerate() {
         let trace = dir.path().join(format!("trace-{i}-{}", label.replace(':', "")));
-        let mut recorder = Recorder::create_with(&trace, subject.run_config(), device, capture.clone(), true)?;
+        let mut recorder = Recorder::create(
+            &trace,
+            subject.run_config(),
+            device,
+            RecordOptions::capture(capture.clone()).replacing(true),
+        )?;
         let started = Instant::now();
         let outcome = subject.train(Variation::default(), device, &mut recorder)?;
         recorder.finish()?;

@@ -14,7 +14,7 @@ use super::subject::{Subject, Variation};
 use super::Progress;
 use crate::diff::diff_traces;
 use crate::ops::Reductions;
-use crate::record::Recorder;
+use crate::record::{RecordOptions, Recorder};
 use crate::trace::{CapturePolicy, FullCapture, TraceReader};
 use crate::workloads::Seeds;
 use candle_core::Device;
@@ -125,7 +125,12 @@ fn full_batch_divergence(
         if trace.exists() {
             std::fs::remove_dir_all(&trace).map_err(StudyError::io(&trace))?;
         }
-        let mut recorder = Recorder::create_with(&trace, subject.run_config(), device, capture.clone(), true)?;
+        let mut recorder = Recorder::create(
+            &trace,
+            subject.run_config(),
+            device,
+            RecordOptions::capture(capture.clone()).replacing(true),
+        )?;
         let variation = Variation { steps: Some(RECORDED_STEPS), ..order_variation(base, run, train_examples) };
         subject.train(variation, device, &mut recorder)?;
         recorder.finish()?;

@@ -160,7 +160,7 @@ impl Subject {
     ) -> Result<TrainOutcome, RecordError> {
         match self {
             Subject::Classifier { config, data } => {
-                train(&classifier_variant(config, variation), data, device, recorder, None)
+                train(&classifier_variant(config, variation), data, device, recorder)
             }
             Subject::Gpt(config) => gpt_variant(config, variation).train(device, recorder),
         }

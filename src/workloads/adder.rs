@@ -218,20 +218,14 @@ impl AdderConfig {
         Ok(())
     }
 
-    /// Trains and records every step into `recorder`, planting `perturb` if given.
-    pub fn run(
-        &self,
-        device: &Device,
-        recorder: &mut Recorder,
-        perturb: Option<&Perturbation>,
-    ) -> Result<(), RecordError> {
-        self.validate(perturb)?;
+    /// Trains and records every step into `recorder`, planting its perturbation if it has one.
+    pub fn run(&self, device: &Device, recorder: &mut Recorder) -> Result<(), RecordError> {
+        self.validate(recorder.perturbation())?;
         let mut init = stream(self.seed, "adder.init", 0);
         let bound = (6.0 / (self.features + 1) as f64).sqrt();
         let w0 = uniform_vec(&mut init, self.features, -bound, bound);
         let w = Var::from_tensor(&Tensor::from_vec(w0, (self.features, 1), &Device::Cpu)?.to_device(device)?)?;
         let b = Var::from_tensor(&Tensor::zeros(1, DType::F32, device)?)?;
-        recorder.set_perturbation(perturb.cloned());
 
         for step in 0..self.steps {
             let (x, y) = self.batch_data(step, device)?;

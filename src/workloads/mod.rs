@@ -16,7 +16,7 @@ pub use gpt::GptConfig;
 pub use outcome::{ModelState, Seeds, TrainOutcome};
 
 use crate::distributed::DataParallel;
-use crate::record::{Perturbation, RecordError, Recorder};
+use crate::record::{RecordError, Recorder};
 use crate::trace::RunConfig;
 use candle_core::Device;
 
@@ -97,14 +97,10 @@ impl Workload {
         }
     }
 
-    /// Trains and records every step into `recorder`, planting `perturb` if given.
-    pub fn run(
-        &self,
-        device: &Device,
-        recorder: &mut Recorder,
-        perturb: Option<&Perturbation>,
-    ) -> Result<(), RecordError> {
-        self.run_ranked(device, recorder, perturb, None)
+    /// Trains and records every step into `recorder`, planting its perturbation if it has one
+    /// (`RecordOptions::perturbation`).
+    pub fn run(&self, device: &Device, recorder: &mut Recorder) -> Result<(), RecordError> {
+        self.run_ranked(device, recorder, None)
     }
 
     /// `run` as one rank of data-parallel training when `dp` is given: this rank trains on its
@@ -114,20 +110,19 @@ impl Workload {
         &self,
         device: &Device,
         recorder: &mut Recorder,
-        perturb: Option<&Perturbation>,
         dp: Option<&mut DataParallel>,
     ) -> Result<(), RecordError> {
         if dp.is_some() {
             self.check_data_parallel()?;
         }
         match self {
-            Workload::Adder(c) => c.run(device, recorder, perturb),
+            Workload::Adder(c) => c.run(device, recorder),
             Workload::Classifier(c) => {
                 let data = Dataset::load(c.dataset, c.dataset_seed, c.examples).map_err(RecordError::Unsupported)?;
-                classifier::train_ranked(c, &data, device, recorder, perturb, dp).map(|_| ())
+                classifier::train_ranked(c, &data, device, recorder, dp).map(|_| ())
             }
-            Workload::Gpt(c) => c.run(device, recorder, perturb, dp),
-            Workload::Decoder(c) => match perturb {
+            Workload::Gpt(c) => c.run(device, recorder, dp),
+            Workload::Decoder(c) => match recorder.perturbation() {
                 Some(_) => {
                     Err(RecordError::Unsupported(format!("{} records inference: --perturb is not supported", c.family)))
                 }

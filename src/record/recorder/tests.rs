@@ -55,7 +55,7 @@ fn steps_left_out_are_neither_recorded_nor_remembered() {
 
 /// A CPU recorder writing into `dir`.
 fn recorder_in(dir: &Path) -> Recorder {
-    Recorder::create(dir, RunConfig::default(), &Device::Cpu, CapturePolicy::default()).unwrap()
+    Recorder::create(dir, RunConfig::default(), &Device::Cpu, RecordOptions::default()).unwrap()
 }
 
 /// The names and hashes of every step of the trace in `dir`.

@@ -17,7 +17,7 @@ pub use models::{ModelKind, MLP_HIDDEN};
 pub use super::outcome::{ModelState, Seeds, TrainOutcome};
 use crate::distributed::{DataParallel, Gradient};
 use crate::ops::Reductions;
-use crate::record::{Perturbation, RecordError, Recorder};
+use crate::record::{Perturbation, RecordError, RecordOptions, Recorder};
 use crate::trace::{Phase, RunConfig, TensorKind};
 use crate::workloads::seeded::stream;
 use candle_core::{Device, Tensor, D};
@@ -186,10 +186,11 @@ pub fn check_perturbation(config: &ClassifierConfig, perturb: &Perturbation) -> 
         .map_err(|e| RecordError::Unsupported(format!("cannot create a scratch directory to check --perturb: {e}")))?;
     let dir = scratch.path().join("probe");
     let capture = crate::trace::CapturePolicy { full: crate::trace::FullCapture::None, ..Default::default() };
-    let mut recorder = Recorder::create_with(&dir, probe.run_config(), &Device::Cpu, capture, true)?;
     // At step 0 and by one ULP: only the name is in question here.
     let at_step_zero = Perturbation { step: 0, tensor: perturb.tensor.clone(), ulps: 1, element: perturb.element };
-    train(&probe, &data, &Device::Cpu, &mut recorder, Some(&at_step_zero))?;
+    let options = RecordOptions { perturbation: Some(at_step_zero), ..RecordOptions::capture(capture).replacing(true) };
+    let mut recorder = Recorder::create(&dir, probe.run_config(), &Device::Cpu, options)?;
+    train(&probe, &data, &Device::Cpu, &mut recorder)?;
     if recorder.finish().is_ok() {
         return Ok(());
     }
@@ -210,9 +211,8 @@ pub fn train(
     data: &Dataset,
     device: &Device,
     recorder: &mut Recorder,
-    perturb: Option<&Perturbation>,
 ) -> Result<TrainOutcome, RecordError> {
-    train_loop(config, data, device, recorder, perturb, None, true)
+    train_loop(config, data, device, recorder, None, true)
 }
 
 /// [`train`] as one rank of data-parallel training when `dp` is given: the global batch is
@@ -225,10 +225,9 @@ pub fn train_ranked(
     data: &Dataset,
     device: &Device,
     recorder: &mut Recorder,
-    perturb: Option<&Perturbation>,
     dp: Option<&mut DataParallel>,
 ) -> Result<TrainOutcome, RecordError> {
-    train_loop(config, data, device, recorder, perturb, dp, false)
+    train_loop(config, data, device, recorder, dp, false)
 }
 
 fn train_loop(
@@ -236,7 +235,6 @@ fn train_loop(
     data: &Dataset,
     device: &Device,
     recorder: &mut Recorder,
-    perturb: Option<&Perturbation>,
     mut dp: Option<&mut DataParallel>,
     time_steps: bool,
 ) -> Result<TrainOutcome, RecordError> {
@@ -249,7 +247,6 @@ fn train_loop(
         Model::new(config.model, &mut params, &data.example_shape, data.classes, config.batch_norm, config.width)?;
     let vars: Vec<_> = params.trainable.iter().map(|(_, v)| v.clone()).collect();
     let mut opt = AdamW::new(vars, ParamsAdamW { lr: config.lr, weight_decay: 0.0, ..Default::default() })?;
-    recorder.set_perturbation(perturb.cloned());
 
     let per_epoch = config.steps_per_epoch(data.train.len());
     if per_epoch == 0 {
@@ -462,7 +459,7 @@ mod tests {
     }
 
     fn run(config: &ClassifierConfig, data: &Dataset) -> TrainOutcome {
-        train(config, data, &Device::Cpu, &mut Recorder::discard(), None).unwrap()
+        train(config, data, &Device::Cpu, &mut Recorder::discard()).unwrap()
     }
 
     #[test]

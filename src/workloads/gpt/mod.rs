@@ -266,17 +266,16 @@ impl GptConfig {
         &self,
         device: &Device,
         recorder: &mut Recorder,
-        perturb: Option<&Perturbation>,
         dp: Option<&mut DataParallel>,
     ) -> Result<(), RecordError> {
-        self.train_steps(device, recorder, perturb, false, dp).map(|_| ())
+        self.train_steps(device, recorder, false, dp).map(|_| ())
     }
 
     /// Trains as [`GptConfig::run`] does, timing each step (synchronized with the device), then
     /// predicts the next byte at every position of the evaluation windows: what the studies
     /// compare between runs.
     pub fn train(&self, device: &Device, recorder: &mut Recorder) -> Result<TrainOutcome, RecordError> {
-        let trained = self.train_steps(device, recorder, None, true, None)?;
+        let trained = self.train_steps(device, recorder, true, None)?;
         let (inputs, labels) = self.evaluation_windows(device)?;
         let predictions = predict(&trained.model, &inputs)?;
         Ok(TrainOutcome {
@@ -320,7 +319,6 @@ impl GptConfig {
         &self,
         device: &Device,
         recorder: &mut Recorder,
-        perturb: Option<&Perturbation>,
         time_steps: bool,
         mut dp: Option<&mut DataParallel>,
     ) -> Result<Trained, RecordError> {
@@ -334,7 +332,7 @@ impl GptConfig {
         let params = ParamsAdamW { lr: self.lr, ..ParamsAdamW::default() };
         let vars: Vec<_> = capture.parameters().iter().map(|(_, v)| v.clone()).collect();
         let mut opt = AdamW::new(vars, params)?;
-        recorder.set_perturbation(perturb.cloned());
+        let perturb = recorder.perturbation().cloned();
         let (mut final_loss, mut step_times) = (f32::NAN, Vec::new());
         for step in 0..self.steps {
             let started = Instant::now();
@@ -347,7 +345,7 @@ impl GptConfig {
             s.record("targets", TensorKind::Input, &targets)?;
             capture.record_parameters(&mut s);
             // A planted fault: the forward pass sees the parameter moved, the trace its true value.
-            let planted = match perturb.filter(|p| p.step == step) {
+            let planted = match perturb.as_ref().filter(|p| p.step == step) {
                 Some(p) => {
                     // The parameters are read on the recorder's worker thread: before changing
                     // one, wait for that read.

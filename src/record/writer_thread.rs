@@ -22,13 +22,13 @@ pub(crate) type StepFill = Box<dyn FnOnce() -> Result<Vec<StepTensor>, RecordErr
 type Job = (u64, StepFill, Vec<String>);
 
 /// A `TraceWriter` fed through a bounded queue.
-pub(crate) struct BackgroundWriter {
+pub(crate) struct WriterThread {
     dir: PathBuf,
     queue: Option<SyncSender<Job>>,
     thread: Option<JoinHandle<Result<TraceWriter, RecordError>>>,
 }
 
-impl BackgroundWriter {
+impl WriterThread {
     /// Moves `writer` onto its own thread.
     pub(crate) fn spawn(writer: TraceWriter) -> Self {
         let dir = writer.dir().to_path_buf();
@@ -43,7 +43,7 @@ impl BackgroundWriter {
                 Ok(writer)
             })
             .expect("the OS starts a thread");
-        BackgroundWriter { dir, queue: Some(queue), thread: Some(thread) }
+        WriterThread { dir, queue: Some(queue), thread: Some(thread) }
     }
 
     /// The trace directory.
@@ -89,7 +89,7 @@ impl BackgroundWriter {
 
 /// Dropped without `finish` (an error elsewhere): the queued steps are still written, so the
 /// trace holds every step handed over, without a footer.
-impl Drop for BackgroundWriter {
+impl Drop for WriterThread {
     fn drop(&mut self) {
         self.queue = None;
         if let Some(thread) = self.thread.take() {
@@ -106,11 +106,11 @@ mod tests {
     use crate::trace::{Header, TensorKind, TensorRecord, TraceReader, CURRENT_FORMAT};
 
     /// Queues a step whose records are whole already.
-    fn write(w: &mut BackgroundWriter, step: u64, tensors: Vec<StepTensor>) -> Result<(), RecordError> {
+    fn write(w: &mut WriterThread, step: u64, tensors: Vec<StepTensor>) -> Result<(), RecordError> {
         w.fill_and_write(step, Box::new(move || Ok(tensors)), Vec::new())
     }
 
-    fn writer(dir: &Path) -> BackgroundWriter {
+    fn writer(dir: &Path) -> WriterThread {
         let header = Header {
             format: CURRENT_FORMAT,
             producer: "test".into(),
@@ -119,7 +119,7 @@ mod tests {
             capture: Default::default(),
             distributed: None,
         };
-        BackgroundWriter::spawn(TraceWriter::create(dir, &header, false).unwrap())
+        WriterThread::spawn(TraceWriter::create(dir, &header, false).unwrap())
     }
 
     fn loss(value: f32) -> Vec<StepTensor> {
