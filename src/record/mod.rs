@@ -6,6 +6,7 @@ pub mod device;
 mod environment;
 mod error;
 mod fill;
+mod online;
 mod options;
 mod perturb;
 mod probe;

@@ -28,6 +28,7 @@
 use super::environment::environment;
 use super::error::RecordError;
 use super::fill::{fill_records, payload_bytes};
+use super::online::OnlineComparison;
 use super::options::RecordOptions;
 use super::perturb::Perturbation;
 use super::probe::{Probe, ProbedGradients};
@@ -37,8 +38,7 @@ use super::tensor_bytes::{DeviceQueue, DeviceRead};
 use super::worker::{BackgroundParts, Worker};
 use super::writer_thread::{StepFill, WriterThread};
 use crate::trace::{
-    CapturePolicy, Header, Phase, RunConfig, StepCheck, StepTensor, StepVerdict, TensorKind, TraceWriter,
-    CURRENT_FORMAT,
+    CapturePolicy, Header, Phase, RunConfig, StepCheck, StepTensor, TensorKind, TraceWriter, CURRENT_FORMAT,
 };
 use candle_core::{Device, Tensor, Var};
 use std::collections::{BTreeMap, HashSet, VecDeque};
@@ -61,7 +61,7 @@ pub struct Recorder {
     first_step: Option<u64>,
     perturbation: Option<Perturbation>,
     perturbation_applied: bool,
-    online: Option<Online>,
+    online: Option<OnlineComparison>,
     /// Per step not yet written: trainable parameters that received no gradient.
     no_gradient: BTreeMap<u64, Vec<String>>,
     /// Told about every finished step (a progress bar).
@@ -103,23 +103,6 @@ pub struct StepProgress {
     pub payload_bytes: u64,
     /// Steps of the run whose full values the capture policy stores, if the length is known.
     pub full_steps: Option<u64>,
-}
-
-/// Online comparison against a reference run (`Recorder::compare_with`).
-struct Online {
-    check: Box<dyn StepCheck>,
-    stop_at_divergence: bool,
-    /// The last step that matched, held back with its full values, so that if the next step
-    /// diverges the step before the divergence is written in full too.
-    pending: Option<PendingStep>,
-    diverged: bool,
-}
-
-struct PendingStep {
-    step: u64,
-    tensors: Vec<StepTensor>,
-    /// Whether the capture policy itself wanted this step's full values.
-    policy_full: bool,
 }
 
 impl Recorder {
@@ -199,7 +182,7 @@ impl Recorder {
     /// first divergence the step before it and the diverging step are written with full values;
     /// with `stop_at_divergence`, `StepRecorder::finish` then returns `RecordError::Diverged`.
     pub fn compare_with(&mut self, check: Box<dyn StepCheck>, stop_at_divergence: bool) {
-        self.online = Some(Online { check, stop_at_divergence, pending: None, diverged: false });
+        self.online = Some(OnlineComparison::new(check, stop_at_divergence));
     }
 
     /// Records only the steps `which` selects; the others train as if unrecorded (nothing of
@@ -230,7 +213,7 @@ impl Recorder {
             let first = *self.first_step.get_or_insert(step);
             let policy_full = self.capture.wants_full(step, first, self.total_steps);
             // Online comparison keeps every step's values until the next step has been checked.
-            (policy_full, policy_full || self.online.as_ref().is_some_and(|o| !o.diverged))
+            (policy_full, policy_full || self.online.as_ref().is_some_and(OnlineComparison::comparing))
         } else {
             (false, false)
         };
@@ -253,7 +236,7 @@ impl Recorder {
             self.complete(unread)?;
         }
         self.flush_pending()?;
-        let stopped_early = self.online.as_ref().is_some_and(|o| o.diverged && o.stop_at_divergence);
+        let stopped_early = self.online.as_ref().is_some_and(OnlineComparison::stopped_the_run);
         if let (Some(p), false, false) = (&self.perturbation, self.perturbation_applied, stopped_early) {
             // The recorded steps stay readable, but without a footer: this is not the run
             // that was asked for.
@@ -279,8 +262,8 @@ impl Recorder {
 
     /// Writes the step held back for online comparison, with the normal capture policy.
     fn flush_pending(&mut self) -> Result<(), RecordError> {
-        match self.online.as_mut().and_then(|o| o.pending.take()) {
-            Some(p) => self.write(p.step, strip(p.tensors, p.policy_full)),
+        match self.online.as_mut().and_then(OnlineComparison::take_held) {
+            Some((step, tensors)) => self.write(step, tensors),
             None => Ok(()),
         }
     }
@@ -320,16 +303,6 @@ struct UnreadStep {
     /// (index into `tensors`, ticket in `read`) of records still waiting for their results.
     deferred: Vec<(usize, usize)>,
     read: DeviceRead,
-}
-
-/// Drops the full values the capture policy did not ask for (small inline values stay).
-fn strip(mut tensors: Vec<StepTensor>, policy_full: bool) -> Vec<StepTensor> {
-    if !policy_full {
-        for t in &mut tensors {
-            t.payload = None;
-        }
-    }
-    tensors
 }
 
 /// Collects one step's tensors; nothing reaches the trace until `finish`.
@@ -601,7 +574,7 @@ impl StepRecorder<'_> {
         if !self.is_recording() {
             return Ok(());
         }
-        let online = self.recorder.online.as_ref().is_some_and(|o| !o.diverged);
+        let online = self.recorder.online.as_ref().is_some_and(OnlineComparison::comparing);
         self.join_background()?;
         let StepRecorder { recorder, step, policy_full, records, .. } = self;
         let unread = UnreadStep::start(step, policy_full, records)?;
@@ -658,46 +631,16 @@ impl Recorder {
             let results = results.into_results();
             Ok(profile::time(profile::Phase::Fill, || fill_records(tensors, deferred, results, full, inline_max)))
         };
-        if self.online.as_ref().is_none_or(|o| o.diverged) {
+        match self.online.as_mut().filter(|o| o.comparing()) {
             // The writer thread waits for the results and fills the records in.
-            return self.fill_and_write(step, Box::new(fill));
-        }
-        // Comparing online needs the step's records here.
-        let tensors = fill()?;
-        let online = self.online.as_mut().expect("comparing online");
-        let verdict = match online.check.check_step(step, &tensors) {
-            Ok(verdict) => verdict,
-            Err(e) => {
-                // The reference could not be read: keep the held step and this one, then stop.
-                let held = online.pending.take();
-                self.online = None;
-                if let Some(p) = held {
-                    self.write(p.step, strip(p.tensors, p.policy_full))?;
+            None => self.fill_and_write(step, Box::new(fill)),
+            // Comparing online needs the step's records here.
+            Some(online) => {
+                let checked = online.check(step, fill()?, policy_full);
+                for (step, tensors) in checked.write {
+                    self.write(step, tensors)?;
                 }
-                self.write(step, strip(tensors, policy_full))?;
-                return Err(e.into());
-            }
-        };
-        match verdict {
-            StepVerdict::Same => {
-                let previous = online.pending.replace(PendingStep { step, tensors, policy_full });
-                match previous {
-                    Some(p) => self.write(p.step, strip(p.tensors, p.policy_full)),
-                    None => Ok(()),
-                }
-            }
-            StepVerdict::Diverged => {
-                online.diverged = true;
-                let stop = online.stop_at_divergence;
-                if let Some(p) = online.pending.take() {
-                    self.write(p.step, p.tensors)?;
-                }
-                self.write(step, tensors)?;
-                if stop {
-                    Err(RecordError::Diverged { step })
-                } else {
-                    Ok(())
-                }
+                checked.result
             }
         }
     }
