@@ -34,7 +34,7 @@ pub fn with_baseline_defaults(argv: Vec<OsString>) -> Result<Vec<OsString>, CliE
     let file = baseline.unwrap_or_default();
     let run = TraceReader::open(Path::new(&file)).ok().map(|r| r.header().run.clone());
     // A baseline of a user's program has no built-in settings; the gate explains the mismatch.
-    let Some(run) = run.filter(|run| repro::workloads::WORKLOADS.contains(&run.workload.as_str())) else {
+    let Some(run) = run.filter(|run| run.workload.parse::<repro::workloads::WorkloadKind>().is_ok()) else {
         return Ok(argv);
     };
     let options = super::workload_args::options_for(&run)

@@ -9,7 +9,7 @@ use repro::report::{
     plot_cost, plot_devices, plot_noise, plot_order, render_cost, render_devices, render_noise, render_order,
 };
 use repro::study::{run_cost, run_devices, run_noise, run_order, Progress, StudyDir, StudyOut, StudyReport, Subject};
-use repro::workloads::{ClassifierConfig, GptConfig, ModelKind, Workload};
+use repro::workloads::{ClassifierConfig, GptConfig, Workload, WorkloadKind};
 use std::path::PathBuf;
 
 #[derive(Debug, Args)]
@@ -281,11 +281,14 @@ fn cost(a: CostArgs) -> Result<Exit, CliError> {
         .workloads
         .iter()
         .map(|w| {
-            let workload = if w == "gpt" {
+            let kind = w.parse::<WorkloadKind>().ok();
+            let workload = if kind == Some(WorkloadKind::Gpt) {
                 let d = GptConfig::default();
                 Workload::Gpt(GptConfig { batch: a.batch.unwrap_or(d.batch), ..d })
             } else {
-                let model: ModelKind = w.parse().map_err(|e| format!("{e} (or gpt)"))?;
+                let model = kind
+                    .and_then(WorkloadKind::classifier_model)
+                    .ok_or_else(|| format!("unknown model `{w}`: expected mlp, cnn or resnet18 (or gpt)"))?;
                 let mut c = ClassifierConfig::defaults(model);
                 c.width = width;
                 if let Some(b) = a.batch {

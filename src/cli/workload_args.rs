@@ -1,6 +1,7 @@
 //! The arguments that say what to train, shared by `record`, `gate`, `baseline` and `study`.
 
 use super::CliError;
+use clap::builder::TypedValueParser;
 use clap::Args;
 use repro::ops::Reductions;
 use repro::record::{open_device, Perturbation, RecordOptions, Recorder};
@@ -8,7 +9,7 @@ use repro::trace::{CapturePolicy, FullCapture};
 use repro::workloads::gpt::model::Norm;
 use repro::workloads::{
     AdderConfig, ClassifierConfig, DatasetName, DecoderConfig, DecoderShape, Family, Formulation, GptConfig, ModelKind,
-    Workload, WORKLOADS,
+    Workload, WorkloadKind,
 };
 use std::path::Path;
 
@@ -17,8 +18,13 @@ pub struct WorkloadArgs {
     /// Workload to train: adder (linear, MSE, SGD); a classifier trained with Adam and
     /// cross-entropy: mlp (26 hidden units), cnn (three conv layers), resnet18; or gpt (a small
     /// transformer trained with AdamW, recorded by automatic graph capture).
-    #[arg(long, default_value = "adder", value_parser = clap::builder::PossibleValuesParser::new(WORKLOADS))]
-    pub workload: String,
+    #[arg(
+        long,
+        default_value = "adder",
+        value_parser = clap::builder::PossibleValuesParser::new(WorkloadKind::NAMES)
+            .map(|name| name.parse::<WorkloadKind>().expect("a possible value"))
+    )]
+    pub workload: WorkloadKind,
     /// Seed of the initial weights (classifiers: and of every other seed not given).
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -196,13 +202,13 @@ pub fn note_given_options(argv: &[std::ffi::OsString]) {
 /// The workload options each workload takes beyond the ones all take (`--workload`, `--seed`,
 /// `--data-seed`, `--steps`, `--batch`, `--lr`, `--device`, `--perturb`, `--reductions`,
 /// `--formulation`, which the workloads check themselves).
-fn own_options(workload: &str) -> &'static [&'static str] {
+fn own_options(workload: WorkloadKind) -> &'static [&'static str] {
     match workload {
-        "adder" => &["features"],
-        "gpt" => &["width", "layers", "context", "heads", "norm", "batch-invariant"],
-        "qwen2" => &["width", "layers", "context", "dtype", "shape"],
-        "gemma" => &["width", "layers", "context", "dtype"],
-        _ => &[
+        WorkloadKind::Adder => &["features"],
+        WorkloadKind::Gpt => &["width", "layers", "context", "heads", "norm", "batch-invariant"],
+        WorkloadKind::Qwen2 => &["width", "layers", "context", "dtype", "shape"],
+        WorkloadKind::Gemma => &["width", "layers", "context", "dtype"],
+        WorkloadKind::Mlp | WorkloadKind::Cnn | WorkloadKind::ResNet18 => &[
             "width",
             "dataset",
             "examples",
@@ -219,12 +225,12 @@ fn own_options(workload: &str) -> &'static [&'static str] {
 
 /// Refuses a workload option given on the command line that `workload` does not take, rather
 /// than ignoring it silently (`--features` with mlp, `--epochs` with the adder).
-fn check_options_apply(workload: &str) -> Result<(), CliError> {
+fn check_options_apply(workload: WorkloadKind) -> Result<(), CliError> {
     check_options_apply_besides(workload, &[])
 }
 
 /// `check_options_apply`, with `also` taken too (options a command adds to a workload's own).
-fn check_options_apply_besides(workload: &str, also: &[&str]) -> Result<(), CliError> {
+fn check_options_apply_besides(workload: WorkloadKind, also: &[&str]) -> Result<(), CliError> {
     const EVERY_WORKLOAD: [&str; 10] =
         ["workload", "seed", "data-seed", "steps", "batch", "lr", "device", "perturb", "reductions", "formulation"];
     let Some(given) = GIVEN.get() else { return Ok(()) };
@@ -237,8 +243,11 @@ fn check_options_apply_besides(workload: &str, also: &[&str]) -> Result<(), CliE
             && !also.contains(&o.as_str())
     }) {
         Some(option) => {
-            let takers: Vec<&str> =
-                WORKLOADS.iter().copied().filter(|w| own_options(w).contains(&option.as_str())).collect();
+            let takers: Vec<&str> = WorkloadKind::ALL
+                .iter()
+                .filter(|&&w| own_options(w).contains(&option.as_str()))
+                .map(|w| w.name())
+                .collect();
             Err(format!("--{option} is a setting of {}, not of {workload}", takers.join(", ")).into())
         }
         None => Ok(()),
@@ -250,7 +259,7 @@ impl WorkloadArgs {
     pub fn workload(&self) -> Result<Workload, CliError> {
         // The workload's own checks first (their messages say more), then the general one.
         let workload = self.workload_unchecked()?;
-        check_options_apply(&self.workload)?;
+        check_options_apply(self.workload)?;
         Ok(workload)
     }
 
@@ -259,29 +268,25 @@ impl WorkloadArgs {
     pub fn inference_workload(&self) -> Result<(Workload, candle_core::DType), CliError> {
         let bf16 = self.gpt.dtype == "bf16";
         let dtype = if bf16 { candle_core::DType::BF16 } else { candle_core::DType::F32 };
-        if self.workload != "gpt" || !bf16 {
+        if self.workload != WorkloadKind::Gpt || !bf16 {
             return Ok((self.workload()?, dtype));
         }
         let workload = self.gpt_in(true).map(Workload::Gpt)?;
-        check_options_apply_besides(&self.workload, &["dtype"])?;
+        check_options_apply_besides(self.workload, &["dtype"])?;
         Ok((workload, dtype))
     }
 
     fn workload_unchecked(&self) -> Result<Workload, CliError> {
-        if self.workload == "adder" {
-            return self.adder().map(Workload::Adder);
+        match self.workload {
+            WorkloadKind::Adder => self.adder().map(Workload::Adder),
+            WorkloadKind::Gpt => self.gpt_in(false).map(Workload::Gpt),
+            WorkloadKind::Qwen2 => self.decoder(Family::Qwen2).map(Workload::Decoder),
+            WorkloadKind::Gemma => self.decoder(Family::Gemma).map(Workload::Decoder),
+            WorkloadKind::Mlp | WorkloadKind::Cnn | WorkloadKind::ResNet18 => {
+                let model = self.workload.classifier_model().expect("a classifier workload");
+                self.classifier(model).map(Workload::Classifier)
+            }
         }
-        if self.workload == "gpt" {
-            return self.gpt_in(false).map(Workload::Gpt);
-        }
-        if self.workload == "qwen2" {
-            return self.decoder(Family::Qwen2).map(Workload::Decoder);
-        }
-        if self.workload == "gemma" {
-            return self.decoder(Family::Gemma).map(Workload::Decoder);
-        }
-        let model: ModelKind = self.workload.parse()?;
-        self.classifier(model).map(Workload::Classifier)
     }
 
     fn adder(&self) -> Result<AdderConfig, CliError> {

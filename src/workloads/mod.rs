@@ -6,6 +6,7 @@ pub mod classifier;
 pub mod decoder;
 pub mod gpt;
 pub mod host_memory;
+mod kind;
 mod outcome;
 pub mod seeded;
 
@@ -13,15 +14,13 @@ pub use adder::{AdderConfig, Formulation};
 pub use classifier::{ClassifierConfig, Dataset, DatasetName, ModelKind};
 pub use decoder::{DecoderConfig, DecoderShape, Family};
 pub use gpt::GptConfig;
+pub use kind::WorkloadKind;
 pub use outcome::{ModelState, Seeds, TrainOutcome};
 
 use crate::distributed::DataParallel;
 use crate::record::{RecordError, Recorder};
 use crate::trace::RunConfig;
 use candle_core::Device;
-
-/// Names of the built-in workloads.
-pub const WORKLOADS: &[&str] = &["adder", "mlp", "cnn", "resnet18", "gpt", "qwen2", "gemma"];
 
 /// A built-in workload with its settings.
 #[derive(Debug, Clone, PartialEq)]
