@@ -3,7 +3,7 @@
 use crate::trace::TraceError;
 
 /// A failure while recording.
-#[derive(Debug, thiserror::Error)]
+#[derive(thiserror::Error)]
 pub enum RecordError {
     /// Writing the trace failed.
     #[error(transparent)]
@@ -33,6 +33,14 @@ pub enum RecordError {
         /// The diverging step.
         step: u64,
     },
+}
+
+/// Shown as its message: a program whose `main` returns this error (or a `Box<dyn Error>`
+/// holding it) prints what went wrong, not the variant's fields.
+impl std::fmt::Debug for RecordError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(self, f)
+    }
 }
 
 /// candle's message on one line, without the backtrace it attaches when `RUST_BACKTRACE` is

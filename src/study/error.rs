@@ -5,7 +5,7 @@ use crate::trace::TraceError;
 use std::path::{Path, PathBuf};
 
 /// Why a study could not run or resume.
-#[derive(Debug, thiserror::Error)]
+#[derive(thiserror::Error)]
 pub enum StudyError {
     /// Reading or writing a study file failed.
     #[error("{}: {source}", path.display())]
@@ -49,6 +49,14 @@ pub enum StudyError {
     /// The settings cannot be run.
     #[error("{0}")]
     Invalid(String),
+}
+
+/// Shown as its message: a program whose `main` returns this error (or a `Box<dyn Error>`
+/// holding it) prints what went wrong, not the variant's fields.
+impl std::fmt::Debug for StudyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(self, f)
+    }
 }
 
 impl StudyError {

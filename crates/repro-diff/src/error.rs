@@ -5,7 +5,7 @@ use repro_trace::TraceError;
 use std::path::PathBuf;
 
 /// A failure to compare traces: unreadable input, or a comparison that cannot be made.
-#[derive(Debug, thiserror::Error)]
+#[derive(thiserror::Error)]
 pub enum DiffError {
     /// A trace could not be read.
     #[error(transparent)]
@@ -25,6 +25,14 @@ pub enum DiffError {
         /// The settings that differ (baseline's value first).
         fields: Vec<FieldDifference>,
     },
+}
+
+/// Shown as its message: a program whose `main` returns this error (or a `Box<dyn Error>`
+/// holding it) prints what went wrong, not the variant's fields.
+impl std::fmt::Debug for DiffError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(self, f)
+    }
 }
 
 /// `steps 50 vs 1000, seed 0 vs 1`: settings with the value on each side.

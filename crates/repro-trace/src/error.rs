@@ -5,7 +5,7 @@ use std::io;
 use std::path::PathBuf;
 
 /// A failure to read or write a trace.
-#[derive(Debug, thiserror::Error)]
+#[derive(thiserror::Error)]
 pub enum TraceError {
     /// The operating system refused a read or write.
     #[error("{path}: {source}")]
@@ -49,7 +49,10 @@ pub enum TraceError {
         reason: String,
     },
     /// Recording into a directory that already holds a trace.
-    #[error("{path} already holds a trace; choose another directory, or remove it (`--force` replaces it)")]
+    #[error(
+        "{path} already holds a trace; choose another directory, or replace it (`--force` on the command line, \
+         `RecordOptions::replace` in the library)"
+    )]
     AlreadyExists {
         /// The trace directory.
         path: PathBuf,
@@ -71,9 +74,31 @@ pub enum TraceError {
     },
 }
 
+/// Shown as its message: a program whose `main` returns this error (or a `Box<dyn Error>`
+/// holding it) prints what went wrong, not the variant's fields.
+impl std::fmt::Debug for TraceError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(self, f)
+    }
+}
+
 impl TraceError {
     pub(crate) fn io(path: impl Into<PathBuf>) -> impl FnOnce(io::Error) -> TraceError {
         let path = path.into();
         move |source| TraceError::Io { path, source }
+    }
+}
+
+#[cfg(test)]
+mod debug_tests {
+    use super::*;
+
+    #[test]
+    fn debug_shows_the_message_so_a_main_returning_the_error_prints_it() {
+        let e = TraceError::AlreadyExists { path: "runs/a".into() };
+        assert_eq!(format!("{e:?}"), e.to_string());
+        assert!(e.to_string().contains("RecordOptions::replace"), "names the library's way, not only the flag");
+        let boxed: Box<dyn std::error::Error> = Box::new(e);
+        assert!(format!("{boxed:?}").starts_with("runs/a already holds a trace"), "{boxed:?}");
     }
 }
