@@ -51,6 +51,9 @@ fn write_whole(records: &Path, out: &Path, replace: bool) -> std::io::Result<u64
 
 pub fn run(args: BaselineArgs) -> Result<Exit, CliError> {
     let BaselineAction::Write { train, out, force, command } = args.action;
+    if !command.is_empty() {
+        super::workload_args::refuse_workload_options_with_command()?;
+    }
     if !force && std::fs::symlink_metadata(&out).is_ok() {
         return Err(format!("{} exists: pass --force to replace it with a new baseline", out.display()).into());
     }

@@ -114,6 +114,9 @@ impl GateArgs {
 }
 
 pub fn run(args: GateArgs) -> Result<Exit, CliError> {
+    if !args.command.is_empty() {
+        super::workload_args::refuse_workload_options_with_command()?;
+    }
     let runs = args.runs.unwrap_or(if args.baseline.is_some() { 1 } else { 2 });
     if runs == 0 || (args.baseline.is_none() && runs < 2) {
         return Err("a gate needs --runs 2 or more (or --baseline FILE with --runs 1 or more)".into());

@@ -199,6 +199,21 @@ pub fn note_given_options(argv: &[std::ffi::OsString]) {
     let _ = GIVEN.set(given);
 }
 
+/// Refuses built-in workload options given with `-- CMD` (`--steps`, `--seed`, `--workload`,
+/// ...): the program trains what its own arguments say, so they would be silently ignored.
+pub fn refuse_workload_options_with_command() -> Result<(), CliError> {
+    let Some(given) = GIVEN.get() else { return Ok(()) };
+    let known = workload_options();
+    match given.iter().find(|o| known.contains(o)) {
+        Some(option) => Err(format!(
+            "--{option} is a setting of the built-in workloads; with `-- CMD` the program trains as its own arguments \
+             say: give the setting to the program instead"
+        )
+        .into()),
+        None => Ok(()),
+    }
+}
+
 /// The workload options each workload takes beyond the ones all take (`--workload`, `--seed`,
 /// `--data-seed`, `--steps`, `--batch`, `--lr`, `--device`, `--perturb`, `--reductions`,
 /// `--formulation`, which the workloads check themselves).

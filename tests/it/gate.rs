@@ -390,3 +390,25 @@ fn a_baseline_is_replaced_only_when_asked_and_then_whole() {
     let leftovers: Vec<_> = fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert_eq!(leftovers.len(), 1, "no temporary file is left beside it: {leftovers:?}");
 }
+
+/// Issue 34, section 7: with `-- CMD` the built-in workloads' options would be silently
+/// ignored (the program trains as its own arguments say), so they are refused.
+#[test]
+fn workload_options_are_refused_with_a_program_of_the_user_s_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join("ran");
+    let program = format!("touch {}", marker.display());
+    for args in [
+        vec!["gate", "--steps", "5", "--", "sh", "-c", &program],
+        vec!["gate", "--workload=gpt", "--", "sh", "-c", &program],
+        vec!["baseline", "write", "--out", "b.rpr", "--seed", "3", "--", "sh", "-c", &program],
+    ] {
+        let run = repro(&args);
+        assert_eq!(run.code, 2, "{args:?}: {}", run.stderr);
+        assert!(run.stderr.contains("is a setting of the built-in workloads"), "{args:?}: {}", run.stderr);
+    }
+    assert!(!marker.exists(), "refused before the program ran");
+    // The program's own arguments after `--` are its business.
+    let run = repro(&["gate", "--runs", "2", "--", "sh", "-c", &program, "--steps", "5"]);
+    assert!(!run.stderr.contains("built-in workloads"), "{}", run.stderr);
+}
