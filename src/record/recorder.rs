@@ -64,6 +64,8 @@ pub struct Recorder {
     online: Option<OnlineComparison>,
     /// Per step not yet written: trainable parameters that received no gradient.
     no_gradient: BTreeMap<u64, Vec<String>>,
+    /// Whether the parameters without a gradient were named on stderr (once per recording).
+    warned_no_gradient: bool,
     /// Told about every finished step (a progress bar).
     on_step: Option<StepCallback>,
     /// How many steps of the run store full values (computed once, for `StepProgress`).
@@ -163,6 +165,7 @@ impl Recorder {
             perturbation_applied: false,
             online: None,
             no_gradient: BTreeMap::new(),
+            warned_no_gradient: false,
             on_step: None,
             full_steps: None,
             unread: VecDeque::new(),
@@ -303,6 +306,23 @@ struct UnreadStep {
     /// (index into `tensors`, ticket in `read`) of records still waiting for their results.
     deferred: Vec<(usize, usize)>,
     read: DeviceRead,
+}
+
+/// The warning naming the parameters that got no gradient at `step`, the first where any did:
+/// the optimizer never moves them, which is rarely what a training loop means (an op without a
+/// backward pass, such as a fused norm, cuts them off; docs/capture.md).
+fn no_gradient_warning(step: u64, names: &[String]) -> String {
+    const SHOWN: usize = 8;
+    let mut listed: Vec<String> = names.iter().take(SHOWN).map(|n| format!("`{n}`")).collect();
+    if names.len() > SHOWN {
+        listed.push(format!("and {} more", names.len() - SHOWN));
+    }
+    format!(
+        "{} parameter(s) got no gradient at step {step}: {} (the optimizer never moves them; an op without a backward \
+         pass, such as a fused norm, cuts them off; the trace notes them at every step)",
+        names.len(),
+        listed.join(", ")
+    )
 }
 
 /// Collects one step's tensors; nothing reaches the trace until `finish`.
@@ -482,6 +502,11 @@ impl StepRecorder<'_> {
     pub fn note_no_gradient(&mut self, names: impl IntoIterator<Item = String>) {
         if !self.is_recording() {
             return;
+        }
+        let names: Vec<String> = names.into_iter().collect();
+        if !names.is_empty() && !self.recorder.warned_no_gradient {
+            self.recorder.warned_no_gradient = true;
+            eprintln!("warning: {}", no_gradient_warning(self.step, &names));
         }
         self.recorder.no_gradient.entry(self.step).or_default().extend(names);
     }

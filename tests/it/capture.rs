@@ -83,6 +83,16 @@ fn parameters_behind_an_op_without_backward_are_named() {
     assert!(!missing.contains(&"lm_head.weight"), "lm_head is after every norm: {missing:?}");
     assert!(v["no_gradient"][0]["steps"] == 3);
 
+    // Recording says so at once, on the first step, and only once.
+    let again = dir.path().join("again");
+    let args = ["record", "--workload", "gpt", "--norm", "fused", "--steps", "3", "--capture", "none"];
+    let run = repro(&[&args[..], &["--out", s(&again)]].concat());
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert_eq!(run.stderr.matches("got no gradient").count(), 1, "{}", run.stderr);
+    assert!(run.stderr.contains("parameter(s) got no gradient at step 0: `h.0.attn.c_attn.bias`"), "{}", run.stderr);
+    let plain = repro(&["record", "--workload", "gpt", "--steps", "1", "--out", s(&dir.path().join("plain"))]);
+    assert!(!plain.stderr.contains("got no gradient"), "{}", plain.stderr);
+
     let ops = gpt(dir.path(), "ops", &[]);
     let diff = repro(&["diff", s(&ops), s(&fused)]);
     assert!(
