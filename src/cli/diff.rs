@@ -4,7 +4,8 @@ use super::CliError;
 use super::{print_json, Exit};
 use clap::Args;
 use repro::diff::{diff_runs, DiffOptions, Tolerance};
-use repro::report::{plot_diff, render_run_diff};
+use repro::report::{plot_diff, render_run_diff_with, DiffText};
+use repro::trace::TensorKind;
 use std::path::PathBuf;
 
 #[derive(Debug, Args)]
@@ -28,6 +29,36 @@ pub struct DiffArgs {
     /// Also follow this tensor step by step in the plot and the JSON `gaps` (repeatable).
     #[arg(long, value_name = "NAME")]
     plot_tensor: Vec<String>,
+    /// Text: only the verdict, the first divergence and its root cause, without the tables.
+    #[arg(long)]
+    brief: bool,
+    /// Text: at most N rows in each table.
+    #[arg(long, value_name = "N")]
+    rows: Option<usize>,
+    /// Text: only tensors of these kinds in the tables (weight, gradient, prediction, loss,
+    /// activation, op_output, input, other; repeatable or comma-separated).
+    #[arg(long, value_name = "KIND", value_delimiter = ',', value_parser = parse_kind)]
+    kind: Vec<TensorKind>,
+    /// Text: only tensors whose name contains this in the tables (repeatable).
+    #[arg(long, value_name = "TEXT")]
+    tensor: Vec<String>,
+}
+
+fn parse_kind(s: &str) -> Result<TensorKind, String> {
+    const KINDS: [TensorKind; 8] = [
+        TensorKind::Weight,
+        TensorKind::Gradient,
+        TensorKind::Prediction,
+        TensorKind::Loss,
+        TensorKind::Activation,
+        TensorKind::OpOutput,
+        TensorKind::Input,
+        TensorKind::Other,
+    ];
+    KINDS
+        .into_iter()
+        .find(|k| k.name() == s)
+        .ok_or_else(|| format!("`{s}` is not a tensor kind: {}", KINDS.map(TensorKind::name).join(", ")))
 }
 
 impl DiffArgs {
@@ -58,7 +89,9 @@ pub fn run(args: DiffArgs) -> Result<Exit, CliError> {
             print_json("repro.run-diff.v1", Some(verdict), &run)?;
         }
     } else {
-        super::output::emit(&render_run_diff(&run));
+        let text =
+            DiffText { brief: args.brief, rows: args.rows, kinds: args.kind.clone(), tensors: args.tensor.clone() };
+        super::output::emit(&render_run_diff_with(&run, &text));
     }
     Ok(if run.is_identical() { Exit::Same } else { Exit::Diverged })
 }

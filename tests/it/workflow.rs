@@ -404,3 +404,32 @@ fn diff_and_matrix_draw_the_gap_as_svg() {
     assert_eq!(run.code, 2);
     assert!(run.stderr.contains("cannot write the plot to") && run.stderr.contains("x.svg"), "{}", run.stderr);
 }
+
+/// Issue 34, section 9: a long report's tables can be left out, cut, or filtered.
+#[test]
+fn the_text_report_can_be_brief_cut_and_filtered() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = record(dir.path(), "a", &["--capture", "all"]);
+    let p = record(dir.path(), "p", &["--perturb", "5:loss:1", "--capture", "all"]);
+    let full = repro(&["diff", s(&a), s(&p)]).stdout;
+    assert!(full.contains("per tensor:") && full.contains("error growth"), "{full}");
+
+    let brief = repro(&["diff", s(&a), s(&p), "--brief"]);
+    assert_eq!(brief.code, 1, "the verdict is the same");
+    assert!(brief.stdout.contains("DIVERGED  first at step 5, tensor `loss` (loss)"), "{}", brief.stdout);
+    assert!(!brief.stdout.contains("per tensor:") && !brief.stdout.contains("error growth"), "{}", brief.stdout);
+    assert!(brief.stdout.lines().count() < full.lines().count() / 2);
+
+    let cut = repro(&["diff", s(&a), s(&p), "--rows", "2"]).stdout;
+    assert!(cut.contains("... and ") && cut.contains("more row(s) (--rows sets how many)"), "{cut}");
+    assert!(cut.lines().count() < full.lines().count());
+
+    let gradients = repro(&["diff", s(&a), s(&p), "--kind", "gradient"]).stdout;
+    let table = gradients.split("per tensor:").nth(1).unwrap().split("\n\n").next().unwrap();
+    assert!(table.contains("weight.grad") && !table.contains(" loss "), "{table}");
+    let named = repro(&["diff", s(&a), s(&p), "--tensor", "bias"]).stdout;
+    let table = named.split("per tensor:").nth(1).unwrap().split("\n\n").next().unwrap();
+    assert!(table.lines().skip(2).all(|l| l.contains("bias")), "{table}");
+    // The JSON report is the whole data whatever the text shows.
+    assert_eq!(json(&repro(&["diff", s(&a), s(&p), "--json", "--brief"]).stdout)["verdict"], "diverged");
+}

@@ -7,20 +7,66 @@ use repro_diff::{
 use repro_trace::TensorKind;
 use std::fmt::{self, Write};
 
+/// How much of a diff's text to show: the tables of a long run can run to hundreds of lines.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct DiffText {
+    /// The verdict, the first divergence and its root cause only: no tables.
+    pub brief: bool,
+    /// At most this many rows in each table (`None`: every row).
+    pub rows: Option<usize>,
+    /// Only tensors of these kinds in the tables (empty: every kind).
+    pub kinds: Vec<TensorKind>,
+    /// Only tensors whose name contains one of these in the tables (empty: every tensor).
+    pub tensors: Vec<String>,
+}
+
+impl DiffText {
+    fn shows(&self, name: &str, kind: TensorKind) -> bool {
+        (self.kinds.is_empty() || self.kinds.contains(&kind))
+            && (self.tensors.is_empty() || self.tensors.iter().any(|t| name.contains(t.as_str())))
+    }
+
+    /// Writes `rows` through `write`, at most `self.rows` of them, then how many were left out.
+    fn table<T>(
+        &self,
+        out: &mut String,
+        rows: impl IntoIterator<Item = T>,
+        mut write: impl FnMut(&mut String, T) -> fmt::Result,
+    ) -> fmt::Result {
+        let mut left = 0usize;
+        for (i, row) in rows.into_iter().enumerate() {
+            if self.rows.is_some_and(|max| i >= max) {
+                left += 1;
+            } else {
+                write(out, row)?;
+            }
+        }
+        if left > 0 {
+            writeln!(out, "  ... and {left} more row(s) (--rows sets how many)")?;
+        }
+        Ok(())
+    }
+}
+
 /// Renders a diff for people.
 pub fn render_diff(d: &TraceDiff) -> String {
-    render_diff_unless(d, None)
+    render_diff_with(d, &DiffText::default())
+}
+
+/// Renders a diff for people, showing what `text` asks for.
+pub fn render_diff_with(d: &TraceDiff, text: &DiffText) -> String {
+    render_diff_unless(d, None, text)
 }
 
 /// Renders a diff for people; where the traces agree, `disagreement` (a verdict line of the
 /// caller's, who knows more: an unfinished rank of a data-parallel run) replaces the verdict.
-pub(crate) fn render_diff_unless(d: &TraceDiff, disagreement: Option<&str>) -> String {
+pub(crate) fn render_diff_unless(d: &TraceDiff, disagreement: Option<&str>, text: &DiffText) -> String {
     let mut out = String::new();
-    write_diff(&mut out, d, disagreement).expect("writing to a String cannot fail");
+    write_diff(&mut out, d, disagreement, text).expect("writing to a String cannot fail");
     out
 }
 
-fn write_diff(out: &mut String, d: &TraceDiff, disagreement: Option<&str>) -> fmt::Result {
+fn write_diff(out: &mut String, d: &TraceDiff, disagreement: Option<&str>, text: &DiffText) -> fmt::Result {
     write_side(out, "A", &d.a)?;
     write_side(out, "B", &d.b)?;
     for warning in &d.warnings {
@@ -73,7 +119,7 @@ fn write_diff(out: &mut String, d: &TraceDiff, disagreement: Option<&str>) -> fm
                 "DIVERGED  in structure: {} steps and {} tensors compared bit-exact, but the traces recorded different things",
                 d.steps_compared, d.tensors_compared
             )?;
-            write_structure(out, &d.structure)?;
+            write_structure(out, &d.structure, text)?;
         }
         return Ok(());
     };
@@ -120,6 +166,13 @@ fn write_diff(out: &mut String, d: &TraceDiff, disagreement: Option<&str>) -> fm
         "{} of {} tensors differ over {} common steps",
         d.tensors_diverged, d.tensors_compared, d.steps_compared
     )?;
+    if text.brief {
+        if !d.structure.is_empty() {
+            writeln!(out, "\nstructure differs:")?;
+            write_structure(out, &d.structure, text)?;
+        }
+        return Ok(());
+    }
     if !d.first_divergence_by_kind.is_empty() {
         writeln!(out, "\nfirst divergent step by kind:")?;
         let mut kinds: Vec<_> = d.first_divergence_by_kind.iter().collect();
@@ -131,7 +184,7 @@ fn write_diff(out: &mut String, d: &TraceDiff, disagreement: Option<&str>) -> fm
     writeln!(out, "\nper tensor:")?;
     let width = column_width(d.tensors.iter().map(|t| t.name.len()), 6);
     writeln!(out, "  {:<width$}  {:<10}  {:>11}  {:>9}", "tensor", "kind", "first step", "diverged")?;
-    for t in &d.tensors {
+    text.table(out, d.tensors.iter().filter(|t| text.shows(&t.name, t.kind)), |out, t| {
         let first = t.first_divergent_step.map_or("-".to_string(), |s| s.to_string());
         writeln!(
             out,
@@ -140,13 +193,13 @@ fn write_diff(out: &mut String, d: &TraceDiff, disagreement: Option<&str>) -> fm
             t.kind.name(),
             first,
             format!("{}/{}", t.steps_diverged, t.steps_compared)
-        )?;
-    }
+        )
+    })?;
     // Op outputs and inputs would swamp the table; `--json` has their growth too.
     let growth: Vec<_> = d
         .tensors
         .iter()
-        .filter(|t| !matches!(t.kind, TensorKind::OpOutput | TensorKind::Input))
+        .filter(|t| !matches!(t.kind, TensorKind::OpOutput | TensorKind::Input) && text.shows(&t.name, t.kind))
         .flat_map(|t| t.growth.iter().map(move |g| (t, g)))
         .collect();
     if !growth.is_empty() {
@@ -156,7 +209,7 @@ fn write_diff(out: &mut String, d: &TraceDiff, disagreement: Option<&str>) -> fm
             "  {:<width$}  {:>8}  {:>17}  {:>10}  {:>10}  {:>10}",
             "tensor", "step", "elements differ", "max|a-b|", "sum|a-b|", "max ULP"
         )?;
-        for (t, g) in growth {
+        text.table(out, growth, |out, (t, g)| {
             let m = &g.metrics;
             writeln!(
                 out,
@@ -167,12 +220,12 @@ fn write_diff(out: &mut String, d: &TraceDiff, disagreement: Option<&str>) -> fm
                 sci(m.max_abs),
                 sci(m.sum_abs),
                 m.max_ulp
-            )?;
-        }
+            )
+        })?;
     }
     if !d.structure.is_empty() {
         writeln!(out, "\nstructure differs:")?;
-        write_structure(out, &d.structure)?;
+        write_structure(out, &d.structure, text)?;
     }
     Ok(())
 }
@@ -315,8 +368,10 @@ fn write_missing_gradients(out: &mut String, a: &TraceSide, b: &TraceSide) -> fm
     Ok(())
 }
 
-fn write_structure(out: &mut String, items: &[StructuralDifference]) -> fmt::Result {
-    for item in items {
+fn write_structure(out: &mut String, items: &[StructuralDifference], text: &DiffText) -> fmt::Result {
+    // Brief, the list is cut at ten lines unless --rows says otherwise.
+    let text = DiffText { rows: text.rows.or(text.brief.then_some(10)), ..text.clone() };
+    text.table(out, items, |out, item| {
         match item {
             StructuralDifference::MissingSteps { missing_in, first_step, steps } => {
                 let (has, lacks) = if missing_in == "a" { ("B", "A") } else { ("A", "B") };
@@ -334,6 +389,6 @@ fn write_structure(out: &mut String, items: &[StructuralDifference]) -> fmt::Res
                 writeln!(out, "  `{tensor}` is {a} in A but {b} in B, at {steps} step(s) from step {first_step}")?
             }
         }
-    }
-    Ok(())
+        Ok(())
+    })
 }

@@ -2,14 +2,19 @@
 //! each kept its replicas, the diff itself, and what data parallelism did to the first gradient
 //! that differs.
 
-use crate::diff::{render_diff, render_diff_unless};
+use crate::diff::{render_diff_unless, render_diff_with, DiffText};
 use repro_diff::{DataParallelCause, ReplicaReport, RunDiff};
 use std::fmt::Write;
 
 /// Renders a run-level diff; for two single-device runs, exactly `render_diff`.
 pub fn render_run_diff(r: &RunDiff) -> String {
+    render_run_diff_with(r, &DiffText::default())
+}
+
+/// `render_run_diff`, showing what `text` asks for of the diff's tables.
+pub fn render_run_diff_with(r: &RunDiff, text: &DiffText) -> String {
     if r.world_size_a == 1 && r.world_size_b == 1 {
-        return render_diff(&r.diff);
+        return render_diff_with(&r.diff, text);
     }
     let mut out = String::new();
     let ranks = |n: u64| if n == 1 { "1 device".to_string() } else { format!("{n} ranks") };
@@ -48,7 +53,7 @@ pub fn render_run_diff(r: &RunDiff) -> String {
             unfinished.join(", ")
         )
     });
-    out.push_str(&render_diff_unless(&r.diff, disagreement.as_deref()));
+    out.push_str(&render_diff_unless(&r.diff, disagreement.as_deref(), text));
     if let (Some(t), Some(rank)) = (&r.all_ranks, r.rank) {
         let _ = writeln!(
             out,
