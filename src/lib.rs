@@ -11,6 +11,7 @@
 //!   own stream;
 //! - [`invariance`] runs a model's forward pass under different batchings and finds the first
 //!   captured op whose result for one sequence depends on its batch;
+//! - [`measure`] measures repro itself: what recording costs a training run;
 //! - [`study`] runs the research seeds' experiments (seeds, devices, reductions, cost) as
 //!   commands, recording each run and comparing them.
 //!
@@ -24,6 +25,7 @@ pub mod capture;
 pub mod cuda;
 pub mod distributed;
 pub mod invariance;
+pub mod measure;
 pub mod ops;
 pub mod record;
 pub mod study;
