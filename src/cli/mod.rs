@@ -17,6 +17,7 @@ mod progress;
 mod ranks;
 mod record;
 mod scratch;
+mod show;
 mod study;
 mod workload_args;
 
@@ -49,6 +50,9 @@ enum Command {
     Matrix(matrix::MatrixArgs),
     /// Show a trace's header, environment, steps, tensors and sizes.
     Inspect(inspect::InspectArgs),
+    /// Show a step's tensors, or one tensor's values: statistics, first elements, and an
+    /// export to a safetensors file.
+    Show(show::ShowArgs),
     /// Fail (exit 1) when training is not bit-exact: across runs, or against a baseline.
     Gate(gate::GateArgs),
     /// Write a baseline: one run's hashes, to commit and gate against.
@@ -97,6 +101,7 @@ impl Command {
             Command::Diff(a) => a.json(),
             Command::Matrix(a) => a.json(),
             Command::Inspect(a) => a.json(),
+            Command::Show(a) => a.json(),
             Command::Gate(a) => a.json(),
             Command::Study(a) => a.json(),
             Command::Invariance(a) => a.json(),
@@ -113,6 +118,7 @@ pub fn run(cli: Cli) -> Exit {
         Command::Diff(args) => diff::run(args),
         Command::Matrix(args) => matrix::run(args),
         Command::Inspect(args) => inspect::run(args),
+        Command::Show(args) => show::run(args),
         Command::Gate(args) => gate::run(args),
         Command::Baseline(args) => baseline::run(args),
         Command::Study(args) => study::run(args),

@@ -433,3 +433,45 @@ fn the_text_report_can_be_brief_cut_and_filtered() {
     // The JSON report is the whole data whatever the text shows.
     assert_eq!(json(&repro(&["diff", s(&a), s(&p), "--json", "--brief"]).stdout)["verdict"], "diverged");
 }
+
+/// Issue 34, section 6: a step's tensors, one tensor's values, and its export.
+#[test]
+fn show_lists_a_step_and_shows_and_exports_one_tensor() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = record(dir.path(), "a", &[]);
+    let listing = repro(&["show", s(&a), "--step", "1"]);
+    assert_eq!(listing.code, 0, "{}", listing.stderr);
+    assert!(listing.stdout.contains("step 1 of") && listing.stdout.contains("weight"), "{}", listing.stdout);
+    // The default capture stores the first and last steps in full, step 1 as hashes only.
+    assert!(listing.stdout.contains("hash only"), "{}", listing.stdout);
+    let hash_only = repro(&["show", s(&a), "--step", "1", "--tensor", "predictions"]);
+    assert_eq!(hash_only.code, 2);
+    assert!(hash_only.stderr.contains("--capture steps:1"), "{}", hash_only.stderr);
+
+    let out = dir.path().join("w.safetensors");
+    let shown = repro(&["show", s(&a), "--tensor", "weight", "--values", "3", "--safetensors", s(&out)]);
+    assert_eq!(shown.code, 0, "{}", shown.stderr);
+    assert!(
+        shown.stdout.contains("`weight` (weight) at step 19 of") && shown.stdout.contains("min "),
+        "{}",
+        shown.stdout
+    );
+    let v = json(&repro(&["show", s(&a), "--tensor", "weight", "--json"]).stdout);
+    assert_eq!(v["schema"], "repro.show.v1");
+    assert_eq!(v["stats"]["elements"], 10);
+    // The export holds the recorded values: its hash is the trace's.
+    let bytes = std::fs::read(&out).unwrap();
+    let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let w = file.tensor("weight").unwrap();
+    let hash = repro::hash::tensor_hash(repro::dtype::DType::F32, &[10, 1], w.data());
+    let mut reader = repro::trace::TraceReader::open(&a).unwrap();
+    let mut last = None;
+    while let Some(step) = reader.next_step().unwrap() {
+        last = Some(step);
+    }
+    let recorded = last.unwrap().tensors.into_iter().find(|t| t.name == "weight").unwrap().hash;
+    assert_eq!(hash, recorded, "the exported values hash as recorded");
+    assert_eq!(v["stats"]["first"].as_array().unwrap().len(), 8);
+    let again = repro(&["show", s(&a), "--tensor", "weight", "--safetensors", s(&out)]);
+    assert_eq!(again.code, 2, "an existing file is not replaced");
+}

@@ -18,6 +18,7 @@ mod online;
 mod ranks;
 mod root_cause;
 pub mod study;
+mod tensor_stats;
 #[cfg(test)]
 mod testing;
 mod tolerance;
@@ -33,6 +34,7 @@ pub use metrics::{compare, compare_pairs, compare_values, TensorMetrics};
 pub use online::{OnlineDivergence, ReferenceCheck};
 pub use ranks::{check_replicas, diff_runs, DataParallelCause, RankTotals, ReplicaDrift, ReplicaReport, RunDiff};
 pub use root_cause::{CauseRule, Consequence, RootCause};
+pub use tensor_stats::{tensor_stats, TensorStats};
 pub use tolerance::Tolerance;
 pub use traces::{
     config_differences, diff_traces, diff_traces_with, diff_traces_within, header_differences, DiffOptions,

@@ -33,4 +33,4 @@ pub use schema::{
     StepRecord, TensorKind, TensorRecord,
 };
 pub use summary::{summarize, verify, MissingGradient, MissingGradients, TensorInfo, TraceSummary, Verification};
-pub use writer::{StepTensor, TraceWriter};
+pub use writer::{safetensors_dtype, StepTensor, TraceWriter};

@@ -418,7 +418,7 @@ fn lock_dir(dir: &Path) -> Result<File, TraceError> {
 }
 
 /// The safetensors dtype for one of ours.
-pub(crate) fn safetensors_dtype(dtype: DType) -> safetensors::Dtype {
+pub fn safetensors_dtype(dtype: DType) -> safetensors::Dtype {
     match dtype {
         DType::U8 => safetensors::Dtype::U8,
         DType::U32 => safetensors::Dtype::U32,

@@ -1,0 +1,54 @@
+//! `repro show`: one tensor's values at one step, or the list of a step's tensors.
+
+use crate::format::{column_width, sci, shape};
+use repro_diff::TensorStats;
+use repro_trace::TensorRecord;
+use std::fmt::Write;
+
+/// One tensor's statistics and first values.
+pub fn render_tensor(trace: &str, step: u64, tensor: &TensorRecord, stats: &TensorStats) -> String {
+    let mut out = String::new();
+    let opt = |x: Option<f64>| x.map_or("-".to_string(), sci);
+    let _ = writeln!(
+        out,
+        "`{}` ({}) at step {step} of {trace}: {} {}, {} elements",
+        tensor.name,
+        tensor.kind,
+        tensor.dtype,
+        shape(&tensor.shape),
+        stats.elements
+    );
+    let _ = writeln!(
+        out,
+        "  min {}  max {}  mean {}  std {}",
+        opt(stats.min),
+        opt(stats.max),
+        opt(stats.mean),
+        opt(stats.std)
+    );
+    let _ = writeln!(out, "  nan {}  inf {}  zeros {}", stats.nan, stats.infinite, stats.zeros);
+    let first: Vec<String> = stats.first.iter().map(|&x| sci(x)).collect();
+    let more = if (stats.first.len() as u64) < stats.elements { ", ..." } else { "" };
+    let _ = writeln!(out, "  values: {}{more}", first.join(", "));
+    out
+}
+
+/// The tensors of one step, and whether their values are stored.
+pub fn render_step_tensors(trace: &str, step: u64, tensors: &[(TensorRecord, bool)]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "step {step} of {trace}: {} tensors", tensors.len());
+    let width = column_width(tensors.iter().map(|(t, _)| t.name.len()), 6);
+    let _ = writeln!(out, "  {:<width$}  {:<10}  {:<5}  {:<16}  values", "tensor", "kind", "dtype", "shape");
+    for (t, stored) in tensors {
+        let _ = writeln!(
+            out,
+            "  {:<width$}  {:<10}  {:<5}  {:<16}  {}",
+            t.name,
+            t.kind.name(),
+            t.dtype.to_string(),
+            shape(&t.shape),
+            if *stored { "stored" } else { "hash only" }
+        );
+    }
+    out
+}

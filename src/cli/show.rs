@@ -1,0 +1,153 @@
+//! `repro show TRACE`: a step's tensors, or one tensor's values (statistics, first elements),
+//! and its export to a safetensors file.
+
+use super::CliError;
+use super::{print_json, Exit};
+use clap::Args;
+use repro::diff::tensor_stats;
+use repro::report::{render_step_tensors, render_tensor};
+use repro::trace::{StepRecord, TraceReader};
+use std::path::PathBuf;
+
+#[derive(Debug, Args)]
+pub struct ShowArgs {
+    /// The trace.
+    trace: PathBuf,
+    /// The step [default: the trace's last].
+    #[arg(long, value_name = "N")]
+    step: Option<u64>,
+    /// The tensor to show; without it, the step's tensors are listed.
+    #[arg(long, value_name = "NAME")]
+    tensor: Option<String>,
+    /// How many of its first values to print.
+    #[arg(long, value_name = "N", default_value_t = 8)]
+    values: usize,
+    /// Also write the tensor's values to this new safetensors file (under its own name).
+    #[arg(long, value_name = "FILE.safetensors")]
+    safetensors: Option<PathBuf>,
+    /// Print the result as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+impl ShowArgs {
+    /// Whether the result is asked for as JSON (errors then come as JSON too).
+    pub fn json(&self) -> bool {
+        self.json
+    }
+}
+
+pub fn run(args: ShowArgs) -> Result<Exit, CliError> {
+    let mut reader = TraceReader::open(&args.trace)?;
+    let trace = args.trace.display().to_string();
+    let step = find_step(&mut reader, args.step)?
+        .ok_or_else(|| format!("{trace} holds no step{}", args.step.map_or(String::new(), |s| format!(" {s}"))))?;
+    let Some(name) = &args.tensor else {
+        let mut listed = Vec::new();
+        for t in &step.tensors {
+            let stored = reader.values(&step, t)?.is_some();
+            listed.push((t.clone(), stored));
+        }
+        if args.json {
+            #[derive(serde::Serialize)]
+            struct Listed<'a> {
+                name: &'a str,
+                kind: &'a str,
+                dtype: String,
+                shape: &'a [u64],
+                stored: bool,
+            }
+            #[derive(serde::Serialize)]
+            struct Listing<'a> {
+                trace: &'a str,
+                step: u64,
+                tensors: Vec<Listed<'a>>,
+            }
+            let tensors = listed
+                .iter()
+                .map(|(t, stored)| Listed {
+                    name: &t.name,
+                    kind: t.kind.name(),
+                    dtype: t.dtype.to_string(),
+                    shape: &t.shape,
+                    stored: *stored,
+                })
+                .collect();
+            print_json("repro.show.v1", None, &Listing { trace: &trace, step: step.step, tensors })?;
+        } else {
+            super::output::emit(&render_step_tensors(&trace, step.step, &listed));
+        }
+        return Ok(Exit::Same);
+    };
+    let tensor = step.tensors.iter().find(|t| &t.name == name).ok_or_else(|| {
+        format!(
+            "step {} of {trace} has no tensor `{name}` (`repro show {trace} --step {}` lists them)",
+            step.step, step.step
+        )
+    })?;
+    let values = reader.values(&step, tensor)?.ok_or_else(|| {
+        format!(
+            "step {} of {trace} stores only the hash of `{name}`; record with `--capture steps:{}` (or `--capture all`) to keep its values",
+            step.step, step.step
+        )
+    })?;
+    let stats = tensor_stats(&values, args.values);
+    if let Some(path) = &args.safetensors {
+        write_safetensors(path, name, &values)?;
+    }
+    if args.json {
+        #[derive(serde::Serialize)]
+        struct Shown<'a> {
+            trace: &'a str,
+            step: u64,
+            tensor: &'a str,
+            kind: &'a str,
+            dtype: String,
+            shape: &'a [u64],
+            stats: &'a repro::diff::TensorStats,
+        }
+        let shown = Shown {
+            trace: &trace,
+            step: step.step,
+            tensor: name,
+            kind: tensor.kind.name(),
+            dtype: tensor.dtype.to_string(),
+            shape: &tensor.shape,
+            stats: &stats,
+        };
+        print_json("repro.show.v1", None, &shown)?;
+    } else {
+        super::output::emit(&render_tensor(&trace, step.step, tensor, &stats));
+    }
+    Ok(Exit::Same)
+}
+
+/// Step `wanted` of the trace, or its last step.
+fn find_step(reader: &mut TraceReader, wanted: Option<u64>) -> Result<Option<StepRecord>, CliError> {
+    let mut last = None;
+    while let Some(step) = reader.next_step()? {
+        match wanted {
+            Some(w) if step.step == w => return Ok(Some(step)),
+            Some(w) if step.step > w => return Ok(None),
+            Some(_) => {}
+            None => last = Some(step),
+        }
+    }
+    Ok(last)
+}
+
+/// Writes one tensor to a new safetensors file; refuses to replace an existing file.
+fn write_safetensors(path: &std::path::Path, name: &str, values: &repro::trace::TensorValues) -> Result<(), CliError> {
+    use safetensors::tensor::TensorView;
+    let shape: Vec<usize> = values.shape.iter().map(|&d| d as usize).collect();
+    let view = TensorView::new(repro::trace::safetensors_dtype(values.dtype), shape, values.bytes)
+        .map_err(|e| format!("cannot export `{name}`: {e}"))?;
+    let bytes = safetensors::serialize([(name, view)], None).map_err(|e| format!("cannot export `{name}`: {e}"))?;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(path)
+        .map_err(|e| format!("cannot create {}: {e} (choose a new file)", path.display()))?;
+    std::io::Write::write_all(&mut file, &bytes).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    Ok(())
+}
