@@ -10,6 +10,7 @@ mod gate;
 mod gpu_check;
 mod inspect;
 mod invariance;
+mod loss;
 mod matrix;
 mod output;
 mod overhead;
@@ -48,6 +49,8 @@ enum Command {
     Diff(diff::DiffArgs),
     /// Pairwise error matrices of N traces at one step.
     Matrix(matrix::MatrixArgs),
+    /// A trace's loss curve, or two traces' side by side (text, --json or --plot).
+    Loss(loss::LossArgs),
     /// Show a trace's header, environment, steps, tensors and sizes.
     Inspect(inspect::InspectArgs),
     /// Show a step's tensors, or one tensor's values: statistics, first elements, and an
@@ -100,6 +103,7 @@ impl Command {
         match self {
             Command::Diff(a) => a.json(),
             Command::Matrix(a) => a.json(),
+            Command::Loss(a) => a.json(),
             Command::Inspect(a) => a.json(),
             Command::Show(a) => a.json(),
             Command::Gate(a) => a.json(),
@@ -117,6 +121,7 @@ pub fn run(cli: Cli) -> Exit {
         Command::Record(args) => record::run(args),
         Command::Diff(args) => diff::run(args),
         Command::Matrix(args) => matrix::run(args),
+        Command::Loss(args) => loss::run(args),
         Command::Inspect(args) => inspect::run(args),
         Command::Show(args) => show::run(args),
         Command::Gate(args) => gate::run(args),

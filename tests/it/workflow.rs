@@ -475,3 +475,25 @@ fn show_lists_a_step_and_shows_and_exports_one_tensor() {
     let again = repro(&["show", s(&a), "--tensor", "weight", "--safetensors", s(&out)]);
     assert_eq!(again.code, 2, "an existing file is not replaced");
 }
+
+/// Issue 34, section 6: loss curves, one trace's or two side by side.
+#[test]
+fn loss_curves_show_where_two_runs_part() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = record(dir.path(), "a", &[]);
+    let p = record(dir.path(), "p", &["--perturb", "5:loss:1"]);
+    let plot = dir.path().join("loss.svg");
+    let run = repro(&["loss", s(&a), s(&p), "--every", "1", "--plot", s(&plot)]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert!(run.stdout.contains("the losses first differ at step 5"), "{}", run.stdout);
+    let marked: Vec<&str> = run.stdout.lines().filter(|l| l.contains("<- first difference")).collect();
+    assert_eq!(marked.len(), 1, "{}", run.stdout);
+    assert!(marked[0].trim_start().starts_with("5 "), "{}", marked[0]);
+    assert_eq!(run.stdout.lines().filter(|l| l.trim_start().starts_with(char::is_numeric)).count(), 20, "every step");
+    assert!(std::fs::read_to_string(&plot).unwrap().starts_with("<svg"));
+    let same = repro(&["loss", s(&a), s(&a)]);
+    assert!(same.stdout.contains("bit-identical at every step"), "{}", same.stdout);
+    let v = json(&repro(&["loss", s(&a), "--json"]).stdout);
+    assert_eq!(v["curves"][0]["points"].as_array().unwrap().len(), 20);
+    assert!(v["curves"][0]["points"][0][1].as_f64().unwrap() > 0.0);
+}

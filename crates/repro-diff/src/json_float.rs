@@ -31,6 +31,26 @@ pub(crate) fn option<S: Serializer>(x: &Option<f64>, s: S) -> Result<S::Ok, S::E
     }
 }
 
+/// A list of (step, value) points, the value `null` where absent.
+pub(crate) fn points<S: Serializer>(points: &[(u64, Option<f64>)], s: S) -> Result<S::Ok, S::Error> {
+    use serde::ser::SerializeSeq;
+    struct Point(u64, Option<f64>);
+    impl serde::Serialize for Point {
+        fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            use serde::ser::SerializeTuple;
+            let mut t = s.serialize_tuple(2)?;
+            t.serialize_element(&self.0)?;
+            t.serialize_element(&self.1.map(Float))?;
+            t.end()
+        }
+    }
+    let mut seq = s.serialize_seq(Some(points.len()))?;
+    for &(step, value) in points {
+        seq.serialize_element(&Point(step, value))?;
+    }
+    seq.end()
+}
+
 /// A matrix of `f64`.
 pub(crate) fn matrix<S: Serializer>(rows: &[Vec<f64>], s: S) -> Result<S::Ok, S::Error> {
     use serde::ser::SerializeSeq;

@@ -12,6 +12,7 @@ mod error;
 mod gate;
 pub mod invariance;
 mod json_float;
+mod loss;
 mod matrix;
 mod metrics;
 mod online;
@@ -29,6 +30,7 @@ pub use error::DiffError;
 pub use gate::{
     baseline_mismatch, gate_traces, likely_causes, GateComparison, GateReference, GateReport, MAY_DIFFER_FROM_BASELINE,
 };
+pub use loss::{loss_curve, LossCurve};
 pub use matrix::{error_matrices, ErrorMatrix, HashOnlyTensor, MatrixReport, Metric, StepSelector};
 pub use metrics::{compare, compare_pairs, compare_values, TensorMetrics};
 pub use online::{OnlineDivergence, ReferenceCheck};
