@@ -36,6 +36,12 @@ pub struct TensorMetrics {
     pub max_rel: f64,
     /// Flat index of the first element that differs.
     pub first_mismatch: Option<u64>,
+    /// The size of one ULP at the largest finite magnitude among the elements that differ (1
+    /// for integers; 0 when nothing finite differs). `max_abs` over it is the largest distance
+    /// in ULPs at the scale of the differing values, which does not explode around zero as
+    /// `max_ulp` does (a gradient that should be 0 is billions of ULPs from a tiny value).
+    #[serde(serialize_with = "crate::json_float::serialize")]
+    pub scale_ulp: f64,
 }
 
 impl TensorMetrics {
@@ -48,7 +54,13 @@ impl TensorMetrics {
             max_ulp: 0,
             max_rel: 0.0,
             first_mismatch: None,
+            scale_ulp: 0.0,
         }
+    }
+
+    /// `max_abs` in ULPs at the scale of the differing values (see `scale_ulp`).
+    pub fn ulps_at_scale(&self) -> Option<f64> {
+        (self.scale_ulp > 0.0 && self.max_abs.is_finite()).then(|| self.max_abs / self.scale_ulp)
     }
 
     fn merge(mut self, other: TensorMetrics, offset: u64) -> Self {
@@ -58,6 +70,8 @@ impl TensorMetrics {
         self.sum_abs += other.sum_abs;
         self.max_ulp = self.max_ulp.max(other.max_ulp);
         self.max_rel = max_nan(self.max_rel, other.max_rel);
+        // Until `with_scale`, this holds the largest differing magnitude.
+        self.scale_ulp = self.scale_ulp.max(other.scale_ulp);
         if self.first_mismatch.is_none() {
             self.first_mismatch = other.first_mismatch.map(|i| i + offset);
         }
@@ -78,7 +92,24 @@ fn max_nan(a: f64, b: f64) -> f64 {
 /// whole number of elements.
 pub fn compare(dtype: DType, a: &[u8], b: &[u8]) -> TensorMetrics {
     assert_eq!(a.len(), b.len(), "compare() needs equal-sized tensors");
-    fold_chunks(TensorMetrics::identical(0), dtype, a, b, 0)
+    with_scale(fold_chunks(TensorMetrics::identical(0), dtype, a, b, 0), dtype)
+}
+
+/// Turns the largest differing magnitude the chunks found into the size of one ULP there.
+fn with_scale(mut m: TensorMetrics, dtype: DType) -> TensorMetrics {
+    let magnitude = m.scale_ulp;
+    let mantissa_bits = match dtype {
+        DType::F16 => 10,
+        DType::BF16 => 7,
+        DType::F32 => 23,
+        DType::F64 => 52,
+        DType::U8 | DType::U32 | DType::I16 | DType::I32 | DType::I64 => {
+            m.scale_ulp = if m.mismatched > 0 { 1.0 } else { 0.0 };
+            return m;
+        }
+    };
+    m.scale_ulp = if magnitude > 0.0 { 2f64.powi(magnitude.log2().floor() as i32 - mantissa_bits) } else { 0.0 };
+    m
 }
 
 /// Compares two tensors' values (of equal dtype and size) in bounded memory. The result is
@@ -105,7 +136,7 @@ pub fn compare_pairs(tensors: &[&TensorValues]) -> Vec<TensorMetrics> {
             *m = fold_chunks(*m, dtype, windows[i], windows[j], first_element);
         }
     });
-    metrics
+    metrics.into_iter().map(|m| with_scale(m, dtype)).collect()
 }
 
 /// Compares `a` and `b` chunk by chunk in parallel and folds the chunks' metrics into `acc` in
@@ -142,6 +173,7 @@ fn compare_typed<T: Element>(a: &[u8], b: &[u8]) -> TensorMetrics {
     // (one side NaN) is tracked on the side because `f64::max` would drop it.
     let (mut mismatched, mut max_abs, mut sum_abs, mut max_ulp, mut any_nan) = (0u64, 0f64, 0f64, 0u64, false);
     let mut max_rel = 0f64;
+    let mut magnitude = 0f64;
     let mut first = None;
     for (i, (ea, eb)) in a.chunks_exact(T::SIZE).zip(b.chunks_exact(T::SIZE)).enumerate() {
         let (x, y) = (T::load(ea), T::load(eb));
@@ -158,8 +190,12 @@ fn compare_typed<T: Element>(a: &[u8], b: &[u8]) -> TensorMetrics {
         // +0 and -0 differ in bits but not in value: no relative error. Against an infinity
         // the relative error is infinite (the quotient would be inf / inf, NaN, which `max`
         // drops: `rel:X` once accepted 1.0 against +inf).
+        let larger = x.value().abs().max(y.value().abs());
+        if larger.is_finite() {
+            magnitude = magnitude.max(larger);
+        }
         if abs > 0.0 {
-            let scale = x.value().abs().max(y.value().abs());
+            let scale = larger;
             max_rel = max_rel.max(if scale.is_infinite() { f64::INFINITY } else { abs / scale });
         }
     }
@@ -169,6 +205,7 @@ fn compare_typed<T: Element>(a: &[u8], b: &[u8]) -> TensorMetrics {
     m.max_ulp = max_ulp;
     m.max_rel = if any_nan { f64::NAN } else { max_rel };
     m.first_mismatch = first;
+    m.scale_ulp = magnitude;
     m
 }
 
@@ -262,6 +299,23 @@ mod tests {
             assert_eq!(next_to_max.max_ulp, 1);
             assert!(!tolerance.allows(&m) && !tolerance.allows(&next_to_max), "{tolerance}");
         }
+    }
+
+    #[test]
+    fn ulps_at_the_differing_values_scale_do_not_explode_around_zero() {
+        // A gradient that should be 0 against 5.8e-11, beside a 1-ULP difference at 1.0.
+        let a = bytes(&[1.0, 0.0]);
+        let b = bytes(&[f32::from_bits(1.0f32.to_bits() + 1), 5.8e-11]);
+        let m = compare(DType::F32, &a, &b);
+        assert!(m.max_ulp > 700_000_000, "{}", m.max_ulp);
+        assert_eq!(m.scale_ulp, 2f64.powi(-23), "one ULP at 1.0");
+        assert!(m.ulps_at_scale().unwrap() <= 1.0, "{:?}", m.ulps_at_scale());
+        // Where the difference is at the largest value, both figures agree.
+        let m = compare(DType::F32, &bytes(&[3.0]), &bytes(&[f32::from_bits(3.0f32.to_bits() + 2)]));
+        assert_eq!((m.max_ulp, m.ulps_at_scale()), (2, Some(2.0)));
+        let m = compare(DType::I32, &7i32.to_le_bytes(), &9i32.to_le_bytes());
+        assert_eq!(m.ulps_at_scale(), Some(2.0), "integers: one unit");
+        assert_eq!(compare(DType::F32, &a, &a).ulps_at_scale(), None);
     }
 
     #[test]

@@ -71,6 +71,7 @@ mod tests {
             max_ulp,
             max_rel,
             first_mismatch: Some(0),
+            scale_ulp: 0.0,
         }
     }
 

@@ -316,8 +316,15 @@ const SHOWN_CONSEQUENCES: usize = 12;
 
 /// One sentence summarizing tensor metrics.
 pub fn metrics_sentence(m: &TensorMetrics) -> String {
+    // Near zero, floats are dense: a value that should be 0 can be a billion ULPs from a tiny
+    // one. Where that is what makes max ULP large, say how far apart the values are at their
+    // own scale.
+    let at_scale = match m.ulps_at_scale() {
+        Some(s) if m.max_ulp as f64 > 16.0 * s.max(1.0) => format!(" ({} at the differing values' scale)", sci(s)),
+        _ => String::new(),
+    };
     format!(
-        "{} of {} elements differ, max |a-b| {}, sum |a-b| {}, max {} ULP{}",
+        "{} of {} elements differ, max |a-b| {}, sum |a-b| {}, max {} ULP{at_scale}{}",
         m.mismatched,
         m.elements,
         sci(m.max_abs),
@@ -391,4 +398,26 @@ fn write_structure(out: &mut String, items: &[StructuralDifference], text: &Diff
         }
         Ok(())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_scale_s_ulps_are_shown_only_where_zero_inflates_max_ulp() {
+        let f = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+        let near_zero = repro_diff::compare(repro_trace::dtype::DType::F32, &f(&[1.0, 0.0]), &f(&[1.0, 5.8e-11]));
+        assert!(
+            metrics_sentence(&near_zero).contains("at the differing values' scale"),
+            "{}",
+            metrics_sentence(&near_zero)
+        );
+        let plain = repro_diff::compare(
+            repro_trace::dtype::DType::F32,
+            &f(&[3.0]),
+            &f(&[f32::from_bits(3.0f32.to_bits() + 2)]),
+        );
+        assert!(!metrics_sentence(&plain).contains("scale"), "{}", metrics_sentence(&plain));
+    }
 }
