@@ -14,9 +14,10 @@ pub struct DiffArgs {
     a: PathBuf,
     /// The trace (or data-parallel run) to compare with it.
     b: PathBuf,
-    /// Count tensors that differ by no more than this as agreeing: ulp:N, abs:X or rel:X
+    /// Count tensors that differ by no more than this as agreeing: ulp:N, abs:X, rel:X or
+    /// allclose:ATOL:RTOL (|a-b| <= ATOL + RTOL·|b|, as numpy.allclose)
     /// (element by element). Default: bit-exact.
-    #[arg(long, value_name = "ulp:N|abs:X|rel:X")]
+    #[arg(long, value_name = "ulp:N|abs:X|rel:X|allclose:A:R")]
     tolerance: Option<Tolerance>,
     /// Print the result as JSON.
     #[arg(long)]

@@ -73,7 +73,7 @@ pub struct GateArgs {
     /// Pass runs that differ by no more than this: ulp:N, abs:X or rel:X (default: bit-exact).
     /// Judged on values, so the runs keep them at every step unless --capture says otherwise;
     /// a baseline keeps hashes only and cannot be judged by a tolerance.
-    #[arg(long, value_name = "ulp:N|abs:X|rel:X")]
+    #[arg(long, value_name = "ulp:N|abs:X|rel:X|allclose:A:R")]
     tolerance: Option<Tolerance>,
     /// Print the result as JSON.
     #[arg(long)]

@@ -23,7 +23,7 @@ pub struct MatrixArgs {
     metric: Metric,
     /// Judge every pair of runs by this tolerance: ulp:N, abs:X or rel:X (exit 0 when every
     /// pair is within it; default: bit-exact).
-    #[arg(long, value_name = "ulp:N|abs:X|rel:X")]
+    #[arg(long, value_name = "ulp:N|abs:X|rel:X|allclose:A:R")]
     tolerance: Option<Tolerance>,
     /// Print the matrices as JSON.
     #[arg(long)]

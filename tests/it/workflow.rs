@@ -497,3 +497,17 @@ fn loss_curves_show_where_two_runs_part() {
     assert_eq!(v["curves"][0]["points"].as_array().unwrap().len(), 20);
     assert!(v["curves"][0]["points"][0][1].as_f64().unwrap() > 0.0);
 }
+
+/// Issue 34, section 4: the tolerance ML code writes, atol + rtol·|b|.
+#[test]
+fn an_allclose_tolerance_judges_each_element_by_atol_and_rtol() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = record(dir.path(), "a", &["--capture", "all"]);
+    let p = record(dir.path(), "p", &["--perturb", "5:loss:1", "--capture", "all"]);
+    let within = repro(&["diff", s(&a), s(&p), "--tolerance", "allclose:1e-6:1e-5"]);
+    assert_eq!(within.code, 0, "{}", within.stdout);
+    assert!(within.stdout.contains("WITHIN TOLERANCE  allclose:1e-6:1e-5"), "{}", within.stdout);
+    let beyond = repro(&["diff", s(&a), s(&p), "--tolerance", "allclose:0:1e-9"]);
+    assert_eq!(beyond.code, 1, "{}", beyond.stdout);
+    assert!(beyond.stdout.contains("DIVERGED  beyond allclose:0e0:1e-9 first at step 5"), "{}", beyond.stdout);
+}

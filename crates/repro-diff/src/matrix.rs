@@ -218,7 +218,7 @@ pub fn error_matrices(
         let pairs = (0..n).flat_map(|i| (i + 1..n).map(move |j| (i, j)));
         for ((i, j), metrics) in pairs.zip(compare_pairs(&values.iter().collect::<Vec<_>>())) {
             bit_identical &= metrics.mismatched == 0;
-            if tolerance.is_some_and(|t| !t.allows(&metrics)) {
+            if tolerance.is_some_and(|t| !t.allows_values(&values[i], &values[j], &metrics)) {
                 beyond_tolerance.push([i, j]);
             }
             let m = metric.of(&metrics);

@@ -1,9 +1,12 @@
 //! Tolerances: when two runs that are not meant to be bit-exact (CPU against GPU, one GPU model
 //! against another, a port against its reference) still count as agreeing. A tensor is within a
-//! tolerance when every element is: at most N ULPs apart (`ulp:N`), at most X apart (`abs:X`), or
-//! apart by at most X of the larger magnitude (`rel:X`). Bit-exact stays the default.
+//! tolerance when every element is: at most N ULPs apart (`ulp:N`), at most X apart (`abs:X`),
+//! apart by at most X of the larger magnitude (`rel:X`), or, as numpy's and torch's `allclose`
+//! judge, at most `atol + rtol·|b|` apart (`allclose:ATOL:RTOL`). Bit-exact stays the default.
 
 use crate::metrics::TensorMetrics;
+use repro_trace::dtype::{DType, Element};
+use repro_trace::TensorValues;
 use serde::Serialize;
 use std::fmt;
 use std::str::FromStr;
@@ -18,10 +21,19 @@ pub enum Tolerance {
     Abs(f64),
     /// At most this relative difference |a - b| / max(|a|, |b|), element by element.
     Rel(f64),
+    /// |a - b| <= atol + rtol · |b|, element by element (`b`: the second run), as `allclose`.
+    AllClose {
+        /// The absolute part.
+        atol: f64,
+        /// The part relative to the second run's value.
+        rtol: f64,
+    },
 }
 
 impl Tolerance {
     /// Whether tensors that differ as `m` says are within the tolerance (a NaN never is).
+    /// `allclose` needs the values themselves (see `allows_values`): judged from the metrics
+    /// alone, it allows only tensors that do not differ.
     pub fn allows(&self, m: &TensorMetrics) -> bool {
         match *self {
             // Counted in ULPs, f32::MAX is one step from +inf: an infinity or a NaN against
@@ -29,8 +41,52 @@ impl Tolerance {
             Tolerance::Ulp(n) => m.max_ulp <= n && m.max_abs.is_finite(),
             Tolerance::Abs(x) => m.max_abs <= x,
             Tolerance::Rel(x) => m.max_rel <= x,
+            Tolerance::AllClose { .. } => m.mismatched == 0,
         }
     }
+
+    /// Whether `a` and `b`, which differ as `m` says, are within the tolerance: the metrics
+    /// where they suffice, the elements themselves for `allclose` (read window by window).
+    pub fn allows_values(&self, a: &TensorValues, b: &TensorValues, m: &TensorMetrics) -> bool {
+        let Tolerance::AllClose { atol, rtol } = *self else { return self.allows(m) };
+        if m.mismatched == 0 {
+            return true;
+        }
+        if !m.max_abs.is_finite() {
+            return false;
+        }
+        match a.dtype {
+            DType::U8 => all_close::<u8>(a, b, atol, rtol),
+            DType::U32 => all_close::<u32>(a, b, atol, rtol),
+            DType::I16 => all_close::<i16>(a, b, atol, rtol),
+            DType::I32 => all_close::<i32>(a, b, atol, rtol),
+            DType::I64 => all_close::<i64>(a, b, atol, rtol),
+            DType::F16 => all_close::<half::f16>(a, b, atol, rtol),
+            DType::BF16 => all_close::<half::bf16>(a, b, atol, rtol),
+            DType::F32 => all_close::<f32>(a, b, atol, rtol),
+            DType::F64 => all_close::<f64>(a, b, atol, rtol),
+        }
+    }
+}
+
+/// Every element pair either bit-identical or finite with |x - y| <= atol + rtol·|y|.
+fn all_close<T: Element>(a: &TensorValues, b: &TensorValues, atol: f64, rtol: f64) -> bool {
+    let mut close = true;
+    let window = (repro_trace::WINDOW_BYTES / T::SIZE).max(1) * T::SIZE;
+    TensorValues::zip_windows(&[a, b], window, |_, w| {
+        if !close {
+            return;
+        }
+        close = w[0].chunks_exact(T::SIZE).zip(w[1].chunks_exact(T::SIZE)).all(|(x, y)| {
+            let (x, y) = (T::load(x), T::load(y));
+            if x.bits() == y.bits() {
+                return true;
+            }
+            let (x, y) = (x.value(), y.value());
+            x.is_finite() && y.is_finite() && (x - y).abs() <= atol + rtol * y.abs()
+        });
+    });
+    close
 }
 
 impl fmt::Display for Tolerance {
@@ -39,6 +95,7 @@ impl fmt::Display for Tolerance {
             Tolerance::Ulp(n) => write!(f, "ulp:{n}"),
             Tolerance::Abs(x) => write!(f, "abs:{x:e}"),
             Tolerance::Rel(x) => write!(f, "rel:{x:e}"),
+            Tolerance::AllClose { atol, rtol } => write!(f, "allclose:{atol:e}:{rtol:e}"),
         }
     }
 }
@@ -46,13 +103,23 @@ impl fmt::Display for Tolerance {
 impl FromStr for Tolerance {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let bad = || format!("`{s}` is not a tolerance: use ulp:N (e.g. ulp:4), abs:X (abs:1e-6) or rel:X (rel:1e-5)");
+        let bad = || {
+            format!(
+                "`{s}` is not a tolerance: use ulp:N (e.g. ulp:4), abs:X (abs:1e-6), rel:X (rel:1e-5) or \
+                 allclose:ATOL:RTOL (allclose:1e-8:1e-5, numpy's defaults)"
+            )
+        };
         let (kind, bound) = s.split_once(':').ok_or_else(bad)?;
         let float = || bound.parse::<f64>().ok().filter(|x| x.is_finite() && *x >= 0.0).ok_or_else(bad);
         match kind {
             "ulp" => bound.parse().map(Tolerance::Ulp).map_err(|_| bad()),
             "abs" => float().map(Tolerance::Abs),
             "rel" => float().map(Tolerance::Rel),
+            "allclose" => {
+                let (atol, rtol) = bound.split_once(':').ok_or_else(bad)?;
+                let part = |x: &str| x.parse::<f64>().ok().filter(|x| x.is_finite() && *x >= 0.0).ok_or_else(bad);
+                Ok(Tolerance::AllClose { atol: part(atol)?, rtol: part(rtol)? })
+            }
             _ => Err(bad()),
         }
     }
@@ -91,8 +158,34 @@ mod tests {
     }
 
     #[test]
+    fn allclose_bounds_each_element_by_atol_plus_rtol_times_b() {
+        let f64s = |v: &[f64]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+        let (a, b) = (f64s(&[1.0, 100.0, 0.0]), f64s(&[1.0 + 5e-6, 100.0 + 1e-3, 1e-9]));
+        let (va, vb) =
+            (TensorValues::in_memory(DType::F64, vec![3], &a), TensorValues::in_memory(DType::F64, vec![3], &b));
+        let m = crate::compare_values(&va, &vb);
+        let close = |t: &str| t.parse::<Tolerance>().unwrap().allows_values(&va, &vb, &m);
+        // 1e-3 at 100 is within 1e-5 of it, 1e-9 at 0 within atol: as numpy.allclose(a, b).
+        assert!(close("allclose:1e-8:1e-5"));
+        assert!(!close("allclose:1e-8:1e-6"), "1e-3 > 1e-8 + 1e-6 * 100");
+        assert!(!close("allclose:1e-10:1e-5"), "1e-9 at 0 needs atol");
+        // Neither bound alone would do: rel:1e-5 refuses 0 against 1e-9, abs:1e-8 refuses 1e-3.
+        assert!(!"rel:1e-5".parse::<Tolerance>().unwrap().allows_values(&va, &vb, &m));
+        assert!(!"abs:1e-8".parse::<Tolerance>().unwrap().allows_values(&va, &vb, &m));
+        // A NaN or an infinity against another value never is close.
+        let nan = f64s(&[1.0, f64::NAN, 0.0]);
+        let vn = TensorValues::in_memory(DType::F64, vec![3], &nan);
+        assert!(!"allclose:1:1".parse::<Tolerance>().unwrap().allows_values(
+            &va,
+            &vn,
+            &crate::compare_values(&va, &vn)
+        ));
+        assert_eq!("allclose:1e-8:1e-5".parse::<Tolerance>().unwrap().to_string(), "allclose:1e-8:1e-5");
+    }
+
+    #[test]
     fn bad_tolerances_say_what_is_expected() {
-        for bad in ["ulp", "ulp:-1", "abs:x", "rel:-1e-3", "abs:inf", "max:3"] {
+        for bad in ["ulp", "ulp:-1", "abs:x", "rel:-1e-3", "abs:inf", "max:3", "allclose:1e-8", "allclose:x:1"] {
             let e = bad.parse::<Tolerance>().unwrap_err();
             assert!(e.contains("use ulp:N"), "{bad}: {e}");
         }

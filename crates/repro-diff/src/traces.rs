@@ -557,17 +557,22 @@ impl DiffState {
                 entries.push(Entry::new(ta, None, true));
                 continue;
             }
-            let metrics = match (ra.values(sa, ta)?, rb.values(sb, tb)?) {
-                (Some(va), Some(vb)) => Some(compare_values(&va, &vb)),
-                _ => None,
+            // The metrics, and whether the values are within the tolerance (`allclose` reads
+            // them again, element by element).
+            let (metrics, within) = match (ra.values(sa, ta)?, rb.values(sb, tb)?) {
+                (Some(va), Some(vb)) => {
+                    let m = compare_values(&va, &vb);
+                    (Some(m), self.tolerance.is_some_and(|t| t.allows_values(&va, &vb, &m)))
+                }
+                _ => (None, false),
             };
             self.gap(format!("kind:{}", ta.kind), sa.step, metrics);
             if self.tracked.contains(&ta.name) {
                 self.gap(format!("tensor:{}", ta.name), sa.step, metrics);
             }
-            if let Some(tolerance) = self.tolerance {
+            if self.tolerance.is_some() {
                 match metrics {
-                    Some(m) if tolerance.allows(&m) => {
+                    Some(m) if within => {
                         self.within_tolerance(ta, sa.step, m);
                         entries.push(Entry::new(ta, None, true));
                         continue;
