@@ -1,4 +1,7 @@
-//! Measuring repro itself: what recording costs a training run (`overhead`), as reports for the
-//! command line (`repro overhead`) or a library caller to show.
+//! Measuring repro itself: what recording costs a training run (`overhead`) and, with the
+//! `cuda` feature, whether its GPU code computes what the host does and how fast (`gpu`), as
+//! reports for the command line (`repro overhead`, `repro gpu-check`) or a library caller.
 
+#[cfg(feature = "cuda")]
+pub mod gpu;
 pub mod overhead;
