@@ -15,10 +15,12 @@ pub struct DiffArgs {
     /// The trace (or data-parallel run) to compare with it.
     b: PathBuf,
     /// Count tensors that differ by no more than this as agreeing: ulp:N, abs:X, rel:X or
-    /// allclose:ATOL:RTOL (|a-b| <= ATOL + RTOL·|b|, as numpy.allclose)
-    /// (element by element). Default: bit-exact.
+    /// allclose:ATOL:RTOL (|a-b| <= ATOL + RTOL·|b|, as numpy.allclose), element by element;
+    /// for some tensors only with KIND=T or NAME=T (`grad=rel:1e-3,lm_head*=abs:1e-6`;
+    /// repeatable, comma-separated; tensors no rule names stay bit-exact unless a plain T is
+    /// given). Default: bit-exact.
     #[arg(long, value_name = "ulp:N|abs:X|rel:X|allclose:A:R")]
-    tolerance: Option<Tolerance>,
+    tolerance: Vec<Tolerance>,
     /// Print the result as JSON.
     #[arg(long)]
     json: bool,
@@ -46,20 +48,8 @@ pub struct DiffArgs {
 }
 
 fn parse_kind(s: &str) -> Result<TensorKind, String> {
-    const KINDS: [TensorKind; 8] = [
-        TensorKind::Weight,
-        TensorKind::Gradient,
-        TensorKind::Prediction,
-        TensorKind::Loss,
-        TensorKind::Activation,
-        TensorKind::OpOutput,
-        TensorKind::Input,
-        TensorKind::Other,
-    ];
-    KINDS
-        .into_iter()
-        .find(|k| k.name() == s)
-        .ok_or_else(|| format!("`{s}` is not a tensor kind: {}", KINDS.map(TensorKind::name).join(", ")))
+    TensorKind::from_name(s)
+        .ok_or_else(|| format!("`{s}` is not a tensor kind: {}", TensorKind::ALL.map(TensorKind::name).join(", ")))
 }
 
 impl DiffArgs {
@@ -70,14 +60,16 @@ impl DiffArgs {
 }
 
 pub fn run(args: DiffArgs) -> Result<Exit, CliError> {
-    let options = DiffOptions { tolerance: args.tolerance, track: args.plot_tensor.clone(), ..DiffOptions::default() };
+    let tolerance = Tolerance::combine(args.tolerance.clone());
+    let options =
+        DiffOptions { tolerance: tolerance.clone(), track: args.plot_tensor.clone(), ..DiffOptions::default() };
     let run = diff_runs(&args.a, &args.b, &options)?;
     let single = run.world_size_a == 1 && run.world_size_b == 1;
     if let Some(path) = &args.plot {
         super::output::write_plot(path, plot_diff(&run.diff))?;
     }
     if args.json {
-        let verdict = match (run.is_identical(), args.tolerance) {
+        let verdict = match (run.is_identical(), &tolerance) {
             (false, _) if run.is_incomplete() => "incomplete",
             (false, _) => "diverged",
             (true, None) => "identical",

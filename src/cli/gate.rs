@@ -74,7 +74,7 @@ pub struct GateArgs {
     /// Judged on values, so the runs keep them at every step unless --capture says otherwise;
     /// a baseline keeps hashes only and cannot be judged by a tolerance.
     #[arg(long, value_name = "ulp:N|abs:X|rel:X|allclose:A:R")]
-    tolerance: Option<Tolerance>,
+    tolerance: Vec<Tolerance>,
     /// Print the result as JSON.
     #[arg(long)]
     json: bool,
@@ -105,10 +105,10 @@ impl GateArgs {
     /// The steps whose values the runs keep: a tolerance judges values, so it keeps them all
     /// unless told otherwise.
     fn capture(&self) -> FullCapture {
-        match (&self.capture, self.tolerance) {
+        match (&self.capture, self.tolerance.is_empty()) {
             (Some(capture), _) => capture.clone(),
-            (None, Some(_)) => FullCapture::All,
-            (None, None) => FullCapture::None,
+            (None, false) => FullCapture::All,
+            (None, true) => FullCapture::None,
         }
     }
 }
@@ -123,7 +123,7 @@ pub fn run(args: GateArgs) -> Result<Exit, CliError> {
     }
     // A baseline that cannot be read, or that was written for other settings, fails the gate
     // before anything is recorded.
-    if let (Some(file), Some(tolerance)) = (&args.baseline, args.tolerance) {
+    if let (Some(file), Some(tolerance)) = (&args.baseline, Tolerance::combine(args.tolerance.clone())) {
         return Err(format!(
             "--tolerance {tolerance} judges values, and the baseline {} keeps hashes only (values of tensors up to 256 bytes aside): \
              gate fresh runs with `repro gate --tolerance {tolerance}` (no --baseline), or compare a full trace with `repro diff --tolerance {tolerance}`",
@@ -224,7 +224,7 @@ fn gate(args: &GateArgs, runs: usize, work: &Path) -> Result<GateReport, CliErro
         Some(file) => GateReference::Baseline(file),
         None => GateReference::FirstRun,
     };
-    Ok(gate_traces(subject, reference, &traces, args.tolerance)?)
+    Ok(gate_traces(subject, reference, &traces, Tolerance::combine(args.tolerance.clone()))?)
 }
 
 /// Runs a self-recording program with `REPRO_TRACE_DIR` set to `dir` and `REPRO_CAPTURE` to

@@ -24,7 +24,7 @@ pub struct MatrixArgs {
     /// Judge every pair of runs by this tolerance: ulp:N, abs:X or rel:X (exit 0 when every
     /// pair is within it; default: bit-exact).
     #[arg(long, value_name = "ulp:N|abs:X|rel:X|allclose:A:R")]
-    tolerance: Option<Tolerance>,
+    tolerance: Vec<Tolerance>,
     /// Print the matrices as JSON.
     #[arg(long)]
     json: bool,
@@ -41,13 +41,14 @@ impl MatrixArgs {
 }
 
 pub fn run(args: MatrixArgs) -> Result<Exit, CliError> {
-    let report = error_matrices(&args.runs, args.step, &args.tensor, args.metric, args.tolerance)?;
+    let tolerance = Tolerance::combine(args.tolerance.clone());
+    let report = error_matrices(&args.runs, args.step, &args.tensor, args.metric, tolerance.clone())?;
     let agrees = report.agrees();
     if let Some(path) = &args.plot {
         super::output::write_plot(path, plot_matrix(&report))?;
     }
     if args.json {
-        let verdict = match (agrees, args.tolerance) {
+        let verdict = match (agrees, &tolerance) {
             (false, _) => "diverged",
             (true, None) => "identical",
             (true, Some(_)) => "within_tolerance",

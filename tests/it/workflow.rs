@@ -511,3 +511,25 @@ fn an_allclose_tolerance_judges_each_element_by_atol_and_rtol() {
     assert_eq!(beyond.code, 1, "{}", beyond.stdout);
     assert!(beyond.stdout.contains("DIVERGED  beyond allclose:0e0:1e-9 first at step 5"), "{}", beyond.stdout);
 }
+
+/// Issue 34, section 4: tolerances per tensor kind or name, and a repeated --tolerance.
+#[test]
+fn tolerances_can_name_the_tensors_they_judge() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = record(dir.path(), "a", &["--capture", "all"]);
+    let p = record(dir.path(), "p", &["--perturb", "5:loss:1", "--capture", "all"]);
+    // Only the loss is judged loosely: the gradients it moves stay bit-exact, and diverge.
+    let loss_only = repro(&["diff", s(&a), s(&p), "--tolerance", "loss=rel:1e-3"]);
+    assert_eq!(loss_only.code, 1, "{}", loss_only.stdout);
+    assert!(loss_only.stdout.contains("DIVERGED  beyond loss=rel:1e-3 first at step 5"), "{}", loss_only.stdout);
+    assert!(!loss_only.stdout.contains("tensor `loss`"), "the loss itself is within: {}", loss_only.stdout);
+    // A rule for the loss first, then a plain tolerance for every other tensor.
+    let both = repro(&["diff", s(&a), s(&p), "--tolerance", "loss=abs:0", "--tolerance", "allclose:1e-6:1e-5"]);
+    assert_eq!(both.code, 1, "{}", both.stdout);
+    assert!(both.stdout.contains("first at step 5, tensor `loss` (loss)"), "{}", both.stdout);
+    let v = json(
+        &repro(&["diff", s(&a), s(&p), "--tolerance", "grad=allclose:1e-6:1e-5,allclose:1e-6:1e-5", "--json"]).stdout,
+    );
+    assert_eq!(v["verdict"], "within_tolerance", "{v}");
+    assert_eq!(v["tolerance"]["kind"], "per_tensor");
+}

@@ -102,8 +102,10 @@ pub fn gate_traces(
                 if likely.is_empty() {
                     likely = likely_causes(&header_differences(a.header(), b.header()).1);
                 }
-                comparisons
-                    .push(GateComparison::new(format!("run {i}"), diff_traces_within(&mut a, &mut b, tolerance)?));
+                comparisons.push(GateComparison::new(
+                    format!("run {i}"),
+                    diff_traces_within(&mut a, &mut b, tolerance.clone())?,
+                ));
             }
             let reference = baseline.display().to_string();
             Ok(GateReport { subject, reference, comparisons, likely_causes: likely })

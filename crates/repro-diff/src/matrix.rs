@@ -193,6 +193,10 @@ pub fn error_matrices(
                 continue;
             }
         }
+        // The rule that judges this tensor, where rules name tensors by kind or name.
+        let kind =
+            positions[0].get(name.as_str()).map_or(repro_trace::TensorKind::Other, |&p| runs[0].1.tensors[p].kind);
+        let judged = tolerance.as_ref().and_then(|t| t.for_tensor(name, kind));
         let values = runs
             .iter_mut()
             .zip(&positions)
@@ -218,7 +222,7 @@ pub fn error_matrices(
         let pairs = (0..n).flat_map(|i| (i + 1..n).map(move |j| (i, j)));
         for ((i, j), metrics) in pairs.zip(compare_pairs(&values.iter().collect::<Vec<_>>())) {
             bit_identical &= metrics.mismatched == 0;
-            if tolerance.is_some_and(|t| !t.allows_values(&values[i], &values[j], &metrics)) {
+            if tolerance.is_some() && !judged.is_some_and(|t| t.allows_values(&values[i], &values[j], &metrics)) {
                 beyond_tolerance.push([i, j]);
             }
             let m = metric.of(&metrics);

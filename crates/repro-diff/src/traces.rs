@@ -259,8 +259,8 @@ pub fn diff_traces_with(
     b: &mut TraceReader,
     options: &DiffOptions,
 ) -> Result<TraceDiff, TraceError> {
-    let tolerance = options.tolerance;
-    let mut state = DiffState { tolerance, ..DiffState::default() };
+    let tolerance = options.tolerance.clone();
+    let mut state = DiffState { tolerance: tolerance.clone(), ..DiffState::default() };
     for name in &options.track {
         // Inserted up front: a tracked tensor that never differs still has its (empty) series.
         state.gaps.insert(format!("tensor:{name}"), Vec::new());
@@ -559,10 +559,12 @@ impl DiffState {
             }
             // The metrics, and whether the values are within the tolerance (`allclose` reads
             // them again, element by element).
+            // The rule that judges this tensor (rules may name tensors by kind or name).
+            let tolerance = self.tolerance.as_ref().and_then(|t| t.for_tensor(&ta.name, ta.kind)).cloned();
             let (metrics, within) = match (ra.values(sa, ta)?, rb.values(sb, tb)?) {
                 (Some(va), Some(vb)) => {
                     let m = compare_values(&va, &vb);
-                    (Some(m), self.tolerance.is_some_and(|t| t.allows_values(&va, &vb, &m)))
+                    (Some(m), tolerance.as_ref().is_some_and(|t| t.allows_values(&va, &vb, &m)))
                 }
                 _ => (None, false),
             };
@@ -570,7 +572,7 @@ impl DiffState {
             if self.tracked.contains(&ta.name) {
                 self.gap(format!("tensor:{}", ta.name), sa.step, metrics);
             }
-            if self.tolerance.is_some() {
+            if tolerance.is_some() {
                 match metrics {
                     Some(m) if within => {
                         self.within_tolerance(ta, sa.step, m);

@@ -48,7 +48,7 @@ pub fn render_gate(r: &GateReport) -> String {
     }
     let _ = writeln!(out);
     if r.passed() {
-        match r.comparisons.first().and_then(|c| c.diff.tolerance) {
+        match r.comparisons.first().and_then(|c| c.diff.tolerance.as_ref()) {
             Some(t) => {
                 let _ = writeln!(out, "PASS  within {t}: {} run(s) agree with the reference", r.comparisons.len());
             }
@@ -71,7 +71,7 @@ pub fn render_gate(r: &GateReport) -> String {
             let _ = writeln!(out, "\n{label}:");
             let _ = write_root_cause(&mut out, root);
         }
-        if let (Some(t), n @ 1..) = (d.tolerance, d.hash_only_differences) {
+        if let (Some(t), n @ 1..) = (d.tolerance.as_ref(), d.hash_only_differences) {
             let _ = writeln!(
                 out,
                 "\n{n} tensor(s) differ where only hashes were kept: {t} cannot judge them, so they fail (gate with `--capture all`)"

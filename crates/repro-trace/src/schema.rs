@@ -173,6 +173,23 @@ pub enum TensorKind {
 }
 
 impl TensorKind {
+    /// Every kind, in the order `name` lists them.
+    pub const ALL: [TensorKind; 8] = [
+        TensorKind::Weight,
+        TensorKind::Gradient,
+        TensorKind::Prediction,
+        TensorKind::Loss,
+        TensorKind::Activation,
+        TensorKind::OpOutput,
+        TensorKind::Input,
+        TensorKind::Other,
+    ];
+
+    /// The kind named `name` (as `name` writes it).
+    pub fn from_name(name: &str) -> Option<TensorKind> {
+        Self::ALL.into_iter().find(|k| k.name() == name)
+    }
+
     /// The name used in traces and output.
     pub fn name(self) -> &'static str {
         match self {
