@@ -417,3 +417,16 @@ fn write_one_tensor_trace(path: &Path, name: &str, bytes: Vec<u8>, inline: bool)
     w.write_step(0, vec![StepTensor { record, payload: (!inline).then_some(bytes) }]).unwrap();
     w.finish().unwrap();
 }
+
+/// Issue 34, section 8: two runs with the same settings that start from other parameters are
+/// told that the initialisation is likely unseeded.
+#[test]
+fn other_initial_parameters_under_the_same_settings_point_at_unseeded_initialisation() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    write_one_tensor_trace(&a, "w", 1.0f32.to_le_bytes().to_vec(), true);
+    write_one_tensor_trace(&b, "w", 2.0f32.to_le_bytes().to_vec(), true);
+    let run = repro(&["diff", s(&a), s(&b)]);
+    assert_eq!(run.code, 1, "{}", run.stdout);
+    assert!(run.stdout.contains("is the initialisation seeded?"), "{}", run.stdout);
+}

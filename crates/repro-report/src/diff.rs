@@ -156,6 +156,14 @@ fn write_diff(out: &mut String, d: &TraceDiff, disagreement: Option<&str>, text:
                 })
                 .collect();
             writeln!(out, "  the runs were recorded with other settings, which explains it: {}", settings.join(", "))?;
+        } else if root.rule == CauseRule::Leaf && root.cause.kind == TensorKind::Weight && root.cause.step == 0 {
+            // Same settings, other starting parameters: most often an unseeded initialisation.
+            writeln!(
+                out,
+                "  the runs start from other parameters with the same settings: is the initialisation seeded? \
+                 candle's random initialisation (candle-nn's VarBuilder, Tensor::rand) on the CPU cannot be seeded: \
+                 draw the initial values from a seeded stream (repro::workloads::seeded) and set them"
+            )?;
         }
         writeln!(out)?;
         write_root_cause(out, root)?;
