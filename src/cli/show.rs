@@ -43,11 +43,7 @@ pub fn run(args: ShowArgs) -> Result<Exit, CliError> {
     let step = find_step(&mut reader, args.step)?
         .ok_or_else(|| format!("{trace} holds no step{}", args.step.map_or(String::new(), |s| format!(" {s}"))))?;
     let Some(name) = &args.tensor else {
-        let mut listed = Vec::new();
-        for t in &step.tensors {
-            let stored = reader.values(&step, t)?.is_some();
-            listed.push((t.clone(), stored));
-        }
+        let listed: Vec<_> = step.tensors.iter().map(|t| (t.clone(), reader.has_values(&step, t))).collect();
         if args.json {
             #[derive(serde::Serialize)]
             struct Listed<'a> {

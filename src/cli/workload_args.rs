@@ -21,7 +21,7 @@ pub struct WorkloadArgs {
     #[arg(
         long,
         default_value = "adder",
-        value_parser = clap::builder::PossibleValuesParser::new(WorkloadKind::NAMES)
+        value_parser = clap::builder::PossibleValuesParser::new(WorkloadKind::names())
             .map(|name| name.parse::<WorkloadKind>().expect("a possible value"))
     )]
     pub workload: WorkloadKind,

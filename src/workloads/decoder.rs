@@ -364,13 +364,7 @@ impl DecoderConfig {
     /// The decoder with its head at every position (see `EveryPosition`); the same seeded
     /// weights as `build`.
     pub fn build_every_position(&self, device: &Device) -> Result<(EveryPosition, VarMap), RecordError> {
-        let mut model = None;
-        let (_, varmap) = self.seeded(device, |vb| {
-            model = Some(self.every_position(vb.clone()));
-            Ok(())
-        })?;
-        let model = model.expect("built")?;
-        Ok((model, varmap))
+        self.seeded(device, |vb| self.every_position(vb))
     }
 
     /// `build_every_position`'s model with its weights as plain tensors, not variables: a
@@ -385,7 +379,7 @@ impl DecoderConfig {
             .iter()
             .map(|(name, var)| (name.clone(), var.as_detached_tensor()))
             .collect();
-        self.every_position(VarBuilder::from_tensors(weights, self.dtype, device))
+        Ok(self.every_position(VarBuilder::from_tensors(weights, self.dtype, device))?)
     }
 
     /// The model's vocabulary and hidden width (the shape's, where it sets them).
@@ -397,7 +391,7 @@ impl DecoderConfig {
     }
 
     /// The decoder and its head at every position, built through `vb`.
-    fn every_position(&self, vb: VarBuilder) -> Result<EveryPosition, RecordError> {
+    fn every_position(&self, vb: VarBuilder) -> candle_core::Result<EveryPosition> {
         let (vocab, width) = self.vocab_and_width();
         let embeddings = || vb.get((vocab, width), "model.embed_tokens.weight");
         Ok(match self.family {

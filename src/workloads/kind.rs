@@ -37,12 +37,22 @@ impl WorkloadKind {
         WorkloadKind::Gemma,
     ];
 
-    /// Their names, in the same order.
-    pub const NAMES: [&'static str; 7] = ["adder", "mlp", "cnn", "resnet18", "gpt", "qwen2", "gemma"];
-
     /// The workload's name (`--workload`, `run.workload`).
     pub fn name(self) -> &'static str {
-        Self::NAMES[Self::ALL.iter().position(|&k| k == self).expect("every kind is in ALL")]
+        match self {
+            WorkloadKind::Adder => "adder",
+            WorkloadKind::Mlp => "mlp",
+            WorkloadKind::Cnn => "cnn",
+            WorkloadKind::ResNet18 => "resnet18",
+            WorkloadKind::Gpt => "gpt",
+            WorkloadKind::Qwen2 => "qwen2",
+            WorkloadKind::Gemma => "gemma",
+        }
+    }
+
+    /// Every workload's name, in `ALL`'s order.
+    pub fn names() -> [&'static str; 7] {
+        Self::ALL.map(Self::name)
     }
 
     /// The classifier architecture, for the classifier workloads.
@@ -65,11 +75,10 @@ impl fmt::Display for WorkloadKind {
 impl FromStr for WorkloadKind {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Self::NAMES
-            .iter()
-            .position(|&name| name == s)
-            .map(|i| Self::ALL[i])
-            .ok_or_else(|| format!("unknown workload `{s}`: expected one of {}", Self::NAMES.join(", ")))
+        Self::ALL
+            .into_iter()
+            .find(|k| k.name() == s)
+            .ok_or_else(|| format!("unknown workload `{s}`: expected one of {}", Self::names().join(", ")))
     }
 }
 

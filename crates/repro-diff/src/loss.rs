@@ -29,7 +29,10 @@ pub fn loss_curve(reader: &mut TraceReader) -> Result<LossCurve, TraceError> {
         let value = match loss {
             Some(t) if t.shape.iter().product::<u64>() == 1 => {
                 tensor.get_or_insert_with(|| t.name.clone());
-                reader.values(&step, t)?.map(|v| crate::tensor_stats(&v, 1).first[0])
+                reader.values(&step, t)?.map(|v| {
+                    use repro_trace::dtype::Element;
+                    repro_trace::for_element!(v.dtype, T => T::load(&v.bytes[..T::SIZE]).value())
+                })
             }
             _ => None,
         };

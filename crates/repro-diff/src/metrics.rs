@@ -150,17 +150,7 @@ fn fold_chunks(acc: TensorMetrics, dtype: DType, a: &[u8], b: &[u8], first_eleme
 }
 
 fn compare_chunk(dtype: DType, a: &[u8], b: &[u8]) -> TensorMetrics {
-    match dtype {
-        DType::U8 => compare_typed::<u8>(a, b),
-        DType::U32 => compare_typed::<u32>(a, b),
-        DType::I16 => compare_typed::<i16>(a, b),
-        DType::I32 => compare_typed::<i32>(a, b),
-        DType::I64 => compare_typed::<i64>(a, b),
-        DType::F16 => compare_typed::<half::f16>(a, b),
-        DType::BF16 => compare_typed::<half::bf16>(a, b),
-        DType::F32 => compare_typed::<f32>(a, b),
-        DType::F64 => compare_typed::<f64>(a, b),
-    }
+    repro_trace::for_element!(dtype, T => compare_typed::<T>(a, b))
 }
 
 fn compare_typed<T: Element>(a: &[u8], b: &[u8]) -> TensorMetrics {

@@ -130,11 +130,7 @@ impl Entry {
 }
 
 /// Finds the root cause among the entries of one step; `None` when nothing differs.
-pub(crate) fn analyze(entries: Vec<Entry>) -> Option<RootCause> {
-    analyze_entries(&entries)
-}
-
-fn analyze_entries<'a>(entries: &'a [Entry]) -> Option<RootCause> {
+pub(crate) fn analyze<'a>(entries: &'a [Entry]) -> Option<RootCause> {
     if entries.iter().any(|e| e.node) {
         return analyze_captured(entries);
     }
@@ -274,7 +270,7 @@ mod tests {
 
     #[test]
     fn first_op_with_agreeing_inputs_is_the_cause_and_the_rest_follow() {
-        let r = analyze(vec![
+        let r = analyze(&[
             entry("x", &[], false),
             entry("w", &[], false),
             entry("mm", &["x", "w"], false),
@@ -296,7 +292,7 @@ mod tests {
 
     #[test]
     fn an_unexplained_later_difference_is_its_own_cause() {
-        let r = analyze(vec![
+        let r = analyze(&[
             entry("x", &[], false),
             entry("mm", &["x"], true),
             entry("x2", &[], true),
@@ -320,7 +316,7 @@ mod tests {
             entries.push(entry(&root, &[], true));
             entries.push(entry(&format!("link{k}"), &[&prev, &root], true));
         }
-        let r = analyze(entries).unwrap();
+        let r = analyze(&entries).unwrap();
         assert_eq!(r.cause.tensor, "root0");
         assert_eq!(r.independent.len(), links - 1);
         let last = r.consequences.last().unwrap();
@@ -338,7 +334,7 @@ mod tests {
 
     #[test]
     fn with_identical_leaves_the_first_differing_node_is_the_cause() {
-        let r = analyze(vec![
+        let r = analyze(&[
             captured("x", true, false),
             captured("w", true, false),
             captured("layers[0]/mlp#0", false, false),
@@ -375,24 +371,21 @@ mod tests {
         };
         let mut all = entries();
         all.push(updated);
-        let r = analyze(all).unwrap();
+        let r = analyze(&all).unwrap();
         assert_eq!((r.cause.tensor.as_str(), r.rule), ("b.grad", CauseRule::Backward));
         assert_eq!(r.independent.iter().map(|d| d.tensor.as_str()).collect::<Vec<_>>(), ["c.grad"]);
         assert_eq!(r.consequences.iter().map(|c| c.tensor.as_str()).collect::<Vec<_>>(), ["w.updated"]);
         // A forward node missing from one run: the forward pass is not established as identical.
         let mut partial = entries();
         partial[2].compared = false;
-        assert_eq!(analyze(partial).unwrap().rule, CauseRule::FirstDifference);
+        assert_eq!(analyze(&partial).unwrap().rule, CauseRule::FirstDifference);
     }
 
     #[test]
     fn a_differing_leaf_is_the_cause_wherever_it_was_recorded() {
-        let r = analyze(vec![
-            captured("layers[0]/mlp#0", false, true),
-            captured("x", true, false),
-            captured("w", true, true),
-        ])
-        .unwrap();
+        let r =
+            analyze(&[captured("layers[0]/mlp#0", false, true), captured("x", true, false), captured("w", true, true)])
+                .unwrap();
         assert_eq!(r.cause.tensor, "w");
         assert_eq!(r.rule, CauseRule::Leaf);
         assert!(!r.inputs_checked);
@@ -402,13 +395,13 @@ mod tests {
     fn a_leaf_that_was_not_compared_leaves_only_the_first_difference() {
         let mut x = captured("x", true, false);
         x.compared = false;
-        let r = analyze(vec![x, captured("n#0", false, false), captured("n#1", false, true)]).unwrap();
+        let r = analyze(&[x, captured("n#0", false, false), captured("n#1", false, true)]).unwrap();
         assert_eq!(r.cause.tensor, "n#1");
         assert_eq!(r.rule, CauseRule::FirstDifference);
     }
 
     #[test]
     fn nothing_differs_means_no_cause() {
-        assert!(analyze(vec![entry("a", &[], false)]).is_none());
+        assert!(analyze(&[entry("a", &[], false)]).is_none());
     }
 }

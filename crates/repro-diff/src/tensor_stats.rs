@@ -3,7 +3,7 @@
 //! flat for tensors of any size, and summed in element order, so the figures are the same on
 //! every machine.
 
-use repro_trace::dtype::{DType, Element};
+use repro_trace::dtype::Element;
 use repro_trace::TensorValues;
 use serde::Serialize;
 
@@ -36,17 +36,7 @@ pub struct TensorStats {
 
 /// The statistics of `values`, with its first `preview` elements.
 pub fn tensor_stats(values: &TensorValues, preview: usize) -> TensorStats {
-    match values.dtype {
-        DType::U8 => stats_of::<u8>(values, preview),
-        DType::U32 => stats_of::<u32>(values, preview),
-        DType::I16 => stats_of::<i16>(values, preview),
-        DType::I32 => stats_of::<i32>(values, preview),
-        DType::I64 => stats_of::<i64>(values, preview),
-        DType::F16 => stats_of::<half::f16>(values, preview),
-        DType::BF16 => stats_of::<half::bf16>(values, preview),
-        DType::F32 => stats_of::<f32>(values, preview),
-        DType::F64 => stats_of::<f64>(values, preview),
-    }
+    repro_trace::for_element!(values.dtype, T => stats_of::<T>(values, preview))
 }
 
 fn stats_of<T: Element>(values: &TensorValues, preview: usize) -> TensorStats {
@@ -100,6 +90,7 @@ fn stats_of<T: Element>(values: &TensorValues, preview: usize) -> TensorStats {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use repro_trace::dtype::DType;
 
     #[test]
     fn special_values_are_counted_apart_from_the_finite_ones() {

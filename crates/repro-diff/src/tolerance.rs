@@ -7,7 +7,7 @@
 //! tensor no rule names is judged bit-exact. Bit-exact stays the default.
 
 use crate::metrics::TensorMetrics;
-use repro_trace::dtype::{DType, Element};
+use repro_trace::dtype::Element;
 use repro_trace::{TensorKind, TensorValues};
 use serde::Serialize;
 use std::fmt;
@@ -150,17 +150,7 @@ impl Tolerance {
         if !m.max_abs.is_finite() {
             return false;
         }
-        match a.dtype {
-            DType::U8 => all_close::<u8>(a, b, atol, rtol),
-            DType::U32 => all_close::<u32>(a, b, atol, rtol),
-            DType::I16 => all_close::<i16>(a, b, atol, rtol),
-            DType::I32 => all_close::<i32>(a, b, atol, rtol),
-            DType::I64 => all_close::<i64>(a, b, atol, rtol),
-            DType::F16 => all_close::<half::f16>(a, b, atol, rtol),
-            DType::BF16 => all_close::<half::bf16>(a, b, atol, rtol),
-            DType::F32 => all_close::<f32>(a, b, atol, rtol),
-            DType::F64 => all_close::<f64>(a, b, atol, rtol),
-        }
+        repro_trace::for_element!(a.dtype, T => all_close::<T>(a, b, atol, rtol))
     }
 }
 
@@ -250,6 +240,7 @@ fn one_tolerance(s: &str) -> Result<Tolerance, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use repro_trace::dtype::DType;
 
     fn metrics(max_ulp: u64, max_abs: f64, max_rel: f64) -> TensorMetrics {
         TensorMetrics {

@@ -593,7 +593,7 @@ impl DiffState {
             entries.push(Entry::new(ta, Some(divergence), true));
         }
         if first_divergent && self.first.is_some() {
-            self.root_cause = analyze(entries);
+            self.root_cause = analyze(&entries);
         }
         Ok(())
     }

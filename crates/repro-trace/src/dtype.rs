@@ -90,6 +90,63 @@ fn float_ordinal(bits: u64, sign_bit: u64) -> i64 {
     }
 }
 
+/// Evaluates `$body` with `$t` bound to the [`Element`] type of `$dtype`: one generic
+/// function over every dtype a trace holds, without a match at each caller.
+///
+/// ```
+/// use repro_trace::dtype::{DType, Element};
+/// let bytes = 1.5f32.to_le_bytes();
+/// let first = repro_trace::for_element!(DType::F32, T => T::load(&bytes[..T::SIZE]).value());
+/// assert_eq!(first, 1.5);
+/// ```
+#[macro_export]
+macro_rules! for_element {
+    ($dtype:expr, $t:ident => $body:expr) => {
+        match $dtype {
+            $crate::dtype::DType::U8 => {
+                type $t = u8;
+                $body
+            }
+            $crate::dtype::DType::U32 => {
+                type $t = u32;
+                $body
+            }
+            $crate::dtype::DType::I16 => {
+                type $t = i16;
+                $body
+            }
+            $crate::dtype::DType::I32 => {
+                type $t = i32;
+                $body
+            }
+            $crate::dtype::DType::I64 => {
+                type $t = i64;
+                $body
+            }
+            $crate::dtype::DType::F16 => {
+                type $t = $crate::dtype::half::f16;
+                $body
+            }
+            $crate::dtype::DType::BF16 => {
+                type $t = $crate::dtype::half::bf16;
+                $body
+            }
+            $crate::dtype::DType::F32 => {
+                type $t = f32;
+                $body
+            }
+            $crate::dtype::DType::F64 => {
+                type $t = f64;
+                $body
+            }
+        }
+    };
+}
+
+/// The half-precision types, for `for_element!`'s expansion in other crates.
+#[doc(hidden)]
+pub use half;
+
 macro_rules! int_element {
     ($($t:ty),*) => {$(
         impl Element for $t {

@@ -266,6 +266,12 @@ impl TraceReader {
         }
     }
 
+    /// Whether the trace holds `tensor`'s values at `step` (what `values` would read), without
+    /// reading them: inline in the record, or in a payload file this reader can follow.
+    pub fn has_values(&self, step: &StepRecord, tensor: &TensorRecord) -> bool {
+        tensor.inline.is_some() || (!self.records_only && tensor.in_payload && step.payload.is_some())
+    }
+
     /// Reads the values of `tensor` (a tensor of `step`), from the record itself or from the
     /// step's payload file, and checks them against the recorded dtype, shape and hash.
     /// Returns `None` when the trace holds only the tensor's hash.
