@@ -13,7 +13,7 @@ use repro::trace::{
     CapturePolicy, Environment, FullCapture, Header, RunConfig, StepTensor, TensorKind, TensorRecord, TraceWriter,
     CURRENT_FORMAT,
 };
-use repro::workloads::AdderConfig;
+use repro::workloads::{AdderConfig, Training};
 use std::fmt::Write as _;
 use std::path::Path;
 use std::process::Command;
@@ -71,7 +71,8 @@ fn main() {
     // Alternate the two, so warm-up and machine noise hit both alike; the fastest of each counts.
     let (mut plain, mut recorded) = (Duration::MAX, Duration::MAX);
     for _ in 0..5 {
-        plain = plain.min(best_of(1, || config.run(&candle_core::Device::Cpu, &mut Recorder::discard()).unwrap()));
+        plain = plain
+            .min(best_of(1, || config.run(Training::on(&candle_core::Device::Cpu, &mut Recorder::discard())).unwrap()));
         recorded = recorded.min(best_of(1, || {
             let capture = CapturePolicy { full: FullCapture::None, ..CapturePolicy::default() };
             let mut r = Recorder::create(
@@ -81,7 +82,7 @@ fn main() {
                 RecordOptions::capture(capture).replacing(true),
             )
             .unwrap();
-            config.run(&candle_core::Device::Cpu, &mut r).unwrap();
+            config.run(Training::on(&candle_core::Device::Cpu, &mut r)).unwrap();
             r.finish().unwrap()
         }));
     }

@@ -2,7 +2,7 @@
 //! and fail on any bit difference. `repro gate -- CMD ARGS` gates a user's own training
 //! program, which records itself into the directory named by `REPRO_TRACE_DIR`.
 
-use super::workload_args::WorkloadArgs;
+use super::workload_args::{record_for_gate, WorkloadArgs};
 use super::CliError;
 use super::Exit;
 use clap::Args;
@@ -10,43 +10,12 @@ use repro::diff::{baseline_mismatch, gate_traces, DiffError, GateReference, Gate
 use repro::record::{CAPTURE_ENV, TRACE_DIR_ENV};
 use repro::report::{render_gate, render_gate_junit, render_gate_markdown};
 use repro::trace::{FullCapture, TraceReader};
-use std::ffi::OsString;
+use repro::workloads::WorkloadRun;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-/// `repro gate --baseline FILE` gating a built-in workload takes the baseline's settings as its
-/// defaults: they are inserted before the options given (clap keeps the last of a repeated
-/// option, so those win, and a conflict is refused by the baseline check). Any other command
-/// line, and a baseline that cannot be read (the gate says why), is returned as it is. A
-/// baseline whose settings are not a built-in workload's is refused (see `options_for`).
-pub fn with_baseline_defaults(argv: Vec<OsString>) -> Result<Vec<OsString>, CliError> {
-    if argv.get(1).is_none_or(|a| a != "gate") || argv.iter().any(|a| a == "--") {
-        return Ok(argv);
-    }
-    let baseline = argv.iter().enumerate().find_map(|(i, a)| {
-        let a = a.to_str()?;
-        match a.strip_prefix("--baseline=") {
-            Some(file) => Some(OsString::from(file)),
-            None if a == "--baseline" => argv.get(i + 1).cloned(),
-            None => None,
-        }
-    });
-    let file = baseline.unwrap_or_default();
-    let run = TraceReader::open(Path::new(&file)).ok().map(|r| r.header().run.clone());
-    // A baseline of a user's program has no built-in settings; the gate explains the mismatch.
-    let Some(run) = run.filter(|run| run.workload.parse::<repro::workloads::WorkloadKind>().is_ok()) else {
-        return Ok(argv);
-    };
-    let options = super::workload_args::options_for(&run)
-        .map_err(|e| format!("baseline {}: {e}; it cannot set the gate's run", Path::new(&file).display()))?;
-    let mut with_defaults = argv[..2].to_vec();
-    with_defaults.extend(options.into_iter().map(OsString::from));
-    with_defaults.extend_from_slice(&argv[2..]);
-    Ok(with_defaults)
-}
-
 #[derive(Debug, Args)]
-// A repeated option keeps its last value: the baseline's defaults come first (see above).
+// A repeated option keeps its last value.
 #[command(args_override_self = true)]
 pub struct GateArgs {
     /// How many runs to record (default: 2, or 1 with --baseline).
@@ -130,15 +99,23 @@ pub fn run(args: GateArgs) -> Result<Exit, CliError> {
             file.display()
         ).into());
     }
-    if let Some(file) = &args.baseline {
-        let baseline = TraceReader::open(file)?;
-        if args.command.is_empty() {
-            let planned = args.train.run_config(&args.train.workload()?);
-            let fields = baseline_mismatch(&baseline.header().run, &planned);
+    // A built-in workload gated against a baseline runs the baseline's settings, with the
+    // options given in place of theirs; one that then differs from it is refused.
+    let planned = match (&args.baseline, args.command.is_empty()) {
+        (_, false) => None,
+        (None, true) => Some(args.train.workload_run()?),
+        (Some(file), true) => {
+            let baseline = TraceReader::open(file)?;
+            let planned = args.train.workload_run_over(&baseline.header().run, file)?;
+            let fields = baseline_mismatch(&baseline.header().run, &planned.run_config());
             if !fields.is_empty() {
                 return Err(DiffError::BaselineMismatch { baseline: file.clone(), fields }.to_string().into());
             }
+            Some(planned)
         }
+    };
+    if let (Some(file), None) = (&args.baseline, &planned) {
+        TraceReader::open(file)?;
     }
     let scratch;
     let work = match &args.keep {
@@ -156,7 +133,7 @@ pub fn run(args: GateArgs) -> Result<Exit, CliError> {
         }
     };
     std::fs::create_dir_all(&work).map_err(|e| format!("cannot create {}: {e}", work.display()))?;
-    let report = gate(&args, runs, &work)?;
+    let report = gate(&args, planned.as_ref(), runs, &work)?;
     if args.json {
         let verdict = if report.passed() { "pass" } else { "fail" };
         super::print_json("repro.gate.v2", Some(verdict), &report)?;
@@ -183,15 +160,17 @@ pub fn run(args: GateArgs) -> Result<Exit, CliError> {
     Ok(if report.passed() { Exit::Same } else { Exit::Diverged })
 }
 
-fn gate(args: &GateArgs, runs: usize, work: &Path) -> Result<GateReport, CliError> {
-    let subject = if args.command.is_empty() {
-        let on = match args.devices.len() {
-            0 | 1 => args.devices.first().unwrap_or(&args.train.device).clone(),
-            n => format!("{n} ranks ({})", args.devices.join(", ")),
-        };
-        format!("{} on {on}", args.train.workload()?.describe())
-    } else {
-        format!("`{}`", args.command.join(" "))
+/// Records the runs, `planned` (a built-in workload's) or the command's, and compares them.
+fn gate(args: &GateArgs, planned: Option<&WorkloadRun>, runs: usize, work: &Path) -> Result<GateReport, CliError> {
+    let subject = match planned {
+        Some(planned) => {
+            let on = match args.devices.len() {
+                0 | 1 => args.devices.first().unwrap_or(&args.train.device).clone(),
+                n => format!("{n} ranks ({})", args.devices.join(", ")),
+            };
+            format!("{} on {on}", planned.workload.describe())
+        }
+        None => format!("`{}`", args.command.join(" ")),
     };
     // A run takes seconds to minutes: the spinner and the clock keep moving meanwhile.
     let progress = super::progress::Progress::new("recording run", Some(runs as u64)).tick_steadily();
@@ -200,10 +179,9 @@ fn gate(args: &GateArgs, runs: usize, work: &Path) -> Result<GateReport, CliErro
     for i in 0..runs {
         progress.working_on(i as u64);
         let dir = work.join(format!("run-{i}"));
-        if args.command.is_empty() {
-            args.train.record_for_gate(&dir, &args.capture(), &args.devices)?;
-        } else {
-            record_command(&args.command, &dir, &args.capture(), args.timeout.map(Duration::from_secs))?;
+        match planned {
+            Some(planned) => record_for_gate(planned, &dir, &args.capture(), &args.devices, &args.train.device)?,
+            None => record_command(&args.command, &dir, &args.capture(), args.timeout.map(Duration::from_secs))?,
         }
         traces.push(dir);
         let enough = traces.len() + usize::from(args.baseline.is_some()) >= 2;

@@ -7,7 +7,7 @@ use clap::Args;
 use repro::invariance::{cost, workloads, DEFAULT_BATCH_SIZES};
 use repro::record::open_device;
 use repro::report::{render_forward_cost, render_invariance};
-use repro::workloads::Workload;
+use repro::workloads::{Workload, WorkloadKind};
 
 #[derive(Debug, Args)]
 pub struct InvarianceArgs {
@@ -85,15 +85,15 @@ pub fn run(args: InvarianceArgs) -> Result<Exit, CliError> {
             chunks: args.chunks.clone().unwrap_or(one_and_a_quarter),
         }
     };
-    let report =
-        match &workload {
-            Workload::Gpt(c) => workloads::gpt(c, &runs(c.context), dtype, &device, label),
-            Workload::Decoder(c) => workloads::decoder(c, &runs(c.tokens), &device, label),
-            _ => return Err(
-                "invariance checks a model's forward pass: pass --workload gpt, --workload qwen2 or --workload gemma"
-                    .into(),
-            ),
-        }?;
+    let report = match &workload {
+        Workload::Gpt(c) => workloads::gpt(c, &runs(c.context), dtype, &device, label),
+        Workload::Decoder(c) => workloads::decoder(c, &runs(c.tokens), &device, label),
+        _ => {
+            let choices = WorkloadKind::listed(WorkloadKind::checks_invariance).replace(", ", ", --workload ");
+            let choices = choices.replace(" or ", " or --workload ");
+            return Err(format!("invariance checks a model's forward pass: pass --workload {choices}").into());
+        }
+    }?;
     if let Some(path) = &args.plot {
         super::output::write_plot(path, repro::report::plot_invariance(&report))?;
     }

@@ -72,25 +72,22 @@ enum Command {
     GpuCheck(gpu_check::GpuCheckArgs),
 }
 
-/// Parses and runs the process's command line: its exit status. `repro gate --baseline FILE`
-/// takes its defaults from the baseline, and fails when it cannot give them. A command line
-/// that does not parse is an error like any other: with `--json` on it, stdout gets the
-/// `repro.error.v1` document too.
+/// Parses and runs the process's command line: its exit status. A command line that does not
+/// parse is an error like any other: with `--json` on it, stdout gets the `repro.error.v1`
+/// document too.
 pub fn main() -> Exit {
     let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
     let json = argv.iter().any(|a| a == "--json");
-    let parsed = gate::with_baseline_defaults(argv).and_then(|argv| {
-        workload_args::note_given_options(&argv);
-        Cli::try_parse_from(argv)
-            .map_err(|e| match e.kind() {
-                // Asked-for help and version are printed as clap prints them.
-                clap::error::ErrorKind::DisplayHelp
-                | clap::error::ErrorKind::DisplayVersion
-                | clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => e.exit(),
-                _ => e.render().to_string().trim_start_matches("error: ").trim_end().to_string(),
-            })
-            .map_err(CliError::from)
-    });
+    workload_args::note_given_options(&argv);
+    let parsed = Cli::try_parse_from(argv)
+        .map_err(|e| match e.kind() {
+            // Asked-for help and version are printed as clap prints them.
+            clap::error::ErrorKind::DisplayHelp
+            | clap::error::ErrorKind::DisplayVersion
+            | clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => e.exit(),
+            _ => e.render().to_string().trim_start_matches("error: ").trim_end().to_string(),
+        })
+        .map_err(CliError::from);
     match parsed {
         Ok(cli) => run(cli),
         Err(message) => fail(&message, json),

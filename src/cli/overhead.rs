@@ -32,7 +32,8 @@ pub struct OverheadArgs {
 }
 
 pub fn run(args: OverheadArgs) -> Result<Exit, CliError> {
-    let workload = args.train.workload()?;
+    let planned = args.ranks.workload_run(&args.train)?;
+    let workload = &planned.workload;
     if args.ranks.starts_ranks() {
         super::ranks::check_devices(&args.ranks.devices)?;
         workload.check_data_parallel()?;
@@ -50,8 +51,7 @@ pub fn run(args: OverheadArgs) -> Result<Exit, CliError> {
         if args.header {
             child.push("--header".into());
         }
-        child.extend(super::workload_args::options_for(&workload.run_config())?);
-        super::ranks::supervise("overhead", &args.ranks.devices, None, &child)?;
+        super::ranks::supervise("overhead", &args.ranks.devices, None, &child, &planned.run_config())?;
         return Ok(Exit::Same);
     }
     let device_name = args.ranks.device(&args.train.device)?;
@@ -59,8 +59,8 @@ pub fn run(args: OverheadArgs) -> Result<Exit, CliError> {
     let mut dp = args.ranks.data_parallel(&device)?;
     let scratch = super::scratch::ScratchDir::new("overhead")?;
     let report = recording_overhead(OverheadRun {
-        workload: &workload,
-        run: args.train.run_config(&workload),
+        workload,
+        run: planned.run_config(),
         device: &device,
         data_parallel: dp.as_mut(),
         block: args.block,

@@ -3,12 +3,13 @@
 //! one fails or is killed, the others are stopped and the error names the rank and its cause.
 //! Also the options that make a command data-parallel, shared by `record` and `overhead`.
 
+use super::workload_args::WorkloadArgs;
 use super::CliError;
 use candle_core::Device;
 use clap::Args;
 use repro::distributed::{self, DataParallel};
-use repro::trace::{rank_dir, CapturePolicy};
-use repro::workloads::Workload;
+use repro::trace::{rank_dir, CapturePolicy, RunConfig};
+use repro::workloads::WorkloadRun;
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -33,6 +34,10 @@ pub struct RankArgs {
     /// Set by the process that starts the ranks: where the ranks meet.
     #[arg(long, hide = true, requires = "rank")]
     pub rendezvous: Option<PathBuf>,
+    /// Set by the process that starts the ranks: the run's settings (a trace header's `run`, as
+    /// JSON), which every rank trains from.
+    #[arg(long, hide = true, requires = "rank")]
+    pub settings: Option<PathBuf>,
 }
 
 impl RankArgs {
@@ -54,6 +59,16 @@ impl RankArgs {
         }
     }
 
+    /// What this process trains: a rank's settings file, read as a trace header is
+    /// (`WorkloadRun::from_run_config`), else the command line's workload.
+    pub fn workload_run(&self, train: &WorkloadArgs) -> Result<WorkloadRun, CliError> {
+        let Some(file) = &self.settings else { return train.workload_run() };
+        let text = std::fs::read_to_string(file).map_err(|e| format!("cannot read {}: {e}", file.display()))?;
+        let run: RunConfig =
+            serde_json::from_str(&text).map_err(|e| format!("{} is not a run's settings: {e}", file.display()))?;
+        WorkloadRun::from_run_config(&run).map_err(|e| CliError::from(format!("{}: {e}", file.display())))
+    }
+
     /// This rank's side of data-parallel training on `device`, when this process is a rank.
     pub fn data_parallel(&self, device: &Device) -> Result<Option<DataParallel>, CliError> {
         let (Some(rank), Some(rendezvous)) = (self.rank, &self.rendezvous) else { return Ok(None) };
@@ -63,19 +78,18 @@ impl RankArgs {
 }
 
 /// Records a data-parallel run into `out`: one `repro record` process per device, each training
-/// the workload that `options` give (`--workload ...`, as `options_for` writes them) and storing
-/// full values at the steps `capture` names, supervised until all finish. The workload, the
-/// devices and the batch against the number of ranks are checked before any rank starts.
+/// `workload` and storing full values at the steps `capture` names, supervised until all
+/// finish. The workload, the devices and the batch against the number of ranks are checked
+/// before any rank starts.
 pub fn record_ranks(
     devices: &[String],
     out: &Path,
     force: bool,
     capture: &CapturePolicy,
-    workload: &Workload,
-    options: &[String],
+    workload: &WorkloadRun,
 ) -> Result<(), CliError> {
     check_devices(devices)?;
-    workload.check_data_parallel()?;
+    workload.workload.check_data_parallel()?;
     let run = workload.run_config();
     // Said before any rank starts, rather than by each rank, leaving partial streams behind.
     let batch = run.params.get("batch").and_then(|b| b.parse::<usize>().ok());
@@ -95,8 +109,7 @@ pub fn record_ranks(
     if force {
         args.push("--force".into());
     }
-    args.extend_from_slice(options);
-    supervise("record", devices, Some(out), &args)
+    supervise("record", devices, Some(out), &args, &run)
 }
 
 /// Checks a device list for data-parallel training: at least two, and no GPU twice.
@@ -145,13 +158,26 @@ fn prepare_run_dir(out: &Path, force: bool) -> Result<(), CliError> {
     Ok(std::fs::create_dir_all(out).map_err(|e| format!("cannot create {}: {e}", out.display()))?)
 }
 
-/// Runs `repro COMMAND` once per device with `args` and the rank options, and waits for all of
-/// them; with `out`, each writes its rank directory of it (`--out OUT/rank-N`).
-pub fn supervise(command_name: &str, devices: &[String], out: Option<&Path>, args: &[String]) -> Result<(), CliError> {
-    let rendezvous = tempfile::Builder::new()
+/// Runs `repro COMMAND` once per device with `args` and the rank options, each training what
+/// `settings` say (a file beside the rendezvous), and waits for all of them; with `out`, each
+/// writes its rank directory of it (`--out OUT/rank-N`).
+pub fn supervise(
+    command_name: &str,
+    devices: &[String],
+    out: Option<&Path>,
+    args: &[String],
+    settings: &RunConfig,
+) -> Result<(), CliError> {
+    let ranks_dir = tempfile::Builder::new()
         .prefix("repro-ranks-")
         .tempdir()
         .map_err(|e| format!("cannot create a rendezvous directory: {e}"))?;
+    // The ranks meet in an empty directory of their own, beside the settings.
+    let rendezvous = ranks_dir.path().join("rendezvous");
+    std::fs::create_dir(&rendezvous).map_err(|e| format!("cannot create {}: {e}", rendezvous.display()))?;
+    let settings_file = ranks_dir.path().join("settings.json");
+    let json = serde_json::to_string_pretty(settings).map_err(|e| format!("cannot encode the run's settings: {e}"))?;
+    std::fs::write(&settings_file, json).map_err(|e| format!("cannot write {}: {e}", settings_file.display()))?;
     let exe = std::env::current_exe().map_err(|e| format!("cannot find the repro executable: {e}"))?;
     let mut ranks = Vec::new();
     for rank in 0..devices.len() {
@@ -167,7 +193,9 @@ pub fn supervise(command_name: &str, devices: &[String], out: Option<&Path>, arg
             .arg("--rank")
             .arg(rank.to_string())
             .arg("--rendezvous")
-            .arg(rendezvous.path())
+            .arg(&rendezvous)
+            .arg("--settings")
+            .arg(&settings_file)
             .stdin(Stdio::null())
             .stdout(Stdio::inherit())
             .stderr(Stdio::piped());

@@ -10,7 +10,7 @@ use repro::distributed::DataParallel;
 use repro::record::{open_device, RecordError, RecordOptions, Recorder, StepProgress};
 use repro::report::{bytes, render_online};
 use repro::trace::{summarize, CapturePolicy, FullCapture};
-use repro::workloads::Workload;
+use repro::workloads::{Training, WorkloadRun};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -44,13 +44,14 @@ pub struct RecordArgs {
 }
 
 pub fn run(args: RecordArgs) -> Result<Exit, CliError> {
-    let workload = args.train.workload()?;
+    let planned = args.ranks.workload_run(&args.train)?;
     if args.ranks.starts_ranks() {
-        return record_ranks(&args, &workload);
+        return record_ranks(&args, &planned);
     }
+    let workload = &planned.workload;
     let device_name = args.ranks.device(&args.train.device)?;
     let device = open_device(device_name)?;
-    let run = args.train.run_config(&workload);
+    let run = planned.run_config();
     let capture = CapturePolicy { full: args.capture, inline_max_bytes: args.inline_max_bytes };
     let started = Instant::now();
     let reference = match &args.against {
@@ -62,13 +63,20 @@ pub fn run(args: RecordArgs) -> Result<Exit, CliError> {
     let reference = reference.map(|r| Arc::new(Mutex::new(r)));
     let mut dp = args.ranks.data_parallel(&device)?;
     let rank = dp.as_ref().map(DataParallel::describe);
-    let options = RecordOptions { capture, replace: args.force, rank, perturbation: args.train.perturb.clone() };
-    let mut recorder = Recorder::create(&args.out, run, &device, options)?;
-    if let Some(check) = &reference {
-        recorder.compare_with(Box::new(check.clone()), !args.keep_going);
+    let options = RecordOptions {
+        capture,
+        replace: args.force,
+        rank,
+        perturbation: planned.perturbation.clone(),
+        ..RecordOptions::default()
     }
-    recorder.on_step(progress_display());
-    match workload.run_ranked(&device, &mut recorder, dp.as_mut()) {
+    .on_step(progress_display());
+    let options = match &reference {
+        Some(check) => options.comparing_with(Box::new(check.clone()), !args.keep_going),
+        None => options,
+    };
+    let mut recorder = Recorder::create(&args.out, run, &device, options)?;
+    match workload.run(Training::on(&device, &mut recorder).as_rank(dp.as_mut())) {
         Ok(()) | Err(RecordError::Diverged { .. }) => {}
         Err(e) => return Err(format!("{e} (the partial trace in {} is marked incomplete)", args.out.display()).into()),
     }
@@ -111,15 +119,14 @@ pub fn run(args: RecordArgs) -> Result<Exit, CliError> {
 
 /// Records a data-parallel run: starts one rank process per device and waits for them, then
 /// checks that the ranks' parameters stayed replicas.
-fn record_ranks(args: &RecordArgs, workload: &Workload) -> Result<Exit, CliError> {
+fn record_ranks(args: &RecordArgs, planned: &WorkloadRun) -> Result<Exit, CliError> {
     let started = Instant::now();
     let capture = CapturePolicy { full: args.capture.clone(), inline_max_bytes: args.inline_max_bytes };
-    let options = args.train.rank_options(workload)?;
-    ranks::record_ranks(&args.ranks.devices, &args.out, args.force, &capture, workload, &options)?;
+    ranks::record_ranks(&args.ranks.devices, &args.out, args.force, &capture, planned)?;
     eprintln!(
         "recorded {} ranks of {} on {} into {} in {:.2}s",
         args.ranks.devices.len(),
-        workload.describe(),
+        planned.workload.describe(),
         args.ranks.devices.join(", "),
         args.out.display(),
         started.elapsed().as_secs_f64()

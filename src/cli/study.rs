@@ -286,9 +286,9 @@ fn cost(a: CostArgs) -> Result<Exit, CliError> {
                 let d = GptConfig::default();
                 Workload::Gpt(GptConfig { batch: a.batch.unwrap_or(d.batch), ..d })
             } else {
-                let model = kind
-                    .and_then(WorkloadKind::classifier_model)
-                    .ok_or_else(|| format!("unknown model `{w}`: expected mlp, cnn or resnet18 (or gpt)"))?;
+                let model = kind.and_then(WorkloadKind::classifier_model).ok_or_else(|| {
+                    format!("unknown model `{w}`: expected {}", WorkloadKind::listed(WorkloadKind::is_study_subject))
+                })?;
                 let mut c = ClassifierConfig::defaults(model);
                 c.width = width;
                 if let Some(b) = a.batch {

@@ -5,11 +5,11 @@ use clap::builder::TypedValueParser;
 use clap::Args;
 use repro::ops::Reductions;
 use repro::record::{open_device, Perturbation, RecordOptions, Recorder};
-use repro::trace::{CapturePolicy, FullCapture};
+use repro::trace::{CapturePolicy, FullCapture, RunConfig};
 use repro::workloads::gpt::model::Norm;
 use repro::workloads::{
     AdderConfig, ClassifierConfig, DatasetName, DecoderConfig, DecoderShape, Family, Formulation, GptConfig, ModelKind,
-    Workload, WorkloadKind,
+    Training, Workload, WorkloadKind, WorkloadRun,
 };
 use std::path::Path;
 
@@ -132,51 +132,6 @@ pub struct ClassifierArgs {
     pub augment_shift: Option<usize>,
 }
 
-/// The options that reproduce a built-in workload's recorded settings (a baseline's), to serve
-/// as defaults: `--workload=gpt --steps=50 --width=128 ...`. A planted perturbation is left out:
-/// a gate's run may differ from its baseline there.
-///
-/// A trace is input, not a command line: every setting must name an option of the workload's
-/// own (`WorkloadArgs`), or this fails naming it, and values are passed as `--key=value`, so a
-/// value is never read as another option (a baseline whose settings held `help` once printed
-/// the help and passed the gate with no run).
-pub fn options_for(run: &repro::trace::RunConfig) -> Result<Vec<String>, CliError> {
-    let known = workload_options();
-    let mut options = vec![format!("--workload={}", run.workload)];
-    if let Some(steps) = run.steps {
-        options.push(format!("--steps={steps}"));
-    }
-    for (key, value) in &run.params {
-        let option = match (key.as_str(), value.as_str()) {
-            // The adder records its (only) dtype as F32; the decoders record bf16 when they run in it.
-            ("dtype", "F32") | ("perturb", _) | ("examples", "all") | ("batch_norm", "false") => continue,
-            ("batch_norm", _) => {
-                options.push("--batch-norm".into());
-                continue;
-            }
-            ("batch_invariant", _) => {
-                options.push("--batch-invariant".into());
-                continue;
-            }
-            ("init_seed", _) => "seed",
-            ("dataset_seed", _) => "data_seed",
-            // The decoders' prompt length is set with --context.
-            ("tokens", _) => "context",
-            (other, _) => other,
-        };
-        let option = option.replace('_', "-");
-        if !known.contains(&option) || option == "workload" || option == "steps" {
-            return Err(format!(
-                "setting `{key}` = `{value}` is not a setting of repro's built-in workloads (a trace of a newer repro, \
-                 or not made by repro)"
-            )
-            .into());
-        }
-        options.push(format!("--{option}={value}"));
-    }
-    Ok(options)
-}
-
 /// The long names of the options that describe a workload (`WorkloadArgs` and what it flattens).
 fn workload_options() -> Vec<String> {
     use clap::Args as _;
@@ -187,6 +142,12 @@ fn workload_options() -> Vec<String> {
 /// The long options given on this process's command line (before any `--`), set once by
 /// `cli::main`: clap fills defaults in, so only the command line says what a user asked for.
 static GIVEN: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+
+/// The workload options given on the command line.
+fn given_workload_options() -> Vec<String> {
+    let known = workload_options();
+    GIVEN.get().map_or_else(Vec::new, |given| given.iter().filter(|o| known.contains(o)).cloned().collect())
+}
 
 /// Notes the options of the command line about to be parsed (see `GIVEN`).
 pub fn note_given_options(argv: &[std::ffi::OsString]) {
@@ -274,8 +235,56 @@ impl WorkloadArgs {
     pub fn workload(&self) -> Result<Workload, CliError> {
         // The workload's own checks first (their messages say more), then the general one.
         let workload = self.workload_unchecked()?;
+        workload.validate(self.perturb.as_ref())?;
         check_options_apply(self.workload)?;
         Ok(workload)
+    }
+
+    /// The workload these arguments describe with the fault they plant, checked.
+    pub fn workload_run(&self) -> Result<WorkloadRun, CliError> {
+        Ok(WorkloadRun { workload: self.workload()?, perturbation: self.perturb.clone() })
+    }
+
+    /// The run a gate against a baseline records: the baseline's settings (`base`, its
+    /// header's), with the workload options given on the command line in place of theirs, and
+    /// the fault planted here (a gate's run may differ from its baseline's there). A baseline
+    /// of another workload than `--workload` names, or of a user's program, gives the command
+    /// line's run: the baseline check then says what differs.
+    pub fn workload_run_over(&self, base: &RunConfig, file: &Path) -> Result<WorkloadRun, CliError> {
+        let Ok(kind) = base.workload.parse::<WorkloadKind>() else { return self.workload_run() };
+        let given = given_workload_options();
+        if given.iter().any(|o| o == "workload") && kind != self.workload {
+            return self.workload_run();
+        }
+        check_options_apply(kind)?;
+        let mine = WorkloadArgs { workload: kind, ..self.clone() }.workload_unchecked()?;
+        let mut mine = WorkloadRun { workload: mine, perturbation: self.perturb.clone() }.run_config();
+        let mut run = base.clone();
+        run.params.remove("perturb");
+        for option in &given {
+            if option == "steps" {
+                run.steps = mine.steps;
+                continue;
+            }
+            // The header keys an option sets (a classifier's seed is its `init_seed`).
+            let key = option.replace('-', "_");
+            let keys: &[&str] = match key.as_str() {
+                "seed" => &["seed", "init_seed"],
+                "data_seed" => &["data_seed", "dataset_seed"],
+                "context" => &["context", "tokens"],
+                // A decoder's shape sets its width.
+                "shape" => &["shape", "width"],
+                key => &[key],
+            };
+            for key in keys {
+                match mine.params.remove(*key) {
+                    Some(value) => run.params.insert(key.to_string(), value),
+                    None => run.params.remove(*key),
+                };
+            }
+        }
+        WorkloadRun::from_run_config(&run)
+            .map_err(|e| format!("baseline {}: {e}; it cannot set the gate's run", file.display()).into())
     }
 
     /// The workload for a forward pass only (`repro invariance`), and the gpt's element type:
@@ -287,10 +296,12 @@ impl WorkloadArgs {
             return Ok((self.workload()?, dtype));
         }
         let workload = self.gpt_in(true).map(Workload::Gpt)?;
+        workload.validate(self.perturb.as_ref())?;
         check_options_apply_besides(self.workload, &["dtype"])?;
         Ok((workload, dtype))
     }
 
+    /// The workload the arguments describe, its options' own checks aside.
     fn workload_unchecked(&self) -> Result<Workload, CliError> {
         match self.workload {
             WorkloadKind::Adder => self.adder().map(Workload::Adder),
@@ -316,7 +327,6 @@ impl WorkloadArgs {
             formulation: self.formulation,
             reductions: self.reductions,
         };
-        config.validate(self.perturb.as_ref())?;
         Ok(config)
     }
 
@@ -338,7 +348,6 @@ impl WorkloadArgs {
             reductions: self.reductions,
             batch_invariant: g.batch_invariant,
         };
-        config.validate(self.perturb.as_ref())?;
         if self.formulation != Formulation::Reduce {
             return Err("--formulation is a setting of the adder, not of gpt".into());
         }
@@ -367,7 +376,6 @@ impl WorkloadArgs {
             shape: DecoderShape::named(&self.gpt.shape).expect("clap checked the shape"),
             dtype: if self.gpt.dtype == "bf16" { candle_core::DType::BF16 } else { candle_core::DType::F32 },
         };
-        config.validate()?;
         if config.shape != DecoderShape::Small && self.width.is_some() {
             return Err(format!("--shape {} sets the width: leave --width out", self.gpt.shape).into());
         }
@@ -409,51 +417,32 @@ impl WorkloadArgs {
             augment_shift: c.augment_shift.unwrap_or(d.augment_shift),
             width: self.width.unwrap_or(d.width),
         };
-        config.validate()?;
         if self.formulation != Formulation::Reduce {
             return Err(format!("--formulation is a setting of the adder, not of {model}").into());
         }
-        if let Some(p) = &self.perturb {
-            repro::workloads::classifier::check_perturbation(&config, p)?;
-        }
         Ok(config)
     }
+}
 
-    /// The run configuration written to the trace header, the perturbation included.
-    pub fn run_config(&self, workload: &Workload) -> repro::trace::RunConfig {
-        let mut run = workload.run_config();
-        if let Some(p) = &self.perturb {
-            run.params.insert("perturb".into(), p.to_string());
-        }
-        run
+/// Records one run of a built-in workload into `dir` the way a gate compares runs: hashes at
+/// every step, small tensors' values, and full values at the steps `full` names. With several
+/// `devices`, the run is data-parallel, one rank per device; else it trains on `device`.
+pub fn record_for_gate(
+    planned: &WorkloadRun,
+    dir: &Path,
+    full: &FullCapture,
+    devices: &[String],
+    device: &str,
+) -> Result<(), CliError> {
+    let capture = CapturePolicy { full: full.clone(), ..CapturePolicy::default() };
+    if devices.len() > 1 {
+        return super::ranks::record_ranks(devices, dir, true, &capture, planned);
     }
-
-    /// The options that make a rank process train this workload: the workload's settings, and
-    /// the planted fault if any.
-    pub fn rank_options(&self, workload: &Workload) -> Result<Vec<String>, CliError> {
-        let mut options = options_for(&workload.run_config())?;
-        if let Some(p) = &self.perturb {
-            options.push(format!("--perturb={p}"));
-        }
-        Ok(options)
-    }
-
-    /// Records one run of the built-in workload into `dir` the way a gate compares runs:
-    /// hashes at every step, small tensors' values, and full values at the steps `full` names.
-    /// With several `devices`, the run is data-parallel, one rank per device.
-    pub fn record_for_gate(&self, dir: &Path, full: &FullCapture, devices: &[String]) -> Result<(), CliError> {
-        let workload = self.workload()?;
-        if devices.len() > 1 {
-            let capture = CapturePolicy { full: full.clone(), ..CapturePolicy::default() };
-            return super::ranks::record_ranks(devices, dir, true, &capture, &workload, &self.rank_options(&workload)?);
-        }
-        let device = open_device(devices.first().unwrap_or(&self.device))?;
-        let capture = CapturePolicy { full: full.clone(), ..CapturePolicy::default() };
-        let options =
-            RecordOptions { perturbation: self.perturb.clone(), ..RecordOptions::capture(capture).replacing(true) };
-        let mut recorder = Recorder::create(dir, self.run_config(&workload), &device, options)?;
-        workload.run(&device, &mut recorder)?;
-        recorder.finish()?;
-        Ok(())
-    }
+    let device = open_device(devices.first().map_or(device, String::as_str))?;
+    let options =
+        RecordOptions { perturbation: planned.perturbation.clone(), ..RecordOptions::capture(capture).replacing(true) };
+    let mut recorder = Recorder::create(dir, planned.run_config(), &device, options)?;
+    planned.workload.run(Training::on(&device, &mut recorder))?;
+    recorder.finish()?;
+    Ok(())
 }

@@ -134,19 +134,20 @@ fn check_lagging(dev: &Device, report: &mut dyn FnMut(Finding)) -> Result<usize,
     let mut traces = Vec::new();
     for lag in [false, true] {
         let path = dir.path().join(if lag { "lagging" } else { "steady" });
-        let mut recorder = Recorder::create(&path, config.run_config(), dev, RecordOptions::capture(capture.clone()))?;
+        let mut options = RecordOptions::capture(capture.clone());
         if lag {
             // Asked at the start of every step, on the training thread: queues ~20 ms of work
             // ahead of the step's own kernels.
             let m = Tensor::ones((2048, 2048), DType::F32, dev)?;
-            recorder.record_only(move |_| {
+            options = options.recording_only(move |_| {
                 for _ in 0..64 {
                     let _ = m.matmul(&m);
                 }
                 true
             });
         }
-        config.run(dev, &mut recorder, None)?;
+        let mut recorder = Recorder::create(&path, config.run_config(), dev, options)?;
+        config.run(crate::workloads::Training::on(dev, &mut recorder))?;
         recorder.finish()?;
         let mut reader = TraceReader::open(&path)?;
         let mut hashes = Vec::new();

@@ -10,7 +10,7 @@
 use crate::distributed::DataParallel;
 use crate::record::{take_peak_device_memory, RecordError, RecordOptions, Recorder};
 use crate::trace::{summarize, CapturePolicy, FullCapture, RunConfig};
-use crate::workloads::Workload;
+use crate::workloads::{Training, Workload};
 use candle_core::Device;
 use serde::Serialize;
 use std::cell::RefCell;
@@ -74,14 +74,14 @@ pub fn recording_overhead(mut run: OverheadRun) -> Result<OverheadReport, Record
     for _ in 0..run.repeats.max(1) {
         let capture = CapturePolicy { full: FullCapture::None, ..CapturePolicy::default() };
         let rank = run.data_parallel.as_ref().map(|dp| dp.describe());
-        let options = RecordOptions { rank, ..RecordOptions::capture(capture).replacing(true) };
-        let mut recorder = Recorder::create(run.scratch, run.run.clone(), run.device, options)?;
         // Asked at the start of every step: drains the device and reads the clock at each
         // block's start, and says whether the step's block records.
         let clock = Rc::new(RefCell::new(Clock::default()));
         let (ticks, at_device) = (clock.clone(), run.device.clone());
-        recorder.record_only(move |_| ticks.borrow_mut().tick(&at_device, &blocks));
-        run.workload.run_ranked(run.device, &mut recorder, run.data_parallel.as_deref_mut())?;
+        let options = RecordOptions { rank, ..RecordOptions::capture(capture).replacing(true) }
+            .recording_only(move |_| ticks.borrow_mut().tick(&at_device, &blocks));
+        let mut recorder = Recorder::create(run.scratch, run.run.clone(), run.device, options)?;
+        run.workload.run(Training::on(run.device, &mut recorder).as_rank(run.data_parallel.as_deref_mut()))?;
         // The last block ends when the device has finished its steps.
         clock.borrow_mut().mark(run.device);
         recorder.finish()?;

@@ -19,7 +19,8 @@ mod writer_thread;
 
 pub use environment::{device_label, environment, open_device, take_peak_device_memory, NUMERICS_ENV_VARS};
 pub use error::RecordError;
-pub use options::RecordOptions;
+pub use online::OnlineComparison;
+pub use options::{RecordOptions, StepCallback, StepSelector};
 pub use perturb::Perturbation;
 pub use recorder::{Recorder, StepProgress, StepRecorder, CAPTURE_ENV, TRACE_DIR_ENV};
 pub(crate) use step_records::Described;

@@ -1,4 +1,4 @@
-//! Comparing a run with a reference run while it records (`Recorder::compare_with`, `repro
+//! Comparing a run with a reference run while it records (`RecordOptions::comparing_with`, `repro
 //! record --against`). Every step is checked as soon as its records are whole. The last step
 //! that matched is held back with its full values, so that when the next step diverges, the
 //! step before the divergence is written in full too; once the runs diverge, or the reference
@@ -10,8 +10,9 @@ use crate::trace::{StepCheck, StepTensor, StepVerdict};
 /// A step to hand to the trace writer.
 pub(crate) type StepToWrite = (u64, Vec<StepTensor>);
 
-/// The comparison's state.
-pub(crate) struct OnlineComparison {
+/// An online comparison with a reference run and its state (`RecordOptions::comparing_with`
+/// makes one).
+pub struct OnlineComparison {
     check: Box<dyn StepCheck>,
     stop_at_divergence: bool,
     state: State,

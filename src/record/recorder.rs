@@ -30,6 +30,7 @@ use super::error::RecordError;
 use super::fill::{fill_records, payload_bytes};
 use super::online::OnlineComparison;
 use super::options::RecordOptions;
+use super::options::{StepCallback, StepSelector};
 use super::perturb::Perturbation;
 use super::probe::{Probe, ProbedGradients};
 use super::profile;
@@ -37,9 +38,7 @@ use super::step_records::{Described, StepRecords};
 use super::tensor_bytes::{DeviceQueue, DeviceRead};
 use super::worker::{BackgroundParts, Worker};
 use super::writer_thread::{StepFill, WriterThread};
-use crate::trace::{
-    CapturePolicy, Header, Phase, RunConfig, StepCheck, StepTensor, TensorKind, TraceWriter, CURRENT_FORMAT,
-};
+use crate::trace::{CapturePolicy, Header, Phase, RunConfig, StepTensor, TensorKind, TraceWriter, CURRENT_FORMAT};
 use candle_core::{Device, Tensor, Var};
 use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::path::Path;
@@ -79,20 +78,14 @@ pub struct Recorder {
     /// Runs recording work off the training thread (`StepRecorder::record_in_background`);
     /// started by the first such job.
     worker: Option<Worker>,
-    /// Which steps are recorded (`Recorder::record_only`); every step when `None`.
+    /// Which steps are recorded (`RecordOptions::recording_only`); every step when `None`.
     selected: Option<StepSelector>,
 }
-
-/// Says, at the start of each step, whether that step is recorded.
-type StepSelector = Box<dyn FnMut(u64) -> bool>;
 
 /// How many finished steps may wait for their GPU results while training goes on. Each holds
 /// only its results' buffers (hashes, and values the capture policy keeps), never the graph's
 /// tensors, which are freed in stream order once the hashing kernels have read them.
 const READ_BEHIND: usize = 2;
-
-/// A progress display's hook, called after every recorded step.
-type StepCallback = Box<dyn FnMut(&StepProgress)>;
 
 /// What a finished step tells a progress display.
 #[derive(Debug, Clone, Copy)]
@@ -129,6 +122,9 @@ impl Recorder {
         let writer = TraceWriter::create(dir.as_ref(), &header, options.replace)?;
         let mut recorder = Self::discard_with(options.capture, total_steps);
         recorder.perturbation = options.perturbation;
+        recorder.selected = options.select_steps;
+        recorder.on_step = options.on_step;
+        recorder.online = options.compare;
         recorder.writer = Some(WriterThread::spawn(writer));
         Ok(recorder)
     }
@@ -179,27 +175,6 @@ impl Recorder {
     /// read it to check it and to plant it where no op of theirs passes the tensor.
     pub fn perturbation(&self) -> Option<&Perturbation> {
         self.perturbation.as_ref()
-    }
-
-    /// Compares every step, as it is recorded, with a reference run through `check`. On the
-    /// first divergence the step before it and the diverging step are written with full values;
-    /// with `stop_at_divergence`, `StepRecorder::finish` then returns `RecordError::Diverged`.
-    pub fn compare_with(&mut self, check: Box<dyn StepCheck>, stop_at_divergence: bool) {
-        self.online = Some(OnlineComparison::new(check, stop_at_divergence));
-    }
-
-    /// Records only the steps `which` selects; the others train as if unrecorded (nothing of
-    /// theirs is read, hashed or written, and the trace skips their numbers). `which` is asked
-    /// once per step, in order, when the step begins: a long run can keep every hundredth step
-    /// (`|step| step % 100 == 0`), and `repro overhead` times recorded and plain stretches of
-    /// one run this way.
-    pub fn record_only(&mut self, which: impl FnMut(u64) -> bool + 'static) {
-        self.selected = Some(Box::new(which));
-    }
-
-    /// Calls `f` after every recorded step, for a progress display.
-    pub fn on_step(&mut self, f: impl FnMut(&StepProgress) + 'static) {
-        self.on_step = Some(Box::new(f));
     }
 
     /// The trace directory (`None` for a discarding recorder).
@@ -441,7 +416,7 @@ impl StepRecorder<'_> {
     }
 
     /// Whether this step's records go anywhere (`false` for `Recorder::discard`, and for a
-    /// step `Recorder::record_only` leaves out).
+    /// step `RecordOptions::recording_only` leaves out).
     pub fn is_recording(&self) -> bool {
         self.recording
     }

@@ -7,6 +7,9 @@ use std::path::{Path, PathBuf};
 /// Why a study could not run or resume.
 #[derive(thiserror::Error)]
 pub enum StudyError {
+    /// The workload's settings are refused.
+    #[error(transparent)]
+    Workload(#[from] crate::workloads::WorkloadError),
     /// Reading or writing a study file failed.
     #[error("{}: {source}", path.display())]
     Io {

@@ -10,7 +10,7 @@ use crate::ops::Reductions;
 use crate::record::{RecordError, Recorder};
 use crate::trace::RunConfig;
 use crate::workloads::classifier::{evaluate, train};
-use crate::workloads::{ClassifierConfig, Dataset, GptConfig, ModelState, Seeds, TrainOutcome, Workload};
+use crate::workloads::{ClassifierConfig, Dataset, GptConfig, ModelState, Seeds, TrainOutcome, Workload, WorkloadKind};
 use candle_core::Device;
 use std::time::Instant;
 
@@ -60,8 +60,9 @@ impl Subject {
                 Ok(Subject::Gpt(config))
             }
             other => Err(StudyError::Invalid(format!(
-                "studies train mlp, cnn, resnet18 or gpt, not {}",
-                other.run_config().workload
+                "studies train {}, not {}",
+                WorkloadKind::listed(WorkloadKind::is_study_subject),
+                other.kind()
             ))),
         }
     }

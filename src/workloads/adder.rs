@@ -11,8 +11,9 @@
 
 use super::seeded::{stream, uniform_vec};
 use crate::ops::{expand, sum_all, Reductions};
-use crate::record::{Perturbation, RecordError, Recorder, StepRecorder};
+use crate::record::{Perturbation, RecordError, StepRecorder};
 use crate::trace::{Phase, RunConfig, TensorKind};
+use crate::workloads::{Training, WorkloadError};
 use candle_core::{DType, Device, Tensor, Var};
 use std::collections::BTreeMap;
 use std::fmt;
@@ -182,18 +183,18 @@ impl AdderConfig {
     }
 
     /// Checks the settings and the perturbation before anything is recorded.
-    pub fn validate(&self, perturb: Option<&Perturbation>) -> Result<(), RecordError> {
+    pub fn validate(&self, perturb: Option<&Perturbation>) -> Result<(), WorkloadError> {
         if self.batch == 0 || self.features == 0 || self.steps == 0 {
-            return Err(RecordError::Unsupported("the adder needs --steps, --batch and --features above 0".into()));
+            return Err(WorkloadError::Invalid("the adder needs --steps, --batch and --features above 0".into()));
         }
         // A batch of inputs and a copy on its way to the device, in f32.
         let elements = (self.batch as u128).saturating_mul(self.features as u128);
         super::host_memory::check_fits("the adder's batch", elements, 8, "--batch or --features")?;
         if !(self.lr.is_finite() && self.lr > 0.0) {
-            return Err(RecordError::Unsupported(format!("--lr must be a positive number, not {}", self.lr)));
+            return Err(WorkloadError::Invalid(format!("--lr must be a positive number, not {}", self.lr)));
         }
         if self.formulation == Formulation::Matmul && self.reductions != Reductions::Candle {
-            return Err(RecordError::Unsupported(format!(
+            return Err(WorkloadError::Invalid(format!(
                 "--reductions {} has no effect with --formulation matmul, which has no reductions; use --formulation reduce",
                 self.reductions
             )));
@@ -201,14 +202,14 @@ impl AdderConfig {
         if let Some(p) = perturb {
             let names = self.tensor_names();
             if !names.contains(&p.tensor.as_str()) {
-                return Err(RecordError::Unsupported(format!(
+                return Err(WorkloadError::Invalid(format!(
                     "the adder records no tensor `{}`; it records {}",
                     p.tensor,
                     names.join(", ")
                 )));
             }
             if p.step >= self.steps {
-                return Err(RecordError::Unsupported(format!(
+                return Err(WorkloadError::Invalid(format!(
                     "cannot perturb step {}: the run has steps 0 to {}",
                     p.step,
                     self.steps - 1
@@ -219,7 +220,8 @@ impl AdderConfig {
     }
 
     /// Trains and records every step into `recorder`, planting its perturbation if it has one.
-    pub fn run(&self, device: &Device, recorder: &mut Recorder) -> Result<(), RecordError> {
+    pub fn run(&self, training: Training<'_>) -> Result<(), RecordError> {
+        let Training { device, recorder, .. } = training;
         self.validate(recorder.perturbation())?;
         let mut init = stream(self.seed, "adder.init", 0);
         let bound = (6.0 / (self.features + 1) as f64).sqrt();

@@ -12,9 +12,10 @@
 //! of the model the captured graph reaches.
 
 use crate::capture::{scope, span_scopes_on_this_thread, ModelCapture};
-use crate::record::{RecordError, Recorder};
+use crate::record::RecordError;
 use crate::trace::{RunConfig, TensorKind};
 use crate::workloads::seeded::{stream, uniform_vec};
+use crate::workloads::{Training, WorkloadError};
 use candle_core::{DType, Device, Module, Tensor, D};
 use candle_nn::{Activation, Linear, VarBuilder, VarMap};
 use candle_transformers::models::{gemma, qwen2};
@@ -311,25 +312,25 @@ impl DecoderConfig {
     }
 
     /// Checks the settings.
-    pub fn validate(&self) -> Result<(), RecordError> {
+    pub fn validate(&self) -> Result<(), WorkloadError> {
         if self.steps == 0 || self.batch == 0 || self.tokens == 0 || self.layers == 0 {
-            return Err(RecordError::Unsupported(format!(
+            return Err(WorkloadError::Invalid(format!(
                 "{} needs --steps, --batch, --tokens and --layers of at least 1",
                 self.family
             )));
         }
         if !matches!(self.dtype, DType::F32 | DType::BF16) {
-            return Err(RecordError::Unsupported(format!("{} runs in f32 or bf16, not {:?}", self.family, self.dtype)));
+            return Err(WorkloadError::Invalid(format!("{} runs in f32 or bf16, not {:?}", self.family, self.dtype)));
         }
         if self.shape != DecoderShape::Small && self.family != Family::Qwen2 {
-            return Err(RecordError::Unsupported(format!(
+            return Err(WorkloadError::Invalid(format!(
                 "--shape {} is qwen2's; {} has the small shape only",
                 self.shape.name(),
                 self.family
             )));
         }
         if self.tokens > self.shape.max_positions() {
-            return Err(RecordError::Unsupported(format!(
+            return Err(WorkloadError::Invalid(format!(
                 "{} of shape {} takes prompts of at most {} tokens (--context), not {}",
                 self.family,
                 self.shape.name(),
@@ -338,7 +339,7 @@ impl DecoderConfig {
             )));
         }
         if self.shape == DecoderShape::Small && (self.width == 0 || !self.width.is_multiple_of(8)) {
-            return Err(RecordError::Unsupported(format!(
+            return Err(WorkloadError::Invalid(format!(
                 "{} needs a --width that is a positive multiple of 8 (4 heads of even size), not {}",
                 self.family, self.width
             )));
@@ -445,7 +446,14 @@ impl DecoderConfig {
 
     /// Runs and records every forward pass. Prints to stderr how much of the model the captured
     /// graph reaches.
-    pub fn run(&self, device: &Device, recorder: &mut Recorder) -> Result<(), RecordError> {
+    pub fn run(&self, training: Training<'_>) -> Result<(), RecordError> {
+        let Training { device, recorder, .. } = training;
+        if recorder.perturbation().is_some() {
+            return Err(RecordError::Unsupported(format!(
+                "{} records inference: --perturb is not supported",
+                self.family
+            )));
+        }
         let _spans = span_scopes_on_this_thread();
         let (mut model, varmap) = self.build(device)?;
         let capture = ModelCapture::new(&varmap);

@@ -4,23 +4,27 @@
 mod adder;
 pub mod classifier;
 pub mod decoder;
+mod error;
 pub mod gpt;
 pub mod host_memory;
 mod kind;
 mod outcome;
 pub mod seeded;
+mod settings;
+mod training;
 
 pub use adder::{AdderConfig, Formulation};
 pub use classifier::{ClassifierConfig, Dataset, DatasetName, ModelKind};
 pub use decoder::{DecoderConfig, DecoderShape, Family};
+pub use error::WorkloadError;
 pub use gpt::GptConfig;
 pub use kind::WorkloadKind;
 pub use outcome::{ModelState, Seeds, TrainOutcome};
+pub use settings::WorkloadRun;
+pub use training::Training;
 
-use crate::distributed::DataParallel;
-use crate::record::{RecordError, Recorder};
+use crate::record::{Perturbation, RecordError};
 use crate::trace::RunConfig;
-use candle_core::Device;
 
 /// A built-in workload with its settings.
 #[derive(Debug, Clone, PartialEq)]
@@ -84,49 +88,66 @@ impl Workload {
         }
     }
 
-    /// Whether this workload trains data-parallel (gpt, mlp, cnn and resnet18 do); asked before
-    /// any rank process starts, so that a refusal leaves nothing behind.
-    pub fn check_data_parallel(&self) -> Result<(), RecordError> {
+    /// Which built-in workload this is.
+    pub fn kind(&self) -> WorkloadKind {
         match self {
-            Workload::Classifier(_) | Workload::Gpt(_) => Ok(()),
-            Workload::Adder(_) | Workload::Decoder(_) => Err(RecordError::Unsupported(format!(
-                "{} does not train data-parallel: --devices with several devices takes gpt, mlp, cnn or resnet18",
-                self.run_config().workload
+            Workload::Adder(_) => WorkloadKind::Adder,
+            Workload::Classifier(c) => WorkloadKind::from_classifier(c.model),
+            Workload::Gpt(_) => WorkloadKind::Gpt,
+            Workload::Decoder(c) => match c.family {
+                Family::Qwen2 => WorkloadKind::Qwen2,
+                Family::Gemma => WorkloadKind::Gemma,
+            },
+        }
+    }
+
+    /// Checks the settings, and that `perturbation` names a tensor and a step of this run,
+    /// before anything is recorded.
+    pub fn validate(&self, perturbation: Option<&Perturbation>) -> Result<(), WorkloadError> {
+        match (self, perturbation) {
+            (_, Some(_)) if !self.kind().is_trained() => Err(WorkloadError::Invalid(format!(
+                "{} records inference: --perturb is not supported (it plants faults in {})",
+                self.kind(),
+                WorkloadKind::listed(WorkloadKind::is_trained)
+            ))),
+            (Workload::Adder(c), p) => c.validate(p),
+            (Workload::Gpt(c), p) => c.validate(p),
+            (Workload::Decoder(c), _) => c.validate(),
+            (Workload::Classifier(c), p) => {
+                c.validate()?;
+                match p {
+                    Some(p) => classifier::check_perturbation(c, p),
+                    None => Ok(()),
+                }
+            }
+        }
+    }
+
+    /// Whether this workload trains data-parallel; asked before any rank process starts, so
+    /// that a refusal leaves nothing behind.
+    pub fn check_data_parallel(&self) -> Result<(), WorkloadError> {
+        match self.kind().trains_data_parallel() {
+            true => Ok(()),
+            false => Err(WorkloadError::Invalid(format!(
+                "{} does not train data-parallel: --devices with several devices takes {}",
+                self.kind(),
+                WorkloadKind::listed(WorkloadKind::trains_data_parallel)
             ))),
         }
     }
 
-    /// Trains and records every step into `recorder`, planting its perturbation if it has one
-    /// (`RecordOptions::perturbation`).
-    pub fn run(&self, device: &Device, recorder: &mut Recorder) -> Result<(), RecordError> {
-        self.run_ranked(device, recorder, None)
-    }
-
-    /// `run` as one rank of data-parallel training when `dp` is given: this rank trains on its
-    /// share of every batch and averages gradients with the other ranks (gpt, mlp, cnn and
-    /// resnet18).
-    pub fn run_ranked(
-        &self,
-        device: &Device,
-        recorder: &mut Recorder,
-        dp: Option<&mut DataParallel>,
-    ) -> Result<(), RecordError> {
-        if dp.is_some() {
+    /// Trains and records every step into `training.recorder`, planting its perturbation if
+    /// it has one (`RecordOptions::perturbation`); with `training.data_parallel`, as one rank of
+    /// data-parallel training, on this rank's share of every batch.
+    pub fn run(&self, training: Training<'_>) -> Result<(), RecordError> {
+        if training.data_parallel.is_some() {
             self.check_data_parallel()?;
         }
         match self {
-            Workload::Adder(c) => c.run(device, recorder),
-            Workload::Classifier(c) => {
-                let data = Dataset::load(c.dataset, c.dataset_seed, c.examples).map_err(RecordError::Unsupported)?;
-                classifier::train_ranked(c, &data, device, recorder, dp).map(|_| ())
-            }
-            Workload::Gpt(c) => c.run(device, recorder, dp),
-            Workload::Decoder(c) => match recorder.perturbation() {
-                Some(_) => {
-                    Err(RecordError::Unsupported(format!("{} records inference: --perturb is not supported", c.family)))
-                }
-                None => c.run(device, recorder),
-            },
+            Workload::Adder(c) => c.run(training),
+            Workload::Classifier(c) => c.run(training),
+            Workload::Gpt(c) => c.run(training),
+            Workload::Decoder(c) => c.run(training),
         }
     }
 }

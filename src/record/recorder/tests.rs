@@ -10,10 +10,10 @@ use std::rc::Rc;
 #[test]
 fn a_host_step_is_completed_when_it_finishes() {
     let dir = tempfile::tempdir().unwrap();
-    let mut recorder = recorder_in(&dir.path().join("t"));
     let seen = Rc::new(RefCell::new(Vec::new()));
     let log = seen.clone();
-    recorder.on_step(move |p| log.borrow_mut().push(p.step));
+    let options = RecordOptions::default().on_step(move |p| log.borrow_mut().push(p.step));
+    let mut recorder = recorder_in(&dir.path().join("t"), options);
     for step in 0..3 {
         let mut s = recorder.step(step);
         s.record("x", TensorKind::Input, &Tensor::new(&[step as f32], &Device::Cpu).unwrap()).unwrap();
@@ -23,18 +23,18 @@ fn a_host_step_is_completed_when_it_finishes() {
     assert_eq!(recorder.finish().unwrap(), 3);
 }
 
-/// Steps that `record_only` leaves out cost nothing and leave nothing behind: not in the
+/// Steps that `RecordOptions::recording_only` leaves out cost nothing and leave nothing behind: not in the
 /// trace, not numbered, no note of theirs kept for a later step.
 #[test]
 fn steps_left_out_are_neither_recorded_nor_remembered() {
     let dir = tempfile::tempdir().unwrap();
-    let mut recorder = recorder_in(&dir.path().join("t"));
     let asked = Rc::new(RefCell::new(Vec::new()));
     let log = asked.clone();
-    recorder.record_only(move |step| {
+    let options = RecordOptions::default().recording_only(move |step| {
         log.borrow_mut().push(step);
         step % 3 == 0
     });
+    let mut recorder = recorder_in(&dir.path().join("t"), options);
     for step in 0..7 {
         let mut s = recorder.step(step);
         assert_eq!(s.is_recording(), step % 3 == 0);
@@ -53,9 +53,9 @@ fn steps_left_out_are_neither_recorded_nor_remembered() {
     assert_eq!(seen, [0, 3, 6]);
 }
 
-/// A CPU recorder writing into `dir`.
-fn recorder_in(dir: &Path) -> Recorder {
-    Recorder::create(dir, RunConfig::default(), &Device::Cpu, RecordOptions::default()).unwrap()
+/// A CPU recorder writing into `dir`, as `options` say.
+fn recorder_in(dir: &Path, options: RecordOptions) -> Recorder {
+    Recorder::create(dir, RunConfig::default(), &Device::Cpu, options).unwrap()
 }
 
 /// The names and hashes of every step of the trace in `dir`.
@@ -88,7 +88,7 @@ fn parts_from_the_worker_take_their_places_and_two_runs_agree() {
             ModelCapture::from_vars([("fc.weight".to_string(), weight.clone()), ("fc.bias".into(), bias.clone())]);
         let mut opt = <candle_nn::SGD as candle_nn::Optimizer>::new(vec![weight, bias], 0.1).unwrap();
         let path = dir.path().join(format!("{run}"));
-        let mut recorder = recorder_in(&path);
+        let mut recorder = recorder_in(&path, RecordOptions::default());
         for step in 0..4 {
             let x = Tensor::new(&[[step as f32, 1.0, -2.0]], &Device::Cpu).unwrap();
             let mut s = recorder.step(step);
@@ -120,7 +120,7 @@ fn parts_from_the_worker_take_their_places_and_two_runs_agree() {
 fn an_error_in_a_part_from_the_worker_fails_the_step_and_the_step_is_not_written() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("t");
-    let mut recorder = recorder_in(&path);
+    let mut recorder = recorder_in(&path, RecordOptions::default());
     let x = Tensor::new(&[1f32], &Device::Cpu).unwrap();
     let mut s = recorder.step(0);
     s.record("x", TensorKind::Input, &x).unwrap();

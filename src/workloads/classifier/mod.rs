@@ -20,6 +20,7 @@ use crate::ops::Reductions;
 use crate::record::{Perturbation, RecordError, RecordOptions, Recorder};
 use crate::trace::{Phase, RunConfig, TensorKind};
 use crate::workloads::seeded::stream;
+use crate::workloads::{Training, WorkloadError};
 use candle_core::{Device, Tensor, D};
 use candle_nn::{AdamW, Optimizer, ParamsAdamW};
 use layers::{cross_entropy, one_hot, Ctx, Node, ParamStore};
@@ -122,8 +123,8 @@ impl ClassifierConfig {
     }
 
     /// Checks the settings.
-    pub fn validate(&self) -> Result<(), RecordError> {
-        let bad = |m: String| Err(RecordError::Unsupported(m));
+    pub fn validate(&self) -> Result<(), WorkloadError> {
+        let bad = |m: String| Err(WorkloadError::Invalid(m));
         if self.batch == 0 || self.epochs == 0 || self.max_steps == Some(0) {
             return bad(format!("{} needs --batch, --epochs and --steps above 0", self.model));
         }
@@ -171,19 +172,19 @@ impl ClassifierConfig {
 /// Checks, before anything is recorded, that `perturb` names a tensor this model records and a
 /// step the run has: one step of a two-example copy of the run, on the CPU, into a scratch trace
 /// whose tensor names the error lists. The names do not depend on the batch or the data.
-pub fn check_perturbation(config: &ClassifierConfig, perturb: &Perturbation) -> Result<(), RecordError> {
+pub fn check_perturbation(config: &ClassifierConfig, perturb: &Perturbation) -> Result<(), WorkloadError> {
     let total = config.total_steps(config.dataset.train_len(config.examples));
     if perturb.step >= total {
-        return Err(RecordError::Unsupported(format!(
+        return Err(WorkloadError::Invalid(format!(
             "cannot perturb step {}: the run has steps 0 to {}",
             perturb.step,
             total.saturating_sub(1)
         )));
     }
     let probe = ClassifierConfig { examples: Some(2), batch: 2, epochs: 1, max_steps: Some(1), ..config.clone() };
-    let data = Dataset::load(probe.dataset, probe.dataset_seed, probe.examples).map_err(RecordError::Unsupported)?;
+    let data = Dataset::load(probe.dataset, probe.dataset_seed, probe.examples).map_err(WorkloadError::Invalid)?;
     let scratch = tempfile::tempdir()
-        .map_err(|e| RecordError::Unsupported(format!("cannot create a scratch directory to check --perturb: {e}")))?;
+        .map_err(|e| WorkloadError::Invalid(format!("cannot create a scratch directory to check --perturb: {e}")))?;
     let dir = scratch.path().join("probe");
     let capture = crate::trace::CapturePolicy { full: crate::trace::FullCapture::None, ..Default::default() };
     // At step 0 and by one ULP: only the name is in question here.
@@ -194,13 +195,23 @@ pub fn check_perturbation(config: &ClassifierConfig, perturb: &Perturbation) -> 
     if recorder.finish().is_ok() {
         return Ok(());
     }
-    let names: Vec<String> = crate::trace::summarize(&dir)?.tensors.into_iter().map(|t| t.name).collect();
-    Err(RecordError::Unsupported(format!(
+    let names: Vec<String> =
+        crate::trace::summarize(&dir).map_err(RecordError::from)?.tensors.into_iter().map(|t| t.name).collect();
+    Err(WorkloadError::Invalid(format!(
         "{} records no tensor `{}`; it records {}",
         config.model,
         perturb.tensor,
         names.join(", ")
     )))
+}
+
+impl ClassifierConfig {
+    /// Trains and records every step into `training.recorder`, on its dataset (see
+    /// [`train_ranked`]).
+    pub fn run(&self, training: Training<'_>) -> Result<(), RecordError> {
+        let data = Dataset::load(self.dataset, self.dataset_seed, self.examples).map_err(RecordError::Unsupported)?;
+        train_ranked(self, &data, training.device, training.recorder, training.data_parallel).map(|_| ())
+    }
 }
 
 /// Trains `config` on `device`, recording every step into `recorder` (which may discard), and

@@ -15,6 +15,7 @@ use crate::record::{Perturbation, RecordError, Recorder};
 use crate::trace::{RunConfig, TensorKind};
 use crate::workloads::seeded::{stream, uniform_vec};
 use crate::workloads::{ModelState, TrainOutcome};
+use crate::workloads::{Training, WorkloadError};
 use candle_core::{DType, Device, Tensor};
 use candle_nn::{AdamW, Optimizer, ParamsAdamW, VarBuilder, VarMap};
 use model::{Gpt, GptShape, Norm};
@@ -116,8 +117,8 @@ impl GptConfig {
     }
 
     /// Checks the settings, and that `perturb` names a parameter of this model.
-    pub fn validate(&self, perturb: Option<&Perturbation>) -> Result<(), RecordError> {
-        let bad = |m: String| Err(RecordError::Unsupported(m));
+    pub fn validate(&self, perturb: Option<&Perturbation>) -> Result<(), WorkloadError> {
+        let bad = |m: String| Err(WorkloadError::Invalid(m));
         if self.steps == 0 || self.batch == 0 || self.layers == 0 {
             return bad("gpt needs --steps, --batch and --layers of at least 1".into());
         }
@@ -151,7 +152,7 @@ impl GptConfig {
     /// embedding of a byte the step's batch does not hold (byte 0, which the corpus never
     /// holds, among them), or the position embedding past the context. Moving it would change
     /// nothing, and a gate meant to catch the planted fault would pass.
-    fn check_element_is_read(&self, p: &Perturbation) -> Result<(), RecordError> {
+    fn check_element_is_read(&self, p: &Perturbation) -> Result<(), WorkloadError> {
         let row = p.element / self.width as u64;
         let unread = match p.tensor.as_str() {
             "wte.weight" => {
@@ -172,7 +173,7 @@ impl GptConfig {
             _ => None,
         };
         match unread {
-            Some(why) => Err(RecordError::Unsupported(format!(
+            Some(why) => Err(WorkloadError::Invalid(format!(
                 "--perturb {p}: element {} of `{}` is {why}: the step does not read it, so moving it would change \
                  nothing; choose another with @ELEMENT",
                 p.element, p.tensor
@@ -262,13 +263,8 @@ impl GptConfig {
     /// parameter for the forward pass of one step (the recorded parameter keeps its true value),
     /// which stands for a kernel that computed one op differently. With `dp`, as one rank of
     /// data-parallel training.
-    pub fn run(
-        &self,
-        device: &Device,
-        recorder: &mut Recorder,
-        dp: Option<&mut DataParallel>,
-    ) -> Result<(), RecordError> {
-        self.train_steps(device, recorder, false, dp).map(|_| ())
+    pub fn run(&self, training: Training<'_>) -> Result<(), RecordError> {
+        self.train_steps(training.device, training.recorder, false, training.data_parallel).map(|_| ())
     }
 
     /// Trains as [`GptConfig::run`] does, timing each step (synchronized with the device), then
