@@ -1,34 +1,31 @@
 //! `repro diff A B`: compare two traces.
 
+use super::report_args::{JsonOutput, PlotOutput, ToleranceArgs};
 use super::CliError;
 use super::{print_json, Exit};
 use clap::Args;
-use repro::diff::{diff_runs, DiffOptions, Tolerance};
+use repro::diff::{diff_runs, DiffOptions};
 use repro::report::{plot_diff, render_run_diff_with, DiffText};
 use repro::trace::TensorKind;
 use std::path::PathBuf;
 
 #[derive(Debug, Args)]
+#[command(mut_arg("plot", |a| a.help(
+    "Draw the gap between the runs step by step into this SVG file: the largest |a-b| and ULP distance (where \
+     values were stored) and the number of differing tensors, per tensor kind, on log axes, the first divergence \
+     marked"
+)))]
 pub struct DiffArgs {
     /// The reference trace (or data-parallel run: a directory of rank-N traces).
     a: PathBuf,
     /// The trace (or data-parallel run) to compare with it.
     b: PathBuf,
-    /// Count tensors that differ by no more than this as agreeing: ulp:N, abs:X, rel:X or
-    /// allclose:ATOL:RTOL (|a-b| <= ATOL + RTOL·|b|, as numpy.allclose), element by element;
-    /// for some tensors only with KIND=T or NAME=T (`grad=rel:1e-3,lm_head*=abs:1e-6`;
-    /// repeatable, comma-separated; tensors no rule names stay bit-exact unless a plain T is
-    /// given). Default: bit-exact.
-    #[arg(long, value_name = "ulp:N|abs:X|rel:X|allclose:A:R")]
-    tolerance: Vec<Tolerance>,
-    /// Print the result as JSON.
-    #[arg(long)]
-    json: bool,
-    /// Draw the gap between the runs step by step into this SVG file: the largest |a-b| and
-    /// ULP distance (where values were stored) and the number of differing tensors, per tensor
-    /// kind, on log axes, the first divergence marked.
-    #[arg(long, value_name = "FILE.svg")]
-    plot: Option<PathBuf>,
+    #[command(flatten)]
+    tolerance: ToleranceArgs,
+    #[command(flatten)]
+    output: JsonOutput,
+    #[command(flatten)]
+    plot: PlotOutput,
     /// Also follow this tensor step by step in the plot and the JSON `gaps` (repeatable).
     #[arg(long, value_name = "NAME")]
     plot_tensor: Vec<String>,
@@ -55,20 +52,18 @@ fn parse_kind(s: &str) -> Result<TensorKind, String> {
 impl DiffArgs {
     /// Whether the report is asked for as JSON (errors then come as JSON too).
     pub fn json(&self) -> bool {
-        self.json
+        self.output.json
     }
 }
 
 pub fn run(args: DiffArgs) -> Result<Exit, CliError> {
-    let tolerance = Tolerance::combine(args.tolerance.clone());
+    let tolerance = args.tolerance.combined();
     let options =
         DiffOptions { tolerance: tolerance.clone(), track: args.plot_tensor.clone(), ..DiffOptions::default() };
     let run = diff_runs(&args.a, &args.b, &options)?;
     let single = run.world_size_a == 1 && run.world_size_b == 1;
-    if let Some(path) = &args.plot {
-        super::output::write_plot(path, plot_diff(&run.diff))?;
-    }
-    if args.json {
+    args.plot.write(|| plot_diff(&run.diff))?;
+    if args.output.json {
         let verdict = match (run.is_identical(), &tolerance) {
             (false, _) if run.is_incomplete() => "incomplete",
             (false, _) => "diverged",

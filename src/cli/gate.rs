@@ -2,11 +2,12 @@
 //! and fail on any bit difference. `repro gate -- CMD ARGS` gates a user's own training
 //! program, which records itself into the directory named by `REPRO_TRACE_DIR`.
 
+use super::report_args::{JsonOutput, ToleranceArgs};
 use super::workload_args::{record_for_gate, WorkloadArgs};
 use super::CliError;
 use super::Exit;
 use clap::Args;
-use repro::diff::{baseline_mismatch, gate_traces, DiffError, GateReference, GateReport, Tolerance};
+use repro::diff::{baseline_mismatch, gate_traces, DiffError, GateReference, GateReport};
 use repro::record::{CAPTURE_ENV, TRACE_DIR_ENV};
 use repro::report::{render_gate, render_gate_junit, render_gate_markdown};
 use repro::trace::{FullCapture, TraceReader};
@@ -16,7 +17,12 @@ use std::time::{Duration, Instant};
 
 #[derive(Debug, Args)]
 // A repeated option keeps its last value.
-#[command(args_override_self = true)]
+#[command(
+    args_override_self = true,
+    mut_arg("tolerance", |a| super::report_args::extend_help(a,
+        "Judged on values, so the runs keep them at every step unless --capture says otherwise; a baseline keeps \
+         hashes only and cannot be judged by a tolerance")),
+)]
 pub struct GateArgs {
     /// How many runs to record (default: 2, or 1 with --baseline).
     #[arg(long)]
@@ -39,14 +45,10 @@ pub struct GateArgs {
     /// $REPRO_CAPTURE) [default: none, or all with --tolerance].
     #[arg(long)]
     capture: Option<FullCapture>,
-    /// Pass runs that differ by no more than this: ulp:N, abs:X or rel:X (default: bit-exact).
-    /// Judged on values, so the runs keep them at every step unless --capture says otherwise;
-    /// a baseline keeps hashes only and cannot be judged by a tolerance.
-    #[arg(long, value_name = "ulp:N|abs:X|rel:X|allclose:A:R")]
-    tolerance: Vec<Tolerance>,
-    /// Print the result as JSON.
-    #[arg(long)]
-    json: bool,
+    #[command(flatten)]
+    tolerance: ToleranceArgs,
+    #[command(flatten)]
+    output: JsonOutput,
     /// Write a JUnit XML report here.
     #[arg(long, value_name = "FILE")]
     junit: Option<PathBuf>,
@@ -68,13 +70,13 @@ pub struct GateArgs {
 impl GateArgs {
     /// Whether the report is asked for as JSON (errors then come as JSON too).
     pub fn json(&self) -> bool {
-        self.json
+        self.output.json
     }
 
     /// The steps whose values the runs keep: a tolerance judges values, so it keeps them all
     /// unless told otherwise.
     fn capture(&self) -> FullCapture {
-        match (&self.capture, self.tolerance.is_empty()) {
+        match (&self.capture, self.tolerance.tolerance.is_empty()) {
             (Some(capture), _) => capture.clone(),
             (None, false) => FullCapture::All,
             (None, true) => FullCapture::None,
@@ -92,7 +94,7 @@ pub fn run(args: GateArgs) -> Result<Exit, CliError> {
     }
     // A baseline that cannot be read, or that was written for other settings, fails the gate
     // before anything is recorded.
-    if let (Some(file), Some(tolerance)) = (&args.baseline, Tolerance::combine(args.tolerance.clone())) {
+    if let (Some(file), Some(tolerance)) = (&args.baseline, args.tolerance.combined()) {
         return Err(format!(
             "--tolerance {tolerance} judges values, and the baseline {} keeps hashes only (values of tensors up to 256 bytes aside): \
              gate fresh runs with `repro gate --tolerance {tolerance}` (no --baseline), or compare a full trace with `repro diff --tolerance {tolerance}`",
@@ -134,7 +136,7 @@ pub fn run(args: GateArgs) -> Result<Exit, CliError> {
     };
     std::fs::create_dir_all(&work).map_err(|e| format!("cannot create {}: {e}", work.display()))?;
     let report = gate(&args, planned.as_ref(), runs, &work)?;
-    if args.json {
+    if args.output.json {
         let verdict = if report.passed() { "pass" } else { "fail" };
         super::print_json("repro.gate.v2", Some(verdict), &report)?;
     } else {
@@ -202,7 +204,7 @@ fn gate(args: &GateArgs, planned: Option<&WorkloadRun>, runs: usize, work: &Path
         Some(file) => GateReference::Baseline(file),
         None => GateReference::FirstRun,
     };
-    Ok(gate_traces(subject, reference, &traces, Tolerance::combine(args.tolerance.clone()))?)
+    Ok(gate_traces(subject, reference, &traces, args.tolerance.combined())?)
 }
 
 /// Runs a self-recording program with `REPRO_TRACE_DIR` set to `dir` and `REPRO_CAPTURE` to

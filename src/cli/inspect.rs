@@ -1,5 +1,6 @@
 //! `repro inspect DIR`: what a trace holds.
 
+use super::report_args::JsonOutput;
 use super::CliError;
 use super::{print_json, Exit};
 use clap::Args;
@@ -13,9 +14,8 @@ pub struct InspectArgs {
     /// The trace directory, or a data-parallel run (then every rank, and whether the ranks
     /// stayed replicas; with --verify, exit 1 if they did not).
     trace: PathBuf,
-    /// Print the summary as JSON.
-    #[arg(long)]
-    json: bool,
+    #[command(flatten)]
+    output: JsonOutput,
     /// Also read every stored value and check it against its recorded hash (exit 2 on damage).
     #[arg(long)]
     verify: bool,
@@ -24,14 +24,14 @@ pub struct InspectArgs {
 impl InspectArgs {
     /// Whether the report is asked for as JSON (errors then come as JSON too).
     pub fn json(&self) -> bool {
-        self.json
+        self.output.json
     }
 }
 
 pub fn run(args: InspectArgs) -> Result<Exit, CliError> {
     let Some(ranks) = rank_streams(&args.trace)? else {
         let summary = inspect_stream(&args.trace, args.verify)?;
-        if args.json {
+        if args.output.json {
             print_json("repro.inspect.v1", None, &summary)?;
         } else {
             super::output::emit(&render_summary(&summary));
@@ -42,7 +42,7 @@ pub fn run(args: InspectArgs) -> Result<Exit, CliError> {
     let mut summaries = Vec::new();
     for rank in &ranks {
         let summary = inspect_stream(rank, args.verify)?;
-        if !args.json {
+        if !args.output.json {
             super::output::line(&format!("== {}", rank.display()));
             super::output::emit(&render_summary(&summary));
         }
@@ -54,7 +54,7 @@ pub fn run(args: InspectArgs) -> Result<Exit, CliError> {
         (None, false) => "incomplete",
         (None, true) => "identical",
     };
-    if args.json {
+    if args.output.json {
         print_json("repro.inspect-run.v1", Some(verdict), &RunSummary { ranks: summaries, replicas: &replicas })?;
     } else {
         super::output::emit(&replica_line(&replicas));

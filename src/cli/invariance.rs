@@ -1,5 +1,6 @@
 //! `repro invariance`: does a sequence's output depend on the batch it is run in?
 
+use super::report_args::{JsonOutput, PlotOutput};
 use super::workload_args::WorkloadArgs;
 use super::CliError;
 use super::{print_json, Exit};
@@ -10,6 +11,9 @@ use repro::report::{render_forward_cost, render_invariance};
 use repro::workloads::{Workload, WorkloadKind};
 
 #[derive(Debug, Args)]
+#[command(mut_arg("plot", |a| a.help(
+    "Draw a heat map (batching × op, largest ULP distance of the sequence's slice) into this SVG file"
+)))]
 pub struct InvarianceArgs {
     /// Batch sizes to run the sequence in [default: 1,2,3,4,8,16,32,64,128].
     #[arg(long, value_delimiter = ',', value_name = "N,N,...")]
@@ -28,13 +32,10 @@ pub struct InvarianceArgs {
     /// 1,8,64] with candle's kernels and with --batch-invariant's, this many passes each.
     #[arg(long, value_name = "PASSES")]
     cost: Option<usize>,
-    /// Print the result as JSON.
-    #[arg(long)]
-    json: bool,
-    /// Draw a heat map (batching × op, largest ULP distance of the sequence's slice) into
-    /// this SVG file.
-    #[arg(long, value_name = "FILE.svg")]
-    plot: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    output: JsonOutput,
+    #[command(flatten)]
+    plot: PlotOutput,
     // What to check: last, so that its help headings come after this command's own options.
     #[command(flatten)]
     train: WorkloadArgs,
@@ -43,7 +44,7 @@ pub struct InvarianceArgs {
 impl InvarianceArgs {
     /// Whether the report is asked for as JSON (errors then come as JSON too).
     pub fn json(&self) -> bool {
-        self.json
+        self.output.json
     }
 }
 
@@ -69,7 +70,7 @@ pub fn run(args: InvarianceArgs) -> Result<Exit, CliError> {
             return Err("--cost times the gpt's batch-invariant mode: pass --workload gpt".into());
         };
         let report = cost::gpt_forward_cost(config, &sizes, passes, dtype, &device, label)?;
-        if args.json {
+        if args.output.json {
             print_json("repro.invariance-cost.v1", None, &report)?;
         } else {
             super::output::emit(&render_forward_cost(&report));
@@ -94,10 +95,8 @@ pub fn run(args: InvarianceArgs) -> Result<Exit, CliError> {
             return Err(format!("invariance checks a model's forward pass: pass --workload {choices}").into());
         }
     }?;
-    if let Some(path) = &args.plot {
-        super::output::write_plot(path, repro::report::plot_invariance(&report))?;
-    }
-    if args.json {
+    args.plot.write(|| repro::report::plot_invariance(&report))?;
+    if args.output.json {
         let verdict = match (report.failed(), report.invariant()) {
             (0, true) => "invariant",
             (0, false) => "not_invariant",

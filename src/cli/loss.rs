@@ -1,5 +1,6 @@
 //! `repro loss A [B]`: the loss curve of a trace, or two side by side, as text, JSON or SVG.
 
+use super::report_args::{JsonOutput, PlotOutput};
 use super::CliError;
 use super::{print_json, Exit};
 use clap::Args;
@@ -9,6 +10,7 @@ use repro::trace::TraceReader;
 use std::path::PathBuf;
 
 #[derive(Debug, Args)]
+#[command(mut_arg("plot", |a| a.help("Draw the curves into this SVG file")))]
 pub struct LossArgs {
     /// The trace.
     a: PathBuf,
@@ -18,18 +20,16 @@ pub struct LossArgs {
     /// always) [default: about 40 rows].
     #[arg(long, value_name = "N")]
     every: Option<usize>,
-    /// Draw the curves into this SVG file.
-    #[arg(long, value_name = "FILE.svg")]
-    plot: Option<PathBuf>,
-    /// Print the curves as JSON.
-    #[arg(long)]
-    json: bool,
+    #[command(flatten)]
+    plot: PlotOutput,
+    #[command(flatten)]
+    output: JsonOutput,
 }
 
 impl LossArgs {
     /// Whether the result is asked for as JSON (errors then come as JSON too).
     pub fn json(&self) -> bool {
-        self.json
+        self.output.json
     }
 }
 
@@ -41,10 +41,8 @@ pub fn run(args: LossArgs) -> Result<Exit, CliError> {
     if curves.iter().all(|c| c.tensor.is_none()) {
         return Err(format!("{} records no loss (a scalar tensor of kind `loss`)", args.a.display()).into());
     }
-    if let Some(path) = &args.plot {
-        super::output::write_plot(path, plot_loss(&curves))?;
-    }
-    if args.json {
+    args.plot.write(|| plot_loss(&curves))?;
+    if args.output.json {
         #[derive(serde::Serialize)]
         struct Curves<'a> {
             curves: &'a [repro::diff::LossCurve],

@@ -1,13 +1,18 @@
 //! `repro matrix R1 ... RN`: pairwise error matrices at one step.
 
+use super::report_args::{JsonOutput, PlotOutput, ToleranceArgs};
 use super::CliError;
 use super::{print_json, Exit};
 use clap::Args;
-use repro::diff::{error_matrices, Metric, StepSelector, Tolerance};
+use repro::diff::{error_matrices, Metric, StepSelector};
 use repro::report::{plot_matrix, render_matrix};
 use std::path::PathBuf;
 
 #[derive(Debug, Args)]
+#[command(
+    mut_arg("plot", |a| a.help("Draw the matrices as heat maps (log colour scale) into this SVG file")),
+    mut_arg("tolerance", |a| super::report_args::extend_help(a, "Every pair of runs is judged by it: exit 0 when every pair is within it")),
+)]
 pub struct MatrixArgs {
     /// Two or more traces.
     #[arg(required = true, num_args = 2..)]
@@ -21,33 +26,27 @@ pub struct MatrixArgs {
     /// Cell value: sum-abs, max-abs, ulp or mismatch.
     #[arg(long, default_value = "sum-abs")]
     metric: Metric,
-    /// Judge every pair of runs by this tolerance: ulp:N, abs:X or rel:X (exit 0 when every
-    /// pair is within it; default: bit-exact).
-    #[arg(long, value_name = "ulp:N|abs:X|rel:X|allclose:A:R")]
-    tolerance: Vec<Tolerance>,
-    /// Print the matrices as JSON.
-    #[arg(long)]
-    json: bool,
-    /// Draw the matrices as heat maps (log colour scale) into this SVG file.
-    #[arg(long, value_name = "FILE.svg")]
-    plot: Option<PathBuf>,
+    #[command(flatten)]
+    tolerance: ToleranceArgs,
+    #[command(flatten)]
+    output: JsonOutput,
+    #[command(flatten)]
+    plot: PlotOutput,
 }
 
 impl MatrixArgs {
     /// Whether the report is asked for as JSON (errors then come as JSON too).
     pub fn json(&self) -> bool {
-        self.json
+        self.output.json
     }
 }
 
 pub fn run(args: MatrixArgs) -> Result<Exit, CliError> {
-    let tolerance = Tolerance::combine(args.tolerance.clone());
+    let tolerance = args.tolerance.combined();
     let report = error_matrices(&args.runs, args.step, &args.tensor, args.metric, tolerance.clone())?;
     let agrees = report.agrees();
-    if let Some(path) = &args.plot {
-        super::output::write_plot(path, plot_matrix(&report))?;
-    }
-    if args.json {
+    args.plot.write(|| plot_matrix(&report))?;
+    if args.output.json {
         let verdict = match (agrees, &tolerance) {
             (false, _) => "diverged",
             (true, None) => "identical",

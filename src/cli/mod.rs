@@ -17,6 +17,7 @@ mod overhead;
 mod progress;
 mod ranks;
 mod record;
+mod report_args;
 mod scratch;
 mod show;
 mod study;

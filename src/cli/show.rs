@@ -1,6 +1,7 @@
 //! `repro show TRACE`: a step's tensors, or one tensor's values (statistics, first elements),
 //! and its export to a safetensors file.
 
+use super::report_args::JsonOutput;
 use super::CliError;
 use super::{print_json, Exit};
 use clap::Args;
@@ -25,15 +26,14 @@ pub struct ShowArgs {
     /// Also write the tensor's values to this new safetensors file (under its own name).
     #[arg(long, value_name = "FILE.safetensors")]
     safetensors: Option<PathBuf>,
-    /// Print the result as JSON.
-    #[arg(long)]
-    json: bool,
+    #[command(flatten)]
+    output: JsonOutput,
 }
 
 impl ShowArgs {
     /// Whether the result is asked for as JSON (errors then come as JSON too).
     pub fn json(&self) -> bool {
-        self.json
+        self.output.json
     }
 }
 
@@ -44,7 +44,7 @@ pub fn run(args: ShowArgs) -> Result<Exit, CliError> {
         .ok_or_else(|| format!("{trace} holds no step{}", args.step.map_or(String::new(), |s| format!(" {s}"))))?;
     let Some(name) = &args.tensor else {
         let listed: Vec<_> = step.tensors.iter().map(|t| (t.clone(), reader.has_values(&step, t))).collect();
-        if args.json {
+        if args.output.json {
             #[derive(serde::Serialize)]
             struct Listed<'a> {
                 name: &'a str,
@@ -91,7 +91,7 @@ pub fn run(args: ShowArgs) -> Result<Exit, CliError> {
     if let Some(path) = &args.safetensors {
         write_safetensors(path, name, &values)?;
     }
-    if args.json {
+    if args.output.json {
         #[derive(serde::Serialize)]
         struct Shown<'a> {
             trace: &'a str,
