@@ -13,6 +13,7 @@ use super::seeded::{stream, uniform_vec};
 use crate::ops::{expand, sum_all, Reductions};
 use crate::record::{Perturbation, RecordError, StepRecorder};
 use crate::trace::{Phase, RunConfig, TensorKind};
+use crate::workloads::settings::Settings;
 use crate::workloads::{Training, WorkloadError};
 use candle_core::{DType, Device, Tensor, Var};
 use std::collections::BTreeMap;
@@ -86,6 +87,31 @@ impl Default for AdderConfig {
 }
 
 impl AdderConfig {
+    /// One line saying what is trained, for progress messages.
+    pub fn describe(&self) -> String {
+        format!(
+            "adder (seed {}, {} steps, batch {}, {} formulation, {} reductions)",
+            self.seed, self.steps, self.batch, self.formulation, self.reductions
+        )
+    }
+
+    /// The adder a trace header's settings describe (`WorkloadRun::from_run_config`).
+    pub(super) fn from_settings(s: &mut Settings, steps: Option<u64>) -> Result<Self, WorkloadError> {
+        let d = AdderConfig::default();
+        // The adder records its only element type.
+        s.take_one_of("dtype", &[("F32", ())], ())?;
+        Ok(AdderConfig {
+            seed: s.take_or("seed", d.seed)?,
+            data_seed: s.take_or("data_seed", d.data_seed)?,
+            steps: steps.unwrap_or(d.steps),
+            batch: s.take_or("batch", d.batch)?,
+            features: s.take_or("features", d.features)?,
+            lr: s.take_or("lr", d.lr)?,
+            formulation: s.take_or("formulation", d.formulation)?,
+            reductions: s.take_or("reductions", d.reductions)?,
+        })
+    }
+
     /// The run configuration written to the trace header.
     pub fn run_config(&self) -> RunConfig {
         let params = BTreeMap::from([

@@ -15,6 +15,7 @@ use crate::capture::{scope, span_scopes_on_this_thread, ModelCapture};
 use crate::record::RecordError;
 use crate::trace::{RunConfig, TensorKind};
 use crate::workloads::seeded::{stream, uniform_vec};
+use crate::workloads::settings::Settings;
 use crate::workloads::{Training, WorkloadError};
 use candle_core::{DType, Device, Module, Tensor, D};
 use candle_nn::{Activation, Linear, VarBuilder, VarMap};
@@ -232,6 +233,43 @@ impl Default for DecoderConfig {
 }
 
 impl DecoderConfig {
+    /// One line saying what is run, for progress messages.
+    pub fn describe(&self) -> String {
+        format!(
+            "{} inference ({} layers, {}{}; seed {}, {} forward passes of {} prompts x {} tokens)",
+            self.family,
+            self.layers,
+            match self.shape {
+                DecoderShape::Small => format!("width {}", self.width),
+                shape => format!("{} shape", shape.name()),
+            },
+            if self.dtype == DType::BF16 { ", bf16" } else { "" },
+            self.seed,
+            self.steps,
+            self.batch,
+            self.tokens
+        )
+    }
+
+    /// The decoder of `family` a trace header's settings describe (`WorkloadRun::from_run_config`).
+    pub(super) fn from_settings(s: &mut Settings, steps: Option<u64>, family: Family) -> Result<Self, WorkloadError> {
+        let d = DecoderConfig::default();
+        let shapes: Vec<(&str, DecoderShape)> =
+            DecoderShape::NAMES.iter().map(|&n| (n, DecoderShape::named(n).expect("a shape's name"))).collect();
+        Ok(DecoderConfig {
+            family,
+            seed: s.take_or("seed", d.seed)?,
+            data_seed: s.take_or("data_seed", d.data_seed)?,
+            steps: steps.unwrap_or(d.steps),
+            batch: s.take_or("batch", d.batch)?,
+            tokens: s.take_or("tokens", d.tokens)?,
+            layers: s.take_or("layers", d.layers)?,
+            width: s.take_or("width", d.width)?,
+            shape: s.take_one_of("shape", &shapes, d.shape)?,
+            dtype: s.take_one_of("dtype", &[("f32", DType::F32), ("bf16", DType::BF16)], d.dtype)?,
+        })
+    }
+
     /// candle-transformers' Gemma configuration for these settings.
     fn gemma_config(&self) -> gemma::Config {
         gemma::Config {

@@ -53,38 +53,10 @@ impl Workload {
     /// One line saying what is trained, for progress messages.
     pub fn describe(&self) -> String {
         match self {
-            Workload::Adder(c) => format!(
-                "adder (seed {}, {} steps, batch {}, {} formulation, {} reductions)",
-                c.seed, c.steps, c.batch, c.formulation, c.reductions
-            ),
-            Workload::Classifier(c) => {
-                let length = match c.max_steps {
-                    Some(steps) => format!("{steps} step(s)"),
-                    None => format!("{} epoch(s)", c.epochs),
-                };
-                format!(
-                    "{} on {} ({} reductions, {length} of batch {}, init seed {})",
-                    c.model, c.dataset, c.reductions, c.batch, c.seeds.init
-                )
-            }
-            Workload::Gpt(c) => format!(
-                "gpt ({} layers, width {}, context {}; seed {}, {} steps of batch {})",
-                c.layers, c.width, c.context, c.seed, c.steps, c.batch
-            ),
-            Workload::Decoder(c) => format!(
-                "{} inference ({} layers, {}{}; seed {}, {} forward passes of {} prompts x {} tokens)",
-                c.family,
-                c.layers,
-                match c.shape {
-                    DecoderShape::Small => format!("width {}", c.width),
-                    shape => format!("{} shape", shape.name()),
-                },
-                if c.dtype == candle_core::DType::BF16 { ", bf16" } else { "" },
-                c.seed,
-                c.steps,
-                c.batch,
-                c.tokens
-            ),
+            Workload::Adder(c) => c.describe(),
+            Workload::Classifier(c) => c.describe(),
+            Workload::Gpt(c) => c.describe(),
+            Workload::Decoder(c) => c.describe(),
         }
     }
 

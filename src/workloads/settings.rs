@@ -7,14 +7,9 @@
 //! error names it; a setting absent takes the workload's default (headers written before the
 //! setting existed leave it out).
 
-use super::{
-    AdderConfig, ClassifierConfig, DecoderConfig, DecoderShape, Family, GptConfig, Seeds, Workload, WorkloadError,
-    WorkloadKind,
-};
+use super::{AdderConfig, ClassifierConfig, DecoderConfig, Family, GptConfig, Workload, WorkloadError, WorkloadKind};
 use crate::record::Perturbation;
 use crate::trace::RunConfig;
-use crate::workloads::gpt::model::Norm;
-use candle_core::DType;
 use std::collections::BTreeMap;
 use std::fmt::Display;
 use std::str::FromStr;
@@ -38,13 +33,17 @@ impl WorkloadRun {
         let mut settings = Settings { workload: kind, params: run.params.clone() };
         let perturbation = settings.take::<Perturbation>("perturb")?;
         let workload = match kind {
-            WorkloadKind::Adder => Workload::Adder(adder(&mut settings, run.steps)?),
-            WorkloadKind::Gpt => Workload::Gpt(gpt(&mut settings, run.steps)?),
-            WorkloadKind::Qwen2 => Workload::Decoder(decoder(&mut settings, run.steps, Family::Qwen2)?),
-            WorkloadKind::Gemma => Workload::Decoder(decoder(&mut settings, run.steps, Family::Gemma)?),
+            WorkloadKind::Adder => Workload::Adder(AdderConfig::from_settings(&mut settings, run.steps)?),
+            WorkloadKind::Gpt => Workload::Gpt(GptConfig::from_settings(&mut settings, run.steps)?),
+            WorkloadKind::Qwen2 => {
+                Workload::Decoder(DecoderConfig::from_settings(&mut settings, run.steps, Family::Qwen2)?)
+            }
+            WorkloadKind::Gemma => {
+                Workload::Decoder(DecoderConfig::from_settings(&mut settings, run.steps, Family::Gemma)?)
+            }
             WorkloadKind::Mlp | WorkloadKind::Cnn | WorkloadKind::ResNet18 => {
                 let model = kind.classifier_model().expect("a classifier workload");
-                Workload::Classifier(classifier(&mut settings, run.steps, ClassifierConfig::defaults(model))?)
+                Workload::Classifier(ClassifierConfig::from_settings(&mut settings, run.steps, model)?)
             }
         };
         settings.finish()?;
@@ -68,15 +67,16 @@ impl WorkloadRun {
     }
 }
 
-/// A header's settings, each taken once by its workload; what is left over is refused.
-struct Settings {
+/// A header's settings, each taken once by its workload (each config's `from_settings`); what
+/// is left over is refused.
+pub struct Settings {
     workload: WorkloadKind,
     params: BTreeMap<String, String>,
 }
 
 impl Settings {
     /// The setting `key` parsed, if the header has it.
-    fn take<T: FromStr>(&mut self, key: &str) -> Result<Option<T>, WorkloadError>
+    pub fn take<T: FromStr>(&mut self, key: &str) -> Result<Option<T>, WorkloadError>
     where
         T::Err: Display,
     {
@@ -90,7 +90,7 @@ impl Settings {
     }
 
     /// The setting `key`, or `default` when the header has none.
-    fn take_or<T: FromStr>(&mut self, key: &str, default: T) -> Result<T, WorkloadError>
+    pub fn take_or<T: FromStr>(&mut self, key: &str, default: T) -> Result<T, WorkloadError>
     where
         T::Err: Display,
     {
@@ -98,7 +98,7 @@ impl Settings {
     }
 
     /// The setting `key`, which must be one of `values` (written as `(text, value)`).
-    fn take_one_of<T: Copy>(&mut self, key: &str, values: &[(&str, T)], default: T) -> Result<T, WorkloadError> {
+    pub fn take_one_of<T: Copy>(&mut self, key: &str, values: &[(&str, T)], default: T) -> Result<T, WorkloadError> {
         let Some(text) = self.take::<String>(key)? else { return Ok(default) };
         values.iter().find(|(name, _)| *name == text).map(|&(_, v)| v).ok_or_else(|| {
             let names: Vec<&str> = values.iter().map(|(name, _)| *name).collect();
@@ -122,97 +122,13 @@ impl Settings {
     }
 }
 
-fn adder(s: &mut Settings, steps: Option<u64>) -> Result<AdderConfig, WorkloadError> {
-    let d = AdderConfig::default();
-    // The adder records its only element type.
-    s.take_one_of("dtype", &[("F32", ())], ())?;
-    Ok(AdderConfig {
-        seed: s.take_or("seed", d.seed)?,
-        data_seed: s.take_or("data_seed", d.data_seed)?,
-        steps: steps.unwrap_or(d.steps),
-        batch: s.take_or("batch", d.batch)?,
-        features: s.take_or("features", d.features)?,
-        lr: s.take_or("lr", d.lr)?,
-        formulation: s.take_or("formulation", d.formulation)?,
-        reductions: s.take_or("reductions", d.reductions)?,
-    })
-}
-
-fn gpt(s: &mut Settings, steps: Option<u64>) -> Result<GptConfig, WorkloadError> {
-    let d = GptConfig::default();
-    Ok(GptConfig {
-        seed: s.take_or("seed", d.seed)?,
-        data_seed: s.take_or("data_seed", d.data_seed)?,
-        steps: steps.unwrap_or(d.steps),
-        batch: s.take_or("batch", d.batch)?,
-        context: s.take_or("context", d.context)?,
-        layers: s.take_or("layers", d.layers)?,
-        width: s.take_or("width", d.width)?,
-        heads: s.take_or("heads", d.heads)?,
-        lr: s.take_or("lr", d.lr)?,
-        norm: s.take_one_of("norm", &[("ops", Norm::Ops), ("fused", Norm::Fused)], d.norm)?,
-        reductions: s.take_or("reductions", d.reductions)?,
-        batch_invariant: s.take_or("batch_invariant", d.batch_invariant)?,
-    })
-}
-
-fn decoder(s: &mut Settings, steps: Option<u64>, family: Family) -> Result<DecoderConfig, WorkloadError> {
-    let d = DecoderConfig::default();
-    let shapes: Vec<(&str, DecoderShape)> =
-        DecoderShape::NAMES.iter().map(|&n| (n, DecoderShape::named(n).expect("a shape's name"))).collect();
-    Ok(DecoderConfig {
-        family,
-        seed: s.take_or("seed", d.seed)?,
-        data_seed: s.take_or("data_seed", d.data_seed)?,
-        steps: steps.unwrap_or(d.steps),
-        batch: s.take_or("batch", d.batch)?,
-        tokens: s.take_or("tokens", d.tokens)?,
-        layers: s.take_or("layers", d.layers)?,
-        width: s.take_or("width", d.width)?,
-        shape: s.take_one_of("shape", &shapes, d.shape)?,
-        dtype: s.take_one_of("dtype", &[("f32", DType::F32), ("bf16", DType::BF16)], d.dtype)?,
-    })
-}
-
-fn classifier(s: &mut Settings, steps: Option<u64>, d: ClassifierConfig) -> Result<ClassifierConfig, WorkloadError> {
-    let init = s.take_or("init_seed", d.seeds.init)?;
-    Ok(ClassifierConfig {
-        model: d.model,
-        dataset: s.take_or("dataset", d.dataset)?,
-        dataset_seed: s.take_or("dataset_seed", d.dataset_seed)?,
-        examples: match s.take::<String>("examples")?.as_deref() {
-            None | Some("all") => None,
-            Some(n) => Some(n.parse().map_err(|e| WorkloadError::BadSetting {
-                workload: d.model.to_string(),
-                key: "examples".into(),
-                value: n.into(),
-                reason: format!("{e}"),
-            })?),
-        },
-        epochs: s.take_or("epochs", d.epochs)?,
-        // The header holds the steps the run trains, all epochs' or fewer.
-        max_steps: steps,
-        batch: s.take_or("batch", d.batch)?,
-        lr: s.take_or("lr", d.lr)?,
-        seeds: Seeds {
-            init,
-            order: s.take_or("order_seed", init)?,
-            augment: s.take_or("augment_seed", init)?,
-            dropout: s.take_or("dropout_seed", init)?,
-        },
-        reductions: s.take_or("reductions", d.reductions)?,
-        batch_norm: s.take_or("batch_norm", d.batch_norm)?,
-        dropout: s.take_or("dropout", d.dropout)?,
-        augment_shift: s.take_or("augment_shift", d.augment_shift)?,
-        width: s.take_or("width", d.width)?,
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::ops::Reductions;
-    use crate::workloads::{DatasetName, Formulation, ModelKind};
+    use crate::workloads::gpt::model::Norm;
+    use crate::workloads::{DatasetName, DecoderShape, Formulation, ModelKind, Seeds};
+    use candle_core::DType;
 
     fn every_workload() -> Vec<WorkloadRun> {
         let run = |workload, perturbation: Option<&str>| WorkloadRun {

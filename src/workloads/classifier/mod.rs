@@ -20,6 +20,7 @@ use crate::ops::Reductions;
 use crate::record::{Perturbation, RecordError, RecordOptions, Recorder};
 use crate::trace::{Phase, RunConfig, TensorKind};
 use crate::workloads::seeded::stream;
+use crate::workloads::settings::Settings;
 use crate::workloads::{Training, WorkloadError};
 use candle_core::{Device, Tensor, D};
 use candle_nn::{AdamW, Optimizer, ParamsAdamW};
@@ -63,6 +64,58 @@ pub struct ClassifierConfig {
 }
 
 impl ClassifierConfig {
+    /// One line saying what is trained, for progress messages.
+    pub fn describe(&self) -> String {
+        let length = match self.max_steps {
+            Some(steps) => format!("{steps} step(s)"),
+            None => format!("{} epoch(s)", self.epochs),
+        };
+        format!(
+            "{} on {} ({} reductions, {length} of batch {}, init seed {})",
+            self.model, self.dataset, self.reductions, self.batch, self.seeds.init
+        )
+    }
+
+    /// The classifier of `model` a trace header's settings describe (`WorkloadRun::from_run_config`).
+    pub(in crate::workloads) fn from_settings(
+        s: &mut Settings,
+        steps: Option<u64>,
+        model: ModelKind,
+    ) -> Result<Self, WorkloadError> {
+        let d = ClassifierConfig::defaults(model);
+        let init = s.take_or("init_seed", d.seeds.init)?;
+        Ok(ClassifierConfig {
+            model: d.model,
+            dataset: s.take_or("dataset", d.dataset)?,
+            dataset_seed: s.take_or("dataset_seed", d.dataset_seed)?,
+            examples: match s.take::<String>("examples")?.as_deref() {
+                None | Some("all") => None,
+                Some(n) => Some(n.parse().map_err(|e| WorkloadError::BadSetting {
+                    workload: d.model.to_string(),
+                    key: "examples".into(),
+                    value: n.into(),
+                    reason: format!("{e}"),
+                })?),
+            },
+            epochs: s.take_or("epochs", d.epochs)?,
+            // The header holds the steps the run trains, all epochs' or fewer.
+            max_steps: steps,
+            batch: s.take_or("batch", d.batch)?,
+            lr: s.take_or("lr", d.lr)?,
+            seeds: Seeds {
+                init,
+                order: s.take_or("order_seed", init)?,
+                augment: s.take_or("augment_seed", init)?,
+                dropout: s.take_or("dropout_seed", init)?,
+            },
+            reductions: s.take_or("reductions", d.reductions)?,
+            batch_norm: s.take_or("batch_norm", d.batch_norm)?,
+            dropout: s.take_or("dropout", d.dropout)?,
+            augment_shift: s.take_or("augment_shift", d.augment_shift)?,
+            width: s.take_or("width", d.width)?,
+        })
+    }
+
     /// The defaults for `model`: the sources' settings where they give them, sized so a run
     /// takes seconds on a CPU (mlp, cnn) or on a GPU (resnet18).
     pub fn defaults(model: ModelKind) -> Self {

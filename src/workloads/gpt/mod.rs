@@ -14,6 +14,7 @@ use crate::ops::{sum_all, Reductions};
 use crate::record::{Perturbation, RecordError, Recorder};
 use crate::trace::{RunConfig, TensorKind};
 use crate::workloads::seeded::{stream, uniform_vec};
+use crate::workloads::settings::Settings;
 use crate::workloads::{ModelState, TrainOutcome};
 use crate::workloads::{Training, WorkloadError};
 use candle_core::{DType, Device, Tensor};
@@ -76,6 +77,33 @@ impl Default for GptConfig {
 }
 
 impl GptConfig {
+    /// One line saying what is trained, for progress messages.
+    pub fn describe(&self) -> String {
+        format!(
+            "gpt ({} layers, width {}, context {}; seed {}, {} steps of batch {})",
+            self.layers, self.width, self.context, self.seed, self.steps, self.batch
+        )
+    }
+
+    /// The gpt a trace header's settings describe (`WorkloadRun::from_run_config`).
+    pub(in crate::workloads) fn from_settings(s: &mut Settings, steps: Option<u64>) -> Result<Self, WorkloadError> {
+        let d = GptConfig::default();
+        Ok(GptConfig {
+            seed: s.take_or("seed", d.seed)?,
+            data_seed: s.take_or("data_seed", d.data_seed)?,
+            steps: steps.unwrap_or(d.steps),
+            batch: s.take_or("batch", d.batch)?,
+            context: s.take_or("context", d.context)?,
+            layers: s.take_or("layers", d.layers)?,
+            width: s.take_or("width", d.width)?,
+            heads: s.take_or("heads", d.heads)?,
+            lr: s.take_or("lr", d.lr)?,
+            norm: s.take_one_of("norm", &[("ops", Norm::Ops), ("fused", Norm::Fused)], d.norm)?,
+            reductions: s.take_or("reductions", d.reductions)?,
+            batch_invariant: s.take_or("batch_invariant", d.batch_invariant)?,
+        })
+    }
+
     /// The run configuration written to a trace header.
     pub fn run_config(&self) -> RunConfig {
         let norm = match self.norm {
