@@ -61,9 +61,9 @@ pub fn run(args: BaselineArgs) -> Result<Exit, CliError> {
     let work = scratch.path().join("run");
     // A baseline keeps hashes only: it is committed, and the gate compares hashes.
     let recorded = if command.is_empty() {
-        train.workload_run().and_then(|planned| {
-            super::workload_args::record_for_gate(&planned, &work, &FullCapture::None, &[], &train.device)
-        })
+        train
+            .workload_run()
+            .and_then(|planned| super::gate::record_for_gate(&planned, &work, &FullCapture::None, &[], &train.device))
     } else {
         record_command(&command, &work, &FullCapture::None, None)
     };

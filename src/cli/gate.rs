@@ -3,15 +3,15 @@
 //! program, which records itself into the directory named by `REPRO_TRACE_DIR`.
 
 use super::report_args::{JsonOutput, ToleranceArgs};
-use super::workload_args::{record_for_gate, WorkloadArgs};
+use super::workload_args::WorkloadArgs;
 use super::CliError;
 use super::Exit;
 use clap::Args;
 use repro::diff::{baseline_mismatch, gate_traces, DiffError, GateReference, GateReport};
-use repro::record::{CAPTURE_ENV, TRACE_DIR_ENV};
+use repro::record::{open_device, RecordOptions, Recorder, CAPTURE_ENV, TRACE_DIR_ENV};
 use repro::report::{render_gate, render_gate_junit, render_gate_markdown};
-use repro::trace::{FullCapture, TraceReader};
-use repro::workloads::WorkloadRun;
+use repro::trace::{CapturePolicy, FullCapture, TraceReader};
+use repro::workloads::{Training, WorkloadRun};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -305,5 +305,28 @@ fn check_recorded(program: &str, dir: &Path) -> Result<(), CliError> {
             return Err(format!("`{program}` recorded no steps in {}: nothing to compare", stream.display()).into());
         }
     }
+    Ok(())
+}
+
+/// Records one run of a built-in workload into `dir` the way a gate compares runs: hashes at
+/// every step, small tensors' values, and full values at the steps `full` names. With several
+/// `devices`, the run is data-parallel, one rank per device; else it trains on `device`.
+pub fn record_for_gate(
+    planned: &WorkloadRun,
+    dir: &Path,
+    full: &FullCapture,
+    devices: &[String],
+    device: &str,
+) -> Result<(), CliError> {
+    let capture = CapturePolicy { full: full.clone(), ..CapturePolicy::default() };
+    if devices.len() > 1 {
+        return super::ranks::record_ranks(devices, dir, true, &capture, planned);
+    }
+    let device = open_device(devices.first().map_or(device, String::as_str))?;
+    let options =
+        RecordOptions { perturbation: planned.perturbation.clone(), ..RecordOptions::capture(capture).replacing(true) };
+    let mut recorder = Recorder::create(dir, planned.run_config(), &device, options)?;
+    planned.workload.run(Training::on(&device, &mut recorder))?;
+    recorder.finish()?;
     Ok(())
 }

@@ -4,12 +4,12 @@ use super::CliError;
 use clap::builder::TypedValueParser;
 use clap::Args;
 use repro::ops::Reductions;
-use repro::record::{open_device, Perturbation, RecordOptions, Recorder};
-use repro::trace::{CapturePolicy, FullCapture, RunConfig};
+use repro::record::Perturbation;
+use repro::trace::RunConfig;
 use repro::workloads::gpt::model::Norm;
 use repro::workloads::{
     AdderConfig, ClassifierConfig, DatasetName, DecoderConfig, DecoderShape, Family, Formulation, GptConfig, ModelKind,
-    Training, Workload, WorkloadKind, WorkloadRun,
+    Workload, WorkloadKind, WorkloadRun,
 };
 use std::path::Path;
 
@@ -422,27 +422,4 @@ impl WorkloadArgs {
         }
         Ok(config)
     }
-}
-
-/// Records one run of a built-in workload into `dir` the way a gate compares runs: hashes at
-/// every step, small tensors' values, and full values at the steps `full` names. With several
-/// `devices`, the run is data-parallel, one rank per device; else it trains on `device`.
-pub fn record_for_gate(
-    planned: &WorkloadRun,
-    dir: &Path,
-    full: &FullCapture,
-    devices: &[String],
-    device: &str,
-) -> Result<(), CliError> {
-    let capture = CapturePolicy { full: full.clone(), ..CapturePolicy::default() };
-    if devices.len() > 1 {
-        return super::ranks::record_ranks(devices, dir, true, &capture, planned);
-    }
-    let device = open_device(devices.first().map_or(device, String::as_str))?;
-    let options =
-        RecordOptions { perturbation: planned.perturbation.clone(), ..RecordOptions::capture(capture).replacing(true) };
-    let mut recorder = Recorder::create(dir, planned.run_config(), &device, options)?;
-    planned.workload.run(Training::on(&device, &mut recorder))?;
-    recorder.finish()?;
-    Ok(())
 }

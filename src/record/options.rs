@@ -5,7 +5,6 @@
 
 use super::online::OnlineComparison;
 use super::perturb::Perturbation;
-use super::recorder::StepProgress;
 use crate::trace::{CapturePolicy, Distributed, StepCheck};
 
 /// Says, at the start of each step, whether that step is recorded.
@@ -13,6 +12,19 @@ pub type StepSelector = Box<dyn FnMut(u64) -> bool>;
 
 /// A progress display's hook, called after every recorded step.
 pub type StepCallback = Box<dyn FnMut(&StepProgress)>;
+
+/// What a finished step tells a progress display.
+#[derive(Debug, Clone, Copy)]
+pub struct StepProgress {
+    /// The step just recorded.
+    pub step: u64,
+    /// Steps the run intends to record, if known.
+    pub total_steps: Option<u64>,
+    /// Bytes of full values this step stored (0 on hashes-only steps).
+    pub payload_bytes: u64,
+    /// Steps of the run whose full values the capture policy stores, if the length is known.
+    pub full_steps: Option<u64>,
+}
 
 /// `Recorder::create`'s options. `RecordOptions::default()` records every step with the
 /// default capture policy into a new or empty directory, on one device, with no fault planted,

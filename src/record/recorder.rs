@@ -30,7 +30,7 @@ use super::error::RecordError;
 use super::fill::{fill_records, payload_bytes};
 use super::online::OnlineComparison;
 use super::options::RecordOptions;
-use super::options::{StepCallback, StepSelector};
+use super::options::{StepCallback, StepProgress, StepSelector};
 use super::perturb::Perturbation;
 use super::probe::{Probe, ProbedGradients};
 use super::profile;
@@ -86,19 +86,6 @@ pub struct Recorder {
 /// only its results' buffers (hashes, and values the capture policy keeps), never the graph's
 /// tensors, which are freed in stream order once the hashing kernels have read them.
 const READ_BEHIND: usize = 2;
-
-/// What a finished step tells a progress display.
-#[derive(Debug, Clone, Copy)]
-pub struct StepProgress {
-    /// The step just recorded.
-    pub step: u64,
-    /// Steps the run intends to record, if known.
-    pub total_steps: Option<u64>,
-    /// Bytes of full values this step stored (0 on hashes-only steps).
-    pub payload_bytes: u64,
-    /// Steps of the run whose full values the capture policy stores, if the length is known.
-    pub full_steps: Option<u64>,
-}
 
 impl Recorder {
     /// Starts recording run `run` on `device` into `dir`, as `options` say (see
