@@ -5,8 +5,8 @@
 use super::graph::{graph_nodes, GraphNode};
 use super::scope::{take_step, tensor_number, ScopeSpan};
 use crate::record::profile;
-use crate::record::{Described, RecordError, RecordOptions, Recorder, StepRecorder, TRACE_DIR_ENV};
-use crate::trace::{CapturePolicy, Phase, RunConfig, TensorKind};
+use crate::record::{Described, RecordEnv, RecordError, RecordOptions, Recorder, StepRecorder};
+use crate::trace::{Phase, RunConfig, TensorKind};
 use candle_core::backprop::GradStore;
 use candle_core::{Device, Tensor, Var};
 use candle_nn::VarMap;
@@ -184,23 +184,37 @@ impl ModelRecorder {
         device: &Device,
         varmap: &VarMap,
     ) -> Result<Self, RecordError> {
-        let recorder = Recorder::create(dir, run, device, RecordOptions::default())?;
+        Self::create_with(dir, run, device, varmap, RecordOptions::default())
+    }
+
+    /// Records into `dir` as `options` say (capture policy, replacing, an online comparison
+    /// with a reference run: `RecordOptions::comparing_with`), capturing the parameters of
+    /// `varmap`.
+    pub fn create_with(
+        dir: impl AsRef<Path>,
+        run: RunConfig,
+        device: &Device,
+        varmap: &VarMap,
+        options: RecordOptions,
+    ) -> Result<Self, RecordError> {
+        let recorder = Recorder::create(dir, run, device, options)?;
         Ok(Self::new(recorder, ModelCapture::new(varmap)))
     }
 
-    /// Records into the directory `repro gate -- CMD` names (`REPRO_TRACE_DIR`) when it runs this
-    /// program, and into `dir` otherwise: one constructor for both uses.
+    /// Records as a repro command running this program asks (`repro record -- CMD`, `gate --
+    /// CMD`, `bisect -- CMD`: `record::env`), and into `dir` otherwise: one constructor for
+    /// both uses. Either way `REPRO_CAPTURE` and `REPRO_AGAINST`, when set, choose the steps
+    /// stored in full and the reference compared with; a trace already in the directory is an
+    /// error unless `REPRO_REPLACE=1` (never replaced silently).
     pub fn create_or_gated(
         dir: impl AsRef<Path>,
         run: RunConfig,
         device: &Device,
         varmap: &VarMap,
     ) -> Result<Self, RecordError> {
-        if std::env::var_os(TRACE_DIR_ENV).is_none() {
-            return Self::create(dir, run, device, varmap);
-        }
-        let recorder = Recorder::from_env(run, device, CapturePolicy::default())?;
-        Ok(Self::new(recorder, ModelCapture::new(varmap)))
+        let env = RecordEnv::read()?;
+        let dir = env.dir.clone().unwrap_or_else(|| dir.as_ref().to_path_buf());
+        Self::create_with(dir, run, device, varmap, env.apply(RecordOptions::default())?)
     }
 
     /// Captures into a recorder made by any of `Recorder`'s constructors (`from_env` for
@@ -422,7 +436,7 @@ mod tests {
         let root = Tensor::cat(&parts, 0).unwrap().sum_all().unwrap();
         drop(parts);
         let dir = tempfile::tempdir().unwrap();
-        let policy = CapturePolicy { full: crate::trace::FullCapture::None, ..CapturePolicy::default() };
+        let policy = crate::trace::CapturePolicy { full: crate::trace::FullCapture::None, ..Default::default() };
         let mut rec =
             Recorder::create(dir.path().join("t"), RunConfig::default(), &Device::Cpu, RecordOptions::capture(policy))
                 .unwrap();

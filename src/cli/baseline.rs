@@ -1,11 +1,12 @@
 //! `repro baseline write`: record a configuration once and keep its hashes (and environment
 //! fingerprint) in one small record file, meant to be committed and gated against.
 
-use super::gate::record_command;
+use super::program::record_command;
 use super::workload_args::WorkloadArgs;
 use super::CliError;
 use super::Exit;
 use clap::{Args, Subcommand};
+use repro::record::RecordEnv;
 use repro::report::bytes;
 use repro::trace::FullCapture;
 use std::path::{Path, PathBuf};
@@ -65,7 +66,11 @@ pub fn run(args: BaselineArgs) -> Result<Exit, CliError> {
             .workload_run()
             .and_then(|planned| super::gate::record_for_gate(&planned, &work, &FullCapture::None, &[], &train.device))
     } else {
-        record_command(&command, &work, &FullCapture::None, None)
+        record_command(
+            &command,
+            &RecordEnv { dir: Some(work.clone()), capture: Some(FullCapture::None), ..RecordEnv::default() },
+            None,
+        )
     };
     let result = recorded.and_then(|()| {
         if repro::trace::is_ranked_run(&work) {

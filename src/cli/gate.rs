@@ -2,13 +2,14 @@
 //! and fail on any bit difference. `repro gate -- CMD ARGS` gates a user's own training
 //! program, which records itself into the directory named by `REPRO_TRACE_DIR`.
 
+use super::program::record_command;
 use super::report_args::{JsonOutput, ToleranceArgs};
 use super::workload_args::WorkloadArgs;
 use super::CliError;
 use super::Exit;
 use clap::Args;
 use repro::diff::{baseline_mismatch, gate_traces, DiffError, GateReference, GateReport};
-use repro::record::{open_device, RecordOptions, Recorder, CAPTURE_ENV, TRACE_DIR_ENV};
+use repro::record::{open_device, RecordEnv, RecordOptions, Recorder};
 use repro::report::{render_gate, render_gate_junit, render_gate_markdown};
 use repro::trace::{CapturePolicy, FullCapture, TraceReader};
 use repro::workloads::{Training, WorkloadRun};
@@ -183,7 +184,10 @@ fn gate(args: &GateArgs, planned: Option<&WorkloadRun>, runs: usize, work: &Path
         let dir = work.join(format!("run-{i}"));
         match planned {
             Some(planned) => record_for_gate(planned, &dir, &args.capture(), &args.devices, &args.train.device)?,
-            None => record_command(&args.command, &dir, &args.capture(), args.timeout.map(Duration::from_secs))?,
+            None => {
+                let env = RecordEnv { dir: Some(dir.clone()), capture: Some(args.capture()), ..RecordEnv::default() };
+                record_command(&args.command, &env, args.timeout.map(Duration::from_secs))?
+            }
         }
         traces.push(dir);
         let enough = traces.len() + usize::from(args.baseline.is_some()) >= 2;
@@ -205,107 +209,6 @@ fn gate(args: &GateArgs, planned: Option<&WorkloadRun>, runs: usize, work: &Path
         None => GateReference::FirstRun,
     };
     Ok(gate_traces(subject, reference, &traces, args.tolerance.combined())?)
-}
-
-/// Runs a self-recording program with `REPRO_TRACE_DIR` set to `dir` and `REPRO_CAPTURE` to
-/// `capture`.
-///
-/// The program runs in a process group of its own, which is stopped whole when the run passes
-/// `timeout` or this process is interrupted; the program itself also dies with this process.
-pub fn record_command(
-    command: &[String],
-    dir: &Path,
-    capture: &FullCapture,
-    timeout: Option<Duration>,
-) -> Result<(), CliError> {
-    let _ = std::fs::remove_dir_all(dir);
-    let mut program = std::process::Command::new(&command[0]);
-    program
-        .args(&command[1..])
-        .env(TRACE_DIR_ENV, dir)
-        // A gate compares hashes: the program stores full values only where the gate asks.
-        .env(CAPTURE_ENV, capture.to_string())
-        .stdout(std::process::Stdio::null());
-    #[cfg(unix)]
-    std::os::unix::process::CommandExt::process_group(&mut program, 0);
-    super::scratch::die_with_this_process(&mut program);
-    let mut child = program.spawn().map_err(|e| format!("cannot run `{}`: {e}", command[0]))?;
-    let group = child.id();
-    super::scratch::watch_program(group);
-    let started = Instant::now();
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(status)) => break status,
-            Ok(None) if timeout.is_some_and(|t| started.elapsed() > t) => {
-                super::scratch::kill_group(group);
-                let _ = child.wait();
-                super::scratch::forget_program(group);
-                return Err(format!(
-                    "`{}` ran longer than --timeout {}s and was stopped, with every process it started",
-                    command.join(" "),
-                    timeout.unwrap_or_default().as_secs()
-                )
-                .into());
-            }
-            Ok(None) => std::thread::sleep(Duration::from_millis(20)),
-            Err(e) => return Err(format!("cannot wait for `{}`: {e}", command[0]).into()),
-        }
-    };
-    // Whatever the program left running in its group goes with it.
-    super::scratch::kill_group(group);
-    super::scratch::forget_program(group);
-    if !status.success() {
-        return Err(format!(
-            "`{}` failed ({status}); the gate needs it to train and record successfully",
-            command.join(" ")
-        )
-        .into());
-    }
-    check_recorded(&command.join(" "), dir)
-}
-
-/// Checks what a program left in `dir` before anything compares or keeps it: a finished trace of
-/// at least one step, or a data-parallel run of such rank traces; never a link.
-fn check_recorded(program: &str, dir: &Path) -> Result<(), CliError> {
-    let streams = match repro::trace::rank_streams(dir) {
-        Ok(Some(ranks)) => ranks,
-        Ok(None) => vec![dir.to_path_buf()],
-        Err(e) => return Err(format!("`{program}` left a data-parallel run that cannot be read: {e}").into()),
-    };
-    for stream in &streams {
-        let records = stream.join(repro::trace::format::RECORDS_FILE);
-        match std::fs::symlink_metadata(&records) {
-            Err(_) => {
-                return Err(format!(
-                    "`{program}` recorded nothing: it should record into the directory in ${TRACE_DIR_ENV} (see \
-                     `Recorder::from_env`)"
-                )
-                .into())
-            }
-            Ok(meta) if !meta.file_type().is_file() => {
-                return Err(format!(
-                    "`{program}` left {} as a link or other non-file; repro reads and keeps only files it wrote",
-                    records.display()
-                )
-                .into())
-            }
-            Ok(_) => {}
-        }
-        let summary = repro::trace::summarize(stream)
-            .map_err(|e| format!("`{program}` left something that is not a readable trace: {e}"))?;
-        if !summary.complete {
-            let why = summary.incomplete_reason.unwrap_or_default();
-            return Err(format!(
-                "`{program}` left an unfinished trace in {} ({why}): did it return before `Recorder::finish`?",
-                stream.display()
-            )
-            .into());
-        }
-        if summary.steps == 0 {
-            return Err(format!("`{program}` recorded no steps in {}: nothing to compare", stream.display()).into());
-        }
-    }
-    Ok(())
 }
 
 /// Records one run of a built-in workload into `dir` the way a gate compares runs: hashes at

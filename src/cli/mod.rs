@@ -2,6 +2,7 @@
 //! and returns an `Exit`; errors become one `error:` line on stderr and exit code 2.
 
 mod baseline;
+mod bisect;
 mod diff;
 mod error;
 mod exit;
@@ -14,6 +15,7 @@ mod loss;
 mod matrix;
 mod output;
 mod overhead;
+mod program;
 mod progress;
 mod ranks;
 mod record;
@@ -61,6 +63,9 @@ enum Command {
     Gate(gate::GateArgs),
     /// Write a baseline: one run's hashes, to commit and gate against.
     Baseline(baseline::BaselineArgs),
+    /// Find where two runs of a program (-- CMD) or a built-in workload first differ, and
+    /// re-record both with full values there: the op, its exact error and its root cause.
+    Bisect(bisect::BisectArgs),
     /// Multi-run studies from the reproducibility literature: noise sources, devices, cost of determinism.
     Study(study::StudyArgs),
     /// Batch invariance: run one sequence alone and inside batches of others, and name the first
@@ -105,6 +110,7 @@ impl Command {
             Command::Inspect(a) => a.json(),
             Command::Show(a) => a.json(),
             Command::Gate(a) => a.json(),
+            Command::Bisect(a) => a.json(),
             Command::Study(a) => a.json(),
             Command::Invariance(a) => a.json(),
             _ => false,
@@ -124,6 +130,7 @@ pub fn run(cli: Cli) -> Exit {
         Command::Show(args) => show::run(args),
         Command::Gate(args) => gate::run(args),
         Command::Baseline(args) => baseline::run(args),
+        Command::Bisect(args) => bisect::run(args),
         Command::Study(args) => study::run(args),
         Command::Invariance(args) => invariance::run(args),
         Command::Overhead(args) => overhead::run(args),

@@ -6,9 +6,11 @@ use super::CliError;
 use super::Exit;
 use clap::Args;
 use repro::diff::{config_differences, ReferenceCheck};
+use repro::diff::{diff_runs, DiffOptions};
 use repro::distributed::DataParallel;
+use repro::record::RecordEnv;
 use repro::record::{open_device, RecordError, RecordOptions, Recorder, StepProgress};
-use repro::report::{bytes, render_online};
+use repro::report::{bytes, render_online, render_run_diff_with, DiffText};
 use repro::trace::{summarize, CapturePolicy, FullCapture};
 use repro::workloads::{Training, WorkloadRun};
 use std::path::{Path, PathBuf};
@@ -24,11 +26,12 @@ pub struct RecordArgs {
     #[arg(long)]
     force: bool,
     /// Which steps store full tensors: first-and-last, none, all, every:N, steps:A,B,...
-    #[arg(long, default_value = "first-and-last")]
-    capture: FullCapture,
-    /// Tensors up to this many bytes are stored at every step.
-    #[arg(long, default_value_t = CapturePolicy::default().inline_max_bytes)]
-    inline_max_bytes: u64,
+    /// [default: first-and-last; with -- CMD, the program's own policy]
+    #[arg(long)]
+    capture: Option<FullCapture>,
+    /// Tensors up to this many bytes are stored at every step [default: 256].
+    #[arg(long, conflicts_with = "command")]
+    inline_max_bytes: Option<u64>,
     /// Compare each step with this trace while recording; stop at the first divergence and
     /// store the diverging step and the one before it in full.
     #[arg(long, value_name = "RUN", conflicts_with = "devices")]
@@ -38,12 +41,30 @@ pub struct RecordArgs {
     keep_going: bool,
     #[command(flatten)]
     ranks: RankArgs,
+    /// Your own program, which records itself with repro's library (`Recorder::from_env`,
+    /// `ModelRecorder::create_or_gated`): --out, --capture, --against, --keep-going and --force
+    /// reach it through the environment (docs/capture.md lists the variables).
+    #[arg(last = true, value_name = "CMD")]
+    command: Vec<String>,
     // What to train: last, so that its help headings come after this command's own options.
     #[command(flatten)]
     train: WorkloadArgs,
 }
 
+impl RecordArgs {
+    fn capture_policy(&self) -> CapturePolicy {
+        let defaults = CapturePolicy::default();
+        CapturePolicy {
+            full: self.capture.clone().unwrap_or(defaults.full),
+            inline_max_bytes: self.inline_max_bytes.unwrap_or(defaults.inline_max_bytes),
+        }
+    }
+}
+
 pub fn run(args: RecordArgs) -> Result<Exit, CliError> {
+    if !args.command.is_empty() {
+        return record_program(&args);
+    }
     let planned = args.ranks.workload_run(&args.train)?;
     if args.ranks.starts_ranks() {
         return record_ranks(&args, &planned);
@@ -52,7 +73,7 @@ pub fn run(args: RecordArgs) -> Result<Exit, CliError> {
     let device_name = args.ranks.device(&args.train.device)?;
     let device = open_device(device_name)?;
     let run = planned.run_config();
-    let capture = CapturePolicy { full: args.capture, inline_max_bytes: args.inline_max_bytes };
+    let capture = args.capture_policy();
     let started = Instant::now();
     let reference = match &args.against {
         Some(dir) => Some(ReferenceCheck::open(dir)?),
@@ -121,7 +142,7 @@ pub fn run(args: RecordArgs) -> Result<Exit, CliError> {
 /// checks that the ranks' parameters stayed replicas.
 fn record_ranks(args: &RecordArgs, planned: &WorkloadRun) -> Result<Exit, CliError> {
     let started = Instant::now();
-    let capture = CapturePolicy { full: args.capture.clone(), inline_max_bytes: args.inline_max_bytes };
+    let capture = args.capture_policy();
     ranks::record_ranks(&args.ranks.devices, &args.out, args.force, &capture, planned)?;
     eprintln!(
         "recorded {} ranks of {} on {} into {} in {:.2}s",
@@ -132,6 +153,59 @@ fn record_ranks(args: &RecordArgs, planned: &WorkloadRun) -> Result<Exit, CliErr
         started.elapsed().as_secs_f64()
     );
     Ok(Exit::Same)
+}
+
+/// Records a user's program (`repro record -- CMD`), which records itself as the environment
+/// contract says; with --against, reports how its run compares with the reference.
+fn record_program(args: &RecordArgs) -> Result<Exit, CliError> {
+    super::workload_args::refuse_workload_options_with_command()?;
+    let out = &args.out;
+    if !args.force && (out.join(repro::trace::format::RECORDS_FILE).exists() || repro::trace::is_ranked_run(out)) {
+        return Err(format!("{} already holds a trace; --force replaces it", out.display()).into());
+    }
+    let env = RecordEnv {
+        dir: Some(out.clone()),
+        capture: args.capture.clone(),
+        replace: args.force,
+        against: args.against.clone(),
+        keep_going: args.keep_going,
+        perturbation: None,
+    };
+    let program = args.command.join(" ");
+    let started = Instant::now();
+    let status = super::program::run_command(&args.command, &env, None)?;
+    let Some(reference) = &args.against else {
+        if !status.success() {
+            return Err(format!("`{program}` failed ({status})").into());
+        }
+        super::program::check_recorded(&program, out)?;
+        let summary = summarize(out)?;
+        eprintln!(
+            "recorded {} steps of `{program}` into {} in {:.2}s: records {}, payloads {}",
+            summary.steps,
+            out.display(),
+            started.elapsed().as_secs_f64(),
+            bytes(summary.records_bytes),
+            bytes(summary.payload_bytes)
+        );
+        return Ok(Exit::Same);
+    };
+    // Stopped at the first divergence, the program returns the recorder's error: the trace
+    // then ends at the diverging step, which the comparison below shows.
+    let compared = diff_runs(reference, out, &DiffOptions::default())?;
+    if !status.success() && compared.diff.first_divergence.is_none() {
+        return Err(format!("`{program}` failed ({status}) before diverging from {}", reference.display()).into());
+    }
+    if status.success() {
+        super::program::check_recorded(&program, out)?;
+    } else {
+        eprintln!(
+            "`{program}` stopped at the divergence ({status}), as --against asks (--keep-going records to the end)"
+        );
+    }
+    let brief = DiffText { brief: true, ..DiffText::default() };
+    super::output::emit(&render_run_diff_with(&compared, &brief));
+    Ok(if compared.is_identical() { Exit::Same } else { Exit::Diverged })
 }
 
 /// A progress bar on a terminal (hidden otherwise), and, at the first step that stores full

@@ -3,6 +3,7 @@
 //! trace and diff crates never do, so reading and comparing traces needs no model code.
 
 pub mod device;
+mod env;
 mod environment;
 mod error;
 mod fill;
@@ -17,11 +18,12 @@ mod tensor_bytes;
 mod worker;
 mod writer_thread;
 
+pub use env::{RecordEnv, AGAINST_ENV, CAPTURE_ENV, KEEP_GOING_ENV, PERTURB_ENV, REPLACE_ENV, TRACE_DIR_ENV};
 pub use environment::{device_label, environment, open_device, take_peak_device_memory, NUMERICS_ENV_VARS};
 pub use error::RecordError;
 pub use online::OnlineComparison;
 pub use options::{RecordOptions, StepCallback, StepProgress, StepSelector};
 pub use perturb::Perturbation;
-pub use recorder::{Recorder, StepRecorder, CAPTURE_ENV, TRACE_DIR_ENV};
+pub use recorder::{Recorder, StepRecorder};
 pub(crate) use step_records::Described;
 pub use tensor_bytes::{trace_dtype, with_canonical_bytes};

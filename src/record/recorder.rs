@@ -25,6 +25,7 @@
 //! records itself can do the same (`#[global_allocator] static A: mimalloc::MiMalloc =
 //! mimalloc::MiMalloc;`; docs/cuda.md, "The allocator").
 
+use super::env::{RecordEnv, TRACE_DIR_ENV};
 use super::environment::environment;
 use super::error::RecordError;
 use super::fill::{fill_records, payload_bytes};
@@ -43,13 +44,6 @@ use candle_core::{Device, Tensor, Var};
 use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::path::Path;
 use std::sync::Arc;
-
-/// The environment variable through which `repro gate -- CMD` tells a program where to record.
-pub const TRACE_DIR_ENV: &str = "REPRO_TRACE_DIR";
-
-/// The environment variable through which the gate tells a program which steps to store in
-/// full (`none`: hashes only, all a gate compares).
-pub const CAPTURE_ENV: &str = "REPRO_CAPTURE";
 
 /// Records a run into a trace directory.
 pub struct Recorder {
@@ -116,20 +110,19 @@ impl Recorder {
         Ok(recorder)
     }
 
-    /// Starts recording into the directory named by `REPRO_TRACE_DIR`, which `repro gate --
-    /// CMD` and `repro baseline write -- CMD` set for the program they run (an existing trace
-    /// there is replaced). They also set `REPRO_CAPTURE` to the full-value policy they need
-    /// (hashes only), which then replaces `capture.full`.
-    pub fn from_env(run: RunConfig, device: &Device, mut capture: CapturePolicy) -> Result<Self, RecordError> {
-        let dir = std::env::var_os(TRACE_DIR_ENV).ok_or_else(|| {
-            RecordError::Unsupported(format!("{TRACE_DIR_ENV} is not set: run this under `repro gate -- CMD`"))
+    /// Starts recording as a repro command running this program asks (`repro record -- CMD`,
+    /// `gate -- CMD`, `bisect -- CMD`; see `record::env`): into the directory `REPRO_TRACE_DIR`
+    /// names, storing full values where `REPRO_CAPTURE` says (else where `capture` does),
+    /// replacing a trace there only under `REPRO_REPLACE=1`, and comparing with `REPRO_AGAINST`
+    /// while recording.
+    pub fn from_env(run: RunConfig, device: &Device, capture: CapturePolicy) -> Result<Self, RecordError> {
+        let env = RecordEnv::read()?;
+        let dir = env.dir.clone().ok_or_else(|| {
+            RecordError::Unsupported(format!(
+                "{TRACE_DIR_ENV} is not set: run this under `repro record -- CMD` or `repro gate -- CMD`"
+            ))
         })?;
-        if let Some(policy) = std::env::var_os(CAPTURE_ENV) {
-            let policy = policy.to_string_lossy();
-            capture.full =
-                policy.parse().map_err(|e| RecordError::Unsupported(format!("{CAPTURE_ENV}={policy}: {e}")))?;
-        }
-        Self::create(dir, run, device, RecordOptions::capture(capture).replacing(true))
+        Self::create(dir, run, device, env.apply(RecordOptions::capture(capture))?)
     }
 
     /// A recorder that hashes nothing and writes nothing: the un-instrumented baseline that

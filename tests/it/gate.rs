@@ -154,7 +154,10 @@ fn a_baseline_of_a_users_own_program_is_written_and_gated() {
     let other = crate::util::example("own_training_loop");
     let run = repro(&["gate", "--baseline", s(&base), "--", s(&other)]);
     assert_eq!(run.code, 2, "{}{}", run.stdout, run.stderr);
-    assert!(run.stderr.contains("written for another configuration (workload any-model vs own-mlp"), "{}", run.stderr);
+    assert!(run.stderr.contains("written by a run of other settings (workload any-model vs own-mlp"), "{}", run.stderr);
+    // The advice is about the program's arguments, not repro's options.
+    assert!(run.stderr.contains("run the program with the arguments that wrote the baseline"), "{}", run.stderr);
+    assert!(!run.stderr.contains("leave out the options"), "{}", run.stderr);
 }
 
 #[test]

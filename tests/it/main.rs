@@ -16,6 +16,8 @@ mod hash_vectors;
 mod hostile;
 /// Batch invariance: a sequence alone and in batches, op by op.
 mod invariance;
+/// A user's own program: record -- CMD through the environment contract, and bisect.
+mod own_program;
 /// Killed recorders, flipped bytes, concurrent recorders.
 mod robustness;
 /// Per-op recording: root cause, structural alignment, online comparison.

@@ -25,6 +25,19 @@ pub enum DiffError {
         /// The settings that differ (baseline's value first).
         fields: Vec<FieldDifference>,
     },
+    /// A gate's baseline was written by a run of other settings than the recorded run gated
+    /// against it (a program's run: its own arguments and `RunConfig` set them).
+    #[error(
+        "{} was written by a run of other settings ({}): run the program with the arguments that wrote the baseline, or rewrite it with `repro baseline write -- CMD`",
+        baseline.display(),
+        describe_fields(fields)
+    )]
+    RunSettingsDiffer {
+        /// The baseline file.
+        baseline: PathBuf,
+        /// The settings that differ (baseline's value first).
+        fields: Vec<FieldDifference>,
+    },
 }
 
 /// Shown as its message: a program whose `main` returns this error (or a `Box<dyn Error>`

@@ -19,6 +19,10 @@ pub struct GateReport {
     pub subject: String,
     /// The reference: `run 0` or the baseline file.
     pub reference: String,
+    /// Whether the reference is a baseline, which keeps hashes only (no run of the gate can
+    /// then measure a difference from it).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub baseline: bool,
     /// One comparison per run against the reference.
     pub comparisons: Vec<GateComparison>,
     /// Environment differences that most likely explain a failure, most likely first.
@@ -97,7 +101,7 @@ pub fn gate_traces(
                 let mut b = TraceReader::open(run)?;
                 let fields = baseline_mismatch(&a.header().run, &b.header().run);
                 if !fields.is_empty() {
-                    return Err(DiffError::BaselineMismatch { baseline: baseline.to_path_buf(), fields });
+                    return Err(DiffError::RunSettingsDiffer { baseline: baseline.to_path_buf(), fields });
                 }
                 if likely.is_empty() {
                     likely = likely_causes(&header_differences(a.header(), b.header()).1);
@@ -108,7 +112,7 @@ pub fn gate_traces(
                 ));
             }
             let reference = baseline.display().to_string();
-            Ok(GateReport { subject, reference, comparisons, likely_causes: likely })
+            Ok(GateReport { subject, reference, baseline: true, comparisons, likely_causes: likely })
         }
         GateReference::FirstRun => {
             let Some(first) = runs.first().filter(|_| runs.len() >= 2) else {
@@ -119,7 +123,13 @@ pub fn gate_traces(
                 // Each run may be data-parallel: then its ranks must also have stayed replicas.
                 comparisons.push(GateComparison::of_runs(format!("run {i}"), diff_runs(first, run, &options)?));
             }
-            Ok(GateReport { subject, reference: "run 0".into(), comparisons, likely_causes: Vec::new() })
+            Ok(GateReport {
+                subject,
+                reference: "run 0".into(),
+                baseline: false,
+                comparisons,
+                likely_causes: Vec::new(),
+            })
         }
     }
 }
@@ -182,7 +192,7 @@ mod tests {
 
         let err = gate_traces("t".into(), GateReference::Baseline(&base), &[other], None).unwrap_err();
         let message = err.to_string();
-        assert!(message.contains("written for another configuration (seed 0 vs 1)"), "{message}");
+        assert!(message.contains("written by a run of other settings (seed 0 vs 1)"), "{message}");
 
         let report = gate_traces("t".into(), GateReference::Baseline(&base), &[planted], None).unwrap();
         assert!(!report.passed());

@@ -258,7 +258,8 @@ fn divergence_metrics(d: &Divergence) -> String {
     match &d.metrics {
         Some(m) => metrics_sentence(m),
         None => format!(
-            "hashes differ; values not stored at this step (re-record with `--capture steps:{}` for exact metrics)",
+            "hashes differ; values not stored at this step (re-record with `--capture steps:{}`, or let `repro bisect` \
+             do it, for exact metrics)",
             d.step
         ),
     }

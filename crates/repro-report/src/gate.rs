@@ -70,6 +70,14 @@ pub fn render_gate(r: &GateReport) -> String {
         if let Some(root) = &d.root_cause {
             let _ = writeln!(out, "\n{label}:");
             let _ = write_root_cause(&mut out, root);
+            if r.baseline && root.cause.metrics.is_none() {
+                let _ = writeln!(
+                    out,
+                    "\nnote: the baseline keeps hashes only, so values at step {step} cannot be compared with it, whatever \
+                     --capture says; `repro bisect` measures how runs recorded here differ from each other",
+                    step = root.cause.step
+                );
+            }
         }
         if let (Some(t), n @ 1..) = (d.tolerance.as_ref(), d.hash_only_differences) {
             let _ = writeln!(

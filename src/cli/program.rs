@@ -1,0 +1,119 @@
+//! Running a user's program that records itself (`repro record -- CMD`, `gate -- CMD`, `bisect
+//! -- CMD`, `baseline write -- CMD`): the environment contract set for it (`RecordEnv`), its
+//! process group stopped whole on a timeout or an interrupt, and what it left checked before
+//! anything reads it.
+
+use super::CliError;
+use repro::record::{RecordEnv, TRACE_DIR_ENV};
+use std::path::Path;
+use std::process::ExitStatus;
+use std::time::{Duration, Instant};
+
+/// Runs a self-recording program as `env` asks (see `record::env`), into `env.dir` (which
+/// must be given), and checks that it left a finished trace: the command's failure, or a
+/// trace it cannot use, is an error. The directory is emptied first unless `env.replace` is
+/// off and it holds a trace, which is then the program's to refuse.
+pub fn record_command(command: &[String], env: &RecordEnv, timeout: Option<Duration>) -> Result<(), CliError> {
+    let status = run_command(command, env, timeout)?;
+    if !status.success() {
+        return Err(format!(
+            "`{}` failed ({status}); repro needs it to train and record successfully",
+            command.join(" ")
+        )
+        .into());
+    }
+    check_recorded(&command.join(" "), env.dir.as_deref().expect("a trace directory"))
+}
+
+/// Runs the program as [`record_command`] does, and returns how it exited.
+///
+/// The program runs in a process group of its own, which is stopped whole when the run passes
+/// `timeout` or this process is interrupted; the program itself also dies with this process.
+/// Its standard output is discarded (repro's own report goes there); its errors pass through.
+pub fn run_command(command: &[String], env: &RecordEnv, timeout: Option<Duration>) -> Result<ExitStatus, CliError> {
+    let dir = env.dir.as_deref().expect("a trace directory");
+    if env.replace || !dir.join(repro::trace::format::RECORDS_FILE).exists() {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+    let mut program = std::process::Command::new(&command[0]);
+    program.args(&command[1..]).stdout(std::process::Stdio::null());
+    for (name, value) in env.vars() {
+        match value {
+            Some(value) => program.env(name, value),
+            None => program.env_remove(name),
+        };
+    }
+    #[cfg(unix)]
+    std::os::unix::process::CommandExt::process_group(&mut program, 0);
+    super::scratch::die_with_this_process(&mut program);
+    let mut child = program.spawn().map_err(|e| format!("cannot run `{}`: {e}", command[0]))?;
+    let group = child.id();
+    super::scratch::watch_program(group);
+    let started = Instant::now();
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) if timeout.is_some_and(|t| started.elapsed() > t) => {
+                super::scratch::kill_group(group);
+                let _ = child.wait();
+                super::scratch::forget_program(group);
+                return Err(format!(
+                    "`{}` ran longer than --timeout {}s and was stopped, with every process it started",
+                    command.join(" "),
+                    timeout.unwrap_or_default().as_secs()
+                )
+                .into());
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+            Err(e) => return Err(format!("cannot wait for `{}`: {e}", command[0]).into()),
+        }
+    };
+    // Whatever the program left running in its group goes with it.
+    super::scratch::kill_group(group);
+    super::scratch::forget_program(group);
+    Ok(status)
+}
+
+/// Checks what a program left in `dir` before anything compares or keeps it: a finished trace of
+/// at least one step, or a data-parallel run of such rank traces; never a link.
+pub fn check_recorded(program: &str, dir: &Path) -> Result<(), CliError> {
+    let streams = match repro::trace::rank_streams(dir) {
+        Ok(Some(ranks)) => ranks,
+        Ok(None) => vec![dir.to_path_buf()],
+        Err(e) => return Err(format!("`{program}` left a data-parallel run that cannot be read: {e}").into()),
+    };
+    for stream in &streams {
+        let records = stream.join(repro::trace::format::RECORDS_FILE);
+        match std::fs::symlink_metadata(&records) {
+            Err(_) => {
+                return Err(format!(
+                    "`{program}` recorded nothing: it should record into the directory in ${TRACE_DIR_ENV} (see \
+                     `Recorder::from_env`)"
+                )
+                .into())
+            }
+            Ok(meta) if !meta.file_type().is_file() => {
+                return Err(format!(
+                    "`{program}` left {} as a link or other non-file; repro reads and keeps only files it wrote",
+                    records.display()
+                )
+                .into())
+            }
+            Ok(_) => {}
+        }
+        let summary = repro::trace::summarize(stream)
+            .map_err(|e| format!("`{program}` left something that is not a readable trace: {e}"))?;
+        if !summary.complete {
+            let why = summary.incomplete_reason.unwrap_or_default();
+            return Err(format!(
+                "`{program}` left an unfinished trace in {} ({why}): did it return before `Recorder::finish`?",
+                stream.display()
+            )
+            .into());
+        }
+        if summary.steps == 0 {
+            return Err(format!("`{program}` recorded no steps in {}: nothing to compare", stream.display()).into());
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,164 @@
+//! The environment contract between repro's commands and a program that records itself
+//! (`repro record -- CMD`, `repro gate -- CMD`, `repro bisect -- CMD`, `repro baseline write --
+//! CMD`). The command sets these variables for the program; the program's recorder
+//! (`Recorder::from_env`, `ModelRecorder::create_or_gated`) reads them. Both sides use
+//! [`RecordEnv`], so the contract is written once (docs/capture.md lists it for other
+//! languages):
+//!
+//! | variable | meaning |
+//! |---|---|
+//! | `REPRO_TRACE_DIR` | record into this directory |
+//! | `REPRO_CAPTURE` | steps whose full values are stored (`none`, `all`, `first-and-last`, `every:N`, `steps:A,B`) |
+//! | `REPRO_REPLACE` | `1`: replace a trace already in the directory (else that is an error) |
+//! | `REPRO_AGAINST` | compare each step with this trace as it is recorded, keeping the diverging step and the one before it in full |
+//! | `REPRO_KEEP_GOING` | `1`: with `REPRO_AGAINST`, record to the end after a divergence instead of stopping there |
+//! | `REPRO_PERTURB` | plant a fault, `STEP:TENSOR:ULPS[@ELEMENT]` (`Perturbation`), in the tensor of that name as `StepRecorder::op` or `perturbed` passes it: does the gate catch a 1-ULP change in my program? |
+
+use super::error::RecordError;
+use super::options::RecordOptions;
+use super::perturb::Perturbation;
+use crate::diff::ReferenceCheck;
+use crate::trace::FullCapture;
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+/// Where to record (`REPRO_TRACE_DIR`).
+pub const TRACE_DIR_ENV: &str = "REPRO_TRACE_DIR";
+/// Which steps store full values (`REPRO_CAPTURE`).
+pub const CAPTURE_ENV: &str = "REPRO_CAPTURE";
+/// Whether an existing trace is replaced (`REPRO_REPLACE=1`).
+pub const REPLACE_ENV: &str = "REPRO_REPLACE";
+/// The reference trace to compare with while recording (`REPRO_AGAINST`).
+pub const AGAINST_ENV: &str = "REPRO_AGAINST";
+/// Whether recording goes on after a divergence from the reference (`REPRO_KEEP_GOING=1`).
+pub const KEEP_GOING_ENV: &str = "REPRO_KEEP_GOING";
+/// A fault to plant (`REPRO_PERTURB=STEP:TENSOR:ULPS[@ELEMENT]`).
+pub const PERTURB_ENV: &str = "REPRO_PERTURB";
+
+/// What a repro command asks of a self-recording program, read from or written to its
+/// environment.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RecordEnv {
+    /// Where to record.
+    pub dir: Option<PathBuf>,
+    /// Which steps store full values, in place of the program's own policy.
+    pub capture: Option<FullCapture>,
+    /// Replace a trace already in `dir`.
+    pub replace: bool,
+    /// Compare each step with this trace while recording.
+    pub against: Option<PathBuf>,
+    /// With `against`: record to the end after a divergence.
+    pub keep_going: bool,
+    /// A fault to plant.
+    pub perturbation: Option<Perturbation>,
+}
+
+impl RecordEnv {
+    /// The contract as this process's environment gives it.
+    pub fn read() -> Result<Self, RecordError> {
+        Self::from_vars(|name| std::env::var_os(name))
+    }
+
+    /// The contract as `var` gives the variables; a value that does not parse is an error
+    /// naming the variable.
+    pub fn from_vars(var: impl Fn(&str) -> Option<OsString>) -> Result<Self, RecordError> {
+        let text = |name: &str| var(name).map(|v| v.to_string_lossy().into_owned()).filter(|v| !v.is_empty());
+        let flag = |name: &str| match text(name).as_deref() {
+            None | Some("0") => Ok(false),
+            Some("1") => Ok(true),
+            Some(other) => Err(RecordError::Unsupported(format!("{name}={other}: expected 1 or 0"))),
+        };
+        let capture = match text(CAPTURE_ENV) {
+            Some(policy) => {
+                Some(policy.parse().map_err(|e| RecordError::Unsupported(format!("{CAPTURE_ENV}={policy}: {e}")))?)
+            }
+            None => None,
+        };
+        let perturbation = match text(PERTURB_ENV) {
+            Some(p) => Some(p.parse().map_err(|e| RecordError::Unsupported(format!("{PERTURB_ENV}={p}: {e}")))?),
+            None => None,
+        };
+        Ok(RecordEnv {
+            perturbation,
+            dir: var(TRACE_DIR_ENV).filter(|v| !v.is_empty()).map(PathBuf::from),
+            capture,
+            replace: flag(REPLACE_ENV)?,
+            against: var(AGAINST_ENV).filter(|v| !v.is_empty()).map(PathBuf::from),
+            keep_going: flag(KEEP_GOING_ENV)?,
+        })
+    }
+
+    /// The variables that pass this contract to a program: each one set, or removed (so that
+    /// nothing of the caller's own environment leaks into the run).
+    pub fn vars(&self) -> Vec<(&'static str, Option<OsString>)> {
+        let flag = |on: bool| on.then(|| OsString::from("1"));
+        vec![
+            (TRACE_DIR_ENV, self.dir.clone().map(OsString::from)),
+            (CAPTURE_ENV, self.capture.as_ref().map(|c| OsString::from(c.to_string()))),
+            (REPLACE_ENV, flag(self.replace)),
+            (AGAINST_ENV, self.against.clone().map(OsString::from)),
+            (KEEP_GOING_ENV, flag(self.keep_going)),
+            (PERTURB_ENV, self.perturbation.as_ref().map(|p| OsString::from(p.to_string()))),
+        ]
+    }
+
+    /// `options` with what the contract asks: its capture policy in place of theirs, replacing,
+    /// and the online comparison with `against`.
+    pub fn apply(&self, mut options: RecordOptions) -> Result<RecordOptions, RecordError> {
+        if let Some(capture) = &self.capture {
+            options.capture.full = capture.clone();
+        }
+        options.replace |= self.replace;
+        if let Some(p) = &self.perturbation {
+            options.perturbation = Some(p.clone());
+        }
+        if let Some(reference) = &self.against {
+            let check = ReferenceCheck::open(reference)
+                .map_err(|e| RecordError::Unsupported(format!("{AGAINST_ENV}={}: {e}", reference.display())))?;
+            options = options.comparing_with(Box::new(check), !self.keep_going);
+        }
+        Ok(options)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_contract_round_trips_through_the_variables_it_sets() {
+        let env = RecordEnv {
+            dir: Some("run".into()),
+            capture: Some("steps:3,7".parse().unwrap()),
+            replace: true,
+            against: Some("reference".into()),
+            keep_going: true,
+            perturbation: Some("5:hidden:3@2".parse().unwrap()),
+        };
+        let vars = env.vars();
+        let read = RecordEnv::from_vars(|name| vars.iter().find(|(n, _)| *n == name).and_then(|(_, v)| v.clone()));
+        assert_eq!(read.unwrap(), env);
+        // Unset (and removed) variables read as the defaults.
+        let vars = RecordEnv::default().vars();
+        assert!(vars.iter().all(|(_, v)| v.is_none()));
+    }
+
+    #[test]
+    fn a_bad_value_names_its_variable() {
+        let e = RecordEnv::from_vars(|n| (n == REPLACE_ENV).then(|| "yes".into())).unwrap_err().to_string();
+        assert!(e.contains("REPRO_REPLACE=yes"), "{e}");
+        let e = RecordEnv::from_vars(|n| (n == CAPTURE_ENV).then(|| "sometimes".into())).unwrap_err().to_string();
+        assert!(e.contains("REPRO_CAPTURE=sometimes"), "{e}");
+    }
+
+    #[test]
+    fn apply_puts_the_contract_over_the_programs_options() {
+        let env = RecordEnv { capture: Some(FullCapture::All), replace: true, ..RecordEnv::default() };
+        let options = env.apply(RecordOptions::default()).unwrap();
+        assert_eq!(options.capture.full, FullCapture::All);
+        assert!(options.replace);
+        let missing = RecordEnv { against: Some("/nonexistent/reference".into()), ..RecordEnv::default() };
+        let e = missing.apply(RecordOptions::default()).unwrap_err().to_string();
+        assert!(e.contains("REPRO_AGAINST=/nonexistent/reference"), "{e}");
+    }
+}

@@ -1,0 +1,106 @@
+//! A user's own program through `-- CMD` (issue 34, section 1): `repro record -- CMD` with the
+//! capture policy, `--against` and `--force` passed through the environment contract, and
+//! `repro bisect -- CMD` from "two runs differ" to the op and its exact error. The program is
+//! the `own_training_loop` example, made to differ between runs by a wrapper that plants a
+//! fault (`REPRO_PERTURB`) in every second run.
+
+use crate::util::{example, json, repro, s};
+use std::path::Path;
+
+/// A wrapper script in `dir` that runs the example, planting a 3-ULP fault in `hidden` at step
+/// 5 in every second run (counted in `dir/counter`).
+fn flaky_program(dir: &Path) -> String {
+    let script = dir.join("flaky.sh");
+    let counter = dir.join("counter");
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\nn=$(cat {c} 2>/dev/null || echo 0); echo $((n+1)) > {c}\n\
+             if [ $((n % 2)) = 1 ]; then export REPRO_PERTURB=5:hidden:3; fi\nexec {ex}\n",
+            c = counter.display(),
+            ex = example("own_training_loop").display()
+        ),
+    )
+    .unwrap();
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    script.display().to_string()
+}
+
+#[test]
+fn record_runs_the_program_with_the_capture_policy_and_never_replaces_a_trace_silently() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let program = example("own_training_loop");
+    let run = repro(&["record", "--out", s(&out), "--capture", "steps:3,7", "--", s(&program)]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert!(run.stderr.contains("recorded 50 steps of"), "{}", run.stderr);
+    let inspect = repro(&["inspect", s(&out), "--json"]);
+    assert_eq!(json(&inspect.stdout)["full_steps"], serde_json::json!([3, 7]), "{}", inspect.stdout);
+
+    // A second recording into the same directory is refused, then replaced with --force.
+    let again = repro(&["record", "--out", s(&out), "--", s(&program)]);
+    assert_eq!(again.code, 2);
+    assert!(again.stderr.contains("already holds a trace; --force replaces it"), "{}", again.stderr);
+    let forced = repro(&["record", "--out", s(&out), "--force", "--capture", "all", "--", s(&program)]);
+    assert_eq!(forced.code, 0, "{}", forced.stderr);
+    // Workload options do not apply to a program.
+    let refused = repro(&["record", "--out", s(&dir.path().join("x")), "--steps", "3", "--", s(&program)]);
+    assert_eq!(refused.code, 2);
+    assert!(refused.stderr.contains("--steps is a setting of the built-in workloads"), "{}", refused.stderr);
+}
+
+#[test]
+fn record_against_a_reference_stops_at_the_first_divergence_and_names_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let program = flaky_program(dir.path());
+    let reference = dir.path().join("reference");
+    let run = repro(&["record", "--out", s(&reference), "--capture", "all", "--", &program]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+
+    let b = dir.path().join("b");
+    let run = repro(&["record", "--out", s(&b), "--against", s(&reference), "--", &program]);
+    assert_eq!(run.code, 1, "{}{}", run.stdout, run.stderr);
+    assert!(run.stdout.contains("DIVERGED  first at step 5, tensor `hidden`"), "{}", run.stdout);
+    // The reference keeps every step and the run keeps the diverging one: exact metrics.
+    assert!(run.stdout.contains("max 3 ULP"), "{}", run.stdout);
+    assert!(run.stderr.contains("stopped at the divergence"), "{}", run.stderr);
+    let summary = json(&repro(&["inspect", s(&b), "--json"]).stdout);
+    assert_eq!(summary["steps"], 6, "stopped after step 5: {summary}");
+
+    // Agreeing with the reference: exit 0 and IDENTICAL.
+    let c = dir.path().join("c");
+    let run = repro(&["record", "--out", s(&c), "--against", s(&reference), "--", &program]);
+    assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+    assert!(run.stdout.contains("IDENTICAL"), "{}", run.stdout);
+}
+
+#[test]
+fn bisect_finds_the_step_and_re_records_both_sides_with_its_values() {
+    let dir = tempfile::tempdir().unwrap();
+    let program = flaky_program(dir.path());
+    let keep = dir.path().join("kept");
+    let run = repro(&["bisect", "--keep", s(&keep), "--json", "--", &program]);
+    assert_eq!(run.code, 1, "{}{}", run.stdout, run.stderr);
+    let report = json(&run.stdout);
+    assert_eq!(report["schema"], "repro.bisect.v1");
+    assert_eq!(report["first_differing_step"], 5);
+    assert_eq!(report["rounds"], 1);
+    let root = &report["diff"]["diff"]["root_cause"]["cause"];
+    assert_eq!(root["tensor"], "hidden", "{report}");
+    assert_eq!(root["metrics"]["max_ulp"], 3, "{report}");
+    assert_eq!(root["metrics"]["mismatched"], 1, "{report}");
+    // Hash-only runs first, then a pair with values at step 5 only.
+    let full = json(&repro(&["inspect", s(&keep.join("values-1-a")), "--json"]).stdout);
+    assert_eq!(full["full_steps"], serde_json::json!([5]), "{full}");
+    let hashes = json(&repro(&["inspect", s(&keep.join("hashes-a")), "--json"]).stdout);
+    assert_eq!(hashes["full_steps"], serde_json::json!([]), "{hashes}");
+
+    // A program whose runs agree: IDENTICAL, exit 0, no second round.
+    let run = repro(&["bisect", "--", s(&example("own_training_loop"))]);
+    assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+    assert!(run.stdout.contains("IDENTICAL"), "{}", run.stdout);
+}
