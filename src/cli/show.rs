@@ -1,5 +1,5 @@
 //! `repro show TRACE`: a step's tensors, or one tensor's values (statistics, first elements),
-//! and its export to a safetensors file.
+//! and its export to a safetensors or .npy file.
 
 use super::report_args::JsonOutput;
 use super::CliError;
@@ -26,6 +26,10 @@ pub struct ShowArgs {
     /// Also write the tensor's values to this new safetensors file (under its own name).
     #[arg(long, value_name = "FILE.safetensors")]
     safetensors: Option<PathBuf>,
+    /// Also write the tensor's values to this new .npy file, for numpy (`np.load`); bf16,
+    /// which numpy lacks, is written as f32 (exactly).
+    #[arg(long, value_name = "FILE.npy")]
+    npy: Option<PathBuf>,
     #[command(flatten)]
     output: JsonOutput,
 }
@@ -91,6 +95,9 @@ pub fn run(args: ShowArgs) -> Result<Exit, CliError> {
     if let Some(path) = &args.safetensors {
         write_safetensors(path, name, &values)?;
     }
+    if let Some(path) = &args.npy {
+        write_npy(path, name, &values)?;
+    }
     if args.output.json {
         #[derive(serde::Serialize)]
         struct Shown<'a> {
@@ -145,5 +152,38 @@ fn write_safetensors(path: &std::path::Path, name: &str, values: &repro::trace::
         .open(path)
         .map_err(|e| format!("cannot create {}: {e} (choose a new file)", path.display()))?;
     std::io::Write::write_all(&mut file, &bytes).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    Ok(())
+}
+
+/// Writes one tensor to a new .npy file; refuses to replace an existing file. bf16 becomes f32,
+/// which holds every bf16 value exactly.
+fn write_npy(path: &std::path::Path, name: &str, values: &repro::trace::TensorValues) -> Result<(), CliError> {
+    use candle_core::{DType as C, Device, Tensor};
+    use repro::dtype::DType;
+    if std::fs::symlink_metadata(path).is_ok() {
+        return Err(format!("{} exists: choose a new file for --npy", path.display()).into());
+    }
+    let dtype = match values.dtype {
+        DType::U8 => C::U8,
+        DType::U32 => C::U32,
+        DType::I16 => C::I16,
+        DType::I32 => C::I32,
+        DType::I64 => C::I64,
+        DType::F16 => C::F16,
+        DType::BF16 => C::BF16,
+        DType::F32 => C::F32,
+        DType::F64 => C::F64,
+    };
+    let shape: Vec<usize> = values.shape.iter().map(|&d| d as usize).collect();
+    // Canonical bytes are little-endian, as candle's buffers are on the hosts it runs on.
+    let export = || -> candle_core::Result<()> {
+        let tensor = Tensor::from_raw_buffer(values.bytes, dtype, &shape, &Device::Cpu)?;
+        let tensor = if dtype == C::BF16 { tensor.to_dtype(C::F32)? } else { tensor };
+        tensor.write_npy(path)
+    };
+    export().map_err(|e| format!("cannot export `{name}` to {}: {e}", path.display()))?;
+    if dtype == C::BF16 {
+        eprintln!("`{name}` is bf16, which numpy lacks: written as f32 (every bf16 value exactly)");
+    }
     Ok(())
 }

@@ -474,6 +474,18 @@ fn show_lists_a_step_and_shows_and_exports_one_tensor() {
     assert_eq!(v["stats"]["first"].as_array().unwrap().len(), 8);
     let again = repro(&["show", s(&a), "--tensor", "weight", "--safetensors", s(&out)]);
     assert_eq!(again.code, 2, "an existing file is not replaced");
+
+    // The same values for numpy: a .npy file that reads back bit for bit.
+    let npy = dir.path().join("w.npy");
+    let shown = repro(&["show", s(&a), "--tensor", "weight", "--npy", s(&npy)]);
+    assert_eq!(shown.code, 0, "{}", shown.stderr);
+    let read = candle_core::Tensor::read_npy(&npy).unwrap();
+    let exported: Vec<f32> =
+        file.tensor("weight").unwrap().data().chunks(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+    assert_eq!(read.flatten_all().unwrap().to_vec1::<f32>().unwrap(), exported);
+    let again = repro(&["show", s(&a), "--tensor", "weight", "--npy", s(&npy)]);
+    assert_eq!(again.code, 2, "an existing file is not replaced");
+    assert!(again.stderr.contains("choose a new file"), "{}", again.stderr);
 }
 
 /// Issue 34, section 6: loss curves, one trace's or two side by side.
