@@ -104,3 +104,35 @@ fn bisect_finds_the_step_and_re_records_both_sides_with_its_values() {
     assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
     assert!(run.stdout.contains("IDENTICAL"), "{}", run.stdout);
 }
+
+/// Issue 34, section 3: under a tolerance, a difference that grows past it from one within it is
+/// drift, named where it began; "identical" is said only of what is bit-identical.
+#[test]
+fn under_a_tolerance_the_root_cause_tells_drift_from_a_new_cause() {
+    let dir = tempfile::tempdir().unwrap();
+    let program = example("own_training_loop");
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    let run = repro(&["record", "--out", s(&a), "--capture", "all", "--", s(&program)]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    // A fault in the hidden layer's output at step 5, about 5e-5 at most.
+    let planted = format!("REPRO_PERTURB=5:hidden:200000 exec {}", s(&program));
+    let run = repro(&["record", "--out", s(&b), "--capture", "all", "--", "sh", "-c", &planted]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+
+    // Bit-exact: the faulty op is the cause, its inputs identical.
+    let exact = json(&repro(&["diff", s(&a), s(&b), "--json"]).stdout);
+    assert_eq!(exact["root_cause"]["cause"]["tensor"], "hidden");
+    assert_eq!(exact["root_cause"]["rule"], "recorded_inputs");
+
+    // Forward ops may differ by 1e-4: `hidden` and `hidden.relu` are within it, the prediction
+    // computed from them is not. That is drift from `hidden`, not a new cause.
+    let run = repro(&["diff", s(&a), s(&b), "--tolerance", "op_output=abs:1e-4", "--json"]);
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    let drift = json(&run.stdout);
+    assert_eq!(drift["root_cause"]["cause"]["tensor"], "predictions", "{drift}");
+    assert_eq!(drift["root_cause"]["rule"], "drift", "{drift}");
+    assert_eq!(drift["root_cause"]["drift_from"], "hidden", "{drift}");
+    let text = repro(&["diff", s(&a), s(&b), "--tolerance", "op_output=abs:1e-4", "--brief"]).stdout;
+    assert!(text.contains("differs only within the tolerance, first at `hidden`"), "{text}");
+    assert!(!text.contains("inputs are identical"), "{text}");
+}

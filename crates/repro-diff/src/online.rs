@@ -117,7 +117,7 @@ impl StepCheck for ReferenceCheck {
             let divergence = divergence.transpose()?;
             entries.push(Entry::new(mine, divergence, true));
         }
-        let root_cause = analyze(&entries);
+        let root_cause = analyze(&entries, None);
         if root_cause.is_none() && structure.is_empty() {
             return Ok(StepVerdict::Same);
         }

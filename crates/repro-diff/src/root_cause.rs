@@ -9,6 +9,10 @@
 //!   in topological order is a root cause; when a leaf differs, that leaf is. When the whole
 //!   forward graph is identical too, the differing gradients are where the runs part: the
 //!   backward pass.
+//!
+//! Under a tolerance, "identical" means bit for bit: a tensor that differs within the tolerance
+//! is not, and a difference beyond it that such tensors feed is drift that has grown past the
+//! tolerance (`Drift`, `DriftedLeaves`), not a new cause.
 
 use crate::divergence::Divergence;
 use repro_trace::{Phase, TensorKind};
@@ -31,6 +35,14 @@ pub enum CauseRule {
     /// runs: the backward pass computed the cause, a gradient, differently. Other differing
     /// gradients are listed as separate causes (gradients carry no order among themselves).
     Backward,
+    /// Under a tolerance: the cause's inputs (recorded inputs, or the captured graph's leaves and
+    /// forward nodes before a gradient) differ only within the tolerance. The difference was
+    /// already there and grew past the tolerance here (`drift_from` names where it shows first).
+    Drift,
+    /// Under a tolerance: a captured graph's leaves (data, parameters) differ only within the
+    /// tolerance, as they have since `drift_since`; the cause is the first node whose difference
+    /// grew past it.
+    DriftedLeaves,
     /// Only that the cause is the first difference of the step (inputs unknown or not comparable).
     FirstDifference,
 }
@@ -54,6 +66,14 @@ pub struct RootCause {
     /// Whether the step recorded op inputs at all (format 1.1 per-op recording); without them
     /// the analysis can only name the first difference.
     pub inputs_recorded: bool,
+    /// Under a tolerance (`Drift`, `DriftedLeaves`): the first tensor of the step that differs
+    /// within the tolerance upstream of the cause.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub drift_from: Option<String>,
+    /// Under a tolerance: the first step at which the runs differed at all (within the
+    /// tolerance), when that is before this one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub drift_since: Option<u64>,
 }
 
 /// A differing tensor explained by an earlier divergence.
@@ -107,8 +127,11 @@ pub(crate) struct Entry {
     pub(crate) node: bool,
     /// A leaf that feeds the model: data, or a parameter before the update.
     pub(crate) leaf: bool,
-    /// `None`: identical in both runs. `Some`: differs (with details).
+    /// `None`: identical in both runs, or within the tolerance (see `within`). `Some`: differs
+    /// (with details).
     pub(crate) divergence: Option<Divergence>,
+    /// Differs, but within the tolerance.
+    pub(crate) within: bool,
     /// Whether it was compared at all (false: only in one run, or dtype/shape differ).
     pub(crate) compared: bool,
 }
@@ -124,20 +147,51 @@ impl Entry {
             node: tensor.node.is_some(),
             leaf,
             divergence,
+            within: false,
             compared,
         }
+    }
+
+    /// The entry for a recorded tensor that differs within the tolerance.
+    pub(crate) fn within_tolerance(tensor: &repro_trace::TensorRecord) -> Self {
+        Entry { within: true, ..Entry::new(tensor, None, true) }
+    }
+
+    /// Identical bit for bit in both runs.
+    fn exact(&self) -> bool {
+        self.compared && self.divergence.is_none() && !self.within
+    }
+
+    /// Not beyond the tolerance: identical, or within it.
+    fn agrees(&self) -> bool {
+        self.compared && self.divergence.is_none()
     }
 }
 
 /// Finds the root cause among the entries of one step; `None` when nothing differs.
-pub(crate) fn analyze<'a>(entries: &'a [Entry]) -> Option<RootCause> {
-    if entries.iter().any(|e| e.node) {
-        return analyze_captured(entries);
+/// `drift_since`: under a tolerance, the first step at which the runs differed within it.
+pub(crate) fn analyze(entries: &[Entry], drift_since: Option<u64>) -> Option<RootCause> {
+    let mut root = if entries.iter().any(|e| e.node) { analyze_captured(entries)? } else { analyze_ops(entries)? };
+    if matches!(root.rule, CauseRule::Drift | CauseRule::DriftedLeaves) {
+        root.drift_since = drift_since.filter(|&s| s < root.cause.step);
     }
+    Some(root)
+}
+
+/// The recorded-inputs rule (hand-recorded ops with their input edges).
+fn analyze_ops<'a>(entries: &'a [Entry]) -> Option<RootCause> {
     let inputs_recorded = entries.iter().any(|e| !e.inputs.is_empty());
-    let identical: BTreeSet<&str> =
-        entries.iter().filter(|e| e.compared && e.divergence.is_none()).map(|e| e.name.as_str()).collect();
+    let identical: BTreeSet<&str> = entries.iter().filter(|e| e.exact()).map(|e| e.name.as_str()).collect();
+    let within: BTreeSet<&str> = entries.iter().filter(|e| e.within).map(|e| e.name.as_str()).collect();
     let inputs_agree = |e: &Entry| e.inputs.iter().all(|i| identical.contains(i.as_str()));
+    // Inputs none of which differs beyond the tolerance, some within it: the first such input.
+    let drifting_input = |e: &Entry| {
+        let all_agree = e.inputs.iter().all(|i| identical.contains(i.as_str()) || within.contains(i.as_str()));
+        e.inputs.iter().find(|i| within.contains(i.as_str())).filter(|_| all_agree).cloned()
+    };
+    let mut drift_from = None;
+    // For each tensor that differs within the tolerance, the first such tensor it descends from.
+    let mut drift_origin: BTreeMap<&str, &str> = BTreeMap::new();
     let mut cause: Option<(Divergence, bool)> = None;
     let mut cause_is_leaf = false;
     let mut independent = Vec::new();
@@ -153,12 +207,23 @@ pub(crate) fn analyze<'a>(entries: &'a [Entry]) -> Option<RootCause> {
                 Some(acc) => Rc::new(acc.union(t)),
             })
         });
+        if e.within {
+            // Where its difference within the tolerance comes from: an input's, or its own.
+            let origin = e.inputs.iter().find_map(|i| drift_origin.get(i.as_str()).copied()).unwrap_or(&e.name);
+            drift_origin.insert(&e.name, origin);
+        }
         let Some(d) = &e.divergence else { continue };
         let new_root = |roots: &mut Vec<&'a str>| {
             roots.push(&e.name);
             Rc::new(Roots::one(roots.len() - 1))
         };
-        if !e.inputs.is_empty() && from.is_none() && inputs_agree(e) {
+        let drifting = drifting_input(e).filter(|_| from.is_none() && cause.is_none());
+        if let Some(input) = drifting {
+            // Its inputs differ, but only within the tolerance: drift that grew past it here.
+            taint.insert(&e.name, new_root(&mut roots));
+            drift_from = Some(drift_origin.get(input.as_str()).map_or(input, |o| o.to_string()));
+            cause = Some((d.clone(), false));
+        } else if !e.inputs.is_empty() && from.is_none() && inputs_agree(e) {
             taint.insert(&e.name, new_root(&mut roots));
             match cause {
                 None => cause = Some((d.clone(), true)),
@@ -188,12 +253,22 @@ pub(crate) fn analyze<'a>(entries: &'a [Entry]) -> Option<RootCause> {
         }
     }
     let (cause, inputs_checked) = cause?;
-    let rule = match (inputs_checked, cause_is_leaf) {
-        (true, _) => CauseRule::RecordedInputs,
-        (false, true) => CauseRule::Leaf,
-        (false, false) => CauseRule::FirstDifference,
+    let rule = match (inputs_checked, cause_is_leaf, &drift_from) {
+        (_, _, Some(_)) => CauseRule::Drift,
+        (true, _, None) => CauseRule::RecordedInputs,
+        (false, true, None) => CauseRule::Leaf,
+        (false, false, None) => CauseRule::FirstDifference,
     };
-    Some(RootCause { cause, rule, inputs_checked, independent, consequences, inputs_recorded })
+    Some(RootCause {
+        cause,
+        rule,
+        inputs_checked,
+        independent,
+        consequences,
+        inputs_recorded,
+        drift_from,
+        drift_since: None,
+    })
 }
 
 /// The leaf rule, for a step whose graph was captured automatically (no edges): a differing leaf
@@ -202,16 +277,37 @@ pub(crate) fn analyze<'a>(entries: &'a [Entry]) -> Option<RootCause> {
 /// separate cause the missing edges cannot tell apart).
 fn analyze_captured(entries: &[Entry]) -> Option<RootCause> {
     let differing: Vec<&Entry> = entries.iter().filter(|e| e.divergence.is_some()).collect();
-    let leaves_identical = entries.iter().filter(|e| e.leaf).all(|e| e.compared && e.divergence.is_none());
+    let leaves = || entries.iter().filter(|e| e.leaf);
+    let leaves_agree = leaves().all(Entry::agrees);
     let forward_compared = entries.iter().filter(|e| e.node).all(|e| e.compared);
+    // Under a tolerance, what differs within it upstream of a cause: a leaf anywhere, or a node
+    // recorded before it (`before`: its position in the step).
+    let within_upstream = |before: usize| {
+        let leaf = leaves().find(|e| e.within);
+        let node = || entries[..before].iter().find(|e| e.node && e.within);
+        leaf.map(|e| (e, CauseRule::DriftedLeaves)).or_else(|| node().map(|e| (e, CauseRule::Drift)))
+    };
+    let position = |wanted: &Entry| entries.iter().position(|e| std::ptr::eq(e, wanted)).unwrap_or(entries.len());
+    let mut drift_from = None;
     let (cause, rule) = if let Some(leaf) = differing.iter().find(|e| e.leaf) {
         (*leaf, CauseRule::Leaf)
-    } else if let Some(node) = differing.iter().find(|e| e.node).filter(|_| leaves_identical) {
-        (*node, CauseRule::IdenticalLeaves)
-    } else if let Some(grad) =
-        differing.iter().find(|e| is_gradient(e)).filter(|_| leaves_identical && forward_compared)
-    {
-        (*grad, CauseRule::Backward)
+    } else if let Some(node) = differing.iter().find(|e| e.node).filter(|_| leaves_agree) {
+        match within_upstream(position(node)) {
+            None => (*node, CauseRule::IdenticalLeaves),
+            Some((from, rule)) => {
+                drift_from = Some(from.name.clone());
+                (*node, rule)
+            }
+        }
+    } else if let Some(grad) = differing.iter().find(|e| is_gradient(e)).filter(|_| leaves_agree && forward_compared) {
+        // Nothing of the forward pass differs beyond the tolerance; within it, it is drift.
+        match within_upstream(position(grad)) {
+            None => (*grad, CauseRule::Backward),
+            Some((from, _)) => {
+                drift_from = Some(from.name.clone());
+                (*grad, CauseRule::Drift)
+            }
+        }
     } else {
         (*differing.first()?, CauseRule::FirstDifference)
     };
@@ -236,6 +332,8 @@ fn analyze_captured(entries: &[Entry]) -> Option<RootCause> {
         independent,
         consequences,
         inputs_recorded: false,
+        drift_from,
+        drift_since: None,
     })
 }
 
@@ -247,6 +345,10 @@ fn is_gradient(e: &Entry) -> bool {
 mod tests {
     use super::*;
     use repro_trace::dtype::DType;
+
+    fn analyze(entries: &[Entry]) -> Option<RootCause> {
+        super::analyze(entries, None)
+    }
 
     fn entry(name: &str, inputs: &[&str], differs: bool) -> Entry {
         Entry {
@@ -264,8 +366,15 @@ mod tests {
                 metrics: None,
                 b_layout: None,
             }),
+            within: false,
             compared: true,
         }
+    }
+
+    /// An entry that differs within the tolerance.
+    fn within(mut e: Entry) -> Entry {
+        e.within = true;
+        e
     }
 
     #[test]
@@ -403,5 +512,55 @@ mod tests {
     #[test]
     fn nothing_differs_means_no_cause() {
         assert!(analyze(&[entry("a", &[], false)]).is_none());
+    }
+
+    #[test]
+    fn under_a_tolerance_an_op_fed_by_differences_within_it_is_drift_not_a_new_cause() {
+        let r = analyze(&[
+            entry("x", &[], false),
+            within(entry("mm", &["x"], false)),
+            within(entry("relu", &["mm"], false)),
+            entry("sum", &["relu"], true),
+            entry("loss", &["sum"], true),
+        ])
+        .unwrap();
+        assert_eq!((r.cause.tensor.as_str(), r.rule), ("sum", CauseRule::Drift));
+        assert_eq!(r.drift_from.as_deref(), Some("mm"), "where the drift began, not the input that carries it");
+        assert!(!r.inputs_checked, "its inputs are not identical");
+        // A difference beyond the tolerance with bit-identical inputs is still a new cause.
+        let r = analyze(&[entry("x", &[], false), entry("mm", &["x"], true)]).unwrap();
+        assert_eq!((r.rule, r.drift_from), (CauseRule::RecordedInputs, None));
+    }
+
+    #[test]
+    fn under_a_tolerance_drifted_leaves_and_a_drifted_forward_pass_are_said_so() {
+        // Parameters that differ within the tolerance: not "every leaf is identical".
+        let r = super::analyze(
+            &[captured("x", true, false), within(captured("w", true, false)), captured("mlp#0", false, true)],
+            Some(1),
+        )
+        .unwrap();
+        assert_eq!((r.cause.tensor.as_str(), r.rule), ("mlp#0", CauseRule::DriftedLeaves));
+        assert_eq!((r.drift_from.as_deref(), r.drift_since), (Some("w"), Some(1)), "the cause is at step 3");
+        // A forward node within the tolerance and a gradient beyond it: not the backward pass.
+        let mut grad = entry("w.grad", &[], true);
+        grad.divergence.as_mut().unwrap().kind = TensorKind::Gradient;
+        let r = analyze(&[captured("x", true, false), within(captured("mlp#0", false, false)), grad]).unwrap();
+        assert_eq!((r.cause.tensor.as_str(), r.rule), ("w.grad", CauseRule::Drift));
+        assert_eq!(r.drift_from.as_deref(), Some("mlp#0"));
+    }
+
+    #[test]
+    fn under_a_tolerance_a_node_after_one_that_differs_within_it_is_not_the_first_difference() {
+        let r = analyze(&[
+            captured("x", true, false),
+            captured("w", true, false),
+            within(captured("wpe#0", false, false)),
+            captured("attn#24", false, true),
+        ])
+        .unwrap();
+        assert_eq!((r.cause.tensor.as_str(), r.rule), ("attn#24", CauseRule::Drift));
+        assert_eq!(r.drift_from.as_deref(), Some("wpe#0"));
+        assert!(!r.inputs_checked);
     }
 }

@@ -468,6 +468,8 @@ struct DiffState {
     tolerance: Option<Tolerance>,
     within: u64,
     largest_within: Option<Divergence>,
+    /// The first step at which a tensor differed within the tolerance.
+    first_within_step: Option<u64>,
     hash_only: u64,
     /// Step-by-step gaps by series label (`kind:...` for every kind seen, `tensor:...` for
     /// the tensors tracked, inserted up front).
@@ -499,6 +501,7 @@ impl DiffState {
     /// Notes a difference that the tolerance allows, keeping the largest (by ULP).
     fn within_tolerance(&mut self, t: &TensorRecord, step: u64, m: TensorMetrics) {
         self.within += 1;
+        self.first_within_step.get_or_insert(step);
         if self.largest_within.as_ref().and_then(|d| d.metrics).is_none_or(|l| m.max_ulp > l.max_ulp) {
             self.largest_within = Some(Divergence::of(t, step, Some(m)));
         }
@@ -576,7 +579,7 @@ impl DiffState {
                 match metrics {
                     Some(m) if within => {
                         self.within_tolerance(ta, sa.step, m);
-                        entries.push(Entry::new(ta, None, true));
+                        entries.push(Entry::within_tolerance(ta));
                         continue;
                     }
                     None => self.hash_only += 1,
@@ -593,7 +596,7 @@ impl DiffState {
             entries.push(Entry::new(ta, Some(divergence), true));
         }
         if first_divergent && self.first.is_some() {
-            self.root_cause = analyze(&entries);
+            self.root_cause = analyze(&entries, self.first_within_step);
         }
         Ok(())
     }

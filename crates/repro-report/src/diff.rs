@@ -268,7 +268,30 @@ fn divergence_metrics(d: &Divergence) -> String {
 /// The root-cause block: the cause, divergences of their own, and what follows from them.
 pub fn write_root_cause(out: &mut String, r: &RootCause) -> fmt::Result {
     writeln!(out, "root cause: {} at step {}", describe(&r.cause), r.cause.step)?;
+    let drift = || {
+        let from = r.drift_from.as_deref().map_or(String::new(), |n| format!(", first at `{n}` in this step"));
+        let since =
+            r.drift_since.map_or(String::new(), |s| format!("; the runs have differed within it since step {s}"));
+        format!("{from}{since}")
+    };
+    let drift_why;
     let why = match r.rule {
+        CauseRule::Drift => {
+            drift_why = format!(
+                "what it is computed from differs only within the tolerance{}: the difference grew past the \
+                 tolerance here (drift, not a new cause)",
+                drift()
+            );
+            drift_why.as_str()
+        }
+        CauseRule::DriftedLeaves => {
+            drift_why = format!(
+                "the leaves of the graph (data, parameters) are not identical but within the tolerance{}; this is \
+                 the first node whose difference grew past it (drift, not a new cause)",
+                drift()
+            );
+            drift_why.as_str()
+        }
         CauseRule::RecordedInputs => "its recorded inputs are identical in both runs; its output is not",
         CauseRule::IdenticalLeaves => {
             "every leaf of the graph (data, parameters) is identical in both runs, and this is the first node, \
