@@ -352,3 +352,31 @@ fn a_perturbation_the_step_does_not_read_is_refused_and_one_it_reads_is_found() 
     assert_eq!(diff.code, 1, "{}", diff.stdout);
     assert!(diff.stdout.contains("DIVERGED  first at step 1"), "{}", diff.stdout);
 }
+
+/// Issue 34, section 5: fused against op-built layer norms changes the graph. Nodes are paired
+/// by their place in it (scope, dtype, shape), not by their positional names, and the report
+/// says first that the graph changed, and where.
+#[test]
+fn a_changed_graph_is_named_first_and_its_nodes_pair_by_structure() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ops, fused) = (gpt(dir.path(), "ops", &[]), gpt(dir.path(), "fused", &["--norm", "fused"]));
+    let run = repro(&["diff", s(&ops), s(&fused), "--json"]);
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    let v = json(&run.stdout);
+    let changed: Vec<&str> = v["structure"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|d| d["type"] == "graph_changed")
+        .map(|d| d["scope"].as_str().unwrap())
+        .collect();
+    assert!(changed.contains(&"h[0]/ln_1"), "{changed:?}");
+    // The cause is a node of the same layout in both runs, not an op paired with another by number.
+    let cause = &v["root_cause"]["cause"];
+    assert!(cause["b_layout"].is_null(), "{cause}");
+    assert!(cause["tensor"].as_str().unwrap().starts_with("lm_head#"), "{cause}");
+
+    let text = repro(&["diff", s(&ops), s(&fused), "--brief"]).stdout;
+    let said = text.find("the graph changed in scope").expect("the changed graph is named");
+    assert!(said < text.find("root cause:").unwrap(), "named before the root cause:\n{text}");
+}

@@ -1,7 +1,9 @@
 //! Aligning two steps' tensor lists. When both record the same names in the same order (the
 //! usual case) tensors pair up one to one. When the op sequences differ (code changed, other
-//! options), a sequence diff (the `similar` crate, Myers' algorithm) over the names finds what
-//! was inserted, removed or renamed, so the rest still compares.
+//! options), a sequence diff (the `similar` crate, Myers' algorithm) finds what was inserted,
+//! removed or renamed, so the rest still compares. It runs over names, except for the nodes of
+//! a captured graph: their names are positional (`scope#k`), so one op inserted in a scope
+//! renumbers the rest of it, and they are diffed by structure instead (scope, dtype, shape).
 
 use repro_trace::TensorRecord;
 use similar::{capture_diff_slices, Algorithm, DiffOp};
@@ -14,6 +16,9 @@ pub(crate) enum Pairing<'a> {
     Same(&'a TensorRecord, &'a TensorRecord),
     /// Different names at the same place of the sequence, same dtype and shape.
     Renamed(&'a TensorRecord, &'a TensorRecord),
+    /// Captured nodes of the same scope, dtype and shape at the same place of the graph, under
+    /// other ordinals: the scope's graph changed before them.
+    Moved(&'a TensorRecord, &'a TensorRecord),
     /// Only in the first step (removed in the second).
     OnlyA(&'a TensorRecord),
     /// Only in the second step (inserted in the second).
@@ -26,19 +31,25 @@ pub(crate) fn align<'a>(a: &'a [TensorRecord], b: &'a [TensorRecord]) -> Vec<Pai
     if a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.name == y.name) {
         return a.iter().zip(b).map(|(x, y)| Pairing::Same(x, y)).collect();
     }
-    let names_a: Vec<&str> = a.iter().map(|t| t.name.as_str()).collect();
-    let names_b: Vec<&str> = b.iter().map(|t| t.name.as_str()).collect();
-    // Tensors that moved keep their name: pair them by name whatever the sequence diff says.
-    let b_index: BTreeMap<&str, usize> = names_b.iter().enumerate().map(|(i, n)| (*n, i)).collect();
-    let a_index: BTreeMap<&str, usize> = names_a.iter().enumerate().map(|(i, n)| (*n, i)).collect();
+    let (keys_a, keys_b): (Vec<String>, Vec<String>) = (a.iter().map(key).collect(), b.iter().map(key).collect());
+    let names_a: Vec<&str> = keys_a.iter().map(String::as_str).collect();
+    let names_b: Vec<&str> = keys_b.iter().map(String::as_str).collect();
+    // Tensors that moved keep their name: pair them by name whatever the sequence diff says
+    // (not captured nodes, whose keys many share).
+    let b_index: BTreeMap<&str, usize> =
+        names_b.iter().enumerate().filter(|(j, _)| b[*j].node.is_none()).map(|(i, n)| (*n, i)).collect();
+    let a_index: BTreeMap<&str, usize> =
+        names_a.iter().enumerate().filter(|(i, _)| a[*i].node.is_none()).map(|(i, n)| (*n, i)).collect();
     let mut out = Vec::new();
     for op in name_diff(&names_a, &names_b, &a_index) {
         match op {
             DiffOp::Equal { old_index, new_index, len } => {
-                out.extend((0..len).map(|k| Pairing::Same(&a[old_index + k], &b[new_index + k])));
+                out.extend((0..len).map(|k| same_place(&a[old_index + k], &b[new_index + k])));
             }
             DiffOp::Delete { old_index, old_len, .. } => {
-                out.extend((old_index..old_index + old_len).filter_map(|i| moved_or_only_a(a, b, &b_index, i)));
+                out.extend(
+                    (old_index..old_index + old_len).filter_map(|i| moved_or_only_a(a, b, &keys_a, &b_index, i)),
+                );
             }
             DiffOp::Insert { new_index, new_len, .. } => {
                 out.extend(
@@ -53,13 +64,15 @@ pub(crate) fn align<'a>(a: &'a [TensorRecord], b: &'a [TensorRecord]) -> Vec<Pai
                     (new_index..new_index + new_len).filter(|&j| !a_index.contains_key(names_b[j])).collect();
                 let mut news = news.into_iter().peekable();
                 for i in olds {
-                    if let Some(p) = moved_or_only_a(a, b, &b_index, i).filter(|p| matches!(p, Pairing::Same(..))) {
+                    if let Some(p) =
+                        moved_or_only_a(a, b, &keys_a, &b_index, i).filter(|p| matches!(p, Pairing::Same(..)))
+                    {
                         out.push(p);
                         continue;
                     }
                     match news.peek() {
                         Some(&j) if a[i].dtype == b[j].dtype && a[i].shape == b[j].shape => {
-                            out.push(Pairing::Renamed(&a[i], &b[j]));
+                            out.push(same_place(&a[i], &b[j]));
                             news.next();
                         }
                         _ => out.push(Pairing::OnlyA(&a[i])),
@@ -83,14 +96,40 @@ fn name_diff(names_a: &[&str], names_b: &[&str], a_index: &BTreeMap<&str, usize>
     vec![DiffOp::Replace { old_index: 0, old_len: names_a.len(), new_index: 0, new_len: names_b.len() }]
 }
 
+/// What two tensors at the same place of their sequences are: the same tensor, a renamed one,
+/// or a captured node under another ordinal of its scope.
+fn same_place<'a>(x: &'a TensorRecord, y: &'a TensorRecord) -> Pairing<'a> {
+    match (x.name == y.name, x.node.is_some() && y.node.is_some() && scope(&x.name) == scope(&y.name)) {
+        (true, _) => Pairing::Same(x, y),
+        (false, true) => Pairing::Moved(x, y),
+        (false, false) => Pairing::Renamed(x, y),
+    }
+}
+
+/// What the sequence diff compares: a tensor's name, or for a captured node its scope, dtype and
+/// shape (its ordinal shifts when an op is inserted before it).
+fn key(t: &TensorRecord) -> String {
+    match t.node {
+        Some(_) => format!("{}\u{0}{}\u{0}{:?}", scope(&t.name), t.dtype, t.shape),
+        None => t.name.clone(),
+    }
+}
+
+/// The scope of a captured node's name: `h[0]/attn` of `h[0]/attn#3`, `lm_head` of `lm_head#5+2`.
+pub(crate) fn scope(name: &str) -> &str {
+    name.rsplit_once('#').map_or(name, |(scope, _)| scope)
+}
+
 /// A tensor of `a` the diff calls deleted: paired by name if it moved, else only in `a`.
 fn moved_or_only_a<'a>(
     a: &'a [TensorRecord],
     b: &'a [TensorRecord],
+    keys_a: &[String],
     b_index: &BTreeMap<&str, usize>,
     i: usize,
 ) -> Option<Pairing<'a>> {
-    Some(match b_index.get(a[i].name.as_str()) {
+    let by_name = if a[i].node.is_none() { b_index.get(keys_a[i].as_str()) } else { None };
+    Some(match by_name {
         Some(&j) => Pairing::Same(&a[i], &b[j]),
         None => Pairing::OnlyA(&a[i]),
     })
@@ -123,7 +162,7 @@ mod tests {
         p.iter()
             .map(|p| match p {
                 Pairing::Same(x, _) => format!("={}", x.name),
-                Pairing::Renamed(x, y) => format!("{}>{}", x.name, y.name),
+                Pairing::Renamed(x, y) | Pairing::Moved(x, y) => format!("{}>{}", x.name, y.name),
                 Pairing::OnlyA(x) => format!("-{}", x.name),
                 Pairing::OnlyB(y) => format!("+{}", y.name),
             })
@@ -163,5 +202,30 @@ mod tests {
         let big_a: Vec<TensorRecord> = (0..20_000).map(|i| t(&format!("x{i}"), 1)).collect();
         let big_b: Vec<TensorRecord> = (0..20_000).map(|i| t(&format!("y{i}"), 1)).collect();
         assert!(align(&big_a, &big_b).iter().all(|p| matches!(p, Pairing::Renamed(..))));
+    }
+
+    fn node(name: &str, len: u64, index: u64) -> TensorRecord {
+        TensorRecord { node: Some(index), ..t(name, len) }
+    }
+
+    #[test]
+    fn an_op_inserted_in_a_scope_shifts_its_ordinals_but_not_the_pairing() {
+        // B computes one more op at the start of `attn` (an unfused norm, say): by name, every
+        // later `attn#k` would pair with another op; by structure each finds its own.
+        let a = [t("w", 4), node("attn#0", 16, 0), node("attn#1", 384, 1), node("attn#2", 8, 2)];
+        let b = [t("w", 4), node("attn#0", 2, 0), node("attn#1", 16, 1), node("attn#2", 384, 2), node("attn#3", 8, 3)];
+        let pairs: Vec<String> = align(&a, &b)
+            .iter()
+            .map(|p| match p {
+                Pairing::Same(x, _) => x.name.clone(),
+                Pairing::Moved(x, y) => format!("{}~{}", x.name, y.name),
+                Pairing::Renamed(x, y) => format!("{}>{}", x.name, y.name),
+                Pairing::OnlyA(x) => format!("-{}", x.name),
+                Pairing::OnlyB(y) => format!("+{}", y.name),
+            })
+            .collect();
+        assert_eq!(pairs, ["w", "+attn#0", "attn#0~attn#1", "attn#1~attn#2", "attn#2~attn#3"]);
+        assert_eq!(scope("h[0]/attn#3"), "h[0]/attn");
+        assert_eq!(scope("lm_head#5+2"), "lm_head");
     }
 }

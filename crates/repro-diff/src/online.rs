@@ -83,7 +83,7 @@ impl StepCheck for ReferenceCheck {
         for pairing in align(&ours, &reference.tensors) {
             let (mine, theirs) = match pairing {
                 Pairing::Same(a, b) => (a, b),
-                Pairing::Renamed(a, b) => {
+                Pairing::Renamed(a, b) | Pairing::Moved(a, b) => {
                     structure.push(format!("`{}` is `{}` in the reference", a.name, b.name));
                     (a, b)
                 }

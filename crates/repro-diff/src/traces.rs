@@ -4,7 +4,7 @@
 //! Both traces are streamed one step at a time, and tensor values are loaded only for tensors
 //! whose hashes differ, so memory stays at one step's tensors however long the traces are.
 
-use crate::align::{align, Pairing};
+use crate::align::{align, scope, Pairing};
 use crate::divergence::Divergence;
 use crate::metrics::{compare_values, TensorMetrics};
 use crate::root_cause::{analyze, Entry, RootCause};
@@ -216,6 +216,21 @@ pub enum StructuralDifference {
         /// At how many steps.
         steps: u64,
     },
+    /// A captured graph whose nodes differ in a scope: ops inserted or removed there (a fused
+    /// kernel against the ops it replaces, say). Its nodes are paired by dtype and shape at
+    /// their place in the graph, not by their ordinals (`scope#k`), which shift.
+    GraphChanged {
+        /// The scope (`h[0]/ln_1`).
+        scope: String,
+        /// The first step where it differs.
+        first_step: u64,
+        /// At how many steps.
+        steps: u64,
+        /// Nodes of the scope only A has, at the first step.
+        only_in_a: u64,
+        /// Nodes of the scope only B has, at the first step.
+        only_in_b: u64,
+    },
     /// Steps recorded in only one trace.
     MissingSteps {
         /// Which trace lacks them: "a" or "b".
@@ -233,6 +248,7 @@ impl StructuralDifference {
             StructuralDifference::MissingTensor { steps, .. }
             | StructuralDifference::Mismatch { steps, .. }
             | StructuralDifference::Renamed { steps, .. }
+            | StructuralDifference::GraphChanged { steps, .. }
             | StructuralDifference::MissingSteps { steps, .. } => steps,
         }
     }
@@ -517,6 +533,15 @@ impl DiffState {
         self.steps_compared += 1;
         let first_divergent = self.first.is_none();
         let mut entries = Vec::new();
+        // Scopes of a captured graph whose nodes differ, in graph order: nodes only in A, only in B.
+        let mut changed: Vec<(&str, (u64, u64))> = Vec::new();
+        fn counts<'v, 's>(changed: &'v mut Vec<(&'s str, (u64, u64))>, scope: &'s str) -> &'v mut (u64, u64) {
+            let at = changed.iter().position(|(s, _)| *s == scope).unwrap_or_else(|| {
+                changed.push((scope, (0, 0)));
+                changed.len() - 1
+            });
+            &mut changed[at].1
+        }
         for pairing in align(&sa.tensors, &sb.tensors) {
             let (ta, tb) = match pairing {
                 Pairing::Same(ta, tb) => (ta, tb),
@@ -524,13 +549,23 @@ impl DiffState {
                     self.renamed(ta, tb, sa.step);
                     (ta, tb)
                 }
+                Pairing::Moved(ta, tb) => {
+                    counts(&mut changed, scope(&ta.name));
+                    (ta, tb)
+                }
                 Pairing::OnlyA(ta) => {
-                    self.missing_tensor("b", &ta.name, sa.step);
+                    match ta.node {
+                        Some(_) => counts(&mut changed, scope(&ta.name)).0 += 1,
+                        None => self.missing_tensor("b", &ta.name, sa.step),
+                    }
                     entries.push(Entry::new(ta, None, false));
                     continue;
                 }
                 Pairing::OnlyB(tb) => {
-                    self.missing_tensor("a", &tb.name, sb.step);
+                    match tb.node {
+                        Some(_) => counts(&mut changed, scope(&tb.name)).1 += 1,
+                        None => self.missing_tensor("a", &tb.name, sb.step),
+                    }
                     continue;
                 }
             };
@@ -594,6 +629,15 @@ impl DiffState {
             }
             self.histories[h].diverged(sa.step, metrics);
             entries.push(Entry::new(ta, Some(divergence), true));
+        }
+        for (scope, (only_in_a, only_in_b)) in changed {
+            self.structural(format!("graph/{scope}"), || StructuralDifference::GraphChanged {
+                scope: scope.to_string(),
+                first_step: sa.step,
+                steps: 1,
+                only_in_a,
+                only_in_b,
+            });
         }
         if first_divergent && self.first.is_some() {
             self.root_cause = analyze(&entries, self.first_within_step);

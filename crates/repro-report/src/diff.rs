@@ -138,6 +138,28 @@ fn write_diff(out: &mut String, d: &TraceDiff, disagreement: Option<&str>, text:
         }
         None => writeln!(out, "DIVERGED  first at step {}, tensor `{}` ({})", first.step, first.tensor, first.kind)?,
     }
+    // A graph that changed explains a divergence before any value does: say so first.
+    let changed: Vec<&str> = d
+        .structure
+        .iter()
+        .filter_map(|s| match s {
+            StructuralDifference::GraphChanged { scope, first_step, .. } if *first_step <= first.step => {
+                Some(scope.as_str())
+            }
+            _ => None,
+        })
+        .collect();
+    if let Some(first_changed) = changed.first() {
+        let more = match changed.len() {
+            1 => String::new(),
+            n => format!(" and {} more scope(s), listed under \"structure differs\"", n - 1),
+        };
+        writeln!(
+            out,
+            "  the graph changed in scope `{first_changed}`{more}: nodes are paired by dtype and shape at their place \
+             in the graph, not by their numbers"
+        )?;
+    }
     // Without recorded op inputs or a captured graph the analysis says no more than the first
     // difference does.
     let root = d.root_cause.as_ref().filter(|r| r.inputs_recorded || r.rule != CauseRule::FirstDifference);
@@ -407,6 +429,21 @@ fn write_missing_gradients(out: &mut String, a: &TraceSide, b: &TraceSide) -> fm
     Ok(())
 }
 
+/// `the graph changed in scope `h[0]/ln_1` (15 node(s) only in A), ...`, for a `GraphChanged`
+/// difference.
+fn graph_changed(item: &StructuralDifference) -> String {
+    let StructuralDifference::GraphChanged { scope, first_step, steps, only_in_a, only_in_b } = item else {
+        return String::new();
+    };
+    let count = |n: &u64, side: &str| match n {
+        0 => None,
+        n => Some(format!("{n} node(s) only in {side}")),
+    };
+    let counts: Vec<String> = [count(only_in_a, "A"), count(only_in_b, "B")].into_iter().flatten().collect();
+    let counts = if counts.is_empty() { "its nodes are numbered differently".to_string() } else { counts.join(", ") };
+    format!("the graph changed in scope `{scope}` ({counts}), at {steps} step(s) from step {first_step}")
+}
+
 fn write_structure(out: &mut String, items: &[StructuralDifference], text: &DiffText) -> fmt::Result {
     // Brief, the list is cut at ten lines unless --rows says otherwise.
     let text = DiffText { rows: text.rows.or(text.brief.then_some(10)), ..text.clone() };
@@ -427,6 +464,7 @@ fn write_structure(out: &mut String, items: &[StructuralDifference], text: &Diff
             StructuralDifference::Mismatch { tensor, first_step, steps, a, b } => {
                 writeln!(out, "  `{tensor}` is {a} in A but {b} in B, at {steps} step(s) from step {first_step}")?
             }
+            StructuralDifference::GraphChanged { .. } => writeln!(out, "  {}", graph_changed(item))?,
         }
         Ok(())
     })
