@@ -198,6 +198,7 @@ fn write_big_trace(dir: &Path, steps: u64, mib: usize, offset: u32) {
             inputs: vec![],
             node: None,
             collective: None,
+            source: None,
         };
         w.write_step(step, vec![StepTensor { record, payload: Some(values) }]).unwrap();
     }

@@ -36,10 +36,11 @@ FRAME_HEADER_LEN = 8
 MAX_RECORD_BYTES = 16 * 1024 * 1024
 MAX_NESTING = 32  # a record with this many nested maps/arrays (or more) is corrupt (section 7)
 MAX_RANK = 16
+MAX_SOURCE_BYTES = 4096  # longest `source` (format 1.4)
 U16_MAX = 2**16 - 1
 U64_MAX = 2**64 - 1
 SUPPORTED_MAJOR = 1
-READER_VERSION = "1.3"
+READER_VERSION = "1.4"
 RECORDS_FILE = "records.rpr"
 TENSORS_DIR = "tensors"
 
@@ -118,6 +119,7 @@ class Tensor:
     inputs: list[str]
     node: Optional[int]
     collective: Optional[str] = None  # format 1.3: the result of a sum across ranks
+    source: Optional[str] = None  # format 1.4: a captured node's scope's FILE:LINE
 
     @property
     def nbytes(self) -> int:
@@ -343,6 +345,7 @@ def _parse_tensor(m, i: int) -> Tensor:
         inputs=[_str(x, f"{what} input name") for x in _list(m.get("inputs", []), f"{what} `inputs`")],
         node=_opt(m, "node", what, _uint),
         collective=_opt(m, "collective", what, _str),
+        source=_opt(m, "source", what, _str),
     )
 
 
@@ -547,6 +550,13 @@ class Trace:
                 self._needs((1, 1), "`phase` or `inputs`", where)
             if t.node is not None:
                 self._needs((1, 2), "`node`", where)
+            if t.source is not None:
+                self._needs((1, 4), "`source`", where)
+                if t.node is None:
+                    raise self._corrupt(f"tensor `{t.name}`: `source` is a captured node's: the record has no `node`", where)
+                if len(t.source.encode()) > MAX_SOURCE_BYTES:
+                    raise self._corrupt(f"tensor `{t.name}`: `source` is {len(t.source.encode())} bytes (at most "
+                                        f"{MAX_SOURCE_BYTES})", where)
             if t.collective is not None:
                 self._needs((1, 3), "`collective`", where)
                 if t.collective != "all_reduce_sum":

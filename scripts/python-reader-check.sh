@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Checks the independent Python reader of the trace format (python/repro_trace.py) against
-# traces recorded by repro and the committed fixtures (formats 1.0 to 1.3).
+# traces recorded by repro (format 1.4) and the committed fixtures (formats 1.0 to 1.3).
 #
 #   scripts/python-reader-check.sh          # uses target/release/repro
 #   REPRO_BIN=path/to/repro scripts/python-reader-check.sh
@@ -155,6 +155,20 @@ print(f"rank {d['rank']} of {d['world_size']} ({d['backend']} {d['backend_versio
 PYEOF
 )
 if [ $? = 0 ]; then ok "data-parallel rank stream: $out"; else fail "data-parallel rank stream: $out"; fi
+
+# Format 1.4: a captured node carries where its scope was opened.
+out=$(PYTHONPATH=python "$PY" - "$WORK/gpt" <<'PYEOF' 2>&1
+import sys
+from repro_trace import Trace
+t = Trace(sys.argv[1])
+assert t.version == (1, 4), t.version
+nodes = [x for s in t.steps() for x in s.tensors if x.node is not None]
+sourced = [x for x in nodes if x.source]
+assert sourced and all(x.source.startswith("src/workloads/gpt/model.rs:") for x in sourced), sourced[:3]
+print(f"format 1.4: {len(sourced)} of {len(nodes)} captured nodes name their scope's source line")
+PYEOF
+)
+if [ $? = 0 ]; then ok "$out"; else fail "captured nodes' source (1.4): $out"; fi
 
 # --- diff -----------------------------------------------------------------------------------
 run_reader out rc diff "$WORK/adder-a" "$WORK/adder-b"

@@ -21,6 +21,8 @@ pub struct GraphNode {
     pub name: String,
     /// Whether the node is a variable (a parameter: a leaf of the graph).
     pub is_variable: bool,
+    /// Where its innermost scope was opened (`FILE:LINE`), when known.
+    pub source: Option<String>,
     /// The tensor.
     pub tensor: Tensor,
 }
@@ -49,6 +51,7 @@ pub(crate) fn graph_nodes(
     let mut nodes: Vec<GraphNode> = Vec::with_capacity(sorted.len());
     for (position, t) in sorted.into_iter().enumerate() {
         let id = tensor_number(t);
+        let mut source = None;
         let name = if let Some(var) = variables.get(&id).filter(|_| t.is_variable()) {
             (anchor, since_anchor) = (Some(nodes.len()), 0);
             var.clone()
@@ -56,12 +59,14 @@ pub(crate) fn graph_nodes(
             let name = format!("{}#{}", scope_names[scope], per_scope[scope]);
             per_scope[scope] += 1;
             (anchor, since_anchor) = (Some(nodes.len()), 0);
+            source = spans[scope].source.clone();
             name
         } else {
             since_anchor += 1;
             format!("{}+{since_anchor}", anchor.map_or("graph", |a| nodes[a].name.as_str()))
         };
-        nodes.push(GraphNode { position: position as u64, name, is_variable: t.is_variable(), tensor: t.clone() });
+        let is_variable = t.is_variable();
+        nodes.push(GraphNode { position: position as u64, name, is_variable, source, tensor: t.clone() });
     }
     nodes
 }
@@ -195,7 +200,7 @@ mod tests {
                     0 | 1 if open.len() < 6 => {
                         let path = (0..=open.len()).map(|d| (format!("s{d}"), 0)).collect();
                         open.push(spans.len());
-                        spans.push(ScopeSpan { path, start: id, end: u64::MAX });
+                        spans.push(ScopeSpan { path, start: id, end: u64::MAX, source: None });
                     }
                     2 => {
                         if let Some(i) = open.pop() {
@@ -214,8 +219,8 @@ mod tests {
         }
         // Scopes that overlap without nesting fall back to the scan.
         let overlapping = [
-            ScopeSpan { path: vec![("a".into(), 0)], start: 0, end: 5 },
-            ScopeSpan { path: vec![("b".into(), 0)], start: 3, end: 8 },
+            ScopeSpan { path: vec![("a".into(), 0)], start: 0, end: 5, source: None },
+            ScopeSpan { path: vec![("b".into(), 0)], start: 3, end: 8, source: None },
         ];
         assert!(matches!(Innermost::new(&overlapping), Innermost::Scan));
     }
@@ -226,6 +231,7 @@ mod tests {
             path: path.iter().map(|(n, o)| (n.to_string(), *o)).collect(),
             start,
             end: start + 1,
+            source: None,
         };
         let spans = [
             span(&[("layers", 0), ("attn", 0)], 1),

@@ -123,6 +123,7 @@ impl ModelCapture {
                     inputs: &[],
                     node: Some(node.position),
                     collective: None,
+                    source: node.source,
                 };
                 records.push(what, &node.tensor, false)?;
             }

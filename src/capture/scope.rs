@@ -42,6 +42,8 @@ pub(crate) struct ScopeSpan {
     pub start: u64,
     /// One past the last (`u64::MAX` while still open).
     pub end: u64,
+    /// Where in the source it was opened (`FILE:LINE`), when known.
+    pub source: Option<String>,
 }
 
 #[derive(Default)]
@@ -49,6 +51,7 @@ struct Frame {
     name: String,
     ordinal: usize,
     start: u64,
+    source: Option<String>,
     /// How many children of each name were entered so far.
     children: BTreeMap<String, usize>,
 }
@@ -67,8 +70,8 @@ thread_local! {
     static LOG: RefCell<ScopeLog> = RefCell::new(ScopeLog::default());
 }
 
-/// Opens a scope named `name` inside the innermost open one.
-pub(crate) fn enter(name: &str) {
+/// Opens a scope named `name` inside the innermost open one, opened at `source` (`FILE:LINE`).
+pub(crate) fn enter(name: &str, source: Option<String>) {
     let start = next_tensor_id();
     LOG.with(|log| {
         let mut log = log.borrow_mut();
@@ -79,7 +82,7 @@ pub(crate) fn enter(name: &str) {
         let counter = siblings.entry(name.to_string()).or_insert(0);
         let ordinal = *counter;
         *counter += 1;
-        log.open.push(Frame { name: name.to_string(), ordinal, start, children: BTreeMap::new() });
+        log.open.push(Frame { name: name.to_string(), ordinal, start, source, children: BTreeMap::new() });
     });
 }
 
@@ -93,7 +96,7 @@ pub(crate) fn exit(name: &str) {
         }
         let path = path_of(&log.open);
         let frame = log.open.pop().expect("checked above");
-        log.closed.push(ScopeSpan { path, start: frame.start, end });
+        log.closed.push(ScopeSpan { path, start: frame.start, end, source: frame.source });
     });
 }
 
@@ -109,7 +112,8 @@ pub(crate) fn take_step() -> Vec<ScopeSpan> {
         let mut spans = std::mem::take(&mut log.closed);
         for depth in 0..log.open.len() {
             let path = path_of(&log.open[..=depth]);
-            spans.push(ScopeSpan { path, start: log.open[depth].start, end: u64::MAX });
+            let (start, source) = (log.open[depth].start, log.open[depth].source.clone());
+            spans.push(ScopeSpan { path, start, end: u64::MAX, source });
         }
         log.top_children.clear();
         for frame in &mut log.open {
@@ -120,9 +124,12 @@ pub(crate) fn take_step() -> Vec<ScopeSpan> {
 }
 
 /// Runs `f` inside a scope named `name`: graph nodes it creates are named after the scope
-/// (`block.3.attn#0`, `block.3.attn#1`, ...), nested inside any scope already open.
+/// (`block.3.attn#0`, `block.3.attn#1`, ...), nested inside any scope already open, and carry
+/// the file and line of this call (the trace's `source`), so a node points at your code.
+#[track_caller]
 pub fn scope<R>(name: &str, f: impl FnOnce() -> R) -> R {
-    enter(name);
+    let caller = std::panic::Location::caller();
+    enter(name, Some(format!("{}:{}", caller.file(), caller.line())));
     let result = f();
     exit(name);
     result
@@ -148,7 +155,9 @@ where
 {
     fn on_enter(&self, id: &tracing::span::Id, ctx: tracing_subscriber::layer::Context<'_, S>) {
         if let Some(span) = ctx.span(id) {
-            enter(span.name());
+            let meta = span.metadata();
+            let source = meta.file().map(|file| format!("{file}:{}", meta.line().unwrap_or(0)));
+            enter(span.name(), source);
         }
     }
 
@@ -186,7 +195,9 @@ mod tests {
         take_step();
         let before = make();
         let (a, b) = scope("block", || (scope("attn", make), scope("attn", make)));
+        let line = line!() - 1;
         let spans = take_step();
+        assert_eq!(spans[0].source, Some(format!("{}:{line}", file!())), "the caller's line");
         let paths: Vec<_> = spans.iter().map(|s| s.path.clone()).collect();
         let attn = |i| vec![("block".to_string(), 0), ("attn".to_string(), i)];
         assert_eq!(paths, vec![attn(0), attn(1), vec![("block".to_string(), 0)]]);

@@ -73,6 +73,7 @@ mod tests {
                 inputs: Vec::new(),
                 node: None,
                 collective: None,
+                source: None,
             },
             payload: None,
         };

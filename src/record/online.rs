@@ -150,6 +150,7 @@ mod tests {
             inputs: Vec::new(),
             node: None,
             collective: None,
+            source: None,
         };
         vec![StepTensor { record, payload: Some(vec![7]) }]
     }

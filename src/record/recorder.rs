@@ -348,7 +348,15 @@ impl StepRecorder<'_> {
     ) {
         self.record_in_background(None, move |records| {
             for (name, var) in vars.iter() {
-                let what = Described { name: name.clone(), kind, phase, inputs: &[], node: None, collective: None };
+                let what = Described {
+                    name: name.clone(),
+                    kind,
+                    phase,
+                    inputs: &[],
+                    node: None,
+                    collective: None,
+                    source: None,
+                };
                 records.push(what, var.as_tensor(), false)?;
             }
             Ok(())
@@ -486,7 +494,7 @@ impl StepRecorder<'_> {
             if !self.names.insert(name.to_string()) {
                 return Err(RecordError::Unsupported(format!("tensor `{name}` recorded twice in step {}", self.step)));
             }
-            let what = Described { name: name.to_string(), kind, phase, inputs, node, collective };
+            let what = Described { name: name.to_string(), kind, phase, inputs, node, collective, source: None };
             self.records.push(what, tensor, snapshot)
         })
     }

@@ -18,6 +18,8 @@ pub(crate) struct Described<'a> {
     pub inputs: &'a [&'a str],
     pub node: Option<u64>,
     pub collective: Option<&'a str>,
+    /// A captured node's scope's `FILE:LINE`.
+    pub source: Option<String>,
 }
 
 /// Records of one step, or of one part of it.
@@ -85,6 +87,7 @@ impl StepRecords {
                     inputs: what.inputs.iter().map(|s| s.to_string()).collect(),
                     node: what.node,
                     collective: what.collective.map(str::to_string),
+                    source: what.source,
                 },
                 payload,
             });

@@ -192,6 +192,7 @@ mod tests {
             inputs: &[],
             node: None,
             collective: None,
+            source: None,
         };
         records.push(what, &tensor, false)
     }

@@ -136,6 +136,7 @@ mod tests {
             inputs: Vec::new(),
             node: None,
             collective: None,
+            source: None,
         };
         vec![StepTensor { record, payload: None }]
     }

@@ -380,3 +380,21 @@ fn a_changed_graph_is_named_first_and_its_nodes_pair_by_structure() {
     let said = text.find("the graph changed in scope").expect("the changed graph is named");
     assert!(said < text.find("root cause:").unwrap(), "named before the root cause:\n{text}");
 }
+
+/// Issue 34, section 5: a node created in `repro::capture::scope` points at the line of the
+/// user's code that opened the scope (format 1.4 `source`).
+#[test]
+fn a_scope_s_nodes_point_at_the_line_that_opened_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("any");
+    let run = repro(&["record", "--out", s(&out), "--", s(&crate::util::example("any_model"))]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let source = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/any_model.rs")).unwrap();
+    let line = source.lines().position(|l| l.contains("scope(\"net\"")).unwrap() + 1;
+    let mut reader = repro::trace::TraceReader::open(&out).unwrap();
+    let step = reader.next_step().unwrap().unwrap();
+    let net = step.tensors.iter().find(|t| t.name.starts_with("net")).expect("a node of the `net` scope");
+    assert_eq!(net.source.as_deref(), Some(format!("examples/any_model.rs:{line}").as_str()), "{net:?}");
+    // Parameters and data carry none.
+    assert!(step.tensors.iter().filter(|t| t.node.is_none()).all(|t| t.source.is_none()));
+}

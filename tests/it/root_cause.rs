@@ -84,6 +84,7 @@ fn synthetic(dir: &Path, ops: &[(&str, u8, &[&str])]) {
                     inputs: inputs.iter().map(|s| s.to_string()).collect(),
                     node: None,
                     collective: None,
+                    source: None,
                 },
                 payload: None,
             }

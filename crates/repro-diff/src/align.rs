@@ -155,6 +155,7 @@ mod tests {
             inputs: vec![],
             node: None,
             collective: None,
+            source: None,
         }
     }
 

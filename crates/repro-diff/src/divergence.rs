@@ -27,6 +27,9 @@ pub struct Divergence {
     /// B's dtype and shape, when they differ from A's (then there are no metrics).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub b_layout: Option<(DType, Vec<u64>)>,
+    /// For a captured node, where its scope was opened in A's source (`FILE:LINE`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
 }
 
 impl Divergence {
@@ -42,6 +45,7 @@ impl Divergence {
             shape: tensor.shape.clone(),
             metrics,
             b_layout: None,
+            source: tensor.source.clone(),
         }
     }
 }

@@ -470,6 +470,7 @@ mod tests {
                         inputs: sum_of.iter().map(|s| s.to_string()).collect(),
                         node: None,
                         collective: sum_of.map(|_| repro_trace::format::ALL_REDUCE_SUM.to_string()),
+                        source: None,
                     };
                     StepTensor { record, payload: None }
                 })

@@ -365,6 +365,7 @@ mod tests {
                 shape: vec![1],
                 metrics: None,
                 b_layout: None,
+                source: None,
             }),
             within: false,
             compared: true,

@@ -46,6 +46,7 @@ fn write_one_value(dir: &Path, value: f32, params: &[(&str, &str)], device: &str
         inputs: Vec::new(),
         node: None,
         collective: None,
+        source: None,
     };
     w.write_step(0, vec![StepTensor { record, payload: None }]).unwrap();
     w.finish().unwrap();

@@ -289,7 +289,8 @@ fn divergence_metrics(d: &Divergence) -> String {
 
 /// The root-cause block: the cause, divergences of their own, and what follows from them.
 pub fn write_root_cause(out: &mut String, r: &RootCause) -> fmt::Result {
-    writeln!(out, "root cause: {} at step {}", describe(&r.cause), r.cause.step)?;
+    let source = r.cause.source.as_deref().map_or(String::new(), |s| format!(", in the scope opened at {s}"));
+    writeln!(out, "root cause: {} at step {}{source}", describe(&r.cause), r.cause.step)?;
     let drift = || {
         let from = r.drift_from.as_deref().map_or(String::new(), |n| format!(", first at `{n}` in this step"));
         let since =

@@ -24,7 +24,7 @@ pub struct FormatVersion {
 ///   kind `input`; readers take unknown tensor kinds as `other`.
 /// - 1.2: tensor records may carry `node` (position in an automatically captured graph); step
 ///   records may carry `no_gradient` (parameters that received no gradient).
-pub const CURRENT_FORMAT: FormatVersion = FormatVersion { major: 1, minor: 3 };
+pub const CURRENT_FORMAT: FormatVersion = FormatVersion { major: 1, minor: 4 };
 
 impl FormatVersion {
     /// Whether this build can read a trace written in `self`.
@@ -67,6 +67,9 @@ pub const TENSORS_DIR: &str = "tensors";
 
 /// Largest record (frame payload) a reader accepts, in bytes.
 pub const MAX_RECORD_BYTES: u32 = 16 * 1024 * 1024;
+
+/// Longest `source` location (format 1.4) a reader accepts, in bytes.
+pub const MAX_SOURCE_BYTES: usize = 4096;
 
 /// Deepest msgpack nesting a reader accepts.
 pub const MAX_NESTING: usize = 32;

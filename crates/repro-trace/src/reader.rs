@@ -492,6 +492,15 @@ impl TraceReader {
         if t.node.is_some() {
             self.needs_version(1, 2, "`node`")?;
         }
+        if let Some(source) = &t.source {
+            self.needs_version(1, 4, "`source`")?;
+            if t.node.is_none() {
+                return Err("`source` is a captured node's: the record has no `node`".into());
+            }
+            if source.len() > format::MAX_SOURCE_BYTES {
+                return Err(format!("`source` is {} bytes (at most {})", source.len(), format::MAX_SOURCE_BYTES));
+            }
+        }
         let Some(collective) = &t.collective else { return Ok(()) };
         self.needs_version(1, 3, "`collective`")?;
         if collective != format::ALL_REDUCE_SUM {
@@ -640,6 +649,7 @@ mod tests {
             inputs: vec![],
             node: None,
             collective: None,
+            source: None,
         }
     }
 
@@ -704,6 +714,7 @@ mod tests {
         let named = |name: &str, shape: Vec<u64>, collective: Option<&str>, inputs: &[&str]| TensorRecord {
             name: name.into(),
             collective: collective.map(str::to_string),
+            source: None,
             inputs: inputs.iter().map(|s| s.to_string()).collect(),
             ..tensor(shape.clone(), Some(vec![0; 4 * shape.iter().product::<u64>() as usize]), false)
         };
@@ -762,8 +773,22 @@ mod tests {
         let phase = TensorRecord { phase: Some(crate::Phase::Forward), ..tensor(vec![1], Some(vec![0; 4]), false) };
         let phase = err(v(0), &[header_in(v(0), None), step_with(phase, None)]);
         assert!(phase.contains("is a key of format 1.1"), "{phase}");
+        let sourced = |node| TensorRecord {
+            node,
+            source: Some("src/model.rs:42".into()),
+            ..tensor(vec![1], Some(vec![0; 4]), false)
+        };
+        let source = err(v(3), &[header_in(v(3), None), step_with(sourced(Some(0)), None)]);
+        assert!(source.contains("`source` is a key of format 1.4"), "{source}");
+        // A source is a captured node's, of bounded length.
+        let stray = err(v(4), &[header_in(v(4), None), step_with(sourced(None), None)]);
+        assert!(stray.contains("`source` is a captured node's"), "{stray}");
+        let long = TensorRecord { source: Some("x".repeat(5000)), ..sourced(Some(0)) };
+        let long = err(v(4), &[header_in(v(4), None), step_with(long, None)]);
+        assert!(long.contains("`source` is 5000 bytes"), "{long}");
         // The same keys in files that declare their version are read.
         assert_eq!(err(v(2), &[header_in(v(2), None), footer(Some("budget"))]), "");
+        assert_eq!(err(v(4), &[header_in(v(4), None), step_with(sourced(Some(0)), None)]), "");
     }
 
     #[test]

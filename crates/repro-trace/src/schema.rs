@@ -140,6 +140,11 @@ pub struct TensorRecord {
     /// records its own under the same name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub collective: Option<String>,
+    /// For a node of an automatically captured graph (format 1.4): where in the source the
+    /// scope it was created in was opened, `FILE:LINE` (`repro::capture::scope` at the user's
+    /// call, or a `tracing` span's callsite).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
 }
 
 impl TensorRecord {

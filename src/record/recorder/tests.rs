@@ -136,6 +136,7 @@ fn an_error_in_a_part_from_the_worker_fails_the_step_and_the_step_is_not_written
             inputs: &[],
             node: None,
             collective: None,
+            source: None,
         };
         records.push(what, &twice, false)
     });
