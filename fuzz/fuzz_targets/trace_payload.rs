@@ -51,6 +51,7 @@ fn write_trace(dir: &std::path::Path) {
                 inputs: vec![],
                 node: None,
                 collective: None,
+                source: None,
             },
             payload: Some(bytes),
         })
