@@ -184,6 +184,12 @@ fi
 run_reader out rc diff fixtures/gpu-h100/adder-atomic-r0 fixtures/gpu-h100/adder-atomic-r0
 if [ "$rc" = 0 ]; then ok "diff of a fixture with itself: $out"; else fail "diff of a fixture with itself exited $rc: $out"; fi
 
+# --- writer -------------------------------------------------------------------------------
+# The Python writer and PyTorch recorder (python/tests): what they write, repro verifies; a run
+# rewritten from Python is byte-identical; torch's tests are skipped where torch is missing.
+out=$(REPRO_BIN="$REPRO_BIN" PYTHONPATH=python "$PY" -W ignore -m unittest discover -s python/tests 2>&1)
+if [ $? = 0 ]; then ok "python writer: $(tail -1 <<<"$out") ($(grep -c '' <<<"$out") lines)"; else fail "python writer: $out"; fi
+
 # --- damage ---------------------------------------------------------------------------------
 cp -r "$WORK/adder-a" "$WORK/payload-flip"
 flip_byte "$WORK/payload-flip/tensors/step-00000002.safetensors" -1

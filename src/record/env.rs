@@ -89,17 +89,22 @@ impl RecordEnv {
     }
 
     /// The variables that pass this contract to a program: each one set, or removed (so that
-    /// nothing of the caller's own environment leaks into the run).
+    /// nothing of the caller's own environment leaks into the run). A fault is the exception:
+    /// without one here, the caller's `REPRO_PERTURB` reaches the program (`REPRO_PERTURB=3:fc:1
+    /// repro record -- CMD` plants one in a program's run).
     pub fn vars(&self) -> Vec<(&'static str, Option<OsString>)> {
         let flag = |on: bool| on.then(|| OsString::from("1"));
-        vec![
+        let mut vars = vec![
             (TRACE_DIR_ENV, self.dir.clone().map(OsString::from)),
             (CAPTURE_ENV, self.capture.as_ref().map(|c| OsString::from(c.to_string()))),
             (REPLACE_ENV, flag(self.replace)),
             (AGAINST_ENV, self.against.clone().map(OsString::from)),
             (KEEP_GOING_ENV, flag(self.keep_going)),
-            (PERTURB_ENV, self.perturbation.as_ref().map(|p| OsString::from(p.to_string()))),
-        ]
+        ];
+        if let Some(p) = &self.perturbation {
+            vars.push((PERTURB_ENV, Some(OsString::from(p.to_string()))));
+        }
+        vars
     }
 
     /// `options` with what the contract asks: its capture policy in place of theirs, replacing,

@@ -1,0 +1,363 @@
+"""A writer of the repro trace format (docs/trace-format.md, format 1.4), in Python.
+
+It writes what `repro record` writes, so `repro diff`, `inspect`, `matrix` and `gate` read a run
+recorded from Python like one recorded by repro: framed msgpack records (section 2), step
+records with tensors inline, in a safetensors payload or as hashes only (sections 3, 4, 6), and
+the canonical hash of section 5 (`repro_trace.tensor_hash`, shared with the reader). It takes
+tensors as (dtype, shape, element bytes); `repro_torch` feeds it PyTorch tensors.
+
+It is pure Python over msgpack, blake3, numpy and safetensors (the packages the reader uses):
+installing it needs no Rust toolchain, and that the Rust and Python sides agree is tested by
+`repro inspect --verify`, which recomputes every hash a Python-written trace holds
+(scripts/python-writer-check.sh, in CI).
+
+    w = TraceWriter("runs/torch", run={"workload": "mine", "steps": 10, "params": {"lr": "0.1"}})
+    w.write_step(0, [Record("x", "input", "F32", [2], struct.pack("<2f", 1, 2))])
+    w.finish()
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import platform
+import re
+import struct
+import zlib
+from dataclasses import dataclass, field
+from typing import Iterable, Optional, Sequence
+
+import msgpack
+import numpy as np
+import safetensors
+
+from repro_trace import (
+    DTYPE_SIZES,
+    KINDS,
+    MAGIC,
+    MAX_RANK,
+    MAX_RECORD_BYTES,
+    MAX_SOURCE_BYTES,
+    PHASES,
+    RECORDS_FILE,
+    TENSORS_DIR,
+    parse_capture,
+    payload_name,
+    tensor_hash,
+)
+
+FORMAT = (1, 4)
+VERSION = "0.1.0"
+LOCK_FILE = ".repro-lock"
+# The safetensors package's names for the trace's dtypes (section 4.2 stores the trace's own).
+_SAFETENSORS_DTYPES = {
+    "U8": "uint8", "U32": "uint32", "I16": "int16", "I32": "int32", "I64": "int64",
+    "F16": "float16", "BF16": "bfloat16", "F32": "float32", "F64": "float64",
+}
+# Variables that can change numerics between otherwise equal runs (section 3.2), as repro records
+# them, and PyTorch's own.
+NUMERICS_ENV_VARS = sorted([
+    "CANDLE_GRAD_DO_NOT_DETACH", "CANDLE_NUM_THREADS", "CUBLAS_WORKSPACE_CONFIG", "CUDA_LAUNCH_BLOCKING",
+    "CUDA_VISIBLE_DEVICES", "NVIDIA_TF32_OVERRIDE", "OMP_NUM_THREADS", "RAYON_NUM_THREADS", "REPRO_TF32",
+    "NCCL_ALGO", "NCCL_BUFFSIZE", "NCCL_COLLNET_ENABLE", "NCCL_IB_DISABLE", "NCCL_MAX_CTAS",
+    "NCCL_MAX_NCHANNELS", "NCCL_MIN_CTAS", "NCCL_MIN_NCHANNELS", "NCCL_NTHREADS", "NCCL_NVLS_ENABLE",
+    "NCCL_P2P_DISABLE", "NCCL_PROTO", "NCCL_SHM_DISABLE", "MKL_NUM_THREADS",
+    "TORCH_CUDNN_V8_API_DISABLED", "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE",
+])
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+
+class WriteError(Exception):
+    """A request the writer refuses (bad name, shape, bytes, or a directory it will not touch)."""
+
+
+@dataclass
+class Record:
+    """One tensor of a step: what it is, and its canonical element bytes (section 5.1)."""
+
+    name: str
+    kind: str
+    dtype: str
+    shape: Sequence[int]
+    data: bytes
+    phase: Optional[str] = None
+    inputs: Sequence[str] = ()
+    node: Optional[int] = None
+    source: Optional[str] = None
+
+
+@dataclass
+class Environment:
+    """The header's environment (section 3.2). A PyTorch run puts torch's version where repro
+    puts candle's, and leaves `rustc` empty."""
+
+    repro_version: str = f"repro-py {VERSION}"
+    candle_version: str = ""
+    device: str = "cpu"
+    device_name: str = ""
+    cpu_model: str = ""
+    os: str = f"{platform.system().lower()} {platform.machine()}"
+    rustc: str = ""
+    threads: int = 1
+    env: dict = field(default_factory=lambda: {k: os.environ[k] for k in NUMERICS_ENV_VARS if k in os.environ})
+
+
+def cpu_model() -> str:
+    """The host's CPU model, as /proc/cpuinfo names it (empty where there is none)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return _CONTROL.sub("?", line.split(":", 1)[1].strip())
+    except OSError:
+        pass
+    return ""
+
+
+def _printable(what: str, text: str) -> None:
+    if _CONTROL.search(text):
+        raise WriteError(f"{what} {text!r} holds a control character, which reports would print to a terminal")
+
+
+def capture_text(capture) -> str:
+    """The canonical text of a capture policy given as text or as `repro_trace.parse_capture`
+    gives it (a trace's header, read back)."""
+    if isinstance(capture, str):
+        return capture
+    kind, arg = capture[0], capture[-1]
+    if kind == "every":
+        return f"every:{arg}"
+    if kind == "steps":
+        return "steps:" + ",".join(str(n) for n in arg)
+    return kind
+
+
+def _wants_full(full: tuple, step: int, first: int, total: Optional[int]) -> bool:
+    kind, arg = full[0], full[-1]
+    if kind == "none":
+        return False
+    if kind == "all":
+        return True
+    if kind == "first-and-last":
+        return step == first or (total is not None and step + 1 == total)
+    if kind == "every":
+        return step % arg == 0
+    return step in arg  # steps:A,B
+
+
+class TraceWriter:
+    """Writes one trace directory, crash-safely (section 4.3): a payload is written under a
+    temporary name, synced and renamed before its step record is appended in one write; the
+    footer is synced last. A second writer is refused while this one holds the lock."""
+
+    def __init__(
+        self,
+        path: str,
+        run: dict,
+        capture: str = "first-and-last",
+        inline_max_bytes: int = 256,
+        replace: bool = False,
+        environment: Optional[Environment] = None,
+        producer: str = f"repro-py {VERSION}",
+        distributed: Optional[dict] = None,
+    ):
+        self.path = path
+        capture = capture_text(capture)
+        try:
+            self._full = parse_capture(capture)
+        except Exception:
+            raise WriteError(f"capture policy {capture!r} is not one of none, all, first-and-last, every:N, steps:A,B") from None
+        self._capture = capture
+        self._inline_max = inline_max_bytes
+        self._total = run.get("steps")
+        self._first: Optional[int] = None
+        self._last: Optional[int] = None
+        self._steps = 0
+        self._prepare(replace)
+        header = {
+            "type": "header",
+            "format": {"major": FORMAT[0], "minor": FORMAT[1]},
+            "producer": producer,
+            "run": {
+                "workload": run["workload"],
+                "steps": run.get("steps"),
+                "params": dict(sorted((str(k), str(v)) for k, v in run.get("params", {}).items())),
+            },
+            "environment": _environment(environment or Environment()),
+            "capture": {"full": capture, "inline_max_bytes": inline_max_bytes},
+        }
+        if distributed is not None:
+            header["distributed"] = distributed
+        for what, text in [("the workload", header["run"]["workload"]), ("the producer", producer)] + [
+            (f"setting {k}", f"{k}={v}") for k, v in header["run"]["params"].items()
+        ]:
+            _printable(what, text)
+        self._records = open(os.path.join(path, RECORDS_FILE), "wb")
+        self._records.write(MAGIC + struct.pack("<HH", *FORMAT))
+        self._append(header)
+
+    def _prepare(self, replace: bool) -> None:
+        """Creates the directory, takes its lock, and clears an earlier trace when asked to (only
+        the files a trace names: section 1)."""
+        os.makedirs(self.path, exist_ok=True)
+        self._lock = open(os.path.join(self.path, LOCK_FILE), "a")
+        try:
+            self._clear(replace)
+        except BaseException:
+            self._lock.close()
+            raise
+
+    def _clear(self, replace: bool) -> None:
+        try:
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise WriteError(f"{self.path} is being written by another recorder (it holds {LOCK_FILE})") from None
+        records = os.path.join(self.path, RECORDS_FILE)
+        others = [n for n in os.listdir(self.path) if n not in (LOCK_FILE, RECORDS_FILE, "run-meta.json", TENSORS_DIR)]
+        if os.path.lexists(records) and os.path.getsize(records) >= 12:
+            if not replace:
+                raise WriteError(f"{self.path} already holds a trace: pass replace=True (REPRO_REPLACE=1) to replace it")
+            tensors = os.path.join(self.path, TENSORS_DIR)
+            if os.path.isdir(tensors) and not os.path.islink(tensors):
+                for name in os.listdir(tensors):
+                    if re.fullmatch(r"step-\d{8,}\.safetensors(\.tmp)?", name):
+                        os.remove(os.path.join(tensors, name))
+                if not os.listdir(tensors):
+                    os.rmdir(tensors)
+            for name in (RECORDS_FILE, "run-meta.json"):
+                if os.path.lexists(os.path.join(self.path, name)):
+                    os.remove(os.path.join(self.path, name))
+        elif others:
+            raise WriteError(f"{self.path} is not empty and holds no trace: record into a new or empty directory")
+
+    def _append(self, record: dict) -> None:
+        payload = msgpack.packb(record, use_bin_type=True)
+        if len(payload) > MAX_RECORD_BYTES:
+            raise WriteError(f"a record of {len(payload)} bytes exceeds the format's {MAX_RECORD_BYTES}")
+        length = struct.pack("<I", len(payload))
+        crc = struct.pack("<I", zlib.crc32(payload, zlib.crc32(length)) & 0xFFFFFFFF)
+        self._records.write(length + crc + payload)  # one write per frame (section 2.2)
+        self._records.flush()
+
+    def wants_full(self, step: int) -> bool:
+        """Whether step `step` stores full values (the capture policy; the first step written
+        counts as the first)."""
+        first = self._first if self._first is not None else step
+        return _wants_full(self._full, step, first, self._total)
+
+    def write_step(self, step: int, tensors: Iterable[Record], no_gradient: Iterable[str] = ()) -> None:
+        """Writes one step: each tensor's hash, its bytes inline when small, in the step's payload
+        file when the capture policy keeps this step. Checks everything before writing anything."""
+        if self._last is not None and step <= self._last:
+            raise WriteError(f"step {step} follows step {self._last}: steps must increase")
+        full = self.wants_full(step)
+        records, payload, seen = [], {}, set()
+        for t in tensors:
+            self._check(t, seen, step)
+            seen.add(t.name)
+            m = {"name": t.name, "kind": t.kind, "dtype": t.dtype, "shape": [int(d) for d in t.shape],
+                 "hash": tensor_hash(t.dtype, [int(d) for d in t.shape], t.data)}
+            if len(t.data) <= self._inline_max:
+                m["inline"] = bytes(t.data)
+                m["in_payload"] = False
+            else:
+                m["in_payload"] = full
+                if full:
+                    payload[t.name] = t
+            if t.phase is not None:
+                m["phase"] = t.phase
+            if t.inputs:
+                m["inputs"] = list(t.inputs)
+            if t.node is not None:
+                m["node"] = int(t.node)
+            if t.source is not None:
+                m["source"] = t.source
+            records.append(m)
+        name = payload_name(step) if payload else None
+        if payload:
+            self._write_payload(name, payload)
+        record = {"type": "step", "step": step, "payload": name, "tensors": records}
+        missing = sorted(set(no_gradient))
+        if missing:
+            record["no_gradient"] = missing
+        self._append(record)
+        if self._first is None:
+            self._first = step
+        self._last = step
+        self._steps += 1
+
+    def _check(self, t: Record, seen: set, step: int) -> None:
+        where = f"step {step}, tensor `{t.name}`"
+        _printable("tensor name", t.name)
+        if t.name in seen:
+            raise WriteError(f"{where}: recorded twice in the step")
+        if t.kind not in KINDS:
+            raise WriteError(f"{where}: unknown kind {t.kind!r} (expected one of {', '.join(sorted(KINDS))})")
+        if t.dtype not in DTYPE_SIZES:
+            raise WriteError(f"{where}: unknown dtype {t.dtype!r}")
+        if t.phase is not None and t.phase not in PHASES:
+            raise WriteError(f"{where}: unknown phase {t.phase!r}")
+        if len(t.shape) > MAX_RANK:
+            raise WriteError(f"{where}: rank {len(t.shape)} exceeds {MAX_RANK}")
+        expected = DTYPE_SIZES[t.dtype] * int(np.prod([int(d) for d in t.shape], dtype=object))
+        if len(t.data) != expected:
+            raise WriteError(f"{where}: {len(t.data)} bytes for {t.dtype} {list(t.shape)} ({expected} expected)")
+        for i in t.inputs:
+            _printable("an input's name", i)
+            if i not in seen:
+                raise WriteError(f"{where}: input `{i}` is not recorded earlier in the step")
+        if t.source is not None:
+            _printable("the source location", t.source)
+            if t.node is None or len(t.source.encode()) > MAX_SOURCE_BYTES:
+                raise WriteError(f"{where}: a source location is a node's, of at most {MAX_SOURCE_BYTES} bytes")
+
+    def _write_payload(self, name: str, tensors: dict) -> None:
+        os.makedirs(os.path.join(self.path, TENSORS_DIR), exist_ok=True)
+        final = os.path.join(self.path, name)
+        tmp = final + ".tmp"
+        buffers = {n: np.frombuffer(t.data, dtype=np.uint8) for n, t in tensors.items()}
+        specs = {
+            n: safetensors.TensorSpec(
+                dtype=_SAFETENSORS_DTYPES[t.dtype], shape=[int(d) for d in t.shape],
+                data_ptr=buffers[n].ctypes.data if buffers[n].nbytes else 0, data_len=buffers[n].nbytes,
+            )
+            for n, t in tensors.items()
+        }
+        data = safetensors.serialize(specs, None)
+        if os.path.lexists(tmp):
+            os.remove(tmp)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        with os.fdopen(fd, "wb") as f:
+            f.write(bytes(data))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, final)
+
+    def finish(self, stopped: Optional[str] = None) -> int:
+        """Writes the footer (with `stopped`, a run that ended early on purpose), syncs the record
+        file and releases the lock; returns the number of steps written."""
+        footer = {"type": "footer", "steps": self._steps}
+        if stopped is not None:
+            _printable("the reason it stopped", stopped)
+            footer["stopped"] = stopped
+        self._append(footer)
+        os.fsync(self._records.fileno())
+        self._records.close()
+        self._lock.close()
+        return self._steps
+
+
+def _environment(e: Environment) -> dict:
+    for what, text in [("the device name", e.device_name), ("the CPU model", e.cpu_model)]:
+        _printable(what, text)
+    return {
+        "repro_version": e.repro_version,
+        "candle_version": e.candle_version,
+        "device": e.device,
+        "device_name": e.device_name,
+        "cpu_model": e.cpu_model,
+        "os": e.os,
+        "rustc": e.rustc,
+        "threads": int(e.threads),
+        "env": dict(sorted(e.env.items())),
+    }

@@ -1,0 +1,106 @@
+"""The Python writer against repro itself: what it writes, repro reads and verifies (the Rust
+hash recomputed over Python-written bytes, for every dtype), and a run rewritten from Python is
+byte-identical to repro's own. Needs REPRO_BIN (a built repro) and the reader's packages."""
+
+import os
+import shutil
+import struct
+import subprocess
+import tempfile
+import unittest
+
+import numpy as np
+
+from repro_trace import DTYPE_SIZES, Trace
+from repro_writer import Environment, Record, TraceWriter, WriteError
+
+REPRO = os.environ.get("REPRO_BIN", "target/release/repro")
+
+
+def repro(*args, env=None):
+    return subprocess.run([REPRO, *args], capture_output=True, text=True, env=env)
+
+
+class WriterTest(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="repro-writer-")
+
+    def tearDown(self):
+        shutil.rmtree(self.dir)
+
+    def test_every_dtype_hashes_as_repro_does(self):
+        rng = np.random.default_rng(0)
+        path = os.path.join(self.dir, "dtypes")
+        w = TraceWriter(path, {"workload": "dtypes", "steps": 2}, capture="all", inline_max_bytes=16)
+        for step in range(2):
+            records = []
+            for dtype, size in sorted(DTYPE_SIZES.items()):
+                # Small ones inline, large ones in the payload file: both paths hashed.
+                for name, shape in ((f"{dtype}.small", [2]), (f"{dtype}.large", [3, 5])):
+                    n = size * int(np.prod(shape))
+                    records.append(Record(name, "weight", dtype, shape, rng.bytes(n)))
+            records.append(Record("scalar", "loss", "F32", [], struct.pack("<f", -0.0)))
+            records.append(Record("empty", "activation", "BF16", [0, 4], b""))
+            w.write_step(step, records)
+        self.assertEqual(w.finish(), 2)
+        run = repro("inspect", path, "--verify")
+        self.assertEqual(run.returncode, 0, run.stdout + run.stderr)
+        self.assertIn("format     1.4", run.stdout)
+
+    def test_a_run_rewritten_from_python_is_byte_identical_to_repro_s(self):
+        for name, args in (
+            ("adder", ["--steps", "4", "--batch", "64"]),
+            ("gpt", ["--workload", "gpt", "--steps", "2", "--layers", "1", "--width", "32", "--context", "16", "--batch", "2"]),
+        ):
+            original = os.path.join(self.dir, name)
+            run = repro("record", "--out", original, "--capture", "all", *args)
+            self.assertEqual(run.returncode, 0, run.stderr)
+            rewritten = os.path.join(self.dir, name + "-py")
+            with Trace(original) as t:
+                h = t.header
+                w = TraceWriter(
+                    rewritten, h["run"], h["capture"]["full"], h["capture"]["inline_max_bytes"],
+                    environment=Environment(**h["environment"]), producer=h["producer"],
+                )
+                for s in t.steps():
+                    records = [Record(x.name, x.kind, x.dtype, x.shape, t.values(s, x), x.phase, x.inputs, x.node,
+                                      x.source) for x in s.tensors]
+                    w.write_step(s.step, records, s.no_gradient)
+                w.finish()
+            for sub in ["records.rpr"] + [f"tensors/{f}" for f in sorted(os.listdir(os.path.join(original, "tensors")))]:
+                with open(os.path.join(original, sub), "rb") as a, open(os.path.join(rewritten, sub), "rb") as b:
+                    self.assertEqual(a.read(), b.read(), f"{name}: {sub} differs")
+            self.assertEqual(repro("diff", original, rewritten).returncode, 0)
+
+    def test_bad_input_is_refused_before_anything_is_written(self):
+        path = os.path.join(self.dir, "bad")
+        w = TraceWriter(path, {"workload": "bad"}, capture="none")
+        for records, says in (
+            ([Record("x", "input", "F32", [2], b"\0" * 4)], "4 bytes for F32 [2] (8 expected)"),
+            ([Record("x", "input", "F32", [], b"\0" * 4), Record("x", "input", "F32", [], b"\0" * 4)], "twice"),
+            ([Record("x\x1b[2J", "input", "U8", [], b"\0")], "control character"),
+            ([Record("y", "op_output", "U8", [], b"\0", inputs=["nowhere"])], "not recorded earlier"),
+            ([Record("z", "weights", "U8", [], b"\0")], "unknown kind"),
+        ):
+            with self.assertRaises(WriteError) as e:
+                w.write_step(0, records)
+            self.assertIn(says, str(e.exception))
+        w.write_step(3, [Record("x", "input", "U8", [], b"\1")])
+        with self.assertRaises(WriteError):
+            w.write_step(3, [])
+        w.finish()
+        self.assertEqual(repro("inspect", path).returncode, 0)
+        # A trace is never replaced silently, and a directory of other files never written into.
+        with self.assertRaises(WriteError) as e:
+            TraceWriter(path, {"workload": "again"})
+        self.assertIn("already holds a trace", str(e.exception))
+        TraceWriter(path, {"workload": "again"}, replace=True).finish()
+        other = os.path.join(self.dir, "other")
+        os.makedirs(other)
+        open(os.path.join(other, "notes.txt"), "w").close()
+        with self.assertRaises(WriteError):
+            TraceWriter(other, {"workload": "x"})
+
+
+if __name__ == "__main__":
+    unittest.main()
