@@ -190,20 +190,23 @@ class ModelRecorder:
     """Records a module's training steps or forward passes with no per-op code (see the module's
     documentation)."""
 
-    def __init__(self, recorder: Recorder, model: torch.nn.Module):
+    def __init__(self, recorder: Recorder, model: torch.nn.Module, modules: bool = True):
+        """`modules`: record every module's output (off: inputs, parameters, loss, gradients and
+        updates only, as when the other run's graph is named otherwise)."""
         self.recorder, self.model = recorder, model
         self._step: Optional[StepRecorder] = None
         self._calls: dict[str, int] = {}
         self._sources = {name: _source_of(m) for name, m in model.named_modules()}
-        self._hooks = [
-            m.register_forward_hook(self._hook(name)) for name, m in model.named_modules() if name != ""
-        ]
+        named = [(name, m) for name, m in model.named_modules() if name != ""] if modules else []
+        self._hooks = [m.register_forward_hook(self._hook(name)) for name, m in named]
 
     @classmethod
-    def create_or_gated(cls, path: str, run: dict, model: torch.nn.Module, **options) -> "ModelRecorder":
+    def create_or_gated(
+        cls, path: str, run: dict, model: torch.nn.Module, modules: bool = True, **options
+    ) -> "ModelRecorder":
         """`Recorder.create_or_gated` for `model`, on the device of its first parameter."""
         device = next((p.device for p in model.parameters()), None)
-        return cls(Recorder.create_or_gated(path, run, device=device, **options), model)
+        return cls(Recorder.create_or_gated(path, run, device=device, **options), model, modules)
 
     def _hook(self, name: str):
         def hook(module, args, output):

@@ -2,6 +2,7 @@
 gated, and a fault planted in one module's output found there. Skipped where torch is not
 installed (CI runs the torch-free writer tests; the GPU machine has torch)."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -57,6 +58,31 @@ class TorchTest(unittest.TestCase):
         self.assertIn("DIVERGED  first at step 3, tensor `1`", diff.stdout)
         self.assertIn("root cause: `1` (op_output, forward) at step 3", diff.stdout)
         self.assertIn("max 2 ULP", diff.stdout)
+
+
+    def test_the_gpt_and_its_pytorch_twin_agree_within_a_tolerance(self):
+        candle, twin = os.path.join(self.dir, "candle"), os.path.join(self.dir, "twin")
+        settings = ["--steps", "4", "--layers", "1", "--width", "32", "--heads", "2", "--context", "16", "--batch", "2"]
+        run = repro("record", "--workload", "gpt", "--capture", "all", "--out", candle, *settings)
+        self.assertEqual(run.returncode, 0, run.stderr)
+        examples = os.path.join(os.path.dirname(__file__), "..", "examples")
+        made = subprocess.run([sys.executable, os.path.join(examples, "gpt_twin.py"), candle, twin], capture_output=True,
+                              text=True)
+        self.assertEqual(made.returncode, 0, made.stderr)
+        mapping = os.path.join(examples, "gpt_twin.map")
+        # Same initial weights and batches: the parameters and inputs pair by name and agree at
+        # step 0; the runs first part in the loss or the backward pass (other summation orders).
+        diff = repro("diff", candle, twin, "--map", mapping, "--json")
+        self.assertEqual(diff.returncode, 1, diff.stderr)
+        report = json.loads(diff.stdout)
+        first = report["first_divergence"]
+        self.assertEqual(first["step"], 0, first)
+        self.assertIn(first["kind"], ("loss", "gradient"), first)
+        self.assertIn(report["root_cause"]["rule"], ("identical_leaves", "backward"), report["root_cause"])
+        # Within 1e-3 of each other over the whole run.
+        within = repro("diff", candle, twin, "--map", mapping, "--tolerance", "abs:1e-3")
+        self.assertEqual(within.returncode, 0, within.stdout)
+        self.assertIn("WITHIN TOLERANCE", within.stdout)
 
 
 if __name__ == "__main__":

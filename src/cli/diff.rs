@@ -4,7 +4,7 @@ use super::report_args::{JsonOutput, PlotOutput, ToleranceArgs};
 use super::CliError;
 use super::{print_json, Exit};
 use clap::Args;
-use repro::diff::{diff_runs, DiffOptions};
+use repro::diff::{diff_runs, DiffOptions, NameMap};
 use repro::report::{plot_diff, render_run_diff_with, DiffText};
 use repro::trace::TensorKind;
 use std::path::PathBuf;
@@ -26,6 +26,11 @@ pub struct DiffArgs {
     output: JsonOutput,
     #[command(flatten)]
     plot: PlotOutput,
+    /// Rename or leave out tensors of both runs before they are paired: a file of `rename
+    /// PATTERN NEW` and `ignore PATTERN` lines (`*` wildcards), for runs whose names differ (a
+    /// PyTorch original and its candle port; docs/diff.md, "Name maps").
+    #[arg(long, value_name = "FILE")]
+    map: Option<PathBuf>,
     /// Also follow this tensor step by step in the plot and the JSON `gaps` (repeatable).
     #[arg(long, value_name = "NAME")]
     plot_tensor: Vec<String>,
@@ -58,8 +63,12 @@ impl DiffArgs {
 
 pub fn run(args: DiffArgs) -> Result<Exit, CliError> {
     let tolerance = args.tolerance.combined();
+    let names = match &args.map {
+        Some(file) => NameMap::read(file)?,
+        None => NameMap::default(),
+    };
     let options =
-        DiffOptions { tolerance: tolerance.clone(), track: args.plot_tensor.clone(), ..DiffOptions::default() };
+        DiffOptions { tolerance: tolerance.clone(), track: args.plot_tensor.clone(), names, ..DiffOptions::default() };
     let run = diff_runs(&args.a, &args.b, &options)?;
     let single = run.world_size_a == 1 && run.world_size_b == 1;
     args.plot.write(|| plot_diff(&run.diff))?;

@@ -545,3 +545,32 @@ fn tolerances_can_name_the_tensors_they_judge() {
     assert_eq!(v["verdict"], "within_tolerance", "{v}");
     assert_eq!(v["tolerance"]["kind"], "per_tensor");
 }
+
+/// Issue 35, part 2: `repro diff --map FILE` renames and leaves out tensors of both runs before
+/// they are paired, for runs whose names differ; a bad map file is an error naming its line.
+#[test]
+fn a_name_map_pairs_tensors_named_otherwise() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = record(dir.path(), "a", &[]);
+    let b = record(dir.path(), "b", &["--perturb", "1:loss.sum:1"]);
+    let map = dir.path().join("map.txt");
+    let tensors = |map_text: &str, b: &std::path::Path| {
+        std::fs::write(&map, map_text).unwrap();
+        let v = json(&repro(&["diff", s(&a), s(b), "--map", s(&map), "--json"]).stdout);
+        let names: Vec<String> =
+            v["tensors"].as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap().to_string()).collect();
+        (v, names)
+    };
+    // Renamed in both runs, so still paired: compared under the new name.
+    let (v, names) = tensors("rename *.grad *.gradient  # a comment\n", &a);
+    assert!(names.contains(&"weight.gradient".to_string()) && !names.contains(&"weight.grad".to_string()), "{names:?}");
+    assert_eq!(v["verdict"], "identical");
+    // Left out on both sides: the perturbed step's loss is no longer what differs first.
+    let (v, names) = tensors("ignore loss*\n", &b);
+    assert!(!names.iter().any(|n| n.starts_with("loss")), "{names:?}");
+    assert_ne!(v["first_divergence"]["tensor"].as_str().unwrap_or("loss").get(..4), Some("loss"), "{v}");
+    std::fs::write(&map, "ignore a\nrename x\n").unwrap();
+    let run = repro(&["diff", s(&a), s(&b), "--map", s(&map)]);
+    assert_eq!(run.code, 2);
+    assert!(run.stderr.contains("map.txt: line 2: expected `rename PATTERN NEW`"), "{}", run.stderr);
+}

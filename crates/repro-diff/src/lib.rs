@@ -15,6 +15,7 @@ mod json_float;
 mod loss;
 mod matrix;
 mod metrics;
+mod names;
 mod online;
 mod ranks;
 mod root_cause;
@@ -33,6 +34,7 @@ pub use gate::{
 pub use loss::{loss_curve, LossCurve};
 pub use matrix::{error_matrices, ErrorMatrix, HashOnlyTensor, MatrixReport, Metric, StepSelector};
 pub use metrics::{compare, compare_pairs, compare_values, TensorMetrics};
+pub use names::NameMap;
 pub use online::{OnlineDivergence, ReferenceCheck};
 pub use ranks::{check_replicas, diff_runs, DataParallelCause, RankTotals, ReplicaDrift, ReplicaReport, RunDiff};
 pub use root_cause::{CauseRule, Consequence, RootCause};

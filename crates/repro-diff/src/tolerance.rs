@@ -69,20 +69,9 @@ impl Selector {
     }
 }
 
-/// `*`-only glob matching.
+/// `*`-only glob matching of a whole name.
 fn glob(pattern: &str, text: &str) -> bool {
-    let mut parts = pattern.split('*');
-    let first = parts.next().unwrap_or_default();
-    let Some(mut rest) = text.strip_prefix(first) else { return false };
-    let parts: Vec<&str> = parts.collect();
-    let Some((last, middle)) = parts.split_last() else { return rest.is_empty() };
-    for part in middle {
-        match rest.find(part) {
-            Some(i) => rest = &rest[i + part.len()..],
-            None => return false,
-        }
-    }
-    rest.ends_with(last)
+    crate::names::glob_captures(pattern, text).is_some()
 }
 
 impl fmt::Display for Selector {

@@ -7,6 +7,7 @@
 use crate::align::{align, scope, Pairing};
 use crate::divergence::Divergence;
 use crate::metrics::{compare_values, TensorMetrics};
+use crate::names::NameMap;
 use crate::root_cause::{analyze, Entry, RootCause};
 use crate::tolerance::Tolerance;
 use repro_trace::{
@@ -74,6 +75,9 @@ pub struct DiffOptions {
     /// the loss (each rank computes them from its share of the batch), and a rank's own share of
     /// a gradient sum.
     pub replicated_state_only: bool,
+    /// Renames and leaves out tensors of both runs before they are paired (`repro diff --map`):
+    /// runs of two frameworks, or of a port, whose names differ.
+    pub names: NameMap,
 }
 
 /// The gap between two runs over the steps, for one tensor kind or one named tensor.
@@ -305,6 +309,7 @@ pub fn diff_traces_with(
                 if options.replicated_state_only {
                     (sa, sb) = (replicated_state(sa), replicated_state(sb));
                 }
+                (sa, sb) = (options.names.apply(sa), options.names.apply(sb));
                 state.compare_step(a, &sa, b, &sb)?;
                 steps_a += 1;
                 steps_b += 1;
