@@ -55,8 +55,9 @@ pub fn run(args: OverheadArgs) -> Result<Exit, CliError> {
         return Ok(Exit::Same);
     }
     let device_name = args.ranks.device(&args.train.device)?;
-    let device = open_device(device_name)?;
-    let mut dp = args.ranks.data_parallel(&device)?;
+    let device = open_device(&device_name)?;
+    let capture = repro::trace::CapturePolicy { full: repro::trace::FullCapture::None, ..Default::default() };
+    let mut dp = args.ranks.data_parallel(&device, &super::ranks::run_settings(&planned.run_config(), &capture))?;
     let scratch = super::scratch::ScratchDir::new("overhead")?;
     let report = recording_overhead(OverheadRun {
         workload,

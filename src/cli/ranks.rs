@@ -7,7 +7,7 @@ use super::workload_args::WorkloadArgs;
 use super::CliError;
 use candle_core::Device;
 use clap::Args;
-use repro::distributed::{self, DataParallel};
+use repro::distributed::{self, DataParallel, LaunchedRank, RunSettings};
 use repro::trace::{rank_dir, CapturePolicy, RunConfig};
 use repro::workloads::WorkloadRun;
 use std::collections::VecDeque;
@@ -46,17 +46,30 @@ impl RankArgs {
         self.devices.len() > 1 && self.rank.is_none()
     }
 
-    /// The device this process trains on: its rank's, else the one listed, else `default`.
-    pub fn device<'a>(&'a self, default: &'a str) -> Result<&'a str, CliError> {
+    /// The device this process trains on: its rank's, else the one listed, else `default`; a
+    /// rank a launcher started takes `cuda` as its local rank's GPU (`cuda:LOCAL_RANK`).
+    pub fn device(&self, default: &str) -> Result<String, CliError> {
+        if let (Some(place), "cuda") = (self.launched()?, default) {
+            return Ok(format!("cuda:{}", place.local_rank));
+        }
         match self.rank {
             Some(rank) => self
                 .devices
                 .get(rank)
-                .map(String::as_str)
+                .cloned()
                 .ok_or_else(|| format!("rank {rank} has no device in --devices"))
                 .map_err(CliError::from),
-            None => Ok(self.devices.first().map_or(default, String::as_str)),
+            None => Ok(self.devices.first().map_or(default, String::as_str).to_string()),
         }
+    }
+
+    /// This process's place in a run its cluster's launcher started (torchrun, srun, mpirun:
+    /// `distributed::LaunchedRank`), when it was not started by repro with `--devices`.
+    pub fn launched(&self) -> Result<Option<LaunchedRank>, CliError> {
+        if !self.devices.is_empty() || self.rank.is_some() {
+            return Ok(None);
+        }
+        Ok(LaunchedRank::from_env()?)
     }
 
     /// What this process trains: a rank's settings file, read as a trace header is
@@ -69,8 +82,13 @@ impl RankArgs {
         WorkloadRun::from_run_config(&run).map_err(|e| CliError::from(format!("{}: {e}", file.display())))
     }
 
-    /// This rank's side of data-parallel training on `device`, when this process is a rank.
-    pub fn data_parallel(&self, device: &Device) -> Result<Option<DataParallel>, CliError> {
+    /// This rank's side of data-parallel training on `device`, when this process is a rank:
+    /// started by repro (`--devices`), or by a launcher, then meeting the others with the
+    /// `planned` run's settings, which every rank must share.
+    pub fn data_parallel(&self, device: &Device, planned: &RunSettings) -> Result<Option<DataParallel>, CliError> {
+        if let Some(place) = self.launched()? {
+            return Ok(Some(DataParallel::new(distributed::join_launched(device, &place, planned)?)));
+        }
         let (Some(rank), Some(rendezvous)) = (self.rank, &self.rendezvous) else { return Ok(None) };
         let collective = distributed::join(device, rendezvous, rank, self.devices.len())?;
         Ok(Some(DataParallel::new(collective)))
@@ -303,4 +321,19 @@ impl RankProcess {
         });
         RankProcess { rank, child, status: None, last_lines, forward: Some(forward) }
     }
+}
+
+/// What every rank of a launched run must share: the workload's settings, the capture policy and
+/// the trace format (a rank of another build of repro writes another).
+pub fn run_settings(run: &RunConfig, capture: &CapturePolicy) -> RunSettings {
+    let mut settings = RunSettings::new();
+    settings.insert("workload".into(), run.workload.clone());
+    settings.insert("steps".into(), run.steps.map_or("unknown".into(), |s| s.to_string()));
+    for (k, v) in &run.params {
+        settings.insert(k.clone(), v.clone());
+    }
+    settings.insert("capture".into(), capture.full.to_string());
+    settings.insert("inline_max_bytes".into(), capture.inline_max_bytes.to_string());
+    settings.insert("trace_format".into(), repro::trace::format::CURRENT_FORMAT.to_string());
+    settings
 }

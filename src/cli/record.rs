@@ -71,8 +71,13 @@ pub fn run(args: RecordArgs) -> Result<Exit, CliError> {
     }
     let workload = &planned.workload;
     let device_name = args.ranks.device(&args.train.device)?;
-    let device = open_device(device_name)?;
+    let device = open_device(&device_name)?;
     let run = planned.run_config();
+    // A rank its launcher started writes its own stream of the run, `OUT/rank-N`.
+    let out = match args.ranks.launched()? {
+        Some(place) => repro::trace::rank_dir(&args.out, place.rank as u64),
+        None => args.out.clone(),
+    };
     let capture = args.capture_policy();
     let started = Instant::now();
     let reference = match &args.against {
@@ -82,7 +87,7 @@ pub fn run(args: RecordArgs) -> Result<Exit, CliError> {
     // Settings that differ from the reference's explain a divergence before anyone looks for one.
     let settings = reference.as_ref().map_or_else(Vec::new, |r| config_differences(&r.header().run, &run));
     let reference = reference.map(|r| Arc::new(Mutex::new(r)));
-    let mut dp = args.ranks.data_parallel(&device)?;
+    let mut dp = args.ranks.data_parallel(&device, &ranks::run_settings(&run, &capture))?;
     let rank = dp.as_ref().map(DataParallel::describe);
     let options = RecordOptions {
         capture,
@@ -96,18 +101,18 @@ pub fn run(args: RecordArgs) -> Result<Exit, CliError> {
         Some(check) => options.comparing_with(Box::new(check.clone()), !args.keep_going),
         None => options,
     };
-    let mut recorder = Recorder::create(&args.out, run, &device, options)?;
+    let mut recorder = Recorder::create(&out, run, &device, options)?;
     match workload.run(Training::on(&device, &mut recorder).as_rank(dp.as_mut())) {
         Ok(()) | Err(RecordError::Diverged { .. }) => {}
-        Err(e) => return Err(format!("{e} (the partial trace in {} is marked incomplete)", args.out.display()).into()),
+        Err(e) => return Err(format!("{e} (the partial trace in {} is marked incomplete)", out.display()).into()),
     }
     let steps = recorder.finish()?;
-    let summary = summarize(&args.out)?;
+    let summary = summarize(&out)?;
     eprintln!(
         "recorded {steps} steps of {} on {} into {} in {:.2}s: records {}, payloads {}",
         workload.describe(),
         device_name,
-        args.out.display(),
+        out.display(),
         started.elapsed().as_secs_f64(),
         bytes(summary.records_bytes),
         bytes(summary.payload_bytes)

@@ -17,10 +17,14 @@
 //! machines without GPUs, and is not meant for real training.
 
 mod file;
+mod launcher;
 #[cfg(feature = "nccl")]
 pub mod nccl;
+mod tcp;
 
 pub use file::FileCollective;
+pub use launcher::{LaunchedRank, RENDEZVOUS_TIMEOUT};
+pub use tcp::{RunSettings, TcpCollective};
 
 use crate::record::{RecordError, StepRecorder};
 use crate::trace::{Distributed, Phase, TensorKind};
@@ -63,6 +67,28 @@ pub fn join(
         Device::Cpu => Ok(Box::new(FileCollective::join(rendezvous, rank, world_size)?)),
         #[cfg(feature = "nccl")]
         Device::Cuda(_) => Ok(Box::new(nccl::NcclCollective::join(device, rendezvous, rank, world_size)?)),
+        _ => Err(RecordError::Unsupported(format!(
+            "data-parallel training on {device:?} needs NCCL: build repro with `make cuda` (the `nccl` feature)"
+        ))),
+    }
+}
+
+/// Joins the ranks of a run started by the cluster's launcher (`place`) on `device`: they meet
+/// over TCP at the launcher's `MASTER_ADDR:MASTER_PORT`, where every rank must bring the same
+/// `settings`; then NCCL sums on CUDA devices (rank 0 shares its unique id at the meeting), and
+/// the TCP stand-in on the CPU.
+pub fn join_launched(
+    device: &Device,
+    place: &LaunchedRank,
+    settings: &RunSettings,
+) -> Result<Box<dyn Collective>, RecordError> {
+    match device {
+        Device::Cpu => Ok(Box::new(TcpCollective::new(tcp::meet(place, settings, || Ok(Vec::new()))?))),
+        #[cfg(feature = "nccl")]
+        Device::Cuda(_) => {
+            let meeting = tcp::meet(place, settings, nccl::new_id)?;
+            Ok(Box::new(nccl::NcclCollective::with_id(device, place.rank, place.world_size, &meeting.shared)?))
+        }
         _ => Err(RecordError::Unsupported(format!(
             "data-parallel training on {device:?} needs NCCL: build repro with `make cuda` (the `nccl` feature)"
         ))),

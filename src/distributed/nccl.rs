@@ -16,6 +16,12 @@ use std::time::{Duration, Instant};
 /// How long a rank waits for rank 0's unique id.
 const ID_TIMEOUT: Duration = Duration::from_secs(120);
 
+/// A new NCCL unique id, as the bytes rank 0 shares with the others.
+pub fn new_id() -> Result<Vec<u8>, RecordError> {
+    let id = Id::new().map_err(|e| nccl_error(0, "unique id", e))?;
+    Ok(id.internal().iter().map(|&c| c as u8).collect())
+}
+
 /// A rank of an NCCL communicator on one CUDA device.
 pub struct NcclCollective {
     comm: Arc<SharedComm>,
@@ -37,23 +43,20 @@ fn nccl_error(rank: usize, what: &str, e: impl std::fmt::Debug) -> RecordError {
 }
 
 impl NcclCollective {
-    /// Joins the communicator of `world_size` ranks as `rank`, on `device` (a CUDA device).
+    /// Joins the communicator of `world_size` ranks as `rank`, on `device` (a CUDA device),
+    /// rank 0 sharing the unique id through the `rendezvous` directory.
     pub fn join(device: &Device, rendezvous: &Path, rank: usize, world_size: usize) -> Result<Self, RecordError> {
-        let Device::Cuda(cuda) = device else {
-            return Err(RecordError::Unsupported("NCCL needs a CUDA device".into()));
-        };
         let id_path = rendezvous.join("nccl-id");
-        let id = if rank == 0 {
-            let id = Id::new().map_err(|e| nccl_error(rank, "unique id", e))?;
-            let bytes: Vec<u8> = id.internal().iter().map(|&c| c as u8).collect();
+        let bytes = if rank == 0 {
+            let bytes = new_id()?;
             let tmp = id_path.with_extension("tmp");
-            std::fs::write(&tmp, bytes)
+            std::fs::write(&tmp, &bytes)
                 .and_then(|()| std::fs::rename(&tmp, &id_path))
                 .map_err(|e| RecordError::Collective(format!("rank 0: cannot write {}: {e}", id_path.display())))?;
-            id
+            bytes
         } else {
             let started = Instant::now();
-            let bytes = loop {
+            loop {
                 match std::fs::read(&id_path) {
                     Ok(bytes) => break bytes,
                     Err(_) if started.elapsed() < ID_TIMEOUT => std::thread::sleep(Duration::from_millis(5)),
@@ -65,16 +68,24 @@ impl NcclCollective {
                         )))
                     }
                 }
-            };
-            let internal: [std::ffi::c_char; 128] = bytes
-                .iter()
-                .map(|&b| b as std::ffi::c_char)
-                .collect::<Vec<_>>()
-                .try_into()
-                .map_err(|_| RecordError::Collective(format!("{} is not an NCCL id", id_path.display())))?;
-            Id::uninit(internal)
+            }
         };
-        let comm = Comm::from_rank(cuda.cuda_stream(), rank, world_size, id)
+        Self::with_id(device, rank, world_size, &bytes)
+    }
+
+    /// Joins the communicator of `world_size` ranks as `rank`, on `device` (a CUDA device), with
+    /// the unique id rank 0 made (`new_id`) and shared.
+    pub fn with_id(device: &Device, rank: usize, world_size: usize, id: &[u8]) -> Result<Self, RecordError> {
+        let Device::Cuda(cuda) = device else {
+            return Err(RecordError::Unsupported("NCCL needs a CUDA device".into()));
+        };
+        let internal: [std::ffi::c_char; 128] = id
+            .iter()
+            .map(|&b| b as std::ffi::c_char)
+            .collect::<Vec<_>>()
+            .try_into()
+            .map_err(|_| RecordError::Collective(format!("rank {rank}: {} bytes are not an NCCL id", id.len())))?;
+        let comm = Comm::from_rank(cuda.cuda_stream(), rank, world_size, Id::uninit(internal))
             .map_err(|e| nccl_error(rank, "communicator setup", e))?;
         let v = result::get_nccl_version().map_err(|e| nccl_error(rank, "version", e))?;
         let version = format!("{}.{}.{}", v / 10000, (v % 10000) / 100, v % 100);

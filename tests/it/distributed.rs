@@ -247,3 +247,79 @@ fn killing_the_supervisor_kills_every_rank() {
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
 }
+
+/// A free TCP port on this host, for a rendezvous.
+fn free_port() -> String {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port().to_string()
+}
+
+/// Ranks started by a launcher (issue 36): each process is given its place through the
+/// environment, as torchrun gives it, and the ranks meet over TCP; `run` is its command line.
+fn launch(ranks: &[(usize, &[&str])], world: usize, extra_env: &[(&str, &str)]) -> Vec<crate::util::Run> {
+    let port = free_port();
+    let handles: Vec<_> = ranks
+        .iter()
+        .map(|(rank, args)| {
+            let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+            let mut env: Vec<(String, String)> = vec![
+                ("RANK".into(), rank.to_string()),
+                ("WORLD_SIZE".into(), world.to_string()),
+                ("MASTER_ADDR".into(), "127.0.0.1".into()),
+                ("MASTER_PORT".into(), port.clone()),
+            ];
+            env.extend(extra_env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+            std::thread::spawn(move || {
+                let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+                crate::util::repro_with_env(&args, &env)
+            })
+        })
+        .collect();
+    handles.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
+#[test]
+fn ranks_a_launcher_starts_meet_over_tcp_and_match_a_devices_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let (launched, local) = (dir.path().join("launched"), dir.path().join("local"));
+    let args = ["record", "--workload", "mlp", "--steps", "4", "--out", s(&launched)];
+    let runs = launch(&[(0, &args), (1, &args)], 2, &[]);
+    for run in &runs {
+        assert_eq!(run.code, 0, "{}", run.stderr);
+    }
+    let run = repro(&["record", "--workload", "mlp", "--steps", "4", "--devices", "cpu,cpu", "--out", s(&local)]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    // The TCP stand-in adds the ranks' parts in rank order, as the file stand-in does.
+    let diff = repro(&["diff", s(&local), s(&launched)]);
+    assert_eq!(diff.code, 0, "{}{}", diff.stdout, diff.stderr);
+    let inspect = repro(&["inspect", s(&launched), "--json"]);
+    let v = json(&inspect.stdout);
+    assert_eq!(v["ranks"].as_array().unwrap().len(), 2, "{v}");
+    assert_eq!(v["ranks"][1]["header"]["distributed"]["backend"], "tcp", "{v}");
+}
+
+#[test]
+fn a_launched_rank_that_never_arrives_or_runs_other_settings_ends_the_run_with_its_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let args = ["record", "--workload", "mlp", "--steps", "4", "--out", s(&out)];
+    // Rank 1 of 3 arrives, rank 2 never does: both get an error naming it and the address.
+    let runs = launch(&[(0, &args), (1, &args)], 3, &[("REPRO_RENDEZVOUS_TIMEOUT", "2")]);
+    assert_eq!(runs[0].code, 2);
+    assert!(runs[0].stderr.contains("rank(s) 2 never arrived at 127.0.0.1:"), "{}", runs[0].stderr);
+    assert!(runs[1].stderr.contains("rank 0 ended the run: rank(s) 2 never arrived"), "{}", runs[1].stderr);
+    // Another seed on rank 1: refused at the rendezvous, before any training, naming the setting.
+    let other = ["record", "--workload", "mlp", "--steps", "4", "--seed", "1", "--out", s(&out)];
+    let runs = launch(&[(0, &args), (1, &other)], 2, &[]);
+    assert_eq!((runs[0].code, runs[1].code), (2, 2));
+    assert!(
+        runs[0].stderr.contains("rank 1 runs other settings than rank 0 (")
+            && runs[0].stderr.contains("init_seed 0 vs 1"),
+        "{}",
+        runs[0].stderr
+    );
+    // A missing meeting point is said before anything else.
+    let run = crate::util::repro_with_env(&args, &[("RANK", "0"), ("WORLD_SIZE", "2")]);
+    assert_eq!(run.code, 2);
+    assert!(run.stderr.contains("MASTER_ADDR and MASTER_PORT"), "{}", run.stderr);
+}

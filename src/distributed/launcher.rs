@@ -1,0 +1,137 @@
+//! A rank started by the cluster's launcher instead of by repro: its place in the run as the
+//! launcher passes it through the environment.
+//!
+//! | launcher | rank | world size | local rank |
+//! |---|---|---|---|
+//! | torchrun (and anything that sets the same) | `RANK` | `WORLD_SIZE` | `LOCAL_RANK` |
+//! | Slurm's `srun` | `SLURM_PROCID` | `SLURM_NTASKS` | `SLURM_LOCALID` |
+//! | Open MPI's `mpirun` | `OMPI_COMM_WORLD_RANK` | `OMPI_COMM_WORLD_SIZE` | `OMPI_COMM_WORLD_LOCAL_RANK` |
+//!
+//! The ranks meet at `MASTER_ADDR:MASTER_PORT` (torchrun sets them; a Slurm or MPI job script
+//! exports them, docs/distributed.md), where rank 0 listens (`tcp`).
+
+use crate::record::RecordError;
+use std::ffi::OsString;
+use std::time::Duration;
+
+/// How long ranks wait for each other at the rendezvous, unless `REPRO_RENDEZVOUS_TIMEOUT`
+/// (seconds) says otherwise.
+pub const RENDEZVOUS_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// One rank's place in a run, from its launcher.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LaunchedRank {
+    /// This rank, from 0.
+    pub rank: usize,
+    /// Number of ranks.
+    pub world_size: usize,
+    /// This rank's index on its node: which GPU it takes.
+    pub local_rank: usize,
+    /// Where rank 0 listens, `HOST:PORT`.
+    pub master: String,
+    /// Which launcher's variables gave it (`torchrun`, `slurm`, `mpirun`).
+    pub launcher: &'static str,
+    /// How long to wait for the other ranks.
+    pub timeout: Duration,
+}
+
+/// The launchers' variable names: (launcher, rank, world size, local rank).
+const LAUNCHERS: [(&str, &str, &str, &str); 3] = [
+    ("torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK"),
+    ("slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"),
+    ("mpirun", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"),
+];
+
+impl LaunchedRank {
+    /// This process's place, when a launcher started it (`None` otherwise).
+    pub fn from_env() -> Result<Option<Self>, RecordError> {
+        Self::from_vars(|name| std::env::var_os(name))
+    }
+
+    /// The place the variables `var` gives: the first launcher whose rank and world size are
+    /// both set decides; a value that does not parse, a rank outside the world, or a missing
+    /// meeting point is an error naming the variable.
+    pub fn from_vars(var: impl Fn(&str) -> Option<OsString>) -> Result<Option<Self>, RecordError> {
+        let text = |name: &str| var(name).map(|v| v.to_string_lossy().into_owned()).filter(|v| !v.is_empty());
+        let number = |name: &str| -> Result<Option<usize>, RecordError> {
+            match text(name) {
+                None => Ok(None),
+                Some(v) => v.trim().parse().map(Some).map_err(|_| {
+                    RecordError::Unsupported(format!("{name}={v} is not a rank or a count: expected a whole number"))
+                }),
+            }
+        };
+        for (launcher, rank_var, world_var, local_var) in LAUNCHERS {
+            let (Some(rank), Some(world_size)) = (number(rank_var)?, number(world_var)?) else { continue };
+            if world_size == 0 || rank >= world_size {
+                return Err(RecordError::Unsupported(format!(
+                    "{rank_var}={rank} is not a rank of {world_var}={world_size} ranks"
+                )));
+            }
+            let (addr, port) = (text("MASTER_ADDR"), text("MASTER_PORT"));
+            let (Some(addr), Some(port)) = (addr, port) else {
+                return Err(RecordError::Unsupported(format!(
+                    "{launcher} started this rank ({rank_var}={rank}), but MASTER_ADDR and MASTER_PORT do not say \
+                     where the ranks meet: export them in the job script (docs/distributed.md)"
+                )));
+            };
+            let port: u16 = port
+                .trim()
+                .parse()
+                .map_err(|_| RecordError::Unsupported(format!("MASTER_PORT={port} is not a port number")))?;
+            let timeout = match number("REPRO_RENDEZVOUS_TIMEOUT")? {
+                Some(seconds) => Duration::from_secs(seconds as u64),
+                None => RENDEZVOUS_TIMEOUT,
+            };
+            return Ok(Some(LaunchedRank {
+                rank,
+                world_size,
+                local_rank: number(local_var)?.unwrap_or(0),
+                master: format!("{addr}:{port}"),
+                launcher,
+                timeout,
+            }));
+        }
+        Ok(None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn place(vars: &[(&str, &str)]) -> Result<Option<LaunchedRank>, RecordError> {
+        LaunchedRank::from_vars(|name| vars.iter().find(|(n, _)| *n == name).map(|(_, v)| OsString::from(v)))
+    }
+
+    #[test]
+    fn each_launcher_s_variables_give_the_rank_s_place() {
+        let master = [("MASTER_ADDR", "10.0.0.1"), ("MASTER_PORT", "29500")];
+        let torchrun = [&[("RANK", "3"), ("WORLD_SIZE", "8"), ("LOCAL_RANK", "1")][..], &master].concat();
+        let r = place(&torchrun).unwrap().unwrap();
+        assert_eq!(
+            (r.rank, r.world_size, r.local_rank, r.master.as_str(), r.launcher),
+            (3, 8, 1, "10.0.0.1:29500", "torchrun")
+        );
+        let slurm = [&[("SLURM_PROCID", "5"), ("SLURM_NTASKS", "6"), ("SLURM_LOCALID", "2")][..], &master].concat();
+        assert_eq!(place(&slurm).unwrap().unwrap().launcher, "slurm");
+        let mpi = [&[("OMPI_COMM_WORLD_RANK", "0"), ("OMPI_COMM_WORLD_SIZE", "2")][..], &master].concat();
+        let r = place(&mpi).unwrap().unwrap();
+        assert_eq!((r.rank, r.local_rank, r.launcher), (0, 0, "mpirun"));
+        assert_eq!(place(&master).unwrap(), None, "no launcher");
+    }
+
+    #[test]
+    fn a_bad_place_is_refused_naming_the_variable() {
+        let e = place(&[("RANK", "2"), ("WORLD_SIZE", "2")]).unwrap_err().to_string();
+        assert!(e.contains("RANK=2 is not a rank of WORLD_SIZE=2"), "{e}");
+        let e = place(&[("RANK", "0"), ("WORLD_SIZE", "2")]).unwrap_err().to_string();
+        assert!(e.contains("MASTER_ADDR and MASTER_PORT"), "{e}");
+        let e = place(&[("RANK", "x"), ("WORLD_SIZE", "2")]).unwrap_err().to_string();
+        assert!(e.contains("RANK=x is not a rank"), "{e}");
+        let e = place(&[("RANK", "0"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "h"), ("MASTER_PORT", "99999")])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("MASTER_PORT=99999"), "{e}");
+    }
+}

@@ -1,0 +1,296 @@
+//! Where launched ranks meet, over TCP, and the CPU stand-in's sums between them.
+//!
+//! Rank 0 listens at `MASTER_ADDR:MASTER_PORT`; every other rank connects and says who it is and
+//! what it runs (`hello`: rank, world size, settings). Rank 0 checks that every rank arrived
+//! exactly once, within the timeout, with the same settings, and answers each with what the run
+//! shares (NCCL's unique id), or with the error that ends the run for all of them.
+//!
+//! On CPU ranks the same connections carry the sums ([`TcpCollective`]): every rank sends its
+//! part to rank 0, which adds them in rank order, `((r0 + r1) + r2) ...` as the file stand-in
+//! does, and sends the sum back. Messages are frames: a u32le length, then the bytes.
+
+use super::launcher::LaunchedRank;
+use super::Collective;
+use crate::record::RecordError;
+use crate::trace::Distributed;
+use candle_core::{DType, Tensor};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::time::{Duration, Instant};
+
+/// How long a rank waits for a sum's parts before it gives up on the others.
+const PEER_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// The settings every rank must share, by name (workload settings, capture policy, format).
+pub type RunSettings = BTreeMap<String, String>;
+
+#[derive(Serialize, Deserialize)]
+struct Hello {
+    rank: usize,
+    world_size: usize,
+    settings: RunSettings,
+}
+
+#[derive(Serialize, Deserialize)]
+enum Answer {
+    Welcome { shared: Vec<u8> },
+    Refused { error: String },
+}
+
+/// The ranks of a run, met: rank 0 holds a connection to every other rank, the others one to
+/// rank 0.
+pub struct Meeting {
+    /// This rank.
+    pub rank: usize,
+    /// Number of ranks.
+    pub world_size: usize,
+    /// What rank 0 shared with every rank (NCCL's unique id; empty on CPU ranks).
+    pub shared: Vec<u8>,
+    /// Rank 0: the connections to ranks 1, 2, ...; another rank: its connection to rank 0.
+    links: Vec<TcpStream>,
+}
+
+fn send(stream: &mut TcpStream, bytes: &[u8]) -> std::io::Result<()> {
+    let mut frame = (bytes.len() as u32).to_le_bytes().to_vec();
+    frame.extend_from_slice(bytes);
+    stream.write_all(&frame)
+}
+
+fn receive(stream: &mut TcpStream, limit: usize) -> std::io::Result<Vec<u8>> {
+    let mut len = [0u8; 4];
+    stream.read_exact(&mut len)?;
+    let len = u32::from_le_bytes(len) as usize;
+    if len > limit {
+        return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, format!("a message of {len} bytes")));
+    }
+    let mut bytes = vec![0; len];
+    stream.read_exact(&mut bytes)?;
+    Ok(bytes)
+}
+
+fn collective_error(message: String) -> RecordError {
+    RecordError::Collective(message)
+}
+
+/// Meets the other ranks of `place`'s run. Rank 0 makes what the run shares with `shared`
+/// (called once, before any rank is answered); `settings` must be every rank's.
+pub fn meet(
+    place: &LaunchedRank,
+    settings: &RunSettings,
+    shared: impl FnOnce() -> Result<Vec<u8>, RecordError>,
+) -> Result<Meeting, RecordError> {
+    match place.rank {
+        0 => meet_as_root(place, settings, shared),
+        _ => meet_as_peer(place, settings),
+    }
+}
+
+fn meet_as_root(
+    place: &LaunchedRank,
+    settings: &RunSettings,
+    shared: impl FnOnce() -> Result<Vec<u8>, RecordError>,
+) -> Result<Meeting, RecordError> {
+    let port = place.master.rsplit_once(':').map_or("", |(_, p)| p);
+    let listener = TcpListener::bind(format!("0.0.0.0:{port}"))
+        .map_err(|e| collective_error(format!("rank 0 cannot listen at {} (port {port}): {e}", place.master)))?;
+    listener.set_nonblocking(true).map_err(|e| collective_error(format!("rank 0: {e}")))?;
+    let started = Instant::now();
+    let mut peers: Vec<Option<TcpStream>> = (1..place.world_size).map(|_| None).collect();
+    let refuse_all = |peers: &mut Vec<Option<TcpStream>>, error: &str| {
+        let answer = serde_json::to_vec(&Answer::Refused { error: error.to_string() }).unwrap_or_default();
+        for stream in peers.iter_mut().flatten() {
+            let _ = send(stream, &answer);
+        }
+    };
+    while peers.iter().any(Option::is_none) {
+        let (mut stream, _) = match listener.accept() {
+            Ok(connection) => connection,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if started.elapsed() > place.timeout {
+                    let missing: Vec<String> =
+                        (1..place.world_size).filter(|r| peers[r - 1].is_none()).map(|r| r.to_string()).collect();
+                    let error = format!(
+                        "rank(s) {} never arrived at {} within {} s (world size {}): did they start, and can they \
+                         reach this address?",
+                        missing.join(", "),
+                        place.master,
+                        place.timeout.as_secs(),
+                        place.world_size
+                    );
+                    refuse_all(&mut peers, &error);
+                    return Err(collective_error(error));
+                }
+                std::thread::sleep(Duration::from_millis(10));
+                continue;
+            }
+            Err(e) => return Err(collective_error(format!("rank 0 cannot accept at {}: {e}", place.master))),
+        };
+        let _ = stream.set_nonblocking(false);
+        let _ = stream.set_read_timeout(Some(Duration::from_secs(30)));
+        let hello = receive(&mut stream, 1 << 20).ok().and_then(|bytes| serde_json::from_slice::<Hello>(&bytes).ok());
+        let Some(hello) = hello else { continue }; // not a rank of ours: a port scan, say
+        let problem = if hello.world_size != place.world_size {
+            Some(format!("rank {} counts {} ranks, rank 0 counts {}", hello.rank, hello.world_size, place.world_size))
+        } else if hello.rank == 0 || hello.rank >= place.world_size {
+            Some(format!("a rank {} arrived, in a run of {} ranks", hello.rank, place.world_size))
+        } else if peers[hello.rank - 1].is_some() {
+            Some(format!("rank {} arrived twice: two processes were given the same rank", hello.rank))
+        } else if hello.settings != *settings {
+            let differ: Vec<String> = settings
+                .keys()
+                .chain(hello.settings.keys())
+                .collect::<std::collections::BTreeSet<_>>()
+                .into_iter()
+                .filter(|k| settings.get(*k) != hello.settings.get(*k))
+                .map(|k| {
+                    let show = |v: Option<&String>| v.map_or("(unset)".to_string(), String::clone);
+                    format!("{k} {} vs {}", show(settings.get(k)), show(hello.settings.get(k)))
+                })
+                .collect();
+            Some(format!("rank {} runs other settings than rank 0 ({})", hello.rank, differ.join(", ")))
+        } else {
+            None
+        };
+        if let Some(error) = problem {
+            let error = format!("{error}; every rank must run the same command");
+            let _ =
+                send(&mut stream, &serde_json::to_vec(&Answer::Refused { error: error.clone() }).unwrap_or_default());
+            refuse_all(&mut peers, &error);
+            return Err(collective_error(error));
+        }
+        peers[hello.rank - 1] = Some(stream);
+    }
+    let shared = match shared() {
+        Ok(shared) => shared,
+        Err(e) => {
+            refuse_all(&mut peers, &format!("rank 0 failed: {e}"));
+            return Err(e);
+        }
+    };
+    let welcome = serde_json::to_vec(&Answer::Welcome { shared: shared.clone() }).unwrap_or_default();
+    let mut links = Vec::new();
+    for (i, stream) in peers.into_iter().enumerate() {
+        let mut stream = stream.expect("every rank arrived");
+        send(&mut stream, &welcome)
+            .map_err(|e| collective_error(format!("rank 0 cannot answer rank {}: {e}", i + 1)))?;
+        links.push(stream);
+    }
+    Ok(Meeting { rank: 0, world_size: place.world_size, shared, links })
+}
+
+fn meet_as_peer(place: &LaunchedRank, settings: &RunSettings) -> Result<Meeting, RecordError> {
+    let started = Instant::now();
+    let mut stream = loop {
+        match TcpStream::connect(&place.master) {
+            Ok(stream) => break stream,
+            Err(e) if started.elapsed() > place.timeout => {
+                return Err(collective_error(format!(
+                    "rank {} could not reach rank 0 at {} within {} s: {e}",
+                    place.rank,
+                    place.master,
+                    place.timeout.as_secs()
+                )))
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(50)),
+        }
+    };
+    let hello = Hello { rank: place.rank, world_size: place.world_size, settings: settings.clone() };
+    send(&mut stream, &serde_json::to_vec(&hello).unwrap_or_default())
+        .map_err(|e| collective_error(format!("rank {} cannot reach rank 0 at {}: {e}", place.rank, place.master)))?;
+    // Rank 0 answers once every rank has arrived, or when it gives up on them.
+    let _ = stream.set_read_timeout(Some(place.timeout + Duration::from_secs(30)));
+    let answer = receive(&mut stream, 1 << 20).map_err(|e| {
+        collective_error(format!("rank {}: rank 0 at {} did not answer: {e}", place.rank, place.master))
+    })?;
+    match serde_json::from_slice::<Answer>(&answer) {
+        Ok(Answer::Welcome { shared }) => {
+            Ok(Meeting { rank: place.rank, world_size: place.world_size, shared, links: vec![stream] })
+        }
+        Ok(Answer::Refused { error }) => Err(collective_error(format!("rank 0 ended the run: {error}"))),
+        Err(e) => Err(collective_error(format!("rank {}: rank 0's answer is garbled: {e}", place.rank))),
+    }
+}
+
+/// The CPU stand-in's sums over a [`Meeting`]'s connections.
+pub struct TcpCollective {
+    meeting: Meeting,
+    calls: u64,
+}
+
+impl TcpCollective {
+    /// Sums over the ranks met in `meeting`.
+    pub fn new(meeting: Meeting) -> Self {
+        for link in &meeting.links {
+            let _ = link.set_read_timeout(Some(PEER_TIMEOUT));
+        }
+        TcpCollective { meeting, calls: 0 }
+    }
+
+    fn lost(&self, rank: usize, e: std::io::Error) -> RecordError {
+        collective_error(format!(
+            "rank {}: rank {rank} stopped answering during sum #{} ({e}): see rank {rank}'s own error",
+            self.meeting.rank, self.calls
+        ))
+    }
+}
+
+impl Collective for TcpCollective {
+    fn rank(&self) -> usize {
+        self.meeting.rank
+    }
+
+    fn world_size(&self) -> usize {
+        self.meeting.world_size
+    }
+
+    fn all_reduce_sum(&mut self, tensor: &Tensor) -> Result<Tensor, RecordError> {
+        if tensor.dtype() != DType::F32 {
+            return Err(RecordError::Unsupported(format!(
+                "the TCP stand-in sums f32 tensors, not {:?}",
+                tensor.dtype()
+            )));
+        }
+        let mine: Vec<f32> = tensor.flatten_all()?.to_vec1()?;
+        let bytes: Vec<u8> = mine.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let limit = bytes.len();
+        let sum_bytes = if self.meeting.rank == 0 {
+            let mut sum = mine;
+            for r in 1..self.meeting.world_size {
+                let part = receive(&mut self.meeting.links[r - 1], limit).map_err(|e| self.lost(r, e))?;
+                if part.len() != limit {
+                    return Err(collective_error(format!(
+                        "rank {r} contributed {} bytes to sum #{}, rank 0 expected {limit}: the ranks are not running \
+                         the same model",
+                        part.len(),
+                        self.calls
+                    )));
+                }
+                for (s, p) in sum.iter_mut().zip(part.chunks_exact(4)) {
+                    *s += f32::from_le_bytes([p[0], p[1], p[2], p[3]]);
+                }
+            }
+            let out: Vec<u8> = sum.iter().flat_map(|v| v.to_le_bytes()).collect();
+            for r in 1..self.meeting.world_size {
+                send(&mut self.meeting.links[r - 1], &out).map_err(|e| self.lost(r, e))?;
+            }
+            out
+        } else {
+            send(&mut self.meeting.links[0], &bytes).map_err(|e| self.lost(0, e))?;
+            receive(&mut self.meeting.links[0], limit).map_err(|e| self.lost(0, e))?
+        };
+        self.calls += 1;
+        let sum: Vec<f32> = sum_bytes.chunks_exact(4).map(|p| f32::from_le_bytes([p[0], p[1], p[2], p[3]])).collect();
+        Ok(Tensor::from_vec(sum, tensor.shape(), tensor.device())?)
+    }
+
+    fn describe(&self) -> Distributed {
+        Distributed {
+            rank: self.meeting.rank as u64,
+            world_size: self.meeting.world_size as u64,
+            backend: "tcp".into(),
+            backend_version: String::new(),
+        }
+    }
+}
