@@ -8,7 +8,8 @@
 //! | Open MPI's `mpirun` | `OMPI_COMM_WORLD_RANK` | `OMPI_COMM_WORLD_SIZE` | `OMPI_COMM_WORLD_LOCAL_RANK` |
 //!
 //! The ranks meet at `MASTER_ADDR:MASTER_PORT` (torchrun sets them; a Slurm or MPI job script
-//! exports them, docs/distributed.md), where rank 0 listens (`tcp`).
+//! exports them, docs/distributed.md), where rank 0 listens (`tcp`). Under torchrun, whose own
+//! store holds `MASTER_PORT`, they meet at the next port; `REPRO_MASTER_PORT` chooses another.
 
 use crate::record::RecordError;
 use std::ffi::OsString;
@@ -79,6 +80,19 @@ impl LaunchedRank {
                 .trim()
                 .parse()
                 .map_err(|_| RecordError::Unsupported(format!("MASTER_PORT={port} is not a port number")))?;
+            // torchrun's agent keeps its own store on MASTER_PORT: meet beside it.
+            let port = match text("REPRO_MASTER_PORT") {
+                Some(p) => p
+                    .trim()
+                    .parse()
+                    .map_err(|_| RecordError::Unsupported(format!("REPRO_MASTER_PORT={p} is not a port number")))?,
+                None if text("TORCHELASTIC_RUN_ID").is_some() => port.checked_add(1).ok_or_else(|| {
+                    RecordError::Unsupported(format!(
+                        "MASTER_PORT={port}: under torchrun repro meets on the next port; set REPRO_MASTER_PORT"
+                    ))
+                })?,
+                None => port,
+            };
             let timeout = match number("REPRO_RENDEZVOUS_TIMEOUT")? {
                 Some(seconds) => Duration::from_secs(seconds as u64),
                 None => RENDEZVOUS_TIMEOUT,
@@ -119,6 +133,11 @@ mod tests {
         let r = place(&mpi).unwrap().unwrap();
         assert_eq!((r.rank, r.local_rank, r.launcher), (0, 0, "mpirun"));
         assert_eq!(place(&master).unwrap(), None, "no launcher");
+        // Under torchrun, beside its own store; REPRO_MASTER_PORT chooses.
+        let torchrun = [&torchrun[..], &[("TORCHELASTIC_RUN_ID", "none")]].concat();
+        assert_eq!(place(&torchrun).unwrap().unwrap().master, "10.0.0.1:29501");
+        let chosen = [&torchrun[..], &[("REPRO_MASTER_PORT", "40000")]].concat();
+        assert_eq!(place(&chosen).unwrap().unwrap().master, "10.0.0.1:40000");
     }
 
     #[test]
