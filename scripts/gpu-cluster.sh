@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Launched ranks (issue 36) and the PyTorch recorder (issue 35) on a GPU machine, in one call.
+# Build first, here (`make cuda`), then on a 2-GPU machine:
+#
+#   scripts/gpu-cluster.sh OUT_DIR
+#
+# `launched`: the gpt data-parallel on two GPUs three ways: `--devices cuda:0,cuda:1` (NVLink /
+# P2P), the same with NCCL forced onto its network path (NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1),
+# and two torchrun "nodes" of one GPU each (CUDA_VISIBLE_DEVICES) on that network path; each
+# pair diffed, and `repro overhead` rows for the step times. `torch`: the Python recorder's tests
+# with this machine's torch, and its overhead on GPT-2 (and ResNet-18 where torchvision is).
+# Results: OUT_DIR/summary.md.
+set -uo pipefail
+out="${1:?usage: gpu-cluster.sh OUT_DIR [SECTION...]}"
+shift
+sections="${*:-launched torch}"
+want() { [[ " $sections " == *" $1 "* ]]; }
+repro="$(realpath "${REPRO_BIN:-target/cuda/release/repro}")"
+work="$(mktemp -d)"
+mkdir -p "$out"
+export LD_LIBRARY_PATH="/usr/local/cuda-13.0/targets/x86_64-linux/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+summary="$out/summary.md"
+say() { echo "$@" | tee -a "$summary"; }
+section() { say; say "## $1"; say; }
+say "# gpu-cluster $(date -u +%FT%TZ)"
+say "$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -2 | paste -sd';')"
+py=python3
+
+gpt=(--workload gpt --width 512 --layers 4 --heads 8 --context 256 --batch 16 --capture none)
+net=(env NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1)
+torchrun_nodes() { # torchrun_nodes COMMAND...: two nodes of one GPU each, on the network path
+    local port=$((29500 + RANDOM % 1000)) pids=()
+    for node in 0 1; do
+        CUDA_VISIBLE_DEVICES=$node "${net[@]}" "$py" -m torch.distributed.run --nnodes 2 --node_rank $node \
+            --nproc_per_node 1 --master_addr 127.0.0.1 --master_port $port --no-python "$@" \
+            > "$work/node$node.log" 2>&1 &
+        pids+=($!)
+    done
+    local rc=0
+    for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
+    tail -n 3 "$work/node0.log" "$work/node1.log" | tee -a "$summary"
+    return $rc
+}
+verdict() { "$repro" diff "$@" 2>&1 | grep -E -A4 '^(IDENTICAL|DIVERGED|INCOMPLETE|error)' | head -6 | tee -a "$summary"; }
+
+if want launched; then
+    section "Launched ranks: torchrun nodes against --devices (gpt 512 x 4, context 256, batch 16, 30 steps)"
+    "$repro" record "${gpt[@]}" --steps 30 --devices cuda:0,cuda:1 --out "$work/devices" 2>&1 | tail -1 | tee -a "$summary"
+    "${net[@]}" "$repro" record "${gpt[@]}" --steps 30 --devices cuda:0,cuda:1 --out "$work/devices-net" 2>&1 | tail -1 | tee -a "$summary"
+    torchrun_nodes "$repro" record "${gpt[@]}" --steps 30 --device cuda --out "$work/launched"
+    say; say "devices (P2P) vs devices (network path):"; verdict "$work/devices" "$work/devices-net"
+    say "devices (network path) vs launched (network path):"; verdict "$work/devices-net" "$work/launched"
+    say "devices (P2P) vs launched:"; verdict "$work/devices" "$work/launched"
+    "$repro" inspect "$work/launched" 2>&1 | grep -E "replicas|backend" | tee -a "$summary"
+    section "Step times (repro overhead, 40 steps, blocks of 10)"
+    "$repro" overhead "${gpt[@]}" --steps 40 --devices cuda:0,cuda:1 --header 2>&1 | grep "^|" | tee -a "$summary"
+    "${net[@]}" "$repro" overhead "${gpt[@]}" --steps 40 --devices cuda:0,cuda:1 2>&1 | grep "^|" | sed 's/$/ (network path)/' | tee -a "$summary"
+    torchrun_nodes "$repro" overhead "${gpt[@]}" --steps 40 --device cuda
+    grep -h "^|" "$work/node0.log" "$work/node1.log" | sed 's/$/ (torchrun nodes, network path)/' | tee -a "$summary"
+fi
+
+if want torch; then
+    section "PyTorch recorder: tests with this machine's torch"
+    say "$($py -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)' 2>&1)"
+    # No network on the GPU machine: the wheels travel in gpubin/wheels.
+    $py -m pip install --quiet --no-deps --no-index --find-links gpubin/wheels --target "$work/py" msgpack blake3 safetensors >/dev/null 2>&1 || say "(could not install msgpack, blake3, safetensors from gpubin/wheels)"
+    REPRO_BIN="$repro" PYTHONPATH="python:$work/py" $py -W ignore -m unittest discover -s python/tests -v 2>&1 | tail -8 | tee -a "$summary"
+    section "PyTorch recorder overhead (hashes only, every tensor copied to the host)"
+    PYTHONPATH="python:$work/py" $py python/bench/torch_overhead.py cuda 2>&1 | tail -6 | tee -a "$summary"
+fi
+rm -rf "$work"
