@@ -26,7 +26,7 @@ say "# gpu-cluster $(date -u +%FT%TZ)"
 say "$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -2 | paste -sd';')"
 py=python3
 
-gpt=(--workload gpt --width 512 --layers 4 --heads 8 --context 256 --batch 16 --capture none)
+gpt=(--workload gpt --width 512 --layers 4 --heads 8 --context 256 --batch 16)
 net=(env NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1)
 torchrun_nodes() { # torchrun_nodes COMMAND...: two nodes of one GPU each, on the network path
     local port=$((29500 + RANDOM % 1000)) pids=()
@@ -45,15 +45,18 @@ verdict() { "$repro" diff "$@" 2>&1 | grep -E -A4 '^(IDENTICAL|DIVERGED|INCOMPLE
 
 if want launched; then
     section "Launched ranks: torchrun nodes against --devices (gpt 512 x 4, context 256, batch 16, 30 steps)"
-    "$repro" record "${gpt[@]}" --steps 30 --devices cuda:0,cuda:1 --out "$work/devices" 2>&1 | tail -1 | tee -a "$summary"
-    "${net[@]}" "$repro" record "${gpt[@]}" --steps 30 --devices cuda:0,cuda:1 --out "$work/devices-net" 2>&1 | tail -1 | tee -a "$summary"
-    torchrun_nodes "$repro" record "${gpt[@]}" --steps 30 --device cuda --out "$work/launched"
+    "$repro" record "${gpt[@]}" --capture none --steps 30 --devices cuda:0,cuda:1 --out "$work/devices" 2>&1 | tail -1 | tee -a "$summary"
+    "${net[@]}" "$repro" record "${gpt[@]}" --capture none --steps 30 --devices cuda:0,cuda:1 --out "$work/devices-net" 2>&1 | tail -1 | tee -a "$summary"
+    torchrun_nodes "$repro" record "${gpt[@]}" --capture none --steps 30 --device cuda --out "$work/launched"
     say; say "devices (P2P) vs devices (network path):"; verdict "$work/devices" "$work/devices-net"
     say "devices (network path) vs launched (network path):"; verdict "$work/devices-net" "$work/launched"
     say "devices (P2P) vs launched:"; verdict "$work/devices" "$work/launched"
     "$repro" inspect "$work/launched" 2>&1 | grep -E "replicas|backend" | tee -a "$summary"
+fi
+if want launched || want steptimes; then
     section "Step times (repro overhead, 40 steps, blocks of 10)"
-    "$repro" overhead "${gpt[@]}" --steps 40 --devices cuda:0,cuda:1 --header 2>&1 | grep "^|" | tee -a "$summary"
+    "$repro" overhead "${gpt[@]}" --steps 40 --device cuda:0 --header 2>&1 | grep "^|" | sed 's/$/ (one GPU)/' | tee -a "$summary"
+    "$repro" overhead "${gpt[@]}" --steps 40 --devices cuda:0,cuda:1 2>&1 | grep "^|" | tee -a "$summary"
     "${net[@]}" "$repro" overhead "${gpt[@]}" --steps 40 --devices cuda:0,cuda:1 2>&1 | grep "^|" | sed 's/$/ (network path)/' | tee -a "$summary"
     torchrun_nodes "$repro" overhead "${gpt[@]}" --steps 40 --device cuda
     grep -h "^|" "$work/node0.log" "$work/node1.log" | sed 's/$/ (torchrun nodes, network path)/' | tee -a "$summary"
