@@ -323,3 +323,36 @@ fn a_launched_rank_that_never_arrives_or_runs_other_settings_ends_the_run_with_i
     assert_eq!(run.code, 2);
     assert!(run.stderr.contains("MASTER_ADDR and MASTER_PORT"), "{}", run.stderr);
 }
+
+/// Issue 36: a run whose ranks each node wrote to its own disk is read as one run, its
+/// directories joined with `:`; every rank must be in exactly one of them.
+#[test]
+fn a_run_whose_ranks_lie_in_several_directories_is_read_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let (node0, node1, local) = (dir.path().join("node0"), dir.path().join("node1"), dir.path().join("local"));
+    let on = |node: &Path| vec!["record", "--workload", "mlp", "--steps", "3", "--out", s(node)].join("\u{1}");
+    let (args0, args1) = (on(&node0), on(&node1));
+    let (args0, args1): (Vec<&str>, Vec<&str>) = (args0.split('\u{1}').collect(), args1.split('\u{1}').collect());
+    for run in launch(&[(0, &args0), (1, &args1)], 2, &[]) {
+        assert_eq!(run.code, 0, "{}", run.stderr);
+    }
+    let run = repro(&["record", "--workload", "mlp", "--steps", "3", "--devices", "cpu,cpu", "--out", s(&local)]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let whole = format!("{}:{}", s(&node0), s(&node1));
+    let diff = repro(&["diff", s(&local), &whole]);
+    assert_eq!(diff.code, 0, "{}{}", diff.stdout, diff.stderr);
+    assert!(diff.stdout.contains("IDENTICAL"), "{}", diff.stdout);
+    let inspect = repro(&["inspect", &whole, "--verify"]);
+    assert_eq!(inspect.code, 0, "{}{}", inspect.stdout, inspect.stderr);
+    // One node's directory alone lacks a rank; the same directory twice holds one twice.
+    let empty = dir.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    let half = format!("{}:{}", s(&node0), s(&empty));
+    let run = repro(&["inspect", &half]);
+    assert_eq!(run.code, 2);
+    assert!(run.stderr.contains("rank 1 of its 2 ranks is in none of"), "{}", run.stderr);
+    let twice = format!("{}:{}:{}", s(&node0), s(&node1), s(&node0));
+    let run = repro(&["diff", s(&local), &twice]);
+    assert_eq!(run.code, 2);
+    assert!(run.stderr.contains("rank 0 is in two places"), "{}", run.stderr);
+}

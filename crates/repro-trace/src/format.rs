@@ -54,9 +54,46 @@ pub fn rank_dir(run: &Path, rank: u64) -> PathBuf {
 }
 
 /// Whether `path` looks like a data-parallel run: a directory with no record file of its own and
-/// a `rank-0` trace.
+/// a `rank-0` trace, or several directories joined with `:` (`node0/run:node1/run`, a run whose
+/// ranks each node wrote to its own disk), which hold rank traces between them.
 pub fn is_ranked_run(path: &Path) -> bool {
-    path.is_dir() && !path.join(RECORDS_FILE).exists() && rank_dir(path, 0).join(RECORDS_FILE).is_file()
+    match run_dirs(path).as_slice() {
+        [one] => one.is_dir() && !one.join(RECORDS_FILE).exists() && rank_dir(one, 0).join(RECORDS_FILE).is_file(),
+        parts => {
+            parts.iter().all(|d| d.is_dir() && !d.join(RECORDS_FILE).exists())
+                && parts.iter().any(|d| !ranks_in(d).is_empty())
+        }
+    }
+}
+
+/// The directories a run's path names: itself, or, when nothing exists at it and it joins
+/// several paths with `:` (the platform's path-list separator), each of them.
+pub fn run_dirs(path: &Path) -> Vec<PathBuf> {
+    if path.exists() {
+        return vec![path.to_path_buf()];
+    }
+    let parts: Vec<PathBuf> = std::env::split_paths(path.as_os_str()).collect();
+    if parts.len() > 1 {
+        parts
+    } else {
+        vec![path.to_path_buf()]
+    }
+}
+
+/// The rank traces directly inside `dir`, `(rank, directory)` in rank order: the `rank-N`
+/// directories that hold a record file.
+pub fn ranks_in(dir: &Path) -> Vec<(u64, PathBuf)> {
+    let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
+    let mut ranks: Vec<(u64, PathBuf)> = entries
+        .filter_map(Result::ok)
+        .filter_map(|e| {
+            let name = e.file_name();
+            let rank: u64 = name.to_str()?.strip_prefix("rank-")?.parse().ok()?;
+            (e.path().join(RECORDS_FILE).is_file() && rank_dir(dir, rank) == e.path()).then(|| (rank, e.path()))
+        })
+        .collect();
+    ranks.sort();
+    ranks
 }
 
 /// The run-metadata file: the only part of a trace that differs between identical runs.

@@ -3,7 +3,7 @@
 //! module finds a run's rank streams and checks that they belong together.
 
 use crate::error::TraceError;
-use crate::format::{is_ranked_run, rank_dir, RECORDS_FILE};
+use crate::format::{is_ranked_run, rank_dir, ranks_in, run_dirs, RECORDS_FILE};
 use crate::reader::TraceReader;
 use crate::schema::Header;
 use std::path::{Path, PathBuf};
@@ -34,7 +34,9 @@ pub fn rank_streams(path: &Path) -> Result<Option<Vec<PathBuf>>, TraceError> {
     if !is_ranked_run(path) {
         return Ok(None);
     }
-    let first = TraceReader::open(rank_dir(path, 0))?;
+    let located = locate_ranks(path)?;
+    let locate = |rank: u64| located.get(&rank).cloned().unwrap_or_else(|| rank_dir(path, rank));
+    let first = TraceReader::open(locate(0))?;
     let wrong = |dir: &Path, reason: String| TraceError::Corrupt {
         path: dir.join(RECORDS_FILE),
         location: "header".into(),
@@ -47,8 +49,18 @@ pub fn rank_streams(path: &Path) -> Result<Option<Vec<PathBuf>>, TraceError> {
         ));
     };
     let mut streams = Vec::new();
+    if let Some((&extra, dir)) = located.range(world..).next() {
+        return Err(wrong(dir, format!("it is rank {extra}, beyond the world size {world} that rank 0 gives")));
+    }
     for rank in 0..world {
-        let dir = rank_dir(path, rank);
+        if !located.is_empty() && !located.contains_key(&rank) {
+            let places: Vec<String> = run_dirs(path).iter().map(|d| d.display().to_string()).collect();
+            return Err(TraceError::NotATrace {
+                path: path.to_path_buf(),
+                reason: format!("rank {rank} of its {world} ranks is in none of {}", places.join(", ")),
+            });
+        }
+        let dir = locate(rank);
         if !dir.join(RECORDS_FILE).is_file() {
             return Err(TraceError::NotATrace {
                 path: path.to_path_buf(),
@@ -76,6 +88,34 @@ pub fn rank_streams(path: &Path) -> Result<Option<Vec<PathBuf>>, TraceError> {
         streams.push(dir);
     }
     Ok(Some(streams))
+}
+
+/// Where each rank's trace is, when the run's path joins several directories (`node0/run:
+/// node1/run`): every rank in exactly one of them. For one directory, the map is empty (ranks are
+/// its `rank-N`).
+fn locate_ranks(path: &Path) -> Result<std::collections::BTreeMap<u64, PathBuf>, TraceError> {
+    let mut located = std::collections::BTreeMap::new();
+    let dirs = run_dirs(path);
+    if dirs.len() < 2 {
+        return Ok(located);
+    }
+    for dir in &dirs {
+        for (rank, stream) in ranks_in(dir) {
+            if let Some(earlier) = located.insert(rank, stream.clone()) {
+                return Err(TraceError::NotATrace {
+                    path: path.to_path_buf(),
+                    reason: format!("rank {rank} is in two places, {} and {}", earlier.display(), stream.display()),
+                });
+            }
+        }
+    }
+    if !located.contains_key(&0) {
+        return Err(TraceError::NotATrace {
+            path: path.to_path_buf(),
+            reason: "none of its directories holds rank 0".into(),
+        });
+    }
+    Ok(located)
 }
 
 #[cfg(test)]
