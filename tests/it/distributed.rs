@@ -330,9 +330,10 @@ fn a_launched_rank_that_never_arrives_or_runs_other_settings_ends_the_run_with_i
 fn a_run_whose_ranks_lie_in_several_directories_is_read_whole() {
     let dir = tempfile::tempdir().unwrap();
     let (node0, node1, local) = (dir.path().join("node0"), dir.path().join("node1"), dir.path().join("local"));
-    let on = |node: &Path| vec!["record", "--workload", "mlp", "--steps", "3", "--out", s(node)].join("\u{1}");
+    let on = |node: &Path| ["record", "--workload", "mlp", "--steps", "3", "--out", s(node)].map(str::to_string);
     let (args0, args1) = (on(&node0), on(&node1));
-    let (args0, args1): (Vec<&str>, Vec<&str>) = (args0.split('\u{1}').collect(), args1.split('\u{1}').collect());
+    let (args0, args1): (Vec<&str>, Vec<&str>) =
+        (args0.iter().map(String::as_str).collect(), args1.iter().map(String::as_str).collect());
     for run in launch(&[(0, &args0), (1, &args1)], 2, &[]) {
         assert_eq!(run.code, 0, "{}", run.stderr);
     }
