@@ -3,8 +3,13 @@
 //! `repro inspect` and `repro diff` read as one run (and check that the ranks stayed replicas).
 //!
 //! Two ranks run here as two threads on the CPU, meeting in a scratch directory through repro's
-//! file stand-in for NCCL. On GPUs each rank is a process with its own `cuda:N` device, started
-//! by your launcher with its rank, and `join` uses NCCL; the loop is the same.
+//! file stand-in for NCCL. Started by a cluster's launcher instead (torchrun, srun, mpirun), each
+//! process is one rank: `join_from_env` reads its place from the launcher's variables and meets
+//! the others at MASTER_ADDR:MASTER_PORT (NCCL on GPUs); the loop is the same.
+//!
+//! ```text
+//! torchrun --nproc_per_node 2 --no-python target/release/examples/data_parallel runs/dp-launched
+//! ```
 //!
 //! ```text
 //! cargo run --release --example data_parallel -- runs/dp-a
@@ -16,7 +21,7 @@
 use candle_core::{DType, Device, Module, Tensor};
 use candle_nn::{linear, AdamW, Optimizer, VarBuilder, VarMap};
 use repro::capture::ModelCapture;
-use repro::distributed::{join, DataParallel};
+use repro::distributed::{join, join_from_env, DataParallel};
 use repro::record::{RecordOptions, Recorder};
 use repro::trace::{RunConfig, TensorKind};
 use repro::workloads::seeded::{stream, uniform_vec};
@@ -26,10 +31,14 @@ const RANKS: usize = 2;
 const STEPS: u64 = 10;
 const BATCH: usize = 16;
 
+/// The run's settings, the same on every rank.
+fn run_config() -> RunConfig {
+    RunConfig { workload: "dp-example".into(), steps: Some(STEPS), ..Default::default() }
+}
+
 /// One rank's training loop.
-fn train(rank: usize, rendezvous: &Path, out: &Path) -> Result<(), Box<dyn std::error::Error>> {
-    let device = Device::Cpu;
-    let mut dp = DataParallel::new(join(&device, rendezvous, rank, RANKS)?);
+fn train(mut dp: DataParallel, out: &Path) -> Result<(), Box<dyn std::error::Error>> {
+    let (device, rank) = (Device::Cpu, dp.rank());
     let mut varmap = VarMap::new();
     let model = linear(8, 4, VarBuilder::from_varmap(&varmap, DType::F32, &device).pp("head"))?;
     // Replicas must start equal: seeded weights, the same on every rank.
@@ -40,7 +49,7 @@ fn train(rank: usize, rendezvous: &Path, out: &Path) -> Result<(), Box<dyn std::
     }
     let capture = ModelCapture::new(&varmap);
     let mut opt = AdamW::new_lr(varmap.all_vars(), 1e-2)?;
-    let run = RunConfig { workload: "dp-example".into(), steps: Some(STEPS), ..Default::default() };
+    let run = run_config();
     let dir = out.join(format!("rank-{rank}"));
     let options = RecordOptions { replace: true, rank: Some(dp.describe()), ..RecordOptions::default() };
     let mut rec = Recorder::create(&dir, run, &device, options)?;
@@ -68,11 +77,18 @@ fn train(rank: usize, rendezvous: &Path, out: &Path) -> Result<(), Box<dyn std::
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let out = std::path::PathBuf::from(std::env::args().nth(1).unwrap_or_else(|| "runs/dp-example".into()));
+    // Started by a launcher: this process is one rank.
+    if let Some(dp) = join_from_env(&Device::Cpu, &run_config())? {
+        return train(dp, &out);
+    }
     let rendezvous = tempfile::tempdir()?;
     let ranks: Vec<_> = (0..RANKS)
         .map(|rank| {
             let (rendezvous, out) = (rendezvous.path().to_path_buf(), out.clone());
-            std::thread::spawn(move || train(rank, &rendezvous, &out).map_err(|e| format!("rank {rank}: {e}")))
+            std::thread::spawn(move || {
+                let dp = DataParallel::new(join(&Device::Cpu, &rendezvous, rank, RANKS).map_err(|e| e.to_string())?);
+                train(dp, &out).map_err(|e| format!("rank {rank}: {e}"))
+            })
         })
         .collect();
     for rank in ranks {

@@ -326,14 +326,6 @@ impl RankProcess {
 /// What every rank of a launched run must share: the workload's settings, the capture policy and
 /// the trace format (a rank of another build of repro writes another).
 pub fn run_settings(run: &RunConfig, capture: &CapturePolicy) -> RunSettings {
-    let mut settings = RunSettings::new();
-    settings.insert("workload".into(), run.workload.clone());
-    settings.insert("steps".into(), run.steps.map_or("unknown".into(), |s| s.to_string()));
-    for (k, v) in &run.params {
-        settings.insert(k.clone(), v.clone());
-    }
-    settings.insert("capture".into(), capture.full.to_string());
-    settings.insert("inline_max_bytes".into(), capture.inline_max_bytes.to_string());
-    settings.insert("trace_format".into(), repro::trace::format::CURRENT_FORMAT.to_string());
-    settings
+    let extra = [("capture", capture.full.to_string()), ("inline_max_bytes", capture.inline_max_bytes.to_string())];
+    distributed::run_settings(run, &extra)
 }

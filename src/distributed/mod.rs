@@ -27,7 +27,7 @@ pub use launcher::{LaunchedRank, RENDEZVOUS_TIMEOUT};
 pub use tcp::{RunSettings, TcpCollective};
 
 use crate::record::{RecordError, StepRecorder};
-use crate::trace::{Distributed, Phase, TensorKind};
+use crate::trace::{Distributed, Phase, RunConfig, TensorKind};
 use candle_core::backprop::GradStore;
 use candle_core::{Device, Tensor, Var};
 use std::path::Path;
@@ -93,6 +93,27 @@ pub fn join_launched(
             "data-parallel training on {device:?} needs NCCL: build repro with `make cuda` (the `nccl` feature)"
         ))),
     }
+}
+
+/// The settings every rank of a run must share, by name: `run`'s workload, steps and parameters,
+/// the trace format, and `extra` (what else must agree: a capture policy, say).
+pub fn run_settings(run: &RunConfig, extra: &[(&str, String)]) -> RunSettings {
+    let mut settings = RunSettings::new();
+    settings.insert("workload".into(), run.workload.clone());
+    settings.insert("steps".into(), run.steps.map_or("unknown".into(), |s| s.to_string()));
+    settings.extend(run.params.iter().map(|(k, v)| (k.clone(), v.clone())));
+    settings.insert("trace_format".into(), crate::trace::format::CURRENT_FORMAT.to_string());
+    settings.extend(extra.iter().map(|(k, v)| (k.to_string(), v.clone())));
+    settings
+}
+
+/// This process's side of a run its cluster's launcher started (torchrun, srun, mpirun:
+/// [`LaunchedRank`]), or `None` when no launcher's variables are set: for a training loop of
+/// your own, with no repro-specific launcher. The ranks meet as [`join_launched`] says, each
+/// bringing `run`'s settings.
+pub fn join_from_env(device: &Device, run: &RunConfig) -> Result<Option<DataParallel>, RecordError> {
+    let Some(place) = LaunchedRank::from_env()? else { return Ok(None) };
+    Ok(Some(DataParallel::new(join_launched(device, &place, &run_settings(run, &[]))?)))
 }
 
 /// A gradient to average over the ranks: `NAME.grad`, the recorded tensors it was computed from,

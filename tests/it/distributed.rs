@@ -357,3 +357,71 @@ fn a_run_whose_ranks_lie_in_several_directories_is_read_whole() {
     assert_eq!(run.code, 2);
     assert!(run.stderr.contains("rank 0 is in two places"), "{}", run.stderr);
 }
+
+/// Issue 36: a training loop of your own joins a launched run through the library
+/// (`distributed::join_from_env`), with no repro-specific launcher, and matches the same loop's
+/// ranks run as threads through the file stand-in.
+#[test]
+fn your_own_loop_joins_a_launched_run_through_the_library() {
+    let dir = tempfile::tempdir().unwrap();
+    let (launched, threads) = (dir.path().join("launched"), dir.path().join("threads"));
+    let port = free_port();
+    let ranks: Vec<_> = (0..2)
+        .map(|rank| {
+            std::process::Command::new(example("data_parallel"))
+                .arg(&launched)
+                .env("RANK", rank.to_string())
+                .env("WORLD_SIZE", "2")
+                .env("MASTER_ADDR", "127.0.0.1")
+                .env("MASTER_PORT", &port)
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .expect("the example starts")
+        })
+        .collect();
+    for rank in ranks {
+        let out = rank.wait_with_output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    }
+    let status = std::process::Command::new(example("data_parallel")).arg(&threads).status().unwrap();
+    assert!(status.success());
+    let diff = repro(&["diff", s(&threads), s(&launched)]);
+    assert_eq!(diff.code, 0, "{}{}", diff.stdout, diff.stderr);
+    let v = json(&repro(&["inspect", s(&launched), "--json"]).stdout);
+    assert_eq!(v["ranks"][0]["header"]["distributed"]["backend"], "tcp", "{v}");
+}
+
+/// Issue 36: a launched rank that dies mid-run ends the others with an error naming it, never a
+/// hang in a collective.
+#[test]
+fn a_launched_rank_that_dies_ends_the_others_with_its_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let port = free_port();
+    let start = |rank: usize| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_repro"))
+            .args(["record", "--workload", "mlp", "--epochs", "100000", "--capture", "none", "--out", s(&out)])
+            .env("RANK", rank.to_string())
+            .env("WORLD_SIZE", "2")
+            .env("MASTER_ADDR", "127.0.0.1")
+            .env("MASTER_PORT", &port)
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("repro starts")
+    };
+    let (rank0, mut rank1) = (start(0), start(1));
+    // Killed once both train: rank 0's trace holds steps.
+    let records = out.join("rank-0").join("records.rpr");
+    let started = std::time::Instant::now();
+    while std::fs::metadata(&records).map_or(0, |m| m.len()) < 20_000 {
+        assert!(started.elapsed().as_secs() < 120, "the ranks never started training");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    rank1.kill().unwrap();
+    let _ = rank1.wait();
+    let out0 = rank0.wait_with_output().unwrap();
+    assert_eq!(out0.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out0.stderr);
+    assert!(err.contains("rank 1 stopped answering during sum"), "{err}");
+    assert!(err.contains("marked incomplete"), "{err}");
+}
