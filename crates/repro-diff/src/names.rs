@@ -18,7 +18,6 @@
 //! take the matched runs in order. `ignore` leaves the tensors it matches out of the comparison
 //! on both sides; rules apply in file order, and the first that matches a name decides.
 
-use crate::error::DiffError;
 use repro_trace::StepRecord;
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -65,11 +64,11 @@ impl NameMap {
         Ok(NameMap { rules })
     }
 
-    /// Reads and parses a map file.
-    pub fn read(path: &Path) -> Result<Self, DiffError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| DiffError::Usage(format!("cannot read the name map {}: {e}", path.display())))?;
-        Self::parse(&text).map_err(|e| DiffError::Usage(format!("name map {}: {e}", path.display())))
+    /// Reads and parses a map file; the error names the file (and the line).
+    pub fn read(path: &Path) -> Result<Self, String> {
+        let text =
+            std::fs::read_to_string(path).map_err(|e| format!("cannot read the name map {}: {e}", path.display()))?;
+        Self::parse(&text).map_err(|e| format!("name map {}: {e}", path.display()))
     }
 
     /// The name `name` is compared under, or `None` when it is left out.
