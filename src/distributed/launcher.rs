@@ -10,9 +10,13 @@
 //! The ranks meet at `MASTER_ADDR:MASTER_PORT` (torchrun sets them; a Slurm or MPI job script
 //! exports them, docs/distributed.md), where rank 0 listens (`tcp`). Under torchrun, whose own
 //! store holds `MASTER_PORT`, they meet at the next port; `REPRO_MASTER_PORT` chooses another.
+//! With `REPRO_RENDEZVOUS_DIR`, a directory every rank reaches (a shared file system), they meet
+//! there instead, through files, and need no address.
 
+use super::tcp::RunSettings;
 use crate::record::RecordError;
 use std::ffi::OsString;
+use std::path::Path;
 use std::time::Duration;
 
 /// How long ranks wait for each other at the rendezvous, unless `REPRO_RENDEZVOUS_TIMEOUT`
@@ -28,8 +32,10 @@ pub struct LaunchedRank {
     pub world_size: usize,
     /// This rank's index on its node: which GPU it takes.
     pub local_rank: usize,
-    /// Where rank 0 listens, `HOST:PORT`.
+    /// Where rank 0 listens, `HOST:PORT` (empty when the ranks meet in `rendezvous_dir`).
     pub master: String,
+    /// A directory every rank reaches, where the ranks meet through files instead of TCP.
+    pub rendezvous_dir: Option<std::path::PathBuf>,
     /// Which launcher's variables gave it (`torchrun`, `slurm`, `mpirun`).
     pub launcher: &'static str,
     /// How long to wait for the other ranks.
@@ -69,11 +75,28 @@ impl LaunchedRank {
                     "{rank_var}={rank} is not a rank of {world_var}={world_size} ranks"
                 )));
             }
+            let timeout = match number("REPRO_RENDEZVOUS_TIMEOUT")? {
+                Some(seconds) => Duration::from_secs(seconds as u64),
+                None => RENDEZVOUS_TIMEOUT,
+            };
+            let local_rank = number(local_var)?.unwrap_or(0);
+            if let Some(dir) = text("REPRO_RENDEZVOUS_DIR") {
+                return Ok(Some(LaunchedRank {
+                    rank,
+                    world_size,
+                    local_rank,
+                    master: String::new(),
+                    rendezvous_dir: Some(dir.into()),
+                    launcher,
+                    timeout,
+                }));
+            }
             let (addr, port) = (text("MASTER_ADDR"), text("MASTER_PORT"));
             let (Some(addr), Some(port)) = (addr, port) else {
                 return Err(RecordError::Unsupported(format!(
                     "{launcher} started this rank ({rank_var}={rank}), but MASTER_ADDR and MASTER_PORT do not say \
-                     where the ranks meet: export them in the job script (docs/distributed.md)"
+                     where the ranks meet: export them in the job script, or REPRO_RENDEZVOUS_DIR, a directory \
+                     every rank reaches (docs/distributed.md)"
                 )));
             };
             let port: u16 = port
@@ -93,21 +116,66 @@ impl LaunchedRank {
                 })?,
                 None => port,
             };
-            let timeout = match number("REPRO_RENDEZVOUS_TIMEOUT")? {
-                Some(seconds) => Duration::from_secs(seconds as u64),
-                None => RENDEZVOUS_TIMEOUT,
-            };
             return Ok(Some(LaunchedRank {
                 rank,
                 world_size,
-                local_rank: number(local_var)?.unwrap_or(0),
+                local_rank,
                 master: format!("{addr}:{port}"),
+                rendezvous_dir: None,
                 launcher,
                 timeout,
             }));
         }
         Ok(None)
     }
+}
+
+/// Meets the other ranks of `place`'s run in `dir` (`REPRO_RENDEZVOUS_DIR`, new and empty for
+/// each run): each rank leaves its settings there, waits for every other rank's, and refuses
+/// the run when any differ, naming the rank and the settings.
+pub(crate) fn meet_in_dir(dir: &Path, place: &LaunchedRank, settings: &RunSettings) -> Result<(), RecordError> {
+    let fail = |what: String| RecordError::Collective(format!("rank {}: {what}", place.rank));
+    std::fs::create_dir_all(dir).map_err(|e| fail(format!("cannot create {}: {e}", dir.display())))?;
+    let file = |rank: usize| dir.join(format!("settings.rank-{rank}.json"));
+    let tmp = dir.join(format!("settings.rank-{}.json.tmp", place.rank));
+    let mine = serde_json::to_vec(settings).map_err(|e| fail(format!("cannot encode its settings: {e}")))?;
+    std::fs::write(&tmp, &mine)
+        .and_then(|()| std::fs::rename(&tmp, file(place.rank)))
+        .map_err(|e| fail(format!("cannot write {}: {e}", file(place.rank).display())))?;
+    let started = std::time::Instant::now();
+    for rank in 0..place.world_size {
+        let theirs = loop {
+            match std::fs::read(file(rank)) {
+                Ok(bytes) => break bytes,
+                Err(_) if started.elapsed() < place.timeout => std::thread::sleep(Duration::from_millis(20)),
+                Err(_) => {
+                    let missing: Vec<String> =
+                        (0..place.world_size).filter(|&r| !file(r).exists()).map(|r| r.to_string()).collect();
+                    return Err(fail(format!(
+                        "rank(s) {} never arrived in {} within {} s (world size {})",
+                        missing.join(", "),
+                        dir.display(),
+                        place.timeout.as_secs(),
+                        place.world_size
+                    )));
+                }
+            }
+        };
+        let theirs: RunSettings = serde_json::from_slice(&theirs)
+            .map_err(|e| fail(format!("{} is not a rank's settings: {e}", file(rank).display())))?;
+        if &theirs != settings {
+            let differ: Vec<String> = settings
+                .iter()
+                .filter(|(k, v)| theirs.get(*k) != Some(*v))
+                .map(|(k, v)| format!("{k} {v} vs {}", theirs.get(k).map_or("(unset)", String::as_str)))
+                .collect();
+            return Err(fail(format!(
+                "rank {rank} runs other settings ({}); every rank must run the same command",
+                differ.join(", ")
+            )));
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -138,6 +206,10 @@ mod tests {
         assert_eq!(place(&torchrun).unwrap().unwrap().master, "10.0.0.1:29501");
         let chosen = [&torchrun[..], &[("REPRO_MASTER_PORT", "40000")]].concat();
         assert_eq!(place(&chosen).unwrap().unwrap().master, "10.0.0.1:40000");
+        // A shared directory instead of an address.
+        let shared =
+            place(&[("RANK", "1"), ("WORLD_SIZE", "2"), ("REPRO_RENDEZVOUS_DIR", "/shared/meet")]).unwrap().unwrap();
+        assert_eq!(shared.rendezvous_dir.as_deref(), Some(std::path::Path::new("/shared/meet")));
     }
 
     #[test]

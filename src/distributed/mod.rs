@@ -74,14 +74,18 @@ pub fn join(
 }
 
 /// Joins the ranks of a run started by the cluster's launcher (`place`) on `device`: they meet
-/// over TCP at the launcher's `MASTER_ADDR:MASTER_PORT`, where every rank must bring the same
-/// `settings`; then NCCL sums on CUDA devices (rank 0 shares its unique id at the meeting), and
+/// over TCP at the launcher's `MASTER_ADDR:MASTER_PORT` (or through files in
+/// `REPRO_RENDEZVOUS_DIR`), where every rank must bring the same `settings`; then NCCL sums on CUDA devices (rank 0 shares its unique id at the meeting), and
 /// the TCP stand-in on the CPU.
 pub fn join_launched(
     device: &Device,
     place: &LaunchedRank,
     settings: &RunSettings,
 ) -> Result<Box<dyn Collective>, RecordError> {
+    if let Some(dir) = &place.rendezvous_dir {
+        launcher::meet_in_dir(dir, place, settings)?;
+        return join(device, dir, place.rank, place.world_size);
+    }
     match device {
         Device::Cpu => Ok(Box::new(TcpCollective::new(tcp::meet(place, settings, || Ok(Vec::new()))?))),
         #[cfg(feature = "nccl")]

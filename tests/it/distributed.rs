@@ -425,3 +425,42 @@ fn a_launched_rank_that_dies_ends_the_others_with_its_name() {
     assert!(err.contains("rank 1 stopped answering during sum"), "{err}");
     assert!(err.contains("marked incomplete"), "{err}");
 }
+
+/// Issue 36: launched ranks may meet in a directory every rank reaches (REPRO_RENDEZVOUS_DIR)
+/// instead of over TCP; a rank that never arrives there is named.
+#[test]
+fn launched_ranks_may_meet_in_a_shared_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let (out, local, meet) = (dir.path().join("run"), dir.path().join("local"), dir.path().join("meet"));
+    let args = ["record", "--workload", "mlp", "--steps", "3", "--out", s(&out)];
+    let handles: Vec<_> = (0..2)
+        .map(|rank: usize| {
+            let meet = meet.clone();
+            let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+            std::thread::spawn(move || {
+                let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                let rank = rank.to_string();
+                let env = [("RANK", rank.as_str()), ("WORLD_SIZE", "2"), ("REPRO_RENDEZVOUS_DIR", s(&meet))];
+                crate::util::repro_with_env(&args, &env)
+            })
+        })
+        .collect();
+    for h in handles {
+        let run = h.join().unwrap();
+        assert_eq!(run.code, 0, "{}", run.stderr);
+    }
+    let run = repro(&["record", "--workload", "mlp", "--steps", "3", "--devices", "cpu,cpu", "--out", s(&local)]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let diff = repro(&["diff", s(&local), s(&out)]);
+    assert_eq!(diff.code, 0, "{}{}", diff.stdout, diff.stderr);
+    // Alone in a fresh directory, rank 0 names the rank that never came.
+    let other = dir.path().join("meet-again");
+    let env =
+        [("RANK", "0"), ("WORLD_SIZE", "2"), ("REPRO_RENDEZVOUS_DIR", s(&other)), ("REPRO_RENDEZVOUS_TIMEOUT", "1")];
+    let run = crate::util::repro_with_env(
+        &["record", "--workload", "mlp", "--steps", "3", "--out", s(&dir.path().join("x"))],
+        &env,
+    );
+    assert_eq!(run.code, 2);
+    assert!(run.stderr.contains("rank(s) 1 never arrived in"), "{}", run.stderr);
+}
