@@ -9,6 +9,8 @@
 # and two torchrun "nodes" of one GPU each (CUDA_VISIBLE_DEVICES) on that network path; each
 # pair diffed, and `repro overhead` rows for the step times. `torch`: the Python recorder's tests
 # with this machine's torch, and its overhead on GPT-2 (and ResNet-18 where torchvision is).
+# `fourgpu` (on a 4-GPU machine, not run by default): Ring against Tree at 4 ranks, world size 2
+# against 4, and a 1,000-step run's replicas.
 # Results: OUT_DIR/summary.md.
 set -uo pipefail
 out="${1:?usage: gpu-cluster.sh OUT_DIR [SECTION...]}"
@@ -18,6 +20,7 @@ want() { [[ " $sections " == *" $1 "* ]]; }
 repro="$(realpath "${REPRO_BIN:-target/cuda/release/repro}")"
 work="$(mktemp -d)"
 mkdir -p "$out"
+export NCCL_NVLS_ENABLE=0
 export LD_LIBRARY_PATH="/usr/local/cuda-13.0/targets/x86_64-linux/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 summary="$out/summary.md"
 say() { echo "$@" | tee -a "$summary"; }
@@ -60,6 +63,32 @@ if want launched || want steptimes; then
     "${net[@]}" "$repro" overhead "${gpt[@]}" --steps 40 --devices cuda:0,cuda:1 2>&1 | grep "^|" | sed 's/$/ (network path)/' | tee -a "$summary"
     torchrun_nodes "$repro" overhead "${gpt[@]}" --steps 40 --device cuda
     grep -h "^|" "$work/node0.log" "$work/node1.log" | sed 's/$/ (torchrun nodes, network path)/' | tee -a "$summary"
+fi
+
+if want fourgpu; then
+    four=cuda:0,cuda:1,cuda:2,cuda:3
+    section "Four GPUs: Ring against Tree (gpt 512 x 4, context 256, batch 16, 50 steps, hashes of every tensor)"
+    for algo in Ring Tree; do
+        for i in 1 2; do
+            NCCL_ALGO=$algo "$repro" record "${gpt[@]}" --capture none --steps 50 --devices $four \
+                --out "$work/$algo-$i" 2>&1 | tail -1 | tee -a "$summary"
+        done
+    done
+    for pair in "Ring-1 Ring-2" "Tree-1 Tree-2" "Ring-1 Tree-1"; do
+        set -- $pair
+        say "$1 vs $2:"
+        "$repro" diff "$work/$1" "$work/$2" 2>&1 | grep -E -A8 '^(IDENTICAL|DIVERGED|INCOMPLETE|error)' | head -10 | tee -a "$summary"
+    done
+    section "World size 2 against 4 (the same global batch)"
+    "$repro" record "${gpt[@]}" --capture none --steps 50 --devices cuda:0,cuda:1 --out "$work/two" 2>&1 | tail -1 | tee -a "$summary"
+    "$repro" diff "$work/two" "$work/Ring-1" 2>&1 | grep -E -A8 '^(IDENTICAL|DIVERGED|INCOMPLETE|error)' | head -10 | tee -a "$summary"
+    section "1,000-step replicas (gpt default size, 4 ranks)"
+    "$repro" record --workload gpt --steps 1000 --capture none --devices $four --out "$work/long" 2>&1 | tail -1 | tee -a "$summary"
+    "$repro" inspect "$work/long" 2>&1 | grep -E "replicas" | tee -a "$summary"
+    section "Step times at 1, 2 and 4 GPUs (repro overhead, 40 steps)"
+    "$repro" overhead "${gpt[@]}" --steps 40 --device cuda:0 --header 2>&1 | grep "^|" | tee -a "$summary"
+    "$repro" overhead "${gpt[@]}" --steps 40 --devices cuda:0,cuda:1 2>&1 | grep "^|" | tee -a "$summary"
+    "$repro" overhead "${gpt[@]}" --steps 40 --devices $four 2>&1 | grep "^|" | tee -a "$summary"
 fi
 
 if want torch; then

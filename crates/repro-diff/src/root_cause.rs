@@ -43,6 +43,10 @@ pub enum CauseRule {
     /// tolerance, as they have since `drift_since`; the cause is the first node whose difference
     /// grew past it.
     DriftedLeaves,
+    /// A data-parallel step whose forward pass is identical, where the cause is a gradient summed
+    /// across the ranks whose input, this rank's share, is identical in both runs: the collective
+    /// added the shares in another order. Other such sums are listed as separate causes.
+    Collective,
     /// Only that the cause is the first difference of the step (inputs unknown or not comparable).
     FirstDifference,
 }
@@ -132,6 +136,8 @@ pub(crate) struct Entry {
     pub(crate) divergence: Option<Divergence>,
     /// Differs, but within the tolerance.
     pub(crate) within: bool,
+    /// The result of a collective across ranks (a summed gradient).
+    pub(crate) collective: bool,
     /// Whether it was compared at all (false: only in one run, or dtype/shape differ).
     pub(crate) compared: bool,
 }
@@ -148,6 +154,7 @@ impl Entry {
             leaf,
             divergence,
             within: false,
+            collective: tensor.collective.is_some(),
             compared,
         }
     }
@@ -301,7 +308,14 @@ fn analyze_captured(entries: &[Entry]) -> Option<RootCause> {
         }
     } else if let Some(grad) = differing.iter().find(|e| is_gradient(e)).filter(|_| leaves_agree && forward_compared) {
         // Nothing of the forward pass differs beyond the tolerance; within it, it is drift.
+        // A sum across ranks whose shares are identical: the collective's own order.
+        let shares_identical = |e: &Entry| {
+            e.collective
+                && !e.inputs.is_empty()
+                && e.inputs.iter().all(|i| entries.iter().any(|x| &x.name == i && x.exact()))
+        };
         match within_upstream(position(grad)) {
+            None if shares_identical(grad) => (*grad, CauseRule::Collective),
             None => (*grad, CauseRule::Backward),
             Some((from, _)) => {
                 drift_from = Some(from.name.clone());
@@ -311,7 +325,7 @@ fn analyze_captured(entries: &[Entry]) -> Option<RootCause> {
     } else {
         (*differing.first()?, CauseRule::FirstDifference)
     };
-    let separate = |e: &Entry| rule == CauseRule::Backward && is_gradient(e);
+    let separate = |e: &Entry| matches!(rule, CauseRule::Backward | CauseRule::Collective) && is_gradient(e);
     let independent = differing
         .iter()
         .filter(|e| e.name != cause.name && separate(e))
@@ -368,6 +382,7 @@ mod tests {
                 source: None,
             }),
             within: false,
+            collective: false,
             compared: true,
         }
     }
@@ -563,5 +578,38 @@ mod tests {
         assert_eq!((r.cause.tensor.as_str(), r.rule), ("attn#24", CauseRule::Drift));
         assert_eq!(r.drift_from.as_deref(), Some("wpe#0"));
         assert!(!r.inputs_checked);
+    }
+
+    #[test]
+    fn a_sum_across_ranks_of_identical_shares_is_the_collective_s_order() {
+        let gradient = |name: &str, inputs: &[&str], differs: bool, collective: bool| {
+            let mut e = entry(name, inputs, differs);
+            e.collective = collective;
+            if let Some(d) = &mut e.divergence {
+                d.kind = TensorKind::Gradient;
+            }
+            e
+        };
+        let r = analyze(&[
+            captured("x", true, false),
+            captured("w", true, false),
+            captured("mlp#0", false, false),
+            gradient("w.grad.local", &[], false, false),
+            gradient("w.grad", &["w.grad.local"], true, true),
+            gradient("b.grad.local", &[], false, false),
+            gradient("b.grad", &["b.grad.local"], true, true),
+        ])
+        .unwrap();
+        assert_eq!((r.cause.tensor.as_str(), r.rule), ("w.grad", CauseRule::Collective));
+        assert_eq!(r.independent.iter().map(|d| d.tensor.as_str()).collect::<Vec<_>>(), ["b.grad"]);
+        // A share that differs: the backward pass, not the collective.
+        let r = analyze(&[
+            captured("x", true, false),
+            captured("mlp#0", false, false),
+            gradient("w.grad.local", &[], true, false),
+            gradient("w.grad", &["w.grad.local"], true, true),
+        ])
+        .unwrap();
+        assert_eq!((r.cause.tensor.as_str(), r.rule), ("w.grad.local", CauseRule::Backward));
     }
 }

@@ -325,13 +325,22 @@ pub fn write_root_cause(out: &mut String, r: &RootCause) -> fmt::Result {
             "the data, the parameters and every node of the forward graph (the loss included) are identical in \
              both runs: the backward pass computed this gradient differently"
         }
+        CauseRule::Collective => {
+            "the data, the parameters, the forward graph and this rank's share of the sum are identical in both \
+             runs, and the sum across the ranks is not: the collective added the shares in another order"
+        }
         CauseRule::FirstDifference => {
             "the first difference in the step (its inputs were not recorded or not comparable)"
         }
     };
     writeln!(out, "  {why}:")?;
     writeln!(out, "  {}", layout_and_metrics(&r.cause))?;
-    if !r.independent.is_empty() && r.rule == CauseRule::Backward {
+    if !r.independent.is_empty() && r.rule == CauseRule::Collective {
+        writeln!(out, "other sums the collective added in another order:")?;
+        for d in &r.independent {
+            writeln!(out, "  {}: {}", describe(d), divergence_metrics(d))?;
+        }
+    } else if !r.independent.is_empty() && r.rule == CauseRule::Backward {
         writeln!(out, "other gradients the backward pass computed differently:")?;
         for d in &r.independent {
             writeln!(out, "  {}: {}", describe(d), divergence_metrics(d))?;

@@ -39,6 +39,10 @@ pub fn render_run_diff_with(r: &RunDiff, text: &DiffText) -> String {
     for report in &r.replicas {
         out.push_str(&replica_line(report));
     }
+    // What data parallelism did explains the first difference before the diff does: said first.
+    if let Some(cause) = &r.cause {
+        let _ = writeln!(out, "{}", cause_sentence(cause, r));
+    }
     // The streams shown can agree while the run as a whole does not: a rank that did not finish
     // (the same in both runs, or in a run whose other ranks were not compared).
     let unfinished: Vec<String> = r
@@ -60,9 +64,6 @@ pub fn render_run_diff_with(r: &RunDiff, text: &DiffText) -> String {
             "over all {} ranks: {} of {} tensors differ (the figures above are rank {rank}'s)",
             t.ranks, t.tensors_diverged, t.tensors_compared
         );
-    }
-    if let Some(cause) = &r.cause {
-        let _ = writeln!(out, "\n{}", cause_sentence(cause, r));
     }
     out
 }
