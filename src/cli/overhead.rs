@@ -69,7 +69,7 @@ pub fn run(args: OverheadArgs) -> Result<Exit, CliError> {
         scratch: &scratch.path().join("run"),
     })?;
     drop(scratch);
-    if args.ranks.rank.is_some_and(|rank| rank > 0) {
+    if args.ranks.launched()?.is_some_and(|place| place.rank > 0) {
         return Ok(Exit::Same);
     }
     let on = match args.ranks.devices.len() {

@@ -20,7 +20,9 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 /// The options that make a command data-parallel: the devices, and, set by the process that
-/// starts the ranks, this process's rank and where the ranks meet.
+/// starts the ranks, the run's settings. A rank learns its place as a launcher's rank does,
+/// from the environment (`RANK`, `WORLD_SIZE`, `REPRO_RENDEZVOUS_DIR`): `--devices` is the
+/// one-host launcher, on the same path as torchrun's or Slurm's.
 #[derive(Debug, Args)]
 pub struct RankArgs {
     /// Train data-parallel, one rank process per device: cuda:0,cuda:1 sums gradients with NCCL;
@@ -28,47 +30,37 @@ pub struct RankArgs {
     /// holds one trace per rank, rank-0, rank-1, ... (--device is not used).
     #[arg(long, value_delimiter = ',', value_name = "DEVICES")]
     pub devices: Vec<String>,
-    /// Set by the process that starts the ranks: this process's rank.
-    #[arg(long, hide = true, requires = "rendezvous")]
-    pub rank: Option<usize>,
-    /// Set by the process that starts the ranks: where the ranks meet.
-    #[arg(long, hide = true, requires = "rank")]
-    pub rendezvous: Option<PathBuf>,
     /// Set by the process that starts the ranks: the run's settings (a trace header's `run`, as
     /// JSON), which every rank trains from.
-    #[arg(long, hide = true, requires = "rank")]
+    #[arg(long, hide = true)]
     pub settings: Option<PathBuf>,
 }
 
 impl RankArgs {
     /// Whether this process is to start the ranks: several devices, and no rank of its own.
     pub fn starts_ranks(&self) -> bool {
-        self.devices.len() > 1 && self.rank.is_none()
+        self.devices.len() > 1 && LaunchedRank::from_env().ok().flatten().is_none()
     }
 
     /// The device this process trains on: its rank's, else the one listed, else `default`; a
     /// rank a launcher started takes `cuda` as its local rank's GPU (`cuda:LOCAL_RANK`).
     pub fn device(&self, default: &str) -> Result<String, CliError> {
-        if let (Some(place), "cuda") = (self.launched()?, default) {
-            return Ok(format!("cuda:{}", place.local_rank));
-        }
-        match self.rank {
-            Some(rank) => self
+        match self.launched()? {
+            // A rank of `--devices`: its own device of the list.
+            Some(place) if !self.devices.is_empty() => self
                 .devices
-                .get(rank)
+                .get(place.rank)
                 .cloned()
-                .ok_or_else(|| format!("rank {rank} has no device in --devices"))
+                .ok_or_else(|| format!("rank {} has no device in --devices", place.rank))
                 .map_err(CliError::from),
-            None => Ok(self.devices.first().map_or(default, String::as_str).to_string()),
+            Some(place) if default == "cuda" => Ok(format!("cuda:{}", place.local_rank)),
+            _ => Ok(self.devices.first().map_or(default, String::as_str).to_string()),
         }
     }
 
-    /// This process's place in a run its cluster's launcher started (torchrun, srun, mpirun:
-    /// `distributed::LaunchedRank`), when it was not started by repro with `--devices`.
+    /// This process's place in a run a launcher started: `--devices`, torchrun, srun or mpirun
+    /// (`distributed::LaunchedRank`).
     pub fn launched(&self) -> Result<Option<LaunchedRank>, CliError> {
-        if !self.devices.is_empty() || self.rank.is_some() {
-            return Ok(None);
-        }
         Ok(LaunchedRank::from_env()?)
     }
 
@@ -82,16 +74,14 @@ impl RankArgs {
         WorkloadRun::from_run_config(&run).map_err(|e| CliError::from(format!("{}: {e}", file.display())))
     }
 
-    /// This rank's side of data-parallel training on `device`, when this process is a rank:
-    /// started by repro (`--devices`), or by a launcher, then meeting the others with the
-    /// `planned` run's settings, which every rank must share.
+    /// This rank's side of data-parallel training on `device`, when this process is a rank
+    /// (started by `--devices` or by a launcher), meeting the others with the `planned` run's
+    /// settings, which every rank must share.
     pub fn data_parallel(&self, device: &Device, planned: &RunSettings) -> Result<Option<DataParallel>, CliError> {
-        if let Some(place) = self.launched()? {
-            return Ok(Some(DataParallel::new(distributed::join_launched(device, &place, planned)?)));
+        match self.launched()? {
+            Some(place) => Ok(Some(DataParallel::new(distributed::join_launched(device, &place, planned)?))),
+            None => Ok(None),
         }
-        let (Some(rank), Some(rendezvous)) = (self.rank, &self.rendezvous) else { return Ok(None) };
-        let collective = distributed::join(device, rendezvous, rank, self.devices.len())?;
-        Ok(Some(DataParallel::new(collective)))
     }
 }
 
@@ -201,19 +191,24 @@ pub fn supervise(
     for rank in 0..devices.len() {
         let mut command = Command::new(&exe);
         command.arg(command_name);
+        // Each rank writes its own `OUT/rank-N`, as a launched rank does.
         if let Some(out) = out {
-            command.arg("--out").arg(rank_dir(out, rank as u64));
+            command.arg("--out").arg(out);
+        }
+        // Each rank learns its place as a launcher's rank does: from the environment, meeting the
+        // others in the rendezvous directory. Other launchers' variables are left out.
+        for var in LAUNCHER_VARS {
+            command.env_remove(var);
         }
         command
             .args(args)
             .arg("--devices")
             .arg(devices.join(","))
-            .arg("--rank")
-            .arg(rank.to_string())
-            .arg("--rendezvous")
-            .arg(&rendezvous)
             .arg("--settings")
             .arg(&settings_file)
+            .env("RANK", rank.to_string())
+            .env("WORLD_SIZE", devices.len().to_string())
+            .env("REPRO_RENDEZVOUS_DIR", &rendezvous)
             .stdin(Stdio::null())
             .stdout(Stdio::inherit())
             .stderr(Stdio::piped());
@@ -322,6 +317,23 @@ impl RankProcess {
         RankProcess { rank, child, status: None, last_lines, forward: Some(forward) }
     }
 }
+
+/// The variables launchers set, which a rank process of `--devices` must not inherit.
+const LAUNCHER_VARS: [&str; 13] = [
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "REPRO_MASTER_PORT",
+    "TORCHELASTIC_RUN_ID",
+    "SLURM_PROCID",
+    "SLURM_NTASKS",
+    "SLURM_LOCALID",
+    "OMPI_COMM_WORLD_RANK",
+    "OMPI_COMM_WORLD_SIZE",
+    "OMPI_COMM_WORLD_LOCAL_RANK",
+];
 
 /// What every rank of a launched run must share: the workload's settings, the capture policy and
 /// the trace format (a rank of another build of repro writes another).

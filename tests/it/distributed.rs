@@ -202,13 +202,16 @@ fn a_users_own_data_parallel_loop_records_ranks_that_read_as_one_run() {
     assert!(run.stdout.contains("IDENTICAL  10 steps"), "{}", run.stdout);
 }
 
-/// The pids of processes whose command line holds `needle` (Linux: /proc).
-fn processes_with(needle: &str) -> Vec<u32> {
+/// The pids of the rank processes recording into `out` (Linux: /proc): their command line names
+/// `out` and the settings file the supervisor gives its ranks.
+fn rank_processes(out: &Path) -> Vec<u32> {
     let mut pids = Vec::new();
+    let out = out.display().to_string();
     for entry in std::fs::read_dir("/proc").unwrap().flatten() {
         let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
         let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else { continue };
-        if String::from_utf8_lossy(&cmdline).contains(needle) && pid != std::process::id() {
+        let cmdline = String::from_utf8_lossy(&cmdline);
+        if cmdline.contains(&out) && cmdline.contains("--settings") && pid != std::process::id() {
             pids.push(pid);
         }
     }
@@ -229,8 +232,7 @@ fn killing_the_supervisor_kills_every_rank() {
         .unwrap();
     // Wait for both ranks to be training.
     let started = std::time::Instant::now();
-    let needle = format!("{}/rank-", out.display());
-    while processes_with(&needle).len() < 2 || !out.join("rank-1/records.rpr").exists() {
+    while rank_processes(&out).len() < 2 || !out.join("rank-1/records.rpr").exists() {
         assert!(started.elapsed() < std::time::Duration::from_secs(60), "the ranks never started");
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
@@ -238,11 +240,11 @@ fn killing_the_supervisor_kills_every_rank() {
     supervisor.kill().unwrap();
     supervisor.wait().unwrap();
     let killed = std::time::Instant::now();
-    while !processes_with(&needle).is_empty() {
+    while !rank_processes(&out).is_empty() {
         assert!(
             killed.elapsed() < std::time::Duration::from_secs(10),
             "ranks outlived their supervisor: {:?}",
-            processes_with(&needle)
+            rank_processes(&out)
         );
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
