@@ -226,35 +226,30 @@ class ModelRecorder:
 
         return hook
 
-    @contextmanager
-    def training_step(self, step: int, inputs: Optional[dict] = None) -> Iterator["CapturedStep"]:
+    def training_step(self, step: int, inputs: Optional[dict] = None):
         """A training step: the inputs and parameters at entry, every module's output while the
         block runs, `loss` and `gradients` when called, the updated parameters at exit."""
-        with self.recorder.step(step) as s:
-            self._begin(s, inputs)
-            try:
-                yield CapturedStep(self, s)
-            finally:
-                self._step = None
-            for name, p in self.model.named_parameters():
-                s.record(f"{name}.updated", p, "weight", "update")
+        return self._captured(step, inputs, updates=True)
+
+    def forward_pass(self, step: int, inputs: Optional[dict] = None):
+        """A forward pass (inference): the inputs and parameters, and every module's output."""
+        return self._captured(step, inputs, updates=False)
 
     @contextmanager
-    def forward_pass(self, step: int, inputs: Optional[dict] = None) -> Iterator["CapturedStep"]:
-        """A forward pass (inference): the inputs and parameters, and every module's output."""
+    def _captured(self, step: int, inputs: Optional[dict], updates: bool) -> Iterator["CapturedStep"]:
         with self.recorder.step(step) as s:
-            self._begin(s, inputs)
+            for name, t in (inputs or {}).items():
+                s.record(name, t, "input")
+            for name, p in self.model.named_parameters():
+                s.record(name, p, "weight", "forward")
+            self._step, self._calls = s, {}
             try:
                 yield CapturedStep(self, s)
             finally:
                 self._step = None
-
-    def _begin(self, s: StepRecorder, inputs: Optional[dict]) -> None:
-        for name, t in (inputs or {}).items():
-            s.record(name, t, "input")
-        for name, p in self.model.named_parameters():
-            s.record(name, p, "weight", "forward")
-        self._step, self._calls = s, {}
+            if updates:
+                for name, p in self.model.named_parameters():
+                    s.record(f"{name}.updated", p, "weight", "update")
 
     def finish(self) -> int:
         for h in self._hooks:

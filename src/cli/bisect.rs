@@ -56,8 +56,9 @@ enum Subject<'a> {
 impl Subject<'_> {
     /// Records one run into `dir`, keeping full values at the steps `capture` names and, with
     /// `against`, compared with that trace as it records and stopped at the first divergence
-    /// (the trace then ends there).
-    fn record(&self, dir: &Path, capture: FullCapture, against: Option<&Path>) -> Result<(), CliError> {
+    /// (the trace then ends there). Whether the run went to its end: a program stopped at the
+    /// divergence fails, which only the comparison can tell from another failure (`compare`).
+    fn record(&self, dir: &Path, capture: FullCapture, against: Option<&Path>) -> Result<bool, CliError> {
         match self {
             Subject::Program { command, timeout } => {
                 let env = RecordEnv {
@@ -73,8 +74,8 @@ impl Subject<'_> {
                     return Err(format!("`{}` failed ({status})", command.join(" ")).into());
                 }
                 match status.success() {
-                    true => check_recorded(&command.join(" "), dir),
-                    false => Ok(()),
+                    true => check_recorded(&command.join(" "), dir).map(|()| true),
+                    false => Ok(false),
                 }
             }
             Subject::Builtin { planned, device } => {
@@ -93,9 +94,25 @@ impl Subject<'_> {
                     Err(e) => return Err(e.into()),
                 }
                 recorder.finish()?;
-                Ok(())
+                // A built-in workload stopped at a divergence finishes its trace.
+                Ok(true)
             }
         }
+    }
+
+    /// `run` against `reference`; a run that did not go to its end must have stopped at a
+    /// divergence, or the program failed for a reason of its own.
+    fn compare(&self, reference: &Path, run: &Path, finished: bool) -> Result<RunDiff, CliError> {
+        let failed = || format!("{} failed before diverging from {}", self.describe(), reference.display());
+        let recorded = run.join(repro::trace::format::RECORDS_FILE).exists() || repro::trace::is_ranked_run(run);
+        if !finished && !recorded {
+            return Err(failed().into());
+        }
+        let compared = diff_runs(reference, run, &DiffOptions::default())?;
+        if !finished && compared.diff.first_divergence.is_none() {
+            return Err(failed().into());
+        }
+        Ok(compared)
     }
 
     fn describe(&self) -> String {
@@ -142,8 +159,8 @@ pub fn run(args: BisectArgs) -> Result<Exit, CliError> {
     eprintln!("bisect: recording {} twice, hashes only", subject.describe());
     let (reference, run) = (work.join("hashes-a"), work.join("hashes-b"));
     subject.record(&reference, FullCapture::None, None)?;
-    subject.record(&run, FullCapture::None, Some(&reference))?;
-    let mut compared = diff_runs(&reference, &run, &DiffOptions::default())?;
+    let finished = subject.record(&run, FullCapture::None, Some(&reference))?;
+    let mut compared = subject.compare(&reference, &run, finished)?;
     let first = compared.diff.first_divergence.as_ref().map(|d| d.step);
     let mut rounds = 0;
     let mut step = first;
@@ -153,8 +170,8 @@ pub fn run(args: BisectArgs) -> Result<Exit, CliError> {
         let keep = FullCapture::Steps(vec![at]);
         let (reference, run) = (work.join(format!("values-{rounds}-a")), work.join(format!("values-{rounds}-b")));
         subject.record(&reference, keep.clone(), None)?;
-        subject.record(&run, keep, Some(&reference))?;
-        let again = diff_runs(&reference, &run, &DiffOptions::default())?;
+        let finished = subject.record(&run, keep, Some(&reference))?;
+        let again = subject.compare(&reference, &run, finished)?;
         let found = again.diff.first_divergence.as_ref().map(|d| (d.step, d.metrics.is_some()));
         match found {
             // Values at the divergence: done.

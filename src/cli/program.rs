@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 /// Runs a self-recording program as `env` asks (see `record::env`), into `env.dir` (which
 /// must be given), and checks that it left a finished trace: the command's failure, or a
-/// trace it cannot use, is an error. The directory is emptied first unless `env.replace` is
-/// off and it holds a trace, which is then the program's to refuse.
+/// trace it cannot use, is an error. Nothing in the directory is removed here: replacing a
+/// trace is the program's recorder's to do (`REPRO_REPLACE`), and any other file stays.
 pub fn record_command(command: &[String], env: &RecordEnv, timeout: Option<Duration>) -> Result<(), CliError> {
     let status = run_command(command, env, timeout)?;
     if !status.success() {
@@ -31,10 +31,6 @@ pub fn record_command(command: &[String], env: &RecordEnv, timeout: Option<Durat
 /// `timeout` or this process is interrupted; the program itself also dies with this process.
 /// Its standard output is discarded (repro's own report goes there); its errors pass through.
 pub fn run_command(command: &[String], env: &RecordEnv, timeout: Option<Duration>) -> Result<ExitStatus, CliError> {
-    let dir = env.dir.as_deref().expect("a trace directory");
-    if env.replace || !dir.join(repro::trace::format::RECORDS_FILE).exists() {
-        let _ = std::fs::remove_dir_all(dir);
-    }
     let mut program = std::process::Command::new(&command[0]);
     program.args(&command[1..]).stdout(std::process::Stdio::null());
     for (name, value) in env.vars() {

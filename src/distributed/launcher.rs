@@ -13,7 +13,7 @@
 //! With `REPRO_RENDEZVOUS_DIR`, a directory every rank reaches (a shared file system), they meet
 //! there instead, through files, and need no address.
 
-use super::tcp::RunSettings;
+use super::tcp::{settings_differences, RunSettings};
 use crate::record::RecordError;
 use std::ffi::OsString;
 use std::path::Path;
@@ -164,14 +164,9 @@ pub(crate) fn meet_in_dir(dir: &Path, place: &LaunchedRank, settings: &RunSettin
         let theirs: RunSettings = serde_json::from_slice(&theirs)
             .map_err(|e| fail(format!("{} is not a rank's settings: {e}", file(rank).display())))?;
         if &theirs != settings {
-            let differ: Vec<String> = settings
-                .iter()
-                .filter(|(k, v)| theirs.get(*k) != Some(*v))
-                .map(|(k, v)| format!("{k} {v} vs {}", theirs.get(k).map_or("(unset)", String::as_str)))
-                .collect();
             return Err(fail(format!(
                 "rank {rank} runs other settings ({}); every rank must run the same command",
-                differ.join(", ")
+                settings_differences(settings, &theirs)
             )));
         }
     }

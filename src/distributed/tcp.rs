@@ -26,6 +26,19 @@ const PEER_TIMEOUT: Duration = Duration::from_secs(300);
 /// The settings every rank must share, by name (workload settings, capture policy, format).
 pub type RunSettings = BTreeMap<String, String>;
 
+/// The settings in which `theirs` differ from `mine`, as `key mine vs theirs` (`(unset)` where
+/// one has none), for the error that refuses a rank.
+pub(crate) fn settings_differences(mine: &RunSettings, theirs: &RunSettings) -> String {
+    let keys: std::collections::BTreeSet<&String> = mine.keys().chain(theirs.keys()).collect();
+    let show = |v: Option<&String>| v.map_or("(unset)", String::as_str).to_string();
+    let differ: Vec<String> = keys
+        .into_iter()
+        .filter(|k| mine.get(*k) != theirs.get(*k))
+        .map(|k| format!("{k} {} vs {}", show(mine.get(k)), show(theirs.get(k))))
+        .collect();
+    differ.join(", ")
+}
+
 #[derive(Serialize, Deserialize)]
 struct Hello {
     rank: usize,
@@ -138,18 +151,8 @@ fn meet_as_root(
         } else if peers[hello.rank - 1].is_some() {
             Some(format!("rank {} arrived twice: two processes were given the same rank", hello.rank))
         } else if hello.settings != *settings {
-            let differ: Vec<String> = settings
-                .keys()
-                .chain(hello.settings.keys())
-                .collect::<std::collections::BTreeSet<_>>()
-                .into_iter()
-                .filter(|k| settings.get(*k) != hello.settings.get(*k))
-                .map(|k| {
-                    let show = |v: Option<&String>| v.map_or("(unset)".to_string(), String::clone);
-                    format!("{k} {} vs {}", show(settings.get(k)), show(hello.settings.get(k)))
-                })
-                .collect();
-            Some(format!("rank {} runs other settings than rank 0 ({})", hello.rank, differ.join(", ")))
+            let differ = settings_differences(settings, &hello.settings);
+            Some(format!("rank {} runs other settings than rank 0 ({differ})", hello.rank))
         } else {
             None
         };

@@ -47,6 +47,13 @@ fn record_runs_the_program_with_the_capture_policy_and_never_replaces_a_trace_si
     assert!(again.stderr.contains("already holds a trace; --force replaces it"), "{}", again.stderr);
     let forced = repro(&["record", "--out", s(&out), "--force", "--capture", "all", "--", s(&program)]);
     assert_eq!(forced.code, 0, "{}", forced.stderr);
+    // A directory of other files is the program's to refuse, and nothing in it is removed.
+    let notes = dir.path().join("notes");
+    std::fs::create_dir(&notes).unwrap();
+    std::fs::write(notes.join("mine.txt"), "keep").unwrap();
+    let run = repro(&["record", "--out", s(&notes), "--", s(&program)]);
+    assert_eq!(run.code, 2, "{}", run.stderr);
+    assert_eq!(std::fs::read_to_string(notes.join("mine.txt")).unwrap(), "keep");
     // Workload options do not apply to a program.
     let refused = repro(&["record", "--out", s(&dir.path().join("x")), "--steps", "3", "--", s(&program)]);
     assert_eq!(refused.code, 2);
