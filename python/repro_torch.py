@@ -22,15 +22,23 @@ repro says, through the same environment contract as repro's library (docs/captu
 REPRO_TRACE_DIR, REPRO_CAPTURE, REPRO_REPLACE and REPRO_PERTURB. REPRO_AGAINST is compared
 after the run by the repro command, not while recording.
 
-Values are copied to the host to be hashed (the canonical bytes of section 5.1 of
-docs/trace-format.md, little-endian, row-major); `bool` tensors are recorded as `U8`.
+CUDA tensors are hashed on their GPU by repro's own kernels (`librepro_cuda_hash.so`, built by
+`make cuda`; found through REPRO_CUDA_HASH_LIB, which repro sets for the programs it runs, or
+beside the `repro` on PATH): only 32 bytes a tensor reach the host, except at the steps that keep
+full values and for tensors small enough to be stored inline. Without the library, and for CPU
+tensors, values are copied to the host and hashed there. Either way the hash is the canonical one
+of section 5 of docs/trace-format.md (little-endian, row-major bytes); `bool` tensors are
+recorded as `U8`.
 """
 
 from __future__ import annotations
 
+import ctypes
 import inspect
 import os
+import shutil
 import sys
+import weakref
 from contextlib import contextmanager
 from typing import Iterator, Optional
 
@@ -48,8 +56,9 @@ if hasattr(torch, "uint32"):
 _INT_OF_WIDTH = {2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
-def canonical(t: torch.Tensor) -> tuple[str, list[int], bytes]:
-    """A tensor's trace dtype, shape and canonical element bytes (row-major, little-endian)."""
+def canonical_on_device(t: torch.Tensor) -> tuple[str, list[int], torch.Tensor]:
+    """A tensor's trace dtype, shape and canonical element bytes as a flat `uint8` tensor where
+    the tensor lives (row-major; little-endian, as every device PyTorch runs on)."""
     t = t.detach()
     if t.dtype == torch.bool:
         t = t.to(torch.uint8)
@@ -58,14 +67,168 @@ def canonical(t: torch.Tensor) -> tuple[str, list[int], bytes]:
         raise WriteError(f"cannot record tensors of dtype {t.dtype}")
     if sys.byteorder != "little":  # pragma: no cover
         raise WriteError("the canonical bytes are little-endian; this host is not")
-    flat = t.contiguous().reshape(-1).cpu()
-    data = flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""
-    return dtype, list(t.shape), data
+    flat = t.contiguous().reshape(-1)
+    return dtype, list(t.shape), flat.view(torch.uint8) if flat.numel() else flat.new_empty(0, dtype=torch.uint8)
+
+
+def canonical(t: torch.Tensor) -> tuple[str, list[int], bytes]:
+    """A tensor's trace dtype, shape and canonical element bytes (row-major, little-endian)."""
+    dtype, shape, flat = canonical_on_device(t)
+    return dtype, shape, flat.cpu().numpy().tobytes() if flat.numel() else b""
 
 
 def record_of(name: str, kind: str, t: torch.Tensor, **what) -> Record:
     dtype, shape, data = canonical(t)
     return Record(name, kind, dtype, shape, data, **what)
+
+
+CUDA_HASH_LIB_ENV = "REPRO_CUDA_HASH_LIB"
+_CUDA_HASH_LIB = "librepro_cuda_hash.so"
+
+
+def cuda_hash_library_path() -> Optional[str]:
+    """Where repro's GPU hashing library is: REPRO_CUDA_HASH_LIB, else beside the `repro` on
+    PATH (in its folder or its `examples/`, where `make cuda` builds it); None if nowhere."""
+    path = os.environ.get(CUDA_HASH_LIB_ENV)
+    if path:
+        if not os.path.isfile(path):
+            raise WriteError(f"{CUDA_HASH_LIB_ENV}={path}: no such file (build it with `make cuda`)")
+        return path
+    repro = shutil.which("repro")
+    if repro:
+        folder = os.path.dirname(os.path.realpath(repro))
+        for candidate in (os.path.join(folder, _CUDA_HASH_LIB), os.path.join(folder, "examples", _CUDA_HASH_LIB)):
+            if os.path.isfile(candidate):
+                return candidate
+    return None
+
+
+_LOADED: dict = {}
+
+
+def _cuda_hash_library(path: str) -> ctypes.CDLL:
+    if path not in _LOADED:
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError as e:
+            raise WriteError(f"cannot load repro's GPU hashing library {path}: {e}") from None
+        lib.repro_cuda_hasher_new.restype = ctypes.c_void_p
+        lib.repro_cuda_hasher_new.argtypes = [ctypes.c_int32]
+        lib.repro_cuda_hasher_push.restype = ctypes.c_int64
+        lib.repro_cuda_hasher_push.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_int32]
+        lib.repro_cuda_hasher_flush.restype = ctypes.c_int32
+        lib.repro_cuda_hasher_flush.argtypes = [ctypes.c_void_p]
+        lib.repro_cuda_hasher_start_read.restype = ctypes.c_void_p
+        lib.repro_cuda_hasher_start_read.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint64)]
+        lib.repro_cuda_read_finish.restype = ctypes.c_int32
+        lib.repro_cuda_read_finish.argtypes = [
+            ctypes.c_void_p, ctypes.c_char_p, ctypes.c_uint64, ctypes.c_char_p, ctypes.c_uint64,
+        ]
+        lib.repro_cuda_hasher_free.restype = None
+        lib.repro_cuda_hasher_free.argtypes = [ctypes.c_void_p]
+        lib.repro_cuda_last_error.restype = ctypes.c_char_p
+        _LOADED[path] = lib
+    return _LOADED[path]
+
+
+class DeviceHasher:
+    """repro's batched BLAKE3 kernels over one GPU's tensors, in place (librepro_cuda_hash.so).
+
+    `queue` takes a record and its canonical bytes on the GPU; `flush` launches the kernels over
+    what is queued without waiting; `start_read` queues the copy of a step's hashes to the host,
+    and the `DeviceRead` it returns fills each record's `data_hash` (and `data`, for those queued
+    with `keep_bytes`) when finished, a step later, so the GPU never waits for the host. The
+    kernels run on CUDA's per-thread default stream, which CUDA orders both ways with the legacy
+    default stream that PyTorch uses unless told otherwise: once flushed, a tensor may be freed
+    or changed in place by what the program does next. On another stream, `flush` synchronizes
+    it first and finishes the read at once."""
+
+    def __init__(self, path: str, index: int):
+        self._lib = _cuda_hash_library(path)
+        self.index = index
+        self._handle = self._lib.repro_cuda_hasher_new(index)
+        if not self._handle:
+            raise WriteError(_last_error(self._lib))
+        self._queued: list = []  # (record, bytes on the GPU, keep_bytes) until flushed
+        self._flushed: list = []  # (record, length kept or None) until read
+
+    def queue(self, record: Record, flat: torch.Tensor, keep_bytes: bool) -> None:
+        if self._lib.repro_cuda_hasher_push(self._handle, flat.data_ptr(), flat.numel(), int(keep_bytes)) < 0:
+            raise WriteError(_last_error(self._lib))
+        self._queued.append((record, flat, keep_bytes))
+
+    def flush(self) -> None:
+        if not self._queued:
+            return
+        stream = torch.cuda.current_stream(self.index)
+        legacy = stream.cuda_stream == 0
+        if not legacy:
+            stream.synchronize()
+        if self._lib.repro_cuda_hasher_flush(self._handle) != 0:
+            raise WriteError(_last_error(self._lib))
+        self._flushed.extend((record, flat.numel() if keep else None) for record, flat, keep in self._queued)
+        self._queued = []  # the tensors may go: what reuses their memory waits for the kernels
+        if not legacy:
+            read = self._read()
+            read.finish()
+
+    def _read(self) -> "DeviceRead":
+        self.flush()
+        n = ctypes.c_uint64(0)
+        handle = self._lib.repro_cuda_hasher_start_read(self._handle, ctypes.byref(n))
+        records, self._flushed = self._flushed, []
+        if not handle:
+            raise WriteError(_last_error(self._lib))
+        if n.value != len(records):
+            raise WriteError(f"the GPU hasher holds {n.value} tensors, {len(records)} were queued")
+        return DeviceRead(self._lib, handle, records)
+
+    def start_read(self) -> "DeviceRead":
+        """Flushes, and starts copying the hashes of everything flushed to the host."""
+        return self._read()
+
+    def close(self) -> None:
+        if self._handle:
+            self._lib.repro_cuda_hasher_free(self._handle)
+            self._handle = None
+
+    def __del__(self):
+        self.close()
+
+
+class DeviceRead:
+    """A step's hashes on their way from the GPU (see `DeviceHasher.start_read`)."""
+
+    def __init__(self, lib, handle, records: list):
+        self._lib, self._handle, self._records = lib, handle, records
+
+    def finish(self) -> None:
+        """Waits for the copy (this step's work only) and fills the records."""
+        if self._handle is None:
+            return
+        handle, self._handle = self._handle, None
+        n = len(self._records)
+        kept = sum(length or 0 for _, length in self._records)
+        hashes, values = ctypes.create_string_buffer(max(32 * n, 1)), ctypes.create_string_buffer(max(kept, 1))
+        if self._lib.repro_cuda_read_finish(handle, hashes, n, values, kept) != 0:
+            raise WriteError(_last_error(self._lib))
+        at, raw, kept_raw = 0, hashes.raw, values.raw
+        for i, (record, length) in enumerate(self._records):
+            record.data_hash = raw[32 * i : 32 * i + 32]
+            if length is not None:
+                record.data = kept_raw[at : at + length]
+                at += length
+
+    def __del__(self):
+        try:
+            self.finish()
+        except WriteError:
+            pass
+
+
+def _last_error(lib) -> str:
+    message = lib.repro_cuda_last_error()
+    return message.decode(errors="replace") if message else "unknown error"
 
 
 class Perturbation:
@@ -117,10 +280,50 @@ class Recorder:
         replace: bool = False,
         device: Optional[torch.device] = None,
         perturbation: Optional[Perturbation] = None,
+        device_hashing: Optional[bool] = None,
     ):
+        """`device_hashing`: hash CUDA tensors on their GPU (True: it is an error if repro's GPU
+        hashing library is not found), on the host (False), or on the GPU where the library is
+        found (None)."""
         self._writer = TraceWriter(path, run, capture, inline_max_bytes, replace, _environment(device))
         self.perturbation = perturbation
         self.path = path
+        self.inline_max_bytes = inline_max_bytes
+        self._library = cuda_hash_library_path() if device_hashing is not False else None
+        if device_hashing and self._library is None:
+            raise WriteError(
+                f"device_hashing=True, but repro's GPU hashing library is not found: build it with `make cuda` "
+                f"and set {CUDA_HASH_LIB_ENV} to target/cuda/release/examples/{_CUDA_HASH_LIB}"
+            )
+        self._hashers: dict[int, DeviceHasher] = {}
+        self._warned = device_hashing is False
+        self._first: Optional[int] = None
+        self._last: Optional[int] = None
+        # Steps recorded whose GPU hashes are still on their way: written a step later.
+        self._behind: list = []
+
+    def hasher_for(self, t: torch.Tensor) -> Optional[DeviceHasher]:
+        """The GPU hasher of a CUDA tensor's device, or None (a CPU tensor, or no library)."""
+        if t.device.type != "cuda":
+            return None
+        if self._library is None:
+            if not self._warned:
+                self._warned = True
+                print(
+                    f"repro_torch: hashing CUDA tensors on the host (a copy each): repro's GPU hashing library was not "
+                    f"found; build it with `make cuda` and set {CUDA_HASH_LIB_ENV}",
+                    file=sys.stderr,
+                )
+            return None
+        index = t.device.index if t.device.index is not None else torch.cuda.current_device()
+        if index not in self._hashers:
+            self._hashers[index] = DeviceHasher(self._library, index)
+        return self._hashers[index]
+
+    @property
+    def hashes_on_gpu(self) -> bool:
+        """Whether CUDA tensors are hashed on the GPU."""
+        return self._library is not None
 
     @classmethod
     def create_or_gated(cls, path: str, run: dict, device: Optional[torch.device] = None, **options) -> "Recorder":
@@ -146,18 +349,42 @@ class Recorder:
         return cls(path, run, device=device, **options)
 
     def wants_full(self, step: int) -> bool:
-        return self._writer.wants_full(step)
+        return self._writer.wants_full(step, first=self._first)
 
     @contextmanager
     def step(self, step: int) -> Iterator["StepRecorder"]:
-        """One step: record its tensors on the value, and it is written when the block ends
-        (unless an exception leaves it, which leaves the trace without that step)."""
+        """One step: record its tensors on the value, and it is written when the block ends, or
+        with tensors hashed on the GPU, when the next one does (so the GPU never waits for the
+        host); an exception that leaves the block leaves the trace without that step."""
+        if self._last is not None and step <= self._last:
+            raise WriteError(f"step {step} follows step {self._last}: steps must increase")
+        self._first = step if self._first is None else self._first
+        self._last = step
         s = StepRecorder(self, step)
-        yield s
-        self._writer.write_step(step, s.records, s.no_gradient)
+        try:
+            yield s
+        except BaseException:
+            for hasher in self._hashers.values():
+                hasher.start_read().finish()  # what the step queued, let go
+            raise
+        reads = [hasher.start_read() for hasher in self._hashers.values()]
+        self._behind.append((s, reads))
+        while len(self._behind) > (1 if reads else 0):
+            self._write_oldest()
+
+    def _write_oldest(self) -> None:
+        s, reads = self._behind.pop(0)
+        for read in reads:
+            read.finish()
+        s.fill_repeats()
+        self._writer.write_step(s.step, s.records, s.no_gradient)
 
     def finish(self) -> int:
-        """Finishes the trace; the number of steps written."""
+        """Writes what is still on its way and finishes the trace; the number of steps written."""
+        while self._behind:
+            self._write_oldest()
+        for hasher in self._hashers.values():
+            hasher.close()
         return self._writer.finish()
 
 
@@ -169,6 +396,13 @@ class StepRecorder:
         self.records: list[Record] = []
         self.no_gradient: list[str] = []
         self._nodes = 0
+        self._full = recorder.wants_full(step)
+        # Tensors hashed on the GPU this step, by what makes their bytes the same (storage,
+        # layout, version), with a weak reference that says their memory has not been reused;
+        # and the records that repeat one of them (a container module's output is its last
+        # child's), filled from it when the hashes land.
+        self._hashed: dict = {}
+        self._repeats: list = []
 
     def perturbed(self, name: str, t: torch.Tensor) -> torch.Tensor:
         """`t`, or `t` moved as REPRO_PERTURB says when it names this tensor at this step."""
@@ -180,10 +414,50 @@ class StepRecorder:
     def record(self, name: str, t: torch.Tensor, kind: str = "activation", phase: Optional[str] = None,
                inputs=(), node: bool = False, source: Optional[str] = None) -> None:
         """Records `t` under `name`; `node`: as the next node of the step's graph."""
+        self.queue(name, t, kind, phase, inputs, node, source)
+        self.flush()
+
+    def queue(self, name: str, t: torch.Tensor, kind: str = "activation", phase: Optional[str] = None,
+              inputs=(), node: bool = False, source: Optional[str] = None) -> None:
+        """`record`, except that a CUDA tensor hashed on its GPU is read only at the next `flush`:
+        queue a group of tensors, then flush once, before anything changes them."""
         position = None
         if node:
             position, self._nodes = self._nodes, self._nodes + 1
-        self.records.append(record_of(name, kind, t, phase=phase, inputs=tuple(inputs), node=position, source=source))
+        what = dict(phase=phase, inputs=tuple(inputs), node=position, source=source)
+        hasher = None if self._full else self.recorder.hasher_for(t)
+        if hasher is None:
+            self.records.append(record_of(name, kind, t, **what))
+            return
+        try:
+            key = (t.data_ptr(), t.dtype, tuple(t.shape), t.stride(), t._version)
+        except RuntimeError:  # an inference-mode tensor has no version counter: never repeated
+            key = None
+        seen = self._hashed.get(key) if key is not None else None
+        if seen is not None and seen[0]() is t:
+            record = Record(name, kind, seen[1].dtype, seen[1].shape, None, **what)
+            self._repeats.append((record, seen[1]))
+            self.records.append(record)
+            return
+        dtype, shape, flat = canonical_on_device(t)
+        record = Record(name, kind, dtype, shape, None, **what)
+        if flat.numel() == 0:
+            record.data = b""
+        else:
+            hasher.queue(record, flat, keep_bytes=flat.numel() <= self.recorder.inline_max_bytes)
+            if key is not None:
+                self._hashed[key] = (weakref.ref(t), record)
+        self.records.append(record)
+
+    def fill_repeats(self) -> None:
+        """Gives each repeated tensor its first record's hash and bytes (once they have landed)."""
+        for record, first in self._repeats:
+            record.data, record.data_hash = first.data, first.data_hash
+
+    def flush(self) -> None:
+        """Launches the GPU hashing of the tensors queued (see `DeviceHasher`)."""
+        for hasher in self.recorder._hashers.values():
+            hasher.flush()
 
 
 class ModelRecorder:
@@ -221,7 +495,8 @@ class ModelRecorder:
                 s.record(path, output, "op_output", "forward", node=True, source=self._sources.get(name))
                 return output
             for key, value in _tensors_of(output):
-                s.record(f"{path}.{key}", value, "op_output", "forward", node=True, source=self._sources.get(name))
+                s.queue(f"{path}.{key}", value, "op_output", "forward", node=True, source=self._sources.get(name))
+            s.flush()
             return None
 
         return hook
@@ -239,9 +514,10 @@ class ModelRecorder:
     def _captured(self, step: int, inputs: Optional[dict], updates: bool) -> Iterator["CapturedStep"]:
         with self.recorder.step(step) as s:
             for name, t in (inputs or {}).items():
-                s.record(name, t, "input")
+                s.queue(name, t, "input")
             for name, p in self.model.named_parameters():
-                s.record(name, p, "weight", "forward")
+                s.queue(name, p, "weight", "forward")
+            s.flush()
             self._step, self._calls = s, {}
             try:
                 yield CapturedStep(self, s)
@@ -249,7 +525,8 @@ class ModelRecorder:
                 self._step = None
             if updates:
                 for name, p in self.model.named_parameters():
-                    s.record(f"{name}.updated", p, "weight", "update")
+                    s.queue(f"{name}.updated", p, "weight", "update")
+                s.flush()
 
     def finish(self) -> int:
         for h in self._hooks:
@@ -276,9 +553,10 @@ class CapturedStep:
         trainable parameters that got none."""
         for name, p in self._owner.model.named_parameters():
             if p.grad is not None:
-                self.step.record(f"{name}.grad", p.grad, "gradient", "backward")
+                self.step.queue(f"{name}.grad", p.grad, "gradient", "backward")
             elif p.requires_grad:
                 self.step.no_gradient.append(name)
+        self.step.flush()
 
 
 def _tensors_of(output, prefix: str = "") -> Iterator[tuple[str, torch.Tensor]]:

@@ -91,7 +91,12 @@ class _Bad(Exception):
 
 
 def tensor_hash(dtype: str, shape: list[int], data: bytes) -> str:
-    inner = blake3.blake3(data).digest()
+    return tensor_hash_of_data_hash(dtype, shape, blake3.blake3(data).digest())
+
+
+def tensor_hash_of_data_hash(dtype: str, shape: list[int], inner: bytes) -> str:
+    """The canonical hash from the BLAKE3 hash of the element bytes (computed elsewhere, on a
+    GPU say)."""
     outer = blake3.blake3()
     outer.update(b"repro.tensor.v1")
     outer.update(bytes([len(dtype)]) + dtype.encode("ascii"))

@@ -44,6 +44,7 @@ from repro_trace import (
     parse_capture,
     payload_name,
     tensor_hash,
+    tensor_hash_of_data_hash,
 )
 
 FORMAT = (1, 4)
@@ -73,17 +74,20 @@ class WriteError(Exception):
 
 @dataclass
 class Record:
-    """One tensor of a step: what it is, and its canonical element bytes (section 5.1)."""
+    """One tensor of a step: what it is, and its canonical element bytes (section 5.1); or,
+    for a tensor kept as a hash only, `data` None and `data_hash` the BLAKE3 hash of those bytes
+    (section 5.2), computed where the tensor lives."""
 
     name: str
     kind: str
     dtype: str
     shape: Sequence[int]
-    data: bytes
+    data: Optional[bytes]
     phase: Optional[str] = None
     inputs: Sequence[str] = ()
     node: Optional[int] = None
     source: Optional[str] = None
+    data_hash: Optional[bytes] = None
 
 
 @dataclass
@@ -239,10 +243,10 @@ class TraceWriter:
         self._records.write(length + crc + payload)  # one write per frame (section 2.2)
         self._records.flush()
 
-    def wants_full(self, step: int) -> bool:
+    def wants_full(self, step: int, first: Optional[int] = None) -> bool:
         """Whether step `step` stores full values (the capture policy; the first step written
-        counts as the first)."""
-        first = self._first if self._first is not None else step
+        counts as the first, or `first` while none is written yet)."""
+        first = self._first if self._first is not None else (first if first is not None else step)
         return _wants_full(self._full, step, first, self._total)
 
     def write_step(self, step: int, tensors: Iterable[Record], no_gradient: Iterable[str] = ()) -> None:
@@ -255,9 +259,15 @@ class TraceWriter:
         for t in tensors:
             self._check(t, seen, step)
             seen.add(t.name)
-            m = {"name": t.name, "kind": t.kind, "dtype": t.dtype, "shape": [int(d) for d in t.shape],
-                 "hash": tensor_hash(t.dtype, [int(d) for d in t.shape], t.data)}
-            if len(t.data) <= self._inline_max:
+            shape = [int(d) for d in t.shape]
+            if t.data is None and full:
+                raise WriteError(f"step {step}, tensor `{t.name}`: the step stores full values, but only a hash was given")
+            if t.data is None:
+                digest = tensor_hash_of_data_hash(t.dtype, shape, bytes(t.data_hash))
+            else:
+                digest = tensor_hash(t.dtype, shape, t.data)
+            m = {"name": t.name, "kind": t.kind, "dtype": t.dtype, "shape": shape, "hash": digest}
+            if t.data is not None and len(t.data) <= self._inline_max:
                 m["inline"] = bytes(t.data)
                 m["in_payload"] = False
             else:
@@ -300,7 +310,10 @@ class TraceWriter:
         if len(t.shape) > MAX_RANK:
             raise WriteError(f"{where}: rank {len(t.shape)} exceeds {MAX_RANK}")
         expected = DTYPE_SIZES[t.dtype] * int(np.prod([int(d) for d in t.shape], dtype=object))
-        if len(t.data) != expected:
+        if t.data is None:
+            if not isinstance(t.data_hash, (bytes, bytearray)) or len(t.data_hash) != 32:
+                raise WriteError(f"{where}: neither its bytes nor a 32-byte data hash")
+        elif len(t.data) != expected:
             raise WriteError(f"{where}: {len(t.data)} bytes for {t.dtype} {list(t.shape)} ({expected} expected)")
         for i in t.inputs:
             _printable("an input's name", i)

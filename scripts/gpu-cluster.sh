@@ -8,7 +8,9 @@
 # P2P), the same with NCCL forced onto its network path (NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1),
 # and two torchrun "nodes" of one GPU each (CUDA_VISIBLE_DEVICES) on that network path; each
 # pair diffed, and `repro overhead` rows for the step times. `torch`: the Python recorder's tests
-# with this machine's torch, and its overhead on GPT-2 (and ResNet-18 where torchvision is).
+# with this machine's torch, and its overhead on GPT-2 (and ResNet-18 where torchvision is), CUDA
+# tensors hashed on the GPU and on the host, beside PyTorch's DebugMode. `port`: transformers'
+# Qwen2 against candle-transformers' qwen2 on one checkpoint, correct and with port bugs planted.
 # `fourgpu` (on a 4-GPU machine, not run by default): Ring against Tree at 4 ranks, world size 2
 # against 4, and a 1,000-step run's replicas.
 # Results: OUT_DIR/summary.md.
@@ -91,13 +93,53 @@ if want fourgpu; then
     "$repro" overhead "${gpt[@]}" --steps 40 --devices $four 2>&1 | grep "^|" | tee -a "$summary"
 fi
 
+if want torch || want port; then
+    # No network on the GPU machine: the wheels travel in gpubin/wheels.
+    $py -m pip install --quiet --no-deps --no-index --find-links gpubin/wheels --target "$work/py" msgpack blake3 safetensors >/dev/null 2>&1 || say "(could not install msgpack, blake3, safetensors from gpubin/wheels)"
+    export PYTHONPATH="python:$work/py"
+    # repro's GPU hashing for the PyTorch recorder, built by `make cuda` beside the binary.
+    lib="$(dirname "$repro")/examples/librepro_cuda_hash.so"
+    if [ -f "$lib" ]; then export REPRO_CUDA_HASH_LIB="$lib"; else say "(no $lib: CUDA tensors are hashed on the host)"; fi
+fi
+
 if want torch; then
     section "PyTorch recorder: tests with this machine's torch"
     say "$($py -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)' 2>&1)"
-    # No network on the GPU machine: the wheels travel in gpubin/wheels.
-    $py -m pip install --quiet --no-deps --no-index --find-links gpubin/wheels --target "$work/py" msgpack blake3 safetensors >/dev/null 2>&1 || say "(could not install msgpack, blake3, safetensors from gpubin/wheels)"
-    REPRO_BIN="$repro" PYTHONPATH="python:$work/py" $py -W ignore -m unittest discover -s python/tests -v 2>&1 | tail -8 | tee -a "$summary"
-    section "PyTorch recorder overhead (hashes only, every tensor copied to the host)"
-    PYTHONPATH="python:$work/py" $py python/bench/torch_overhead.py cuda 2>&1 | tail -6 | tee -a "$summary"
+    REPRO_BIN="$repro" $py -W ignore -m unittest discover -s python/tests -v 2>&1 | tail -12 | tee -a "$summary"
+    section "PyTorch recorder overhead (hashes only), against PyTorch's DebugMode"
+    $py python/bench/torch_overhead.py cuda 2>&1 | grep "^|" | tee -a "$summary"
+fi
+
+if want port; then
+    section "Port check: transformers' Qwen2 against candle-transformers' qwen2 (examples/hf_port.rs)"
+    port="$(dirname "$repro")/examples/hf_port"
+    model="$work/qwen2"
+    $py python/examples/hf_port.py "$model" "$work/torch" --device cuda 2>&1 | tail -1 | tee -a "$summary"
+    "$port" "$model" "$work/candle" --device cuda:0 2>&1 | tail -1 | tee -a "$summary"
+    say "correct port, --tolerance abs:1e-4:"
+    "$repro" diff "$work/candle" "$work/torch" --tolerance abs:1e-4 2>&1 | grep -E -A3 '^(WITHIN|IDENTICAL|DIVERGED|error)' | tee -a "$summary"
+    for bug in rms_norm_eps rope_theta hidden_act; do
+        say "port bug planted in the candle side's config: $bug ($(grep -o "\"$bug\": [^,]*" "$model/bugs/$bug.json" | head -1)):"
+        "$port" "$model" "$work/bug-$bug" --config "$model/bugs/$bug.json" --device cuda:0 >/dev/null 2>&1
+        "$repro" diff "$work/bug-$bug" "$work/torch" --tolerance abs:1e-4 2>&1 | grep -E -A3 '^(DIVERGED|WITHIN|error|root cause)' | tee -a "$summary"
+    done
+    # A sliding window of 16 for every layer, in both: candle-transformers' mask keeps distance
+    # 16, transformers' stops at 15; so candle's 16 matches transformers' 17.
+    for window in 16 17; do
+        cp -r "$model" "$work/sw$window"
+        $py - "$work/sw$window/config.json" $window <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+c.update(use_sliding_window=True, sliding_window=int(sys.argv[2]), max_window_layers=0)
+c.pop("layer_types", None)
+json.dump(c, open(sys.argv[1], "w"), indent=2)
+PY
+        $py python/examples/hf_port.py "$work/sw$window" "$work/sw$window-torch" --device cuda >/dev/null 2>&1
+    done
+    "$port" "$work/sw16" "$work/sw16-candle" --device cuda:0 >/dev/null 2>&1
+    say "sliding window 16 in both configs:"
+    "$repro" diff "$work/sw16-candle" "$work/sw16-torch" --tolerance abs:1e-4 2>&1 | grep -E -A3 '^(DIVERGED|WITHIN|error|root cause)' | tee -a "$summary"
+    say "candle's window 16 against transformers' 17:"
+    "$repro" diff "$work/sw16-candle" "$work/sw17-torch" --tolerance abs:1e-4 2>&1 | grep -E -A1 '^(DIVERGED|WITHIN|error)' | tee -a "$summary"
 fi
 rm -rf "$work"

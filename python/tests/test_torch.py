@@ -84,6 +84,67 @@ class TorchTest(unittest.TestCase):
         self.assertEqual(within.returncode, 0, within.stdout)
         self.assertIn("WITHIN TOLERANCE", within.stdout)
 
+    @unittest.skipUnless(torch and torch.cuda.is_available(), "no CUDA GPU")
+    def test_tensors_hashed_on_the_gpu_hash_as_on_the_host(self):
+        from repro_torch import ModelRecorder, Recorder, cuda_hash_library_path
+
+        if cuda_hash_library_path() is None:
+            self.skipTest("repro's GPU hashing library is not built (make cuda; REPRO_CUDA_HASH_LIB)")
+        nn = torch.nn
+
+        class Views(nn.Module):
+            """Outputs the GPU kernels read as a PyTorch program makes them: a transposed
+            (non-contiguous) view, bf16, bool, a scalar and an empty tensor."""
+
+            def forward(self, h):
+                return h.t(), h.to(torch.bfloat16), h > 0, h.sum(), h[:0]
+
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                # The ReLU changes the first layer's output in place after its hook has read it;
+                # `body`'s output is its last layer's (one hash for both).
+                self.body = nn.Sequential(nn.Linear(64, 4096), nn.ReLU(inplace=True), nn.Linear(4096, 300))
+                self.views = Views()
+
+            def forward(self, x):
+                h = self.body(x)
+                t, b, m, total, _ = self.views(h)
+                return total + t.float().mean() + b.float().mean() + m.float().mean()
+
+        traces = []
+        for on_gpu in (False, True):
+            torch.manual_seed(0)
+            model = Model().cuda()
+            opt = torch.optim.SGD(model.parameters(), lr=0.01)
+            path = os.path.join(self.dir, f"gpu-{on_gpu}")
+            rec = ModelRecorder(Recorder(path, {"workload": "views", "steps": 4}, capture="none",
+                                         device=torch.device("cuda"), device_hashing=on_gpu), model)
+            self.assertEqual(rec.recorder.hashes_on_gpu, on_gpu)
+            g = torch.Generator(device="cuda").manual_seed(1)
+            for step in range(4):
+                x = torch.randn(32, 64, device="cuda", generator=g)
+                if step == 2:  # a step that fails is left out, and the next ones recorded
+                    with self.assertRaises(RuntimeError):
+                        with rec.training_step(step, inputs={"x": x}):
+                            model(x)
+                            raise RuntimeError("a step that fails")
+                    continue
+                with rec.training_step(step, inputs={"x": x}) as s:
+                    loss = model(x)
+                    s.loss(loss)
+                    loss.backward()
+                    s.gradients()
+                    opt.step()
+                    opt.zero_grad()
+            rec.finish()
+            traces.append(path)
+        diff = repro("diff", *traces)
+        self.assertEqual(diff.returncode, 0, diff.stdout + diff.stderr)
+        self.assertIn("IDENTICAL", diff.stdout)
+        with open(os.path.join(traces[0], "records.rpr"), "rb") as a, open(os.path.join(traces[1], "records.rpr"), "rb") as b:
+            self.assertEqual(a.read(), b.read(), "the records differ: a GPU hash, or an inline value, is not the host's")
+
 
 if __name__ == "__main__":
     unittest.main()

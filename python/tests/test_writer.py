@@ -72,6 +72,40 @@ class WriterTest(unittest.TestCase):
                     self.assertEqual(a.read(), b.read(), f"{name}: {sub} differs")
             self.assertEqual(repro("diff", original, rewritten).returncode, 0)
 
+    def test_a_data_hash_computed_elsewhere_writes_the_same_record_as_the_bytes(self):
+        # What the PyTorch recorder does for CUDA tensors: BLAKE3 of the bytes computed on the
+        # GPU, only 32 bytes handed to the writer.
+        import blake3
+
+        rng = np.random.default_rng(1)
+        tensors = [("w", "BF16", [3, 300]), ("b", "F32", [70]), ("tiny", "F32", [2])]
+        data = {name: rng.bytes(DTYPE_SIZES[dtype] * int(np.prod(shape))) for name, dtype, shape in tensors}
+        paths = []
+        for by_hash in (False, True):
+            path = os.path.join(self.dir, f"by-hash-{by_hash}")
+            w = TraceWriter(path, {"workload": "hashes"}, capture="none")
+            records = []
+            for name, dtype, shape in tensors:
+                if by_hash and len(data[name]) > 256:
+                    records.append(Record(name, "weight", dtype, shape, None, data_hash=blake3.blake3(data[name]).digest()))
+                else:
+                    records.append(Record(name, "weight", dtype, shape, data[name]))
+            w.write_step(0, records)
+            w.finish()
+            paths.append(path)
+        with open(os.path.join(paths[0], "records.rpr"), "rb") as a, open(os.path.join(paths[1], "records.rpr"), "rb") as b:
+            self.assertEqual(a.read(), b.read())
+        # A step that stores full values needs the bytes; a hash must be 32 bytes.
+        w = TraceWriter(os.path.join(self.dir, "full"), {"workload": "hashes"}, capture="all")
+        for record, says in (
+            (Record("w", "weight", "F32", [100], None, data_hash=b"\0" * 32), "stores full values"),
+            (Record("w", "weight", "F32", [100], None, data_hash=b"\0" * 31), "32-byte data hash"),
+        ):
+            with self.assertRaises(WriteError) as e:
+                w.write_step(0, [record])
+            self.assertIn(says, str(e.exception))
+        w.finish()
+
     def test_bad_input_is_refused_before_anything_is_written(self):
         path = os.path.join(self.dir, "bad")
         w = TraceWriter(path, {"workload": "bad"}, capture="none")

@@ -25,6 +25,18 @@ pub fn record_command(command: &[String], env: &RecordEnv, timeout: Option<Durat
     check_recorded(&command.join(" "), env.dir.as_deref().expect("a trace directory"))
 }
 
+/// Where a PyTorch program finds repro's GPU hashing library (python/repro_torch.py); a program
+/// run by repro is told the one built beside this binary, unless the variable is set already.
+const CUDA_HASH_LIB_ENV: &str = "REPRO_CUDA_HASH_LIB";
+
+/// `librepro_cuda_hash.so` where `make cuda` builds it beside this binary (`examples/`), or in
+/// the binary's own folder.
+fn cuda_hash_library() -> Option<std::path::PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    let dir = exe.parent()?;
+    [dir.join("examples/librepro_cuda_hash.so"), dir.join("librepro_cuda_hash.so")].into_iter().find(|p| p.is_file())
+}
+
 /// Runs the program as [`record_command`] does, and returns how it exited.
 ///
 /// The program runs in a process group of its own, which is stopped whole when the run passes
@@ -38,6 +50,11 @@ pub fn run_command(command: &[String], env: &RecordEnv, timeout: Option<Duration
             Some(value) => program.env(name, value),
             None => program.env_remove(name),
         };
+    }
+    if std::env::var_os(CUDA_HASH_LIB_ENV).is_none() {
+        if let Some(library) = cuda_hash_library() {
+            program.env(CUDA_HASH_LIB_ENV, library);
+        }
     }
     #[cfg(unix)]
     std::os::unix::process::CommandExt::process_group(&mut program, 0);

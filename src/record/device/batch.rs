@@ -108,7 +108,7 @@ pub fn prepare(dev: &CudaDevice) -> Result<()> {
 pub struct DeviceBatch {
     dev: CudaDevice,
     /// Queued since the last plan: each tensor and what the host wants of it.
-    pending: Vec<(Tensor, Want)>,
+    pending: Vec<(Queued, Want)>,
     /// Planned, in order, and not launched yet: each plan with the tensors it reads.
     planned: Vec<Planned>,
     /// Flushed: the kernels' output buffers, the slots of their tensors, and the page-locked
@@ -123,7 +123,58 @@ pub struct DeviceBatch {
 struct Planned {
     plan: Plan,
     /// The tensors whose addresses the plan holds, alive until its kernels are queued.
-    tensors: Vec<(Tensor, Want)>,
+    tensors: Vec<(Queued, Want)>,
+}
+
+/// Bytes of device memory that another program's allocator owns (a PyTorch tensor's storage,
+/// through `python/native`): hashed in place and never freed here. The owner keeps them alive
+/// and unchanged until the batch has resolved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ForeignBytes {
+    dims: [usize; 1],
+    address: u64,
+}
+
+impl ForeignBytes {
+    /// `len` bytes at device address `address`, in the batch's device's context.
+    ///
+    /// # Safety
+    /// The memory must be readable by the device and stay allocated, and unwritten, until the
+    /// batch that hashes it has resolved.
+    pub unsafe fn new(address: u64, len: usize) -> Self {
+        ForeignBytes { dims: [len], address }
+    }
+}
+
+/// What a batch reads: a candle tensor (kept alive by the batch) or foreign memory.
+enum Queued {
+    Tensor(Tensor),
+    Foreign(ForeignBytes),
+}
+
+impl Queued {
+    /// Whether the kernels can read it as it is.
+    fn fits(&self) -> bool {
+        match self {
+            Queued::Tensor(t) => fits(t.layout().dims(), t.layout().stride()),
+            Queued::Foreign(_) => true,
+        }
+    }
+
+    fn byte_len(&self) -> usize {
+        match self {
+            Queued::Tensor(t) => t.elem_count() * t.dtype().size_in_bytes(),
+            Queued::Foreign(f) => f.dims[0],
+        }
+    }
+
+    /// The kernels' view of it.
+    fn view(&self, stream: &CudaStream) -> Result<View<'_>> {
+        match self {
+            Queued::Tensor(t) => view_of(t, stream),
+            Queued::Foreign(f) => Ok(View { address: f.address, elem_size: 1, dims: &f.dims, strides: &[1] }),
+        }
+    }
 }
 
 /// One flush's device work, launched.
@@ -162,8 +213,16 @@ impl DeviceBatch {
             tensor.clone()
         };
         let ticket = self.tickets();
-        self.pending.push((tensor, if hash { Want::Hash } else { Want::Bytes }));
+        self.pending.push((Queued::Tensor(tensor), if hash { Want::Hash } else { Want::Bytes }));
         Ok(ticket)
+    }
+
+    /// Queues foreign device memory: its data hash when `hash`, otherwise its bytes. Returns
+    /// the ticket of its result in `resolve`.
+    pub fn push_foreign(&mut self, bytes: ForeignBytes, hash: bool) -> usize {
+        let ticket = self.tickets();
+        self.pending.push((Queued::Foreign(bytes), if hash { Want::Hash } else { Want::Bytes }));
+        ticket
     }
 
     /// Tickets handed out so far: results flushed and tensors queued.
@@ -182,10 +241,10 @@ impl DeviceBatch {
     /// Views the kernels cannot read as they are (too many dimensions) need a contiguous copy,
     /// a launch: when one is queued, nothing is planned here and `flush` plans it.
     pub fn plan(&mut self) -> Result<()> {
-        if self.pending.is_empty() || self.pending.iter().any(|(t, _)| !fits(t.layout().dims(), t.layout().stride())) {
+        if self.pending.is_empty() || self.pending.iter().any(|(queued, _)| !queued.fits()) {
             return Ok(());
         }
-        let mut tensors: Vec<(Tensor, Want)> =
+        let mut tensors: Vec<(Queued, Want)> =
             std::mem::take(&mut self.planned).into_iter().flat_map(|planned| planned.tensors).collect();
         tensors.append(&mut self.pending);
         let plan = plan_of(&tensors, &self.dev)?;
@@ -200,22 +259,24 @@ impl DeviceBatch {
         if !self.pending.is_empty() {
             // Views with more dimensions than the kernels take are made contiguous first.
             let mut tensors = Vec::with_capacity(self.pending.len());
-            for (tensor, want) in std::mem::take(&mut self.pending) {
-                let layout = tensor.layout();
-                let tensor = if fits(layout.dims(), layout.stride()) {
-                    tensor
-                } else {
-                    let copied = tensor.contiguous();
-                    copied.map_err(|e| e.context("copying a view of too many dimensions to hash it"))?
+            for (queued, want) in std::mem::take(&mut self.pending) {
+                let queued = match queued {
+                    Queued::Tensor(tensor) if !fits(tensor.layout().dims(), tensor.layout().stride()) => {
+                        let copied = tensor.contiguous();
+                        Queued::Tensor(
+                            copied.map_err(|e| e.context("copying a view of too many dimensions to hash it"))?,
+                        )
+                    }
+                    queued => queued,
                 };
-                tensors.push((tensor, want));
+                tensors.push((queued, want));
             }
             let plan = plan_of(&tensors, &self.dev)?;
             self.planned.push(Planned { plan, tensors });
         }
         for Planned { plan, tensors } in std::mem::take(&mut self.planned) {
-            let bytes: u64 = tensors.iter().map(|(t, _)| (t.elem_count() * t.dtype().size_in_bytes()) as u64).sum();
-            let what = format!("hashing {} tensors ({})", tensors.len(), size(bytes as usize));
+            let bytes: usize = tensors.iter().map(|(queued, _)| queued.byte_len()).sum();
+            let what = format!("hashing {} tensors ({})", tensors.len(), size(bytes));
             let mut flushed = self.launch(plan).map_err(|e| e.context(what))?;
             // Values read straight from their tensors are read now, as the kernels read the
             // others: a flush comes before what changes them (an optimizer's in-place update).
@@ -369,14 +430,18 @@ impl DeviceBatch {
     }
 }
 
-/// A tensor's row-major bytes, copied from its own device memory into pageable host memory (a
-/// strided view is made contiguous on the device first, one tensor at a time), on `stream`
+/// A queued view's row-major bytes, copied from its own device memory into pageable host memory
+/// (a strided tensor is made contiguous on the device first, one tensor at a time), on `stream`
 /// after the work queued there: the thread waits for the device to get there.
-fn read_values(tensor: &Tensor, stream: &std::sync::Arc<CudaStream>) -> Result<Vec<u8>> {
+fn read_values(queued: &Queued, stream: &std::sync::Arc<CudaStream>) -> Result<Vec<u8>> {
     use candle_core::cuda_backend::cudarc::driver::result;
-    let contiguous = if tensor.is_contiguous() { tensor.clone() } else { tensor.contiguous()? };
-    let mut bytes = vec![0u8; contiguous.elem_count() * contiguous.dtype().size_in_bytes()];
-    let address = view_of(&contiguous, stream)?.address;
+    let contiguous = match queued {
+        Queued::Tensor(t) if !t.is_contiguous() => Queued::Tensor(t.contiguous()?),
+        Queued::Tensor(t) => Queued::Tensor(t.clone()),
+        Queued::Foreign(bytes) => Queued::Foreign(*bytes),
+    };
+    let mut bytes = vec![0u8; contiguous.byte_len()];
+    let address = contiguous.view(stream)?.address;
     // SAFETY: `bytes` holds exactly the view's bytes, which start at `address` (contiguous), and
     // stays alive and unread until the copy has landed (it returns once it has, for pageable
     // memory, and the caller synchronizes the stream before reading).
@@ -392,9 +457,9 @@ fn size(bytes: usize) -> String {
 }
 
 /// The plan of a batch of tensors that all fit the kernels: their addresses, read on the host.
-fn plan_of(tensors: &[(Tensor, Want)], dev: &CudaDevice) -> Result<Plan> {
+fn plan_of(tensors: &[(Queued, Want)], dev: &CudaDevice) -> Result<Plan> {
     let stream = dev.cuda_stream();
-    let views = tensors.iter().map(|(t, want)| Ok((view_of(t, &stream)?, *want))).collect::<Result<Vec<_>>>()?;
+    let views = tensors.iter().map(|(q, want)| Ok((q.view(&stream)?, *want))).collect::<Result<Vec<_>>>()?;
     Ok(Plan::new(&views).expect("every view fits the kernels"))
 }
 

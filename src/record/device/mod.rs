@@ -8,4 +8,4 @@ mod batch;
 pub(crate) mod plan;
 
 #[cfg(feature = "cuda")]
-pub use batch::{data_hash, prepare, DeviceBatch, LandedRead, PendingRead, Resolved};
+pub use batch::{data_hash, prepare, DeviceBatch, ForeignBytes, LandedRead, PendingRead, Resolved};

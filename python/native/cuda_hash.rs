@@ -1,0 +1,234 @@
+//! `librepro_cuda_hash.so`: repro's GPU hashing for CUDA memory another program owns, through a
+//! C ABI. The PyTorch recorder (`python/repro_torch.py`) loads it with ctypes to hash CUDA
+//! tensors where they are, with no copy to the host: the same batched BLAKE3 kernels and
+//! canonical data hash as `repro record --device cuda:N`. Built by `make cuda` (an example
+//! target of the `cuda` feature) at `target/cuda/release/examples/librepro_cuda_hash.so`.
+//!
+//! ```c
+//! void *repro_cuda_hasher_new(int32_t ordinal);                        // NULL on error
+//! int64_t repro_cuda_hasher_push(void *h, uint64_t address, uint64_t len, int32_t keep_bytes);
+//!                                                            // its ticket; -1 on error
+//! int32_t repro_cuda_hasher_flush(void *h);                    // 0, or -1 on error
+//! void *repro_cuda_hasher_start_read(void *h, uint64_t *n);    // a read, NULL on error
+//! int32_t repro_cuda_read_finish(void *read, uint8_t *hashes, uint64_t n,
+//!                                uint8_t *bytes, uint64_t bytes_len);  // 0, or -1 on error
+//! void repro_cuda_hasher_free(void *h);
+//! const char *repro_cuda_last_error(void);   // the calling thread's last error, or NULL
+//! ```
+//!
+//! `push` queues `len` bytes at a device address of GPU `ordinal`'s primary context (where
+//! PyTorch allocates) and returns its ticket, 0, 1, 2, ... since the last `start_read`; with
+//! `keep_bytes` the bytes themselves come back too. `flush` launches the kernels over what is
+//! queued, without waiting. `start_read` flushes and queues the copy of every result to the host
+//! behind the kernels, without waiting, and sets `n` to the number of tickets; the hasher starts
+//! over at ticket 0. `read_finish` waits for that copy (not for anything queued later, so the
+//! program can go on with its next step meanwhile) and writes the `n` BLAKE3 data hashes (32
+//! bytes each, ticket order) to `hashes`, and the bytes of the tickets pushed with `keep_bytes`,
+//! one after another in ticket order, to `bytes` (`bytes_len` their total length). It frees the
+//! read, whether it succeeds or not.
+//!
+//! The kernels run on the calling thread's per-thread default stream, which CUDA orders with its
+//! legacy default stream (PyTorch's stream unless the program chose another) both ways: they
+//! read the memory after the work queued there before `flush`, and work queued there after
+//! `flush` (an in-place update, or new tensors in freed memory) waits for them. So memory only
+//! needs to stay allocated and unchanged until `flush`. A program on another stream synchronizes
+//! it before `flush` and finishes the read before going on. All calls on one hasher, and on its
+//! reads, come from one thread.
+
+use candle_core::{Device, Result};
+use repro::record::device::{DeviceBatch, ForeignBytes, PendingRead, Resolved};
+use std::cell::RefCell;
+use std::ffi::{c_char, c_void, CString};
+
+/// A hasher: one device, the batch queued since the last `start_read`, and which of its tickets
+/// keep their bytes.
+struct Hasher {
+    batch: DeviceBatch,
+    keeps_bytes: Vec<bool>,
+}
+
+thread_local! {
+    static LAST_ERROR: RefCell<Option<CString>> = const { RefCell::new(None) };
+}
+
+/// Keeps `message` as the calling thread's last error.
+fn set_error(message: String) {
+    let message = CString::new(message.replace('\0', " ")).expect("no NUL left");
+    LAST_ERROR.with(|e| *e.borrow_mut() = Some(message));
+}
+
+/// The calling thread's last error, valid until its next failing call; NULL if none.
+#[no_mangle]
+pub extern "C" fn repro_cuda_last_error() -> *const c_char {
+    LAST_ERROR.with(|e| e.borrow().as_ref().map_or(std::ptr::null(), |m| m.as_ptr()))
+}
+
+fn new_hasher(ordinal: i32) -> Result<Hasher> {
+    let ordinal = usize::try_from(ordinal).map_err(|_| candle_core::Error::Msg(format!("no GPU {ordinal}")))?;
+    let Device::Cuda(dev) = Device::new_cuda(ordinal)? else { unreachable!("new_cuda gives a CUDA device") };
+    repro::record::device::prepare(&dev)?;
+    Ok(Hasher { batch: DeviceBatch::new(dev), keeps_bytes: Vec::new() })
+}
+
+/// A hasher on GPU `ordinal`, or NULL (see `repro_cuda_last_error`).
+#[no_mangle]
+pub extern "C" fn repro_cuda_hasher_new(ordinal: i32) -> *mut c_void {
+    match new_hasher(ordinal) {
+        Ok(hasher) => Box::into_raw(Box::new(hasher)).cast(),
+        Err(e) => {
+            set_error(format!("cannot start hashing on cuda:{ordinal}: {e}"));
+            std::ptr::null_mut()
+        }
+    }
+}
+
+/// The hasher behind a handle, or an error for NULL.
+///
+/// # Safety
+/// `hasher` is NULL or comes from `repro_cuda_hasher_new` and is not freed.
+unsafe fn hasher_of<'a>(hasher: *mut c_void, call: &str) -> Option<&'a mut Hasher> {
+    let hasher = unsafe { hasher.cast::<Hasher>().as_mut() };
+    if hasher.is_none() {
+        set_error(format!("{call}: no hasher (NULL)"));
+    }
+    hasher
+}
+
+/// 0 for `Ok`; -1 for an error, kept for `repro_cuda_last_error`.
+fn status(result: Result<()>, what: &str) -> i32 {
+    match result {
+        Ok(()) => 0,
+        Err(e) => {
+            set_error(format!("{what}: {e}"));
+            -1
+        }
+    }
+}
+
+/// Queues `len` bytes at device address `address`, for their data hash and, with
+/// `keep_bytes`, their bytes; returns the ticket, or -1 for a NULL hasher.
+///
+/// # Safety
+/// `hasher` comes from `repro_cuda_hasher_new`; the memory stays allocated and unchanged until
+/// the next `repro_cuda_hasher_flush` or `repro_cuda_hasher_start_read` (see the module's
+/// documentation for the streams this assumes).
+#[no_mangle]
+pub unsafe extern "C" fn repro_cuda_hasher_push(hasher: *mut c_void, address: u64, len: u64, keep_bytes: i32) -> i64 {
+    let Some(hasher) = (unsafe { hasher_of(hasher, "repro_cuda_hasher_push") }) else { return -1 };
+    // SAFETY: the caller's promise above.
+    let bytes = unsafe { ForeignBytes::new(address, len as usize) };
+    hasher.keeps_bytes.push(keep_bytes != 0);
+    hasher.batch.push_foreign(bytes, keep_bytes == 0) as i64
+}
+
+/// Launches the hashing of everything queued, without waiting. Returns 0, or -1.
+///
+/// # Safety
+/// `hasher` comes from `repro_cuda_hasher_new`.
+#[no_mangle]
+pub unsafe extern "C" fn repro_cuda_hasher_flush(hasher: *mut c_void) -> i32 {
+    let Some(hasher) = (unsafe { hasher_of(hasher, "repro_cuda_hasher_flush") }) else { return -1 };
+    status(hasher.batch.flush(), "hashing on the GPU failed")
+}
+
+/// A step's results on their way to the host, and which of its tickets keep their bytes.
+struct Read {
+    pending: PendingRead,
+    keeps_bytes: Vec<bool>,
+}
+
+/// Flushes and starts copying the results back; the hasher starts over. Sets `n` to the number
+/// of tickets. Returns a read for `repro_cuda_read_finish`, or NULL.
+///
+/// # Safety
+/// `hasher` comes from `repro_cuda_hasher_new`; `n` points to a writable u64.
+#[no_mangle]
+pub unsafe extern "C" fn repro_cuda_hasher_start_read(hasher: *mut c_void, n: *mut u64) -> *mut c_void {
+    let Some(hasher) = (unsafe { hasher_of(hasher, "repro_cuda_hasher_start_read") }) else {
+        return std::ptr::null_mut();
+    };
+    let dev = hasher.batch.device().clone();
+    let batch = std::mem::replace(&mut hasher.batch, DeviceBatch::new(dev));
+    let keeps_bytes = std::mem::take(&mut hasher.keeps_bytes);
+    // SAFETY: the caller's promise above.
+    unsafe { *n = keeps_bytes.len() as u64 };
+    match batch.start_read() {
+        Ok(pending) => Box::into_raw(Box::new(Read { pending, keeps_bytes })).cast(),
+        Err(e) => {
+            set_error(format!("hashing on the GPU failed: {e}"));
+            std::ptr::null_mut()
+        }
+    }
+}
+
+fn finish(read: Read, hashes: &mut [u8], bytes: &mut [u8]) -> Result<()> {
+    let tickets = read.keeps_bytes.len();
+    let asked = hashes.len() / 32;
+    if asked != tickets {
+        return Err(candle_core::Error::Msg(format!("asked for {asked} hashes, but the read holds {tickets}")));
+    }
+    let results = read.pending.wait()?.results();
+    let mut kept = 0;
+    for ((result, slot), keep) in results.into_iter().zip(hashes.chunks_exact_mut(32)).zip(read.keeps_bytes) {
+        let hash = match result {
+            Resolved::DataHash(hash) => hash,
+            // Bytes asked for, and views under one BLAKE3 chunk, come back whole: hashed here.
+            Resolved::Bytes(values) => {
+                if keep {
+                    let Some(into) = bytes.get_mut(kept..kept + values.len()) else {
+                        return Err(candle_core::Error::Msg(format!(
+                            "the buffer for kept bytes holds {}, fewer than the tickets' bytes",
+                            bytes.len()
+                        )));
+                    };
+                    into.copy_from_slice(&values);
+                    kept += values.len();
+                }
+                *blake3::hash(&values).as_bytes()
+            }
+        };
+        slot.copy_from_slice(&hash);
+    }
+    if kept != bytes.len() {
+        return Err(candle_core::Error::Msg(format!("kept {kept} bytes, but the buffer holds {}", bytes.len())));
+    }
+    Ok(())
+}
+
+/// Waits for a read and writes its `n` data hashes (32 bytes each, ticket order) to `hashes`
+/// and the bytes of tickets pushed with `keep_bytes` (ticket order, `bytes_len` in all) to
+/// `bytes`. Returns 0, or -1 (see `repro_cuda_last_error`). Frees the read either way.
+///
+/// # Safety
+/// `read` comes from `repro_cuda_hasher_start_read` and is not used afterwards; `hashes` holds
+/// `32 * n` writable bytes and `bytes` `bytes_len` (either may be NULL when its length is 0).
+#[no_mangle]
+pub unsafe extern "C" fn repro_cuda_read_finish(
+    read: *mut c_void,
+    hashes: *mut u8,
+    n: u64,
+    bytes: *mut u8,
+    bytes_len: u64,
+) -> i32 {
+    if read.is_null() {
+        set_error("repro_cuda_read_finish: no read (NULL)".into());
+        return -1;
+    }
+    // SAFETY: the caller's promises above.
+    let read = unsafe { Box::from_raw(read.cast::<Read>()) };
+    let hashes = if n == 0 { &mut [][..] } else { unsafe { std::slice::from_raw_parts_mut(hashes, 32 * n as usize) } };
+    let bytes =
+        if bytes_len == 0 { &mut [][..] } else { unsafe { std::slice::from_raw_parts_mut(bytes, bytes_len as usize) } };
+    status(finish(*read, hashes, bytes), "hashing on the GPU failed")
+}
+
+/// Frees a hasher (NULL is allowed); what it had queued is dropped unhashed.
+///
+/// # Safety
+/// `hasher` comes from `repro_cuda_hasher_new` and is not used afterwards.
+#[no_mangle]
+pub unsafe extern "C" fn repro_cuda_hasher_free(hasher: *mut c_void) {
+    if !hasher.is_null() {
+        drop(unsafe { Box::from_raw(hasher.cast::<Hasher>()) });
+    }
+}
