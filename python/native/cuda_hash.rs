@@ -27,24 +27,38 @@
 //! one after another in ticket order, to `bytes` (`bytes_len` their total length). It frees the
 //! read, whether it succeeds or not.
 //!
-//! The kernels run on the calling thread's per-thread default stream, which CUDA orders with its
-//! legacy default stream (PyTorch's stream unless the program chose another) both ways: they
-//! read the memory after the work queued there before `flush`, and work queued there after
-//! `flush` (an in-place update, or new tensors in freed memory) waits for them. So memory only
-//! needs to stay allocated and unchanged until `flush`. A program on another stream synchronizes
-//! it before `flush` and finishes the read before going on. All calls on one hasher, and on its
-//! reads, come from one thread.
+//! The passes that read the memory run on the calling thread's per-thread default stream, which
+//! CUDA orders with its legacy default stream (PyTorch's stream unless the program chose
+//! another) both ways: they read the memory after the work queued there before `flush`, and work
+//! queued there after `flush` (an in-place update, or new tensors in freed memory) waits for
+//! them. So memory only needs to stay allocated and unchanged until `flush`. The rest of each
+//! hash (the tree above the chunks, the roots, the copies back) runs on a stream of the
+//! hasher's own, beside the program's work (`DeviceBatch::beside`). A program on another stream
+//! synchronizes it before `flush` and finishes the read before going on. All calls on one
+//! hasher, and on its reads, come from one thread.
 
+use candle_core::cuda_backend::cudarc::driver::CudaStream;
+use candle_core::cuda_backend::WrapErr;
 use candle_core::{Device, Result};
 use repro::record::device::{DeviceBatch, ForeignBytes, PendingRead, Resolved};
 use std::cell::RefCell;
 use std::ffi::{c_char, c_void, CString};
+use std::sync::Arc;
 
-/// A hasher: one device, the batch queued since the last `start_read`, and which of its tickets
-/// keep their bytes.
+/// A hasher: one device, the batch queued since the last `start_read`, which of its tickets
+/// keep their bytes, and the stream its hashes finish on (`DeviceBatch::beside`).
 struct Hasher {
     batch: DeviceBatch,
     keeps_bytes: Vec<bool>,
+    beside: Arc<CudaStream>,
+}
+
+impl Hasher {
+    /// Starts a new batch, returning the one queued so far and which of its tickets keep bytes.
+    fn take_batch(&mut self) -> (DeviceBatch, Vec<bool>) {
+        let fresh = DeviceBatch::beside(self.batch.device().clone(), self.beside.clone());
+        (std::mem::replace(&mut self.batch, fresh), std::mem::take(&mut self.keeps_bytes))
+    }
 }
 
 thread_local! {
@@ -67,7 +81,10 @@ fn new_hasher(ordinal: i32) -> Result<Hasher> {
     let ordinal = usize::try_from(ordinal).map_err(|_| candle_core::Error::Msg(format!("no GPU {ordinal}")))?;
     let Device::Cuda(dev) = Device::new_cuda(ordinal)? else { unreachable!("new_cuda gives a CUDA device") };
     repro::record::device::prepare(&dev)?;
-    Ok(Hasher { batch: DeviceBatch::new(dev), keeps_bytes: Vec::new() })
+    // Non-blocking: it is not ordered with PyTorch's legacy default stream, only with the
+    // flushing thread's stream through the events `DeviceBatch::beside` records.
+    let beside = dev.cuda_stream().context().new_stream().w()?;
+    Ok(Hasher { batch: DeviceBatch::beside(dev, beside.clone()), keeps_bytes: Vec::new(), beside })
 }
 
 /// A hasher on GPU `ordinal`, or NULL (see `repro_cuda_last_error`).
@@ -147,9 +164,7 @@ pub unsafe extern "C" fn repro_cuda_hasher_start_read(hasher: *mut c_void, n: *m
     let Some(hasher) = (unsafe { hasher_of(hasher, "repro_cuda_hasher_start_read") }) else {
         return std::ptr::null_mut();
     };
-    let dev = hasher.batch.device().clone();
-    let batch = std::mem::replace(&mut hasher.batch, DeviceBatch::new(dev));
-    let keeps_bytes = std::mem::take(&mut hasher.keeps_bytes);
+    let (batch, keeps_bytes) = hasher.take_batch();
     // SAFETY: the caller's promise above.
     unsafe { *n = keeps_bytes.len() as u64 };
     match batch.start_read() {

@@ -117,6 +117,9 @@ pub struct DeviceBatch {
     /// in the order of the calling thread's stream (`cuMemFreeAsync`), the stream the kernels
     /// were launched on, so nothing can reuse it before they have run.
     flushed: Vec<Flushed>,
+    /// Where the passes that no longer read the tensors run (see `beside`); none: on the calling
+    /// thread's stream with the others.
+    beside: Option<std::sync::Arc<CudaStream>>,
 }
 
 /// A plan for some of a batch's tensors, made on the host.
@@ -140,7 +143,8 @@ impl ForeignBytes {
     ///
     /// # Safety
     /// The memory must be readable by the device and stay allocated, and unwritten, until the
-    /// batch that hashes it has resolved.
+    /// batch that hashes it has flushed it (work queued on the flushing thread's stream after the
+    /// flush runs after the kernels that read it; see `DeviceBatch::beside`).
     pub unsafe fn new(address: u64, len: usize) -> Self {
         ForeignBytes { dims: [len], address }
     }
@@ -195,7 +199,17 @@ impl DeviceBatch {
     pub fn new(dev: CudaDevice) -> Self {
         // The recorder waits for each step's results; keep that wait from emptying the pool.
         let _ = keep_freed_memory(&dev);
-        DeviceBatch { dev, pending: Vec::new(), planned: Vec::new(), flushed: Vec::new() }
+        DeviceBatch { dev, pending: Vec::new(), planned: Vec::new(), flushed: Vec::new(), beside: None }
+    }
+
+    /// An empty batch on `dev` whose flushes keep only the passes that read the tensors (the
+    /// chunk pass and the copy of kept bytes) on the calling thread's stream, and run the tree's
+    /// upper levels, the roots and the copies back on `stream` behind them. What the program
+    /// queues on its stream after a flush then waits for the flush's reads of its memory, not for
+    /// the whole hash: a flush per module of a PyTorch model costs its chunk pass alone. Each
+    /// flush's tree then lives in its own buffer, held until its results land.
+    pub fn beside(dev: CudaDevice, stream: std::sync::Arc<CudaStream>) -> Self {
+        DeviceBatch { beside: Some(stream), ..DeviceBatch::new(dev) }
     }
 
     /// The device the batch belongs to.
@@ -316,71 +330,93 @@ impl DeviceBatch {
         // back), then the table. Both live until the step's results land, two steps later.
         let out_bytes = plan.out_len.max(1).next_multiple_of(8);
         let table_bytes = 8 * staged.len();
-        let arena_len = out_bytes + table_bytes;
+        // The tree's chaining values (32 bytes per KiB hashed): in the arena when the tree runs
+        // beside the calling thread's stream (the next flush may start before it is done).
+        let tree_bytes = if self.beside.is_some() { 32 * plan.nodes as usize } else { 0 };
+        let arena_len = size_class(out_bytes + table_bytes + tree_bytes).next_multiple_of(8);
         // SAFETY: the table is written by the copy below, and the kernels write every output.
         let mut arena = DEVICE_ARENAS
             .take(&self.dev.id(), arena_len, || unsafe { self.dev.alloc::<u8>(arena_len) })
             .map_err(|e| e.context(format!("allocating {} of GPU memory for its results", size(arena_len))))?;
-        let (mut out, mut table) = arena.split_at_mut(out_bytes);
+        let (mut out, mut rest) = arena.split_at_mut(out_bytes);
+        let (mut table, mut tree) = rest.split_at_mut(table_bytes);
         // SAFETY: the region is 8-byte aligned (allocations are, and so is its offset) and holds
         // whole elements.
         let mut table = unsafe { table.transmute_mut::<u64>(staged.len()) }.expect("the table's region");
         // SAFETY: the staged buffer is page-locked and stays alive (in `Flushed`) until the
         // step's copy back, queued after this one on the same stream, has landed.
         unsafe { staged.upload(&mut table, &stream) }.map_err(|e| e.context("uploading its table"))?;
-        // The tree's chaining values (32 bytes per KiB hashed) are needed only while the kernels
-        // run: scratch of this thread, whose next flush reuses it behind these kernels on the
-        // same stream, rather than memory held until the results land (three steps' worth).
-        let scratch_key = (self.dev.id(), std::thread::current().id());
-        let scratch_len = size_class(32 * plan.nodes as usize);
-        // SAFETY: the kernels write every chaining value they read.
-        let mut scratch = NODE_SCRATCH
-            .take(&scratch_key, scratch_len, || unsafe { self.dev.alloc::<u8>(scratch_len) })
-            .map_err(|e| e.context(format!("allocating {} of GPU memory for its tree", size(scratch_len))))?;
         let kernels = HashKernels::of(&self.dev)?;
-        {
-            // SAFETY: allocations are aligned, and the scratch holds whole u32 words.
-            let mut nodes = unsafe { scratch.transmute_mut::<u32>(scratch_len / 4) }.expect("the tree's scratch");
-            self.launch_kernels(&plan, &kernels, &stream, &table, &mut nodes, &mut out)
+        let tree_stream = self.beside.clone().unwrap_or_else(|| stream.clone());
+        if self.beside.is_some() {
+            // SAFETY: the region is aligned (its offset is a multiple of 8) and holds whole u32
+            // words; the kernels write every chaining value they read.
+            let mut nodes = unsafe { tree.transmute_mut::<u32>(tree_bytes / 4) }.expect("the tree's region");
+            self.launch_kernels(&plan, &kernels, &stream, &tree_stream, &table, &mut nodes, &mut out)
                 .map_err(|e| e.context("launching its kernels"))?;
+        } else {
+            // The tree's chaining values are needed only while the kernels run: scratch of this
+            // thread, whose next flush reuses it behind these kernels on the same stream, rather
+            // than memory held until the results land (three steps' worth).
+            let scratch_key = (self.dev.id(), std::thread::current().id());
+            let scratch_len = size_class(32 * plan.nodes as usize);
+            // SAFETY: the kernels write every chaining value they read.
+            let mut scratch = NODE_SCRATCH
+                .take(&scratch_key, scratch_len, || unsafe { self.dev.alloc::<u8>(scratch_len) })
+                .map_err(|e| e.context(format!("allocating {} of GPU memory for its tree", size(scratch_len))))?;
+            {
+                // SAFETY: allocations are aligned, and the scratch holds whole u32 words.
+                let mut nodes = unsafe { scratch.transmute_mut::<u32>(scratch_len / 4) }.expect("the tree's scratch");
+                self.launch_kernels(&plan, &kernels, &stream, &tree_stream, &table, &mut nodes, &mut out)
+                    .map_err(|e| e.context("launching its kernels"))?;
+            }
+            NODE_SCRATCH.give_back(scratch_key, scratch);
         }
-        NODE_SCRATCH.give_back(scratch_key, scratch);
         Ok(Flushed { arena, out_len: plan.out_len, slots: plan.slots, table: staged, direct: Vec::new() })
     }
 
-    /// Launches a plan's kernels, its table uploaded.
+    /// Launches a plan's kernels, its table uploaded: those that read the tensors on `stream`,
+    /// the tree's upper levels and roots on `tree_stream` behind the chunk pass.
+    #[allow(clippy::too_many_arguments)]
     fn launch_kernels(
         &self,
         plan: &Plan,
         kernels: &HashKernels,
         stream: &CudaStream,
+        tree_stream: &CudaStream,
         table: &CudaViewMut<'_, u64>,
         nodes: &mut CudaViewMut<'_, u32>,
         out: &mut CudaViewMut<'_, u8>,
     ) -> Result<()> {
         let words = |r: &std::ops::Range<usize>| table.slice(r.clone());
-        if let Some(chunks) = &plan.chunks {
-            let (views, prefix) = (words(&chunks.views), words(&chunks.prefix));
-            let mut b = stream.launch_builder(&kernels.chunks);
-            b.arg(&views).arg(&prefix).arg(&chunks.count).arg(&mut *nodes);
-            unsafe { b.launch(grid(chunks.items, 128)) }.w()?;
-            for level in &plan.levels {
-                let (rows, prefix) = (words(&level.rows), words(&level.prefix));
-                let mut b = stream.launch_builder(&kernels.parents);
-                b.arg(&rows).arg(&prefix).arg(&level.views).arg(&mut *nodes);
-                unsafe { b.launch(grid(level.outputs, 128)) }.w()?;
-            }
-            let (roots, count) = (words(&plan.roots), plan.roots.len() as u64);
-            let nodes = nodes.slice(..);
-            let mut b = stream.launch_builder(&kernels.roots);
-            b.arg(&roots).arg(&count).arg(&nodes).arg(&mut *out);
-            unsafe { b.launch(grid(count, 128)) }.w()?;
-        }
         if let Some(copy) = &plan.copy {
             let (views, prefix, out_at) = (words(&copy.views), words(&copy.prefix), words(&plan.copy_out));
             let mut b = stream.launch_builder(&kernels.copy);
             b.arg(&views).arg(&prefix).arg(&out_at).arg(&copy.count).arg(&mut *out);
             unsafe { b.launch(grid(copy.items, 256)) }.w()?;
+        }
+        if let Some(chunks) = &plan.chunks {
+            let (views, prefix) = (words(&chunks.views), words(&chunks.prefix));
+            let mut b = stream.launch_builder(&kernels.chunks);
+            b.arg(&views).arg(&prefix).arg(&chunks.count).arg(&mut *nodes);
+            unsafe { b.launch(grid(chunks.items, 128)) }.w()?;
+        }
+        if !std::ptr::eq(stream, tree_stream) {
+            // Behind everything that reads the tensors (and the table's upload).
+            tree_stream.join(stream).w()?;
+        }
+        if plan.chunks.is_some() {
+            for level in &plan.levels {
+                let (rows, prefix) = (words(&level.rows), words(&level.prefix));
+                let mut b = tree_stream.launch_builder(&kernels.parents);
+                b.arg(&rows).arg(&prefix).arg(&level.views).arg(&mut *nodes);
+                unsafe { b.launch(grid(level.outputs, 128)) }.w()?;
+            }
+            let (roots, count) = (words(&plan.roots), plan.roots.len() as u64);
+            let nodes = nodes.slice(..);
+            let mut b = tree_stream.launch_builder(&kernels.roots);
+            b.arg(&roots).arg(&count).arg(&nodes).arg(&mut *out);
+            unsafe { b.launch(grid(count, 128)) }.w()?;
         }
         Ok(())
     }
@@ -408,7 +444,14 @@ impl DeviceBatch {
 
     /// `start_read` once everything is flushed.
     fn copy_back(self) -> Result<PendingRead> {
-        let stream = self.dev.cuda_stream();
+        let stream = match &self.beside {
+            // Behind the trees (already queued there) and the copies of kept bytes.
+            Some(beside) => {
+                beside.join(&self.dev.cuda_stream()).w()?;
+                beside.clone()
+            }
+            None => self.dev.cuda_stream(),
+        };
         let mut copies = Vec::with_capacity(self.flushed.len());
         for Flushed { arena, out_len, slots, table, direct } in self.flushed {
             let out = arena.slice(..out_len.max(1));
