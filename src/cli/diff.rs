@@ -27,8 +27,9 @@ pub struct DiffArgs {
     #[command(flatten)]
     plot: PlotOutput,
     /// Rename or leave out tensors of both runs before they are paired: a file of `rename
-    /// PATTERN NEW` and `ignore PATTERN` lines (`*` wildcards), for runs whose names differ (a
-    /// PyTorch original and its candle port; docs/diff.md, "Name maps").
+    /// PATTERN NEW`, `ignore PATTERN` and `transpose a|b PATTERN` lines (`*` wildcards), for runs
+    /// whose names or layouts differ (a PyTorch original and its candle port; docs/diff.md,
+    /// "Name maps").
     #[arg(long, value_name = "FILE")]
     map: Option<PathBuf>,
     /// Also follow this tensor step by step in the plot and the JSON `gaps` (repeatable).

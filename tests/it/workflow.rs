@@ -574,3 +574,65 @@ fn a_name_map_pairs_tensors_named_otherwise() {
     assert_eq!(run.code, 2);
     assert!(run.stderr.contains("map.txt: line 2: expected `rename PATTERN NEW`"), "{}", run.stderr);
 }
+
+/// A two-step trace of one F32 matrix: step 0 keeps its values inline, step 1 only its hash.
+fn matrix_trace(dir: &std::path::Path, shape: [u64; 2], values: &[f32]) {
+    use repro::trace::{CapturePolicy, Header, RunConfig, StepTensor, TensorKind, TensorRecord, TraceWriter};
+    let header = Header {
+        format: repro::trace::CURRENT_FORMAT,
+        producer: "test".into(),
+        run: RunConfig { workload: "matrix".into(), steps: Some(2), params: Default::default() },
+        environment: Default::default(),
+        capture: CapturePolicy::default(),
+        distributed: None,
+    };
+    let mut w = TraceWriter::create(dir, &header, false).unwrap();
+    let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    for step in 0..2 {
+        let record = TensorRecord {
+            name: "w".into(),
+            kind: TensorKind::Weight,
+            dtype: repro::dtype::DType::F32,
+            shape: shape.to_vec(),
+            hash: repro::hash::tensor_hash(repro::dtype::DType::F32, &shape, &bytes),
+            inline: (step == 0).then(|| bytes.clone()),
+            in_payload: false,
+            phase: None,
+            inputs: vec![],
+            node: None,
+            collective: None,
+            source: None,
+        };
+        w.write_step(step, vec![StepTensor { record, payload: None }]).unwrap();
+    }
+    w.finish().unwrap();
+}
+
+/// Issue 35, part 2: a map's `transpose a|b PATTERN` compares a matrix one run stores
+/// transposed (GPT-2's Conv1D against a Linear) with the other's, where values are stored.
+#[test]
+fn a_name_map_compares_a_matrix_stored_transposed() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b, c) = (dir.path().join("a"), dir.path().join("b"), dir.path().join("c"));
+    matrix_trace(&a, [2, 3], &[0., 1., 2., 3., 4., 5.]);
+    matrix_trace(&b, [3, 2], &[0., 3., 1., 4., 2., 5.]);
+    matrix_trace(&c, [3, 2], &[0., 3., 1., 4., 2., 6.]);
+    let map = dir.path().join("map.txt");
+    std::fs::write(&map, "transpose b w  # B stores w as [in, out]\n").unwrap();
+    // Without the map, the layouts differ.
+    assert_eq!(repro(&["diff", s(&a), s(&b)]).code, 1);
+    // With it, step 0's values agree; step 1 keeps hashes only, so is not compared, and says so.
+    let same = repro(&["diff", s(&a), s(&b), "--map", s(&map)]);
+    assert_eq!(same.code, 0, "{}{}", same.stdout, same.stderr);
+    assert!(same.stdout.contains("IDENTICAL"), "{}", same.stdout);
+    assert!(
+        same.stdout.contains("transposes 1 tensor record(s) at steps that keep only their hashes"),
+        "{}",
+        same.stdout
+    );
+    // One element off, found at its place in A's layout.
+    let v = json(&repro(&["diff", s(&a), s(&c), "--map", s(&map), "--json"]).stdout);
+    assert_eq!(v["first_divergence"]["tensor"], "w", "{v}");
+    assert_eq!(v["first_divergence"]["metrics"]["mismatched"], 1, "{v}");
+    assert_eq!(v["first_divergence"]["metrics"]["first_mismatch"], 5, "{v}");
+}

@@ -34,7 +34,7 @@ pub use gate::{
 pub use loss::{loss_curve, LossCurve};
 pub use matrix::{error_matrices, ErrorMatrix, HashOnlyTensor, MatrixReport, Metric, StepSelector};
 pub use metrics::{compare, compare_pairs, compare_values, TensorMetrics};
-pub use names::NameMap;
+pub use names::{NameMap, Run};
 pub use online::{OnlineDivergence, ReferenceCheck};
 pub use ranks::{check_replicas, diff_runs, DataParallelCause, RankTotals, ReplicaDrift, ReplicaReport, RunDiff};
 pub use root_cause::{CauseRule, Consequence, RootCause};

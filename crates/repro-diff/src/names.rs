@@ -7,16 +7,18 @@
 //! rename transformer.*   *          # the first rename rule whose pattern matches a name renames it
 //! rename h.*.attn.qkv.*  h.*.attn.c_attn.*
 //! ignore *#*                        # leave out captured graph nodes (named `scope#k`)
+//! transpose b h.*.mlp.c_fc.weight*  # B stores these [in, out] (GPT-2's Conv1D), A [out, in]
 //! ```
 //!
 //! A comment starts at a `#` that begins a line or follows a space.
 //!
-//! ```text
-//! ```
-//!
 //! Patterns match whole names; `*` matches any run of characters, and the replacement's `*`s
 //! take the matched runs in order. `ignore` leaves the tensors it matches out of the comparison
-//! on both sides; rules apply in file order, and the first that matches a name decides.
+//! on both sides; rename and ignore rules apply in file order, and the first that matches a name
+//! decides. `transpose a|b PATTERN` says that run A's (or B's) two-dimensional tensors of those
+//! names, after renaming, hold the transpose of the other run's: they are compared transposed,
+//! at the steps that store their values (`repro diff` reads them to transpose them), and left
+//! out at the others.
 
 use repro_trace::StepRecord;
 use std::collections::BTreeSet;
@@ -32,6 +34,16 @@ pub struct NameMap {
 enum Rule {
     Rename { from: String, to: String },
     Ignore(String),
+    Transpose { run: Run, pattern: String },
+}
+
+/// One of the two runs compared.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Run {
+    /// The first (`repro diff A B`).
+    A,
+    /// The second.
+    B,
 }
 
 impl NameMap {
@@ -48,6 +60,18 @@ impl NameMap {
             match words.as_slice() {
                 [] => {}
                 ["ignore", pattern] => rules.push(Rule::Ignore(pattern.to_string())),
+                ["transpose", run, pattern] => {
+                    let run = match *run {
+                        "a" => Run::A,
+                        "b" => Run::B,
+                        other => {
+                            return bad(&format!(
+                                "`transpose` takes the run, `a` or `b`, before the pattern, not `{other}`"
+                            ))
+                        }
+                    };
+                    rules.push(Rule::Transpose { run, pattern: pattern.to_string() });
+                }
                 ["rename", from, to] => {
                     let (stars_from, stars_to) = (from.matches('*').count(), to.matches('*').count());
                     if stars_to > stars_from {
@@ -58,7 +82,11 @@ impl NameMap {
                     }
                     rules.push(Rule::Rename { from: from.to_string(), to: to.to_string() });
                 }
-                _ => return bad(&format!("expected `rename PATTERN NEW` or `ignore PATTERN`, found `{line}`")),
+                _ => {
+                    return bad(&format!(
+                        "expected `rename PATTERN NEW`, `ignore PATTERN` or `transpose a|b PATTERN`, found `{line}`"
+                    ))
+                }
             }
         }
         Ok(NameMap { rules })
@@ -89,10 +117,23 @@ impl NameMap {
                         return Some(renamed);
                     }
                 }
-                Rule::Ignore(_) => {}
+                Rule::Ignore(_) | Rule::Transpose { .. } => {}
             }
         }
         Some(name.to_string())
+    }
+
+    /// Whether run `run`'s tensor of (renamed) name `name` is compared transposed.
+    pub fn transposes(&self, run: Run, name: &str) -> bool {
+        self.rules.iter().any(|rule| match rule {
+            Rule::Transpose { run: r, pattern } => *r == run && glob_captures(pattern, name).is_some(),
+            _ => false,
+        })
+    }
+
+    /// Whether any rule transposes tensors.
+    pub fn has_transposes(&self) -> bool {
+        self.rules.iter().any(|rule| matches!(rule, Rule::Transpose { .. }))
     }
 
     /// `step` with its tensors renamed and the ignored ones left out. A tensor's recorded inputs
@@ -156,9 +197,21 @@ mod tests {
     }
 
     #[test]
+    fn transpose_rules_name_one_run_and_leave_names_alone() {
+        let map = NameMap::parse("rename t.* *\ntranspose b h.*.c_fc.weight*\n").unwrap();
+        assert!(map.transposes(Run::B, "h.0.c_fc.weight.grad"));
+        assert!(!map.transposes(Run::A, "h.0.c_fc.weight"));
+        assert!(!map.transposes(Run::B, "h.0.c_fc.bias"));
+        assert_eq!(map.map("h.0.c_fc.weight").as_deref(), Some("h.0.c_fc.weight"));
+        assert!(map.has_transposes() && !NameMap::parse("ignore x").unwrap().has_transposes());
+    }
+
+    #[test]
     fn a_bad_line_is_named() {
         let e = NameMap::parse("rename a b\nremap x y\n").unwrap_err();
         assert!(e.starts_with("line 2: expected `rename PATTERN NEW`"), "{e}");
+        let e = NameMap::parse("transpose c w\n").unwrap_err();
+        assert!(e.contains("the run, `a` or `b`"), "{e}");
         let e = NameMap::parse("rename a.* *.*.*\n").unwrap_err();
         assert!(e.contains("uses 3 `*` but `a.*` matches only 1"), "{e}");
     }

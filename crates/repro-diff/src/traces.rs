@@ -7,7 +7,7 @@
 use crate::align::{align, scope, Pairing};
 use crate::divergence::Divergence;
 use crate::metrics::{compare_values, TensorMetrics};
-use crate::names::NameMap;
+use crate::names::{NameMap, Run};
 use crate::root_cause::{analyze, Entry, RootCause};
 use crate::tolerance::Tolerance;
 use repro_trace::{
@@ -301,6 +301,8 @@ pub fn diff_traces_with(
     let mut next_a = read_a(a)?;
     let mut next_b = read_b(b)?;
     let (mut steps_a, mut steps_b) = (0u64, 0u64);
+    // Tensors a `transpose` rule names at steps that keep no values for them: not compared.
+    let mut untransposed = 0u64;
     loop {
         match (&next_a, &next_b) {
             (None, None) => break,
@@ -310,6 +312,15 @@ pub fn diff_traces_with(
                     (sa, sb) = (replicated_state(sa), replicated_state(sb));
                 }
                 (sa, sb) = (options.names.apply(sa), options.names.apply(sb));
+                if options.names.has_transposes() {
+                    let mut left_out = Vec::new();
+                    sa = transposed(&options.names, Run::A, sa, a, &mut left_out)?;
+                    sb = transposed(&options.names, Run::B, sb, b, &mut left_out)?;
+                    // Left out of both runs, so that neither reads as recorded in one alone.
+                    untransposed += left_out.len() as u64;
+                    sa.tensors.retain(|t| !left_out.contains(&t.name));
+                    sb.tensors.retain(|t| !left_out.contains(&t.name));
+                }
                 state.compare_step(a, &sa, b, &sb)?;
                 steps_a += 1;
                 steps_b += 1;
@@ -329,7 +340,13 @@ pub fn diff_traces_with(
             (Some(_), None) => unreachable!("handled by the arm above"),
         }
     }
-    let warnings = comparison_warnings(a, b);
+    let mut warnings = comparison_warnings(a, b);
+    if untransposed > 0 {
+        warnings.push(format!(
+            "the name map transposes {untransposed} tensor record(s) at steps that keep only their hashes: those were not \
+             compared (record those steps with full values, `--capture`, to compare them)"
+        ));
+    }
     Ok(TraceDiff {
         warnings,
         tolerance,
@@ -373,6 +390,42 @@ fn replicated_state(mut step: StepRecord) -> StepRecord {
 fn gap_series(gaps: BTreeMap<String, Vec<GapPoint>>) -> Vec<GapSeries> {
     let (kinds, tensors): (Vec<_>, Vec<_>) = gaps.into_iter().partition(|(label, _)| label.starts_with("kind:"));
     kinds.into_iter().chain(tensors).map(|(label, points)| GapSeries { label, points }).collect()
+}
+
+/// `step` of run `run` with the two-dimensional tensors the name map transposes replaced by
+/// their transposes (values inline, hash recomputed), so that they pair with the other run's;
+/// the names of those whose values the step does not keep go to `left_out`.
+fn transposed(
+    names: &NameMap,
+    run: Run,
+    mut step: StepRecord,
+    reader: &mut TraceReader,
+    left_out: &mut Vec<String>,
+) -> Result<StepRecord, TraceError> {
+    let mut tensors = Vec::with_capacity(step.tensors.len());
+    for t in &step.tensors {
+        if t.shape.len() != 2 || !names.transposes(run, &t.name) {
+            tensors.push(t.clone());
+            continue;
+        }
+        let Some(values) = reader.values(&step, t)? else {
+            left_out.push(t.name.clone());
+            continue;
+        };
+        let (rows, cols) = (t.shape[0] as usize, t.shape[1] as usize);
+        let size = t.dtype.size_in_bytes();
+        let mut bytes = vec![0u8; values.bytes.len()];
+        for (i, row) in values.bytes.chunks_exact(cols * size).enumerate() {
+            for (j, element) in row.chunks_exact(size).enumerate() {
+                bytes[(j * rows + i) * size..][..size].copy_from_slice(element);
+            }
+        }
+        let shape = vec![t.shape[1], t.shape[0]];
+        let hash = repro_trace::hash::tensor_hash(t.dtype, &shape, &bytes);
+        tensors.push(TensorRecord { shape, hash, inline: Some(bytes), in_payload: false, ..t.clone() });
+    }
+    step.tensors = tensors;
+    Ok(step)
 }
 
 /// What makes a comparison meaningless, said before anyone trusts its verdict.
