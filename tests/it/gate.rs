@@ -310,16 +310,10 @@ fn a_tolerance_keeps_values_and_is_refused_against_a_hashes_only_baseline() {
 
 /// Writes a finished trace of no steps at `path`, of `workload` with these settings.
 fn stepless_trace(path: &std::path::Path, workload: &str, params: &[(&str, &str)]) {
-    use repro::trace::{CapturePolicy, Header, RunConfig, TraceWriter, CURRENT_FORMAT};
+    use repro::trace::TraceWriter;
     let params = params.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-    let header = Header {
-        format: CURRENT_FORMAT,
-        producer: "test".into(),
-        run: RunConfig { workload: workload.into(), steps: Some(12), params },
-        environment: Default::default(),
-        capture: CapturePolicy::default(),
-        distributed: None,
-    };
+    let mut header = crate::util::test_header(workload, 12);
+    header.run.params = params;
     TraceWriter::create(path, &header, false).unwrap().finish().unwrap();
 }
 

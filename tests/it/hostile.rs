@@ -390,15 +390,8 @@ fn diffing_large_stored_tensors_keeps_resident_memory_flat() {
 fn write_one_tensor_trace(path: &Path, name: &str, bytes: Vec<u8>, inline: bool) {
     use repro::dtype::DType;
     use repro::hash::tensor_hash;
-    use repro::trace::{CapturePolicy, Header, RunConfig, StepTensor, TensorKind, TensorRecord, TraceWriter};
-    let header = Header {
-        format: repro::trace::CURRENT_FORMAT,
-        producer: "test".into(),
-        run: RunConfig { workload: "mine".into(), steps: Some(1), params: Default::default() },
-        environment: Default::default(),
-        capture: CapturePolicy::default(),
-        distributed: None,
-    };
+    use repro::trace::{StepTensor, TensorKind, TensorRecord, TraceWriter};
+    let header = crate::util::test_header("mine", 1);
     let shape = vec![(bytes.len() / 4) as u64];
     let record = TensorRecord {
         name: name.into(),

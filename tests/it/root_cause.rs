@@ -4,9 +4,7 @@
 use crate::util::{json, record, repro, s};
 use repro::dtype::DType;
 use repro::hash::tensor_hash;
-use repro::trace::{
-    CapturePolicy, Header, Phase, RunConfig, StepTensor, TensorKind, TensorRecord, TraceWriter, CURRENT_FORMAT,
-};
+use repro::trace::{Phase, StepTensor, TensorKind, TensorRecord, TraceWriter};
 use std::path::Path;
 
 #[test]
@@ -58,14 +56,7 @@ fn a_changed_gradient_is_placed_in_the_backward_pass() {
 
 /// Writes a one-step trace whose tensors are (name, seed of its values, inputs).
 fn synthetic(dir: &Path, ops: &[(&str, u8, &[&str])]) {
-    let header = Header {
-        format: CURRENT_FORMAT,
-        producer: "test".into(),
-        run: RunConfig { workload: "synthetic".into(), steps: Some(1), params: Default::default() },
-        environment: Default::default(),
-        capture: CapturePolicy::default(),
-        distributed: None,
-    };
+    let header = crate::util::test_header("synthetic", 1);
     let mut w = TraceWriter::create(dir, &header, false).unwrap();
     let tensors = ops
         .iter()

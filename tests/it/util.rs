@@ -85,3 +85,15 @@ pub fn s(p: &Path) -> &str {
 pub fn json(text: &str) -> serde_json::Value {
     serde_json::from_str(text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
 }
+
+/// The header of a trace a test writes by hand: `workload`, `steps`, default capture policy.
+pub fn test_header(workload: &str, steps: u64) -> repro::trace::Header {
+    repro::trace::Header {
+        format: repro::trace::CURRENT_FORMAT,
+        producer: "test".into(),
+        run: repro::trace::RunConfig { workload: workload.into(), steps: Some(steps), params: Default::default() },
+        environment: Default::default(),
+        capture: repro::trace::CapturePolicy::default(),
+        distributed: None,
+    }
+}

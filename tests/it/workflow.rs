@@ -577,15 +577,8 @@ fn a_name_map_pairs_tensors_named_otherwise() {
 
 /// A two-step trace of one F32 matrix: step 0 keeps its values inline, step 1 only its hash.
 fn matrix_trace(dir: &std::path::Path, shape: [u64; 2], values: &[f32]) {
-    use repro::trace::{CapturePolicy, Header, RunConfig, StepTensor, TensorKind, TensorRecord, TraceWriter};
-    let header = Header {
-        format: repro::trace::CURRENT_FORMAT,
-        producer: "test".into(),
-        run: RunConfig { workload: "matrix".into(), steps: Some(2), params: Default::default() },
-        environment: Default::default(),
-        capture: CapturePolicy::default(),
-        distributed: None,
-    };
+    use repro::trace::{StepTensor, TensorKind, TensorRecord, TraceWriter};
+    let header = crate::util::test_header("matrix", 2);
     let mut w = TraceWriter::create(dir, &header, false).unwrap();
     let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
     for step in 0..2 {
