@@ -38,7 +38,8 @@ fmt:
 bench:
 	$(CARGO) bench --locked --bench core
 
-## cuda: the CUDA build (pinned nvcc from PyPI, link stubs; no GPU needed) at target/cuda/release/repro
+## cuda: the CUDA build (pinned nvcc from PyPI, link stubs; no GPU needed) at target/cuda/release/repro,
+## with the examples and the PyTorch recorder's GPU hashing library (examples/librepro_cuda_hash.so)
 cuda:
 	scripts/build-cuda.sh
 

@@ -93,7 +93,7 @@ if want fourgpu; then
     "$repro" overhead "${gpt[@]}" --steps 40 --devices $four 2>&1 | grep "^|" | tee -a "$summary"
 fi
 
-if want torch || want port; then
+if want torch || want port || want torchbreakdown; then
     # No network on the GPU machine: the wheels travel in gpubin/wheels.
     $py -m pip install --quiet --no-deps --no-index --find-links gpubin/wheels --target "$work/py" msgpack blake3 safetensors >/dev/null 2>&1 || say "(could not install msgpack, blake3, safetensors from gpubin/wheels)"
     export PYTHONPATH="python:$work/py"
@@ -102,12 +102,21 @@ if want torch || want port; then
     if [ -f "$lib" ]; then export REPRO_CUDA_HASH_LIB="$lib"; else say "(no $lib: CUDA tensors are hashed on the host)"; fi
 fi
 
+if want torchbreakdown; then
+    section "Where ResNet-18's recording time goes (python/bench/torch_breakdown.py)"
+    $py python/bench/torch_breakdown.py 2>&1 | tail -7 | tee -a "$summary"
+fi
+
 if want torch; then
     section "PyTorch recorder: tests with this machine's torch"
     say "$($py -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)' 2>&1)"
     REPRO_BIN="$repro" $py -W ignore -m unittest discover -s python/tests -v 2>&1 | tail -12 | tee -a "$summary"
     section "PyTorch recorder overhead (hashes only), against PyTorch's DebugMode"
     $py python/bench/torch_overhead.py cuda 2>&1 | grep "^|" | tee -a "$summary"
+    if $py -c "import torchvision" 2>/dev/null && [ -n "${REPRO_CUDA_HASH_LIB:-}" ]; then
+        section "Where ResNet-18's recording time goes (python/bench/torch_breakdown.py)"
+        $py python/bench/torch_breakdown.py 2>&1 | tail -7 | tee -a "$summary"
+    fi
 fi
 
 if want port; then
