@@ -150,5 +150,9 @@ PY
     "$repro" diff "$work/sw16-candle" "$work/sw16-torch" --tolerance abs:1e-4 2>&1 | grep -E -A3 '^(DIVERGED|WITHIN|error|root cause)' | tee -a "$summary"
     say "candle's window 16 against transformers' 17:"
     "$repro" diff "$work/sw16-candle" "$work/sw17-torch" --tolerance abs:1e-4 2>&1 | grep -E -A1 '^(DIVERGED|WITHIN|error)' | tee -a "$summary"
+    # Small traces for fixtures/ (the CPU tests read them): the two frameworks' runs and one bug.
+    mkdir -p "$out/port-fixtures"
+    for run in torch candle bug-rope_theta; do cp -r "$work/$run" "$out/port-fixtures/$run"; done
+    rm -f "$out"/port-fixtures/*/run-meta.json
 fi
 rm -rf "$work"
