@@ -93,13 +93,18 @@ if want fourgpu; then
     "$repro" overhead "${gpt[@]}" --steps 40 --devices $four 2>&1 | grep "^|" | tee -a "$summary"
 fi
 
-if want torch || want port || want torchbreakdown; then
+if want torch || want port || want torchbreakdown || want torchlarge; then
     # No network on the GPU machine: the wheels travel in gpubin/wheels.
     $py -m pip install --quiet --no-deps --no-index --find-links gpubin/wheels --target "$work/py" msgpack blake3 safetensors >/dev/null 2>&1 || say "(could not install msgpack, blake3, safetensors from gpubin/wheels)"
     export PYTHONPATH="python:$work/py"
     # repro's GPU hashing for the PyTorch recorder, built by `make cuda` beside the binary.
     lib="$(dirname "$repro")/examples/librepro_cuda_hash.so"
     if [ -f "$lib" ]; then export REPRO_CUDA_HASH_LIB="$lib"; else say "(no $lib: CUDA tensors are hashed on the host)"; fi
+fi
+
+if want torchlarge; then
+    section "PyTorch recorder overhead at GPT-2-medium size (355M parameters, bf16 autocast)"
+    $py python/bench/torch_overhead.py cuda gpt2-medium 2>&1 | grep "^|" | tee -a "$summary"
 fi
 
 if want torchbreakdown; then

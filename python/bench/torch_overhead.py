@@ -4,10 +4,12 @@ hashed), on one device, with CUDA tensors hashed on the GPU (repro's kernels, th
 librepro_cuda_hash.so) and on the host (a copy each); and, beside them, PyTorch's own DebugMode
 logging a `hash_tensor` of every op's output. Prints one table row per model.
 
-    python python/bench/torch_overhead.py [cuda|cpu]
+    python python/bench/torch_overhead.py [cuda|cpu] [MODEL ...]
 
-Models: transformers' GPT-2 (124M parameters) at batch 8 x 1024, and torchvision's ResNet-18 at
-batch 128 when torchvision is installed.
+Models: `gpt2`, transformers' GPT-2 (124M parameters) at batch 8 x 1024; `resnet18`,
+torchvision's ResNet-18 at batch 128 (when torchvision is installed); both by default. And
+`gpt2-medium`, GPT-2's 355M-parameter shape at batch 8 x 1024 in bf16 autocast (without the
+host-hashing column, which takes minutes a step there).
 """
 
 import contextlib
@@ -49,7 +51,7 @@ def debug_mode_hashes():
     return logging_hashes
 
 
-def measure(name: str, model, batch, loss_fn, device: str, n: int = 5) -> None:
+def measure(name: str, model, batch, loss_fn, device: str, n: int = 5, host: bool = True) -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
     def plain(_):
@@ -83,8 +85,11 @@ def measure(name: str, model, batch, loss_fn, device: str, n: int = 5) -> None:
         cells.append(f"{gpu_s * 1e3:.0f} ms ({gpu_s / plain_s:.2f}x)")
     else:
         cells.append("no GPU hashing library")
-    host_s = recorded_by(False, 2)
-    cells.append(f"{host_s * 1e3:.0f} ms ({host_s / plain_s:.1f}x)")
+    if host:
+        host_s = recorded_by(False, 2)
+        cells.append(f"{host_s * 1e3:.0f} ms ({host_s / plain_s:.1f}x)")
+    else:
+        cells.append("not run")
     logging_hashes = debug_mode_hashes()
     if logging_hashes is None:
         cells.append("no DebugMode in this torch")
@@ -102,27 +107,53 @@ def measure(name: str, model, batch, loss_fn, device: str, n: int = 5) -> None:
     print(f"| {name} ({params:.0f}M parameters) | {device} | " + " | ".join(cells) + " |", flush=True)
 
 
-def main() -> None:
-    device = sys.argv[1] if len(sys.argv) > 1 else ("cuda" if torch.cuda.is_available() else "cpu")
-    torch.manual_seed(0)
-    print("| model | device | plain step | repro_torch, GPU hashing | repro_torch, host hashing | DebugMode, hash_tensor |")
-    print("|---|---|---|---|---|---|")
+def gpt2(device: str, name: str, medium: bool) -> None:
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    gpt2 = GPT2LMHeadModel(GPT2Config()).to(device)
-    ids = torch.randint(0, 50257, (8, 1024), device=device)
-    measure("GPT-2, batch 8 x 1024", gpt2, ids, lambda m, x: m(x, labels=x).loss, device)
-    del gpt2
+    config = GPT2Config(n_embd=1024, n_layer=24, n_head=16) if medium else GPT2Config()
+    model = GPT2LMHeadModel(config).to(device)
+    ids = torch.randint(0, config.vocab_size, (8, 1024), device=device)
+
+    def loss(m, x):
+        if not medium:
+            return m(x, labels=x).loss
+        with torch.autocast(device_type=device, dtype=torch.bfloat16):
+            return m(x, labels=x).loss
+
+    measure(name, model, ids, loss, device, host=not medium)
+
+
+def resnet18(device: str) -> None:
     try:
         import torchvision
     except ImportError:
-        print("| ResNet-18 | - | torchvision is not installed | | |")
+        print("| ResNet-18 | - | torchvision is not installed | | | |")
         return
-    resnet = torchvision.models.resnet18().to(device)
+    model = torchvision.models.resnet18().to(device)
     images = torch.randn(128, 3, 224, 224, device=device)
     labels = torch.randint(0, 1000, (128,), device=device)
-    measure("ResNet-18, batch 128", resnet, (images, labels),
+    measure("ResNet-18, batch 128", model, (images, labels),
             lambda m, b: torch.nn.functional.cross_entropy(m(b[0]), b[1]), device)
+
+
+def main() -> None:
+    args = sys.argv[1:]
+    device = args.pop(0) if args and args[0] in ("cuda", "cpu") else ("cuda" if torch.cuda.is_available() else "cpu")
+    models = args or ["gpt2", "resnet18"]
+    torch.manual_seed(0)
+    print("| model | device | plain step | repro_torch, GPU hashing | repro_torch, host hashing | DebugMode, hash_tensor |")
+    print("|---|---|---|---|---|---|")
+    for model in models:
+        if model == "gpt2":
+            gpt2(device, "GPT-2, batch 8 x 1024", medium=False)
+        elif model == "gpt2-medium":
+            gpt2(device, "GPT-2-medium shape, batch 8 x 1024, bf16 autocast", medium=True)
+        elif model == "resnet18":
+            resnet18(device)
+        else:
+            raise SystemExit(f"unknown model {model}: expected gpt2, gpt2-medium or resnet18")
+        if device == "cuda":
+            torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":
