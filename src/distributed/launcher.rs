@@ -13,8 +13,8 @@
 //! With `REPRO_RENDEZVOUS_DIR`, a directory every rank reaches (a shared file system), they meet
 //! there instead, through files, and need no address.
 
-use super::tcp::{settings_differences, RunSettings};
 use crate::record::RecordError;
+use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::path::Path;
 use std::time::Duration;
@@ -128,6 +128,22 @@ impl LaunchedRank {
         }
         Ok(None)
     }
+}
+
+/// The settings every rank must share, by name (workload settings, capture policy, format).
+pub type RunSettings = BTreeMap<String, String>;
+
+/// The settings in which `theirs` differ from `mine`, as `key mine vs theirs` (`(unset)` where
+/// one has none), for the error that refuses a rank.
+pub(crate) fn settings_differences(mine: &RunSettings, theirs: &RunSettings) -> String {
+    let keys: std::collections::BTreeSet<&String> = mine.keys().chain(theirs.keys()).collect();
+    let show = |v: Option<&String>| v.map_or("(unset)", String::as_str).to_string();
+    let differ: Vec<String> = keys
+        .into_iter()
+        .filter(|k| mine.get(*k) != theirs.get(*k))
+        .map(|k| format!("{k} {} vs {}", show(mine.get(k)), show(theirs.get(k))))
+        .collect();
+    differ.join(", ")
 }
 
 /// Meets the other ranks of `place`'s run in `dir` (`REPRO_RENDEZVOUS_DIR`, new and empty for

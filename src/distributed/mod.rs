@@ -23,8 +23,8 @@ pub mod nccl;
 mod tcp;
 
 pub use file::FileCollective;
-pub use launcher::{LaunchedRank, RENDEZVOUS_TIMEOUT};
-pub use tcp::{RunSettings, TcpCollective};
+pub use launcher::{LaunchedRank, RunSettings, RENDEZVOUS_TIMEOUT};
+pub use tcp::TcpCollective;
 
 use crate::record::{RecordError, StepRecorder};
 use crate::trace::{Distributed, Phase, RunConfig, TensorKind};

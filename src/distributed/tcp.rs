@@ -9,35 +9,18 @@
 //! part to rank 0, which adds them in rank order, `((r0 + r1) + r2) ...` as the file stand-in
 //! does, and sends the sum back. Messages are frames: a u32le length, then the bytes.
 
-use super::launcher::LaunchedRank;
+use super::launcher::{settings_differences, LaunchedRank, RunSettings};
 use super::Collective;
 use crate::record::RecordError;
 use crate::trace::Distributed;
 use candle_core::{DType, Tensor};
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 /// How long a rank waits for a sum's parts before it gives up on the others.
 const PEER_TIMEOUT: Duration = Duration::from_secs(300);
-
-/// The settings every rank must share, by name (workload settings, capture policy, format).
-pub type RunSettings = BTreeMap<String, String>;
-
-/// The settings in which `theirs` differ from `mine`, as `key mine vs theirs` (`(unset)` where
-/// one has none), for the error that refuses a rank.
-pub(crate) fn settings_differences(mine: &RunSettings, theirs: &RunSettings) -> String {
-    let keys: std::collections::BTreeSet<&String> = mine.keys().chain(theirs.keys()).collect();
-    let show = |v: Option<&String>| v.map_or("(unset)", String::as_str).to_string();
-    let differ: Vec<String> = keys
-        .into_iter()
-        .filter(|k| mine.get(*k) != theirs.get(*k))
-        .map(|k| format!("{k} {} vs {}", show(mine.get(k)), show(theirs.get(k))))
-        .collect();
-    differ.join(", ")
-}
 
 #[derive(Serialize, Deserialize)]
 struct Hello {
