@@ -195,9 +195,16 @@ DEVICE void batch_chunk(const u64* views, const u64* prefix, u64 n, u64 item, u3
   u64 len = v[4] - start < 1024 ? v[4] - start : 1024;
   int contiguous = (int)(v[3] & 1u);
   u64 address = v[0] + start;
-  u32 align = (address & 15u) == 0 ? 16u : (address & 3u) == 0 ? 4u : 1u;
   Cursor c;
   cursor_at(v, start / v[1], &c);
+  // A strided view whose innermost dimension is contiguous (a broadcast weight, a window of
+  // rows) reads a chunk that lies within one of its rows as contiguous memory, in wide loads.
+  int nd = (int)v[2];
+  if (!contiguous && nd > 0 && v[5 + VIEW_DIMS + nd - 1] == 1 && (c.idx[nd - 1] + len / v[1]) <= v[5 + nd - 1]) {
+    contiguous = 1;
+    address = v[0] + c.off * v[1];
+  }
+  u32 align = (address & 15u) == 0 ? 16u : (address & 3u) == 0 ? 4u : 1u;
   u32 cv[8];
   for (int i = 0; i < 8; i++) cv[i] = BLAKE3_IV[i];
   u32 blocks = (u32)((len + 63) / 64);

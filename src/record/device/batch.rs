@@ -150,6 +150,23 @@ impl ForeignBytes {
     }
 }
 
+/// Views smaller than this are read as they are, however they are laid out.
+const SLOW_VIEW_MIN: usize = 1 << 20;
+
+/// `tensor`'s elements in the same order, its broadcast dimensions kept as views and the rest
+/// copied contiguous: a `[16, 896, 151936]` broadcast of a transposed weight costs one copy of
+/// the weight, not sixteen, and then reads row by row.
+fn relaid(tensor: &Tensor) -> Result<Tensor> {
+    let layout = tensor.layout();
+    let mut base = tensor.clone();
+    for (dim, (&size, &stride)) in layout.dims().iter().zip(layout.stride()).enumerate() {
+        if stride == 0 && size > 1 {
+            base = base.narrow(dim, 0, 1)?;
+        }
+    }
+    base.contiguous()?.broadcast_as(layout.dims())
+}
+
 /// What a batch reads: a candle tensor (kept alive by the batch) or foreign memory.
 enum Queued {
     Tensor(Tensor),
@@ -163,6 +180,17 @@ impl Queued {
             Queued::Tensor(t) => fits(t.layout().dims(), t.layout().stride()),
             Queued::Foreign(_) => true,
         }
+    }
+
+    /// Whether the kernels would read it slowly: a large view whose innermost dimension is
+    /// strided (a transposed matrix, the weight a `Linear` multiplies by), which neighbouring
+    /// threads read a row apart, a whole memory sector for each element. Copied row by row
+    /// first (`relaid`), it reads at full speed.
+    fn reads_slowly(&self) -> bool {
+        let Queued::Tensor(t) = self else { return false };
+        let layout = t.layout();
+        let innermost = layout.dims().iter().zip(layout.stride()).rev().find(|(&d, _)| d != 1);
+        matches!(innermost, Some((_, &stride)) if stride > 1) && self.byte_len() >= SLOW_VIEW_MIN
     }
 
     fn byte_len(&self) -> usize {
@@ -255,7 +283,7 @@ impl DeviceBatch {
     /// Views the kernels cannot read as they are (too many dimensions) need a contiguous copy,
     /// a launch: when one is queued, nothing is planned here and `flush` plans it.
     pub fn plan(&mut self) -> Result<()> {
-        if self.pending.is_empty() || self.pending.iter().any(|(queued, _)| !queued.fits()) {
+        if self.pending.is_empty() || self.pending.iter().any(|(queued, _)| !queued.fits() || queued.reads_slowly()) {
             return Ok(());
         }
         let mut tensors: Vec<(Queued, Want)> =
@@ -279,6 +307,13 @@ impl DeviceBatch {
                         let copied = tensor.contiguous();
                         Queued::Tensor(
                             copied.map_err(|e| e.context("copying a view of too many dimensions to hash it"))?,
+                        )
+                    }
+                    queued if queued.reads_slowly() => {
+                        let Queued::Tensor(tensor) = &queued else { unreachable!("only tensors read slowly") };
+                        let relaid = relaid(tensor);
+                        Queued::Tensor(
+                            relaid.map_err(|e| e.context("copying a transposed view row by row to hash it"))?,
                         )
                     }
                     queued => queued,

@@ -371,6 +371,13 @@ mod tests {
         views.push((view(&memory, 3, 1, &[40, 60], &[1, 40]), Want::Hash));
         views.push((view(&memory, 2, 2, &[70, 40], &[1, 70]), Want::Hash));
         views.push((view(&memory, 4, 4, &[7, 13, 9], &[1, 63, 7]), Want::Hash));
+        // Rows long enough that most chunks lie within one (read as contiguous memory) and some
+        // straddle two: a broadcast f32 row, a broadcast bf16 row at an odd offset, a window of
+        // long rows, and a row that ends inside a chunk's last block.
+        views.push((view(&memory, 256, 4, &[3, 20_000], &[0, 1]), Want::Hash));
+        views.push((view(&memory, 2, 2, &[4, 3_000], &[0, 1]), Want::Hash));
+        views.push((view(&memory, 8, 4, &[5, 2_000], &[2_500, 1]), Want::Hash));
+        views.push((view(&memory, 1, 1, &[3, 1_500], &[1_600, 1]), Want::Hash));
         views.push((view(&memory, 64, 4, &[48, 64], &[1, 48]), Want::Bytes));
         views.push((view(&memory, 16, 8, &[2, 70], &[140, 2]), Want::Bytes));
         views.push((view(&memory, 100, 1, &[1, 1, 5000], &[7, 7, 1]), Want::Bytes));
