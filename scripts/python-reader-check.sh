@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Checks the independent Python reader of the trace format (python/repro_trace.py) against
-# traces recorded by repro (format 1.4) and the committed fixtures (formats 1.0 to 1.3).
+# traces recorded by repro (format 1.4) and the committed fixtures (formats 1.0 to 1.4).
 #
 #   scripts/python-reader-check.sh          # uses target/release/repro
 #   REPRO_BIN=path/to/repro scripts/python-reader-check.sh
@@ -140,7 +140,7 @@ done < <(find fixtures -name records.rpr -printf '%h\n' | sort)
 
 # Fixture formats: all of 1.0 to 1.3 must have been read.
 versions=$(for f in $(find fixtures -name records.rpr); do head -c 12 "$f" | od -An -tu2 -j8 | awk '{print $1"."$2}'; done | sort -u | paste -sd' ')
-if [ "$versions" = "1.0 1.1 1.2 1.3" ]; then ok "fixtures cover formats $versions"; else fail "fixtures cover formats '$versions', expected 1.0 1.1 1.2 1.3"; fi
+if [ "$versions" = "1.0 1.1 1.2 1.3 1.4" ]; then ok "fixtures cover formats $versions"; else fail "fixtures cover formats '$versions', expected 1.0 1.1 1.2 1.3 1.4"; fi
 
 # A data-parallel rank stream (1.3): its place in the run, and the sums across ranks.
 out=$(PYTHONPATH=python "$PY" - "fixtures/gpu-h200x2-dp/gpt-2gpu/rank-1" <<'PYEOF' 2>&1
