@@ -1,13 +1,14 @@
-//! A port check: a Hugging Face Qwen2 checkpoint run, unmodified, by candle-transformers'
-//! `qwen2`, recorded layer by layer so that `repro diff` compares it with transformers' own run
-//! of the same checkpoint (`python/examples/hf_port.py`, which writes the checkpoint, the token
-//! ids and the PyTorch trace).
+//! A port check: a Hugging Face Qwen2 or Llama checkpoint run, unmodified, by
+//! candle-transformers' `qwen2` or `llama`, recorded layer by layer so that `repro diff` compares
+//! it with transformers' own run of the same checkpoint (`python/examples/hf_port.py`, which
+//! writes the checkpoint, the token ids and the PyTorch trace).
 //!
 //! candle-transformers' models expose no intermediate outputs, so each layer's output is taken
 //! by cutting the model after that layer: `model.layers.K` is the output of a model of the first
-//! K + 1 layers of the same weights (the final norm applied), recorded as computed from
-//! `model.layers.K-1`. The PyTorch side records the same. Then `logits` (the last position's)
-//! of the whole model.
+//! K + 1 layers of the same weights, recorded as computed from `model.layers.K-1`. For Qwen2 that
+//! is every position's hidden state (the final norm applied); candle's Llama returns only the last
+//! position's logits, so for Llama it is those. The PyTorch side records the same. Then `logits`
+//! (the last position's) of the whole model.
 //!
 //! ```text
 //! python python/examples/hf_port.py runs/qwen2 runs/port-torch                 # checkpoint + torch run
@@ -18,11 +19,11 @@
 //! ```
 //!
 //! Options after the two folders: `--config FILE` (a copy of config.json, to plant a port bug),
-//! `--device cpu|cuda:N`.
+//! `--device cpu|cuda:N`. The family comes from the config's `model_type`.
 
 use candle_core::{DType, Tensor};
 use candle_nn::VarBuilder;
-use candle_transformers::models::qwen2;
+use candle_transformers::models::{llama, qwen2};
 use repro::record::{open_device, RecordOptions, Recorder};
 use repro::trace::{RunConfig, TensorKind};
 use std::collections::BTreeMap;
@@ -30,28 +31,74 @@ use std::path::{Path, PathBuf};
 
 type Error = Box<dyn std::error::Error>;
 
-/// The checkpoint's config.json as candle-transformers' `qwen2::Config` reads it. transformers
-/// writes `sliding_window: null` when sliding windows are off, and newer versions keep the
-/// rotary base under `rope_parameters`: both are filled in as the PyTorch model reads them.
-fn read_config(path: &Path) -> Result<qwen2::Config, Error> {
+/// A checkpoint's model as candle-transformers reads its config.
+enum Port {
+    Qwen2(qwen2::Config),
+    Llama(llama::Config),
+}
+
+impl Port {
+    fn layers(&self) -> usize {
+        match self {
+            Port::Qwen2(c) => c.num_hidden_layers,
+            Port::Llama(c) => c.num_hidden_layers,
+        }
+    }
+
+    /// The output of the model cut after `layers` layers (see the module's documentation).
+    fn cut(&self, layers: usize, vb: &VarBuilder, tokens: &Tensor) -> candle_core::Result<Tensor> {
+        match self {
+            Port::Qwen2(c) => {
+                let cut = qwen2::Config { num_hidden_layers: layers, ..c.clone() };
+                qwen2::Model::new(&cut, vb.clone())?.forward(tokens, 0, None)
+            }
+            Port::Llama(c) => {
+                let cut = llama::Config { num_hidden_layers: layers, ..c.clone() };
+                let mut cache = llama::Cache::new(false, DType::F32, &cut, tokens.device())?;
+                llama::Llama::load(vb.clone(), &cut)?.forward(tokens, 0, &mut cache)
+            }
+        }
+    }
+
+    /// The last position's logits of the whole model.
+    fn logits(&self, vb: &VarBuilder, tokens: &Tensor) -> candle_core::Result<Tensor> {
+        match self {
+            Port::Qwen2(c) => qwen2::ModelForCausalLM::new(c, vb.clone())?.forward(tokens, 0)?.squeeze(1),
+            Port::Llama(c) => self.cut(c.num_hidden_layers, vb, tokens),
+        }
+    }
+}
+
+/// The checkpoint's config.json as candle-transformers reads it. transformers writes
+/// `sliding_window: null` when sliding windows are off, and newer versions keep the rotary base
+/// under `rope_parameters`: both are filled in as the PyTorch model reads them.
+fn read_config(path: &Path) -> Result<Port, Error> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     let mut json: serde_json::Value =
         serde_json::from_str(&text).map_err(|e| format!("{} is not JSON: {e}", path.display()))?;
     let map = json.as_object_mut().ok_or_else(|| format!("{} is not a JSON object", path.display()))?;
-    if map.get("sliding_window").is_none_or(|v| v.is_null()) {
-        let positions = map.get("max_position_embeddings").cloned().unwrap_or(serde_json::Value::from(0));
-        map.insert("sliding_window".into(), positions);
-    }
     if !map.contains_key("rope_theta") {
         let theta = map.get("rope_parameters").and_then(|p| p.get("rope_theta")).cloned();
         map.insert("rope_theta".into(), theta.unwrap_or(serde_json::Value::from(10_000.0)));
     }
-    for (key, default) in [("max_window_layers", 0), ("use_sliding_window", 0)] {
-        if !map.contains_key(key) {
-            map.insert(key.into(), if key == "use_sliding_window" { false.into() } else { default.into() });
+    let family = map.get("model_type").and_then(|t| t.as_str()).unwrap_or_default().to_string();
+    let bad = |e: serde_json::Error| format!("{}: not a {family} config: {e}", path.display());
+    match family.as_str() {
+        "qwen2" => {
+            if map.get("sliding_window").is_none_or(|v| v.is_null()) {
+                let positions = map.get("max_position_embeddings").cloned().unwrap_or(serde_json::Value::from(0));
+                map.insert("sliding_window".into(), positions);
+            }
+            map.entry("max_window_layers").or_insert(0.into());
+            map.entry("use_sliding_window").or_insert(false.into());
+            Ok(Port::Qwen2(serde_json::from_value(json).map_err(bad)?))
         }
+        "llama" => {
+            let config: llama::LlamaConfig = serde_json::from_value(json).map_err(bad)?;
+            Ok(Port::Llama(config.into_config(false)))
+        }
+        other => Err(format!("{}: model_type `{other}`; this example ports qwen2 and llama", path.display()).into()),
     }
-    serde_json::from_value(json).map_err(|e| format!("{}: not a Qwen2 config: {e}", path.display()).into())
 }
 
 fn main() -> Result<(), Error> {
@@ -88,17 +135,14 @@ fn main() -> Result<(), Error> {
     let mut s = recorder.step(0);
     s.record("tokens", TensorKind::Input, &tokens)?;
     let mut previous = "tokens".to_string();
-    for layer in 0..config.num_hidden_layers {
-        let cut = qwen2::Config { num_hidden_layers: layer + 1, ..config.clone() };
-        let output = qwen2::Model::new(&cut, vb.clone())?.forward(&tokens, 0, None)?;
+    for layer in 0..config.layers() {
         let name = format!("model.layers.{layer}");
-        s.op(&name, &[&previous], output)?;
+        s.op(&name, &[&previous], config.cut(layer + 1, &vb, &tokens)?)?;
         previous = name;
     }
-    let logits = qwen2::ModelForCausalLM::new(&config, vb)?.forward(&tokens, 0)?.squeeze(1)?;
-    s.op_as("logits", TensorKind::Prediction, &[&previous], logits)?;
+    s.op_as("logits", TensorKind::Prediction, &[&previous], config.logits(&vb, &tokens)?)?;
     s.finish()?;
     recorder.finish()?;
-    eprintln!("recorded {} layers of {} into {}", config.num_hidden_layers, weights.display(), out.display());
+    eprintln!("recorded {} layers of {} into {}", config.layers(), weights.display(), out.display());
     Ok(())
 }

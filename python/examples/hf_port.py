@@ -1,16 +1,17 @@
 """The PyTorch side of a port check (examples/hf_port.rs is the candle side): a transformers
-Qwen2 with a small config and seeded weights, written as a Hugging Face checkpoint that
+Qwen2 or Llama with a small config and seeded weights, written as a Hugging Face checkpoint that
 candle-transformers loads unmodified, and its run recorded into a repro trace under the names
 the candle side uses.
 
-    python python/examples/hf_port.py MODEL_DIR OUT [--device cpu|cuda]
+    python python/examples/hf_port.py MODEL_DIR OUT [--device cpu|cuda] [--family qwen2|llama]
 
 Writes MODEL_DIR/{config.json, model.safetensors, tokens.json} when MODEL_DIR has no
 config.json yet, and three copies of the config, each with one port bug planted, in
 MODEL_DIR/bugs/: `rms_norm_eps.json` (1e-6 read as 1e-2), `rope_theta.json` (10,000 read as
 1,000,000) and `hidden_act.json` (SiLU read as GELU). Then records OUT: the token ids, each
-layer's output (`model.layers.K`: the model cut after layer K, final norm applied, as the candle
-side takes it) and the last position's logits.
+layer's output (`model.layers.K`: the model cut after layer K, as the candle side takes it:
+Qwen2's hidden states with the final norm applied, Llama's last-position logits) and the last
+position's logits.
 """
 
 import argparse
@@ -19,21 +20,25 @@ import json
 import os
 
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from repro_torch import Recorder
 
 BUGS = {"rms_norm_eps": 1e-2, "rope_theta": 1_000_000.0, "hidden_act": "gelu"}
 
 
-def write_checkpoint(model_dir: str) -> None:
-    config = Qwen2Config(
+def write_checkpoint(model_dir: str, family: str) -> None:
+    shape = dict(
         vocab_size=512, hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-6, rope_theta=10_000.0,
-        hidden_act="silu", tie_word_embeddings=False, use_sliding_window=False,
+        hidden_act="silu", tie_word_embeddings=False,
     )
     torch.manual_seed(0)
-    model = Qwen2ForCausalLM(config).eval()
+    if family == "qwen2":
+        model = Qwen2ForCausalLM(Qwen2Config(**shape, use_sliding_window=False)).eval()
+    else:
+        model = LlamaForCausalLM(LlamaConfig(**shape)).eval()
+    config = model.config
     model.save_pretrained(model_dir, safe_serialization=True)
     g = torch.Generator().manual_seed(1)
     tokens = torch.randint(0, config.vocab_size, (2, 64), generator=g)
@@ -56,12 +61,15 @@ def main() -> None:
     parser.add_argument("model_dir")
     parser.add_argument("out")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--family", default="qwen2", choices=["qwen2", "llama"])
     args = parser.parse_args()
     os.makedirs(args.model_dir, exist_ok=True)
     if not os.path.exists(os.path.join(args.model_dir, "config.json")):
-        write_checkpoint(args.model_dir)
+        write_checkpoint(args.model_dir, args.family)
     device = torch.device(args.device)
-    full = Qwen2ForCausalLM.from_pretrained(args.model_dir, torch_dtype=torch.float32).to(device).eval()
+    full = AutoModelForCausalLM.from_pretrained(args.model_dir, dtype=torch.float32).to(device).eval()
+    # candle's Llama returns the last position's logits only, so its cut models are compared there.
+    last_logits = full.config.model_type == "llama"
     with open(os.path.join(args.model_dir, "tokens.json")) as f:
         tokens = torch.tensor(json.load(f), dtype=torch.int64, device=device)
     run = {"workload": "hf-port", "steps": 1, "params": {"framework": "transformers"}}
@@ -73,7 +81,10 @@ def main() -> None:
             # The model cut after `layer`: its first layer + 1 layers, then the final norm.
             full.model.layers = layers[: layer + 1]
             try:
-                output = full.model(input_ids=tokens).last_hidden_state
+                if last_logits:
+                    output = full(input_ids=tokens).logits[:, -1, :]
+                else:
+                    output = full.model(input_ids=tokens).last_hidden_state
             finally:
                 full.model.layers = layers
             name = f"model.layers.{layer}"
