@@ -169,10 +169,10 @@ class DeviceHasher:
         self._flushed.extend((record, flat.numel() if keep else None) for record, flat, keep in self._queued)
         self._queued = []  # the tensors may go: what reuses their memory waits for the kernels
         if not legacy:
-            read = self._read()
-            read.finish()
+            self.start_read().finish()
 
-    def _read(self) -> "DeviceRead":
+    def start_read(self) -> "DeviceRead":
+        """Flushes, and starts copying the hashes of everything flushed to the host."""
         self.flush()
         n = ctypes.c_uint64(0)
         handle = self._lib.repro_cuda_hasher_start_read(self._handle, ctypes.byref(n))
@@ -182,10 +182,6 @@ class DeviceHasher:
         if n.value != len(records):
             raise WriteError(f"the GPU hasher holds {n.value} tensors, {len(records)} were queued")
         return DeviceRead(self._lib, handle, records)
-
-    def start_read(self) -> "DeviceRead":
-        """Flushes, and starts copying the hashes of everything flushed to the host."""
-        return self._read()
 
     def close(self) -> None:
         if self._handle:

@@ -2,6 +2,7 @@
 gated, and a fault planted in one module's output found there. Skipped where torch is not
 installed (CI runs the torch-free writer tests; the GPU machine has torch)."""
 
+import contextlib
 import json
 import os
 import shutil
@@ -113,38 +114,46 @@ class TorchTest(unittest.TestCase):
                 return total + t.float().mean() + b.float().mean() + m.float().mean()
 
         traces = []
-        for on_gpu in (False, True):
+        # On the host, on the GPU, and on the GPU from a stream of the program's own (which the
+        # recorder synchronizes around each launch).
+        for on_gpu, side_stream in ((False, False), (True, False), (True, True)):
+            side = torch.cuda.Stream() if side_stream else None
             torch.manual_seed(0)
             model = Model().cuda()
             opt = torch.optim.SGD(model.parameters(), lr=0.01)
-            path = os.path.join(self.dir, f"gpu-{on_gpu}")
+            path = os.path.join(self.dir, f"gpu-{on_gpu}-{side_stream}")
             rec = ModelRecorder(Recorder(path, {"workload": "views", "steps": 4}, capture="none",
                                          device=torch.device("cuda"), device_hashing=on_gpu), model)
             self.assertEqual(rec.recorder.hashes_on_gpu, on_gpu)
             g = torch.Generator(device="cuda").manual_seed(1)
             for step in range(4):
-                x = torch.randn(32, 64, device="cuda", generator=g)
-                if step == 2:  # a step that fails is left out, and the next ones recorded
-                    with self.assertRaises(RuntimeError):
-                        with rec.training_step(step, inputs={"x": x}):
-                            model(x)
-                            raise RuntimeError("a step that fails")
-                    continue
-                with rec.training_step(step, inputs={"x": x}) as s:
-                    loss = model(x)
-                    s.loss(loss)
-                    loss.backward()
-                    s.gradients()
-                    opt.step()
-                    opt.zero_grad()
+                with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+                    self._step(rec, model, opt, g, step)
             rec.finish()
             traces.append(path)
-        diff = repro("diff", *traces)
-        self.assertEqual(diff.returncode, 0, diff.stdout + diff.stderr)
-        self.assertIn("IDENTICAL", diff.stdout)
-        with open(os.path.join(traces[0], "records.rpr"), "rb") as a, open(os.path.join(traces[1], "records.rpr"), "rb") as b:
-            self.assertEqual(a.read(), b.read(), "the records differ: a GPU hash, or an inline value, is not the host's")
+        for other in traces[1:]:
+            diff = repro("diff", traces[0], other)
+            self.assertEqual(diff.returncode, 0, diff.stdout + diff.stderr)
+            self.assertIn("IDENTICAL", diff.stdout)
+            with open(os.path.join(traces[0], "records.rpr"), "rb") as a, open(os.path.join(other, "records.rpr"), "rb") as b:
+                self.assertEqual(a.read(), b.read(), f"{other}: a GPU hash, or an inline value, is not the host's")
 
+    def _step(self, rec, model, opt, g, step):
+        """One step of the GPU test's training; the third fails, and is left out of the trace."""
+        x = torch.randn(32, 64, device="cuda", generator=g)
+        if step == 2:
+            with self.assertRaises(RuntimeError):
+                with rec.training_step(step, inputs={"x": x}):
+                    model(x)
+                    raise RuntimeError("a step that fails")
+            return
+        with rec.training_step(step, inputs={"x": x}) as s:
+            loss = model(x)
+            s.loss(loss)
+            loss.backward()
+            s.gradients()
+            opt.step()
+            opt.zero_grad()
 
 if __name__ == "__main__":
     unittest.main()

@@ -370,15 +370,8 @@ fn your_own_loop_joins_a_launched_run_through_the_library() {
     let port = free_port();
     let ranks: Vec<_> = (0..2)
         .map(|rank| {
-            std::process::Command::new(example("data_parallel"))
-                .arg(&launched)
-                .env("RANK", rank.to_string())
-                .env("WORLD_SIZE", "2")
-                .env("MASTER_ADDR", "127.0.0.1")
-                .env("MASTER_PORT", &port)
-                .stderr(std::process::Stdio::piped())
-                .spawn()
-                .expect("the example starts")
+            let mut command = std::process::Command::new(example("data_parallel"));
+            launched_as(command.arg(&launched), rank, &port).spawn().expect("the example starts")
         })
         .collect();
     for rank in ranks {
@@ -401,15 +394,9 @@ fn a_launched_rank_that_dies_ends_the_others_with_its_name() {
     let out = dir.path().join("run");
     let port = free_port();
     let start = |rank: usize| {
-        std::process::Command::new(env!("CARGO_BIN_EXE_repro"))
-            .args(["record", "--workload", "mlp", "--epochs", "100000", "--capture", "none", "--out", s(&out)])
-            .env("RANK", rank.to_string())
-            .env("WORLD_SIZE", "2")
-            .env("MASTER_ADDR", "127.0.0.1")
-            .env("MASTER_PORT", &port)
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .expect("repro starts")
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_repro"));
+        command.args(["record", "--workload", "mlp", "--epochs", "100000", "--capture", "none", "--out", s(&out)]);
+        launched_as(&mut command, rank, &port).spawn().expect("repro starts")
     };
     let (rank0, mut rank1) = (start(0), start(1));
     // Killed once both train: rank 0's trace holds steps.
@@ -465,4 +452,14 @@ fn launched_ranks_may_meet_in_a_shared_directory() {
     );
     assert_eq!(run.code, 2);
     assert!(run.stderr.contains("rank(s) 1 never arrived in"), "{}", run.stderr);
+}
+
+/// `command` as torchrun starts rank `rank` of two, meeting at 127.0.0.1:`port`, its errors kept.
+fn launched_as<'c>(command: &'c mut std::process::Command, rank: usize, port: &str) -> &'c mut std::process::Command {
+    command
+        .env("RANK", rank.to_string())
+        .env("WORLD_SIZE", "2")
+        .env("MASTER_ADDR", "127.0.0.1")
+        .env("MASTER_PORT", port)
+        .stderr(std::process::Stdio::piped())
 }
