@@ -42,3 +42,13 @@ __device__ __forceinline__ void load16(const unsigned char* p, u32 w[4]) {
   w[0] = v.x; w[1] = v.y; w[2] = v.z; w[3] = v.w;
 }
 #endif
+
+// store32(p, w): eight words to p, which is 32-byte aligned: two 16-byte stores on the GPU.
+#ifdef REPRO_HOST_TEST
+static void store32(u32* p, const u32 w[8]) { memcpy(p, w, 32); }
+#else
+__device__ __forceinline__ void store32(u32* p, const u32 w[8]) {
+  ((uint4*)p)[0] = make_uint4(w[0], w[1], w[2], w[3]);
+  ((uint4*)p)[1] = make_uint4(w[4], w[5], w[6], w[7]);
+}
+#endif

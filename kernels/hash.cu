@@ -1,12 +1,13 @@
 // BLAKE3 over device memory, for many tensor views in one launch per pass: one work item per
 // 1024-byte chunk computes the chunk's chaining value, parent levels are merged pairwise (an odd
-// last node moves up unchanged; up to four levels per launch) until two nodes remain, and one
+// last node moves up unchanged; one or four levels per launch) until two nodes remain, and one
 // work item per view makes the root. This is exactly BLAKE3's left-complete tree, so the result
 // equals the blake3 crate's hash of the same bytes. A copy pass gathers views' elements for
 // values the host keeps.
 //
-// Only device functions, one per work item; kernels/hash_kernels.cu launches them on the GPU,
-// kernels/host_test.c runs them on the host (crates/kernel-host-check), so the same code is
+// Only device functions, one per work item; kernels/hash_kernels.cu launches them on the GPU
+// (where a warp reads whole chunks together, see hash_chunks), kernels/host_test.c runs them on
+// the host (crates/kernel-host-check), so the same code is
 // checked against a reference without a GPU. Needs kernels/common.cuh before it.
 
 #define CHUNK_START 1u
@@ -16,17 +17,25 @@
 CONSTANT u32 BLAKE3_IV[8] = {0x6A09E667u, 0xBB67AE85u, 0x3C6EF372u, 0xA54FF53Au,
                              0x510E527Fu, 0x9B05688Cu, 0x1F83D9ABu, 0x5BE0CD19u};
 
+// BLAKE3 is integer additions, XORs and rotations. On the GPU, XORs, rotations and three-way
+// additions run on the integer ALU, which bounds the hashing kernels, while multiply-adds run
+// on the FMA pipe beside it. ptxas already moves the `c + d` additions there; writing
+// `a + b + m` as two multiply-adds by a one it cannot see (a constant the host could change)
+// moves those too: 460 instead of 548 ALU instructions per compression on sm_90 (1.54 rather
+// than 1.48 TB/s over a gpt step's tensors on an H100: the ALU is then no longer the only bound).
+CONSTANT u32 ONE = 1u;
+#define ADD_ON_FMA(x, y) ((x) * ONE + (y))
 #define ROTR32(x, n) (((x) >> (n)) | ((x) << (32 - (n))))
-#define G(a, b, c, d, x, y)          \
-  do {                               \
-    s[a] = s[a] + s[b] + (x);        \
-    s[d] = ROTR32(s[d] ^ s[a], 16);  \
-    s[c] = s[c] + s[d];              \
-    s[b] = ROTR32(s[b] ^ s[c], 12);  \
-    s[a] = s[a] + s[b] + (y);        \
-    s[d] = ROTR32(s[d] ^ s[a], 8);   \
-    s[c] = s[c] + s[d];              \
-    s[b] = ROTR32(s[b] ^ s[c], 7);   \
+#define G(a, b, c, d, x, y)                       \
+  do {                                            \
+    s[a] = ADD_ON_FMA(ADD_ON_FMA(s[a], s[b]), x); \
+    s[d] = ROTR32(s[d] ^ s[a], 16);               \
+    s[c] = s[c] + s[d];                           \
+    s[b] = ROTR32(s[b] ^ s[c], 12);               \
+    s[a] = ADD_ON_FMA(ADD_ON_FMA(s[a], s[b]), y); \
+    s[d] = ROTR32(s[d] ^ s[a], 8);                \
+    s[c] = s[c] + s[d];                           \
+    s[b] = ROTR32(s[b] ^ s[c], 7);                \
   } while (0)
 // One round with the message words taken in the order of one row of BLAKE3's schedule.
 #define ROUND(m0, m1, m2, m3, m4, m5, m6, m7, m8, m9, m10, m11, m12, m13, m14, m15) \
@@ -79,7 +88,7 @@ DEVICE void load_block(const unsigned char* p, u32 avail, u32 align, u32 m[16]) 
   }
 }
 
-// The (non-root) parent of two chaining values; `out` may be `left`.
+// The (non-root) parent of two chaining values; `out` may be either of them.
 DEVICE void parent_cv(const u32 left[8], const u32 right[8], u32 out[8]) {
   u32 m[16];
   for (int i = 0; i < 8; i++) { m[i] = left[i]; m[i + 8] = right[i]; }
@@ -163,6 +172,20 @@ DEVICE void load_strided_block(const u64* v, Cursor* c, u32 avail, u32 m[16]) {
   const unsigned char* base = (const unsigned char*)v[0];
   u32 esize = (u32)v[1];
   u32 count = (avail < 64 ? avail : 64u) / esize;
+  // A whole block within one contiguous row (rows of a head split off by a transpose, say 64
+  // elements each) is read in 16-byte loads where it is aligned for them.
+  int nd = (int)v[2];
+  if (count * esize == 64 && nd > 0 && v[5 + VIEW_DIMS + nd - 1] == 1 && c->idx[nd - 1] + count <= v[5 + nd - 1]) {
+    const unsigned char* p = base + esize * c->off;
+    if (((u64)p & 15u) == 0) {
+      for (int i = 0; i < 4; i++) load16(p + 16 * i, m + 4 * i);
+      // The block's last element is in this row: step there, then on past it.
+      c->idx[nd - 1] += count - 1;
+      c->off += count - 1;
+      cursor_next(v, c);
+      return;
+    }
+  }
   for (int w = 0; w < 16; w++) m[w] = 0;
   if (esize == 4) {
     for (u32 j = 0; j < count; j++, cursor_next(v, c)) m[j] = LOAD(u32, base + 4 * c->off);
@@ -196,13 +219,16 @@ DEVICE void batch_chunk(const u64* views, const u64* prefix, u64 n, u64 item, u3
   int contiguous = (int)(v[3] & 1u);
   u64 address = v[0] + start;
   Cursor c;
-  cursor_at(v, start / v[1], &c);
-  // A strided view whose innermost dimension is contiguous (a broadcast weight, a window of
-  // rows) reads a chunk that lies within one of its rows as contiguous memory, in wide loads.
-  int nd = (int)v[2];
-  if (!contiguous && nd > 0 && v[5 + VIEW_DIMS + nd - 1] == 1 && (c.idx[nd - 1] + len / v[1]) <= v[5 + nd - 1]) {
-    contiguous = 1;
-    address = v[0] + c.off * v[1];
+  c.off = 0;
+  if (!contiguous) {
+    cursor_at(v, start / v[1], &c);
+    // A strided view whose innermost dimension is contiguous (a broadcast weight, a window of
+    // rows) reads a chunk that lies within one of its rows as contiguous memory, in wide loads.
+    int nd = (int)v[2];
+    if (nd > 0 && v[5 + VIEW_DIMS + nd - 1] == 1 && (c.idx[nd - 1] + len / v[1]) <= v[5 + nd - 1]) {
+      contiguous = 1;
+      address = v[0] + c.off * v[1];
+    }
   }
   u32 align = (address & 15u) == 0 ? 16u : (address & 3u) == 0 ? 4u : 1u;
   u32 cv[8];
@@ -216,11 +242,58 @@ DEVICE void batch_chunk(const u64* views, const u64* prefix, u64 n, u64 item, u3
     u32 flags = (b == 0 ? CHUNK_START : 0u) | (b + 1 == blocks ? CHUNK_END : 0u);
     compress(cv, m, index, avail < 64 ? avail : 64u, flags);
   }
-  for (int i = 0; i < 8; i++) cvs[8 * item + i] = cv[i];
+  store32(cvs + 8 * item, cv);
+}
+
+// The address of work item `item`'s chunk, and its index in its view, when it is a whole
+// 1024-byte chunk of contiguous memory at a 16-byte aligned address (most chunks of a step);
+// 0 otherwise. Such chunks are read by a whole warp at once (hash_chunks).
+DEVICE u64 whole_chunk(const u64* views, const u64* prefix, u64 n, u64 item, u64* index) {
+  u64 k = find_view(prefix, n, item);
+  const u64* v = views + VIEW_WORDS * k;
+  *index = item - prefix[k];
+  u64 start = *index * 1024;
+  u64 address = v[0] + start;
+  return (v[3] & 1u) && v[4] - start >= 1024 && (address & 15u) == 0 ? address : 0;
+}
+
+// The chaining value of the whole chunk at `p` (see whole_chunk), chunk `index` of its view, read
+// by this thread alone: the host's counterpart of the warp's staged reads in hash_chunks.
+DEVICE void whole_chunk_cv(const unsigned char* p, u64 index, u32 cv[8]) {
+  for (int i = 0; i < 8; i++) cv[i] = BLAKE3_IV[i];
+  for (u32 b = 0; b < 16; b++) {
+    u32 m[16];
+    load_block(p + 64 * b, 64, 16, m);
+    compress(cv, m, index, 64, (b == 0 ? CHUNK_START : 0u) | (b == 15 ? CHUNK_END : 0u));
+  }
 }
 
 // Parent levels merged by one launch, at most: 2^LEVELS_PER_LAUNCH input nodes per work item.
 #define LEVELS_PER_LAUNCH 4
+
+// The node LEVELS_PER_LAUNCH levels above 2^LEVELS_PER_LAUNCH whole nodes at `in`, written to
+// `out`: merged left to right, each node with the left siblings it completes, in registers (the
+// loops unroll, so every index is a constant), where the general case below merges level by
+// level in an array of local memory.
+DEVICE void merge_full_group(const u32* in, u32* out) {
+  u32 left[LEVELS_PER_LAUNCH][8];
+  UNROLL for (int i = 0; i < (1 << LEVELS_PER_LAUNCH); i++) {
+    u32 cv[8];
+    for (int w = 0; w < 8; w++) cv[w] = in[8 * i + w];
+    // Node i completes as many subtrees as i + 1 has trailing zero bits.
+    int level = 0;
+    UNROLL for (int l = 0; l < LEVELS_PER_LAUNCH; l++) {
+      if (((i + 1) >> l) & 1) break;
+      parent_cv(left[l], cv, cv);
+      level = l + 1;
+    }
+    if (level < LEVELS_PER_LAUNCH) {
+      for (int w = 0; w < 8; w++) left[level][w] = cv[w];
+    } else {
+      store32(out, cv);
+    }
+  }
+}
 
 // Work item `item` of one parent pass. Row r of `rows` is (first input node, input node count,
 // first output node, depth) of one view's tree, nodes counted in 8-word chaining values of
@@ -235,6 +308,16 @@ DEVICE void batch_parent(const u64* rows, const u64* prefix, u64 n, u64 item, u3
   u64 first = j << depth;
   u64 group = (u64)1 << depth;
   u64 count = n_in - first < group ? n_in - first : group;
+  if (count == group && depth == LEVELS_PER_LAUNCH) {
+    merge_full_group(nodes + 8 * (in + first), nodes + 8 * (out + j));
+    return;
+  }
+  if (count == 2 && depth == 1) {
+    u32 cv[8];
+    parent_cv(nodes + 8 * (in + first), nodes + 8 * (in + first + 1), cv);
+    store32(nodes + 8 * (out + j), cv);
+    return;
+  }
   u32 level[8 << LEVELS_PER_LAUNCH];
   for (u64 i = 0; i < 8 * count; i++) level[i] = nodes[8 * (in + first) + i];
   for (u64 d = 0; d < depth; d++) {

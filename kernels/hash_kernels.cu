@@ -3,8 +3,57 @@
 
 #define GRID_STRIDE(i, n) for (u64 i = blockIdx.x * (u64)blockDim.x + threadIdx.x; i < (n); i += (u64)gridDim.x * blockDim.x)
 
+// Threads per block of hash_chunks (src/record/device/batch.rs launches it so).
+#define CHUNK_THREADS 128
+// Bytes of each whole chunk staged at once: one memory line, two BLAKE3 blocks.
+#define STAGE_BYTES 128
+// Lanes that load one chunk's staged bytes, 16 each.
+#define STAGE_LANES (STAGE_BYTES / 16)
+// A staged chunk takes a row of 9 16-byte words: the pad word puts the rows of neighbouring
+// lanes on different shared-memory banks.
+#define STAGE_ROW 9
+
+// One work item per chunk. Whole contiguous chunks (see whole_chunk) are read by their warp
+// together: eight lanes load one chunk's next 128 bytes, a memory line, into shared memory, and
+// each lane then hashes its own chunk from there. One thread reading its own chunk alone would
+// touch 32 lines per load instruction, each thread 1 KiB from the next, and use half of each
+// sector it fetched; staged, every sector fetched is used whole. Other chunks (a view's last,
+// strided views) take the one-thread path, batch_chunk. Every lane of a warp runs the same
+// iterations (the warp's first item decides), so the whole warp takes part in each staged load.
 extern "C" __global__ void hash_chunks(const u64* views, const u64* prefix, u64 n, u32* cvs) {
-  GRID_STRIDE(item, prefix[n]) batch_chunk(views, prefix, n, item, cvs);
+  __shared__ uint4 stage[CHUNK_THREADS / 32][32][STAGE_ROW];
+  const u64 total = prefix[n];
+  const unsigned lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const u64 stride = (u64)gridDim.x * blockDim.x;
+  for (u64 first = blockIdx.x * (u64)blockDim.x + warp * 32; first < total; first += stride) {
+    const u64 item = first + lane;
+    u64 index = 0;
+    const u64 address = item < total ? whole_chunk(views, prefix, n, item, &index) : 0;
+    if (item < total && address == 0) batch_chunk(views, prefix, n, item, cvs);
+    if (__ballot_sync(0xffffffffu, address != 0) == 0) continue;
+    u32 cv[8];
+    for (int i = 0; i < 8; i++) cv[i] = BLAKE3_IV[i];
+    for (unsigned round = 0; round < 1024 / STAGE_BYTES; round++) {
+      __syncwarp();
+      for (unsigned r = 0; r < STAGE_LANES; r++) {
+        const unsigned chunk = (32 / STAGE_LANES) * r + lane / STAGE_LANES;
+        const u64 from = __shfl_sync(0xffffffffu, address, chunk);
+        if (from != 0) stage[warp][chunk][lane % STAGE_LANES] = *(const uint4*)(from + STAGE_BYTES * round + 16 * (lane % STAGE_LANES));
+      }
+      __syncwarp();
+      if (address == 0) continue;
+      for (unsigned half = 0; half < STAGE_BYTES / 64; half++) {
+        u32 m[16];
+        for (int q = 0; q < 4; q++) {
+          const uint4 w = stage[warp][lane][4 * half + q];
+          m[4 * q] = w.x; m[4 * q + 1] = w.y; m[4 * q + 2] = w.z; m[4 * q + 3] = w.w;
+        }
+        const unsigned b = (STAGE_BYTES / 64) * round + half;
+        compress(cv, m, index, 64, (b == 0 ? CHUNK_START : 0u) | (b == 15 ? CHUNK_END : 0u));
+      }
+    }
+    if (address != 0) store32(cvs + 8 * item, cv);
+  }
 }
 
 extern "C" __global__ void hash_parents(const u64* rows, const u64* prefix, u64 n, u32* nodes) {

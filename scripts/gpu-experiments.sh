@@ -17,7 +17,7 @@
 # steps; `opfixtures` keeps small op-level traces for fixtures/. The studies: `cost`,
 # `devices-study`, `noise-mlp`, `noise-cnn`, `noise-resnet18` (RESNET_RUNS, RESNET_EPOCHS), and
 # `studyfixtures` (atomic cnn traces for fixtures/), `gpt-studies` (noise, devices and cost on
-# the gpt; GPT_RUNS, GPT_STEPS), `gptfixtures`, `ab` (overhead and traces of this binary against REPRO_BASE's), `views` (a small gpt trace whose parameter views are checked on the CPU), `invariance` (gpt default and --batch-invariant with its cost, qwen2 f32 and bf16), `order` (study order, mlp and cnn; ORDER_RUNS), `noise-hw` (cnn noise study with TF32 off and on; NOISE_RUNS), `noise-subgroups` (mlp on the subgroups dataset; SUBGROUP_RUNS), `tensorcore` (the bf16
+# the gpt; GPT_RUNS, GPT_STEPS), `gptfixtures`, `ab` (overhead and traces of this binary against REPRO_BASE's), `hashab` (GPU hashing's throughput, pipe use and gpt-rung cost against REPRO_BASE's), `views` (a small gpt trace whose parameter views are checked on the CPU), `invariance` (gpt default and --batch-invariant with its cost, qwen2 f32 and bf16), `order` (study order, mlp and cnn; ORDER_RUNS), `noise-hw` (cnn noise study with TF32 off and on; NOISE_RUNS), `noise-subgroups` (mlp on the subgroups dataset; SUBGROUP_RUNS), `tensorcore` (the bf16
 # invariant product's checks and TFLOPS, and the gpt's bf16 invariant-mode cost at GPT-2 sizes;
 # COST_PASSES, COST_BATCHES), `invariance-large` (Qwen2-0.5B and the GPT-2-medium-shaped gpt
 # at batches up to 256), not run by default. `gpt`: the
@@ -244,6 +244,57 @@ if want ab; then
   "$repro" record --workload gpt --steps 3 --capture none --device cuda:0 --perturb 1:h.1.mlp.c_fc.weight:1 \
     --out "$work/runs/ab-planted" 2>>"$work/results/record.log"
   "$repro" diff "$work/runs/ab-new" "$work/runs/ab-planted" 2>&1 | sed "s#$work/runs/##g" | head -8 | tee -a "$summary"
+  say '```'
+fi
+
+# GPU hashing of this binary against REPRO_BASE's: gpu-check's throughput table, the integer
+# pipes' use of the chunk kernel (Nsight Compute, where installed), and the recorded step's
+# cost at the gpt rungs whose extra time is hashing.
+if want hashab; then
+  base="${REPRO_BASE:?set REPRO_BASE to the binary to compare with}"
+  section "Hashing A/B: $($base --version) (base) against $($repro --version) (new)"
+  say '```'
+  for bin in base new; do
+    b="$repro"; [ "$bin" = base ] && b="$base"
+    say "$bin:"
+    "$b" gpu-check --only hash --device cuda:0 2>&1 | grep -E "^\| [0-9]|MISMATCH|mismatch" | tee -a "$summary"
+  done
+  if command -v ncu >/dev/null; then
+    for bin in base new; do
+      b="$repro"; [ "$bin" = base ] && b="$base"
+      say "$bin, Nsight Compute (gpt 512 x 4, context 256, batch 16, one recorded step):"
+      ncu --clock-control none --print-units base -k regex:'hash_' --launch-count 40 --csv \
+        --metrics gpu__time_duration.sum,sm__inst_executed_pipe_alu.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_fma.avg.pct_of_peak_sustained_active \
+        "$b" record --workload gpt --width 512 --heads 8 --layers 4 --context 256 --batch 16 --steps 2 --capture none \
+        --device cuda:0 --out "$work/runs/ncu-$bin" --force 2>/dev/null > "$work/results/ncu-$bin.csv"
+      python3 - "$work/results/ncu-$bin.csv" <<'PY' | tee -a "$summary"
+import collections, csv, sys
+rows = csv.reader(line for line in open(sys.argv[1]) if line.startswith('"'))
+next(rows)  # the header
+launches = collections.defaultdict(dict)
+for r in rows:
+    launches[(r[0], r[4])][r[12]] = float(r[14].replace(",", ""))
+kernels = collections.defaultdict(lambda: [0, 0.0, 0.0, 0.0])
+for (_, kernel), m in launches.items():
+    t = m["gpu__time_duration.sum"]
+    k = kernels[kernel]
+    k[0] += 1; k[1] += t
+    k[2] += t * m["sm__inst_executed_pipe_alu.avg.pct_of_peak_sustained_active"]
+    k[3] += t * m["sm__inst_executed_pipe_fma.avg.pct_of_peak_sustained_active"]
+for kernel, (n, t, alu, fma) in sorted(kernels.items()):
+    print(f"{kernel}: {n} launches, {t / 1000:.1f} us, ALU {alu / t:.0f}%, FMA {fma / t:.0f}% (time-weighted)")
+PY
+    done
+  fi
+  for spec in "--width 512 --heads 8 --layers 4 --context 256 --batch 16 --steps 40 --block 4" \
+              "--width 768 --heads 12 --layers 12 --context 1024 --batch 8 --steps 16 --block 2"; do
+    for bin in base new; do
+      b="$repro"; [ "$bin" = base ] && b="$base"
+      echo -n "$bin gpt $spec: "
+      # shellcheck disable=SC2086
+      "$b" overhead --device cuda:0 --workload gpt $spec 2>/dev/null | tail -1
+    done 2>&1 | tee -a "$summary"
+  done
   say '```'
 fi
 

@@ -150,6 +150,10 @@ impl ForeignBytes {
     }
 }
 
+/// Threads per block of the chunk pass (`CHUNK_THREADS` in kernels/hash_kernels.cu, whose
+/// shared memory is sized for it).
+const CHUNK_THREADS: u32 = 128;
+
 /// Views smaller than this are read as they are, however they are laid out.
 const SLOW_VIEW_MIN: usize = 1 << 20;
 
@@ -363,8 +367,9 @@ impl DeviceBatch {
         // One device buffer per flush, from a pool (an allocation costs the driver an
         // allocation, two events and their release): the output first (what the host copies
         // back), then the table. Both live until the step's results land, two steps later.
-        let out_bytes = plan.out_len.max(1).next_multiple_of(8);
-        let table_bytes = 8 * staged.len();
+        // Each region starts 32-byte aligned: the kernels store chaining values 16 bytes at once.
+        let out_bytes = plan.out_len.max(1).next_multiple_of(32);
+        let table_bytes = (8 * staged.len()).next_multiple_of(32);
         // The tree's chaining values (32 bytes per KiB hashed): in the arena when the tree runs
         // beside the calling thread's stream (the next flush may start before it is done).
         let tree_bytes = if self.beside.is_some() { 32 * plan.nodes as usize } else { 0 };
@@ -384,7 +389,7 @@ impl DeviceBatch {
         let kernels = HashKernels::of(&self.dev)?;
         let tree_stream = self.beside.clone().unwrap_or_else(|| stream.clone());
         if self.beside.is_some() {
-            // SAFETY: the region is aligned (its offset is a multiple of 8) and holds whole u32
+            // SAFETY: the region is aligned (its offset is a multiple of 32) and holds whole u32
             // words; the kernels write every chaining value they read.
             let mut nodes = unsafe { tree.transmute_mut::<u32>(tree_bytes / 4) }.expect("the tree's region");
             self.launch_kernels(&plan, &kernels, &stream, &tree_stream, &table, &mut nodes, &mut out)
@@ -434,7 +439,7 @@ impl DeviceBatch {
             let (views, prefix) = (words(&chunks.views), words(&chunks.prefix));
             let mut b = stream.launch_builder(&kernels.chunks);
             b.arg(&views).arg(&prefix).arg(&chunks.count).arg(&mut *nodes);
-            unsafe { b.launch(grid(chunks.items, 128)) }.w()?;
+            unsafe { b.launch(grid(chunks.items, CHUNK_THREADS)) }.w()?;
         }
         if !std::ptr::eq(stream, tree_stream) {
             // Behind everything that reads the tensors (and the table's upload).

@@ -3,7 +3,7 @@
 //!
 //! Hashing thousands of small tensors one kernel launch at a time costs more than the
 //! hashing itself, so a step's views are hashed together: one launch for all chunks, one per
-//! four tree levels, one for the roots, and one copy launch for the views whose values the host
+//! tree level (four levels at a time while a level is wide), one for the roots, and one copy launch for the views whose values the host
 //! keeps. The plan is pure arithmetic on addresses, shapes and strides; `record::device::batch` runs it on a
 //! GPU, and the tests run the very same kernels compiled for the host (crates/kernel-host-check).
 
@@ -16,6 +16,11 @@ pub const VIEW_WORDS: usize = 21;
 pub const VIEW_DIMS: usize = 8;
 /// Tree levels one parent launch merges, at most (`LEVELS_PER_LAUNCH` in kernels/hash.cu).
 pub const LEVELS_PER_LAUNCH: u64 = 4;
+/// Work items a parent launch needs to merge `LEVELS_PER_LAUNCH` levels at once. A work item
+/// merges its levels one compression after another, so a launch of fewer items than the GPU
+/// runs at once is bound by that chain, not by throughput: the upper levels of a large tensor's
+/// tree then take a launch per level, each one compression deep.
+pub const DEEP_LAUNCH_MIN_ITEMS: u64 = 1 << 16;
 /// Bytes of one BLAKE3 chunk: views this small are copied and hashed on the host.
 const CHUNK_LEN: u64 = 1024;
 /// Views whose values the host keeps are read back straight from their own memory from this
@@ -159,6 +164,12 @@ impl Plan {
     /// Plans the batch; `None` if a view has more than `VIEW_DIMS` dimensions that cannot be
     /// merged (the caller makes such a view contiguous first).
     pub fn new(views: &[(View, Want)]) -> Option<Plan> {
+        Plan::with_deep_launches_from(views, DEEP_LAUNCH_MIN_ITEMS)
+    }
+
+    /// `new`, with parent launches of at least `deep_min` work items merging
+    /// `LEVELS_PER_LAUNCH` levels and smaller ones one level.
+    fn with_deep_launches_from(views: &[(View, Want)], deep_min: u64) -> Option<Plan> {
         // Each view's table words and work items (chunks to hash, or elements to copy).
         let mut hashed: Vec<(usize, [u64; VIEW_WORDS], u64)> = Vec::new();
         let mut copied: Vec<(usize, [u64; VIEW_WORDS], u64)> = Vec::new();
@@ -208,10 +219,13 @@ impl Plan {
             }
             while current.iter().any(|&(_, n)| n > 2) {
                 let (mut rows, mut prefix, mut outputs) = (Vec::new(), vec![0], 0);
+                let deep_items: u64 =
+                    current.iter().filter(|(_, n)| *n > 2).map(|(_, n)| n.div_ceil(1 << LEVELS_PER_LAUNCH)).sum();
+                let levels = if deep_items >= deep_min { LEVELS_PER_LAUNCH } else { 1 };
                 for (first, n) in current.iter_mut().filter(|(_, n)| *n > 2) {
-                    // Up to LEVELS_PER_LAUNCH levels, stopping where two nodes remain.
+                    // Up to `levels` levels, stopping where two nodes remain.
                     let (mut out, mut depth) = (*n, 0);
-                    while out > 2 && depth < LEVELS_PER_LAUNCH {
+                    while out > 2 && depth < levels {
                         out = out.div_ceil(2);
                         depth += 1;
                     }
@@ -378,24 +392,46 @@ mod tests {
         views.push((view(&memory, 2, 2, &[4, 3_000], &[0, 1]), Want::Hash));
         views.push((view(&memory, 8, 4, &[5, 2_000], &[2_500, 1]), Want::Hash));
         views.push((view(&memory, 1, 1, &[3, 1_500], &[1_600, 1]), Want::Hash));
+        // Short rows, several to a chunk (heads split off by a transpose): 64 f32 rows 96
+        // elements apart, whole blocks each, and bf16 rows of 40 elements, whose blocks cross
+        // rows, at an aligned and at an odd offset.
+        views.push((view(&memory, 0, 4, &[3, 16, 64], &[96 * 16, 96, 1]), Want::Hash));
+        views.push((view(&memory, 16, 2, &[50, 40], &[48, 1]), Want::Hash));
+        views.push((view(&memory, 2, 2, &[50, 40], &[48, 1]), Want::Hash));
         views.push((view(&memory, 64, 4, &[48, 64], &[1, 48]), Want::Bytes));
         views.push((view(&memory, 16, 8, &[2, 70], &[140, 2]), Want::Bytes));
         views.push((view(&memory, 100, 1, &[1, 1, 5000], &[7, 7, 1]), Want::Bytes));
-        let plan = Plan::new(&views).expect("every view fits the kernels");
-        // 700 chunks are 9 levels below the root's two nodes: 4 + 4 + 1.
-        assert_eq!(plan.levels.len(), 3, "a 700-chunk tree takes three parent launches");
-        let out = run(&plan);
-        for (i, ((view, want), slot)) in views.iter().zip(&plan.slots).enumerate() {
-            let bytes = row_major(&memory, view);
-            match slot {
-                Slot::Hash(r) => {
-                    assert_eq!(*want, Want::Hash);
-                    assert_eq!(&out[r.clone()], blake3::hash(&bytes).as_bytes(), "view {i}: {view:?}");
+        // The largest tree, 1,400 chunks (8-byte elements), is 10 levels below its root's two
+        // nodes: a launch each at this batch's size, and 4 + 4 + 2 where every launch is deep.
+        for (deep_min, launches) in [(DEEP_LAUNCH_MIN_ITEMS, 10), (1, 3)] {
+            let plan = Plan::with_deep_launches_from(&views, deep_min).expect("every view fits the kernels");
+            assert_eq!(plan.levels.len(), launches, "parent launches of a 1,400-chunk tree");
+            let out = run(&plan);
+            for (i, ((view, want), slot)) in views.iter().zip(&plan.slots).enumerate() {
+                let bytes = row_major(&memory, view);
+                match slot {
+                    Slot::Hash(r) => {
+                        assert_eq!(*want, Want::Hash);
+                        assert_eq!(&out[r.clone()], blake3::hash(&bytes).as_bytes(), "view {i}: {view:?}");
+                    }
+                    Slot::Bytes(r) => assert_eq!(&out[r.clone()], &bytes[..], "view {i}: {view:?}"),
+                    Slot::Direct => panic!("view {i} is below DIRECT_MIN and must be gathered"),
                 }
-                Slot::Bytes(r) => assert_eq!(&out[r.clone()], &bytes[..], "view {i}: {view:?}"),
-                Slot::Direct => panic!("view {i} is below DIRECT_MIN and must be gathered"),
             }
         }
+    }
+
+    #[test]
+    fn a_large_trees_lower_levels_merge_four_at_a_time_and_its_upper_levels_one() {
+        // 2^20 chunks (1 GiB): 65,536 work items merge the first four levels; 15 launches of
+        // one level each take the 65,536 nodes left down to the root's two.
+        let memory = [0u8; 16];
+        let dims = [1usize << 30];
+        let plan = Plan::new(&[(view(&memory, 0, 1, &dims, &[1]), Want::Hash)]).unwrap();
+        let outputs: Vec<u64> = plan.levels.iter().map(|level| level.outputs).collect();
+        assert_eq!(outputs.len(), 16);
+        assert_eq!(outputs[0], 1 << 16);
+        assert_eq!(outputs[1..], (1..16).map(|k| 1u64 << (16 - k)).collect::<Vec<_>>()[..]);
     }
 
     #[test]
