@@ -336,7 +336,7 @@ impl DeviceBatch {
             let stream = self.dev.cuda_stream();
             for (i, slot) in flushed.slots.iter().enumerate() {
                 if *slot == Slot::Direct {
-                    flushed.direct.push((i, read_values(&tensors[i].0, &stream)?));
+                    flushed.direct.push((i, read_values(&tensors[i].0, &self.dev, &stream)?));
                 }
             }
             if !flushed.direct.is_empty() {
@@ -513,24 +513,72 @@ impl DeviceBatch {
     }
 }
 
-/// A queued view's row-major bytes, copied from its own device memory into pageable host memory
-/// (a strided tensor is made contiguous on the device first, one tensor at a time), on `stream`
-/// after the work queued there: the thread waits for the device to get there.
-fn read_values(queued: &Queued, stream: &std::sync::Arc<CudaStream>) -> Result<Vec<u8>> {
+/// Values of at least this many bytes are read back through page-locked pieces.
+const STAGED_READ_MIN: usize = 16 << 20;
+/// Bytes of each page-locked piece of a staged read.
+const STAGED_PIECE: usize = 16 << 20;
+
+/// A queued view's row-major bytes, copied from its own device memory into host memory (a
+/// strided tensor is made contiguous on the device first, one tensor at a time), on `stream`
+/// after the work queued there; returns once they have landed. Large values come through two
+/// page-locked pieces in turn: while the device copies one piece, the host moves the one
+/// before into place, where a copy into pageable memory would do both one after the other.
+fn read_values(queued: &Queued, dev: &CudaDevice, stream: &std::sync::Arc<CudaStream>) -> Result<Vec<u8>> {
     use candle_core::cuda_backend::cudarc::driver::result;
     let contiguous = match queued {
         Queued::Tensor(t) if !t.is_contiguous() => Queued::Tensor(t.contiguous()?),
         Queued::Tensor(t) => Queued::Tensor(t.clone()),
         Queued::Foreign(bytes) => Queued::Foreign(*bytes),
     };
-    let mut bytes = vec![0u8; contiguous.byte_len()];
+    let len = contiguous.byte_len();
     let address = contiguous.view(stream)?.address;
-    // SAFETY: `bytes` holds exactly the view's bytes, which start at `address` (contiguous), and
-    // stays alive and unread until the copy has landed (it returns once it has, for pageable
-    // memory, and the caller synchronizes the stream before reading).
-    unsafe { result::memcpy_dtoh_async(&mut bytes, address, stream.cu_stream()) }
-        .w()
-        .map_err(|e| e.context(format!("copying {} of values back to the host", size(bytes.len()))))?;
+    let failed = |e: Error| e.context(format!("copying {} of values back to the host", size(len)));
+    if len < STAGED_READ_MIN {
+        let mut bytes = vec![0u8; len];
+        // SAFETY: `bytes` holds exactly the view's bytes, which start at `address` (contiguous),
+        // and stays alive and unread until the copy has landed (it returns once it has, for
+        // pageable memory, and the caller synchronizes the stream before reading).
+        unsafe { result::memcpy_dtoh_async(&mut bytes, address, stream.cu_stream()) }.w().map_err(failed)?;
+        return Ok(bytes);
+    }
+    let mut bytes = Vec::with_capacity(len);
+    let mut pieces = [take_pinned(&PINNED_VALUES, dev, STAGED_PIECE)?, take_pinned(&PINNED_VALUES, dev, STAGED_PIECE)?];
+    // The piece each buffer holds, with the event of its copy: drained in order, piece k - 2
+    // before piece k is copied into the same buffer.
+    let mut in_flight: [Option<(CudaEvent, usize)>; 2] = [None, None];
+    let drain = |piece: &Pinned<u8>, in_flight: &mut Option<(CudaEvent, usize)>, bytes: &mut Vec<u8>| -> Result<()> {
+        if let Some((event, n)) = in_flight.take() {
+            event.synchronize().w()?;
+            bytes.extend_from_slice(&piece.as_slice()[..n]);
+        }
+        Ok(())
+    };
+    let mut copy_all = || -> Result<()> {
+        for (k, start) in (0..len).step_by(STAGED_PIECE).enumerate() {
+            let slot = k % 2;
+            drain(&pieces[slot], &mut in_flight[slot], &mut bytes)?;
+            let n = STAGED_PIECE.min(len - start);
+            let piece = &mut pieces[slot].as_mut_slice()[..n];
+            // SAFETY: the piece is page-locked and drained (its last copy landed and was read);
+            // the device range lies within the contiguous view.
+            unsafe { result::memcpy_dtoh_async(piece, address + start as u64, stream.cu_stream()) }.w()?;
+            in_flight[slot] = Some((stream.record_event(None).w()?, n));
+        }
+        let second_to_last = len.div_ceil(STAGED_PIECE) % 2; // its buffer, drained first
+        for slot in [second_to_last, 1 - second_to_last] {
+            drain(&pieces[slot], &mut in_flight[slot], &mut bytes)?;
+        }
+        Ok(())
+    };
+    if let Err(e) = copy_all() {
+        // No copy may still be writing into a piece when it is freed.
+        let _ = stream.synchronize();
+        return Err(failed(e));
+    }
+    debug_assert_eq!(bytes.len(), len);
+    for piece in pieces {
+        PINNED_VALUES.give_back(dev.id(), piece);
+    }
     Ok(bytes)
 }
 
@@ -654,6 +702,9 @@ impl Drop for LandedRead {
 
 /// Page-locked buffers the results are copied into (not write-combined: the host reads them).
 static PINNED_RESULTS: BufferPool<DeviceId, Pinned<u8>> = BufferPool::new(16, usize::MAX);
+
+/// Page-locked pieces that large values are read back through (`read_values`).
+static PINNED_VALUES: BufferPool<DeviceId, Pinned<u8>> = BufferPool::new(4, usize::MAX);
 
 /// Page-locked buffers the kernels' tables are uploaded from: a copy from pageable memory can
 /// wait for the GPU to drain, one from page-locked memory never does.
