@@ -271,13 +271,14 @@ DEVICE void whole_chunk_cv(const unsigned char* p, u64 index, u32 cv[8]) {
 // Parent levels merged by one launch, at most: 2^LEVELS_PER_LAUNCH input nodes per work item.
 #define LEVELS_PER_LAUNCH 4
 
-// The node LEVELS_PER_LAUNCH levels above 2^LEVELS_PER_LAUNCH whole nodes at `in`, written to
-// `out`: merged left to right, each node with the left siblings it completes, in registers (the
-// loops unroll, so every index is a constant), where the general case below merges level by
-// level in an array of local memory.
-DEVICE void merge_full_group(const u32* in, u32* out) {
+// The node `depth` levels above the 2^depth nodes at `in` (depth at most LEVELS_PER_LAUNCH),
+// written to `out`: merged left to right, each node with the left siblings it completes, in
+// registers (the loops unroll, so every index is a constant), where a group with fewer nodes
+// (a tree's last) is merged level by level in an array of local memory (batch_parent).
+DEVICE void merge_full_group(const u32* in, u64 depth, u32* out) {
   u32 left[LEVELS_PER_LAUNCH][8];
   UNROLL for (int i = 0; i < (1 << LEVELS_PER_LAUNCH); i++) {
+    if ((u64)i >> depth) break;
     u32 cv[8];
     for (int w = 0; w < 8; w++) cv[w] = in[8 * i + w];
     // Node i completes as many subtrees as i + 1 has trailing zero bits.
@@ -287,10 +288,10 @@ DEVICE void merge_full_group(const u32* in, u32* out) {
       parent_cv(left[l], cv, cv);
       level = l + 1;
     }
-    if (level < LEVELS_PER_LAUNCH) {
-      for (int w = 0; w < 8; w++) left[level][w] = cv[w];
-    } else {
+    if ((u64)level == depth) {
       store32(out, cv);
+    } else {
+      for (int w = 0; w < 8; w++) left[level][w] = cv[w];
     }
   }
 }
@@ -308,14 +309,8 @@ DEVICE void batch_parent(const u64* rows, const u64* prefix, u64 n, u64 item, u3
   u64 first = j << depth;
   u64 group = (u64)1 << depth;
   u64 count = n_in - first < group ? n_in - first : group;
-  if (count == group && depth == LEVELS_PER_LAUNCH) {
-    merge_full_group(nodes + 8 * (in + first), nodes + 8 * (out + j));
-    return;
-  }
-  if (count == 2 && depth == 1) {
-    u32 cv[8];
-    parent_cv(nodes + 8 * (in + first), nodes + 8 * (in + first + 1), cv);
-    store32(nodes + 8 * (out + j), cv);
+  if (count == group) {
+    merge_full_group(nodes + 8 * (in + first), depth, nodes + 8 * (out + j));
     return;
   }
   u32 level[8 << LEVELS_PER_LAUNCH];
