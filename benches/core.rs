@@ -5,6 +5,9 @@
 //! 2. Recording overhead: adder steps recording hashes only vs the same steps un-instrumented.
 //! 3. Diff throughput on full-tensor traces, and the diff process's peak memory for a short and
 //!    a long trace (it must not grow with trace length).
+//! 4. Verifying a step of thousands of stored tensors.
+//! 5. Writing full-value steps: the trace writer against the same bytes written to plain files
+//!    and synced, which is what this machine's disk allows.
 
 use repro::dtype::DType;
 use repro::hash::tensor_hash;
@@ -161,6 +164,40 @@ fn main() {
     )
     .unwrap();
 
+    // 5. Writing full-value steps (payloads synced step by step) against the disk.
+    let (steps, mib) = (8u64, 128usize);
+    let values: Vec<Vec<u8>> = (0..steps).map(|step| big_values(mib, step, 0)).collect();
+    let bytes = steps * (mib << 20) as u64;
+    // Alternated, best of five each: the speed of a disk that flushes earlier writes drifts.
+    let (traced, plain) = (dir.join("writer"), dir.join("plain"));
+    let (mut writer, mut disk) = (Duration::MAX, Duration::MAX);
+    for _ in 0..5 {
+        let stored: Vec<StepTensor> = values.iter().cloned().map(stored_step).collect();
+        let started = Instant::now();
+        write_steps(&traced, stored);
+        writer = writer.min(started.elapsed());
+        std::fs::remove_dir_all(&traced).unwrap();
+        std::fs::create_dir_all(&plain).unwrap();
+        let started = Instant::now();
+        for (step, v) in values.iter().enumerate() {
+            use std::io::Write as _;
+            let mut file = std::fs::File::create(plain.join(format!("step-{step}"))).unwrap();
+            file.write_all(v).unwrap();
+            file.sync_all().unwrap();
+        }
+        disk = disk.min(started.elapsed());
+        std::fs::remove_dir_all(&plain).unwrap();
+    }
+    writeln!(
+        table,
+        "| trace writer vs plain synced files, full values ({steps} steps x {mib} MiB) | {} MiB | {:.2} GB/s | {:.2} GB/s | {:.0}% |",
+        bytes >> 20,
+        gbps(bytes, writer),
+        gbps(bytes, disk),
+        100.0 * disk.as_secs_f64() / writer.as_secs_f64()
+    )
+    .unwrap();
+
     print!("{table}");
     let out = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench");
     std::fs::create_dir_all(&out).unwrap();
@@ -171,36 +208,41 @@ fn main() {
 /// `offset` ULPs are added to every element, so two traces with different offsets differ in
 /// every element.
 fn write_big_trace(dir: &Path, steps: u64, mib: usize, offset: u32) {
+    write_trace(dir, (0..steps).map(|step| big_values(mib, step, offset)).collect());
+}
+
+/// `mib` MiB of F32 values for step `step`, each moved `offset` ULPs.
+fn big_values(mib: usize, step: u64, offset: u32) -> Vec<u8> {
+    (0..(mib << 20) / 4)
+        .flat_map(|i| f32::from_bits(((i as f32 + step as f32) * 0.001 + 1.0).to_bits() + offset).to_le_bytes())
+        .collect()
+}
+
+/// Writes a trace whose step k stores `steps[k]` in full, as one F32 tensor.
+fn write_trace(dir: &Path, steps: Vec<Vec<u8>>) {
+    write_steps(dir, steps.into_iter().map(stored_step).collect());
+}
+
+/// One step's tensor record (its hash computed) with its values as the payload.
+fn stored_step(values: Vec<u8>) -> StepTensor {
+    let shape = vec![values.len() as u64 / 4];
+    let record = TensorRecord::of_bytes("activations", TensorKind::Activation, DType::F32, shape, &values);
+    StepTensor { record, payload: Some(values) }
+}
+
+/// Writes a trace whose step k is `steps[k]`.
+fn write_steps(dir: &Path, steps: Vec<StepTensor>) {
     let header = Header {
         format: CURRENT_FORMAT,
         producer: "repro bench".into(),
-        run: RunConfig { workload: "bench".into(), steps: Some(steps), params: Default::default() },
+        run: RunConfig { workload: "bench".into(), steps: Some(steps.len() as u64), params: Default::default() },
         environment: Environment::default(),
         capture: CapturePolicy { full: FullCapture::All, inline_max_bytes: 0 },
         distributed: None,
     };
     let mut w = TraceWriter::create(dir, &header, true).unwrap();
-    let n = (mib << 20) / 4;
-    for step in 0..steps {
-        let values: Vec<u8> = (0..n)
-            .flat_map(|i| f32::from_bits(((i as f32 + step as f32) * 0.001 + 1.0).to_bits() + offset).to_le_bytes())
-            .collect();
-        let shape = vec![n as u64];
-        let record = TensorRecord {
-            name: "activations".into(),
-            kind: TensorKind::Activation,
-            dtype: DType::F32,
-            hash: tensor_hash(DType::F32, &shape, &values),
-            shape,
-            inline: None,
-            in_payload: false,
-            phase: None,
-            inputs: vec![],
-            node: None,
-            collective: None,
-            source: None,
-        };
-        w.write_step(step, vec![StepTensor { record, payload: Some(values) }]).unwrap();
+    for (step, tensor) in steps.into_iter().enumerate() {
+        w.write_step(step as u64, vec![tensor]).unwrap();
     }
     w.finish().unwrap();
 }

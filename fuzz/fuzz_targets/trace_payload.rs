@@ -39,20 +39,7 @@ fn write_trace(dir: &std::path::Path) {
     let step = tensors
         .into_iter()
         .map(|(name, dtype, shape, bytes)| StepTensor {
-            record: TensorRecord {
-                name: name.into(),
-                kind: TensorKind::Weight,
-                dtype,
-                hash: tensor_hash(dtype, &shape, &bytes),
-                shape,
-                inline: None,
-                in_payload: false,
-                phase: None,
-                inputs: vec![],
-                node: None,
-                collective: None,
-                source: None,
-            },
+            record: TensorRecord::of_bytes(name, TensorKind::Weight, dtype, shape, &bytes),
             payload: Some(bytes),
         })
         .collect();

@@ -61,20 +61,13 @@ mod tests {
     fn the_payload_counted_before_the_fill_is_the_payload_it_stores() {
         use crate::trace::{dtype::DType, TensorRecord};
         let record = |elements: u64| StepTensor {
-            record: TensorRecord {
-                name: format!("t{elements}"),
-                kind: TensorKind::OpOutput,
-                dtype: DType::F32,
-                shape: vec![elements],
-                hash: crate::hash::TensorHash([0; 32]),
-                inline: None,
-                in_payload: false,
-                phase: None,
-                inputs: Vec::new(),
-                node: None,
-                collective: None,
-                source: None,
-            },
+            record: TensorRecord::of_bytes(
+                format!("t{elements}"),
+                TensorKind::OpOutput,
+                DType::F32,
+                vec![elements],
+                &vec![0; 4 * elements as usize],
+            ),
             payload: None,
         };
         let sizes = [100u64, 128, 129, 300, 5000];

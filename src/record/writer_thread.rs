@@ -102,7 +102,6 @@ impl Drop for WriterThread {
 mod tests {
     use super::*;
     use crate::trace::dtype::DType;
-    use crate::trace::hash::tensor_hash;
     use crate::trace::{Header, TensorKind, TensorRecord, TraceReader, CURRENT_FORMAT};
 
     /// Queues a step whose records are whole already.
@@ -125,18 +124,8 @@ mod tests {
     fn loss(value: f32) -> Vec<StepTensor> {
         let bytes = value.to_le_bytes().to_vec();
         let record = TensorRecord {
-            name: "loss".into(),
-            kind: TensorKind::Loss,
-            dtype: DType::F32,
-            shape: vec![1],
-            hash: tensor_hash(DType::F32, &[1], &bytes),
-            inline: Some(bytes),
-            in_payload: false,
-            phase: None,
-            inputs: Vec::new(),
-            node: None,
-            collective: None,
-            source: None,
+            inline: Some(bytes.clone()),
+            ..TensorRecord::of_bytes("loss", TensorKind::Loss, DType::F32, vec![1], &bytes)
         };
         vec![StepTensor { record, payload: None }]
     }

@@ -3,7 +3,6 @@
 
 use crate::util::{json, record, repro, s};
 use repro::dtype::DType;
-use repro::hash::tensor_hash;
 use repro::trace::{Phase, StepTensor, TensorKind, TensorRecord, TraceWriter};
 use std::path::Path;
 
@@ -64,18 +63,10 @@ fn synthetic(dir: &Path, ops: &[(&str, u8, &[&str])]) {
             let bytes = vec![*seed; 16];
             StepTensor {
                 record: TensorRecord {
-                    name: name.to_string(),
-                    kind: TensorKind::OpOutput,
-                    dtype: DType::F32,
-                    shape: vec![4],
-                    hash: tensor_hash(DType::F32, &[4], &bytes),
-                    inline: Some(bytes),
-                    in_payload: false,
+                    inline: Some(bytes.clone()),
                     phase: Some(Phase::Forward),
                     inputs: inputs.iter().map(|s| s.to_string()).collect(),
-                    node: None,
-                    collective: None,
-                    source: None,
+                    ..TensorRecord::of_bytes(*name, TensorKind::OpOutput, DType::F32, vec![4], &bytes)
                 },
                 payload: None,
             }

@@ -583,18 +583,8 @@ fn matrix_trace(dir: &std::path::Path, shape: [u64; 2], values: &[f32]) {
     let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
     for step in 0..2 {
         let record = TensorRecord {
-            name: "w".into(),
-            kind: TensorKind::Weight,
-            dtype: repro::dtype::DType::F32,
-            shape: shape.to_vec(),
-            hash: repro::hash::tensor_hash(repro::dtype::DType::F32, &shape, &bytes),
             inline: (step == 0).then(|| bytes.clone()),
-            in_payload: false,
-            phase: None,
-            inputs: vec![],
-            node: None,
-            collective: None,
-            source: None,
+            ..TensorRecord::of_bytes("w", TensorKind::Weight, repro::dtype::DType::F32, shape.to_vec(), &bytes)
         };
         w.write_step(step, vec![StepTensor { record, payload: None }]).unwrap();
     }

@@ -139,23 +139,12 @@ fn moved_or_only_a<'a>(
 mod tests {
     use super::*;
     use repro_trace::dtype::DType;
-    use repro_trace::hash::tensor_hash;
     use repro_trace::TensorKind;
 
     fn t(name: &str, len: u64) -> TensorRecord {
         TensorRecord {
-            name: name.into(),
-            kind: TensorKind::OpOutput,
-            dtype: DType::F32,
             shape: vec![len],
-            hash: tensor_hash(DType::F32, &[0], &[]),
-            inline: None,
-            in_payload: false,
-            phase: None,
-            inputs: vec![],
-            node: None,
-            collective: None,
-            source: None,
+            ..TensorRecord::of_bytes(name, TensorKind::OpOutput, DType::F32, vec![0], &[])
         }
     }
 

@@ -416,7 +416,6 @@ fn rank_order_distance(streams: &[PathBuf], step: u64, tensor: &str) -> Result<O
 #[cfg(test)]
 mod tests {
     use super::*;
-    use repro_trace::hash::tensor_hash;
     use repro_trace::{
         CapturePolicy, Distributed, Header, Phase, RunConfig, StepTensor, TensorRecord, TraceWriter, CURRENT_FORMAT,
     };
@@ -459,18 +458,11 @@ mod tests {
                     let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
                     let shape = vec![values.len() as u64];
                     let record = TensorRecord {
-                        name: name.into(),
-                        kind,
-                        dtype: DType::F32,
-                        hash: tensor_hash(DType::F32, &shape, &bytes),
-                        shape,
-                        inline: Some(bytes),
-                        in_payload: false,
                         phase: Some(Phase::Backward),
                         inputs: sum_of.iter().map(|s| s.to_string()).collect(),
-                        node: None,
                         collective: sum_of.map(|_| repro_trace::format::ALL_REDUCE_SUM.to_string()),
-                        source: None,
+                        inline: Some(bytes.clone()),
+                        ..TensorRecord::of_bytes(name, kind, DType::F32, shape, &bytes)
                     };
                     StepTensor { record, payload: None }
                 })

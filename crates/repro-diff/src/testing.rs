@@ -1,7 +1,6 @@
 //! Test-only: tiny traces written with repro-trace's writer, for the unit tests of this crate.
 
 use repro_trace::dtype::DType;
-use repro_trace::hash::tensor_hash;
 use repro_trace::{
     CapturePolicy, Header, RunConfig, StepTensor, TensorKind, TensorRecord, TraceWriter, CURRENT_FORMAT,
 };
@@ -35,18 +34,8 @@ fn write_one_value(dir: &Path, value: f32, params: &[(&str, &str)], device: &str
     let mut w = TraceWriter::create(dir, &header, false).unwrap();
     let bytes = value.to_le_bytes().to_vec();
     let record = TensorRecord {
-        name: "loss".into(),
-        kind: TensorKind::Loss,
-        dtype: DType::F32,
-        shape: vec![1],
-        hash: tensor_hash(DType::F32, &[1], &bytes),
-        inline: keep_values.then_some(bytes),
-        in_payload: false,
-        phase: None,
-        inputs: Vec::new(),
-        node: None,
-        collective: None,
-        source: None,
+        inline: keep_values.then(|| bytes.clone()),
+        ..TensorRecord::of_bytes("loss", TensorKind::Loss, DType::F32, vec![1], &bytes)
     };
     w.write_step(0, vec![StepTensor { record, payload: None }]).unwrap();
     w.finish().unwrap();

@@ -148,6 +148,26 @@ pub struct TensorRecord {
 }
 
 impl TensorRecord {
+    /// The record of a tensor of `bytes` (row-major, little-endian), hashed canonically, that
+    /// says nothing more: no inline values, no payload, phase, inputs, graph node, collective or
+    /// source. Set those with struct update syntax where they apply.
+    pub fn of_bytes(name: impl Into<String>, kind: TensorKind, dtype: DType, shape: Vec<u64>, bytes: &[u8]) -> Self {
+        TensorRecord {
+            name: name.into(),
+            kind,
+            dtype,
+            hash: crate::hash::tensor_hash(dtype, &shape, bytes),
+            shape,
+            inline: None,
+            in_payload: false,
+            phase: None,
+            inputs: Vec::new(),
+            node: None,
+            collective: None,
+            source: None,
+        }
+    }
+
     /// Number of elements.
     pub fn numel(&self) -> u64 {
         self.shape.iter().product()
