@@ -127,13 +127,20 @@ pub struct BadHash(pub String);
 impl FromStr for TensorHash {
     type Err = BadHash;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
+        // One pass, digit by digit: a diff parses a hash for every tensor it reads.
+        let digit = |b: u8| match b {
+            b'0'..=b'9' => Some(b - b'0'),
+            b'a'..=b'f' => Some(b - b'a' + 10),
+            _ => None,
+        };
         let bad = || BadHash(s.chars().take(80).collect());
-        if s.len() != 64 || !s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
+        let digits = s.as_bytes();
+        if digits.len() != 64 {
             return Err(bad());
         }
         let mut out = [0u8; 32];
-        for (i, byte) in out.iter_mut().enumerate() {
-            *byte = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).map_err(|_| bad())?;
+        for (byte, pair) in out.iter_mut().zip(digits.chunks_exact(2)) {
+            *byte = (digit(pair[0]).ok_or_else(bad)? << 4) | digit(pair[1]).ok_or_else(bad)?;
         }
         Ok(TensorHash(out))
     }
