@@ -43,7 +43,8 @@ bench:
 cuda:
 	scripts/build-cuda.sh
 
-## cuda-check: type-check the `cuda` feature (what CI runs; the toolchain and build are cached)
+## cuda-check: type-check the `cuda` feature and compile the GPU kernels to PTX and sm_90 code
+## (what CI runs; the toolchain and build are cached)
 cuda-check:
 	REPRO_CUDA_TARGET=$${REPRO_CUDA_CACHE:-$$HOME/.cache/repro-cuda}/target scripts/build-cuda.sh check
 

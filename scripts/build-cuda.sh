@@ -3,7 +3,7 @@
 # a target folder of its own (so the CPU build is never rebuilt). The binary runs on a machine
 # with the NVIDIA driver and CUDA 13 libraries.
 #
-#   scripts/build-cuda.sh [check]      # `check`: type-check only (what CI does)
+#   scripts/build-cuda.sh [check]      # `check`: type-check, and compile the kernels (what CI does)
 #
 # Output: $REPRO_CUDA_TARGET/release/repro (default target/cuda/release/repro), and the test
 # binaries listed in $REPRO_CUDA_TARGET/test-binaries.txt.
@@ -19,6 +19,8 @@ mkdir -p "$stubs"
 
 if [ "${1:-}" = check ]; then
   cargo check --locked --release --features nccl --all-targets
+  # The kernels are compiled at run time, on the GPU machine: compile them here too.
+  scripts/compile-kernels.sh
   exit 0
 fi
 cargo build --locked --release --features nccl --lib
