@@ -10,5 +10,6 @@ mod cli;
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> std::process::ExitCode {
+    repro::record::pin_cpu_threads();
     cli::main().into()
 }

@@ -44,6 +44,7 @@ fn cuda_hash_library() -> Option<std::path::PathBuf> {
 /// Its standard output is discarded (repro's own report goes there); its errors pass through.
 pub fn run_command(command: &[String], env: &RecordEnv, timeout: Option<Duration>) -> Result<ExitStatus, CliError> {
     let mut program = std::process::Command::new(&command[0]);
+    repro::record::user_environment(&mut program);
     program.args(&command[1..]).stdout(std::process::Stdio::null());
     for (name, value) in env.vars() {
         match value {

@@ -190,6 +190,7 @@ pub fn supervise(
     let mut ranks = Vec::new();
     for rank in 0..devices.len() {
         let mut command = Command::new(&exe);
+        repro::record::user_environment(&mut command);
         command.arg(command_name);
         // Each rank writes its own `OUT/rank-N`, as a launched rank does.
         if let Some(out) = out {

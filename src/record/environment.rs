@@ -34,6 +34,42 @@ pub const NUMERICS_ENV_VARS: &[&str] = &[
     TF32_ENV,
 ];
 
+/// The variable candle's CPU backend takes its thread count from.
+const RAYON_THREADS_ENV: &str = "RAYON_NUM_THREADS";
+
+/// Whether this process set `RAYON_NUM_THREADS` itself (`pin_cpu_threads`).
+static PINNED_RAYON_THREADS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Sets `RAYON_NUM_THREADS` to the thread count candle picks, when the user has not set it.
+/// Without it, candle's CPU matrix product recomputes that count on every call, reading
+/// `/proc/cpuinfo`: 435 times a step for a 24-layer gpt, which then records at half speed.
+/// Nothing else changes:
+/// - candle's thread count is the value it would compute;
+/// - rayon's global pool (repro's host hashing), which sizes itself from the same variable, is
+///   built first, at its own default size;
+/// - trace headers leave the variable out (`environment`);
+/// - child processes get it removed (`user_environment`).
+///
+/// Call it first thing in `main`, before the process starts any thread.
+pub fn pin_cpu_threads() {
+    if std::env::var_os(RAYON_THREADS_ENV).is_some() {
+        return;
+    }
+    let _ = rayon::current_num_threads();
+    let threads = candle_core::utils::get_num_threads();
+    // SAFETY: called at the start of `main`, before any thread that could read the environment
+    // exists; rayon's pool threads, just started, never read it.
+    unsafe { std::env::set_var(RAYON_THREADS_ENV, threads.to_string()) };
+    PINNED_RAYON_THREADS.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Gives a child process the user's environment back where `pin_cpu_threads` changed it.
+pub fn user_environment(command: &mut std::process::Command) {
+    if PINNED_RAYON_THREADS.load(std::sync::atomic::Ordering::Relaxed) {
+        command.env_remove(RAYON_THREADS_ENV);
+    }
+}
+
 /// Set to `1` to let candle run f32 matrix products on tensor cores in TF32 (10-bit mantissa
 /// inputs, f32 accumulation) on CUDA devices; anything else, or unset, keeps full f32. Recorded
 /// in the trace's environment like the variables above, so `repro diff` shows it.
@@ -108,8 +144,11 @@ pub fn environment(device: &Device) -> Environment {
             .unwrap_or_else(|e| format!("{} (name unavailable: {e})", device_label(device))),
         _ => device_label(device),
     };
+    // The user's environment: not the variable `pin_cpu_threads` set.
+    let pinned = PINNED_RAYON_THREADS.load(std::sync::atomic::Ordering::Relaxed);
     let env: BTreeMap<String, String> = NUMERICS_ENV_VARS
         .iter()
+        .filter(|&&k| !(pinned && k == RAYON_THREADS_ENV))
         .filter_map(|&k| std::env::var(k).ok().map(|v| (k.to_string(), printable(v))))
         .collect();
     Environment {

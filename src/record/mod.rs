@@ -19,7 +19,10 @@ mod worker;
 mod writer_thread;
 
 pub use env::{RecordEnv, AGAINST_ENV, CAPTURE_ENV, KEEP_GOING_ENV, PERTURB_ENV, REPLACE_ENV, TRACE_DIR_ENV};
-pub use environment::{device_label, environment, open_device, take_peak_device_memory, NUMERICS_ENV_VARS};
+pub use environment::{
+    device_label, environment, open_device, pin_cpu_threads, take_peak_device_memory, user_environment,
+    NUMERICS_ENV_VARS,
+};
 pub use error::RecordError;
 pub use online::OnlineComparison;
 pub use options::{RecordOptions, StepCallback, StepProgress, StepSelector};

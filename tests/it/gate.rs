@@ -136,6 +136,38 @@ fn a_baseline_from_another_environment_names_the_likely_causes() {
     assert!(human.stdout.contains("the reference was recorded elsewhere; likely causes:"), "{}", human.stdout);
 }
 
+/// repro sets `RAYON_NUM_THREADS` for itself when the user has not (candle's CPU matrix product
+/// otherwise rereads /proc/cpuinfo on every call), but a trace's environment, and that of a
+/// program repro launches, stay the user's.
+#[test]
+fn the_thread_count_repro_pins_stays_out_of_traces_and_launched_programs() {
+    let dir = tempfile::tempdir().unwrap();
+    let recorded_env = |rayon: Option<&str>| {
+        let out = dir.path().join(format!("t-{}", rayon.unwrap_or("unset")));
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_repro"));
+        command.args(["record", "--workload", "adder", "--steps", "2", "--batch", "50", "--out", s(&out)]);
+        match rayon {
+            Some(threads) => command.env("RAYON_NUM_THREADS", threads),
+            None => command.env_remove("RAYON_NUM_THREADS"),
+        };
+        assert!(command.status().unwrap().success());
+        let inspected = repro(&["inspect", "--json", s(&out)]);
+        json(&inspected.stdout)["header"]["environment"]["env"].clone()
+    };
+    assert_eq!(recorded_env(None).get("RAYON_NUM_THREADS"), None);
+    assert_eq!(recorded_env(Some("1"))["RAYON_NUM_THREADS"], "1", "the user's own setting is recorded");
+    // A launched program sees the variable as the user left it (it records nothing: exit 2).
+    let seen = dir.path().join("seen");
+    let script = format!("echo \"${{RAYON_NUM_THREADS-unset}}\" > {}", s(&seen));
+    let launched = std::process::Command::new(env!("CARGO_BIN_EXE_repro"))
+        .args(["record", "--out", s(&dir.path().join("p")), "--", "sh", "-c", &script])
+        .env_remove("RAYON_NUM_THREADS")
+        .output()
+        .unwrap();
+    assert_eq!(launched.status.code(), Some(2), "{}", String::from_utf8_lossy(&launched.stderr));
+    assert_eq!(fs::read_to_string(&seen).unwrap().trim(), "unset");
+}
+
 #[test]
 fn a_baseline_of_a_users_own_program_is_written_and_gated() {
     let example = example("any_model");
