@@ -90,8 +90,13 @@ fn cpu_and_gpu_runs_of_one_config_split_at_the_first_matmul() {
     assert!(env.iter().any(|d| d["b"].as_str().is_some_and(|s| s.contains("H100"))), "{env:?}");
 }
 
+/// The path of fixture `name` in `fixtures/DIR`, as the binary's argument.
+fn fixture_in(dir: &str, name: &str) -> String {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures").join(dir).join(name).to_str().unwrap().to_string()
+}
+
 fn op_fixture(name: &str) -> String {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/gpu-h100-ops").join(name).to_str().unwrap().to_string()
+    fixture_in("gpu-h100-ops", name)
 }
 
 #[test]
@@ -215,14 +220,13 @@ fn atomic_gpt_runs_on_the_gpu_part_in_the_backward_pass() {
     assert!(text.contains("the backward pass computed this gradient differently"), "{text}");
 }
 
-fn dp_fixture(name: &str) -> String {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/gpu-h200x2-dp").join(name);
-    path.to_str().unwrap().to_string()
-}
-
 #[test]
 fn two_h200s_over_nccl_kept_replicas_and_differ_from_one_by_the_batch_split() {
-    let (one, two, tree) = (dp_fixture("gpt-1gpu"), dp_fixture("gpt-2gpu"), dp_fixture("gpt-2gpu-tree"));
+    let (one, two, tree) = (
+        fixture_in("gpu-h200x2-dp", "gpt-1gpu"),
+        fixture_in("gpu-h200x2-dp", "gpt-2gpu"),
+        fixture_in("gpu-h200x2-dp", "gpt-2gpu-tree"),
+    );
     let inspect = repro(&["inspect", &two, "--verify"]);
     assert_eq!(inspect.code, 0, "{}{}", inspect.stdout, inspect.stderr);
     assert!(inspect.stdout.contains("kept identical parameters and gradient sums on all 2 ranks at all 3 steps"));
@@ -262,11 +266,6 @@ fn gpu_graph_views_of_parameters_hold_their_values_before_the_update() {
     assert_eq!(checked, 2);
 }
 
-fn port_fixture(name: &str) -> String {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/gpu-h100-port").join(name);
-    path.to_str().unwrap().to_string()
-}
-
 /// Issue 35: one Qwen2 checkpoint run by transformers (traced by repro_torch) and by
 /// candle-transformers (traced by examples/hf_port.rs) on an H100. The frameworks differ bit for
 /// bit from the first layer on and agree within 1e-4 to the logits; a port bug planted in the
@@ -274,7 +273,11 @@ fn port_fixture(name: &str) -> String {
 /// the token ids, are identical.
 #[test]
 fn a_port_is_checked_against_pytorch_layer_by_layer() {
-    let (candle, torch, bug) = (port_fixture("candle"), port_fixture("torch"), port_fixture("bug-rope_theta"));
+    let (candle, torch, bug) = (
+        fixture_in("gpu-h100-port", "candle"),
+        fixture_in("gpu-h100-port", "torch"),
+        fixture_in("gpu-h100-port", "bug-rope_theta"),
+    );
     let exact = json(&repro(&["diff", &candle, &torch, "--json"]).stdout);
     assert_eq!(exact["verdict"], "diverged", "{exact}");
     assert_eq!(exact["root_cause"]["cause"]["tensor"], "model.layers.0", "{exact}");
