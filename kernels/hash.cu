@@ -296,38 +296,65 @@ DEVICE void merge_full_group(const u32* in, u64 depth, u32* out) {
   }
 }
 
-// Work item `item` of one parent pass. Row r of `rows` is (first input node, input node count,
-// first output node, depth) of one view's tree, nodes counted in 8-word chaining values of
-// `nodes`. Output j of a view is inputs [j * 2^depth, (j + 1) * 2^depth) merged `depth` levels
-// up, one level at a time: node i of a level is parent(node 2i, node 2i + 1) of the level
-// below, or node 2i when it has no partner. The groups are aligned to 2^depth, so a group's
-// pairs are the tree's pairs, and only the last group can hold the odd last node.
-DEVICE void batch_parent(const u64* rows, const u64* prefix, u64 n, u64 item, u32* nodes) {
+// Levels one block of a narrow parent launch merges, at most: each output node's block of
+// threads holds its 2^BLOCK_LEVELS input nodes in shared memory (hash_parents_block).
+#define BLOCK_LEVELS 8
+
+// Work item `item` of one parent pass: where its input nodes start, how many there are, where its
+// output node goes; returns the levels it merges. Row r of `rows` is (first input node, input
+// node count, first output node, depth) of one view's tree, nodes counted in 8-word chaining
+// values. Output j of a view is inputs [j * 2^depth, (j + 1) * 2^depth) merged `depth` levels
+// up. The groups are aligned to 2^depth, so a group's pairs are the tree's pairs, and only the
+// last group can hold the odd last node.
+DEVICE u64 parent_group(const u64* rows, const u64* prefix, u64 n, u64 item, u64* from, u64* count, u64* to) {
   u64 r = find_view(prefix, n, item);
-  u64 in = rows[4 * r], n_in = rows[4 * r + 1], out = rows[4 * r + 2], depth = rows[4 * r + 3];
+  u64 in = rows[4 * r], n_in = rows[4 * r + 1], depth = rows[4 * r + 3];
   u64 j = item - prefix[r];
   u64 first = j << depth;
   u64 group = (u64)1 << depth;
-  u64 count = n_in - first < group ? n_in - first : group;
-  if (count == group) {
-    merge_full_group(nodes + 8 * (in + first), depth, nodes + 8 * (out + j));
-    return;
+  *from = in + first;
+  *count = n_in - first < group ? n_in - first : group;
+  *to = rows[4 * r + 2] + j;
+  return depth;
+}
+
+// Node i of the level above the `count` nodes at `level`: the parent of nodes 2i and 2i + 1, or
+// node 2i when it has no partner.
+DEVICE void level_node(const u32* level, u64 count, u64 i, u32 cv[8]) {
+  if (2 * i + 1 < count) {
+    parent_cv(level + 16 * i, level + 16 * i + 8, cv);
+  } else {
+    for (int w = 0; w < 8; w++) cv[w] = level[16 * i + w];
   }
-  u32 level[8 << LEVELS_PER_LAUNCH];
-  for (u64 i = 0; i < 8 * count; i++) level[i] = nodes[8 * (in + first) + i];
+}
+
+// Merges the `count` nodes at `level` `depth` levels up, in place, one level at a time: node i
+// is written after nodes 2i and 2i + 1 are read, and i <= 2i. The result is node 0.
+DEVICE void merge_levels(u32* level, u64 count, u64 depth) {
   for (u64 d = 0; d < depth; d++) {
     u64 next = (count + 1) / 2;
-    // In place: node i is written after nodes 2i and 2i + 1 are read, and i <= 2i.
     for (u64 i = 0; i < next; i++) {
-      if (2 * i + 1 < count) {
-        parent_cv(level + 16 * i, level + 16 * i + 8, level + 8 * i);
-      } else if (i > 0) {
-        for (int w = 0; w < 8; w++) level[8 * i + w] = level[16 * i + w];
-      }
+      u32 cv[8];
+      level_node(level, count, i, cv);
+      for (int w = 0; w < 8; w++) level[8 * i + w] = cv[w];
     }
     count = next;
   }
-  for (int w = 0; w < 8; w++) nodes[8 * (out + j) + w] = level[w];
+}
+
+// Work item `item` of a wide parent pass (see parent_group): a whole group is merged in
+// registers, a tree's last, partial group in an array of local memory.
+DEVICE void batch_parent(const u64* rows, const u64* prefix, u64 n, u64 item, u32* nodes) {
+  u64 from, count, to;
+  u64 depth = parent_group(rows, prefix, n, item, &from, &count, &to);
+  if (count == (u64)1 << depth) {
+    merge_full_group(nodes + 8 * from, depth, nodes + 8 * to);
+    return;
+  }
+  u32 level[8 << LEVELS_PER_LAUNCH];
+  for (u64 i = 0; i < 8 * count; i++) level[i] = nodes[8 * from + i];
+  merge_levels(level, count, depth);
+  for (int w = 0; w < 8; w++) nodes[8 * to + w] = level[w];
 }
 
 // The BLAKE3 hash of view `k`: the root parent of its last two nodes, which start at node

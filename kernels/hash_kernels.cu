@@ -60,6 +60,36 @@ extern "C" __global__ void hash_parents(const u64* rows, const u64* prefix, u64 
   GRID_STRIDE(item, prefix[n]) batch_parent(rows, prefix, n, item, nodes);
 }
 
+// Threads per block of hash_parents_block: one per pair of its first level's nodes
+// (`PARENT_BLOCK_THREADS` in src/record/device/batch.rs).
+#define PARENT_BLOCK_THREADS (1 << (BLOCK_LEVELS - 1))
+
+// A narrow parent pass (few output nodes, up to BLOCK_LEVELS levels each): one block per output
+// node merges its group of nodes level by level in shared memory, a thread per node of the level
+// above, where one thread per output would merge them one compression after another. Same
+// groups and pairs as batch_parent (parent_group, level_node).
+extern "C" __global__ void hash_parents_block(const u64* rows, const u64* prefix, u64 n, u32* nodes) {
+  __shared__ __align__(32) u32 level[8 << BLOCK_LEVELS];
+  for (u64 item = blockIdx.x; item < prefix[n]; item += gridDim.x) {
+    u64 from, count, to;
+    const u64 depth = parent_group(rows, prefix, n, item, &from, &count, &to);
+    for (u64 w = threadIdx.x; w < 8 * count; w += blockDim.x) level[w] = nodes[8 * from + w];
+    __syncthreads();
+    for (u64 d = 0; d < depth; d++) {
+      const u64 next = (count + 1) / 2;
+      const bool mine = threadIdx.x < next;
+      u32 cv[8];
+      if (mine) level_node(level, count, threadIdx.x, cv);
+      __syncthreads();
+      if (mine) store32(level + 8 * threadIdx.x, cv);
+      __syncthreads();
+      count = next;
+    }
+    if (threadIdx.x < 8) nodes[8 * to + threadIdx.x] = level[threadIdx.x];
+    __syncthreads();
+  }
+}
+
 extern "C" __global__ void hash_roots(const u64* roots, u64 n, const u32* nodes, u32* hashes) {
   GRID_STRIDE(k, n) batch_root(roots, k, nodes, hashes);
 }

@@ -24,6 +24,18 @@ void repro_host_hash_parents(const u64* rows, const u64* prefix, u64 n, u32* nod
   for (u64 item = 0; item < prefix[n]; item++) batch_parent(rows, prefix, n, item, nodes);
 }
 
+/* hash_parents_block's groups, each merged level by level in a local array. */
+void repro_host_hash_parents_block(const u64* rows, const u64* prefix, u64 n, u32* nodes) {
+  for (u64 item = 0; item < prefix[n]; item++) {
+    u64 from, count, to;
+    u64 depth = parent_group(rows, prefix, n, item, &from, &count, &to);
+    u32 level[8 << BLOCK_LEVELS];
+    for (u64 i = 0; i < 8 * count; i++) level[i] = nodes[8 * from + i];
+    merge_levels(level, count, depth);
+    for (int w = 0; w < 8; w++) nodes[8 * to + w] = level[w];
+  }
+}
+
 void repro_host_hash_roots(const u64* roots, u64 n, const u32* nodes, u32* hashes) {
   for (u64 k = 0; k < n; k++) batch_root(roots, k, nodes, hashes);
 }

@@ -5,13 +5,13 @@
 //! thread would not be ordered with it, so the recorder launches only from the thread that
 //! trains (see `DeviceBatch`).
 
-use super::plan::{fits, Plan, Slot, View, Want};
+use super::plan::{fits, Plan, Slot, View, Want, BLOCK_LEVELS};
 use crate::cuda::buffer_pool::{size_class, Buffer, BufferPool};
 use crate::cuda::keep_freed_memory;
 use crate::cuda::kernels::{grid, ptx, MODULE};
 use crate::cuda::pinned::{take_pinned, Pinned};
 use candle_core::cuda_backend::cudarc::driver::{
-    CudaEvent, CudaFunction, CudaSlice, CudaStream, CudaViewMut, DevicePtr, PushKernelArg,
+    CudaEvent, CudaFunction, CudaSlice, CudaStream, CudaViewMut, DevicePtr, LaunchConfig, PushKernelArg,
 };
 use candle_core::cuda_backend::{CudaDevice, DeviceId, WrapErr};
 use candle_core::{DType, Device, Error, Result, Storage, Tensor};
@@ -153,6 +153,10 @@ impl ForeignBytes {
 /// Threads per block of the chunk pass (`CHUNK_THREADS` in kernels/hash_kernels.cu, whose
 /// shared memory is sized for it).
 const CHUNK_THREADS: u32 = 128;
+
+/// Threads per block of a narrow parent launch (`PARENT_BLOCK_THREADS` in
+/// kernels/hash_kernels.cu): one per pair of the 2^`BLOCK_LEVELS` nodes a block merges.
+const PARENT_BLOCK_THREADS: u32 = 1 << (BLOCK_LEVELS - 1);
 
 /// Views smaller than this are read as they are, however they are laid out.
 const SLOW_VIEW_MIN: usize = 1 << 20;
@@ -448,9 +452,21 @@ impl DeviceBatch {
         if plan.chunks.is_some() {
             for level in &plan.levels {
                 let (rows, prefix) = (words(&level.rows), words(&level.prefix));
-                let mut b = tree_stream.launch_builder(&kernels.parents);
+                let (kernel, config) = if level.block {
+                    // A block per output node (at most 65,535 blocks, each looping over outputs).
+                    let blocks = level.outputs.min(u16::MAX as u64) as u32;
+                    let config = LaunchConfig {
+                        grid_dim: (blocks, 1, 1),
+                        block_dim: (PARENT_BLOCK_THREADS, 1, 1),
+                        shared_mem_bytes: 0,
+                    };
+                    (&kernels.parents_block, config)
+                } else {
+                    (&kernels.parents, grid(level.outputs, 128))
+                };
+                let mut b = tree_stream.launch_builder(kernel);
                 b.arg(&rows).arg(&prefix).arg(&level.views).arg(&mut *nodes);
-                unsafe { b.launch(grid(level.outputs, 128)) }.w()?;
+                unsafe { b.launch(config) }.w()?;
             }
             let (roots, count) = (words(&plan.roots), plan.roots.len() as u64);
             let nodes = nodes.slice(..);
@@ -600,6 +616,7 @@ fn plan_of(tensors: &[(Queued, Want)], dev: &CudaDevice) -> Result<Plan> {
 struct HashKernels {
     chunks: CudaFunction,
     parents: CudaFunction,
+    parents_block: CudaFunction,
     roots: CudaFunction,
     copy: CudaFunction,
 }
@@ -618,6 +635,7 @@ impl HashKernels {
         let kernels = HashKernels {
             chunks: load("hash_chunks")?,
             parents: load("hash_parents")?,
+            parents_block: load("hash_parents_block")?,
             roots: load("hash_roots")?,
             copy: load("copy_views")?,
         };

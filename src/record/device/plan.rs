@@ -3,8 +3,8 @@
 //!
 //! Hashing thousands of small tensors one kernel launch at a time costs more than the
 //! hashing itself, so a step's views are hashed together: one launch for all chunks, one per
-//! tree level (four levels at a time while a level is wide), one for the roots, and one copy launch for the views whose values the host
-//! keeps. The plan is pure arithmetic on addresses, shapes and strides; `record::device::batch` runs it on a
+//! four tree levels while a level is wide and per eight once it is narrow, one for the roots,
+//! and one copy launch for the views whose values the host keeps. The plan is pure arithmetic on addresses, shapes and strides; `record::device::batch` runs it on a
 //! GPU, and the tests run the very same kernels compiled for the host (crates/kernel-host-check).
 
 use std::collections::hash_map::{Entry, HashMap};
@@ -14,13 +14,17 @@ use std::ops::Range;
 pub const VIEW_WORDS: usize = 21;
 /// Dimensions a view may have after merging (`VIEW_DIMS` in kernels/hash.cu).
 pub const VIEW_DIMS: usize = 8;
-/// Tree levels one parent launch merges, at most (`LEVELS_PER_LAUNCH` in kernels/hash.cu).
+/// Tree levels one wide parent launch merges, at most (`LEVELS_PER_LAUNCH` in kernels/hash.cu).
 pub const LEVELS_PER_LAUNCH: u64 = 4;
-/// Work items a parent launch needs to merge `LEVELS_PER_LAUNCH` levels at once. A work item
-/// merges its levels one compression after another, so a launch of fewer items than the GPU
-/// runs at once is bound by that chain, not by throughput: the upper levels of a large tensor's
-/// tree then take a launch per level, each one compression deep.
+/// Work items a parent launch needs to merge `LEVELS_PER_LAUNCH` levels a thread. A thread merges
+/// its levels one compression after another, so a launch of fewer items than the GPU runs at
+/// once would be bound by that chain, not by throughput: narrower levels are merged by blocks.
 pub const DEEP_LAUNCH_MIN_ITEMS: u64 = 1 << 16;
+/// Tree levels one narrow parent launch merges, at most (`BLOCK_LEVELS` in kernels/hash.cu): a
+/// block of threads per output node merges its up to 256 input nodes level by level, a
+/// compression deep each, so a large tensor's upper levels take two launches rather than one
+/// launch a level.
+pub const BLOCK_LEVELS: u64 = 8;
 /// Bytes of one BLAKE3 chunk: views this small are copied and hashed on the host.
 const CHUNK_LEN: u64 = 1024;
 /// Views whose values the host keeps are read back straight from their own memory from this
@@ -119,6 +123,9 @@ pub struct Level {
     pub views: u64,
     /// Output nodes of the level in all.
     pub outputs: u64,
+    /// Whether a block of threads merges each output node (up to `BLOCK_LEVELS` levels), rather
+    /// than a thread (up to `LEVELS_PER_LAUNCH`).
+    pub block: bool,
 }
 
 /// A pass over several views: the view table and its work-item prefix, as word ranges of the
@@ -221,7 +228,8 @@ impl Plan {
                 let (mut rows, mut prefix, mut outputs) = (Vec::new(), vec![0], 0);
                 let deep_items: u64 =
                     current.iter().filter(|(_, n)| *n > 2).map(|(_, n)| n.div_ceil(1 << LEVELS_PER_LAUNCH)).sum();
-                let levels = if deep_items >= deep_min { LEVELS_PER_LAUNCH } else { 1 };
+                let block = deep_items < deep_min;
+                let levels = if block { BLOCK_LEVELS } else { LEVELS_PER_LAUNCH };
                 for (first, n) in current.iter_mut().filter(|(_, n)| *n > 2) {
                     // Up to `levels` levels, stopping where two nodes remain.
                     let (mut out, mut depth) = (*n, 0);
@@ -238,7 +246,7 @@ impl Plan {
                 let views = rows.len() as u64 / 4;
                 let rows = plan.push(&rows);
                 let prefix = plan.push(&prefix);
-                plan.levels.push(Level { rows, prefix, views, outputs });
+                plan.levels.push(Level { rows, prefix, views, outputs, block });
             }
             plan.nodes = next_free;
             let start = plan.table.len();
@@ -315,7 +323,8 @@ mod tests {
             let mut nodes = vec![0u32; 8 * plan.nodes as usize];
             kernels::hash_chunks(&t[chunks.views.clone()], &t[chunks.prefix.clone()], &mut nodes);
             for level in &plan.levels {
-                kernels::hash_parents(&t[level.rows.clone()], &t[level.prefix.clone()], &mut nodes);
+                let launch = if level.block { kernels::hash_parents_block } else { kernels::hash_parents };
+                launch(&t[level.rows.clone()], &t[level.prefix.clone()], &mut nodes);
             }
             let roots = &t[plan.roots.clone()];
             let mut hashes = vec![0u32; 8 * roots.len()];
@@ -402,8 +411,8 @@ mod tests {
         views.push((view(&memory, 16, 8, &[2, 70], &[140, 2]), Want::Bytes));
         views.push((view(&memory, 100, 1, &[1, 1, 5000], &[7, 7, 1]), Want::Bytes));
         // The largest tree, 1,400 chunks (8-byte elements), is 10 levels below its root's two
-        // nodes: a launch each at this batch's size, and 4 + 4 + 2 where every launch is deep.
-        for (deep_min, launches) in [(DEEP_LAUNCH_MIN_ITEMS, 10), (1, 3)] {
+        // nodes: 8 + 2 in blocks at this batch's size, and 4 + 4 + 2 where every launch is wide.
+        for (deep_min, launches) in [(DEEP_LAUNCH_MIN_ITEMS, 2), (1, 3)] {
             let plan = Plan::with_deep_launches_from(&views, deep_min).expect("every view fits the kernels");
             assert_eq!(plan.levels.len(), launches, "parent launches of a 1,400-chunk tree");
             let out = run(&plan);
@@ -422,16 +431,33 @@ mod tests {
     }
 
     #[test]
-    fn a_large_trees_lower_levels_merge_four_at_a_time_and_its_upper_levels_one() {
-        // 2^20 chunks (1 GiB): 65,536 work items merge the first four levels; 15 launches of
-        // one level each take the 65,536 nodes left down to the root's two.
+    fn a_large_trees_lower_levels_merge_four_at_a_time_and_its_upper_levels_in_blocks() {
+        // 2^20 chunks (1 GiB): 65,536 work items merge the first four levels; blocks take the
+        // 65,536 nodes left to 256 (eight levels), then to the root's two (seven).
         let memory = [0u8; 16];
         let dims = [1usize << 30];
         let plan = Plan::new(&[(view(&memory, 0, 1, &dims, &[1]), Want::Hash)]).unwrap();
-        let outputs: Vec<u64> = plan.levels.iter().map(|level| level.outputs).collect();
-        assert_eq!(outputs.len(), 16);
-        assert_eq!(outputs[0], 1 << 16);
-        assert_eq!(outputs[1..], (1..16).map(|k| 1u64 << (16 - k)).collect::<Vec<_>>()[..]);
+        let launches: Vec<(u64, bool)> = plan.levels.iter().map(|level| (level.outputs, level.block)).collect();
+        assert_eq!(launches, [(1 << 16, false), (256, true), (2, true)]);
+    }
+
+    /// Trees of every size from 3 to 700 chunks at odd offsets, with the views' chunks hashed and
+    /// merged as the kernels do, whichever launches merge them: the last group of each level
+    /// holds from one node to a whole group.
+    #[test]
+    fn trees_of_every_shape_hash_alike_merged_in_blocks_or_by_threads() {
+        let memory: Vec<u8> = (0..800_000u32).map(|i| (i.wrapping_mul(2_246_822_519) >> 7) as u8).collect();
+        let lens: Vec<[usize; 1]> = (3..=700usize).map(|chunks| [1024 * chunks - chunks % 5]).collect();
+        let views: Vec<_> = lens.iter().map(|len| (view(&memory, 1 + len[0] % 61, 1, len, &[1]), Want::Hash)).collect();
+        for deep_min in [DEEP_LAUNCH_MIN_ITEMS, 1] {
+            let plan = Plan::with_deep_launches_from(&views, deep_min).expect("every view fits the kernels");
+            assert!(plan.levels.iter().all(|level| level.block == (deep_min > 1)));
+            let out = run(&plan);
+            for (i, ((v, _), slot)) in views.iter().zip(&plan.slots).enumerate() {
+                let Slot::Hash(r) = slot else { panic!("view {i} is hashed on the device") };
+                assert_eq!(&out[r.clone()], blake3::hash(&row_major(&memory, v)).as_bytes(), "{} bytes", v.dims[0]);
+            }
+        }
     }
 
     #[test]
