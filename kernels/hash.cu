@@ -1,7 +1,7 @@
 // BLAKE3 over device memory, for many tensor views in one launch per pass: one work item per
 // 1024-byte chunk computes the chunk's chaining value, parent levels are merged pairwise (an odd
-// last node moves up unchanged; one or four levels per launch) until two nodes remain, and one
-// work item per view makes the root. This is exactly BLAKE3's left-complete tree, so the result
+// last node moves up unchanged; up to eight levels per launch, by a block of threads per output
+// node) until two nodes remain, and one work item per view makes the root. This is exactly BLAKE3's left-complete tree, so the result
 // equals the blake3 crate's hash of the same bytes. A copy pass gathers views' elements for
 // values the host keeps.
 //
@@ -268,36 +268,8 @@ DEVICE void whole_chunk_cv(const unsigned char* p, u64 index, u32 cv[8]) {
   }
 }
 
-// Parent levels merged by one launch, at most: 2^LEVELS_PER_LAUNCH input nodes per work item.
-#define LEVELS_PER_LAUNCH 4
-
-// The node `depth` levels above the 2^depth nodes at `in` (depth at most LEVELS_PER_LAUNCH),
-// written to `out`: merged left to right, each node with the left siblings it completes, in
-// registers (the loops unroll, so every index is a constant), where a group with fewer nodes
-// (a tree's last) is merged level by level in an array of local memory (batch_parent).
-DEVICE void merge_full_group(const u32* in, u64 depth, u32* out) {
-  u32 left[LEVELS_PER_LAUNCH][8];
-  UNROLL for (int i = 0; i < (1 << LEVELS_PER_LAUNCH); i++) {
-    if ((u64)i >> depth) break;
-    u32 cv[8];
-    for (int w = 0; w < 8; w++) cv[w] = in[8 * i + w];
-    // Node i completes as many subtrees as i + 1 has trailing zero bits.
-    int level = 0;
-    UNROLL for (int l = 0; l < LEVELS_PER_LAUNCH; l++) {
-      if (((i + 1) >> l) & 1) break;
-      parent_cv(left[l], cv, cv);
-      level = l + 1;
-    }
-    if ((u64)level == depth) {
-      store32(out, cv);
-    } else {
-      for (int w = 0; w < 8; w++) left[level][w] = cv[w];
-    }
-  }
-}
-
-// Levels one block of a narrow parent launch merges, at most: each output node's block of
-// threads holds its 2^BLOCK_LEVELS input nodes in shared memory (hash_parents_block).
+// Levels one parent launch merges, at most: each output node's block of threads holds its
+// 2^BLOCK_LEVELS input nodes in shared memory (hash_parents in hash_kernels.cu).
 #define BLOCK_LEVELS 8
 
 // Work item `item` of one parent pass: where its input nodes start, how many there are, where its
@@ -329,7 +301,8 @@ DEVICE void level_node(const u32* level, u64 count, u64 i, u32 cv[8]) {
 }
 
 // Merges the `count` nodes at `level` `depth` levels up, in place, one level at a time: node i
-// is written after nodes 2i and 2i + 1 are read, and i <= 2i. The result is node 0.
+// is written after nodes 2i and 2i + 1 are read, and i <= 2i. The result is node 0. The host's
+// counterpart of a hash_parents block, which computes each level's nodes in parallel.
 DEVICE void merge_levels(u32* level, u64 count, u64 depth) {
   for (u64 d = 0; d < depth; d++) {
     u64 next = (count + 1) / 2;
@@ -340,21 +313,6 @@ DEVICE void merge_levels(u32* level, u64 count, u64 depth) {
     }
     count = next;
   }
-}
-
-// Work item `item` of a wide parent pass (see parent_group): a whole group is merged in
-// registers, a tree's last, partial group in an array of local memory.
-DEVICE void batch_parent(const u64* rows, const u64* prefix, u64 n, u64 item, u32* nodes) {
-  u64 from, count, to;
-  u64 depth = parent_group(rows, prefix, n, item, &from, &count, &to);
-  if (count == (u64)1 << depth) {
-    merge_full_group(nodes + 8 * from, depth, nodes + 8 * to);
-    return;
-  }
-  u32 level[8 << LEVELS_PER_LAUNCH];
-  for (u64 i = 0; i < 8 * count; i++) level[i] = nodes[8 * from + i];
-  merge_levels(level, count, depth);
-  for (int w = 0; w < 8; w++) nodes[8 * to + w] = level[w];
 }
 
 // The BLAKE3 hash of view `k`: the root parent of its last two nodes, which start at node

@@ -56,19 +56,15 @@ extern "C" __global__ void hash_chunks(const u64* views, const u64* prefix, u64 
   }
 }
 
-extern "C" __global__ void hash_parents(const u64* rows, const u64* prefix, u64 n, u32* nodes) {
-  GRID_STRIDE(item, prefix[n]) batch_parent(rows, prefix, n, item, nodes);
-}
-
-// Threads per block of hash_parents_block: one per pair of its first level's nodes
+// Threads per block of hash_parents: one per pair of its first level's nodes
 // (`PARENT_BLOCK_THREADS` in src/record/device/batch.rs).
 #define PARENT_BLOCK_THREADS (1 << (BLOCK_LEVELS - 1))
 
-// A narrow parent pass (few output nodes, up to BLOCK_LEVELS levels each): one block per output
-// node merges its group of nodes level by level in shared memory, a thread per node of the level
-// above, where one thread per output would merge them one compression after another. Same
-// groups and pairs as batch_parent (parent_group, level_node).
-extern "C" __global__ void hash_parents_block(const u64* rows, const u64* prefix, u64 n, u32* nodes) {
+// A parent pass (up to BLOCK_LEVELS tree levels): one block per output node merges its group of
+// nodes level by level in shared memory, a thread per node of the level above, where a thread
+// per output would merge them one compression after another (parent_group, level_node; the
+// host runs merge_levels).
+extern "C" __global__ void hash_parents(const u64* rows, const u64* prefix, u64 n, u32* nodes) {
   __shared__ __align__(32) u32 level[8 << BLOCK_LEVELS];
   for (u64 item = blockIdx.x; item < prefix[n]; item += gridDim.x) {
     u64 from, count, to;

@@ -20,12 +20,8 @@ void repro_host_hash_chunks(const u64* views, const u64* prefix, u64 n, u32* cvs
   }
 }
 
+/* hash_parents's groups, each merged level by level in a local array. */
 void repro_host_hash_parents(const u64* rows, const u64* prefix, u64 n, u32* nodes) {
-  for (u64 item = 0; item < prefix[n]; item++) batch_parent(rows, prefix, n, item, nodes);
-}
-
-/* hash_parents_block's groups, each merged level by level in a local array. */
-void repro_host_hash_parents_block(const u64* rows, const u64* prefix, u64 n, u32* nodes) {
   for (u64 item = 0; item < prefix[n]; item++) {
     u64 from, count, to;
     u64 depth = parent_group(rows, prefix, n, item, &from, &count, &to);

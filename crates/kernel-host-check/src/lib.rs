@@ -8,7 +8,6 @@
 extern "C" {
     fn repro_host_hash_chunks(views: *const u64, prefix: *const u64, n: u64, cvs: *mut u32);
     fn repro_host_hash_parents(rows: *const u64, prefix: *const u64, n: u64, nodes: *mut u32);
-    fn repro_host_hash_parents_block(rows: *const u64, prefix: *const u64, n: u64, nodes: *mut u32);
     fn repro_host_hash_roots(roots: *const u64, n: u64, nodes: *const u32, hashes: *mut u32);
     fn repro_host_copy_views(views: *const u64, prefix: *const u64, out_at: *const u64, n: u64, out: *mut u8);
 }
@@ -29,32 +28,17 @@ pub fn hash_chunks(views: &[u64], prefix: &[u64], cvs: &mut [u32]) {
     unsafe { repro_host_hash_chunks(views.as_ptr(), prefix.as_ptr(), prefix.len() as u64 - 1, cvs.as_mut_ptr()) }
 }
 
-/// One parent launch: rows of (first input, inputs, first output, levels) over `nodes`, up to
-/// `LEVELS_PER_LAUNCH` levels a row, a work item per output node (`hash_parents`).
+/// One parent launch: rows of (first input, inputs, first output, levels) over `nodes`, one to
+/// `BLOCK_LEVELS` (8) levels a row.
 pub fn hash_parents(rows: &[u64], prefix: &[u64], nodes: &mut [u32]) {
-    check_parent_rows(rows, prefix, nodes, 4);
-    // SAFETY: every node a row reads or writes lies inside `nodes` (checked above).
-    unsafe { repro_host_hash_parents(rows.as_ptr(), prefix.as_ptr(), prefix.len() as u64 - 1, nodes.as_mut_ptr()) }
-}
-
-/// One narrow parent launch: as `hash_parents`, up to `BLOCK_LEVELS` levels a row, a block of
-/// threads per output node on the GPU (`hash_parents_block`).
-pub fn hash_parents_block(rows: &[u64], prefix: &[u64], nodes: &mut [u32]) {
-    check_parent_rows(rows, prefix, nodes, 8);
-    // SAFETY: every node a row reads or writes lies inside `nodes` (checked above).
-    unsafe {
-        repro_host_hash_parents_block(rows.as_ptr(), prefix.as_ptr(), prefix.len() as u64 - 1, nodes.as_mut_ptr())
-    }
-}
-
-/// Checks a parent launch's tables: one to `max_levels` levels a row, every node inside `nodes`.
-fn check_parent_rows(rows: &[u64], prefix: &[u64], nodes: &[u32], max_levels: u64) {
     items(prefix, rows.len(), 4);
     for row in rows.chunks(4) {
-        assert!((1..=max_levels).contains(&row[3]), "one to {max_levels} levels a launch");
+        assert!((1..=8).contains(&row[3]), "one to BLOCK_LEVELS levels a launch");
         let end = (row[2] + row[1].div_ceil(1 << row[3])).max(row[0] + row[1]);
         assert!(nodes.len() as u64 >= 8 * end, "the level's nodes lie inside the node buffer");
     }
+    // SAFETY: every node a row reads or writes lies inside `nodes` (checked above).
+    unsafe { repro_host_hash_parents(rows.as_ptr(), prefix.as_ptr(), prefix.len() as u64 - 1, nodes.as_mut_ptr()) }
 }
 
 /// The roots: view k's hash from the two nodes at `roots[k]`, as 8 words into `hashes`.

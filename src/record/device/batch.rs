@@ -154,8 +154,8 @@ impl ForeignBytes {
 /// shared memory is sized for it).
 const CHUNK_THREADS: u32 = 128;
 
-/// Threads per block of a narrow parent launch (`PARENT_BLOCK_THREADS` in
-/// kernels/hash_kernels.cu): one per pair of the 2^`BLOCK_LEVELS` nodes a block merges.
+/// Threads per block of a parent launch (`PARENT_BLOCK_THREADS` in kernels/hash_kernels.cu): one
+/// per pair of the 2^`BLOCK_LEVELS` nodes a block merges.
 const PARENT_BLOCK_THREADS: u32 = 1 << (BLOCK_LEVELS - 1);
 
 /// Views smaller than this are read as they are, however they are laid out.
@@ -452,19 +452,14 @@ impl DeviceBatch {
         if plan.chunks.is_some() {
             for level in &plan.levels {
                 let (rows, prefix) = (words(&level.rows), words(&level.prefix));
-                let (kernel, config) = if level.block {
-                    // A block per output node (at most 65,535 blocks, each looping over outputs).
-                    let blocks = level.outputs.min(u16::MAX as u64) as u32;
-                    let config = LaunchConfig {
-                        grid_dim: (blocks, 1, 1),
-                        block_dim: (PARENT_BLOCK_THREADS, 1, 1),
-                        shared_mem_bytes: 0,
-                    };
-                    (&kernels.parents_block, config)
-                } else {
-                    (&kernels.parents, grid(level.outputs, 128))
+                // A block per output node (at most 65,535 blocks, each looping over outputs).
+                let blocks = level.outputs.min(u16::MAX as u64) as u32;
+                let config = LaunchConfig {
+                    grid_dim: (blocks, 1, 1),
+                    block_dim: (PARENT_BLOCK_THREADS, 1, 1),
+                    shared_mem_bytes: 0,
                 };
-                let mut b = tree_stream.launch_builder(kernel);
+                let mut b = tree_stream.launch_builder(&kernels.parents);
                 b.arg(&rows).arg(&prefix).arg(&level.views).arg(&mut *nodes);
                 unsafe { b.launch(config) }.w()?;
             }
@@ -616,7 +611,6 @@ fn plan_of(tensors: &[(Queued, Want)], dev: &CudaDevice) -> Result<Plan> {
 struct HashKernels {
     chunks: CudaFunction,
     parents: CudaFunction,
-    parents_block: CudaFunction,
     roots: CudaFunction,
     copy: CudaFunction,
 }
@@ -635,7 +629,6 @@ impl HashKernels {
         let kernels = HashKernels {
             chunks: load("hash_chunks")?,
             parents: load("hash_parents")?,
-            parents_block: load("hash_parents_block")?,
             roots: load("hash_roots")?,
             copy: load("copy_views")?,
         };

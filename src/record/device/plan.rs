@@ -14,16 +14,9 @@ use std::ops::Range;
 pub const VIEW_WORDS: usize = 21;
 /// Dimensions a view may have after merging (`VIEW_DIMS` in kernels/hash.cu).
 pub const VIEW_DIMS: usize = 8;
-/// Tree levels one wide parent launch merges, at most (`LEVELS_PER_LAUNCH` in kernels/hash.cu).
-pub const LEVELS_PER_LAUNCH: u64 = 4;
-/// Work items a parent launch needs to merge `LEVELS_PER_LAUNCH` levels a thread. A thread merges
-/// its levels one compression after another, so a launch of fewer items than the GPU runs at
-/// once would be bound by that chain, not by throughput: narrower levels are merged by blocks.
-pub const DEEP_LAUNCH_MIN_ITEMS: u64 = 1 << 16;
-/// Tree levels one narrow parent launch merges, at most (`BLOCK_LEVELS` in kernels/hash.cu): a
-/// block of threads per output node merges its up to 256 input nodes level by level, a
-/// compression deep each, so a large tensor's upper levels take two launches rather than one
-/// launch a level.
+/// Tree levels one parent launch merges, at most (`BLOCK_LEVELS` in kernels/hash.cu): a block of
+/// threads per output node merges its up to 256 input nodes level by level, each level's nodes
+/// in parallel, so a 1 GiB tensor's 2^20 chunks take three launches to the root's two nodes.
 pub const BLOCK_LEVELS: u64 = 8;
 /// Bytes of one BLAKE3 chunk: views this small are copied and hashed on the host.
 const CHUNK_LEN: u64 = 1024;
@@ -123,9 +116,6 @@ pub struct Level {
     pub views: u64,
     /// Output nodes of the level in all.
     pub outputs: u64,
-    /// Whether a block of threads merges each output node (up to `BLOCK_LEVELS` levels), rather
-    /// than a thread (up to `LEVELS_PER_LAUNCH`).
-    pub block: bool,
 }
 
 /// A pass over several views: the view table and its work-item prefix, as word ranges of the
@@ -143,7 +133,7 @@ pub struct Pass {
 }
 
 /// The tables of one batch and the passes to run over them, in order: `chunks`, each of
-/// `levels` (up to `LEVELS_PER_LAUNCH` tree levels each), `roots` (each view's last two nodes,
+/// `levels` (up to `BLOCK_LEVELS` tree levels each), `roots` (each view's last two nodes,
 /// one root per view), then `copy`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Plan {
@@ -171,12 +161,6 @@ impl Plan {
     /// Plans the batch; `None` if a view has more than `VIEW_DIMS` dimensions that cannot be
     /// merged (the caller makes such a view contiguous first).
     pub fn new(views: &[(View, Want)]) -> Option<Plan> {
-        Plan::with_deep_launches_from(views, DEEP_LAUNCH_MIN_ITEMS)
-    }
-
-    /// `new`, with parent launches of at least `deep_min` work items merging
-    /// `LEVELS_PER_LAUNCH` levels and smaller ones one level.
-    fn with_deep_launches_from(views: &[(View, Want)], deep_min: u64) -> Option<Plan> {
         // Each view's table words and work items (chunks to hash, or elements to copy).
         let mut hashed: Vec<(usize, [u64; VIEW_WORDS], u64)> = Vec::new();
         let mut copied: Vec<(usize, [u64; VIEW_WORDS], u64)> = Vec::new();
@@ -226,14 +210,10 @@ impl Plan {
             }
             while current.iter().any(|&(_, n)| n > 2) {
                 let (mut rows, mut prefix, mut outputs) = (Vec::new(), vec![0], 0);
-                let deep_items: u64 =
-                    current.iter().filter(|(_, n)| *n > 2).map(|(_, n)| n.div_ceil(1 << LEVELS_PER_LAUNCH)).sum();
-                let block = deep_items < deep_min;
-                let levels = if block { BLOCK_LEVELS } else { LEVELS_PER_LAUNCH };
                 for (first, n) in current.iter_mut().filter(|(_, n)| *n > 2) {
                     // Up to `levels` levels, stopping where two nodes remain.
                     let (mut out, mut depth) = (*n, 0);
-                    while out > 2 && depth < levels {
+                    while out > 2 && depth < BLOCK_LEVELS {
                         out = out.div_ceil(2);
                         depth += 1;
                     }
@@ -246,7 +226,7 @@ impl Plan {
                 let views = rows.len() as u64 / 4;
                 let rows = plan.push(&rows);
                 let prefix = plan.push(&prefix);
-                plan.levels.push(Level { rows, prefix, views, outputs, block });
+                plan.levels.push(Level { rows, prefix, views, outputs });
             }
             plan.nodes = next_free;
             let start = plan.table.len();
@@ -323,8 +303,7 @@ mod tests {
             let mut nodes = vec![0u32; 8 * plan.nodes as usize];
             kernels::hash_chunks(&t[chunks.views.clone()], &t[chunks.prefix.clone()], &mut nodes);
             for level in &plan.levels {
-                let launch = if level.block { kernels::hash_parents_block } else { kernels::hash_parents };
-                launch(&t[level.rows.clone()], &t[level.prefix.clone()], &mut nodes);
+                kernels::hash_parents(&t[level.rows.clone()], &t[level.prefix.clone()], &mut nodes);
             }
             let roots = &t[plan.roots.clone()];
             let mut hashes = vec![0u32; 8 * roots.len()];
@@ -411,10 +390,10 @@ mod tests {
         views.push((view(&memory, 16, 8, &[2, 70], &[140, 2]), Want::Bytes));
         views.push((view(&memory, 100, 1, &[1, 1, 5000], &[7, 7, 1]), Want::Bytes));
         // The largest tree, 1,400 chunks (8-byte elements), is 10 levels below its root's two
-        // nodes: 8 + 2 in blocks at this batch's size, and 4 + 4 + 2 where every launch is wide.
-        for (deep_min, launches) in [(DEEP_LAUNCH_MIN_ITEMS, 2), (1, 3)] {
-            let plan = Plan::with_deep_launches_from(&views, deep_min).expect("every view fits the kernels");
-            assert_eq!(plan.levels.len(), launches, "parent launches of a 1,400-chunk tree");
+        // nodes: two launches, of 8 levels and 2.
+        {
+            let plan = Plan::new(&views).expect("every view fits the kernels");
+            assert_eq!(plan.levels.len(), 2, "parent launches of a 1,400-chunk tree");
             let out = run(&plan);
             for (i, ((view, want), slot)) in views.iter().zip(&plan.slots).enumerate() {
                 let bytes = row_major(&memory, view);
@@ -431,27 +410,27 @@ mod tests {
     }
 
     #[test]
-    fn a_large_trees_lower_levels_merge_four_at_a_time_and_its_upper_levels_in_blocks() {
-        // 2^20 chunks (1 GiB): 65,536 work items merge the first four levels; blocks take the
-        // 65,536 nodes left to 256 (eight levels), then to the root's two (seven).
+    fn a_large_tree_merges_eight_levels_a_launch() {
+        // 2^20 chunks (1 GiB): 4,096 blocks merge the first eight levels, 16 the next eight,
+        // and one the last three, down to the root's two nodes.
         let memory = [0u8; 16];
         let dims = [1usize << 30];
         let plan = Plan::new(&[(view(&memory, 0, 1, &dims, &[1]), Want::Hash)]).unwrap();
-        let launches: Vec<(u64, bool)> = plan.levels.iter().map(|level| (level.outputs, level.block)).collect();
-        assert_eq!(launches, [(1 << 16, false), (256, true), (2, true)]);
+        let outputs: Vec<u64> = plan.levels.iter().map(|level| level.outputs).collect();
+        assert_eq!(outputs, [1 << 12, 1 << 4, 2]);
     }
 
     /// Trees of every size from 3 to 700 chunks at odd offsets, with the views' chunks hashed and
-    /// merged as the kernels do, whichever launches merge them: the last group of each level
-    /// holds from one node to a whole group.
+    /// merged as the kernels do: the last group of each level holds from one node to a whole
+    /// group, and the smaller trees need fewer levels than a launch merges.
     #[test]
-    fn trees_of_every_shape_hash_alike_merged_in_blocks_or_by_threads() {
+    fn trees_of_every_shape_hash_like_the_reference() {
         let memory: Vec<u8> = (0..800_000u32).map(|i| (i.wrapping_mul(2_246_822_519) >> 7) as u8).collect();
         let lens: Vec<[usize; 1]> = (3..=700usize).map(|chunks| [1024 * chunks - chunks % 5]).collect();
         let views: Vec<_> = lens.iter().map(|len| (view(&memory, 1 + len[0] % 61, 1, len, &[1]), Want::Hash)).collect();
-        for deep_min in [DEEP_LAUNCH_MIN_ITEMS, 1] {
-            let plan = Plan::with_deep_launches_from(&views, deep_min).expect("every view fits the kernels");
-            assert!(plan.levels.iter().all(|level| level.block == (deep_min > 1)));
+        {
+            let plan = Plan::new(&views).expect("every view fits the kernels");
+            assert_eq!(plan.levels.len(), 2, "700 chunks are 9 levels below two nodes");
             let out = run(&plan);
             for (i, ((v, _), slot)) in views.iter().zip(&plan.slots).enumerate() {
                 let Slot::Hash(r) = slot else { panic!("view {i} is hashed on the device") };
