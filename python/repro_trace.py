@@ -94,21 +94,47 @@ def tensor_hash(dtype: str, shape: list[int], data: bytes) -> str:
     return tensor_hash_of_data_hash(dtype, shape, blake3.blake3(data).digest())
 
 
+def _hash_of(domain: bytes, dtype: str, shape: list[int], *fields: bytes) -> str:
+    """BLAKE3 of a domain, a dtype and a shape as the canonical hashes encode them, then `fields`."""
+    h = blake3.blake3()
+    h.update(domain)
+    h.update(bytes([len(dtype)]) + dtype.encode("ascii"))
+    h.update(struct.pack("<Q", len(shape)))
+    for d in shape:
+        h.update(struct.pack("<Q", d))
+    for f in fields:
+        h.update(f)
+    return h.hexdigest()
+
+
 def tensor_hash_of_data_hash(dtype: str, shape: list[int], inner: bytes) -> str:
     """The canonical hash from the BLAKE3 hash of the element bytes (computed elsewhere, on a
     GPU say)."""
-    outer = blake3.blake3()
-    outer.update(b"repro.tensor.v1")
-    outer.update(bytes([len(dtype)]) + dtype.encode("ascii"))
-    outer.update(struct.pack("<Q", len(shape)))
-    for d in shape:
-        outer.update(struct.pack("<Q", d))
-    outer.update(inner)
-    return outer.hexdigest()
+    return _hash_of(b"repro.tensor.v1", dtype, shape, inner)
+
+
+def view_hash(dtype: str, shape: list[int], of_hash: str, offset: int, strides: list[int]) -> str:
+    """The hash of a view (format 1.5): derived from the hash of the tensor it reads and its layout."""
+    return _hash_of(b"repro.view.v1", dtype, shape, bytes.fromhex(of_hash), struct.pack("<Q", offset),
+                    *(struct.pack("<Q", s) for s in strides))
+
+
+def view_within(shape: list[int], offset: int, strides: list[int], elements: int) -> bool:
+    """Whether a view's last element lies among the `elements` elements it reads (an empty view reads none)."""
+    if 0 in shape:
+        return True
+    return offset + sum((d - 1) * s for d, s in zip(shape, strides)) < elements
 
 
 # ---------------------------------------------------------------------------------------------
 # Records (section 3)
+
+
+@dataclass
+class View:
+    of: str
+    offset: int
+    strides: list[int]
 
 
 @dataclass
@@ -125,6 +151,7 @@ class Tensor:
     node: Optional[int]
     collective: Optional[str] = None  # format 1.3: the result of a sum across ranks
     source: Optional[str] = None  # format 1.4: a captured node's scope's FILE:LINE
+    view: Optional["View"] = None  # format 1.5: a captured node read through an earlier tensor's memory
 
     @property
     def nbytes(self) -> int:
@@ -351,6 +378,16 @@ def _parse_tensor(m, i: int) -> Tensor:
         node=_opt(m, "node", what, _uint),
         collective=_opt(m, "collective", what, _str),
         source=_opt(m, "source", what, _str),
+        view=_opt(m, "view", what, _parse_view),
+    )
+
+
+def _parse_view(v, what: str) -> View:
+    m = _map(v, what)
+    return View(
+        of=_str(_get(m, "of", what), f"{what} `of`"),
+        offset=_uint(_get(m, "offset", what), f"{what} `offset`"),
+        strides=[_uint(x, f"{what} stride") for x in _list(_get(m, "strides", what), f"{what} `strides`")],
     )
 
 
@@ -576,6 +613,9 @@ class Trace:
                 if (share.dtype, share.shape) != (t.dtype, t.shape):
                     raise self._corrupt(f"tensor `{t.name}`: its contribution `{t.inputs[0]}` is {share.dtype} "
                                         f"{share.shape}, the sum {t.dtype} {t.shape}", where)
+            if t.view is not None:
+                self._needs((1, 5), "`view`", where)
+                self._check_view(t, names.get(t.view.of), where)
             names[t.name] = t
             if len(t.shape) > MAX_RANK:
                 raise self._corrupt(f"tensor `{t.name}` has rank {len(t.shape)} (limit {MAX_RANK})", where)
@@ -588,6 +628,29 @@ class Trace:
                 raise self._corrupt(f"tensor `{t.name}` stores {len(t.inline)} inline bytes for {n} expected", where)
             if t.in_payload and s.payload is None:
                 raise self._corrupt(f"tensor `{t.name}` refers to a payload the step does not have", where)
+
+    def _check_view(self, t: Tensor, owner: Optional[Tensor], where: str) -> None:
+        v = t.view
+        bad = lambda why: self._corrupt(f"tensor `{t.name}`: {why}", where)
+        if t.node is None:
+            raise bad("`view` is a captured node's: the record has no `node`")
+        if len(v.strides) != len(t.shape):
+            raise bad(f"its view has {len(v.strides)} strides for {len(t.shape)} dimensions")
+        if owner is None:
+            raise bad(f"it is a view of `{v.of}`, which is not recorded earlier in the step")
+        if owner.view is not None:
+            raise bad(f"it is a view of `{v.of}`, itself a view")
+        if owner.dtype != t.dtype:
+            raise bad(f"it is a {t.dtype} view of `{v.of}`, which is {owner.dtype}")
+        elements = 1
+        for d in owner.shape:
+            elements *= d
+        if not view_within(t.shape, v.offset, v.strides, elements):
+            raise bad(f"its view reads past the {elements} elements of `{v.of}`")
+        if t.inline is not None or t.in_payload:
+            raise bad("a view stores no values of its own (they are its owner's)")
+        if view_hash(t.dtype, t.shape, owner.hash, v.offset, v.strides) != t.hash:
+            raise bad(f"its hash is not the hash of its view of `{v.of}`")
 
     # -- values --------------------------------------------------------------------------------
 
@@ -615,6 +678,20 @@ class Trace:
     def values(self, s: Step, t: Tensor) -> Optional[bytes]:
         """The tensor's element bytes, checked against its hash, or None if only the hash is stored."""
         where = f"step {s.step}, tensor `{t.name}`"
+        if t.view is not None:
+            # The owner's values (checked against its hash), read through the view's layout.
+            owner = next(o for o in s.tensors if o.name == t.view.of and o.view is None)
+            data = self.values(s, owner)
+            if data is None:
+                return None
+            size = DTYPE_SIZES[t.dtype]
+            elements = np.frombuffer(data, dtype=np.uint8).reshape(-1, size)
+            index = np.full(t.shape, t.view.offset, dtype=np.int64)
+            for axis, stride in enumerate(t.view.strides):
+                shape = [1] * len(t.shape)
+                shape[axis] = t.shape[axis]
+                index = index + np.arange(t.shape[axis], dtype=np.int64).reshape(shape) * stride
+            return elements[index.reshape(-1)].tobytes()
         if t.inline is not None:
             data, path = t.inline, self.records_path
         elif t.in_payload and self.records_only:
@@ -652,6 +729,8 @@ def cmd_verify(path: str) -> int:
             steps += 1
             for t in s.tensors:
                 tensors += 1
+                if t.view is not None:
+                    continue  # no values of its own; its hash was checked against its owner's
                 try:
                     if tr.values(s, t) is not None:
                         checked += 1

@@ -45,9 +45,11 @@ from repro_trace import (
     payload_name,
     tensor_hash,
     tensor_hash_of_data_hash,
+    view_hash,
+    view_within,
 )
 
-FORMAT = (1, 4)
+FORMAT = (1, 5)
 VERSION = "0.1.0"
 LOCK_FILE = ".repro-lock"
 # The safetensors package's names for the trace's dtypes (section 4.2 stores the trace's own).
@@ -88,6 +90,9 @@ class Record:
     node: Optional[int] = None
     source: Optional[str] = None
     data_hash: Optional[bytes] = None
+    # A captured node that reads an earlier record's memory (format 1.5): (owner name, offset,
+    # strides); its hash is derived from the owner's, and it has no data of its own.
+    view: Optional[tuple] = None
 
 
 @dataclass
@@ -255,19 +260,28 @@ class TraceWriter:
         if self._last is not None and step <= self._last:
             raise WriteError(f"step {step} follows step {self._last}: steps must increase")
         full = self.wants_full(step)
-        records, payload, seen = [], {}, set()
+        records, payload, seen, digests, owners = [], {}, set(), {}, {}
         for t in tensors:
-            self._check(t, seen, step)
+            self._check(t, seen, owners, step)
             seen.add(t.name)
+            if t.view is None:
+                owners[t.name] = t
             shape = [int(d) for d in t.shape]
-            if t.data is None and full:
+            if t.data is None and full and t.view is None:
                 raise WriteError(f"step {step}, tensor `{t.name}`: the step stores full values, but only a hash was given")
-            if t.data is None:
+            if t.view is not None:
+                of, offset, strides = t.view
+                digest = view_hash(t.dtype, shape, digests[of], int(offset), [int(x) for x in strides])
+            elif t.data is None:
                 digest = tensor_hash_of_data_hash(t.dtype, shape, bytes(t.data_hash))
             else:
                 digest = tensor_hash(t.dtype, shape, t.data)
             m = {"name": t.name, "kind": t.kind, "dtype": t.dtype, "shape": shape, "hash": digest}
-            if t.data is not None and len(t.data) <= self._inline_max:
+            if t.view is None:
+                digests[t.name] = digest
+            if t.view is not None:
+                m["in_payload"] = False
+            elif t.data is not None and len(t.data) <= self._inline_max:
                 m["inline"] = bytes(t.data)
                 m["in_payload"] = False
             else:
@@ -282,6 +296,9 @@ class TraceWriter:
                 m["node"] = int(t.node)
             if t.source is not None:
                 m["source"] = t.source
+            if t.view is not None:
+                of, offset, strides = t.view
+                m["view"] = {"of": of, "offset": int(offset), "strides": [int(x) for x in strides]}
             records.append(m)
         name = payload_name(step) if payload else None
         if payload:
@@ -296,7 +313,7 @@ class TraceWriter:
         self._last = step
         self._steps += 1
 
-    def _check(self, t: Record, seen: set, step: int) -> None:
+    def _check(self, t: Record, seen: set, owners: dict, step: int) -> None:
         where = f"step {step}, tensor `{t.name}`"
         _printable("tensor name", t.name)
         if t.name in seen:
@@ -310,10 +327,10 @@ class TraceWriter:
         if len(t.shape) > MAX_RANK:
             raise WriteError(f"{where}: rank {len(t.shape)} exceeds {MAX_RANK}")
         expected = DTYPE_SIZES[t.dtype] * int(np.prod([int(d) for d in t.shape], dtype=object))
-        if t.data is None:
+        if t.data is None and t.view is None:
             if not isinstance(t.data_hash, (bytes, bytearray)) or len(t.data_hash) != 32:
                 raise WriteError(f"{where}: neither its bytes nor a 32-byte data hash")
-        elif len(t.data) != expected:
+        elif t.data is not None and len(t.data) != expected:
             raise WriteError(f"{where}: {len(t.data)} bytes for {t.dtype} {list(t.shape)} ({expected} expected)")
         for i in t.inputs:
             _printable("an input's name", i)
@@ -323,6 +340,16 @@ class TraceWriter:
             _printable("the source location", t.source)
             if t.node is None or len(t.source.encode()) > MAX_SOURCE_BYTES:
                 raise WriteError(f"{where}: a source location is a node's, of at most {MAX_SOURCE_BYTES} bytes")
+        if t.view is not None:
+            of, offset, strides = t.view
+            owner = owners.get(of)
+            if t.node is None or t.data is not None or owner is None or owner.dtype != t.dtype:
+                raise WriteError(f"{where}: a view is a node's, without data, of a tensor of its dtype recorded "
+                                 "earlier in the step")
+            elements = int(np.prod([int(d) for d in owner.shape], dtype=object))
+            if len(strides) != len(t.shape) or not view_within([int(d) for d in t.shape], int(offset),
+                                                                  [int(x) for x in strides], elements):
+                raise WriteError(f"{where}: its view does not lie within `{of}`")
 
     def _write_payload(self, name: str, tensors: dict) -> None:
         os.makedirs(os.path.join(self.path, TENSORS_DIR), exist_ok=True)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Checks the independent Python reader of the trace format (python/repro_trace.py) against
-# traces recorded by repro (format 1.4) and the committed fixtures (formats 1.0 to 1.4).
+# traces recorded by repro (format 1.5) and the committed fixtures (formats 1.0 to 1.4).
 #
 #   scripts/python-reader-check.sh          # uses target/release/repro
 #   REPRO_BIN=path/to/repro scripts/python-reader-check.sh
@@ -156,19 +156,25 @@ PYEOF
 )
 if [ $? = 0 ]; then ok "data-parallel rank stream: $out"; else fail "data-parallel rank stream: $out"; fi
 
-# Format 1.4: a captured node carries where its scope was opened.
+# Format 1.4: a captured node carries where its scope was opened. Format 1.5: a node that reads
+# an earlier tensor's memory is a view of it, its values gathered from that tensor's.
 out=$(PYTHONPATH=python "$PY" - "$WORK/gpt" <<'PYEOF' 2>&1
 import sys
 from repro_trace import Trace
 t = Trace(sys.argv[1])
-assert t.version == (1, 4), t.version
-nodes = [x for s in t.steps() for x in s.tensors if x.node is not None]
+assert t.version == (1, 5), t.version
+steps = list(t.steps())
+nodes = [x for s in steps for x in s.tensors if x.node is not None]
 sourced = [x for x in nodes if x.source]
 assert sourced and all(x.source.startswith("src/workloads/gpt/model.rs:") for x in sourced), sourced[:3]
-print(f"format 1.4: {len(sourced)} of {len(nodes)} captured nodes name their scope's source line")
+views = [(s, x) for s in steps for x in s.tensors if x.view is not None]
+assert views, "no views"
+assert all(len(t.values(s, x)) == x.nbytes for s, x in views)
+print(f"format 1.4: {len(sourced)} of {len(nodes)} captured nodes name their scope's source line; "
+      f"format 1.5: {len(views)} are views, read through their owners' values")
 PYEOF
 )
-if [ $? = 0 ]; then ok "$out"; else fail "captured nodes' source (1.4): $out"; fi
+if [ $? = 0 ]; then ok "$out"; else fail "captured nodes' source (1.4) and views (1.5): $out"; fi
 
 # --- diff -----------------------------------------------------------------------------------
 run_reader out rc diff "$WORK/adder-a" "$WORK/adder-b"

@@ -45,7 +45,7 @@ class WriterTest(unittest.TestCase):
         self.assertEqual(w.finish(), 2)
         run = repro("inspect", path, "--verify")
         self.assertEqual(run.returncode, 0, run.stdout + run.stderr)
-        self.assertIn("format     1.4", run.stdout)
+        self.assertIn("format     1.5", run.stdout)
 
     def test_a_run_rewritten_from_python_is_byte_identical_to_repro_s(self):
         for name, args in (
@@ -63,8 +63,9 @@ class WriterTest(unittest.TestCase):
                     environment=Environment(**h["environment"]), producer=h["producer"],
                 )
                 for s in t.steps():
-                    records = [Record(x.name, x.kind, x.dtype, x.shape, t.values(s, x), x.phase, x.inputs, x.node,
-                                      x.source) for x in s.tensors]
+                    records = [Record(x.name, x.kind, x.dtype, x.shape, None if x.view else t.values(s, x), x.phase,
+                                      x.inputs, x.node, x.source,
+                                      view=x.view and (x.view.of, x.view.offset, x.view.strides)) for x in s.tensors]
                     w.write_step(s.step, records, s.no_gradient)
                 w.finish()
             for sub in ["records.rpr"] + [f"tensors/{f}" for f in sorted(os.listdir(os.path.join(original, "tensors")))]:

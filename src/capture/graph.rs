@@ -8,6 +8,7 @@
 //! same code.
 
 use super::scope::{tensor_number, ScopeSpan};
+use crate::trace::{view, ViewOf};
 use candle_core::Tensor;
 use std::collections::BTreeMap;
 
@@ -69,6 +70,46 @@ pub(crate) fn graph_nodes(
         nodes.push(GraphNode { position: position as u64, name, is_variable, source, tensor: t.clone() });
     }
     nodes
+}
+
+/// For each node, the earlier node whose memory it reads through a layout of its own (a
+/// transpose, a broadcast, a narrow, a reshape), as a view (`repro_trace::view`): the first
+/// node of a storage that is contiguous and `recorded` owns it, and a later node of that storage
+/// whose elements lie within the owner's is a view of it. `None` for the others: nodes with
+/// memory of their own, and nodes of memory no recorded node owns whole.
+pub(crate) fn views(nodes: &[GraphNode], recorded: impl Fn(&GraphNode) -> bool) -> Vec<Option<ViewOf>> {
+    struct Owner {
+        index: usize,
+        start: usize,
+        elements: u64,
+    }
+    // By the address of the storage the nodes share (all alive, held by `nodes`).
+    let mut owners: BTreeMap<usize, Owner> = BTreeMap::new();
+    let mut views = Vec::with_capacity(nodes.len());
+    for (index, node) in nodes.iter().enumerate() {
+        let (storage, layout) = node.tensor.storage_and_layout();
+        let key = &*storage as *const candle_core::Storage as usize;
+        let view = match owners.get(&key) {
+            Some(owner) => layout.start_offset().checked_sub(owner.start).and_then(|offset| {
+                let shape: Vec<u64> = layout.dims().iter().map(|&d| d as u64).collect();
+                let strides: Vec<u64> = layout.stride().iter().map(|&s| s as u64).collect();
+                view::within(&shape, offset as u64, &strides, owner.elements).then(|| ViewOf {
+                    of: nodes[owner.index].name.clone(),
+                    offset: offset as u64,
+                    strides,
+                })
+            }),
+            None => {
+                if layout.is_contiguous() && recorded(node) {
+                    let elements = node.tensor.elem_count() as u64;
+                    owners.insert(key, Owner { index, start: layout.start_offset(), elements });
+                }
+                None
+            }
+        };
+        views.push(view);
+    }
+    views
 }
 
 /// Finds the innermost scope that holds a tensor id. Scopes entered and left in order nest as

@@ -2,7 +2,7 @@
 //! into a `StepRecorder`; `ModelRecorder` bundles it with a `Recorder` so that a training loop
 //! records itself in four lines.
 
-use super::graph::{graph_nodes, GraphNode};
+use super::graph::{graph_nodes, views, GraphNode};
 use super::scope::{take_step, tensor_number, ScopeSpan};
 use crate::record::profile;
 use crate::record::{Described, RecordEnv, RecordError, RecordOptions, Recorder, StepRecorder};
@@ -10,7 +10,7 @@ use crate::trace::{Phase, RunConfig, TensorKind};
 use candle_core::backprop::GradStore;
 use candle_core::{Device, Tensor, Var};
 use candle_nn::VarMap;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -112,6 +112,10 @@ impl ModelCapture {
                     stray.tensor.dims()
                 )));
             }
+            // Views of the graph's own nodes, and of parameters recorded in this part (read in
+            // the same flush, so the relation holds of the values recorded), are recorded as views.
+            let in_part: BTreeSet<&str> = records.tensors.iter().map(|t| t.record.name.as_str()).collect();
+            let mut views = views(&nodes, |n| !n.is_variable || in_part.contains(n.name.as_str()));
             let last = nodes.len() - 1;
             for (i, node) in nodes.into_iter().enumerate().filter(|(_, n)| !n.is_variable) {
                 let (name, kind) =
@@ -125,7 +129,14 @@ impl ModelCapture {
                     collective: None,
                     source: node.source,
                 };
-                records.push(what, &node.tensor, false)?;
+                let bytes = (node.tensor.elem_count() * node.tensor.dtype().size_in_bytes()) as u64;
+                match views[i].take() {
+                    // The root keeps its values (a loss, logits), and small views their inline ones.
+                    Some(view) if i != last && records.derives_view_of(bytes) => {
+                        records.push_view(what, &node.tensor, view)?
+                    }
+                    _ => records.push(what, &node.tensor, false)?,
+                }
             }
             Ok(())
         });
@@ -398,6 +409,58 @@ mod tests {
         capture.record_graph(&mut step, &loss, "loss", TensorKind::Loss);
         let err = step.finish().unwrap_err().to_string();
         assert!(err.contains("`loss` recorded twice in step 0"), "{err}");
+    }
+
+    /// Nodes that read another node's or a parameter's memory (a transposed weight, a broadcast
+    /// bias, a transpose and a narrow of an activation) are recorded as views of it (format 1.5),
+    /// and read back through their layouts they are the nodes' own values; nodes of memory of
+    /// their own, and views too small to leave the record, keep their values' hashes.
+    #[test]
+    fn views_read_back_as_the_nodes_values() {
+        use crate::hash::tensor_hash;
+        use candle_core::Module;
+        let varmap = VarMap::new();
+        let vb = candle_nn::VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
+        let fc = candle_nn::linear(32, 48, vb.pp("fc")).unwrap();
+        let x = Tensor::arange(0f32, 256.0, &Device::Cpu).unwrap().reshape((8, 32)).unwrap().affine(0.01, 0.0).unwrap();
+        let h = fc.forward(&x).unwrap();
+        let window = h.t().unwrap().narrow(0, 4, 40).unwrap();
+        let loss = window.sqr().unwrap().sum_all().unwrap();
+        // Each node's own values, by position in the graph.
+        let capture = ModelCapture::new(&varmap);
+        let expected: BTreeMap<u64, crate::hash::TensorHash> = capture
+            .graph(&loss)
+            .unwrap()
+            .into_iter()
+            .map(|n| {
+                let dtype = crate::record::trace_dtype(n.tensor.dtype()).unwrap();
+                let shape: Vec<u64> = n.tensor.dims().iter().map(|&d| d as u64).collect();
+                let hash = crate::record::with_canonical_bytes(&n.tensor, |b| tensor_hash(dtype, &shape, b)).unwrap();
+                (n.position, hash)
+            })
+            .collect();
+        let dir = tempfile::tempdir().unwrap();
+        let mut rec = ModelRecorder::create(dir.path().join("t"), RunConfig::default(), &Device::Cpu, &varmap).unwrap();
+        let grads = loss.backward().unwrap();
+        rec.training_step(0, &[("x", &x)], &loss, &grads).unwrap().finish().unwrap();
+        rec.finish().unwrap();
+        let mut reader = crate::trace::TraceReader::open(dir.path().join("t")).unwrap();
+        let step = reader.next_step().unwrap().unwrap();
+        let mut owners = BTreeSet::new();
+        for t in step.tensors.iter().filter(|t| t.node.is_some()) {
+            let values = reader.values(&step, t).unwrap().expect("the first step stores every value");
+            let own = tensor_hash(t.dtype, &t.shape, &values.bytes);
+            assert_eq!(own, expected[&t.node.unwrap()], "`{}`: {:?}", t.name, t.view);
+            match &t.view {
+                Some(view) => {
+                    owners.insert(view.of.clone());
+                }
+                None => assert_eq!(own, t.hash, "`{}` is hashed by its values", t.name),
+            }
+        }
+        // The weight transposed and broadcast, the bias broadcast, and the product transposed.
+        assert!(owners.contains("fc.weight") && owners.contains("fc.bias"), "{owners:?}");
+        assert!(owners.iter().any(|o| o != "fc.weight" && o != "fc.bias"), "a view of a node: {owners:?}");
     }
 
     #[test]

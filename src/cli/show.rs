@@ -143,7 +143,7 @@ fn find_step(reader: &mut TraceReader, wanted: Option<u64>) -> Result<Option<Ste
 fn write_safetensors(path: &std::path::Path, name: &str, values: &repro::trace::TensorValues) -> Result<(), CliError> {
     use safetensors::tensor::TensorView;
     let shape: Vec<usize> = values.shape.iter().map(|&d| d as usize).collect();
-    let view = TensorView::new(repro::trace::safetensors_dtype(values.dtype), shape, values.bytes)
+    let view = TensorView::new(repro::trace::safetensors_dtype(values.dtype), shape, &values.bytes)
         .map_err(|e| format!("cannot export `{name}`: {e}"))?;
     let bytes = safetensors::serialize([(name, view)], None).map_err(|e| format!("cannot export `{name}`: {e}"))?;
     let mut file = std::fs::OpenOptions::new()
@@ -177,7 +177,7 @@ fn write_npy(path: &std::path::Path, name: &str, values: &repro::trace::TensorVa
     let shape: Vec<usize> = values.shape.iter().map(|&d| d as usize).collect();
     // Canonical bytes are little-endian, as candle's buffers are on the hosts it runs on.
     let export = || -> candle_core::Result<()> {
-        let tensor = Tensor::from_raw_buffer(values.bytes, dtype, &shape, &Device::Cpu)?;
+        let tensor = Tensor::from_raw_buffer(&values.bytes, dtype, &shape, &Device::Cpu)?;
         let tensor = if dtype == C::BF16 { tensor.to_dtype(C::F32)? } else { tensor };
         tensor.write_npy(path)
     };

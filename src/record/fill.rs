@@ -3,8 +3,10 @@
 //! before, for a progress display).
 
 use super::tensor_bytes::DeviceResult;
-use crate::hash::{combine, tensor_hash};
+use crate::hash::{combine, tensor_hash, TensorHash};
+use crate::trace::view::view_hash;
 use crate::trace::StepTensor;
+use std::collections::BTreeMap;
 
 /// Puts a finished step's device results (in ticket order) into its records: `deferred` pairs
 /// a record's index with its ticket.
@@ -31,7 +33,31 @@ pub(crate) fn fill_records(
             }
         }
     }
+    derive_view_hashes(&mut tensors);
     tensors
+}
+
+/// Gives each view (`TensorRecord::view`) the hash derived from its owner's, now that every
+/// hash of the step is known. A view whose owner is missing keeps a zero hash, which the trace
+/// writer refuses, naming it.
+fn derive_view_hashes(tensors: &mut [StepTensor]) {
+    if tensors.iter().all(|t| t.record.view.is_none()) {
+        return;
+    }
+    let mut owners: BTreeMap<String, TensorHash> = BTreeMap::new();
+    for t in tensors {
+        let r = &mut t.record;
+        match &r.view {
+            Some(view) => {
+                if let Some(owner) = owners.get(&view.of) {
+                    r.hash = view_hash(r.dtype, &r.shape, owner, view.offset, &view.strides);
+                }
+            }
+            None => {
+                owners.insert(r.name.clone(), r.hash);
+            }
+        }
+    }
 }
 
 /// Bytes of full values a step stores once `fill_records` has run: the payloads it has, and

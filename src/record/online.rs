@@ -151,6 +151,7 @@ mod tests {
             node: None,
             collective: None,
             source: None,
+            view: None,
         };
         vec![StepTensor { record, payload: Some(vec![7]) }]
     }

@@ -7,7 +7,7 @@ use super::error::RecordError;
 use super::profile;
 use super::tensor_bytes::{trace_dtype, with_canonical_bytes, DeviceQueue};
 use crate::hash::{tensor_hash, TensorHash, CHUNK_LEN};
-use crate::trace::{Phase, StepTensor, TensorKind, TensorRecord};
+use crate::trace::{Phase, StepTensor, TensorKind, TensorRecord, ViewOf};
 use candle_core::Tensor;
 
 /// What a recorded tensor is, apart from its values.
@@ -88,11 +88,47 @@ impl StepRecords {
                     node: what.node,
                     collective: what.collective.map(str::to_string),
                     source: what.source,
+                    view: None,
                 },
                 payload,
             });
             Ok(())
         })
+    }
+
+    /// Records `tensor` as `what`, a view of a tensor recorded earlier in the step (format 1.5):
+    /// nothing is read, and its hash is derived from that tensor's when the step is filled in
+    /// (`fill::fill_records`). The caller has checked that `view` lies within that tensor and
+    /// that both are read in the same flush, so the relation holds of the values recorded.
+    pub(crate) fn push_view(&mut self, what: Described<'_>, tensor: &Tensor, view: ViewOf) -> Result<(), RecordError> {
+        let dtype = trace_dtype(tensor.dtype())?;
+        let shape: Vec<u64> = tensor.dims().iter().map(|&d| d as u64).collect();
+        self.tensors.push(StepTensor {
+            record: TensorRecord {
+                name: what.name,
+                kind: what.kind,
+                dtype,
+                shape,
+                hash: TensorHash([0; 32]),
+                inline: None,
+                in_payload: false,
+                phase: what.phase,
+                inputs: what.inputs.iter().map(|s| s.to_string()).collect(),
+                node: what.node,
+                collective: what.collective.map(str::to_string),
+                source: what.source,
+                view: Some(view),
+            },
+            payload: None,
+        });
+        Ok(())
+    }
+
+    /// Whether a view of `bytes` bytes is recorded as a view (`push_view`) rather than by its
+    /// values: when it is larger than what every step stores inline. The same at every step,
+    /// whether or not it stores full values, so that a view hashes alike in any two steps.
+    pub(crate) fn derives_view_of(&self, bytes: u64) -> bool {
+        bytes > self.inline_max
     }
 
     /// Launches the device reads of everything queued so far (see `StepRecorder::read_now`).

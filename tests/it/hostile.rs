@@ -406,6 +406,7 @@ fn write_one_tensor_trace(path: &Path, name: &str, bytes: Vec<u8>, inline: bool)
         node: None,
         collective: None,
         source: None,
+        view: None,
     };
     let mut w = TraceWriter::create(path, &header, false).unwrap();
     w.write_step(0, vec![StepTensor { record, payload: (!inline).then_some(bytes) }]).unwrap();

@@ -347,6 +347,14 @@ pub fn diff_traces_with(
              compared (record those steps with full values, `--capture`, to compare them)"
         ));
     }
+    if state.views_unmatched > 0 {
+        warnings.push(format!(
+            "{} tensor record(s) are views of an earlier tensor in one trace and hashed by their values in the other \
+             (a trace made before format 1.5, or a parameter read at another point of its step): those were not \
+             compared; the tensors they read were",
+            state.views_unmatched
+        ));
+    }
     Ok(TraceDiff {
         warnings,
         tolerance,
@@ -545,6 +553,8 @@ struct DiffState {
     /// The first step at which a tensor differed within the tolerance.
     first_within_step: Option<u64>,
     hash_only: u64,
+    /// (step, tensor) pairs left out: a view in one trace, hashed by its values in the other.
+    views_unmatched: u64,
     /// Step-by-step gaps by series label (`kind:...` for every kind seen, `tensor:...` for
     /// the tensors tracked, inserted up front).
     gaps: BTreeMap<String, Vec<GapPoint>>,
@@ -627,6 +637,14 @@ impl DiffState {
                     continue;
                 }
             };
+            if ta.view.is_some() != tb.view.is_some() {
+                // A view of an earlier tensor in one trace (its hash derived from that tensor's),
+                // hashed by its values in the other: the hashes say nothing of each other. The
+                // tensor it reads is compared in its place.
+                self.views_unmatched += 1;
+                entries.push(Entry::new(ta, None, false));
+                continue;
+            }
             if ta.dtype != tb.dtype || ta.shape != tb.shape {
                 // A tensor of another dtype or shape differs as surely as one of other values:
                 // it can be the first divergence (an input batch of another size, say).

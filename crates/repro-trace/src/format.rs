@@ -24,7 +24,10 @@ pub struct FormatVersion {
 ///   kind `input`; readers take unknown tensor kinds as `other`.
 /// - 1.2: tensor records may carry `node` (position in an automatically captured graph); step
 ///   records may carry `no_gradient` (parameters that received no gradient).
-pub const CURRENT_FORMAT: FormatVersion = FormatVersion { major: 1, minor: 4 };
+/// - 1.3: `collective` (data-parallel runs). 1.4: `source` (a captured node's scope's place).
+/// - 1.5: `view`: a captured node that reads an earlier tensor's memory, hashed by that relation
+///   (`crate::view`).
+pub const CURRENT_FORMAT: FormatVersion = FormatVersion { major: 1, minor: 5 };
 
 impl FormatVersion {
     /// Whether this build can read a trace written in `self`.

@@ -19,6 +19,7 @@ mod ranks;
 mod reader;
 mod schema;
 mod summary;
+pub mod view;
 mod writer;
 
 pub use check::{StepCheck, StepVerdict};
@@ -30,7 +31,7 @@ pub use ranks::rank_streams;
 pub use reader::{Completeness, TensorValues, TraceReader};
 pub use schema::{
     BadCapture, CapturePolicy, Distributed, Environment, Footer, FullCapture, Header, Phase, Record, RunConfig,
-    StepRecord, TensorKind, TensorRecord,
+    StepRecord, TensorKind, TensorRecord, ViewOf,
 };
 pub use summary::{summarize, verify, MissingGradient, MissingGradients, TensorInfo, TraceSummary, Verification};
 pub use writer::{safetensors_dtype, StepTensor, TraceWriter};

@@ -47,8 +47,8 @@ pub struct TensorValues<'a> {
     pub dtype: DType,
     /// Dimensions.
     pub shape: Vec<u64>,
-    /// Contiguous little-endian element bytes.
-    pub bytes: &'a [u8],
+    /// Contiguous little-endian element bytes (gathered into memory for a view, format 1.5).
+    pub bytes: std::borrow::Cow<'a, [u8]>,
     /// Where `bytes` lie in a mapped payload; `None` for inline values.
     pages: Option<Pages<'a>>,
 }
@@ -56,7 +56,7 @@ pub struct TensorValues<'a> {
 impl<'a> TensorValues<'a> {
     /// Values held in memory (not mapped from a payload file).
     pub fn in_memory(dtype: DType, shape: Vec<u64>, bytes: &'a [u8]) -> Self {
-        TensorValues { dtype, shape, bytes, pages: None }
+        TensorValues { dtype, shape, bytes: std::borrow::Cow::Borrowed(bytes), pages: None }
     }
 
     /// Number of elements.
@@ -73,7 +73,7 @@ impl<'a> TensorValues<'a> {
     /// # Panics
     /// If the tensors' byte lengths differ.
     pub fn zip_windows(tensors: &[&TensorValues<'_>], window_bytes: usize, visit: impl FnMut(usize, &[&[u8]])) {
-        let parts: Vec<_> = tensors.iter().map(|t| (t.bytes, t.pages)).collect();
+        let parts: Vec<_> = tensors.iter().map(|t| (t.bytes.as_ref(), t.pages)).collect();
         paging::for_each_window(&parts, window_bytes, visit);
     }
 }
@@ -269,6 +269,9 @@ impl TraceReader {
     /// Whether the trace holds `tensor`'s values at `step` (what `values` would read), without
     /// reading them: inline in the record, or in a payload file this reader can follow.
     pub fn has_values(&self, step: &StepRecord, tensor: &TensorRecord) -> bool {
+        if let Some(view) = &tensor.view {
+            return owner(step, tensor, view).is_some_and(|owner| self.has_values(step, owner));
+        }
         tensor.inline.is_some() || (!self.records_only && tensor.in_payload && step.payload.is_some())
     }
 
@@ -281,6 +284,17 @@ impl TraceReader {
         tensor: &'a TensorRecord,
     ) -> Result<Option<TensorValues<'a>>, TraceError> {
         let where_ = || format!("step {}, tensor `{}`", step.step, tensor.name);
+        if let Some(view) = &tensor.view {
+            // Its owner's values (checked against the owner's hash), read through its layout.
+            let Some(owner) = owner(step, tensor, view) else {
+                return Err(self.corrupt(&where_(), format!("a view of `{}`, which the step lacks", view.of)));
+            };
+            let Some(values) = self.values(step, owner)? else { return Ok(None) };
+            let size = values.dtype.size_in_bytes();
+            let bytes = crate::view::gather(&values.bytes, size, &tensor.shape, view.offset, &view.strides);
+            let bytes = std::borrow::Cow::Owned(bytes);
+            return Ok(Some(TensorValues { dtype: tensor.dtype, shape: tensor.shape.clone(), bytes, pages: None }));
+        }
         if tensor.inline.is_none() && self.records_only {
             // A lone record file keeps hashes; the values of large tensors stayed behind.
             return Ok(None);
@@ -311,6 +325,7 @@ impl TraceReader {
                 reason: "the stored values do not match the recorded hash".into(),
             });
         }
+        let bytes = std::borrow::Cow::Borrowed(bytes);
         Ok(Some(TensorValues { dtype: tensor.dtype, shape: tensor.shape.clone(), bytes, pages }))
     }
 
@@ -499,6 +514,13 @@ impl TraceReader {
                 return Err(format!("`source` is {} bytes (at most {})", source.len(), format::MAX_SOURCE_BYTES));
             }
         }
+        if let Some(view) = &t.view {
+            self.needs_version(1, 5, "`view`")?;
+            if t.node.is_none() {
+                return Err("`view` is a captured node's: the record has no `node`".into());
+            }
+            crate::view::check(t, view, earlier.get(view.of.as_str()).copied().filter(|o| !std::ptr::eq(*o, t)))?;
+        }
         let Some(collective) = &t.collective else { return Ok(()) };
         self.needs_version(1, 3, "`collective`")?;
         if collective != format::ALL_REDUCE_SUM {
@@ -580,6 +602,12 @@ fn leading_type(payload: &[u8]) -> Option<&str> {
         return None;
     }
     rmp::decode::read_str_from_slice(rest).ok().map(|(value, _)| value)
+}
+
+/// The tensor of `step` that `view` (of `tensor`) reads, recorded before it (the reader checked
+/// that when it read the step).
+fn owner<'s>(step: &'s StepRecord, tensor: &TensorRecord, view: &crate::schema::ViewOf) -> Option<&'s TensorRecord> {
+    step.tensors.iter().take_while(|t| !std::ptr::eq(*t, tensor)).find(|t| t.name == view.of && t.view.is_none())
 }
 
 #[cfg(test)]
@@ -714,6 +742,7 @@ mod tests {
             node: None,
             collective: None,
             source: None,
+            view: None,
         }
     }
 
@@ -804,6 +833,60 @@ mod tests {
             let err = error_reading(&[header(), step(tensors)]);
             assert!(err.contains("corrupt") && err.contains(expected), "expected `{expected}`: {err}");
         }
+    }
+
+    /// A view (format 1.5) is read only as what it claims: a node's view of an earlier tensor
+    /// of its step, within it, with the hash derived from it; its values are gathered from the
+    /// owner's through its layout.
+    #[test]
+    fn a_view_reads_as_its_owners_values_through_its_layout_and_nothing_else() {
+        use crate::schema::ViewOf;
+        use crate::view::view_hash;
+        let owner = TensorRecord {
+            inline: Some((0..6u32).flat_map(|v| (v as f32).to_le_bytes()).collect()),
+            ..TensorRecord::of_bytes(
+                "w",
+                crate::TensorKind::Weight,
+                DType::F32,
+                vec![2, 3],
+                &(0..6u32).flat_map(|v| (v as f32).to_le_bytes()).collect::<Vec<u8>>(),
+            )
+        };
+        let view_of = |of: &str, offset: u64, strides: Vec<u64>, shape: Vec<u64>, owner_hash| {
+            let hash = view_hash(DType::F32, &shape, &owner_hash, offset, &strides);
+            let view = Some(ViewOf { of: of.into(), offset, strides });
+            TensorRecord { name: "w.t".into(), node: Some(3), hash, view, ..tensor(shape, None, false) }
+        };
+        let transposed = view_of("w", 0, vec![1, 3], vec![3, 2], owner.hash);
+        let step = |tensors: Vec<TensorRecord>| {
+            let record = StepRecord { step: 0, payload: None, tensors, no_gradient: Vec::new() };
+            rmp_serde::to_vec_named(&Record::Step(record)).unwrap()
+        };
+        let dir = trace_with(&[header(), step(vec![owner.clone(), transposed.clone()])]);
+        let mut reader = TraceReader::open(dir.path()).unwrap();
+        let read = reader.next_step().unwrap().unwrap();
+        assert!(reader.has_values(&read, &read.tensors[1]));
+        let values = reader.values(&read, &read.tensors[1]).unwrap().unwrap();
+        let floats: Vec<f32> = values.bytes.chunks(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+        assert_eq!(floats, [0.0, 3.0, 1.0, 4.0, 2.0, 5.0]);
+        let cases = [
+            (vec![transposed.clone(), owner.clone()], "not recorded earlier"),
+            (vec![owner.clone(), view_of("w", 1, vec![1, 3], vec![3, 2], owner.hash)], "reads past the 6 elements"),
+            (vec![owner.clone(), TensorRecord { hash: owner.hash, ..transposed.clone() }], "hash is not the hash"),
+            (vec![owner.clone(), TensorRecord { node: None, ..transposed.clone() }], "has no `node`"),
+            (vec![owner.clone(), TensorRecord { inline: Some(vec![0; 24]), ..transposed.clone() }], "no values"),
+        ];
+        for (tensors, expected) in cases {
+            let err = error_reading(&[header(), step(tensors)]);
+            assert!(err.contains("corrupt") && err.contains(expected), "expected `{expected}`: {err}");
+        }
+        // A file that declares 1.4 has no views.
+        let v1_4 = FormatVersion { major: 1, minor: 4 };
+        let old = Header { format: v1_4, ..plain_header() };
+        let old = rmp_serde::to_vec_named(&Record::Header(Box::new(old))).unwrap();
+        let records = [old, step(vec![owner, transposed])];
+        let err = read_all(trace_in_version(v1_4, &records).path()).unwrap_err().to_string();
+        assert!(err.contains("`view` is a key of format 1.5"), "{err}");
     }
 
     #[test]

@@ -145,12 +145,30 @@ pub struct TensorRecord {
     /// call, or a `tracing` span's callsite).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source: Option<String>,
+    /// For a node of an automatically captured graph that reads an earlier tensor's memory
+    /// (format 1.5): which tensor, and through which layout. Its hash is then derived from that
+    /// tensor's (`crate::view`), and it stores no values.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub view: Option<ViewOf>,
+}
+
+/// What a view reads: element `offset + sum(index[i] * strides[i])` of `of`'s elements in
+/// row-major order, for each index of the view's own shape.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ViewOf {
+    /// The tensor of the same step whose elements it reads, recorded before it; not a view.
+    pub of: String,
+    /// Index of the view's first element among `of`'s elements.
+    pub offset: u64,
+    /// Elements of `of` between neighbours along each of the view's dimensions (0 along a
+    /// broadcast one), outermost first.
+    pub strides: Vec<u64>,
 }
 
 impl TensorRecord {
     /// The record of a tensor of `bytes` (row-major, little-endian), hashed canonically, that
-    /// says nothing more: no inline values, no payload, phase, inputs, graph node, collective or
-    /// source. Set those with struct update syntax where they apply.
+    /// says nothing more: no inline values, no payload, phase, inputs, graph node, collective,
+    /// source or view. Set those with struct update syntax where they apply.
     pub fn of_bytes(name: impl Into<String>, kind: TensorKind, dtype: DType, shape: Vec<u64>, bytes: &[u8]) -> Self {
         TensorRecord {
             name: name.into(),
@@ -165,6 +183,7 @@ impl TensorRecord {
             node: None,
             collective: None,
             source: None,
+            view: None,
         }
     }
 

@@ -151,8 +151,18 @@ impl TraceWriter {
             return Err(self.invalid(format!("step {step} recorded after step {last}; steps must increase")));
         }
         let mut names = BTreeSet::new();
+        let mut earlier = std::collections::BTreeMap::new();
         for t in &tensors {
             let r = &t.record;
+            if let Some(view) = &r.view {
+                let owner = earlier.get(view.of.as_str()).copied();
+                crate::view::check(r, view, owner)
+                    .map_err(|why| self.invalid(format!("tensor `{}` at step {step}: {why}", r.name)))?;
+                if t.payload.is_some() {
+                    return Err(self.invalid(format!("tensor `{}` at step {step}: a view stores no values", r.name)));
+                }
+            }
+            earlier.insert(r.name.as_str(), r);
             if let Some(why) = printable::unprintable_in_tensor(r) {
                 return Err(self.invalid(format!("step {step}: {why}")));
             }
