@@ -74,9 +74,10 @@ fuzz_target!(|data: &[u8]| {
         if verified.is_ok() {
             let mut reader = TraceReader::open(&t.fuzzed).expect("the record file is intact");
             let step = reader.next_step().expect("step 0 reads").expect("step 0 exists");
-            for tensor in &step.tensors {
+            // (A view's hash is derived from its owner's: its owner's values are checked.)
+            for tensor in step.tensors.iter().filter(|t| t.view.is_none()) {
                 let values = reader.values(&step, tensor).expect("verify passed").expect("stored in full");
-                assert_eq!(tensor_hash(values.dtype, &values.shape, values.bytes), tensor.hash);
+                assert_eq!(tensor_hash(values.dtype, &values.shape, &values.bytes), tensor.hash);
             }
         }
     }
