@@ -38,6 +38,12 @@ fn two_gpt_runs_capture_the_same_named_nodes_bit_for_bit() {
     assert!(positions.len() > 50, "only {} graph nodes", positions.len());
     assert!(positions.windows(2).all(|w| w[0] < w[1]), "graph nodes out of topological order");
     assert!(summary["no_gradient"].as_array().unwrap().is_empty());
+    // Nodes that read another node's or a parameter's memory are views of it (format 1.5), and
+    // the listing says of which.
+    let views: Vec<&str> = tensors.iter().filter_map(|t| t["view_of"].as_str()).collect();
+    assert!(views.len() > 20 && views.contains(&"h.0.attn.c_attn.weight"), "{views:?}");
+    let text = repro(&["inspect", s(&a)]).stdout;
+    assert!(text.contains("view of h.0.attn.c_attn.weight"), "{text}");
 }
 
 #[test]

@@ -62,6 +62,11 @@ pub fn render_summary(s: &TraceSummary) -> String {
         );
         for t in &s.tensors {
             let phase = t.phase.map_or("-", |p| p.name());
+            // A view's values are its owner's, read through its layout (format 1.5).
+            let inputs = match &t.view_of {
+                Some(owner) => format!("view of {owner}"),
+                None => t.inputs.join(", "),
+            };
             let line = format!(
                 "  {:<width$}  {:<10}  {:<8}  {:<5}  {:<14}  {:>10}  {}",
                 t.name,
@@ -70,7 +75,7 @@ pub fn render_summary(s: &TraceSummary) -> String {
                 t.dtype.name(),
                 shape(&t.shape),
                 bytes(t.bytes),
-                t.inputs.join(", ")
+                inputs
             );
             let _ = writeln!(out, "{}", line.trim_end());
         }

@@ -97,6 +97,9 @@ pub struct TensorInfo {
     pub shape: Vec<u64>,
     /// Size of its values in bytes.
     pub bytes: u64,
+    /// For a view (format 1.5): the tensor whose memory it reads.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub view_of: Option<String>,
 }
 
 /// Reads a whole trace (records only, not payload contents) and summarizes it.
@@ -136,6 +139,7 @@ pub fn summarize(dir: &Path) -> Result<TraceSummary, TraceError> {
                     dtype: t.dtype,
                     shape: t.shape.clone(),
                     bytes: t.numel() * t.dtype.size_in_bytes() as u64,
+                    view_of: t.view.as_ref().map(|v| v.of.clone()),
                 })
                 .collect();
         }
