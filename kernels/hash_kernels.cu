@@ -56,14 +56,11 @@ extern "C" __global__ void hash_chunks(const u64* views, const u64* prefix, u64 
   }
 }
 
-// Threads per block of hash_parents: one per pair of its first level's nodes
-// (`PARENT_BLOCK_THREADS` in src/record/device/batch.rs).
-#define PARENT_BLOCK_THREADS (1 << (BLOCK_LEVELS - 1))
-
 // A parent pass (up to BLOCK_LEVELS tree levels): one block per output node merges its group of
 // nodes level by level in shared memory, a thread per node of the level above, where a thread
 // per output would merge them one compression after another (parent_group, level_node; the
-// host runs merge_levels).
+// host runs merge_levels). Launched with 2^(BLOCK_LEVELS - 1) threads a block, one per pair of
+// the first level's nodes (`PARENT_BLOCK_THREADS` in src/record/device/batch.rs).
 extern "C" __global__ void hash_parents(const u64* rows, const u64* prefix, u64 n, u32* nodes) {
   __shared__ __align__(32) u32 level[8 << BLOCK_LEVELS];
   for (u64 item = blockIdx.x; item < prefix[n]; item += gridDim.x) {

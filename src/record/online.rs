@@ -139,19 +139,8 @@ mod tests {
 
     fn step_tensors() -> Vec<StepTensor> {
         let record = TensorRecord {
-            name: "w".into(),
-            kind: TensorKind::Weight,
-            dtype: crate::dtype::DType::U8,
-            shape: vec![1],
-            hash: crate::hash::tensor_hash(crate::dtype::DType::U8, &[1], &[7]),
-            inline: None,
             in_payload: true,
-            phase: None,
-            inputs: Vec::new(),
-            node: None,
-            collective: None,
-            source: None,
-            view: None,
+            ..TensorRecord::of_bytes("w", TensorKind::Weight, crate::dtype::DType::U8, vec![1], &[7])
         };
         vec![StepTensor { record, payload: Some(vec![7]) }]
     }

@@ -7,7 +7,7 @@ use super::error::RecordError;
 use super::profile;
 use super::tensor_bytes::{trace_dtype, with_canonical_bytes, DeviceQueue};
 use crate::hash::{tensor_hash, TensorHash, CHUNK_LEN};
-use crate::trace::{Phase, StepTensor, TensorKind, TensorRecord, ViewOf};
+use crate::trace::{dtype::DType, Phase, StepTensor, TensorKind, TensorRecord, ViewOf};
 use candle_core::Tensor;
 
 /// What a recorded tensor is, apart from its values.
@@ -20,6 +20,28 @@ pub(crate) struct Described<'a> {
     pub collective: Option<&'a str>,
     /// A captured node's scope's `FILE:LINE`.
     pub source: Option<String>,
+}
+
+impl Described<'_> {
+    /// Its record, of `dtype` and `shape`, with `hash`; no values, and no view (set those with
+    /// struct update syntax where they apply).
+    fn record(self, dtype: DType, shape: Vec<u64>, hash: TensorHash) -> TensorRecord {
+        TensorRecord {
+            name: self.name,
+            kind: self.kind,
+            dtype,
+            shape,
+            hash,
+            inline: None,
+            in_payload: false,
+            phase: self.phase,
+            inputs: self.inputs.iter().map(|s| s.to_string()).collect(),
+            node: self.node,
+            collective: self.collective.map(str::to_string),
+            source: self.source,
+            view: None,
+        }
+    }
 }
 
 /// Records of one step, or of one part of it.
@@ -74,24 +96,8 @@ impl StepRecords {
             if let Some(ticket) = deferred {
                 self.deferred.push((self.tensors.len(), ticket));
             }
-            self.tensors.push(StepTensor {
-                record: TensorRecord {
-                    name: what.name,
-                    kind: what.kind,
-                    dtype,
-                    shape,
-                    hash,
-                    inline,
-                    in_payload: false,
-                    phase: what.phase,
-                    inputs: what.inputs.iter().map(|s| s.to_string()).collect(),
-                    node: what.node,
-                    collective: what.collective.map(str::to_string),
-                    source: what.source,
-                    view: None,
-                },
-                payload,
-            });
+            self.tensors
+                .push(StepTensor { record: TensorRecord { inline, ..what.record(dtype, shape, hash) }, payload });
             Ok(())
         })
     }
@@ -103,24 +109,8 @@ impl StepRecords {
     pub(crate) fn push_view(&mut self, what: Described<'_>, tensor: &Tensor, view: ViewOf) -> Result<(), RecordError> {
         let dtype = trace_dtype(tensor.dtype())?;
         let shape: Vec<u64> = tensor.dims().iter().map(|&d| d as u64).collect();
-        self.tensors.push(StepTensor {
-            record: TensorRecord {
-                name: what.name,
-                kind: what.kind,
-                dtype,
-                shape,
-                hash: TensorHash([0; 32]),
-                inline: None,
-                in_payload: false,
-                phase: what.phase,
-                inputs: what.inputs.iter().map(|s| s.to_string()).collect(),
-                node: what.node,
-                collective: what.collective.map(str::to_string),
-                source: what.source,
-                view: Some(view),
-            },
-            payload: None,
-        });
+        let record = TensorRecord { view: Some(view), ..what.record(dtype, shape, TensorHash([0; 32])) };
+        self.tensors.push(StepTensor { record, payload: None });
         Ok(())
     }
 

@@ -389,24 +389,13 @@ fn diffing_large_stored_tensors_keeps_resident_memory_flat() {
 /// Writes a finished one-step trace holding one 1-D f32 tensor, stored inline or in a payload.
 fn write_one_tensor_trace(path: &Path, name: &str, bytes: Vec<u8>, inline: bool) {
     use repro::dtype::DType;
-    use repro::hash::tensor_hash;
     use repro::trace::{StepTensor, TensorKind, TensorRecord, TraceWriter};
     let header = crate::util::test_header("mine", 1);
     let shape = vec![(bytes.len() / 4) as u64];
     let record = TensorRecord {
-        name: name.into(),
-        kind: TensorKind::Weight,
-        dtype: DType::F32,
-        hash: tensor_hash(DType::F32, &shape, &bytes),
-        shape,
         inline: inline.then(|| bytes.clone()),
         in_payload: !inline,
-        phase: None,
-        inputs: Vec::new(),
-        node: None,
-        collective: None,
-        source: None,
-        view: None,
+        ..TensorRecord::of_bytes(name, TensorKind::Weight, DType::F32, shape, &bytes)
     };
     let mut w = TraceWriter::create(path, &header, false).unwrap();
     w.write_step(0, vec![StepTensor { record, payload: (!inline).then_some(bytes) }]).unwrap();

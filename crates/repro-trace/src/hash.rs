@@ -49,8 +49,16 @@ pub(crate) fn update(hasher: &mut blake3::Hasher, bytes: &[u8]) {
 
 /// Combines a dtype, a shape and an inner data hash into the canonical hash.
 pub fn combine(dtype: DType, shape: &[u64], data_hash: &[u8; 32]) -> TensorHash {
+    let mut hasher = described(DOMAIN, dtype, shape);
+    hasher.update(data_hash);
+    TensorHash(*hasher.finalize().as_bytes())
+}
+
+/// A hasher fed `domain || u8 len(dtype) || dtype name || u64le ndim || u64le dim...`: the start
+/// of both the canonical hash and a view's (`crate::view`).
+pub(crate) fn described(domain: &[u8], dtype: DType, shape: &[u64]) -> blake3::Hasher {
     let mut hasher = blake3::Hasher::new();
-    hasher.update(DOMAIN);
+    hasher.update(domain);
     let name = dtype.name().as_bytes();
     hasher.update(&[name.len() as u8]);
     hasher.update(name);
@@ -58,8 +66,7 @@ pub fn combine(dtype: DType, shape: &[u64], data_hash: &[u8; 32]) -> TensorHash 
     for dim in shape {
         hasher.update(&dim.to_le_bytes());
     }
-    hasher.update(data_hash);
-    TensorHash(*hasher.finalize().as_bytes())
+    hasher
 }
 
 /// The canonical hash of a tensor given its contiguous little-endian element bytes.

@@ -20,15 +20,7 @@ pub const VIEW_DOMAIN: &[u8] = b"repro.view.v1";
 /// The hash of a view of dtype `dtype` and shape `shape` that reads the tensor of hash `of`
 /// at `offset` through `strides`.
 pub fn view_hash(dtype: DType, shape: &[u64], of: &TensorHash, offset: u64, strides: &[u64]) -> TensorHash {
-    let mut hasher = blake3::Hasher::new();
-    hasher.update(VIEW_DOMAIN);
-    let name = dtype.name().as_bytes();
-    hasher.update(&[name.len() as u8]);
-    hasher.update(name);
-    hasher.update(&(shape.len() as u64).to_le_bytes());
-    for dim in shape {
-        hasher.update(&dim.to_le_bytes());
-    }
+    let mut hasher = crate::hash::described(VIEW_DOMAIN, dtype, shape);
     hasher.update(&of.0);
     hasher.update(&offset.to_le_bytes());
     for stride in strides {

@@ -154,8 +154,8 @@ impl ForeignBytes {
 /// shared memory is sized for it).
 const CHUNK_THREADS: u32 = 128;
 
-/// Threads per block of a parent launch (`PARENT_BLOCK_THREADS` in kernels/hash_kernels.cu): one
-/// per pair of the 2^`BLOCK_LEVELS` nodes a block merges.
+/// Threads per block of a parent launch (`hash_parents` in kernels/hash_kernels.cu needs one per
+/// pair of the 2^`BLOCK_LEVELS` nodes a block merges).
 const PARENT_BLOCK_THREADS: u32 = 1 << (BLOCK_LEVELS - 1);
 
 /// Views smaller than this are read as they are, however they are laid out.
