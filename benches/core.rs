@@ -13,8 +13,8 @@ use repro::dtype::DType;
 use repro::hash::tensor_hash;
 use repro::record::{RecordOptions, Recorder};
 use repro::trace::{
-    CapturePolicy, Environment, FullCapture, Header, RunConfig, StepTensor, TensorKind, TensorRecord, TraceWriter,
-    CURRENT_FORMAT,
+    CapturePolicy, Environment, FullCapture, Header, Payload, RunConfig, StepTensor, TensorKind, TensorRecord,
+    TraceWriter, CURRENT_FORMAT,
 };
 use repro::workloads::{AdderConfig, Training};
 use std::fmt::Write as _;
@@ -227,7 +227,7 @@ fn write_trace(dir: &Path, steps: Vec<Vec<u8>>) {
 fn stored_step(values: Vec<u8>) -> StepTensor {
     let shape = vec![values.len() as u64 / 4];
     let record = TensorRecord::of_bytes("activations", TensorKind::Activation, DType::F32, shape, &values);
-    StepTensor { record, payload: Some(values) }
+    StepTensor { record, payload: Some(Payload::Bytes(values)) }
 }
 
 /// Writes a trace whose step k is `steps[k]`.

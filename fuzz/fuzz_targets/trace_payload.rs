@@ -8,7 +8,7 @@ use libfuzzer_sys::fuzz_target;
 use repro_trace::dtype::DType;
 use repro_trace::hash::tensor_hash;
 use repro_trace::{
-    format::payload_name, CapturePolicy, Environment, FullCapture, Header, RunConfig, StepTensor, TensorKind,
+    format::payload_name, CapturePolicy, Environment, FullCapture, Header, Payload, RunConfig, StepTensor, TensorKind,
     TensorRecord, TraceReader, TraceWriter, CURRENT_FORMAT,
 };
 use std::path::PathBuf;
@@ -40,7 +40,7 @@ fn write_trace(dir: &std::path::Path) {
         .into_iter()
         .map(|(name, dtype, shape, bytes)| StepTensor {
             record: TensorRecord::of_bytes(name, TensorKind::Weight, dtype, shape, &bytes),
-            payload: Some(bytes),
+            payload: Some(Payload::Bytes(bytes)),
         })
         .collect();
     writer.write_step(0, step).expect("writing the fuzz trace");

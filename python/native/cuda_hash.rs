@@ -201,6 +201,9 @@ fn finish(read: Read, hashes: &mut [u8], bytes: &mut [u8]) -> Result<()> {
                 }
                 *blake3::hash(&values).as_bytes()
             }
+            Resolved::InFile(_) => {
+                return Err(candle_core::Error::Msg("this read streams no values to a payload file".into()))
+            }
         };
         slot.copy_from_slice(&hash);
     }

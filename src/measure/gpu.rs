@@ -104,6 +104,8 @@ fn check(dev: &Device, report: &mut dyn FnMut(Finding)) -> Result<usize, Box<dyn
         let in_batch = match in_batch {
             Resolved::DataHash(h) => h,
             Resolved::Bytes(bytes) => host_data_hash(&bytes),
+            // This batch streams nothing: a value sent to a payload file counts as a mismatch.
+            Resolved::InFile(_) => [0; 32],
         };
         let alone = gpu_data_hash(tensor)?;
         if in_batch != expected || alone != expected {

@@ -2,21 +2,24 @@
 //! came back, put in their records, and how many bytes of full values that will store (known
 //! before, for a progress display).
 
+use super::error::RecordError;
 use super::tensor_bytes::DeviceResult;
 use crate::hash::{combine, tensor_hash, TensorHash};
 use crate::trace::view::view_hash;
-use crate::trace::StepTensor;
+use crate::trace::{Payload, StepTensor};
 use std::collections::BTreeMap;
 
 /// Puts a finished step's device results (in ticket order) into its records: `deferred` pairs
-/// a record's index with its ticket.
+/// a record's index with its ticket. `streamed` holds the data hashes of the values written to
+/// the step's payload file as they came (`payload_stream`), by where each starts in its data.
 pub(crate) fn fill_records(
     mut tensors: Vec<StepTensor>,
     deferred: Vec<(usize, usize)>,
     mut results: Vec<DeviceResult>,
     full: bool,
     inline_max: u64,
-) -> Vec<StepTensor> {
+    streamed: Option<&BTreeMap<u64, [u8; 32]>>,
+) -> Result<Vec<StepTensor>, RecordError> {
     for (index, ticket) in deferred {
         let t = &mut tensors[index];
         let r = &mut t.record;
@@ -28,13 +31,23 @@ pub(crate) fn fill_records(
                 if bytes.len() as u64 <= inline_max {
                     r.inline = Some(bytes);
                 } else if full {
-                    t.payload = Some(bytes);
+                    t.payload = Some(Payload::Bytes(bytes));
                 }
+            }
+            DeviceResult::InFile(data) => {
+                let Some(h) = streamed.and_then(|hashes| hashes.get(&data.start)) else {
+                    return Err(RecordError::Unsupported(format!(
+                        "tensor `{}`: its values went to the payload file, which has no hash for them",
+                        r.name
+                    )));
+                };
+                r.hash = combine(r.dtype, &r.shape, h);
+                t.payload = Some(Payload::InFile(data));
             }
         }
     }
     derive_view_hashes(&mut tensors);
-    tensors
+    Ok(tensors)
 }
 
 /// Gives each view (`TensorRecord::view`) the hash derived from its owner's, now that every
@@ -64,7 +77,7 @@ fn derive_view_hashes(tensors: &mut [StepTensor]) {
 /// the values of every record waiting for device results that will be stored (a step storing
 /// full values reads them all back; those within `inline_max` are kept inline instead).
 pub(crate) fn payload_bytes(tensors: &[StepTensor], deferred: &[(usize, usize)], full: bool, inline_max: u64) -> u64 {
-    let stored: u64 = tensors.iter().filter_map(|t| t.payload.as_ref()).map(|p| p.len() as u64).sum();
+    let stored: u64 = tensors.iter().filter_map(|t| t.payload.as_ref()).map(Payload::len).sum();
     let coming: u64 = deferred
         .iter()
         .map(|&(index, _)| {
@@ -113,8 +126,8 @@ mod tests {
                 })
                 .collect();
             let counted = payload_bytes(&tensors, &deferred, full, 512);
-            let filled = fill_records(tensors, deferred, results, full, 512);
-            let stored: u64 = filled.iter().filter_map(|t| t.payload.as_ref()).map(|p| p.len() as u64).sum();
+            let filled = fill_records(tensors, deferred, results, full, 512, None).unwrap();
+            let stored: u64 = filled.iter().filter_map(|t| t.payload.as_ref()).map(Payload::len).sum();
             assert_eq!(counted, stored, "full: {full}");
             assert_eq!(stored, if full { (129 + 300 + 5000) * 4 } else { 0 });
         }

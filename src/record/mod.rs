@@ -9,6 +9,7 @@ mod error;
 mod fill;
 mod online;
 mod options;
+mod payload_stream;
 mod perturb;
 mod probe;
 pub(crate) mod profile;

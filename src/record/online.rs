@@ -119,7 +119,7 @@ fn strip(mut tensors: Vec<StepTensor>, policy_full: bool) -> Vec<StepTensor> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::trace::{TensorKind, TensorRecord, TraceError};
+    use crate::trace::{Payload, TensorKind, TensorRecord, TraceError};
 
     /// A reference that matches up to `diverges_at`, or cannot be read from it.
     struct Reference {
@@ -142,7 +142,7 @@ mod tests {
             in_payload: true,
             ..TensorRecord::of_bytes("w", TensorKind::Weight, crate::dtype::DType::U8, vec![1], &[7])
         };
-        vec![StepTensor { record, payload: Some(vec![7]) }]
+        vec![StepTensor { record, payload: Some(Payload::Bytes(vec![7])) }]
     }
 
     fn written(checked: &Checked) -> Vec<(u64, bool)> {

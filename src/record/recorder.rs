@@ -32,13 +32,14 @@ use super::fill::{fill_records, payload_bytes};
 use super::online::OnlineComparison;
 use super::options::RecordOptions;
 use super::options::{StepCallback, StepProgress, StepSelector};
+use super::payload_stream::{PayloadStream, DEFAULT_HEADER_ROOM};
 use super::perturb::Perturbation;
 use super::probe::{Probe, ProbedGradients};
 use super::profile;
 use super::step_records::{Described, StepRecords};
 use super::tensor_bytes::{DeviceQueue, DeviceRead};
 use super::worker::{BackgroundParts, Worker};
-use super::writer_thread::{StepFill, WriterThread};
+use super::writer_thread::{FilledStep, StepFill, WriterThread};
 use crate::trace::{CapturePolicy, Header, Phase, RunConfig, StepTensor, TensorKind, TraceWriter, CURRENT_FORMAT};
 use candle_core::{Device, Tensor, Var};
 use std::collections::{BTreeMap, HashSet, VecDeque};
@@ -74,6 +75,8 @@ pub struct Recorder {
     worker: Option<Worker>,
     /// Which steps are recorded (`RecordOptions::recording_only`); every step when `None`.
     selected: Option<StepSelector>,
+    /// Header room the payload file of a step like the last one recorded needs at most.
+    header_room: Option<u64>,
 }
 
 /// How many finished steps may wait for their GPU results while training goes on. Each holds
@@ -147,6 +150,7 @@ impl Recorder {
             unread: VecDeque::new(),
             worker: None,
             selected: None,
+            header_room: None,
         }
     }
 
@@ -176,12 +180,23 @@ impl Recorder {
             (false, false)
         };
         let inline_max = self.capture.inline_max_bytes;
+        // Values the trace stores stream to the payload file as they come back from a GPU
+        // (when comparing online, the step is checked before it is written, from memory).
+        let stream = match &self.writer {
+            Some(writer) if policy_full && full == policy_full => Some(Arc::new(PayloadStream::new(
+                writer.dir().to_path_buf(),
+                step,
+                self.header_room.unwrap_or(DEFAULT_HEADER_ROOM),
+                inline_max,
+            ))),
+            _ => None,
+        };
         StepRecorder {
             recorder: self,
             step,
             recording,
             policy_full,
-            records: StepRecords::new(step, full, inline_max),
+            records: StepRecords::new(step, full, inline_max, stream),
             names: HashSet::new(),
             probes: ProbedGradients::default(),
             background: BackgroundParts::default(),
@@ -227,7 +242,7 @@ impl Recorder {
     }
 
     fn write(&mut self, step: u64, tensors: Vec<StepTensor>) -> Result<(), RecordError> {
-        self.fill_and_write(step, Box::new(move || Ok(tensors)))
+        self.fill_and_write(step, Box::new(move || Ok(FilledStep::in_memory(tensors))))
     }
 
     /// Hands a step to the trace writer, whose thread runs `fill` to make its records whole.
@@ -261,6 +276,8 @@ struct UnreadStep {
     /// (index into `tensors`, ticket in `read`) of records still waiting for their results.
     deferred: Vec<(usize, usize)>,
     read: DeviceRead,
+    /// Where its stored values went as they were read back, if they did.
+    stream: Option<Arc<PayloadStream>>,
 }
 
 /// The warning naming the parameters that got no gradient at `step`, the first where any did:
@@ -565,6 +582,7 @@ impl StepRecorder<'_> {
         let online = self.recorder.online.as_ref().is_some_and(OnlineComparison::comparing);
         self.join_background()?;
         let StepRecorder { recorder, step, policy_full, records, .. } = self;
+        recorder.header_room = Some(records.header_room());
         let unread = UnreadStep::start(step, policy_full, records)?;
         if online {
             // Comparing online needs this step's hashes before the next step runs.
@@ -581,9 +599,9 @@ impl StepRecorder<'_> {
 impl UnreadStep {
     /// Launches what `records` still queues on the device and starts reading its results.
     fn start(step: u64, policy_full: bool, records: StepRecords) -> Result<UnreadStep, RecordError> {
-        let StepRecords { full, tensors, device, deferred, .. } = records;
+        let StepRecords { full, tensors, device, deferred, stream, .. } = records;
         let read = device.start_read()?;
-        Ok(UnreadStep { step, full, policy_full, tensors, deferred, read })
+        Ok(UnreadStep { step, full, policy_full, tensors, deferred, read, stream })
     }
 }
 
@@ -600,7 +618,7 @@ impl Recorder {
     /// Waits for a finished step's GPU results, fills in its records, reports it, and writes
     /// it (or, when comparing online, checks it first).
     fn complete(&mut self, unread: UnreadStep) -> Result<(), RecordError> {
-        let UnreadStep { step, full, policy_full, tensors, deferred, read } = unread;
+        let UnreadStep { step, full, policy_full, tensors, deferred, read, stream } = unread;
         // Waiting for the results is a driver call, so it is made here, on the thread that
         // trains (see `record::device::DeviceBatch`); `READ_BEHIND` steps later they have landed.
         let results = profile::time(profile::Phase::Resolve, || read.wait())?;
@@ -615,16 +633,23 @@ impl Recorder {
             });
             report(&StepProgress { step, total_steps: total, payload_bytes, full_steps });
         }
-        let fill = move || -> Result<Vec<StepTensor>, RecordError> {
+        let fill = move || -> Result<FilledStep, RecordError> {
             let results = results.into_results();
-            Ok(profile::time(profile::Phase::Fill, || fill_records(tensors, deferred, results, full, inline_max)))
+            // The values written as they came must all be on disk before the step is.
+            let written = stream.map(|s| s.finish()).transpose()?.flatten();
+            let hashes = written.as_ref().map(|w| &w.hashes);
+            let tensors = profile::time(profile::Phase::Fill, || {
+                fill_records(tensors, deferred, results, full, inline_max, hashes)
+            })?;
+            Ok(FilledStep { tensors, payload: written.map(|w| w.file) })
         };
         match self.online.as_mut().filter(|o| o.comparing()) {
             // The writer thread waits for the results and fills the records in.
             None => self.fill_and_write(step, Box::new(fill)),
             // Comparing online needs the step's records here.
             Some(online) => {
-                let checked = online.check(step, fill()?, policy_full);
+                // No step streams its values while comparing online (`Recorder::step`).
+                let checked = online.check(step, fill()?.tensors, policy_full);
                 for (step, tensors) in checked.write {
                     self.write(step, tensors)?;
                 }

@@ -4,11 +4,14 @@
 //! of its own, merged into the step's at the place the job was asked for.
 
 use super::error::RecordError;
+use super::payload_stream::PayloadStream;
 use super::profile;
 use super::tensor_bytes::{trace_dtype, with_canonical_bytes, DeviceQueue};
 use crate::hash::{tensor_hash, TensorHash, CHUNK_LEN};
-use crate::trace::{dtype::DType, Phase, StepTensor, TensorKind, TensorRecord, ViewOf};
+use crate::trace::payload::header_room_bound;
+use crate::trace::{dtype::DType, Payload, Phase, StepTensor, TensorKind, TensorRecord, ViewOf};
 use candle_core::Tensor;
+use std::sync::Arc;
 
 /// What a recorded tensor is, apart from its values.
 pub(crate) struct Described<'a> {
@@ -55,16 +58,26 @@ pub(crate) struct StepRecords {
     pub(crate) device: DeviceQueue,
     /// (index into `tensors`, ticket in `device`) of records still waiting for those results.
     pub(crate) deferred: Vec<(usize, usize)>,
+    /// Where the step's payload values go as they are read back from a GPU, if they do.
+    pub(crate) stream: Option<Arc<PayloadStream>>,
 }
 
 impl StepRecords {
-    pub(crate) fn new(step: u64, full: bool, inline_max: u64) -> Self {
-        StepRecords { full, inline_max, tensors: Vec::new(), device: DeviceQueue::new(step), deferred: Vec::new() }
+    /// Records of step `step`; `stream` takes the values it stores as they come back from a GPU.
+    pub(crate) fn new(step: u64, full: bool, inline_max: u64, stream: Option<Arc<PayloadStream>>) -> Self {
+        StepRecords {
+            full,
+            inline_max,
+            tensors: Vec::new(),
+            device: DeviceQueue::new(step, stream.clone()),
+            deferred: Vec::new(),
+            stream,
+        }
     }
 
-    /// An empty part of the same step (same full-value settings).
+    /// An empty part of the same step (same full-value settings, same stream).
     pub(crate) fn part(&self) -> Self {
-        Self::new(self.device.step(), self.full, self.inline_max)
+        Self::new(self.device.step(), self.full, self.inline_max, self.stream.clone())
     }
 
     /// Records `tensor` as `what`: its canonical hash always, its values when the step stores
@@ -80,7 +93,7 @@ impl StepRecords {
             let keep_values = byte_len <= inline_max || full;
             let hash_on_device = !keep_values && byte_len > CHUNK_LEN as u64;
             let deferred = self.device.push(tensor, hash_on_device, snapshot)?;
-            let (hash, inline, payload) = match deferred {
+            let (hash, inline, bytes) = match deferred {
                 Some(_) => (TensorHash([0; 32]), None, None),
                 None => with_canonical_bytes(tensor, |bytes| {
                     let hash = tensor_hash(dtype, &shape, bytes);
@@ -96,8 +109,10 @@ impl StepRecords {
             if let Some(ticket) = deferred {
                 self.deferred.push((self.tensors.len(), ticket));
             }
-            self.tensors
-                .push(StepTensor { record: TensorRecord { inline, ..what.record(dtype, shape, hash) }, payload });
+            self.tensors.push(StepTensor {
+                record: TensorRecord { inline, ..what.record(dtype, shape, hash) },
+                payload: bytes.map(Payload::Bytes),
+            });
             Ok(())
         })
     }
@@ -119,6 +134,15 @@ impl StepRecords {
     /// whether or not it stores full values, so that a view hashes alike in any two steps.
     pub(crate) fn derives_view_of(&self, bytes: u64) -> bool {
         bytes > self.inline_max
+    }
+
+    /// Header room enough for the payload file of a step like this one: for its records that a
+    /// step storing full values puts there (neither views nor inline), in any order.
+    pub(crate) fn header_room(&self) -> u64 {
+        let stored = self.tensors.iter().map(|t| &t.record).filter(|r| {
+            r.view.is_none() && r.shape.iter().product::<u64>() * r.dtype.size_in_bytes() as u64 > self.inline_max
+        });
+        header_room_bound(stored.map(|r| (r.name.as_str(), r.shape.as_slice())))
     }
 
     /// Launches the device reads of everything queued so far (see `StepRecorder::read_now`).

@@ -2,8 +2,10 @@
 //! little-endian), without copying when the tensor already lives contiguously on the CPU.
 
 use super::error::RecordError;
+use super::payload_stream::PayloadStream;
 use crate::dtype::DType;
 use candle_core::{CpuStorage, Device, Storage, Tensor};
+use std::sync::Arc;
 
 #[cfg(target_endian = "big")]
 compile_error!("repro's canonical encoding is little-endian; big-endian hosts are not supported");
@@ -33,6 +35,9 @@ pub enum DeviceResult {
     Bytes(Vec<u8>),
     /// BLAKE3 of its canonical bytes, computed on the device.
     DataHash([u8; 32]),
+    /// Its canonical bytes went to the step's payload file, at these bytes of its data
+    /// (`payload_stream`), which also has their hash.
+    InFile(std::ops::Range<u64>),
 }
 
 /// Tensors of one step that live on a GPU, queued so that they are hashed on the device in a
@@ -41,15 +46,23 @@ pub enum DeviceResult {
 pub struct DeviceQueue {
     /// The step the tensors belong to, named in errors.
     step: u64,
+    /// Where the values the step stores go as they are read back (see `payload_stream`).
+    #[cfg(feature = "cuda")]
+    stream: Option<Arc<PayloadStream>>,
     #[cfg(feature = "cuda")]
     batch: Option<crate::record::device::DeviceBatch>,
 }
 
 impl DeviceQueue {
-    /// An empty queue for `step`'s tensors.
-    pub fn new(step: u64) -> Self {
+    /// An empty queue for `step`'s tensors, whose stored values go to `stream` as they are read
+    /// back, if there is one.
+    pub fn new(step: u64, stream: Option<Arc<PayloadStream>>) -> Self {
+        #[cfg(not(feature = "cuda"))]
+        let _ = stream;
         DeviceQueue {
             step,
+            #[cfg(feature = "cuda")]
+            stream,
             #[cfg(feature = "cuda")]
             batch: None,
         }
@@ -80,7 +93,10 @@ impl DeviceQueue {
     pub fn push(&mut self, tensor: &Tensor, hash: bool, snapshot: bool) -> Result<Option<usize>, RecordError> {
         #[cfg(feature = "cuda")]
         if let Device::Cuda(dev) = tensor.device() {
-            let batch = self.batch.get_or_insert_with(|| crate::record::device::DeviceBatch::new(dev.clone()));
+            let stream = &self.stream;
+            let batch = self.batch.get_or_insert_with(|| {
+                crate::record::device::DeviceBatch::new(dev.clone()).streaming_to(stream.clone())
+            });
             if batch.device().id() != dev.id() {
                 return Err(RecordError::Unsupported(
                     "recording tensors of one step from several GPUs is not supported yet".into(),
@@ -206,6 +222,7 @@ impl DeviceResults {
                 .map(|r| match r {
                     Resolved::Bytes(b) => DeviceResult::Bytes(b),
                     Resolved::DataHash(h) => DeviceResult::DataHash(h),
+                    Resolved::InFile(data) => DeviceResult::InFile(data),
                 })
                 .collect();
         }

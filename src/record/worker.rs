@@ -202,7 +202,7 @@ mod tests {
     #[test]
     fn contiguous_jobs_share_a_part_and_every_record_takes_its_place() {
         let mut worker = Worker::spawn();
-        let mut records = StepRecords::new(0, false, 256);
+        let mut records = StepRecords::new(0, false, 256, None);
         let mut parts = BackgroundParts::default();
         record(&mut records, "first").unwrap();
         parts.start(&mut worker, &records, None, |part| record(part, "job.a"));
@@ -222,7 +222,7 @@ mod tests {
     #[test]
     fn a_failed_job_fails_the_part_it_began() {
         let mut worker = Worker::spawn();
-        let mut records = StepRecords::new(0, false, 256);
+        let mut records = StepRecords::new(0, false, 256, None);
         let mut parts = BackgroundParts::default();
         parts.start(&mut worker, &records, None, |_| Err(RecordError::Unsupported("the first job failed".into())));
         parts.start(&mut worker, &records, None, |part| record(part, "after"));

@@ -6,7 +6,7 @@
 //! after it is written, so the trace stays a readable prefix of the run.
 
 use super::error::RecordError;
-use crate::trace::{StepTensor, TraceError, TraceWriter};
+use crate::trace::{PayloadFile, StepTensor, TraceError, TraceWriter};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{sync_channel, SyncSender};
 use std::thread::JoinHandle;
@@ -16,7 +16,21 @@ const QUEUED_STEPS: usize = 2;
 
 /// Makes a step's records whole (waits for its device results and puts them in), on the writer
 /// thread.
-pub(crate) type StepFill = Box<dyn FnOnce() -> Result<Vec<StepTensor>, RecordError> + Send>;
+pub(crate) type StepFill = Box<dyn FnOnce() -> Result<FilledStep, RecordError> + Send>;
+
+/// A step's records made whole, and its payload file if values were written to it as they came
+/// (`payload_stream`).
+pub(crate) struct FilledStep {
+    pub(crate) tensors: Vec<StepTensor>,
+    pub(crate) payload: Option<PayloadFile>,
+}
+
+impl FilledStep {
+    /// Records whose values, if any, are all in memory.
+    pub(crate) fn in_memory(tensors: Vec<StepTensor>) -> Self {
+        FilledStep { tensors, payload: None }
+    }
+}
 
 /// One step for the writer: its number, its records, and parameters that received no gradient.
 type Job = (u64, StepFill, Vec<String>);
@@ -38,7 +52,8 @@ impl WriterThread {
             .spawn(move || {
                 let mut writer = writer;
                 for (step, fill, no_gradient) in jobs {
-                    writer.write_step_with(step, fill()?, no_gradient)?;
+                    let FilledStep { tensors, payload } = fill()?;
+                    writer.write_step_streamed(step, tensors, no_gradient, payload)?;
                 }
                 Ok(writer)
             })
@@ -102,23 +117,15 @@ impl Drop for WriterThread {
 mod tests {
     use super::*;
     use crate::trace::dtype::DType;
-    use crate::trace::{Header, TensorKind, TensorRecord, TraceReader, CURRENT_FORMAT};
+    use crate::trace::{Header, TensorKind, TensorRecord, TraceReader};
 
     /// Queues a step whose records are whole already.
     fn write(w: &mut WriterThread, step: u64, tensors: Vec<StepTensor>) -> Result<(), RecordError> {
-        w.fill_and_write(step, Box::new(move || Ok(tensors)), Vec::new())
+        w.fill_and_write(step, Box::new(move || Ok(FilledStep::in_memory(tensors))), Vec::new())
     }
 
     fn writer(dir: &Path) -> WriterThread {
-        let header = Header {
-            format: CURRENT_FORMAT,
-            producer: "test".into(),
-            run: Default::default(),
-            environment: Default::default(),
-            capture: Default::default(),
-            distributed: None,
-        };
-        WriterThread::spawn(TraceWriter::create(dir, &header, false).unwrap())
+        WriterThread::spawn(TraceWriter::create(dir, &Header::of_producer("test"), false).unwrap())
     }
 
     fn loss(value: f32) -> Vec<StepTensor> {

@@ -398,7 +398,8 @@ fn write_one_tensor_trace(path: &Path, name: &str, bytes: Vec<u8>, inline: bool)
         ..TensorRecord::of_bytes(name, TensorKind::Weight, DType::F32, shape, &bytes)
     };
     let mut w = TraceWriter::create(path, &header, false).unwrap();
-    w.write_step(0, vec![StepTensor { record, payload: (!inline).then_some(bytes) }]).unwrap();
+    w.write_step(0, vec![StepTensor { record, payload: (!inline).then_some(repro::trace::Payload::Bytes(bytes)) }])
+        .unwrap();
     w.finish().unwrap();
 }
 

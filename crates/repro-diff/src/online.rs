@@ -6,7 +6,7 @@ use crate::align::{align, Pairing};
 use crate::divergence::Divergence;
 use crate::metrics::compare_values;
 use crate::root_cause::{analyze, Entry, RootCause};
-use repro_trace::{StepCheck, StepRecord, StepTensor, StepVerdict, TensorValues, TraceError, TraceReader};
+use repro_trace::{Payload, StepCheck, StepRecord, StepTensor, StepVerdict, TensorValues, TraceError, TraceReader};
 use serde::Serialize;
 use std::path::Path;
 
@@ -111,7 +111,7 @@ impl StepCheck for ReferenceCheck {
                 let my_values = tensors
                     .iter()
                     .find(|t| t.record.name == mine.name)
-                    .and_then(|t| t.record.inline.as_deref().or(t.payload.as_deref()));
+                    .and_then(|t| t.record.inline.as_deref().or(t.payload.as_ref().and_then(Payload::bytes)));
                 let metrics = match (my_values, self.reader.values(&reference, theirs)?) {
                     (Some(a), Some(b)) => {
                         Some(compare_values(&TensorValues::in_memory(mine.dtype, mine.shape.clone(), a), &b))

@@ -14,6 +14,7 @@ pub mod format;
 pub mod frame;
 pub mod hash;
 mod paging;
+pub mod payload;
 mod printable;
 mod ranks;
 mod reader;
@@ -27,6 +28,7 @@ pub use error::TraceError;
 pub use format::{is_ranked_run, rank_dir};
 pub use format::{FormatVersion, CURRENT_FORMAT};
 pub use paging::WINDOW_BYTES;
+pub use payload::{safetensors_dtype, PayloadFile};
 pub use ranks::rank_streams;
 pub use reader::{Completeness, TensorValues, TraceReader};
 pub use schema::{
@@ -34,4 +36,4 @@ pub use schema::{
     StepRecord, TensorKind, TensorRecord, ViewOf,
 };
 pub use summary::{summarize, verify, MissingGradient, MissingGradients, TensorInfo, TraceSummary, Verification};
-pub use writer::{safetensors_dtype, StepTensor, TraceWriter};
+pub use writer::{Payload, StepTensor, TraceWriter};

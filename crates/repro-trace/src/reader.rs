@@ -11,9 +11,9 @@ use crate::format::{self, FormatVersion, MAGIC, MAX_NESTING, PREAMBLE_LEN, RECOR
 use crate::frame::{read_frame, read_full, Frame, FRAME_HEADER_LEN};
 use crate::hash::combine;
 use crate::paging::{self, Pages};
+use crate::payload::safetensors_dtype;
 use crate::printable;
 use crate::schema::{Footer, Header, Record, StepRecord, TensorRecord};
-use crate::writer::safetensors_dtype;
 use serde::Deserialize;
 use std::fs::{self, File};
 use std::io::BufReader;
@@ -672,14 +672,7 @@ mod tests {
 
     /// The header of a single-device test trace.
     fn plain_header() -> Header {
-        Header {
-            format: CURRENT_FORMAT,
-            producer: "test".into(),
-            run: Default::default(),
-            environment: Default::default(),
-            capture: Default::default(),
-            distributed: None,
-        }
+        Header::of_producer("test")
     }
 
     #[test]

@@ -41,6 +41,21 @@ pub struct Header {
     pub distributed: Option<Distributed>,
 }
 
+impl Header {
+    /// The header of a trace in the current format by `producer`, of a run on one device with
+    /// an unnamed workload, an unknown environment and the default capture policy.
+    pub fn of_producer(producer: impl Into<String>) -> Header {
+        Header {
+            format: crate::format::CURRENT_FORMAT,
+            producer: producer.into(),
+            run: RunConfig::default(),
+            environment: Environment::default(),
+            capture: CapturePolicy::default(),
+            distributed: None,
+        }
+    }
+}
+
 /// One rank's place in a data-parallel run (format 1.3).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Distributed {

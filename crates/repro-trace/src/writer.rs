@@ -6,10 +6,10 @@
 //! record file whose complete frames are all valid and all reference existing payloads. Memory
 //! use is one step's tensors, whatever the number of steps.
 
-use crate::dtype::DType;
 use crate::error::TraceError;
 use crate::format::{self, CURRENT_FORMAT, MAGIC, RECORDS_FILE, RUN_META_FILE, TENSORS_DIR};
 use crate::frame::{write_frame, FRAME_HEADER_LEN};
+use crate::payload::{header_bytes, remove_stale, safetensors_order, PayloadEntry, PayloadFile};
 use crate::printable;
 use crate::schema::{Footer, FullCapture, Header, Record, StepRecord, TensorRecord};
 use serde::Serialize;
@@ -24,8 +24,41 @@ use std::time::{SystemTime, UNIX_EPOCH};
 pub struct StepTensor {
     /// The tensor's record (hash, shape, ...).
     pub record: TensorRecord,
-    /// Full element bytes for the payload file, if this step stores them.
-    pub payload: Option<Vec<u8>>,
+    /// Its full values, if this step stores them in its payload file.
+    pub payload: Option<Payload>,
+}
+
+/// A tensor's full values for the step's payload file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Payload {
+    /// The bytes, which the writer puts in the file.
+    Bytes(Vec<u8>),
+    /// Already in the step's [`PayloadFile`] (handed to [`TraceWriter::write_step_streamed`]),
+    /// at these bytes of its data.
+    InFile(std::ops::Range<u64>),
+}
+
+impl Payload {
+    /// Its size in bytes.
+    pub fn len(&self) -> u64 {
+        match self {
+            Payload::Bytes(bytes) => bytes.len() as u64,
+            Payload::InFile(data) => data.end.saturating_sub(data.start),
+        }
+    }
+
+    /// The bytes, when they are in memory.
+    pub fn bytes(&self) -> Option<&[u8]> {
+        match self {
+            Payload::Bytes(bytes) => Some(bytes),
+            Payload::InFile(_) => None,
+        }
+    }
+
+    /// Whether it holds no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 /// Writes one trace directory.
@@ -145,8 +178,24 @@ impl TraceWriter {
         &mut self,
         step: u64,
         tensors: Vec<StepTensor>,
-        mut no_gradient: Vec<String>,
+        no_gradient: Vec<String>,
     ) -> Result<(), TraceError> {
+        self.write_step_streamed(step, tensors, no_gradient, None)
+    }
+
+    /// `write_step_with` for a step some of whose values are already in `file`, its payload
+    /// file (their payloads are [`Payload::InFile`]): the writer adds the values it is given
+    /// as bytes, writes the file's header and puts it in place before the step's record.
+    pub fn write_step_streamed(
+        &mut self,
+        step: u64,
+        tensors: Vec<StepTensor>,
+        mut no_gradient: Vec<String>,
+        file: Option<PayloadFile>,
+    ) -> Result<(), TraceError> {
+        if let Some(file) = file.as_ref().filter(|f| f.step() != step) {
+            return Err(self.invalid(format!("the payload file of step {} handed over with step {step}", file.step())));
+        }
         if let Some(last) = self.last_step.filter(|&last| step <= last) {
             return Err(self.invalid(format!("step {step} recorded after step {last}; steps must increase")));
         }
@@ -187,10 +236,11 @@ impl TraceWriter {
             let Some(expected) = expected else {
                 return Err(self.invalid(format!("tensor `{}` has an impossible shape {:?}", r.name, r.shape)));
             };
-            for (what, len) in
-                [("inline", r.inline.as_ref().map(Vec::len)), ("payload", t.payload.as_ref().map(Vec::len))]
-            {
-                if let Some(len) = len.filter(|&len| len as u64 != expected) {
+            for (what, len) in [
+                ("inline", r.inline.as_ref().map(|i| i.len() as u64)),
+                ("payload", t.payload.as_ref().map(Payload::len)),
+            ] {
+                if let Some(len) = len.filter(|&len| len != expected) {
                     return Err(self.invalid(format!(
                         "tensor `{}` at step {step}: {what} holds {len} bytes, its shape needs {expected}",
                         r.name
@@ -198,7 +248,7 @@ impl TraceWriter {
                 }
             }
         }
-        let payload = self.write_payload(step, &tensors)?;
+        let payload = self.write_payload(step, &tensors, file)?;
         let record = StepRecord {
             step,
             payload,
@@ -269,38 +319,57 @@ impl TraceWriter {
         }
     }
 
-    fn write_payload(&self, step: u64, tensors: &[StepTensor]) -> Result<Option<String>, TraceError> {
-        let mut views = Vec::new();
+    /// Puts the step's full values in its payload file: `file`, holding those already
+    /// written, or a new one. Values given as bytes are written in the order the `safetensors`
+    /// library writes them (so a step whose values all come as bytes makes that library's
+    /// file, byte for byte), after those already in `file`.
+    fn write_payload(
+        &self,
+        step: u64,
+        tensors: &[StepTensor],
+        file: Option<PayloadFile>,
+    ) -> Result<Option<String>, TraceError> {
+        let mut bytes: Vec<(&TensorRecord, &[u8])> = Vec::new();
+        let mut entries = Vec::new();
         for t in tensors {
-            if let Some(bytes) = &t.payload {
-                let shape: Vec<usize> = t.record.shape.iter().map(|&d| d as usize).collect();
-                let view = safetensors::tensor::TensorView::new(safetensors_dtype(t.record.dtype), shape, bytes)
-                    .map_err(|e| self.invalid(format!("tensor `{}` at step {step}: {e}", t.record.name)))?;
-                views.push((t.record.name.clone(), view));
+            let r = &t.record;
+            match &t.payload {
+                Some(Payload::Bytes(b)) => bytes.push((r, b)),
+                Some(Payload::InFile(data)) if file.is_some() => entries.push(entry(r, data.clone())),
+                Some(Payload::InFile(_)) => {
+                    return Err(self.invalid(format!(
+                    "tensor `{}` at step {step}: its values are said to be in a payload file the step was not given",
+                    r.name
+                )))
+                }
+                None => {}
             }
         }
-        if views.is_empty() {
+        if bytes.is_empty() && entries.is_empty() && file.as_ref().is_none_or(|f| f.data_len() == 0) {
             return Ok(None);
         }
-        let name = format::payload_name(step);
-        let final_path = self.dir.join(&name);
-        let tmp_path = final_path.with_extension("safetensors.tmp");
-        let parent = final_path.parent().expect("payload names have a directory");
-        fs::create_dir_all(parent).map_err(TraceError::io(parent))?;
-        remove_stale(&tmp_path)?;
-        safetensors::serialize_to_file(views, None, &tmp_path).map_err(|e| match e {
-            safetensors::SafeTensorError::IoError(source) => TraceError::Io { path: tmp_path.clone(), source },
-            other => self.invalid(format!("cannot write payload of step {step}: {other}")),
-        })?;
-        // safetensors creates files readable by their owner only; traces are meant to be shared.
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::PermissionsExt;
-            fs::set_permissions(&tmp_path, fs::Permissions::from_mode(0o644)).map_err(TraceError::io(&tmp_path))?;
+        bytes.sort_by(|(a, _), (b, _)| safetensors_order((&a.name, a.dtype), (&b.name, b.dtype)));
+        let mut file = match file {
+            Some(file) => file,
+            None => {
+                // Every value is in hand: the header's exact room.
+                let mut start = 0;
+                let layout: Vec<PayloadEntry> = bytes
+                    .iter()
+                    .map(|(r, b)| {
+                        start += b.len() as u64;
+                        entry(r, start - b.len() as u64..start)
+                    })
+                    .collect();
+                let header = header_bytes(&layout)
+                    .map_err(|why| self.invalid(format!("cannot write payload of step {step}: {why}")))?;
+                PayloadFile::create(&self.dir, step, header.len() as u64)?
+            }
+        };
+        for (r, b) in bytes {
+            entries.push(entry(r, file.append(b)?));
         }
-        File::open(&tmp_path).and_then(|f| f.sync_all()).map_err(TraceError::io(&tmp_path))?;
-        fs::rename(&tmp_path, &final_path).map_err(TraceError::io(&final_path))?;
-        Ok(Some(name))
+        file.finish(entries).map(Some)
     }
 
     fn write_meta(&self) -> Result<(), TraceError> {
@@ -366,16 +435,6 @@ fn holds_nothing(records: &Path) -> bool {
     fs::symlink_metadata(records).is_ok_and(|m| m.file_type().is_file() && m.len() < format::PREAMBLE_LEN as u64)
 }
 
-/// Removes `path` if something is there (a link itself, not what it points to).
-fn remove_stale(path: &Path) -> Result<(), TraceError> {
-    match fs::remove_file(path) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-            Err(TraceError::Io { path: path.to_path_buf(), source: e })
-        }
-        _ => Ok(()),
-    }
-}
-
 fn remove_trace_files(dir: &Path) -> Result<(), TraceError> {
     for stale in [RECORDS_FILE, RUN_META_FILE] {
         let p = dir.join(stale);
@@ -427,19 +486,9 @@ fn lock_dir(dir: &Path) -> Result<File, TraceError> {
     }
 }
 
-/// The safetensors dtype for one of ours.
-pub fn safetensors_dtype(dtype: DType) -> safetensors::Dtype {
-    match dtype {
-        DType::U8 => safetensors::Dtype::U8,
-        DType::U32 => safetensors::Dtype::U32,
-        DType::I16 => safetensors::Dtype::I16,
-        DType::I32 => safetensors::Dtype::I32,
-        DType::I64 => safetensors::Dtype::I64,
-        DType::F16 => safetensors::Dtype::F16,
-        DType::BF16 => safetensors::Dtype::BF16,
-        DType::F32 => safetensors::Dtype::F32,
-        DType::F64 => safetensors::Dtype::F64,
-    }
+/// The payload entry of record `r`, whose bytes are `data` of the file's data.
+fn entry(r: &TensorRecord, data: std::ops::Range<u64>) -> PayloadEntry {
+    PayloadEntry { name: r.name.clone(), dtype: r.dtype, shape: r.shape.clone(), data }
 }
 
 fn unix_now() -> u64 {

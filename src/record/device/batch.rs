@@ -10,6 +10,7 @@ use crate::cuda::buffer_pool::{size_class, Buffer, BufferPool};
 use crate::cuda::keep_freed_memory;
 use crate::cuda::kernels::{grid, ptx, MODULE};
 use crate::cuda::pinned::{take_pinned, Pinned};
+use crate::record::payload_stream::{Kept, PayloadStream};
 use candle_core::cuda_backend::cudarc::driver::{
     CudaEvent, CudaFunction, CudaSlice, CudaStream, CudaViewMut, DevicePtr, LaunchConfig, PushKernelArg,
 };
@@ -69,10 +70,11 @@ pub fn data_hash(tensor: &Tensor) -> Result<[u8; 32]> {
     };
     let mut batch = DeviceBatch::new(dev.clone());
     batch.push(tensor, true, false)?;
-    Ok(match batch.resolve()?.remove(0) {
-        Resolved::DataHash(h) => h,
-        Resolved::Bytes(bytes) => *blake3::hash(&bytes).as_bytes(),
-    })
+    match batch.resolve()?.remove(0) {
+        Resolved::DataHash(h) => Ok(h),
+        Resolved::Bytes(bytes) => Ok(*blake3::hash(&bytes).as_bytes()),
+        Resolved::InFile(_) => Err(Error::Msg("a batch without a payload stream gave a value to one".into())),
+    }
 }
 
 /// What a queued tensor resolves to.
@@ -82,6 +84,9 @@ pub enum Resolved {
     Bytes(Vec<u8>),
     /// BLAKE3 of the tensor's canonical bytes, computed on the device.
     DataHash([u8; 32]),
+    /// The tensor's canonical bytes went to the batch's payload stream (`streaming_to`), at
+    /// these bytes of the payload file's data.
+    InFile(std::ops::Range<u64>),
 }
 
 /// Compiles and loads the hashing kernels on `dev`, and makes its memory pool keep what candle
@@ -120,6 +125,8 @@ pub struct DeviceBatch {
     /// Where the passes that no longer read the tensors run (see `beside`); none: on the calling
     /// thread's stream with the others.
     beside: Option<std::sync::Arc<CudaStream>>,
+    /// Where values read back straight from their tensors go (see `streaming_to`).
+    payload: Option<std::sync::Arc<PayloadStream>>,
 }
 
 /// A plan for some of a batch's tensors, made on the host.
@@ -227,7 +234,7 @@ struct Flushed {
     /// The page-locked buffer its table was uploaded from.
     table: Pinned<u64>,
     /// The values of its `Slot::Direct` slots (by slot index), read back when it was launched.
-    direct: Vec<(usize, Vec<u8>)>,
+    direct: Vec<(usize, Kept)>,
 }
 
 impl DeviceBatch {
@@ -235,7 +242,14 @@ impl DeviceBatch {
     pub fn new(dev: CudaDevice) -> Self {
         // The recorder waits for each step's results; keep that wait from emptying the pool.
         let _ = keep_freed_memory(&dev);
-        DeviceBatch { dev, pending: Vec::new(), planned: Vec::new(), flushed: Vec::new(), beside: None }
+        DeviceBatch { dev, pending: Vec::new(), planned: Vec::new(), flushed: Vec::new(), beside: None, payload: None }
+    }
+
+    /// The batch, handing each value it reads back straight from its tensor (`Slot::Direct`:
+    /// the large values the host keeps) to `payload` as soon as it has landed, so the value goes
+    /// to disk while the batch reads the next; its result is then where it went in the file.
+    pub fn streaming_to(self, payload: Option<std::sync::Arc<PayloadStream>>) -> Self {
+        DeviceBatch { payload, ..self }
     }
 
     /// An empty batch on `dev` whose flushes keep only the passes that read the tensors (the
@@ -340,7 +354,13 @@ impl DeviceBatch {
             let stream = self.dev.cuda_stream();
             for (i, slot) in flushed.slots.iter().enumerate() {
                 if *slot == Slot::Direct {
-                    flushed.direct.push((i, read_values(&tensors[i].0, &self.dev, &stream)?));
+                    // Landed once `read_values` returns (see there): handed over at once.
+                    let bytes = read_values(&tensors[i].0, &self.dev, &stream)?;
+                    let kept = match &self.payload {
+                        Some(payload) => payload.take(bytes),
+                        None => Kept::Bytes(bytes),
+                    };
+                    flushed.direct.push((i, kept));
                 }
             }
             if !flushed.direct.is_empty() {
@@ -647,7 +667,7 @@ struct PendingCopy {
     /// The device buffer the results are copied from; free for reuse once the copy has landed.
     arena: CudaSlice<u8>,
     /// The values of its `Slot::Direct` slots, by slot index.
-    direct: Vec<(usize, Vec<u8>)>,
+    direct: Vec<(usize, Kept)>,
 }
 
 /// A step's device results, copying to the host (see `DeviceBatch::start_read`).
@@ -686,9 +706,12 @@ impl LandedRead {
                 Slot::Hash(r) => Resolved::DataHash(host[r.clone()].try_into().expect("32 bytes")),
                 Slot::Bytes(r) => Resolved::Bytes(host[r.clone()].to_vec()),
                 Slot::Direct => {
-                    let (at, bytes) = direct.next().expect("a value for every direct slot");
+                    let (at, kept) = direct.next().expect("a value for every direct slot");
                     debug_assert_eq!(at, i);
-                    Resolved::Bytes(bytes)
+                    match kept {
+                        Kept::Bytes(bytes) => Resolved::Bytes(bytes),
+                        Kept::InFile(data) => Resolved::InFile(data),
+                    }
                 }
             }));
         }
