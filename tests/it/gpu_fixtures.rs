@@ -200,6 +200,38 @@ fn a_gpu_gpt_trace_has_the_cpu_graph_and_first_differs_at_a_named_node() {
     assert_eq!(root["cause"]["tensor"], "h[0]/ln_1#0");
 }
 
+/// The same gpt recorded on an H100 in format 1.5 (fixtures/gpu-h100-gpt15/cuda): its graph's
+/// views are views on both sides, so nothing is left out, and a view of a parameter, whose hash
+/// each side derives from the parameter's, agrees at step 0 as the parameters do. The first
+/// node that differs is the same as with the older fixture.
+#[test]
+fn a_format_1_5_gpu_gpt_trace_compares_its_views_with_the_cpus() {
+    let dir = tempfile::tempdir().unwrap();
+    let cpu = record_small_gpt(dir.path(), "cpu", "none", &[]);
+    let gpu = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/gpu-h100-gpt15/cuda");
+    let v = json(&repro(&["diff", cpu.to_str().unwrap(), gpu.to_str().unwrap(), "--json"]).stdout);
+    assert_eq!(v["structure"].as_array().unwrap().len(), 0, "{}", v["structure"]);
+    assert_eq!(v["warnings"].as_array().unwrap().len(), 0, "{}", v["warnings"]);
+    assert_eq!(v["root_cause"]["rule"], "identical_leaves");
+    assert_eq!(v["root_cause"]["cause"]["tensor"], "h[0]/ln_1#0");
+    // The views of parameters, from the GPU trace's first step.
+    let mut reader = repro::trace::TraceReader::open(&gpu).unwrap();
+    let step = reader.next_step().unwrap().unwrap();
+    let parameters: Vec<&str> = step.tensors.iter().filter(|t| t.node.is_none()).map(|t| t.name.as_str()).collect();
+    let views: Vec<&str> = step
+        .tensors
+        .iter()
+        .filter(|t| t.view.as_ref().is_some_and(|view| parameters.contains(&view.of.as_str())))
+        .map(|t| t.name.as_str())
+        .collect();
+    assert!(views.len() >= 10, "{views:?}");
+    let tensors = v["tensors"].as_array().unwrap();
+    for view in views {
+        let t = tensors.iter().find(|t| t["name"] == view).unwrap_or_else(|| panic!("`{view}` was not compared"));
+        assert_ne!(t["first_divergent_step"], 0, "{t}");
+    }
+}
+
 /// Two same-seed gpt runs with atomic reductions on the H100: the data, the parameters and the
 /// whole forward graph agree at step 0, and the bias gradients, summed by float atomics over
 /// the batch's tokens, do not: the root cause is in the backward pass.
