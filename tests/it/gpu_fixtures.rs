@@ -178,16 +178,22 @@ fn gpu_traces_record_parameters_before_their_update() {
     }
 }
 
+/// `repro diff --json` of the small gpt recorded on this CPU against `gpu`, a GPU trace of the
+/// same run, whose graph must have the same structure.
+fn small_gpt_on_the_cpu_against(gpu: &str) -> serde_json::Value {
+    let dir = tempfile::tempdir().unwrap();
+    let cpu = record_small_gpt(dir.path(), "cpu", "none", &[]);
+    let v = json(&repro(&["diff", cpu.to_str().unwrap(), gpu, "--json"]).stdout);
+    assert_eq!(v["structure"].as_array().unwrap().len(), 0, "{}", v["structure"]);
+    v
+}
+
 /// A gpt trace recorded on the H100 by automatic capture (fixtures/gpu-h100-gpt/cuda) has the
 /// graph this CPU captures: the same nodes under the same names, in the same order. The first
 /// node that differs comes after identical leaves.
 #[test]
 fn a_gpu_gpt_trace_has_the_cpu_graph_and_first_differs_at_a_named_node() {
-    let dir = tempfile::tempdir().unwrap();
-    let cpu = record_small_gpt(dir.path(), "cpu", "none", &[]);
-    let gpu = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/gpu-h100-gpt/cuda");
-    let v = json(&repro(&["diff", cpu.to_str().unwrap(), gpu.to_str().unwrap(), "--json"]).stdout);
-    assert_eq!(v["structure"].as_array().unwrap().len(), 0, "{}", v["structure"]);
+    let v = small_gpt_on_the_cpu_against(&fixture_in("gpu-h100-gpt", "cuda"));
     assert!(v["tensors_compared"].as_u64().unwrap() > 3 * 200);
     // The fixture predates format 1.5: its views are hashed by their values, this trace's by
     // what they read, so those are left out, and said to be.
@@ -206,11 +212,8 @@ fn a_gpu_gpt_trace_has_the_cpu_graph_and_first_differs_at_a_named_node() {
 /// node that differs is the same as with the older fixture.
 #[test]
 fn a_format_1_5_gpu_gpt_trace_compares_its_views_with_the_cpus() {
-    let dir = tempfile::tempdir().unwrap();
-    let cpu = record_small_gpt(dir.path(), "cpu", "none", &[]);
-    let gpu = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("fixtures/gpu-h100-gpt15/cuda");
-    let v = json(&repro(&["diff", cpu.to_str().unwrap(), gpu.to_str().unwrap(), "--json"]).stdout);
-    assert_eq!(v["structure"].as_array().unwrap().len(), 0, "{}", v["structure"]);
+    let gpu = fixture_in("gpu-h100-gpt15", "cuda");
+    let v = small_gpt_on_the_cpu_against(&gpu);
     assert_eq!(v["warnings"].as_array().unwrap().len(), 0, "{}", v["warnings"]);
     assert_eq!(v["root_cause"]["rule"], "identical_leaves");
     assert_eq!(v["root_cause"]["cause"]["tensor"], "h[0]/ln_1#0");
