@@ -25,14 +25,15 @@ log="$out/ladder.log"
 say() { echo "$@" | tee -a "$table"; }
 
 # name: workload options | first batch to try | steps | block | whether to time a full-value
-# step (off where a step's values, every graph node and view, outgrow the machine's 64 GB disk).
+# step (off where a step's values outgrow a 64 GB disk: the GPT-2-medium shape's graph nodes;
+# the GPT-2-small shape's step stores 40 GiB, the 1B gpt's 32 GiB).
 rung() {
   case "$1" in
     gpt-default) echo "--workload gpt|8|200|10|full" ;;
     gpt-mid) echo "--workload gpt --width 512 --heads 8 --layers 4 --context 256|16|80|4|full" ;;
-    gpt-small) echo "--workload gpt --width 768 --heads 12 --layers 12 --context 1024|8|24|2|" ;;
+    gpt-small) echo "--workload gpt --width 768 --heads 12 --layers 12 --context 1024|8|24|2|full" ;;
     gpt-medium) echo "--workload gpt --width 1024 --heads 16 --layers 24 --context 1024|4|24|2|" ;;
-    gpt-1b) echo "--workload gpt --width 2048 --heads 16 --layers 20 --context 512|4|16|2|" ;;
+    gpt-1b) echo "--workload gpt --width 2048 --heads 16 --layers 20 --context 512|4|16|2|full" ;;
     resnet18-256) echo "--workload resnet18|256|24|2|full" ;;
     resnet18-512) echo "--workload resnet18|512|24|2|full" ;;
     resnet18-1024) echo "--workload resnet18|1024|16|2|" ;;
