@@ -4,6 +4,10 @@
 //! step's next values, and the host lets go of each value once it is written. The trace writer
 //! finishes the file (its header, from the step's records) when it writes the step.
 //!
+//! Values wait for the disk in host memory, at most [`MAX_IN_FLIGHT`] bytes of them (or one
+//! value, when it alone is larger): a training thread that reads a step back faster than the
+//! disk writes it waits there rather than holding the whole step.
+//!
 //! A failed write is not reported where the value was handed over (a device read, deep in a
 //! flush) but when the step is written: `finish` returns it, and the step fails there.
 
@@ -13,13 +17,16 @@ use crate::trace::TraceError;
 use std::collections::BTreeMap;
 use std::ops::Range;
 use std::path::PathBuf;
-use std::sync::mpsc::{channel, Sender};
-use std::sync::Mutex;
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
 /// Header room for a step when no step before it says how much it needs: enough for about
 /// 4,000 tensors of typical names; a larger header moves the data up once it is written.
 pub(crate) const DEFAULT_HEADER_ROOM: u64 = 1 << 20;
+
+/// Bytes of values that may wait for the disk in host memory, per step.
+pub(crate) const MAX_IN_FLIGHT: u64 = 4 << 30;
 
 /// A value handed to the stream: where it went, or, if the step does not store it in its
 /// payload file (small enough to be kept inline), its bytes back.
@@ -48,6 +55,32 @@ pub struct PayloadStream {
     /// Values this small or smaller are stored inline, not in the file: they are given back.
     inline_max: u64,
     state: Mutex<State>,
+    in_flight: Arc<InFlight>,
+}
+
+/// Bytes handed over and not written yet, and the bound on them.
+struct InFlight {
+    bytes: Mutex<u64>,
+    written: Condvar,
+    limit: u64,
+}
+
+impl InFlight {
+    /// Waits until `len` more bytes fit the bound (or nothing waits), then counts them.
+    fn admit(&self, len: u64) {
+        let mut bytes = self.bytes.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        while *bytes > 0 && *bytes + len > self.limit {
+            bytes = self.written.wait(bytes).unwrap_or_else(|poisoned| poisoned.into_inner());
+        }
+        *bytes += len;
+    }
+
+    /// `len` bytes are written (or dropped): no longer waiting.
+    fn release(&self, len: u64) {
+        let mut bytes = self.bytes.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        *bytes -= len;
+        self.written.notify_all();
+    }
 }
 
 enum State {
@@ -68,11 +101,19 @@ impl PayloadStream {
     /// A stream for step `step` of the trace in `dir`; the file is created when the first value
     /// comes, with `header_room` bytes before its data.
     pub(crate) fn new(dir: PathBuf, step: u64, header_room: u64, inline_max: u64) -> Self {
-        PayloadStream { dir, step, header_room, inline_max, state: Mutex::new(State::Idle) }
+        let in_flight = InFlight { bytes: Mutex::new(0), written: Condvar::new(), limit: MAX_IN_FLIGHT };
+        PayloadStream {
+            dir,
+            step,
+            header_room,
+            inline_max,
+            state: Mutex::new(State::Idle),
+            in_flight: Arc::new(in_flight),
+        }
     }
 
     /// Hands `bytes` (one tensor's canonical values) over to be written, unless they are stored
-    /// inline; never waits for the disk.
+    /// inline; waits for the disk only while [`MAX_IN_FLIGHT`] bytes wait for it already.
     // Only device reads hand values over, and only CUDA builds read any.
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub fn take(&self, bytes: Vec<u8>) -> Kept {
@@ -84,9 +125,10 @@ impl PayloadStream {
             *state = match PayloadFile::create(&self.dir, self.step, self.header_room) {
                 Ok(file) => {
                     let (queue, values) = channel();
+                    let in_flight = self.in_flight.clone();
                     let thread = std::thread::Builder::new()
                         .name("repro-payload".into())
-                        .spawn(move || write_values(file, values))
+                        .spawn(move || write_values(file, values, &in_flight))
                         .expect("the OS starts a thread");
                     State::Sending { next: 0, queue, thread }
                 }
@@ -98,8 +140,11 @@ impl PayloadStream {
             State::Sending { next, queue, .. } => {
                 let data = *next..*next + len;
                 *next = data.end;
+                self.in_flight.admit(len);
                 // A thread that stopped has failed; `finish` reports it.
-                let _ = queue.send((data.clone(), bytes));
+                if queue.send((data.clone(), bytes)).is_err() {
+                    self.in_flight.release(len);
+                }
                 Kept::InFile(data)
             }
             // The step fails when it is written; the value's place is still given.
@@ -132,23 +177,36 @@ impl PayloadStream {
 }
 
 /// The stream's thread: appends each value to `file` in the order handed over, hashing it on a
-/// second thread meanwhile.
+/// second thread meanwhile. After a failed write it drops the values still coming (they must
+/// leave `in_flight`, or the training thread would wait for them) and returns the error.
 fn write_values(
     mut file: PayloadFile,
-    values: std::sync::mpsc::Receiver<(Range<u64>, Vec<u8>)>,
+    values: Receiver<(Range<u64>, Vec<u8>)>,
+    in_flight: &InFlight,
 ) -> Result<Written, TraceError> {
     let mut hashes = BTreeMap::new();
+    let mut failed = None;
     for (data, bytes) in values {
-        let (hash, appended) = std::thread::scope(|s| {
-            let hash = s.spawn(|| *blake3::hash(&bytes).as_bytes());
-            let appended = file.append(&bytes);
-            (hash.join().expect("hashing does not panic"), appended)
-        });
-        let appended = appended?;
-        debug_assert_eq!(appended, data, "values are appended in the order their places were given");
-        hashes.insert(data.start, hash);
+        if failed.is_none() {
+            let (hash, appended) = std::thread::scope(|s| {
+                let hash = s.spawn(|| *blake3::hash(&bytes).as_bytes());
+                let appended = file.append(&bytes);
+                (hash.join().expect("hashing does not panic"), appended)
+            });
+            match appended {
+                Ok(appended) => {
+                    debug_assert_eq!(appended, data, "values are appended in the order their places were given");
+                    hashes.insert(data.start, hash);
+                }
+                Err(e) => failed = Some(e),
+            }
+        }
+        in_flight.release(bytes.len() as u64);
     }
-    Ok(Written { file, hashes })
+    match failed {
+        Some(e) => Err(e),
+        None => Ok(Written { file, hashes }),
+    }
 }
 
 #[cfg(test)]
@@ -213,6 +271,26 @@ mod tests {
             }
         }
         assert_eq!(steps, 2);
+    }
+
+    /// With room for one value at a time, every value still goes through (a value larger than
+    /// the bound waits only for the ones before it), and in order.
+    #[test]
+    fn a_stream_bounded_to_one_value_at_a_time_writes_them_all() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut stream = PayloadStream::new(dir.path().to_path_buf(), 0, 0, 16);
+        stream.in_flight = Arc::new(InFlight { bytes: Mutex::new(0), written: Condvar::new(), limit: 1 });
+        let placed: Vec<Range<u64>> = (0..64)
+            .map(|i| match stream.take(values(1000 + i, i as u8)) {
+                Kept::InFile(data) => data,
+                Kept::Bytes(_) => panic!("value {i} is not inline"),
+            })
+            .collect();
+        let written = stream.finish().unwrap().unwrap();
+        assert_eq!(*stream.in_flight.bytes.lock().unwrap(), 0);
+        for (i, data) in placed.iter().enumerate() {
+            assert_eq!(written.hashes[&data.start], *blake3::hash(&values(1000 + i, i as u8)).as_bytes());
+        }
     }
 
     #[test]
