@@ -140,7 +140,7 @@ done < <(find fixtures -name records.rpr -printf '%h\n' | sort)
 
 # Fixture formats: all of 1.0 to 1.3 must have been read.
 versions=$(for f in $(find fixtures -name records.rpr); do head -c 12 "$f" | od -An -tu2 -j8 | awk '{print $1"."$2}'; done | sort -u | paste -sd' ')
-if [ "$versions" = "1.0 1.1 1.2 1.3 1.4" ]; then ok "fixtures cover formats $versions"; else fail "fixtures cover formats '$versions', expected 1.0 1.1 1.2 1.3 1.4"; fi
+if [ "$versions" = "1.0 1.1 1.2 1.3 1.4 1.5" ]; then ok "fixtures cover formats $versions"; else fail "fixtures cover formats '$versions', expected 1.0 1.1 1.2 1.3 1.4 1.5"; fi
 
 # A data-parallel rank stream (1.3): its place in the run, and the sums across ranks.
 out=$(PYTHONPATH=python "$PY" - "fixtures/gpu-h200x2-dp/gpt-2gpu/rank-1" <<'PYEOF' 2>&1
