@@ -102,10 +102,13 @@ fn devices_study_finds_identical_runs_and_the_root_cause_of_atomic_ones() {
     let report = json(&run.stdout);
     let c = &report["comparisons"][0];
     assert_eq!(c["identical"], false);
-    // The first batch-norm layer's statistics are the first atomic reduction of step 0.
+    // The batch-norm layers' statistics are the atomic reductions of step 0. Racing threads
+    // can happen to add one layer's rows in the same order in both runs, so the first that
+    // differs is a batch norm, usually `bn1`, not always.
     assert_eq!(c["first_divergence"][0], 0);
-    assert_eq!(c["first_divergence"][1], "bn1");
-    assert!(c["root_cause"].as_str().unwrap().contains("`bn1`"), "{c}");
+    let layer = c["first_divergence"][1].as_str().unwrap();
+    assert!(layer.starts_with("bn"), "{c}");
+    assert!(c["root_cause"].as_str().unwrap().contains(&format!("`{layer}`")), "{c}");
     // Each model evaluated on each device: its own device's error on the diagonal.
     let cross = report["cross_error"].as_array().unwrap();
     assert_eq!(cross.len(), 2);
