@@ -5,6 +5,11 @@
 
 // Threads per block of hash_chunks (src/record/device/batch.rs launches it so).
 #define CHUNK_THREADS 128
+// Blocks of hash_chunks each SM keeps resident: ptxas then fits a thread in 48 registers (64
+// unbounded), a few bytes spilled, and the extra warps hide more of the loads' latency: 1 GiB
+// hashed at 1511 to 1568 GB/s against 1496 to 1513 on H100s, in the same calls (9 blocks: 1533
+// to 1546; 12: 1447 to 1454, spilling more).
+#define CHUNK_MIN_BLOCKS 10
 // Bytes of each whole chunk staged at once: one memory line, two BLAKE3 blocks.
 #define STAGE_BYTES 128
 // Lanes that load one chunk's staged bytes, 16 each.
@@ -20,7 +25,7 @@
 // sector it fetched; staged, every sector fetched is used whole. Other chunks (a view's last,
 // strided views) take the one-thread path, batch_chunk. Every lane of a warp runs the same
 // iterations (the warp's first item decides), so the whole warp takes part in each staged load.
-extern "C" __global__ void hash_chunks(const u64* views, const u64* prefix, u64 n, u32* cvs) {
+extern "C" __global__ void __launch_bounds__(CHUNK_THREADS, CHUNK_MIN_BLOCKS) hash_chunks(const u64* views, const u64* prefix, u64 n, u32* cvs) {
   __shared__ uint4 stage[CHUNK_THREADS / 32][32][STAGE_ROW];
   const u64 total = prefix[n];
   const unsigned lane = threadIdx.x % 32, warp = threadIdx.x / 32;
