@@ -171,11 +171,12 @@ impl Recorder {
         let selected = self.selected.as_mut().is_none_or(|which| which(step));
         let recording = selected && self.writer.is_some();
         // A step left out neither counts as the first nor stores anything.
+        let comparing = self.online.as_ref().is_some_and(OnlineComparison::comparing);
         let (policy_full, full) = if recording {
             let first = *self.first_step.get_or_insert(step);
             let policy_full = self.capture.wants_full(step, first, self.total_steps);
             // Online comparison keeps every step's values until the next step has been checked.
-            (policy_full, policy_full || self.online.as_ref().is_some_and(OnlineComparison::comparing))
+            (policy_full, policy_full || comparing)
         } else {
             (false, false)
         };
@@ -183,7 +184,7 @@ impl Recorder {
         // Values the trace stores stream to the payload file as they come back from a GPU
         // (when comparing online, the step is checked before it is written, from memory).
         let stream = match &self.writer {
-            Some(writer) if policy_full && full == policy_full => Some(Arc::new(PayloadStream::new(
+            Some(writer) if policy_full && !comparing => Some(Arc::new(PayloadStream::new(
                 writer.dir().to_path_buf(),
                 step,
                 self.header_room.unwrap_or(DEFAULT_HEADER_ROOM),

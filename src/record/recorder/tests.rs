@@ -145,3 +145,26 @@ fn an_error_in_a_part_from_the_worker_fails_the_step_and_the_step_is_not_written
     recorder.finish().unwrap();
     assert_eq!(steps_of(&path).iter().map(|(step, _)| *step).collect::<Vec<_>>(), [0]);
 }
+
+/// Values stream to the payload file only where the trace stores them as they come: not while
+/// comparing online, whose check reads the step's values from memory before it is written.
+#[test]
+fn a_step_compared_online_keeps_its_values_in_memory() {
+    struct Same;
+    impl crate::trace::StepCheck for Same {
+        fn check_step(
+            &mut self,
+            _: u64,
+            _: &[StepTensor],
+        ) -> Result<crate::trace::StepVerdict, crate::trace::TraceError> {
+            Ok(crate::trace::StepVerdict::Same)
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let all = CapturePolicy { full: crate::trace::FullCapture::All, ..CapturePolicy::default() };
+    let mut plain = recorder_in(&dir.path().join("plain"), RecordOptions::capture(all.clone()));
+    assert!(plain.step(0).records.stream.is_some(), "a step that stores full values streams them");
+    let options = RecordOptions::capture(all).comparing_with(Box::new(Same), true);
+    let mut compared = recorder_in(&dir.path().join("compared"), options);
+    assert!(compared.step(0).records.stream.is_none());
+}
