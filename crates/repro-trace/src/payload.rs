@@ -96,9 +96,7 @@ impl PayloadFile {
         entries.sort_by_key(|e| e.data.start);
         let mut end = 0;
         for e in &entries {
-            let expected = byte_len(e.dtype, &e.shape);
-            if e.data.start != end || Some(e.data.end - e.data.start) != expected.filter(|_| e.data.end >= e.data.start)
-            {
+            if e.data.start != end || e.data.end.checked_sub(e.data.start) != byte_len(e.dtype, &e.shape) {
                 return Err(self.invalid(format!(
                     "tensor `{}` is not where its file says: bytes {:?} of the data, after byte {end}, for a {} tensor of shape {:?}",
                     e.name, e.data, e.dtype, e.shape
