@@ -27,15 +27,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let device = Device::Cpu;
 
     // Build the model, then overwrite candle's (unseedable on CPU) initial values with values
-    // drawn from a seeded host stream, in sorted name order so the result never depends on
-    // HashMap iteration.
+    // drawn from a seeded host stream of each parameter's own name: renaming or adding a layer
+    // leaves the others' initial values as they were.
     let varmap = VarMap::new();
     let vb = VarBuilder::from_varmap(&varmap, DType::F32, &device);
     let hidden = linear(3, 16, vb.pp("hidden"))?;
     let output = linear(16, 1, vb.pp("output"))?;
-    let mut params: BTreeMap<String, candle_core::Var> = varmap.data().lock().unwrap().clone().into_iter().collect();
-    for (index, (name, var)) in params.iter_mut().enumerate() {
-        let values = uniform_vec(&mut stream(42, name, index as u64), var.elem_count(), -0.5, 0.5);
+    // Sorted by name, so that the recording order never depends on HashMap iteration.
+    let params: BTreeMap<String, candle_core::Var> = varmap.data().lock().unwrap().clone().into_iter().collect();
+    for (name, var) in &params {
+        let values = uniform_vec(&mut stream(42, name, 0), var.elem_count(), -0.5, 0.5);
         var.set(&Tensor::from_vec(values, var.shape(), &device)?)?;
     }
 

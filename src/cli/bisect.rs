@@ -26,6 +26,10 @@ pub struct BisectArgs {
     /// Keep the recorded traces in this directory (default: a temporary one, removed).
     #[arg(long, value_name = "DIR")]
     keep: Option<PathBuf>,
+    /// Record the second run of each pair up to N times, until it differs from the first: for
+    /// a fault that fires only in some runs.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    runs: u32,
     /// Stop a run of -- CMD that takes longer than this many seconds.
     #[arg(long, value_name = "SECONDS", requires = "command")]
     timeout: Option<u64>,
@@ -115,6 +119,24 @@ impl Subject<'_> {
         Ok(compared)
     }
 
+    /// Records a pair of runs into `work/NAME-a` and `work/NAME-b`, the second compared with the
+    /// first as it records; the second is recorded again, up to `tries` times in all, until the
+    /// pair differs. The comparison of the last pair.
+    fn record_pair(&self, work: &Path, name: &str, capture: FullCapture, tries: u32) -> Result<RunDiff, CliError> {
+        let (reference, run) = (work.join(format!("{name}-a")), work.join(format!("{name}-b")));
+        self.record(&reference, capture.clone(), None)?;
+        let mut attempt = 1;
+        loop {
+            let finished = self.record(&run, capture.clone(), Some(&reference))?;
+            let compared = self.compare(&reference, &run, finished)?;
+            if !compared.diff.agrees_so_far() || attempt >= tries {
+                return Ok(compared);
+            }
+            attempt += 1;
+            eprintln!("bisect: the pair agreed; recording the second run again ({attempt} of {tries})");
+        }
+    }
+
     fn describe(&self) -> String {
         match self {
             Subject::Program { command, .. } => format!("`{}`", command.join(" ")),
@@ -157,21 +179,15 @@ pub fn run(args: BisectArgs) -> Result<Exit, CliError> {
     std::fs::create_dir_all(&work).map_err(|e| format!("cannot create {}: {e}", work.display()))?;
 
     eprintln!("bisect: recording {} twice, hashes only", subject.describe());
-    let (reference, run) = (work.join("hashes-a"), work.join("hashes-b"));
-    subject.record(&reference, FullCapture::None, None)?;
-    let finished = subject.record(&run, FullCapture::None, Some(&reference))?;
-    let mut compared = subject.compare(&reference, &run, finished)?;
+    let mut compared = subject.record_pair(&work, "hashes", FullCapture::None, args.runs)?;
     let first = compared.diff.first_divergence.as_ref().map(|d| d.step);
     let mut rounds = 0;
     let mut step = first;
+    let mut values_agreed = false;
     while let Some(at) = step.filter(|_| rounds < MAX_ROUNDS) {
         rounds += 1;
         eprintln!("bisect: the runs first differ at step {at}; recording both again with its full values");
-        let keep = FullCapture::Steps(vec![at]);
-        let (reference, run) = (work.join(format!("values-{rounds}-a")), work.join(format!("values-{rounds}-b")));
-        subject.record(&reference, keep.clone(), None)?;
-        let finished = subject.record(&run, keep, Some(&reference))?;
-        let again = subject.compare(&reference, &run, finished)?;
+        let again = subject.record_pair(&work, &format!("values-{rounds}"), FullCapture::Steps(vec![at]), args.runs)?;
         let found = again.diff.first_divergence.as_ref().map(|d| (d.step, d.metrics.is_some()));
         match found {
             // Values at the divergence: done.
@@ -186,18 +202,34 @@ pub fn run(args: BisectArgs) -> Result<Exit, CliError> {
             }
             // This pair agrees: the runs differ only sometimes; report the first pair.
             None => {
-                eprintln!("bisect: this time the runs agreed: they do not differ at every run");
+                eprintln!(
+                    "bisect: this time the runs agreed ({} tr{}): they do not differ at every run",
+                    args.runs,
+                    if args.runs == 1 { "y" } else { "ies" }
+                );
+                values_agreed = true;
                 break;
             }
         }
     }
+    if args.keep.is_none() {
+        // The traces go with the scratch directory: don't show paths that will not exist.
+        for (label, side) in [("A", &mut compared.diff.a), ("B", &mut compared.diff.b)] {
+            side.path = format!("run {label} (removed; --keep DIR keeps the traces)");
+        }
+    }
+    let verdict = compared.verdict();
     if args.output.json {
-        let verdict = if compared.diff.first_divergence.is_some() { "diverged" } else { "identical" };
         let report = BisectReport { subject: subject.describe(), first_differing_step: first, rounds, diff: &compared };
-        print_json("repro.bisect.v1", Some(verdict), &report)?;
+        print_json("repro.bisect.v1", Some(verdict.name()), &report)?;
     } else {
-        let brief = DiffText { brief: true, ..DiffText::default() };
+        let missing_values = values_agreed.then(|| {
+            "hashes differ; the runs agreed when recorded again with values here, so this fault fires only in \
+             some runs: `--runs N` records each pair up to N times"
+                .to_string()
+        });
+        let brief = DiffText { brief: true, missing_values, ..DiffText::default() };
         super::output::emit(&render_run_diff_with(&compared, &brief));
     }
-    Ok(if first.is_some() { Exit::Diverged } else { Exit::Same })
+    Ok(verdict.into())
 }

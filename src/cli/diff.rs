@@ -71,15 +71,20 @@ pub fn run(args: DiffArgs) -> Result<Exit, CliError> {
     let options =
         DiffOptions { tolerance: tolerance.clone(), track: args.plot_tensor.clone(), names, ..DiffOptions::default() };
     let run = diff_runs(&args.a, &args.b, &options)?;
+    if let (Some(map), 0, true) = (&args.map, run.diff.tensors_compared, run.diff.steps_compared > 0) {
+        return Err(format!(
+            "the name map {} leaves no tensor to compare: {} step(s) are common to both runs, and its rules rename \
+             or leave out every tensor so that none pairs with the other run's (`repro inspect A` and `repro \
+             inspect B` list the names)",
+            map.display(),
+            run.diff.steps_compared
+        )
+        .into());
+    }
     let single = run.world_size_a == 1 && run.world_size_b == 1;
     args.plot.write(|| plot_diff(&run.diff))?;
     if args.output.json {
-        let verdict = match (run.is_identical(), &tolerance) {
-            (false, _) if run.is_incomplete() => "incomplete",
-            (false, _) => "diverged",
-            (true, None) => "identical",
-            (true, Some(_)) => "within_tolerance",
-        };
+        let verdict = run.verdict().name();
         // Single-device runs keep their schema; data-parallel ones add the ranks around it.
         if single {
             print_json("repro.diff.v1", Some(verdict), &run.diff)?;
@@ -87,9 +92,14 @@ pub fn run(args: DiffArgs) -> Result<Exit, CliError> {
             print_json("repro.run-diff.v1", Some(verdict), &run)?;
         }
     } else {
-        let text =
-            DiffText { brief: args.brief, rows: args.rows, kinds: args.kind.clone(), tensors: args.tensor.clone() };
+        let text = DiffText {
+            brief: args.brief,
+            rows: args.rows,
+            kinds: args.kind.clone(),
+            tensors: args.tensor.clone(),
+            ..DiffText::default()
+        };
         super::output::emit(&render_run_diff_with(&run, &text));
     }
-    Ok(if run.is_identical() { Exit::Same } else { Exit::Diverged })
+    Ok(run.verdict().into())
 }

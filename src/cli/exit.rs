@@ -22,3 +22,14 @@ impl From<Exit> for ExitCode {
         })
     }
 }
+
+impl From<repro::diff::Verdict> for Exit {
+    /// 0 for runs that count as the same, 1 for any other verdict (diverged or incomplete).
+    fn from(v: repro::diff::Verdict) -> Exit {
+        if v.is_same() {
+            Exit::Same
+        } else {
+            Exit::Diverged
+        }
+    }
+}

@@ -55,7 +55,7 @@ fn a_fault_in_a_middle_layer_is_found_at_its_node_by_the_leaf_rule() {
     assert_eq!(run.code, 1, "{}", run.stdout);
     assert!(run.stdout.contains("root cause: `h[1]/mlp/c_fc#"), "{}", run.stdout);
     assert!(
-        run.stdout.contains("every leaf of the graph (data, parameters) is identical in both runs"),
+        run.stdout.contains("every recorded leaf of the graph (data, parameters) is identical in both runs"),
         "{}",
         run.stdout
     );

@@ -8,26 +8,13 @@ use crate::util::{example, json, repro, s};
 use std::path::Path;
 
 /// A wrapper script in `dir` that runs the example, planting a 3-ULP fault in `hidden` at step
-/// 5 in every second run (counted in `dir/counter`).
+/// 5 in every second run.
 fn flaky_program(dir: &Path) -> String {
-    let script = dir.join("flaky.sh");
-    let counter = dir.join("counter");
-    std::fs::write(
-        &script,
-        format!(
-            "#!/bin/sh\nn=$(cat {c} 2>/dev/null || echo 0); echo $((n+1)) > {c}\n\
-             if [ $((n % 2)) = 1 ]; then export REPRO_PERTURB=5:hidden:3; fi\nexec {ex}\n",
-            c = counter.display(),
-            ex = example("own_training_loop").display()
-        ),
-    )
-    .unwrap();
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
-    }
-    script.display().to_string()
+    let body = format!(
+        "if [ $((n % 2)) = 1 ]; then export REPRO_PERTURB=5:hidden:3; fi\nexec {}",
+        example("own_training_loop").display()
+    );
+    counting_script(dir, "flaky.sh", &body)
 }
 
 #[test]
@@ -121,8 +108,9 @@ fn under_a_tolerance_the_root_cause_tells_drift_from_a_new_cause() {
     let (a, b) = (dir.path().join("a"), dir.path().join("b"));
     let run = repro(&["record", "--out", s(&a), "--capture", "all", "--", s(&program)]);
     assert_eq!(run.code, 0, "{}", run.stderr);
-    // A fault in the hidden layer's output at step 5, about 5e-5 at most.
-    let planted = format!("REPRO_PERTURB=5:hidden:200000 exec {}", s(&program));
+    // A fault in the hidden layer's output at step 5, in a positive element (so the ReLU passes
+    // it on): 20,000 ULPs of 5.85e-2, about 7.5e-5.
+    let planted = format!("REPRO_PERTURB=5:hidden:20000@8 exec {}", s(&program));
     let run = repro(&["record", "--out", s(&b), "--capture", "all", "--", "sh", "-c", &planted]);
     assert_eq!(run.code, 0, "{}", run.stderr);
 
@@ -142,4 +130,72 @@ fn under_a_tolerance_the_root_cause_tells_drift_from_a_new_cause() {
     let text = repro(&["diff", s(&a), s(&b), "--tolerance", "op_output=abs:1e-4", "--brief"]).stdout;
     assert!(text.contains("differs only within the tolerance, first at `hidden`"), "{text}");
     assert!(!text.contains("inputs are identical"), "{text}");
+}
+
+/// A script in `dir` that counts its runs and runs `body` with `$n` the runs before this one.
+fn counting_script(dir: &Path, name: &str, body: &str) -> String {
+    let script = dir.join(name);
+    let counter = dir.join(format!("{name}.count"));
+    std::fs::write(
+        &script,
+        format!("#!/bin/sh\nn=$(cat {c} 2>/dev/null || echo 0); echo $((n+1)) > {c}\n{body}\n", c = counter.display()),
+    )
+    .unwrap();
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    script.display().to_string()
+}
+
+/// Issue 45, item 1: runs that record different numbers of steps differ in structure, and
+/// bisect's exit code and JSON verdict say so, as its text does.
+#[test]
+fn bisect_follows_the_comparison_when_the_runs_record_different_steps() {
+    let dir = tempfile::tempdir().unwrap();
+    let program = counting_script(
+        dir.path(),
+        "steps.sh",
+        &format!(
+            "exec {} record --workload adder --steps $((5 + n % 2 * 2)) --batch 50 --out \"$REPRO_TRACE_DIR\" --force",
+            env!("CARGO_BIN_EXE_repro")
+        ),
+    );
+    let run = repro(&["bisect", "--json", "--", &program]);
+    assert_eq!(run.code, 1, "{}{}", run.stdout, run.stderr);
+    let report = json(&run.stdout);
+    assert_eq!(report["verdict"], "diverged", "{report}");
+    assert!(!report["diff"]["diff"]["structure"].as_array().unwrap().is_empty(), "{report}");
+
+    let run = repro(&["bisect", "--", &program]);
+    assert_eq!(run.code, 1, "{}{}", run.stdout, run.stderr);
+    assert!(run.stdout.contains("DIVERGED  in structure"), "{}", run.stdout);
+    // The traces went with the scratch directory: no path to them is printed.
+    assert!(run.stdout.contains("run A (removed; --keep DIR keeps the traces)"), "{}", run.stdout);
+}
+
+/// Issue 45, item 6: a fault that fires in one run of three. One try per pair can miss it;
+/// `--runs N` records each pair's second run until it differs, and finds the fault's values.
+#[test]
+fn bisect_with_runs_catches_a_fault_that_fires_only_sometimes() {
+    let dir = tempfile::tempdir().unwrap();
+    let body = format!(
+        "if [ $((n % 3)) = 2 ]; then export REPRO_PERTURB=5:hidden:3; fi\nexec {}",
+        example("own_training_loop").display()
+    );
+    // Runs 1 and 2 agree: one try reports them identical, which is all it saw.
+    let once = counting_script(dir.path(), "once.sh", &body);
+    let run = repro(&["bisect", "--json", "--", &once]);
+    assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+
+    let retried = counting_script(dir.path(), "retried.sh", &body);
+    let run = repro(&["bisect", "--runs", "3", "--json", "--", &retried]);
+    assert_eq!(run.code, 1, "{}{}", run.stdout, run.stderr);
+    let report = json(&run.stdout);
+    assert_eq!(report["first_differing_step"], 5, "{report}");
+    let root = &report["diff"]["diff"]["root_cause"]["cause"];
+    assert_eq!(root["tensor"], "hidden", "{report}");
+    assert_eq!(root["metrics"]["max_ulp"], 3, "values at the step, from a pair that differs: {report}");
+    assert!(run.stderr.contains("recording the second run again"), "{}", run.stderr);
 }

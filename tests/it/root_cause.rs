@@ -99,8 +99,9 @@ fn inserted_removed_and_renamed_ops_are_aligned_not_failed_on() {
     assert_eq!(run.code, 1, "{}", run.stderr);
     assert!(run.stdout.contains("`relu` in A is `gelu` in B"), "{}", run.stdout);
     assert!(run.stdout.contains("`dropout` recorded only in B"), "{}", run.stdout);
-    assert!(run.stdout.contains("root cause: `relu` (op_output, forward) at step 0"), "{}", run.stdout);
+    assert!(run.stdout.contains("root cause: `relu` (op_output, forward, `gelu` in B) at step 0"), "{}", run.stdout);
     let v = json(&repro(&["diff", s(&a), s(&b), "--json"]).stdout);
+    assert_eq!(v["root_cause"]["cause"]["tensor_b"], "gelu", "B's counterpart, named: {v}");
     let consequences: Vec<&str> =
         v["root_cause"]["consequences"].as_array().unwrap().iter().map(|c| c["tensor"].as_str().unwrap()).collect();
     assert_eq!(consequences, ["fc2", "loss"]);
@@ -200,4 +201,51 @@ fn recording_against_a_reference_names_other_settings_and_a_stopped_run_reads_as
     assert_eq!(summary["complete"], false);
     let reason = summary["incomplete_reason"].as_str().unwrap();
     assert!(reason.starts_with("stopped early: at the first divergence"), "{reason}");
+}
+
+/// Issue 45, item 2: a dropout mask drawn with another seed is randomness the trace does not
+/// record, not an op that computes differently, and the root cause says so.
+#[test]
+fn a_dropout_mask_drawn_otherwise_is_named_as_unrecorded_randomness() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |name: &str, seed: &str| {
+        let out = dir.path().join(name);
+        let args = ["--workload", "mlp", "--dropout", "0.5", "--dropout-seed", seed, "--steps", "1"];
+        let mut all = vec!["record", "--capture", "all", "--out", s(&out)];
+        all.extend(args);
+        let r = repro(&all);
+        assert_eq!(r.code, 0, "{}", r.stderr);
+        out
+    };
+    let (a, b) = (run("a", "1"), run("b", "2"));
+    let v = json(&repro(&["diff", s(&a), s(&b), "--json"]).stdout);
+    let root = &v["root_cause"];
+    assert_eq!(root["cause"]["tensor"], "dropout1", "{v}");
+    assert_eq!(root["random_mask"], true, "{v}");
+    let text = repro(&["diff", s(&a), s(&b), "--brief"]).stdout;
+    assert!(text.contains("the shape of a random mask (dropout) drawn differently"), "{text}");
+    assert!(!text.contains("the op computed it differently"), "{text}");
+
+    // A fault of rounding in the same op is not taken for a mask.
+    let p = dir.path().join("p");
+    let r = repro(&[
+        "record",
+        "--capture",
+        "all",
+        "--out",
+        s(&p),
+        "--workload",
+        "mlp",
+        "--dropout",
+        "0.5",
+        "--dropout-seed",
+        "1",
+        "--steps",
+        "1",
+        "--perturb",
+        "0:dropout1:1@3",
+    ]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let v = json(&repro(&["diff", s(&a), s(&p), "--json"]).stdout);
+    assert_eq!(v["root_cause"]["random_mask"], false, "{v}");
 }

@@ -573,6 +573,27 @@ fn a_name_map_pairs_tensors_named_otherwise() {
     let run = repro(&["diff", s(&a), s(&b), "--map", s(&map)]);
     assert_eq!(run.code, 2);
     assert!(run.stderr.contains("map.txt: line 2: expected `rename PATTERN NEW`"), "{}", run.stderr);
+    // Issue 45, item 4: a map that leaves nothing to compare is no verdict of identical.
+    std::fs::write(&map, "ignore *\n").unwrap();
+    let run = repro(&["diff", s(&a), s(&a), "--map", s(&map)]);
+    assert_eq!(run.code, 2, "{}", run.stdout);
+    assert!(run.stderr.contains("leaves no tensor to compare"), "{}", run.stderr);
+}
+
+/// Issue 45, item 4: renamed tensors whose values sit in the step's payload file are read
+/// under the names the trace stores them by (a port check, `rename model.* *`).
+#[test]
+fn a_name_map_reads_the_stored_values_of_renamed_tensors() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = record(dir.path(), "a", &["--capture", "all", "--inline-max-bytes", "0"]);
+    let b = record(dir.path(), "b", &["--capture", "all", "--inline-max-bytes", "0", "--perturb", "3:loss.sum:2"]);
+    let map = dir.path().join("map.txt");
+    std::fs::write(&map, "rename * model.*\n").unwrap();
+    let run = repro(&["diff", s(&a), s(&b), "--map", s(&map), "--json"]);
+    assert_eq!(run.code, 1, "{}{}", run.stdout, run.stderr);
+    let v = json(&run.stdout);
+    assert_eq!(v["first_divergence"]["tensor"], "model.loss.sum", "{v}");
+    assert_eq!(v["first_divergence"]["metrics"]["max_ulp"], 2, "{v}");
 }
 
 /// A two-step trace of one F32 matrix: step 0 keeps its values inline, step 1 only its hash.

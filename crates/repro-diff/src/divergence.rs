@@ -30,6 +30,10 @@ pub struct Divergence {
     /// For a captured node, where its scope was opened in A's source (`FILE:LINE`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub source: Option<String>,
+    /// B's name for the tensor, where B names it otherwise: a captured node numbered otherwise
+    /// because its scope's graph changed before it, or a tensor paired by its place.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tensor_b: Option<String>,
 }
 
 impl Divergence {
@@ -46,6 +50,12 @@ impl Divergence {
             metrics,
             b_layout: None,
             source: tensor.source.clone(),
+            tensor_b: None,
         }
+    }
+
+    /// `a` (as A recorded it) differing at `step` from `b`, B's tensor paired with it.
+    pub fn between(a: &TensorRecord, b: &TensorRecord, step: u64, metrics: Option<TensorMetrics>) -> Self {
+        Divergence { tensor_b: (a.name != b.name).then(|| b.name.clone()), ..Divergence::of(a, step, metrics) }
     }
 }

@@ -25,6 +25,7 @@ mod tensor_stats;
 mod testing;
 mod tolerance;
 mod traces;
+mod verdict;
 
 pub use divergence::Divergence;
 pub use error::DiffError;
@@ -44,3 +45,4 @@ pub use traces::{
     config_differences, diff_traces, diff_traces_with, diff_traces_within, header_differences, DiffOptions,
     FieldDifference, GapPoint, GapSeries, StepMetrics, StructuralDifference, TensorHistory, TraceDiff, TraceSide,
 };
+pub use verdict::Verdict;

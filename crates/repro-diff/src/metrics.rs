@@ -11,6 +11,10 @@ use repro_trace::dtype::{DType, Element};
 use repro_trace::{TensorValues, WINDOW_BYTES};
 use serde::Serialize;
 
+/// Differing elements, all zero in one run, that make a difference look like a random mask: a
+/// few such elements also come from rounding near zero (a ReLU's input one ULP either side).
+const MASK_MIN_ELEMENTS: u64 = 8;
+
 /// Elements per parallel chunk. Fixed, so sums are combined in the same order on every machine.
 const CHUNK_ELEMENTS: usize = 1 << 16;
 
@@ -42,6 +46,10 @@ pub struct TensorMetrics {
     /// `max_ulp` does (a gradient that should be 0 is billions of ULPs from a tiny value).
     #[serde(serialize_with = "crate::json_float::serialize")]
     pub scale_ulp: f64,
+    /// Elements that differ with the value zero in one run and not in the other. When every
+    /// differing element is such, the difference has the shape of a random mask drawn
+    /// differently (dropout), not of rounding.
+    pub zero_in_one: u64,
 }
 
 impl TensorMetrics {
@@ -55,7 +63,14 @@ impl TensorMetrics {
             max_rel: 0.0,
             first_mismatch: None,
             scale_ulp: 0.0,
+            zero_in_one: 0,
         }
+    }
+
+    /// Whether every differing element is zero in exactly one run, and not one or two of them
+    /// only: the shape of a random mask (dropout) drawn differently in the two runs.
+    pub fn looks_like_a_mask(&self) -> bool {
+        self.mismatched >= MASK_MIN_ELEMENTS && self.zero_in_one == self.mismatched
     }
 
     /// `max_abs` in ULPs at the scale of the differing values (see `scale_ulp`).
@@ -68,6 +83,7 @@ impl TensorMetrics {
         self.mismatched += other.mismatched;
         self.max_abs = max_nan(self.max_abs, other.max_abs);
         self.sum_abs += other.sum_abs;
+        self.zero_in_one += other.zero_in_one;
         self.max_ulp = self.max_ulp.max(other.max_ulp);
         self.max_rel = max_nan(self.max_rel, other.max_rel);
         // Until `with_scale`, this holds the largest differing magnitude.
@@ -164,6 +180,7 @@ fn compare_typed<T: Element>(a: &[u8], b: &[u8]) -> TensorMetrics {
     let (mut mismatched, mut max_abs, mut sum_abs, mut max_ulp, mut any_nan) = (0u64, 0f64, 0f64, 0u64, false);
     let mut max_rel = 0f64;
     let mut magnitude = 0f64;
+    let mut zero_in_one = 0u64;
     let mut first = None;
     for (i, (ea, eb)) in a.chunks_exact(T::SIZE).zip(b.chunks_exact(T::SIZE)).enumerate() {
         let (x, y) = (T::load(ea), T::load(eb));
@@ -172,6 +189,7 @@ fn compare_typed<T: Element>(a: &[u8], b: &[u8]) -> TensorMetrics {
         }
         mismatched += 1;
         first.get_or_insert(i as u64);
+        zero_in_one += u64::from((x.value() == 0.0) != (y.value() == 0.0));
         let abs = (x.value() - y.value()).abs();
         any_nan |= abs.is_nan();
         max_abs = max_abs.max(abs);
@@ -196,6 +214,7 @@ fn compare_typed<T: Element>(a: &[u8], b: &[u8]) -> TensorMetrics {
     m.max_rel = if any_nan { f64::NAN } else { max_rel };
     m.first_mismatch = first;
     m.scale_ulp = magnitude;
+    m.zero_in_one = zero_in_one;
     m
 }
 
@@ -229,6 +248,26 @@ mod tests {
             }
         }
         out
+    }
+
+    #[test]
+    fn a_mask_drawn_otherwise_is_told_from_rounding() {
+        let x: Vec<f32> = (1..=64).map(|i| i as f32 * 0.25).collect();
+        let mask = |keep: fn(usize) -> bool| -> Vec<f32> {
+            x.iter().enumerate().map(|(i, v)| if keep(i) { v * 2.0 } else { 0.0 }).collect()
+        };
+        let (a, b) = (mask(|i| i % 2 == 0), mask(|i| i % 3 == 0));
+        let m = compare(DType::F32, &bytes(&a), &bytes(&b));
+        assert!(m.mismatched > 8 && m.zero_in_one == m.mismatched && m.looks_like_a_mask(), "{m:?}");
+        // Rounding moves values by ULPs, zeros stay zeros.
+        let nudged: Vec<f32> =
+            a.iter().map(|v| if *v == 0.0 { 0.0 } else { f32::from_bits(v.to_bits() + 1) }).collect();
+        let m = compare(DType::F32, &bytes(&a), &bytes(&nudged));
+        assert!(m.mismatched > 8 && m.zero_in_one == 0 && !m.looks_like_a_mask(), "{m:?}");
+        // One zero against a tiny value is no mask.
+        let mut one = a.clone();
+        one[1] = 1e-30;
+        assert!(!compare(DType::F32, &bytes(&a), &bytes(&one)).looks_like_a_mask());
     }
 
     #[test]

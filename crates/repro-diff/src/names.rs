@@ -20,7 +20,7 @@
 //! at the steps that store their values (`repro diff` reads them to transpose them), and left
 //! out at the others.
 
-use repro_trace::StepRecord;
+use repro_trace::{StepRecord, TensorRecord};
 use std::collections::BTreeSet;
 use std::path::Path;
 
@@ -136,28 +136,34 @@ impl NameMap {
         self.rules.iter().any(|rule| matches!(rule, Rule::Transpose { .. }))
     }
 
-    /// `step` with its tensors renamed and the ignored ones left out. A tensor's recorded inputs
-    /// are renamed alike; an input left out keeps its name, and so cannot be compared (its
+    /// `step`'s tensors renamed and the ignored ones left out, each with its index in `step`'s
+    /// tensors (where the trace stores it under its own name). A tensor's recorded inputs are
+    /// renamed alike; an input left out keeps its name, and so cannot be compared (its
     /// consumer's inputs are then not established as identical). A name that would collide
     /// with another tensor's keeps its own.
-    pub fn apply(&self, mut step: StepRecord) -> StepRecord {
-        if self.rules.is_empty() {
-            return step;
-        }
+    pub fn apply(&self, step: &StepRecord) -> Vec<(TensorRecord, usize)> {
         let mut taken = BTreeSet::new();
         let mut kept = Vec::with_capacity(step.tensors.len());
-        for mut t in std::mem::take(&mut step.tensors) {
+        for (index, t) in step.tensors.iter().enumerate() {
             let Some(name) = self.map(&t.name) else { continue };
+            let mut t = t.clone();
             if taken.insert(name.clone()) {
                 t.name = name;
             } else {
                 taken.insert(t.name.clone());
             }
             t.inputs = t.inputs.iter().map(|i| self.map(i).unwrap_or_else(|| i.clone())).collect();
-            kept.push(t);
+            if let Some(view) = &mut t.view {
+                view.of = self.map(&view.of).unwrap_or_else(|| view.of.clone());
+            }
+            kept.push((t, index));
         }
-        step.tensors = kept;
-        step
+        kept
+    }
+
+    /// Whether the map has any rule (an empty map leaves steps as they are).
+    pub fn is_empty(&self) -> bool {
+        self.rules.is_empty()
     }
 }
 

@@ -78,6 +78,10 @@ pub struct RootCause {
     /// tolerance), when that is before this one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub drift_since: Option<u64>,
+    /// Whether every element of the cause that differs is zero in exactly one run (its values
+    /// stored on both sides): the shape of a random mask (dropout) drawn differently, from
+    /// randomness the trace does not record, rather than of an op that rounds differently.
+    pub random_mask: bool,
 }
 
 /// A differing tensor explained by an earlier divergence.
@@ -182,6 +186,7 @@ pub(crate) fn analyze(entries: &[Entry], drift_since: Option<u64>) -> Option<Roo
     if matches!(root.rule, CauseRule::Drift | CauseRule::DriftedLeaves) {
         root.drift_since = drift_since.filter(|&s| s < root.cause.step);
     }
+    root.random_mask = root.rule != CauseRule::Leaf && root.cause.metrics.is_some_and(|m| m.looks_like_a_mask());
     Some(root)
 }
 
@@ -275,6 +280,7 @@ fn analyze_ops<'a>(entries: &'a [Entry]) -> Option<RootCause> {
         inputs_recorded,
         drift_from,
         drift_since: None,
+        random_mask: false,
     })
 }
 
@@ -348,6 +354,7 @@ fn analyze_captured(entries: &[Entry]) -> Option<RootCause> {
         inputs_recorded: false,
         drift_from,
         drift_since: None,
+        random_mask: false,
     })
 }
 
@@ -380,6 +387,7 @@ mod tests {
                 metrics: None,
                 b_layout: None,
                 source: None,
+                tensor_b: None,
             }),
             within: false,
             collective: false,

@@ -17,7 +17,22 @@ pub(crate) fn one_hash_trace(dir: &Path, value: f32) -> PathBuf {
     write_one_value(dir, value, &[], "cpu", false)
 }
 
-fn write_one_value(dir: &Path, value: f32, params: &[(&str, &str)], device: &str, keep_values: bool) -> PathBuf {
+/// Writes into `dir` a trace of one step holding `tensors`.
+pub(crate) fn one_step_trace(dir: &Path, tensors: Vec<StepTensor>) -> PathBuf {
+    let mut w = TraceWriter::create(dir, &header(&[], "cpu"), false).unwrap();
+    w.write_step(0, tensors).unwrap();
+    w.finish().unwrap();
+    dir.to_path_buf()
+}
+
+/// A record of F32 `values` of `shape`, its values in the step's payload file when `stored`.
+pub(crate) fn f32_tensor(name: &str, kind: TensorKind, shape: Vec<u64>, values: &[f32], stored: bool) -> StepTensor {
+    let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let record = TensorRecord { in_payload: stored, ..TensorRecord::of_bytes(name, kind, DType::F32, shape, &bytes) };
+    StepTensor { record, payload: stored.then_some(repro_trace::Payload::Bytes(bytes)) }
+}
+
+fn header(params: &[(&str, &str)], device: &str) -> Header {
     let mut header = Header {
         format: CURRENT_FORMAT,
         producer: "test".into(),
@@ -31,7 +46,11 @@ fn write_one_value(dir: &Path, value: f32, params: &[(&str, &str)], device: &str
         distributed: None,
     };
     header.environment.device = device.into();
-    let mut w = TraceWriter::create(dir, &header, false).unwrap();
+    header
+}
+
+fn write_one_value(dir: &Path, value: f32, params: &[(&str, &str)], device: &str, keep_values: bool) -> PathBuf {
+    let mut w = TraceWriter::create(dir, &header(params, device), false).unwrap();
     let bytes = value.to_le_bytes().to_vec();
     let record = TensorRecord {
         inline: keep_values.then(|| bytes.clone()),

@@ -241,6 +241,7 @@ mod tests {
             max_rel,
             first_mismatch: Some(0),
             scale_ulp: 0.0,
+            zero_in_one: 0,
         }
     }
 

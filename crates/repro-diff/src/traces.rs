@@ -58,6 +58,10 @@ pub struct TraceDiff {
     /// (step, tensor) pairs whose hashes differ where a trace stored no values: a tolerance
     /// cannot judge them, so they count as divergences (record with `--capture all`).
     pub hash_only_differences: u64,
+    /// (step, tensor) pairs recorded in both traces that could not be compared: a view of an
+    /// earlier tensor in one trace, hashed by its values in the other, without values stored on
+    /// both sides. A verdict of "identical" holds only for what was compared.
+    pub not_compared: u64,
     /// The gap between the runs step by step: one series per tensor kind, then one per tensor
     /// asked for by name (`DiffOptions::track`).
     pub gaps: Vec<GapSeries>,
@@ -311,16 +315,13 @@ pub fn diff_traces_with(
                 if options.replicated_state_only {
                     (sa, sb) = (replicated_state(sa), replicated_state(sb));
                 }
-                (sa, sb) = (options.names.apply(sa), options.names.apply(sb));
-                if options.names.has_transposes() {
-                    let mut left_out = Vec::new();
-                    sa = transposed(&options.names, Run::A, sa, a, &mut left_out)?;
-                    sb = transposed(&options.names, Run::B, sb, b, &mut left_out)?;
-                    // Left out of both runs, so that neither reads as recorded in one alone.
-                    untransposed += left_out.len() as u64;
-                    sa.tensors.retain(|t| !left_out.contains(&t.name));
-                    sb.tensors.retain(|t| !left_out.contains(&t.name));
-                }
+                let mut left_out = Vec::new();
+                let mut sa = ComparedStep::new(sa, &options.names, Run::A, a, &mut left_out)?;
+                let mut sb = ComparedStep::new(sb, &options.names, Run::B, b, &mut left_out)?;
+                // Left out of both runs, so that neither reads as recorded in one alone.
+                untransposed += left_out.len() as u64;
+                sa.leave_out(&left_out);
+                sb.leave_out(&left_out);
                 state.compare_step(a, &sa, b, &sb)?;
                 steps_a += 1;
                 steps_b += 1;
@@ -350,8 +351,9 @@ pub fn diff_traces_with(
     if state.views_unmatched > 0 {
         warnings.push(format!(
             "{} tensor record(s) are views of an earlier tensor in one trace and hashed by their values in the other \
-             (a trace made before format 1.5, or a parameter read at another point of its step): those were not \
-             compared; the tensors they read were",
+             (a trace made before format 1.5, or a parameter read at another point of its step), with values not \
+             stored on both sides: those were not compared, the tensors they read were (record both runs with full \
+             values at those steps, `--capture`, to compare them)",
             state.views_unmatched
         ));
     }
@@ -361,6 +363,7 @@ pub fn diff_traces_with(
         tensors_within_tolerance: state.within,
         largest_within_tolerance: state.largest_within,
         hash_only_differences: state.hash_only,
+        not_compared: state.views_unmatched,
         a: side(a, steps_a, missing_a.finish()),
         b: side(b, steps_b, missing_b.finish()),
         config_differences,
@@ -400,40 +403,99 @@ fn gap_series(gaps: BTreeMap<String, Vec<GapPoint>>) -> Vec<GapSeries> {
     kinds.into_iter().chain(tensors).map(|(label, points)| GapSeries { label, points }).collect()
 }
 
-/// `step` of run `run` with the two-dimensional tensors the name map transposes replaced by
-/// their transposes (values inline, hash recomputed), so that they pair with the other run's;
-/// the names of those whose values the step does not keep go to `left_out`.
-fn transposed(
-    names: &NameMap,
-    run: Run,
-    mut step: StepRecord,
-    reader: &mut TraceReader,
-    left_out: &mut Vec<String>,
-) -> Result<StepRecord, TraceError> {
-    let mut tensors = Vec::with_capacity(step.tensors.len());
-    for t in &step.tensors {
-        if t.shape.len() != 2 || !names.transposes(run, &t.name) {
-            tensors.push(t.clone());
-            continue;
+/// A step as compared, beside the step as the trace stores it. A name map renames and leaves out
+/// records, and its transpose rules replace some by their transposes; values are still read
+/// through the stored records, under the names the trace knows them by.
+struct ComparedStep {
+    /// As the trace stores it.
+    stored: StepRecord,
+    /// As compared, when a name map changed it: the records, each with the index of its stored
+    /// record (`None`: a transpose, which holds its values itself).
+    mapped: Option<(Vec<TensorRecord>, Vec<Option<usize>>)>,
+}
+
+impl ComparedStep {
+    /// `stored` (a step of run `run`) as `names` maps it. The names of tensors a transpose rule
+    /// names whose values the step does not keep go to `left_out`.
+    fn new(
+        stored: StepRecord,
+        names: &NameMap,
+        run: Run,
+        reader: &mut TraceReader,
+        left_out: &mut Vec<String>,
+    ) -> Result<Self, TraceError> {
+        if names.is_empty() {
+            return Ok(ComparedStep { stored, mapped: None });
         }
-        let Some(values) = reader.values(&step, t)? else {
-            left_out.push(t.name.clone());
-            continue;
-        };
-        let (rows, cols) = (t.shape[0] as usize, t.shape[1] as usize);
-        let size = t.dtype.size_in_bytes();
-        let mut bytes = vec![0u8; values.bytes.len()];
-        for (i, row) in values.bytes.chunks_exact(cols * size).enumerate() {
-            for (j, element) in row.chunks_exact(size).enumerate() {
-                bytes[(j * rows + i) * size..][..size].copy_from_slice(element);
+        let (mut tensors, mut origin): (Vec<TensorRecord>, Vec<Option<usize>>) =
+            names.apply(&stored).into_iter().map(|(t, i)| (t, Some(i))).unzip();
+        for (t, from) in tensors.iter_mut().zip(&mut origin) {
+            if t.shape.len() != 2 || !names.transposes(run, &t.name) {
+                continue;
             }
+            let index = from.expect("a record the map produced");
+            let Some(values) = reader.values(&stored, &stored.tensors[index])? else {
+                left_out.push(t.name.clone());
+                continue;
+            };
+            let (rows, cols) = (t.shape[0] as usize, t.shape[1] as usize);
+            let size = t.dtype.size_in_bytes();
+            let mut bytes = vec![0u8; values.bytes.len()];
+            for (i, row) in values.bytes.chunks_exact(cols * size).enumerate() {
+                for (j, element) in row.chunks_exact(size).enumerate() {
+                    bytes[(j * rows + i) * size..][..size].copy_from_slice(element);
+                }
+            }
+            let shape = vec![t.shape[1], t.shape[0]];
+            let hash = repro_trace::hash::tensor_hash(t.dtype, &shape, &bytes);
+            *t = TensorRecord { shape, hash, inline: Some(bytes), in_payload: false, view: None, ..t.clone() };
+            *from = None;
         }
-        let shape = vec![t.shape[1], t.shape[0]];
-        let hash = repro_trace::hash::tensor_hash(t.dtype, &shape, &bytes);
-        tensors.push(TensorRecord { shape, hash, inline: Some(bytes), in_payload: false, ..t.clone() });
+        Ok(ComparedStep { stored, mapped: Some((tensors, origin)) })
     }
-    step.tensors = tensors;
-    Ok(step)
+
+    fn step(&self) -> u64 {
+        self.stored.step
+    }
+
+    /// The records compared.
+    fn tensors(&self) -> &[TensorRecord] {
+        self.mapped.as_ref().map_or(&self.stored.tensors, |(tensors, _)| tensors)
+    }
+
+    /// Leaves the tensors of these (compared) names out.
+    fn leave_out(&mut self, names: &[String]) {
+        if let (Some((tensors, origin)), false) = (&mut self.mapped, names.is_empty()) {
+            let keep: Vec<bool> = tensors.iter().map(|t| !names.contains(&t.name)).collect();
+            let mut flags = keep.iter();
+            tensors.retain(|_| *flags.next().expect("one flag a record"));
+            let mut flags = keep.iter();
+            origin.retain(|_| *flags.next().expect("one flag a record"));
+        }
+    }
+
+    /// The record that holds `t`'s values, `t` being one of `tensors()`: its stored record.
+    fn holder<'s>(&'s self, t: &'s TensorRecord) -> &'s TensorRecord {
+        let Some((tensors, origin)) = &self.mapped else { return t };
+        let offset = (t as *const TensorRecord as usize).wrapping_sub(tensors.as_ptr() as usize);
+        let index = offset / std::mem::size_of::<TensorRecord>();
+        assert!(index < tensors.len() && std::ptr::eq(&tensors[index], t), "a record of this step");
+        origin[index].map_or(t, |i| &self.stored.tensors[i])
+    }
+
+    /// Whether the trace holds `t`'s values.
+    fn has_values(&self, reader: &TraceReader, t: &TensorRecord) -> bool {
+        reader.has_values(&self.stored, self.holder(t))
+    }
+
+    /// `t`'s values, where the trace holds them.
+    fn values<'r>(
+        &'r self,
+        reader: &'r mut TraceReader,
+        t: &'r TensorRecord,
+    ) -> Result<Option<repro_trace::TensorValues<'r>>, TraceError> {
+        reader.values(&self.stored, self.holder(t))
+    }
 }
 
 /// What makes a comparison meaningless, said before anyone trusts its verdict.
@@ -594,9 +656,9 @@ impl DiffState {
     fn compare_step(
         &mut self,
         ra: &mut TraceReader,
-        sa: &StepRecord,
+        sa: &ComparedStep,
         rb: &mut TraceReader,
-        sb: &StepRecord,
+        sb: &ComparedStep,
     ) -> Result<(), TraceError> {
         self.steps_compared += 1;
         let first_divergent = self.first.is_none();
@@ -610,11 +672,11 @@ impl DiffState {
             });
             &mut changed[at].1
         }
-        for pairing in align(&sa.tensors, &sb.tensors) {
+        for pairing in align(sa.tensors(), sb.tensors()) {
             let (ta, tb) = match pairing {
                 Pairing::Same(ta, tb) => (ta, tb),
                 Pairing::Renamed(ta, tb) => {
-                    self.renamed(ta, tb, sa.step);
+                    self.renamed(ta, tb, sa.step());
                     (ta, tb)
                 }
                 Pairing::Moved(ta, tb) => {
@@ -624,7 +686,7 @@ impl DiffState {
                 Pairing::OnlyA(ta) => {
                     match ta.node {
                         Some(_) => counts(&mut changed, scope(&ta.name)).0 += 1,
-                        None => self.missing_tensor("b", &ta.name, sa.step),
+                        None => self.missing_tensor("b", &ta.name, sa.step()),
                     }
                     entries.push(Entry::new(ta, None, false));
                     continue;
@@ -632,15 +694,17 @@ impl DiffState {
                 Pairing::OnlyB(tb) => {
                     match tb.node {
                         Some(_) => counts(&mut changed, scope(&tb.name)).1 += 1,
-                        None => self.missing_tensor("a", &tb.name, sb.step),
+                        None => self.missing_tensor("a", &tb.name, sb.step()),
                     }
                     continue;
                 }
             };
-            if ta.view.is_some() != tb.view.is_some() {
+            let view_against_values = ta.view.is_some() != tb.view.is_some();
+            if view_against_values && !(sa.has_values(ra, ta) && sb.has_values(rb, tb)) {
                 // A view of an earlier tensor in one trace (its hash derived from that tensor's),
-                // hashed by its values in the other: the hashes say nothing of each other. The
-                // tensor it reads is compared in its place.
+                // hashed by its values in the other, without values on both sides to compare:
+                // the hashes say nothing of each other. The tensor it reads is compared in its
+                // place, and the verdict says what was left out.
                 self.views_unmatched += 1;
                 entries.push(Entry::new(ta, None, false));
                 continue;
@@ -649,25 +713,27 @@ impl DiffState {
                 // A tensor of another dtype or shape differs as surely as one of other values:
                 // it can be the first divergence (an input batch of another size, say).
                 // It counts as compared and diverged, like a pair whose values differ.
-                self.mismatch(ta, tb, sa.step);
+                self.mismatch(ta, tb, sa.step());
                 self.tensors_compared += 1;
                 self.tensors_diverged += 1;
-                self.by_kind.entry(ta.kind).or_insert(sa.step);
-                let divergence =
-                    Divergence { b_layout: Some((tb.dtype, tb.shape.clone())), ..Divergence::of(ta, sa.step, None) };
+                self.by_kind.entry(ta.kind).or_insert(sa.step());
+                let divergence = Divergence {
+                    b_layout: Some((tb.dtype, tb.shape.clone())),
+                    ..Divergence::between(ta, tb, sa.step(), None)
+                };
                 if self.first.is_none() {
                     self.first = Some(divergence.clone());
                 }
                 let h = self.history(ta);
                 self.histories[h].history.steps_compared += 1;
-                self.histories[h].diverged(sa.step, None);
+                self.histories[h].diverged(sa.step(), None);
                 entries.push(Entry::new(ta, Some(divergence), false));
                 continue;
             }
             self.tensors_compared += 1;
             let h = self.history(ta);
             self.histories[h].history.steps_compared += 1;
-            if ta.hash == tb.hash {
+            if ta.hash == tb.hash && !view_against_values {
                 entries.push(Entry::new(ta, None, true));
                 continue;
             }
@@ -675,21 +741,27 @@ impl DiffState {
             // them again, element by element).
             // The rule that judges this tensor (rules may name tensors by kind or name).
             let tolerance = self.tolerance.as_ref().and_then(|t| t.for_tensor(&ta.name, ta.kind)).cloned();
-            let (metrics, within) = match (ra.values(sa, ta)?, rb.values(sb, tb)?) {
+            let (metrics, within) = match (sa.values(ra, ta)?, sb.values(rb, tb)?) {
                 (Some(va), Some(vb)) => {
                     let m = compare_values(&va, &vb);
                     (Some(m), tolerance.as_ref().is_some_and(|t| t.allows_values(&va, &vb, &m)))
                 }
                 _ => (None, false),
             };
-            self.gap(format!("kind:{}", ta.kind), sa.step, metrics);
+            if view_against_values && metrics.is_some_and(|m| m.mismatched == 0) {
+                // A view and a plain tensor: their hashes differ by construction, their values
+                // read through the view's layout are what count.
+                entries.push(Entry::new(ta, None, true));
+                continue;
+            }
+            self.gap(format!("kind:{}", ta.kind), sa.step(), metrics);
             if self.tracked.contains(&ta.name) {
-                self.gap(format!("tensor:{}", ta.name), sa.step, metrics);
+                self.gap(format!("tensor:{}", ta.name), sa.step(), metrics);
             }
             if tolerance.is_some() {
                 match metrics {
                     Some(m) if within => {
-                        self.within_tolerance(ta, sa.step, m);
+                        self.within_tolerance(ta, sa.step(), m);
                         entries.push(Entry::within_tolerance(ta));
                         continue;
                     }
@@ -698,18 +770,18 @@ impl DiffState {
                 }
             }
             self.tensors_diverged += 1;
-            self.by_kind.entry(ta.kind).or_insert(sa.step);
-            let divergence = Divergence::of(ta, sa.step, metrics);
+            self.by_kind.entry(ta.kind).or_insert(sa.step());
+            let divergence = Divergence::between(ta, tb, sa.step(), metrics);
             if self.first.is_none() {
                 self.first = Some(divergence.clone());
             }
-            self.histories[h].diverged(sa.step, metrics);
+            self.histories[h].diverged(sa.step(), metrics);
             entries.push(Entry::new(ta, Some(divergence), true));
         }
         for (scope, (only_in_a, only_in_b)) in changed {
             self.structural(format!("graph/{scope}"), || StructuralDifference::GraphChanged {
                 scope: scope.to_string(),
-                first_step: sa.step,
+                first_step: sa.step(),
                 steps: 1,
                 only_in_a,
                 only_in_b,
@@ -808,5 +880,98 @@ impl HistoryBuilder {
         } else {
             self.last = Some(sample);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::{f32_tensor, one_step_trace};
+    use repro_trace::{StepTensor, ViewOf};
+    use std::path::Path;
+
+    /// A [2, 3] weight `w` and the node `w.t` that reads it transposed: as a view of it (format
+    /// 1.5), or as a tensor of its own holding `transposed`.
+    fn weight_and_transpose(as_view: bool, transposed: &[f32], stored: bool) -> Vec<StepTensor> {
+        let w = f32_tensor("w", TensorKind::Weight, vec![2, 3], &[1., 2., 3., 4., 5., 6.], true);
+        let mut t = f32_tensor("w.t", TensorKind::OpOutput, vec![3, 2], transposed, stored && !as_view);
+        t.record.node = Some(1);
+        if as_view {
+            let view = ViewOf { of: "w".into(), offset: 0, strides: vec![1, 3] };
+            t.record.hash = repro_trace::view::view_hash(
+                t.record.dtype,
+                &t.record.shape,
+                &w.record.hash,
+                view.offset,
+                &view.strides,
+            );
+            t.record.view = Some(view);
+            t.record.inline = None;
+        }
+        vec![w, t]
+    }
+
+    fn diff(a: &Path, b: &Path, options: &DiffOptions) -> TraceDiff {
+        diff_traces_with(&mut TraceReader::open(a).unwrap(), &mut TraceReader::open(b).unwrap(), options).unwrap()
+    }
+
+    #[test]
+    fn a_view_and_a_plain_tensor_are_compared_by_their_values_where_both_are_stored() {
+        let dir = tempfile::tempdir().unwrap();
+        let transposed = [1., 4., 2., 5., 3., 6.];
+        let view = one_step_trace(&dir.path().join("view"), weight_and_transpose(true, &transposed, true));
+        let same = one_step_trace(&dir.path().join("same"), weight_and_transpose(false, &transposed, true));
+        let d = diff(&view, &same, &DiffOptions::default());
+        assert!(d.is_identical() && d.not_compared == 0 && d.warnings.is_empty(), "{d:?}");
+        assert_eq!(d.tensors_compared, 2);
+
+        // Other values in the plain tensor: a divergence at the view, measured.
+        let other = [1., 4., 2., 5., 3., 7.];
+        let wrong = one_step_trace(&dir.path().join("wrong"), weight_and_transpose(false, &other, true));
+        let d = diff(&view, &wrong, &DiffOptions::default());
+        assert!(!d.is_identical());
+        let first = d.first_divergence.expect("the view differs");
+        assert_eq!(first.tensor, "w.t");
+        assert_eq!(first.metrics.map(|m| (m.mismatched, m.max_abs)), Some((1, 1.0)));
+    }
+
+    #[test]
+    fn a_view_against_a_tensor_without_values_is_counted_as_not_compared() {
+        let dir = tempfile::tempdir().unwrap();
+        let view = one_step_trace(&dir.path().join("view"), weight_and_transpose(true, &[0.; 6], true));
+        let plain = one_step_trace(&dir.path().join("plain"), weight_and_transpose(false, &[9.; 6], false));
+        let d = diff(&view, &plain, &DiffOptions::default());
+        assert_eq!(d.not_compared, 1);
+        assert_eq!(d.tensors_compared, 1, "the weight it reads is compared");
+        assert!(d.warnings.iter().any(|w| w.contains("were not compared")), "{:?}", d.warnings);
+    }
+
+    #[test]
+    fn renamed_tensors_read_their_values_under_the_names_the_trace_stores() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = one_step_trace(
+            &dir.path().join("a"),
+            vec![f32_tensor("model.w", TensorKind::Weight, vec![4], &[1., 2., 3., 4.], true)],
+        );
+        let b = one_step_trace(
+            &dir.path().join("b"),
+            vec![f32_tensor("w", TensorKind::Weight, vec![4], &[1., 2., 3., 5.], true)],
+        );
+        let names = NameMap::parse("rename model.* *").unwrap();
+        let d = diff(&a, &b, &DiffOptions { names, ..DiffOptions::default() });
+        let first = d.first_divergence.expect("the values differ");
+        assert_eq!(first.tensor, "w");
+        assert_eq!(first.metrics.map(|m| m.mismatched), Some(1), "values read from the payload");
+
+        // A view whose owner the map renames, or leaves out, still reads through it.
+        let transposed = [1., 4., 2., 5., 3., 6.];
+        let view = one_step_trace(&dir.path().join("view"), weight_and_transpose(true, &transposed, true));
+        let plain = one_step_trace(&dir.path().join("plain"), weight_and_transpose(false, &transposed, true));
+        let names = NameMap::parse("rename w* m*").unwrap();
+        let d = diff(&view, &plain, &DiffOptions { names, ..DiffOptions::default() });
+        assert!(d.is_identical() && d.tensors_compared == 2, "{d:?}");
+        let names = NameMap::parse("ignore w").unwrap();
+        let d = diff(&view, &plain, &DiffOptions { names, ..DiffOptions::default() });
+        assert!(d.is_identical() && d.tensors_compared == 1 && d.not_compared == 0, "{d:?}");
     }
 }

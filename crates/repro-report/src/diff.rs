@@ -18,9 +18,15 @@ pub struct DiffText {
     pub kinds: Vec<TensorKind>,
     /// Only tensors whose name contains one of these in the tables (empty: every tensor).
     pub tensors: Vec<String>,
+    /// What to say of a divergence whose values were not stored (`None`: how to record them).
+    pub missing_values: Option<String>,
 }
 
 impl DiffText {
+    fn missing_values(&self) -> &str {
+        self.missing_values.as_deref().unwrap_or(RECORD_VALUES)
+    }
+
     fn shows(&self, name: &str, kind: TensorKind) -> bool {
         (self.kinds.is_empty() || self.kinds.contains(&kind))
             && (self.tensors.is_empty() || self.tensors.iter().any(|t| name.contains(t.as_str())))
@@ -103,7 +109,12 @@ fn write_diff(out: &mut String, d: &TraceDiff, disagreement: Option<&str>, text:
             )?;
         } else if let (Some(t), true) = (&d.tolerance, d.structure.is_empty()) {
             let largest = match &d.largest_within_tolerance {
-                Some(l) => format!("; largest: `{}` at step {}, {}", l.tensor, l.step, divergence_metrics(l)),
+                Some(l) => format!(
+                    "; largest: `{}` at step {}, {}",
+                    l.tensor,
+                    l.step,
+                    divergence_metrics(l, text.missing_values())
+                ),
                 None => String::new(),
             };
             writeln!(
@@ -112,7 +123,15 @@ fn write_diff(out: &mut String, d: &TraceDiff, disagreement: Option<&str>, text:
                 d.steps_compared, d.tensors_compared, d.tensors_within_tolerance
             )?;
         } else if d.structure.is_empty() {
-            writeln!(out, "IDENTICAL  {} steps, {} tensors compared, bit-exact", d.steps_compared, d.tensors_compared)?;
+            let left_out = match d.not_compared {
+                0 => String::new(),
+                n => format!("; {n} tensor record(s) could not be compared (see the warning above)"),
+            };
+            writeln!(
+                out,
+                "IDENTICAL  {} steps, {} tensors compared, bit-exact{left_out}",
+                d.steps_compared, d.tensors_compared
+            )?;
         } else {
             writeln!(
                 out,
@@ -136,7 +155,10 @@ fn write_diff(out: &mut String, d: &TraceDiff, disagreement: Option<&str>, text:
                 first.step, d.tensors_within_tolerance
             )?;
         }
-        None => writeln!(out, "DIVERGED  first at step {}, tensor `{}` ({})", first.step, first.tensor, first.kind)?,
+        None => {
+            let in_b = first.tensor_b.as_ref().map_or(String::new(), |b| format!(", `{b}` in B"));
+            writeln!(out, "DIVERGED  first at step {}, tensor `{}` ({}{in_b})", first.step, first.tensor, first.kind)?
+        }
     }
     // A graph that changed explains a divergence before any value does: say so first.
     let changed: Vec<&str> = d
@@ -165,7 +187,7 @@ fn write_diff(out: &mut String, d: &TraceDiff, disagreement: Option<&str>, text:
     let root = d.root_cause.as_ref().filter(|r| r.inputs_recorded || r.rule != CauseRule::FirstDifference);
     // The root-cause block repeats the metrics when the cause is the first divergence.
     if root.is_none_or(|r| r.cause.tensor != first.tensor) {
-        writeln!(out, "  {}", layout_and_metrics(first))?;
+        writeln!(out, "  {}", layout_and_metrics(first, text.missing_values()))?;
     }
     if let Some(root) = root {
         if root.rule == CauseRule::Leaf && !d.config_differences.is_empty() {
@@ -188,7 +210,7 @@ fn write_diff(out: &mut String, d: &TraceDiff, disagreement: Option<&str>, text:
             )?;
         }
         writeln!(out)?;
-        write_root_cause(out, root)?;
+        write_root_cause_with(out, root, text.missing_values())?;
     }
     writeln!(out)?;
     writeln!(
@@ -262,33 +284,39 @@ fn write_diff(out: &mut String, d: &TraceDiff, disagreement: Option<&str>, text:
 
 fn describe(d: &Divergence) -> String {
     let phase = d.phase.map_or(String::new(), |p| format!(", {p}"));
-    format!("`{}` ({}{phase})", d.tensor, d.kind)
+    let in_b = d.tensor_b.as_ref().map_or(String::new(), |b| format!(", `{b}` in B"));
+    format!("`{}` ({}{phase}{in_b})", d.tensor, d.kind)
 }
 
 /// `F32 [4]: 1 of 4 elements differ, ...`, or `F32 [100, 10] in A, F32 [200, 10] in B`.
-fn layout_and_metrics(d: &Divergence) -> String {
+fn layout_and_metrics(d: &Divergence, missing: &str) -> String {
     match &d.b_layout {
         Some((dtype, shape_b)) => format!("{} {} in A, {dtype} {} in B", d.dtype, shape(&d.shape), shape(shape_b)),
-        None => format!("{} {}: {}", d.dtype, shape(&d.shape), divergence_metrics(d)),
+        None => format!("{} {}: {}", d.dtype, shape(&d.shape), divergence_metrics(d, missing)),
     }
 }
 
-fn divergence_metrics(d: &Divergence) -> String {
+/// What a divergence without stored values says by default: how to get them.
+const RECORD_VALUES: &str = "hashes differ; values not stored at this step (re-record both runs with `--capture \
+                             steps:N` at this step, or let `repro bisect` do it, for exact metrics)";
+
+fn divergence_metrics(d: &Divergence, missing: &str) -> String {
     if let Some((dtype, shape_b)) = &d.b_layout {
         return format!("{dtype} {} in B", shape(shape_b));
     }
     match &d.metrics {
         Some(m) => metrics_sentence(m),
-        None => format!(
-            "hashes differ; values not stored at this step (re-record with `--capture steps:{}`, or let `repro bisect` \
-             do it, for exact metrics)",
-            d.step
-        ),
+        None => missing.replace("steps:N", &format!("steps:{}", d.step)),
     }
 }
 
 /// The root-cause block: the cause, divergences of their own, and what follows from them.
 pub fn write_root_cause(out: &mut String, r: &RootCause) -> fmt::Result {
+    write_root_cause_with(out, r, RECORD_VALUES)
+}
+
+/// The root-cause block, saying `missing` of a divergence whose values were not stored.
+pub(crate) fn write_root_cause_with(out: &mut String, r: &RootCause, missing: &str) -> fmt::Result {
     let source = r.cause.source.as_deref().map_or(String::new(), |s| format!(", in the scope opened at {s}"));
     writeln!(out, "root cause: {} at step {}{source}", describe(&r.cause), r.cause.step)?;
     let drift = || {
@@ -315,10 +343,20 @@ pub fn write_root_cause(out: &mut String, r: &RootCause) -> fmt::Result {
             );
             drift_why.as_str()
         }
-        CauseRule::RecordedInputs => "its recorded inputs are identical in both runs; its output is not",
+        _ if r.random_mask => {
+            "what it is computed from is identical in both runs as far as the trace records it, and every element \
+             that differs is zero in exactly one run: the shape of a random mask (dropout) drawn differently, not \
+             of an op that rounds differently. The mask is not in the trace; seed it (torch.manual_seed; in candle, \
+             draw it from a seeded stream: README, \"What any reproducible run needs\") or record it as an input"
+        }
+        CauseRule::RecordedInputs => {
+            "its recorded inputs are identical in both runs and its output is not: the op computed it differently, \
+             or it also reads something not recorded as its input (a random draw such as a dropout mask)"
+        }
         CauseRule::IdenticalLeaves => {
-            "every leaf of the graph (data, parameters) is identical in both runs, and this is the first node, \
-             in topological order, that differs"
+            "every recorded leaf of the graph (data, parameters) is identical in both runs, and this is the first \
+             node, in topological order, that differs: its op computed it differently, or it reads a tensor the \
+             trace does not record (a random draw such as a dropout mask, a tensor made outside the graph)"
         }
         CauseRule::Leaf => "it is data or a parameter the step starts from: the runs were fed different values",
         CauseRule::Backward => {
@@ -334,21 +372,21 @@ pub fn write_root_cause(out: &mut String, r: &RootCause) -> fmt::Result {
         }
     };
     writeln!(out, "  {why}:")?;
-    writeln!(out, "  {}", layout_and_metrics(&r.cause))?;
+    writeln!(out, "  {}", layout_and_metrics(&r.cause, missing))?;
     if !r.independent.is_empty() && r.rule == CauseRule::Collective {
         writeln!(out, "other sums the collective added in another order:")?;
         for d in &r.independent {
-            writeln!(out, "  {}: {}", describe(d), divergence_metrics(d))?;
+            writeln!(out, "  {}: {}", describe(d), divergence_metrics(d, missing))?;
         }
     } else if !r.independent.is_empty() && r.rule == CauseRule::Backward {
         writeln!(out, "other gradients the backward pass computed differently:")?;
         for d in &r.independent {
-            writeln!(out, "  {}: {}", describe(d), divergence_metrics(d))?;
+            writeln!(out, "  {}: {}", describe(d), divergence_metrics(d, missing))?;
         }
     } else if !r.independent.is_empty() {
         writeln!(out, "also diverging with identical inputs (separate causes):")?;
         for d in &r.independent {
-            writeln!(out, "  {}: {}", describe(d), divergence_metrics(d))?;
+            writeln!(out, "  {}: {}", describe(d), divergence_metrics(d, missing))?;
         }
     }
     if !r.consequences.is_empty() {

@@ -1,9 +1,13 @@
 //! The gate's reports: for people (terminal), for pull requests (Markdown), for CI systems
 //! (JUnit XML).
 
-use crate::diff::{metrics_sentence, write_root_cause};
+use crate::diff::{metrics_sentence, write_root_cause, write_root_cause_with};
 use repro_diff::{GateReport, TraceDiff};
 use std::fmt::Write;
+
+/// What a divergence from a baseline says of its values: a baseline keeps hashes only.
+const BASELINE_HAS_NO_VALUES: &str =
+    "hashes differ; the baseline keeps hashes only, so no values can be compared with it";
 
 /// One line on what a comparison found.
 fn verdict_line(d: &TraceDiff) -> String {
@@ -12,6 +16,10 @@ fn verdict_line(d: &TraceDiff) -> String {
             Some(t) => format!(
                 "within {t} ({} steps, {} tensors, {} differ within it)",
                 d.steps_compared, d.tensors_compared, d.tensors_within_tolerance
+            ),
+            None if d.not_compared > 0 => format!(
+                "identical ({} steps, {} tensors), but {} view record(s) could not be compared",
+                d.steps_compared, d.tensors_compared, d.not_compared
             ),
             None => format!("identical ({} steps, {} tensors)", d.steps_compared, d.tensors_compared),
         },
@@ -69,14 +77,20 @@ pub fn render_gate(r: &GateReport) -> String {
     if let Some(repro_diff::GateComparison { run: label, diff: d, .. }) = r.comparisons.iter().find(|c| !c.passed) {
         if let Some(root) = &d.root_cause {
             let _ = writeln!(out, "\n{label}:");
-            let _ = write_root_cause(&mut out, root);
-            if r.baseline && root.cause.metrics.is_none() {
-                let _ = writeln!(
-                    out,
-                    "\nnote: the baseline keeps hashes only, so values at step {step} cannot be compared with it, whatever \
-                     --capture says; `repro bisect` measures how runs recorded here differ from each other",
-                    step = root.cause.step
-                );
+            match (r.baseline, root.cause.metrics) {
+                (true, None) => {
+                    let _ = write_root_cause_with(&mut out, root, BASELINE_HAS_NO_VALUES);
+                    let _ = writeln!(
+                        out,
+                        "\nto measure the difference: record the baseline's code and this code with `--capture \
+                         steps:{step}` and `repro diff` the two traces (`repro bisect` compares runs of one code, \
+                         so it cannot see a change of code)",
+                        step = root.cause.step
+                    );
+                }
+                _ => {
+                    let _ = write_root_cause(&mut out, root);
+                }
             }
         }
         if let (Some(t), n @ 1..) = (d.tolerance.as_ref(), d.hash_only_differences) {
