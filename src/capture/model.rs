@@ -185,6 +185,34 @@ impl ModelCapture {
 pub struct ModelRecorder {
     recorder: Recorder,
     capture: ModelCapture,
+    /// The parameter moved for the planted perturbation of the coming step, if any.
+    planted: Option<Planted>,
+}
+
+/// A parameter moved for a planted perturbation (`REPRO_PERTURB`, `RecordOptions::perturbation`),
+/// with its true value. The program computes its forward pass, and so its gradients, from the
+/// moved value, as if the parameter had been off by that much; the true value is put back before
+/// the step records its parameters, so the trace shows where the moved value was first read, as
+/// the built-in workloads' traces do.
+struct Planted {
+    var: Var,
+    original: Tensor,
+}
+
+impl Planted {
+    /// Moves the parameter the recorder's perturbation names, when it targets `step`.
+    fn at(recorder: &mut Recorder, capture: &ModelCapture, step: u64) -> Result<Option<Planted>, RecordError> {
+        let Some(p) = recorder.perturbation().filter(|p| p.step == step).cloned() else { return Ok(None) };
+        let Some((_, var)) = capture.params.iter().find(|(name, _)| *name == p.tensor) else { return Ok(None) };
+        recorder.planting()?;
+        let original = var.as_tensor().copy()?;
+        var.set(&p.apply(step, &p.tensor, &original)?)?;
+        Ok(Some(Planted { var: var.clone(), original }))
+    }
+
+    fn restore(self) -> Result<(), RecordError> {
+        Ok(self.var.set(&self.original)?)
+    }
 }
 
 impl ModelRecorder {
@@ -210,7 +238,7 @@ impl ModelRecorder {
         options: RecordOptions,
     ) -> Result<Self, RecordError> {
         let recorder = Recorder::create(dir, run, device, options)?;
-        Ok(Self::new(recorder, ModelCapture::new(varmap)))
+        Self::new(recorder, ModelCapture::new(varmap))
     }
 
     /// Records as a repro command running this program asks (`repro record -- CMD`, `gate --
@@ -230,9 +258,12 @@ impl ModelRecorder {
     }
 
     /// Captures into a recorder made by any of `Recorder`'s constructors (`from_env` for
-    /// `repro gate -- CMD`, another capture policy, online comparison).
-    pub fn new(recorder: Recorder, capture: ModelCapture) -> Self {
-        ModelRecorder { recorder, capture }
+    /// `repro gate -- CMD`, another capture policy, online comparison). A perturbation of a
+    /// parameter at step 0 moves it now: create the recorder once the model's initial values
+    /// are set.
+    pub fn new(mut recorder: Recorder, capture: ModelCapture) -> Result<Self, RecordError> {
+        let planted = Planted::at(&mut recorder, &capture, 0)?;
+        Ok(ModelRecorder { recorder, capture, planted })
     }
 
     /// The underlying recorder.
@@ -255,6 +286,9 @@ impl ModelRecorder {
         loss: &Tensor,
         grads: &GradStore,
     ) -> Result<CapturedStep<'_>, RecordError> {
+        if let Some(planted) = self.planted.take() {
+            planted.restore()?;
+        }
         let mut s = self.recorder.step(step);
         for (name, tensor) in inputs {
             s.record(name, TensorKind::Input, tensor)?;
@@ -262,19 +296,24 @@ impl ModelRecorder {
         self.capture.record_parameters(&mut s);
         self.capture.record_graph(&mut s, loss, "loss", TensorKind::Loss);
         self.capture.record_gradients(&mut s, grads)?;
-        Ok(CapturedStep { step: s, capture: &self.capture })
+        Ok(CapturedStep { step: s, number: step, capture: &self.capture, planted: &mut self.planted })
     }
 
     /// Records one forward pass at inference: the `inputs`, the parameters and every node of
     /// the graph behind `logits` (recorded as `logits`, kind prediction).
     pub fn forward_step(&mut self, step: u64, inputs: &[(&str, &Tensor)], logits: &Tensor) -> Result<(), RecordError> {
+        if let Some(planted) = self.planted.take() {
+            planted.restore()?;
+        }
         let mut s = self.recorder.step(step);
         for (name, tensor) in inputs {
             s.record(name, TensorKind::Input, tensor)?;
         }
         self.capture.record_parameters(&mut s);
         self.capture.record_graph(&mut s, logits, "logits", TensorKind::Prediction);
-        s.finish()
+        let recorder = s.finish_step()?;
+        self.planted = Planted::at(recorder, &self.capture, step + 1)?;
+        Ok(())
     }
 
     /// Marks the trace complete; returns the number of steps recorded.
@@ -286,7 +325,9 @@ impl ModelRecorder {
 /// A training step recorded up to its update (see `ModelRecorder::training_step`).
 pub struct CapturedStep<'a> {
     step: StepRecorder<'a>,
+    number: u64,
     capture: &'a ModelCapture,
+    planted: &'a mut Option<Planted>,
 }
 
 impl<'a> CapturedStep<'a> {
@@ -298,7 +339,9 @@ impl<'a> CapturedStep<'a> {
     /// Records the parameters as updated by the optimizer, and writes the step.
     pub fn finish(mut self) -> Result<(), RecordError> {
         self.capture.record_updated(&mut self.step)?;
-        self.step.finish()
+        let recorder = self.step.finish_step()?;
+        *self.planted = Planted::at(recorder, self.capture, self.number + 1)?;
+        Ok(())
     }
 }
 

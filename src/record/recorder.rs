@@ -161,6 +161,15 @@ impl Recorder {
         self.perturbation.as_ref()
     }
 
+    /// Marks the planted perturbation applied by a caller that moves the tensor itself (a
+    /// captured model's parameter, before the forward pass of its step), once every step
+    /// before is written, so that no read of theirs sees the moved value.
+    pub(crate) fn planting(&mut self) -> Result<(), RecordError> {
+        self.complete_all_but(0)?;
+        self.perturbation_applied = true;
+        Ok(())
+    }
+
     /// The trace directory (`None` for a discarding recorder).
     pub fn dir(&self) -> Option<&Path> {
         self.writer.as_ref().map(WriterThread::dir)
@@ -215,7 +224,11 @@ impl Recorder {
             // The recorded steps stay readable, but without a footer: this is not the run
             // that was asked for.
             return Err(RecordError::Unsupported(format!(
-                "the perturbation {p} never applied: no tensor `{}` passed through the recorder at step {}",
+                "the perturbation {p} never applied: no tensor `{}` passed through the recorder at step {}. A \
+                 perturbation reaches a tensor recorded with `StepRecorder::op` or passed through \
+                 `StepRecorder::perturbed`, and in a `ModelRecorder` program a parameter, by its VarMap name (moved \
+                 for the forward pass of its step); the loss and graph nodes such a program computes before repro \
+                 sees them are out of its reach",
                 p.tensor, p.step
             )));
         }
@@ -573,12 +586,15 @@ impl StepRecorder<'_> {
     /// (or, when comparing online, is checked first) once they have arrived, which for a GPU
     /// run is when `READ_BEHIND` more steps have finished.
     pub fn finish(self) -> Result<(), RecordError> {
-        profile::time(profile::Phase::Calls, || self.finish_step())
+        profile::time(profile::Phase::Calls, || self.finish_step().map(|_| ()))
     }
+}
 
-    fn finish_step(mut self) -> Result<(), RecordError> {
+impl<'a> StepRecorder<'a> {
+    /// `finish`, handing the recorder back for what comes before the next step.
+    pub(crate) fn finish_step(mut self) -> Result<&'a mut Recorder, RecordError> {
         if !self.is_recording() {
-            return Ok(());
+            return Ok(self.recorder);
         }
         let online = self.recorder.online.as_ref().is_some_and(OnlineComparison::comparing);
         self.join_background()?;
@@ -588,12 +604,14 @@ impl StepRecorder<'_> {
         if online {
             // Comparing online needs this step's hashes before the next step runs.
             recorder.complete_all_but(0)?;
-            return recorder.complete(unread);
+            recorder.complete(unread)?;
+            return Ok(recorder);
         }
         // Only GPU results are worth waiting for; a step recorded on the host is written now.
         let behind = if unread.read.is_pending() { READ_BEHIND } else { 0 };
         recorder.unread.push_back(unread);
-        recorder.complete_all_but(behind)
+        recorder.complete_all_but(behind)?;
+        Ok(recorder)
     }
 }
 

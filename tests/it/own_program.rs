@@ -199,3 +199,30 @@ fn bisect_with_runs_catches_a_fault_that_fires_only_sometimes() {
     assert_eq!(root["metrics"]["max_ulp"], 3, "values at the step, from a pair that differs: {report}");
     assert!(run.stderr.contains("recording the second run again"), "{}", run.stderr);
 }
+
+/// Issue 45, item 7: `REPRO_PERTURB` reaches a `ModelRecorder` program's parameters (moved for
+/// the forward pass of their step, so the fault propagates as a real one would), and says what
+/// it cannot reach (the loss such a program computes before repro sees it).
+#[test]
+fn a_perturbation_reaches_a_captured_models_parameters_and_names_what_it_cannot() {
+    use crate::util::repro_with_env;
+    let dir = tempfile::tempdir().unwrap();
+    let program = example("any_model");
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    let run = repro(&["record", "--out", s(&a), "--capture", "steps:2", "--", s(&program)]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let env = [("REPRO_PERTURB", "2:head.bias:1")];
+    let run = repro_with_env(&["record", "--out", s(&b), "--capture", "steps:2", "--", s(&program)], &env);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let v = json(&repro(&["diff", s(&a), s(&b), "--json"]).stdout);
+    assert_eq!(v["first_divergence"]["step"], 2, "{v}");
+    // The trace keeps the parameter's true value; the node that read the moved one differs.
+    assert_eq!(v["root_cause"]["rule"], "identical_leaves", "{v}");
+    assert!(v["root_cause"]["cause"]["tensor"].as_str().unwrap().starts_with("net#"), "{v}");
+    assert_eq!(v["root_cause"]["cause"]["metrics"]["max_ulp"].as_u64().map(|u| u <= 2), Some(true), "{v}");
+
+    let env = [("REPRO_PERTURB", "2:loss:1")];
+    let run = repro_with_env(&["record", "--out", s(&dir.path().join("c")), "--", s(&program)], &env);
+    assert_eq!(run.code, 2, "{}", run.stderr);
+    assert!(run.stderr.contains("a parameter, by its VarMap name"), "{}", run.stderr);
+}
