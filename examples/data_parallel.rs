@@ -86,7 +86,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .map(|rank| {
             let (rendezvous, out) = (rendezvous.path().to_path_buf(), out.clone());
             std::thread::spawn(move || {
-                let dp = DataParallel::new(join(&Device::Cpu, &rendezvous, rank, RANKS).map_err(|e| e.to_string())?);
+                let dp = DataParallel::new(
+                    join(&Device::Cpu, &rendezvous, rank, RANKS, repro::distributed::RENDEZVOUS_TIMEOUT)
+                        .map_err(|e| e.to_string())?,
+                );
                 train(dp, &out).map_err(|e| format!("rank {rank}: {e}"))
             })
         })

@@ -5,7 +5,9 @@ with each other (docs/pytorch.md).
 names given, the parameters by their `state_dict` names, every module's output by its module
 path (forward hooks, in call order: a topological order of the module graph, recorded as the
 graph's nodes), the loss, the gradients (`NAME.grad`) and the updated parameters
-(`NAME.updated`), as repro's own capture names them.
+(`NAME.updated`), as repro's own capture names them. A module's output records, as its
+`source`, the line of the program's code that called the module (the first frame on the stack
+outside torch and this module).
 
     rec = ModelRecorder.create_or_gated("runs/torch", {"workload": "mine", "steps": 10}, model)
     for step in range(10):
@@ -20,7 +22,15 @@ graph's nodes), the loss, the gradients (`NAME.grad`) and the updated parameters
 Run under `repro record -- python train.py` or `repro gate -- python train.py`, it records where
 repro says, through the same environment contract as repro's library (docs/capture.md):
 REPRO_TRACE_DIR, REPRO_CAPTURE, REPRO_REPLACE and REPRO_PERTURB. REPRO_AGAINST is compared
-after the run by the repro command, not while recording.
+after the run by the repro command, not while recording. REPRO_PERTURB adds a constant to a
+module's output in the autograd graph, so gradients flow through the moved element as through a
+real fault.
+
+The trace's header records the program's determinism switches as they are when the recorder is
+created (`determinism_switches`), in its environment beside the numerics variables
+(CUBLAS_WORKSPACE_CONFIG among them): `repro diff` lists those that differ between two runs, and a
+failing gate against a baseline names them as likely causes. Set them before creating the
+recorder; `finish` warns about any changed since.
 
 CUDA tensors are hashed on their GPU by repro's own kernels (`librepro_cuda_hash.so`, built by
 `make cuda`; found through REPRO_CUDA_HASH_LIB, which repro sets for the programs it runs, or
@@ -34,7 +44,6 @@ recorded as `U8`.
 from __future__ import annotations
 
 import ctypes
-import inspect
 import os
 import shutil
 import sys
@@ -244,24 +253,45 @@ class Perturbation:
             raise WriteError(f"REPRO_PERTURB={text}: expected STEP:TENSOR:ULPS[@ELEMENT]")
 
     def apply(self, t: torch.Tensor) -> torch.Tensor:
-        """`t` with its element moved (floats only). The other elements, and the autograd graph
-        through them, are `t`'s own."""
+        """`t` plus a constant that moves its element (floats only) and leaves every other element
+        bit for bit: a fault in the autograd graph, so gradients flow through the moved element as
+        through a real one (replacing the element would cut them)."""
         if not t.is_floating_point():
             raise WriteError(f"REPRO_PERTURB: `{self.tensor}` is {t.dtype}, not a float tensor")
         if self.element >= t.numel():
             raise WriteError(f"REPRO_PERTURB: `{self.tensor}` has {t.numel()} elements, no element {self.element}")
-        value = t.detach().reshape(-1)[self.element : self.element + 1].clone()
+        original = t.detach().reshape(-1)[self.element : self.element + 1]
+        moved = self._moved(original)
+        # x + -0.0 is x for every x, -0.0 included (x + 0.0 would turn -0.0 into +0.0).
+        delta = torch.full((t.numel(),), -0.0, dtype=t.dtype, device=t.device)
+        delta[self.element : self.element + 1] = moved - original
+        out = t + delta.reshape(t.shape)
+        if not _same_bits(out.detach().reshape(-1)[self.element : self.element + 1], moved):
+            raise WriteError(f"REPRO_PERTURB: element {self.element} of `{self.tensor}` ({original.item()}) cannot be "
+                             f"moved by {self.ulps} ULPs: the difference is no {t.dtype} value to add")
+        return out
+
+    def _moved(self, value: torch.Tensor) -> torch.Tensor:
+        """A copy of the one-element float tensor `value` moved by ULPS representable values
+        (-0.0 and +0.0 counting as one)."""
+        value = value.clone()
         width = value.element_size()
-        bits = int(value.view(_INT_OF_WIDTH[width]).item()) & ((1 << (8 * width)) - 1)
+        ints = value.view(_INT_OF_WIDTH[width])
+        bits = int(ints.item()) & ((1 << (8 * width)) - 1)
         sign = 1 << (8 * width - 1)
         ordinal = (-(bits & (sign - 1)) if bits & sign else bits) + self.ulps
         bits = sign | -ordinal if ordinal < 0 else ordinal
         if bits >= sign:
             bits -= 1 << (8 * width)  # as the signed integer of that width
-        value.view(_INT_OF_WIDTH[width]).fill_(bits)
-        mask = torch.zeros(t.numel(), dtype=torch.bool, device=t.device)
-        mask[self.element] = True
-        return torch.where(mask.reshape(t.shape), value.reshape([]), t)
+        ints.fill_(bits)
+        return value
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two float tensors of one dtype hold the same bits (NaN payloads and zeros' signs
+    included)."""
+    ints = _INT_OF_WIDTH[a.element_size()]
+    return torch.equal(a.view(ints), b.view(ints))
 
 
 class Recorder:
@@ -281,7 +311,8 @@ class Recorder:
         """`device_hashing`: hash CUDA tensors on their GPU (True: it is an error if repro's GPU
         hashing library is not found), on the host (False), or on the GPU where the library is
         found (None)."""
-        self._writer = TraceWriter(path, run, capture, inline_max_bytes, replace, _environment(device))
+        self._switches = determinism_switches()
+        self._writer = TraceWriter(path, run, capture, inline_max_bytes, replace, _environment(device, self._switches))
         self.perturbation = perturbation
         self.path = path
         self.inline_max_bytes = inline_max_bytes
@@ -376,11 +407,16 @@ class Recorder:
         self._writer.write_step(s.step, s.records, s.no_gradient)
 
     def finish(self) -> int:
-        """Writes what is still on its way and finishes the trace; the number of steps written."""
+        """Writes what is still on its way and finishes the trace; the number of steps written.
+        Warns about determinism switches changed since the header recorded them."""
         while self._behind:
             self._write_oldest()
         for hasher in self._hashers.values():
             hasher.close()
+        changed = _changes(self._switches, determinism_switches())
+        if changed:
+            print(f"repro_torch: determinism switches changed while recording ({changed}); the header of {self.path} "
+                  "holds them as they were when the recorder was created: set them before creating it", file=sys.stderr)
         return self._writer.finish()
 
 
@@ -466,7 +502,6 @@ class ModelRecorder:
         self.recorder, self.model = recorder, model
         self._step: Optional[StepRecorder] = None
         self._calls: dict[str, int] = {}
-        self._sources = {name: _source_of(m) for name, m in model.named_modules()}
         named = [(name, m) for name, m in model.named_modules() if name != ""] if modules else []
         self._hooks = [m.register_forward_hook(self._hook(name)) for name, m in named]
 
@@ -486,12 +521,13 @@ class ModelRecorder:
             calls = self._calls.get(name, 0)
             self._calls[name] = calls + 1
             path = name if calls == 0 else f"{name}#{calls}"
+            source = _call_site()
             if isinstance(output, torch.Tensor):
                 output = s.perturbed(path, output)
-                s.record(path, output, "op_output", "forward", node=True, source=self._sources.get(name))
+                s.record(path, output, "op_output", "forward", node=True, source=source)
                 return output
             for key, value in _tensors_of(output):
-                s.queue(f"{path}.{key}", value, "op_output", "forward", node=True, source=self._sources.get(name))
+                s.queue(f"{path}.{key}", value, "op_output", "forward", node=True, source=source)
             s.flush()
             return None
 
@@ -568,23 +604,75 @@ def _tensors_of(output, prefix: str = "") -> Iterator[tuple[str, torch.Tensor]]:
             yield from _tensors_of(v, f"{prefix}{i}.")
 
 
-def _source_of(module: torch.nn.Module) -> Optional[str]:
-    """Where the module's `forward` is defined, `FILE:LINE`."""
-    try:
-        forward = type(module).forward
-        return f"{os.path.relpath(inspect.getsourcefile(forward))}:{inspect.getsourcelines(forward)[1]}"
-    except (TypeError, OSError, ValueError):
-        return None
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 
 
-def _environment(device: Optional[torch.device]) -> Environment:
+def _call_site() -> Optional[str]:
+    """Where the program's code called the module whose hook runs, `FILE:LINE` (the file relative
+    to the working directory): the innermost frame outside torch and this module, so a container's
+    children (an `nn.Sequential`'s) name the line that called the container. None if every frame
+    is torch's."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        file = frame.f_code.co_filename
+        if file != __file__ and not file.startswith(_TORCH_DIR):
+            return f"{os.path.relpath(file)}:{frame.f_lineno}"
+        frame = frame.f_back
+    return None
+
+
+# The program's determinism switches: which kernels run, and whether matrix products and
+# convolutions round their float32 inputs to TF32. torch 2.9 added `fp32_precision` beside
+# `allow_tf32`, and will not read `allow_tf32` back once a program set the new one.
+_SWITCHES = (
+    "backends.cudnn.deterministic",
+    "backends.cudnn.benchmark",
+    "backends.cuda.matmul.allow_tf32",
+    "backends.cudnn.allow_tf32",
+    "backends.cuda.matmul.fp32_precision",
+    "backends.cudnn.conv.fp32_precision",
+    "backends.cudnn.rnn.fp32_precision",
+)
+
+
+def determinism_switches() -> dict[str, str]:
+    """The program's determinism switches as the header records them: `torch.PATH` (the
+    attribute's path) to its value as text, and `torch.use_deterministic_algorithms` (`True`,
+    `False`, or `warn_only`). A switch this torch does not have or will not read back is left out."""
+    if not torch.are_deterministic_algorithms_enabled():
+        algorithms = "False"
+    else:
+        algorithms = "warn_only" if torch.is_deterministic_algorithms_warn_only_enabled() else "True"
+    switches = {"torch.use_deterministic_algorithms": algorithms}
+    for path in _SWITCHES:
+        value = torch
+        try:
+            for part in path.split("."):
+                value = getattr(value, part)
+        except (AttributeError, RuntimeError):
+            continue
+        switches[f"torch.{path}"] = str(value)
+    return switches
+
+
+def _changes(before: dict[str, str], after: dict[str, str]) -> str:
+    """The switches that differ, `NAME: BEFORE -> AFTER`, comma-separated (empty if none)."""
+    names = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+    return ", ".join(f"{k}: {before.get(k)} -> {after.get(k)}" for k in names)
+
+
+def _environment(device: Optional[torch.device], switches: dict[str, str]) -> Environment:
+    """The header's environment: torch's version where repro puts candle's, the device, and the
+    numerics variables with the determinism `switches`."""
     device = torch.device(device) if device is not None else torch.device("cpu")
     if device.type == "cuda":
         index = device.index if device.index is not None else torch.cuda.current_device()
         label, name = f"cuda:{index}", torch.cuda.get_device_name(index)
     else:
         label, name = "cpu", cpu_model()
-    return Environment(
+    environment = Environment(
         candle_version=f"torch {torch.__version__}", device=label, device_name=name, cpu_model=cpu_model(),
         threads=torch.get_num_threads(),
     )
+    environment.env.update(switches)
+    return environment

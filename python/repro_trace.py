@@ -8,6 +8,9 @@ uses only msgpack, safetensors, blake3 and numpy besides the standard library.
     python3 python/repro_trace.py diff TRACE_A TRACE_B   # first differing step and tensor
 
 Exit status: 0 all good / identical, 1 hash mismatch / diverged, 2 unreadable trace or usage.
+
+From Python, `read_tensor(TRACE, STEP, NAME)` gives one stored tensor as a numpy array, and
+`Trace.array` each tensor of a step as `Trace.steps` yields it.
 """
 
 from __future__ import annotations
@@ -712,6 +715,51 @@ class Trace:
             raise HashMismatch(path, "the stored values do not match the recorded hash", where)
         return data
 
+    def array(self, s: Step, t: Tensor) -> Optional[np.ndarray]:
+        """The tensor's values as `values` reads them (checked against its hash, a view's through
+        its owner's) as a numpy array of its shape (`as_array`), or None if only the hash is stored."""
+        data = self.values(s, t)
+        return None if data is None else as_array(t.dtype, t.shape, data)
+
+
+# ---------------------------------------------------------------------------------------------
+# Tensors as numpy arrays
+
+_NUMPY_DTYPES = {"U8": "<u1", "U32": "<u4", "I16": "<i2", "I32": "<i4", "I64": "<i8", "F16": "<f2", "F32": "<f4",
+                 "F64": "<f8"}
+
+
+def _flat_array(dtype: str, data: bytes) -> np.ndarray:
+    """Canonical element bytes (section 5.1) as a flat array; BF16, which numpy has no type for,
+    widened to float32 exactly (a bfloat16 is the upper half of the float32 of the same value)."""
+    if dtype == "BF16":
+        return (np.frombuffer(data, "<u2").astype(np.uint32) << 16).view(np.float32)
+    return np.frombuffer(data, _NUMPY_DTYPES[dtype])
+
+
+def as_array(dtype: str, shape: list[int], data: bytes) -> np.ndarray:
+    """Canonical element bytes as a numpy array of `shape` (`[]`: a 0-d array), of the dtype's
+    numpy type, BF16 as float32; read-only (it shares `data`) except for BF16."""
+    return _flat_array(dtype, data).reshape(shape)
+
+
+def read_tensor(path: str, step: int, name: str) -> np.ndarray:
+    """Tensor `name` at step `step` of the trace at `path` (a directory or a record file) as a
+    numpy array (`Trace.array`). LookupError when the trace has no such step or tensor, or keeps
+    only its hash at that step."""
+    with Trace(path) as tr:
+        s = next((s for s in tr.steps() if s.step >= step), None)
+        if s is None or s.step != step:
+            raise LookupError(f"{path}: the trace has no step {step}")
+        t = next((x for x in s.tensors if x.name == name), None)
+        if t is None:
+            raise LookupError(f"{path}: step {step} has no tensor `{name}`")
+        values = tr.array(s, t)
+    if values is None:
+        raise LookupError(f"{path}: step {step}, tensor `{name}`: the trace keeps only its hash at this step "
+                          f"(record with --capture steps:{step} to keep its values)")
+    return values
+
 
 # ---------------------------------------------------------------------------------------------
 # Commands
@@ -749,12 +797,6 @@ def cmd_verify(path: str) -> int:
     return 0
 
 
-def _as_float64(dtype: str, data: bytes) -> np.ndarray:
-    if dtype == "BF16":
-        return (np.frombuffer(data, "<u2").astype(np.uint32) << 16).view(np.float32).astype(np.float64)
-    return np.frombuffer(data, {"F16": "<f2", "F32": "<f4", "F64": "<f8"}[dtype]).astype(np.float64)
-
-
 def _max_ulp(dtype: str, a: bytes, b: bytes) -> int:
     """Largest distance in units in the last place, +0 and -0 counting as equal."""
     width = DTYPE_SIZES[dtype] * 8
@@ -775,14 +817,13 @@ def describe_values(dtype: str, shape: list[int], a: bytes, b: bytes) -> str:
     differ = int((np.frombuffer(a, np.uint8).reshape(n, size) != np.frombuffer(b, np.uint8).reshape(n, size)).any(axis=1).sum())
     if dtype in ("F16", "BF16", "F32", "F64"):
         with np.errstate(invalid="ignore", over="ignore"):
-            diff = np.abs(_as_float64(dtype, a) - _as_float64(dtype, b))
+            diff = np.abs(_flat_array(dtype, a).astype(np.float64) - _flat_array(dtype, b).astype(np.float64))
         nan = np.isnan(diff)
         mad = float(diff[~nan].max()) if (~nan).any() else float("nan")
         note = " (NaN involved)" if nan.any() else ""
         return f"{differ} of {n} elements differ, max abs diff {mad:.6g}, max ULP distance {_max_ulp(dtype, a, b)}{note}"
-    np_dtype = {"U8": "<u1", "U32": "<u4", "I16": "<i2", "I32": "<i4", "I64": "<i8"}[dtype]
-    ia = np.frombuffer(a, np_dtype).astype(object)
-    ib = np.frombuffer(b, np_dtype).astype(object)
+    ia = _flat_array(dtype, a).astype(object)
+    ib = _flat_array(dtype, b).astype(object)
     return f"{differ} of {n} elements differ, max abs diff {max(abs(x - y) for x, y in zip(ia, ib))}"
 
 

@@ -1,8 +1,11 @@
 """repro_torch against repro: a PyTorch program recorded through the environment contract,
-gated, and a fault planted in one module's output found there. Skipped where torch is not
-installed (CI runs the torch-free writer tests; the GPU machine has torch)."""
+gated, and a fault planted in one module's output found there; the determinism switches in the
+header, the program's line as a module output's source, and a planted fault that gradients flow
+through. Skipped where torch is not installed (CI runs the torch-free writer tests; the GPU
+machine has torch)."""
 
 import contextlib
+import inspect
 import json
 import os
 import shutil
@@ -10,6 +13,9 @@ import subprocess
 import sys
 import tempfile
 import unittest
+from unittest import mock
+
+import numpy as np
 
 try:
     import torch  # noqa: F401
@@ -22,6 +28,14 @@ PROGRAM = os.path.join(os.path.dirname(__file__), "..", "examples", "torch_mlp.p
 
 def repro(*args, env=None):
     return subprocess.run([REPRO, *args], capture_output=True, text=True, env=env)
+
+
+def _header_env(path):
+    """The `env` map of a trace's header environment."""
+    from repro_trace import Trace
+
+    with Trace(path) as t:
+        return t.header["environment"]["env"]
 
 
 @unittest.skipUnless(torch, "torch is not installed")
@@ -84,6 +98,141 @@ class TorchTest(unittest.TestCase):
         within = repro("diff", candle, twin, "--map", mapping, "--tolerance", "abs:1e-3")
         self.assertEqual(within.returncode, 0, within.stdout)
         self.assertIn("WITHIN TOLERANCE", within.stdout)
+
+    def test_determinism_switches_are_in_the_header_and_diff_names_those_that_differ(self):
+        from repro_torch import Recorder
+
+        before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+                  torch.backends.cudnn.benchmark, torch.backends.cuda.matmul.allow_tf32)
+        paths = []
+        try:
+            for name, switched, workspace in (("a", False, None), ("b", True, ":4096:8")):
+                torch.use_deterministic_algorithms(switched)
+                torch.backends.cudnn.benchmark = switched
+                torch.backends.cuda.matmul.allow_tf32 = switched
+                path = os.path.join(self.dir, name)
+                with mock.patch.dict(os.environ):
+                    os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
+                    os.environ.update({"CUBLAS_WORKSPACE_CONFIG": workspace} if workspace else {})
+                    rec = Recorder(path, {"workload": "switches", "steps": 1})
+                with rec.step(0) as s:
+                    s.record("x", torch.ones(3), "input")
+                rec.finish()
+                paths.append(path)
+        finally:
+            torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+            torch.backends.cudnn.benchmark, torch.backends.cuda.matmul.allow_tf32 = before[2:]
+        a, b = (_header_env(p) for p in paths)
+        for switch in ("torch.use_deterministic_algorithms", "torch.backends.cudnn.benchmark",
+                       "torch.backends.cuda.matmul.allow_tf32"):
+            self.assertEqual((a[switch], b[switch]), ("False", "True"), switch)
+        self.assertEqual(a["torch.backends.cudnn.deterministic"], b["torch.backends.cudnn.deterministic"])
+        self.assertIn("torch.backends.cudnn.allow_tf32", a)
+        self.assertNotIn("CUBLAS_WORKSPACE_CONFIG", a)
+        self.assertEqual(b["CUBLAS_WORKSPACE_CONFIG"], ":4096:8")
+        # The same values under other switches: identical, and the switches listed as the
+        # environment's differences.
+        diff = repro("diff", *paths)
+        self.assertEqual(diff.returncode, 0, diff.stdout + diff.stderr)
+        for line in ("env.torch.use_deterministic_algorithms: False | True",
+                     "env.torch.backends.cudnn.benchmark: False | True",
+                     "env.torch.backends.cuda.matmul.allow_tf32: False | True",
+                     "env.CUBLAS_WORKSPACE_CONFIG: (unset) | :4096:8"):
+            self.assertIn(line, diff.stdout)
+        self.assertNotIn("env.torch.backends.cudnn.deterministic", diff.stdout)
+
+    def test_a_module_output_s_source_is_the_program_s_line_that_called_it(self):
+        from repro_torch import ModelRecorder, Recorder
+        from repro_trace import Trace
+
+        nn = torch.nn
+
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = nn.Linear(4, 8)
+                self.body = nn.Sequential(nn.Linear(8, 8), nn.Tanh())
+
+            def forward(self, x):
+                h = self.fc(x)
+                return self.body(h).sum()
+
+        lines, first = inspect.getsourcelines(Net.forward)
+        here = os.path.relpath(__file__)
+        at = {call: f"{here}:{first + next(i for i, line in enumerate(lines) if call in line)}"
+              for call in ("self.fc(", "self.body(")}
+        model = Net()
+        path = os.path.join(self.dir, "sources")
+        rec = ModelRecorder(Recorder(path, {"workload": "sources", "steps": 1}), model)
+        with rec.training_step(0, inputs={"x": torch.ones(2, 4)}) as s:
+            s.loss(model(torch.ones(2, 4)))
+        rec.finish()
+        with Trace(path) as t:
+            sources = {x.name: x.source for s in t.steps() for x in s.tensors if x.source is not None}
+        # The Sequential's children are called from torch's container.py: they name the line
+        # that called the Sequential.
+        self.assertEqual(sources, {"fc": at["self.fc("], "body.0": at["self.body("], "body.1": at["self.body("],
+                                   "body": at["self.body("]})
+
+    def test_a_planted_fault_propagates_as_a_real_one(self):
+        for device in ["cpu"] + (["cuda"] if torch.cuda.is_available() else []):
+            with self.subTest(device=device):
+                self._planted_and_real_fault(torch.device(device))
+
+    def _planted_and_real_fault(self, device):
+        from repro_torch import ModelRecorder, Perturbation, Recorder
+        from repro_trace import Trace, read_tensor
+
+        def run(name, perturbation=None, real_fault=False):
+            """Three training steps of a small MLP; at step 1, element 3 of the first layer's
+            output is 1 ULP higher: planted by REPRO_PERTURB, or by the program's own code (a
+            hook that adds the difference, through which gradients flow)."""
+            torch.manual_seed(0)
+            model = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1)).to(device)
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            at = {"step": 0}
+            if real_fault:
+                def fault(module, args, out):
+                    if at["step"] != 1:
+                        return None
+                    flat = out.detach().reshape(-1)
+                    delta = torch.zeros_like(flat)
+                    delta[3] = torch.nextafter(flat[3], torch.full_like(flat[3], float("inf"))) - flat[3]
+                    return out + delta.reshape(out.shape)
+
+                model[0].register_forward_hook(fault)  # before the recorder's: it records the moved output
+            path = os.path.join(self.dir, f"{name}-{device.type}")
+            rec = ModelRecorder(Recorder(path, {"workload": "fault", "steps": 3}, capture="all", device=device,
+                                         perturbation=perturbation, device_hashing=False), model)
+            data = torch.Generator().manual_seed(1)
+            for step in range(3):
+                at["step"] = step
+                x = torch.rand(8, 4, generator=data).to(device)
+                opt.zero_grad()
+                with rec.training_step(step, inputs={"x": x}) as s:
+                    loss = model(x).square().mean()
+                    s.loss(loss)
+                    loss.backward()
+                    s.gradients()
+                    opt.step()
+            rec.finish()
+            return path
+
+        clean, planted, real = run("clean"), run("planted", Perturbation("1:0:1@3")), run("real", real_fault=True)
+
+        def hashes(path):
+            with Trace(path) as t:
+                return {(s.step, x.name): x.hash for s in t.steps() for x in s.tensors}
+
+        # Every tensor of every step, gradients included, as the real fault left it (replacing
+        # the element cut its gradient: `0.weight.grad` differed).
+        self.assertEqual(hashes(planted), hashes(real))
+        # One element 1 ULP up, every other one bit for bit; and the gradients follow from it.
+        p, c = (read_tensor(path, 1, "0").reshape(-1) for path in (planted, clean))
+        self.assertEqual(p[3], np.nextafter(c[3], np.float32(np.inf)))
+        self.assertEqual(np.delete(p, 3).tobytes(), np.delete(c, 3).tobytes())
+        grads = [read_tensor(path, 1, "0.weight.grad") for path in (planted, clean)]
+        self.assertFalse(np.array_equal(*grads))
 
     @unittest.skipUnless(torch and torch.cuda.is_available(), "no CUDA GPU")
     def test_tensors_hashed_on_the_gpu_hash_as_on_the_host(self):

@@ -9,9 +9,6 @@ use candle_core::{DType, Tensor};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-/// How long a rank waits for the others' contributions before it gives up.
-const PEER_TIMEOUT: Duration = Duration::from_secs(300);
-
 /// Sums tensors across ranks through files in a directory every rank can reach.
 pub struct FileCollective {
     dir: PathBuf,
@@ -19,15 +16,18 @@ pub struct FileCollective {
     world_size: usize,
     /// Collectives called so far: names the files of the next one.
     calls: u64,
+    /// How long to wait for another rank's contribution before giving up on it.
+    timeout: Duration,
 }
 
 impl FileCollective {
-    /// Rank `rank` of `world_size`, meeting the others in `dir` (which must exist).
-    pub fn join(dir: &Path, rank: usize, world_size: usize) -> Result<Self, RecordError> {
+    /// Rank `rank` of `world_size`, meeting the others in `dir` (which must exist), waiting at
+    /// most `timeout` for each contribution of theirs.
+    pub fn join(dir: &Path, rank: usize, world_size: usize, timeout: Duration) -> Result<Self, RecordError> {
         if !dir.is_dir() {
             return Err(RecordError::Unsupported(format!("rendezvous directory {} does not exist", dir.display())));
         }
-        Ok(FileCollective { dir: dir.to_path_buf(), rank, world_size, calls: 0 })
+        Ok(FileCollective { dir: dir.to_path_buf(), rank, world_size, calls: 0, timeout })
     }
 
     fn file(&self, call: u64, rank: usize) -> PathBuf {
@@ -47,11 +47,11 @@ impl FileCollective {
             match std::fs::read(&path) {
                 Ok(bytes) => break bytes,
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                    if started.elapsed() > PEER_TIMEOUT {
+                    if started.elapsed() > self.timeout {
                         return Err(RecordError::Collective(format!(
                             "rank {} waited {} s for rank {from}'s part of sum #{call}: did rank {from} stop?",
                             self.rank,
-                            PEER_TIMEOUT.as_secs()
+                            self.timeout.as_secs()
                         )));
                     }
                     std::thread::sleep(pause);

@@ -23,6 +23,13 @@ use std::time::Duration;
 /// (seconds) says otherwise.
 pub const RENDEZVOUS_TIMEOUT: Duration = Duration::from_secs(300);
 
+/// The most ranks a run may have: more than any cluster repro records on, and few enough that
+/// what a rank keeps per rank stays small. A larger `WORLD_SIZE` is refused, not allocated.
+pub const MAX_WORLD_SIZE: usize = 1 << 16;
+
+/// The longest `REPRO_RENDEZVOUS_TIMEOUT` accepted: a week, in seconds.
+pub const MAX_RENDEZVOUS_TIMEOUT_SECONDS: u64 = 7 * 24 * 3600;
+
 /// One rank's place in a run, from its launcher.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LaunchedRank {
@@ -70,12 +77,25 @@ impl LaunchedRank {
         };
         for (launcher, rank_var, world_var, local_var) in LAUNCHERS {
             let (Some(rank), Some(world_size)) = (number(rank_var)?, number(world_var)?) else { continue };
+            if world_size > MAX_WORLD_SIZE {
+                return Err(RecordError::Unsupported(format!(
+                    "{world_var}={world_size}: repro records runs of at most {MAX_WORLD_SIZE} ranks"
+                )));
+            }
             if world_size == 0 || rank >= world_size {
                 return Err(RecordError::Unsupported(format!(
                     "{rank_var}={rank} is not a rank of {world_var}={world_size} ranks"
                 )));
             }
             let timeout = match number("REPRO_RENDEZVOUS_TIMEOUT")? {
+                Some(0) => {
+                    return Err(RecordError::Unsupported("REPRO_RENDEZVOUS_TIMEOUT=0: give seconds, 1 or more".into()))
+                }
+                Some(seconds) if seconds as u64 > MAX_RENDEZVOUS_TIMEOUT_SECONDS => {
+                    return Err(RecordError::Unsupported(format!(
+                        "REPRO_RENDEZVOUS_TIMEOUT={seconds}: at most {MAX_RENDEZVOUS_TIMEOUT_SECONDS} seconds (a week)"
+                    )))
+                }
                 Some(seconds) => Duration::from_secs(seconds as u64),
                 None => RENDEZVOUS_TIMEOUT,
             };
@@ -99,16 +119,14 @@ impl LaunchedRank {
                      every rank reaches (docs/distributed.md)"
                 )));
             };
-            let port: u16 = port
-                .trim()
-                .parse()
-                .map_err(|_| RecordError::Unsupported(format!("MASTER_PORT={port} is not a port number")))?;
+            let port: u16 = port.trim().parse().ok().filter(|&p| p != 0).ok_or_else(|| {
+                RecordError::Unsupported(format!("MASTER_PORT={port} is not a port number (1 to 65535)"))
+            })?;
             // torchrun's agent keeps its own store on MASTER_PORT: meet beside it.
             let port = match text("REPRO_MASTER_PORT") {
-                Some(p) => p
-                    .trim()
-                    .parse()
-                    .map_err(|_| RecordError::Unsupported(format!("REPRO_MASTER_PORT={p} is not a port number")))?,
+                Some(p) => p.trim().parse().ok().filter(|&p: &u16| p != 0).ok_or_else(|| {
+                    RecordError::Unsupported(format!("REPRO_MASTER_PORT={p} is not a port number (1 to 65535)"))
+                })?,
                 None if text("TORCHELASTIC_RUN_ID").is_some() => port.checked_add(1).ok_or_else(|| {
                     RecordError::Unsupported(format!(
                         "MASTER_PORT={port}: under torchrun repro meets on the next port; set REPRO_MASTER_PORT"
@@ -147,17 +165,45 @@ pub(crate) fn settings_differences(mine: &RunSettings, theirs: &RunSettings) -> 
 }
 
 /// Meets the other ranks of `place`'s run in `dir` (`REPRO_RENDEZVOUS_DIR`, new and empty for
-/// each run): each rank leaves its settings there, waits for every other rank's, and refuses
-/// the run when any differ, naming the rank and the settings.
+/// each run): each rank leaves its settings and the world size there, waits for every other
+/// rank's, and refuses the run when any differ, naming the rank and the settings. A directory
+/// holding an earlier run's files, a rank that arrives twice and a rank outside the world are
+/// refused too, so that no rank runs on with stale or foreign peers.
 pub(crate) fn meet_in_dir(dir: &Path, place: &LaunchedRank, settings: &RunSettings) -> Result<(), RecordError> {
     let fail = |what: String| RecordError::Collective(format!("rank {}: {what}", place.rank));
     std::fs::create_dir_all(dir).map_err(|e| fail(format!("cannot create {}: {e}", dir.display())))?;
     let file = |rank: usize| dir.join(format!("settings.rank-{rank}.json"));
-    let tmp = dir.join(format!("settings.rank-{}.json.tmp", place.rank));
-    let mine = serde_json::to_vec(settings).map_err(|e| fail(format!("cannot encode its settings: {e}")))?;
-    std::fs::write(&tmp, &mine)
-        .and_then(|()| std::fs::rename(&tmp, file(place.rank)))
-        .map_err(|e| fail(format!("cannot write {}: {e}", file(place.rank).display())))?;
+    // Sums are written only once every rank has arrived: any here are an earlier run's.
+    let listing = || -> Result<Vec<String>, RecordError> {
+        let entries = std::fs::read_dir(dir).map_err(|e| fail(format!("cannot list {}: {e}", dir.display())))?;
+        Ok(entries.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+    };
+    if let Some(stale) = listing()?.into_iter().find(|name| name.starts_with("sum-") || name.starts_with("nccl")) {
+        return Err(fail(format!(
+            "{} holds an earlier run's files ({stale}): give each run a new, empty REPRO_RENDEZVOUS_DIR",
+            dir.display()
+        )));
+    }
+    let mut mine = settings.clone();
+    mine.insert("world_size".into(), place.world_size.to_string());
+    let encoded = serde_json::to_vec(&mine).map_err(|e| fail(format!("cannot encode its settings: {e}")))?;
+    let tmp = dir.join(format!("settings.rank-{}.json.{}.tmp", place.rank, std::process::id()));
+    std::fs::write(&tmp, &encoded).map_err(|e| fail(format!("cannot write {}: {e}", tmp.display())))?;
+    // A link fails where the name exists: a second rank of this number, or an earlier run's.
+    let linked = std::fs::hard_link(&tmp, file(place.rank));
+    let _ = std::fs::remove_file(&tmp);
+    match linked {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            return Err(fail(format!(
+                "{} already holds rank {}'s settings: two ranks of that number, or an earlier run's files (give \
+                 each run a new, empty REPRO_RENDEZVOUS_DIR)",
+                dir.display(),
+                place.rank
+            )))
+        }
+        Err(e) => return Err(fail(format!("cannot write {}: {e}", file(place.rank).display()))),
+    }
     let started = std::time::Instant::now();
     for rank in 0..place.world_size {
         let theirs = loop {
@@ -179,12 +225,24 @@ pub(crate) fn meet_in_dir(dir: &Path, place: &LaunchedRank, settings: &RunSettin
         };
         let theirs: RunSettings = serde_json::from_slice(&theirs)
             .map_err(|e| fail(format!("{} is not a rank's settings: {e}", file(rank).display())))?;
-        if &theirs != settings {
+        if theirs != mine {
             return Err(fail(format!(
                 "rank {rank} runs other settings ({}); every rank must run the same command",
-                settings_differences(settings, &theirs)
+                settings_differences(&mine, &theirs)
             )));
         }
+    }
+    let outside = listing()?.into_iter().find_map(|name| {
+        let rank: usize = name.strip_prefix("settings.rank-")?.strip_suffix(".json")?.parse().ok()?;
+        (rank >= place.world_size).then_some(rank)
+    });
+    if let Some(rank) = outside {
+        return Err(fail(format!(
+            "a rank {rank} arrived in {}, outside the world of {} ranks: every rank must be started with the same \
+             world size",
+            dir.display(),
+            place.world_size
+        )));
     }
     Ok(())
 }
@@ -231,9 +289,69 @@ mod tests {
         assert!(e.contains("MASTER_ADDR and MASTER_PORT"), "{e}");
         let e = place(&[("RANK", "x"), ("WORLD_SIZE", "2")]).unwrap_err().to_string();
         assert!(e.contains("RANK=x is not a rank"), "{e}");
+        // Hostile sizes are refused with the variable named, never allocated or overflowed.
+        for huge in ["4611686018427387904", "18446744073709551615", "100000000"] {
+            let e = place(&[("RANK", "1"), ("WORLD_SIZE", huge), ("REPRO_RENDEZVOUS_DIR", "/m")]).unwrap_err();
+            assert!(e.to_string().contains(&format!("WORLD_SIZE={huge}")), "{e}");
+        }
+        for timeout in ["18446744073709551615", "0", "-1"] {
+            let vars = [
+                ("RANK", "1"),
+                ("WORLD_SIZE", "2"),
+                ("REPRO_RENDEZVOUS_DIR", "/m"),
+                ("REPRO_RENDEZVOUS_TIMEOUT", timeout),
+            ];
+            let e = place(&vars).unwrap_err().to_string();
+            assert!(e.contains("REPRO_RENDEZVOUS_TIMEOUT"), "{e}");
+        }
+        let e = place(&[("RANK", "0"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "h"), ("MASTER_PORT", "0")]).unwrap_err();
+        assert!(e.to_string().contains("MASTER_PORT=0 is not a port number"), "{e}");
         let e = place(&[("RANK", "0"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "h"), ("MASTER_PORT", "99999")])
             .unwrap_err()
             .to_string();
         assert!(e.contains("MASTER_PORT=99999"), "{e}");
+    }
+
+    fn in_dir(dir: &Path, rank: usize, world_size: usize, seconds: u64) -> LaunchedRank {
+        LaunchedRank {
+            rank,
+            world_size,
+            local_rank: 0,
+            master: String::new(),
+            rendezvous_dir: Some(dir.to_path_buf()),
+            launcher: "torchrun",
+            timeout: Duration::from_secs(seconds),
+        }
+    }
+
+    /// Issue 45, item 11: the directory rendezvous checks what the TCP one does, honours the
+    /// timeout, and refuses a directory an earlier run left files in.
+    #[test]
+    fn a_rendezvous_directory_refuses_stale_files_duplicate_ranks_and_other_world_sizes() {
+        let settings = RunSettings::from([("workload".to_string(), "gpt".to_string())]);
+        // An earlier run's sums: refused before anything is written.
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("sum-00000003.rank-0"), b"").unwrap();
+        let e = meet_in_dir(dir.path(), &in_dir(dir.path(), 0, 2, 5), &settings).unwrap_err().to_string();
+        assert!(e.contains("holds an earlier run's files (sum-00000003.rank-0)"), "{e}");
+
+        // A rank that never comes: the wait ends at the timeout asked for, naming it.
+        let dir = tempfile::tempdir().unwrap();
+        let started = std::time::Instant::now();
+        let e = meet_in_dir(dir.path(), &in_dir(dir.path(), 0, 2, 1), &settings).unwrap_err().to_string();
+        assert!(started.elapsed() < Duration::from_secs(10), "{:?}", started.elapsed());
+        assert!(e.contains("rank(s) 1 never arrived") && e.contains("within 1 s"), "{e}");
+        // The same rank again (or a rerun in the same directory): refused, not read as a peer.
+        let e = meet_in_dir(dir.path(), &in_dir(dir.path(), 0, 2, 1), &settings).unwrap_err().to_string();
+        assert!(e.contains("already holds rank 0's settings"), "{e}");
+
+        // Ranks started with other world sizes: named as a setting that differs.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().to_path_buf();
+        let (s1, p1) = (settings.clone(), path.clone());
+        let other = std::thread::spawn(move || meet_in_dir(&p1, &in_dir(&p1, 1, 3, 5), &s1));
+        let e = meet_in_dir(&path, &in_dir(&path, 0, 2, 5), &settings).unwrap_err().to_string();
+        assert!(e.contains("world_size 2 vs 3"), "{e}");
+        assert!(other.join().unwrap().is_err());
     }
 }

@@ -54,19 +54,21 @@ pub trait Collective {
 /// Joins the ranks of a run on `device`: NCCL for a CUDA device, the file stand-in for the CPU.
 /// `rendezvous` is a directory every rank can reach, empty when the run starts; the ranks meet
 /// there (NCCL's unique id, or the stand-in's files).
+/// A rank waits at most `timeout` for the others, at the meeting and at each sum.
 pub fn join(
     device: &Device,
     rendezvous: &Path,
     rank: usize,
     world_size: usize,
+    timeout: std::time::Duration,
 ) -> Result<Box<dyn Collective>, RecordError> {
     if rank >= world_size {
         return Err(RecordError::Unsupported(format!("rank {rank} is not below the world size {world_size}")));
     }
     match device {
-        Device::Cpu => Ok(Box::new(FileCollective::join(rendezvous, rank, world_size)?)),
+        Device::Cpu => Ok(Box::new(FileCollective::join(rendezvous, rank, world_size, timeout)?)),
         #[cfg(feature = "nccl")]
-        Device::Cuda(_) => Ok(Box::new(nccl::NcclCollective::join(device, rendezvous, rank, world_size)?)),
+        Device::Cuda(_) => Ok(Box::new(nccl::NcclCollective::join(device, rendezvous, rank, world_size, timeout)?)),
         _ => Err(RecordError::Unsupported(format!(
             "data-parallel training on {device:?} needs NCCL: build repro with `make cuda` (the `nccl` feature)"
         ))),
@@ -84,7 +86,7 @@ pub fn join_launched(
 ) -> Result<Box<dyn Collective>, RecordError> {
     if let Some(dir) = &place.rendezvous_dir {
         launcher::meet_in_dir(dir, place, settings)?;
-        return join(device, dir, place.rank, place.world_size);
+        return join(device, dir, place.rank, place.world_size, place.timeout);
     }
     match device {
         Device::Cpu => Ok(Box::new(TcpCollective::new(tcp::meet(place, settings, || Ok(Vec::new()))?))),
@@ -287,12 +289,13 @@ mod tests {
         let batch = Tensor::arange(0u32, 12, &Device::Cpu).unwrap().reshape((6, 2)).unwrap();
         let rows: Vec<Vec<u32>> = (0..3)
             .map(|rank| {
-                let dp = DataParallel::new(Box::new(FileCollective::join(dir.path(), rank, 3).unwrap()));
+                let dp =
+                    DataParallel::new(Box::new(FileCollective::join(dir.path(), rank, 3, RENDEZVOUS_TIMEOUT).unwrap()));
                 dp.shard(&batch).unwrap().flatten_all().unwrap().to_vec1().unwrap()
             })
             .collect();
         assert_eq!(rows, vec![vec![0, 1, 2, 3], vec![4, 5, 6, 7], vec![8, 9, 10, 11]]);
-        let dp = DataParallel::new(Box::new(FileCollective::join(dir.path(), 0, 4).unwrap()));
+        let dp = DataParallel::new(Box::new(FileCollective::join(dir.path(), 0, 4, RENDEZVOUS_TIMEOUT).unwrap()));
         let err = dp.shard(&batch).unwrap_err().to_string();
         assert!(err.contains("batch (6)") && err.contains("ranks (4)"), "{err}");
     }
@@ -304,7 +307,8 @@ mod tests {
             .map(|rank| {
                 let path = dir.path().to_path_buf();
                 thread::spawn(move || {
-                    let mut dp = DataParallel::new(Box::new(FileCollective::join(&path, rank, 2).unwrap()));
+                    let mut dp =
+                        DataParallel::new(Box::new(FileCollective::join(&path, rank, 2, RENDEZVOUS_TIMEOUT).unwrap()));
                     let trace = tempfile::tempdir().unwrap();
                     let run = crate::trace::RunConfig { workload: "t".into(), ..Default::default() };
                     let mut rec =

@@ -13,9 +13,6 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// How long a rank waits for rank 0's unique id.
-const ID_TIMEOUT: Duration = Duration::from_secs(120);
-
 /// A new NCCL unique id, as the bytes rank 0 shares with the others.
 pub fn new_id() -> Result<Vec<u8>, RecordError> {
     let id = Id::new().map_err(|e| nccl_error(0, "unique id", e))?;
@@ -45,7 +42,14 @@ fn nccl_error(rank: usize, what: &str, e: impl std::fmt::Debug) -> RecordError {
 impl NcclCollective {
     /// Joins the communicator of `world_size` ranks as `rank`, on `device` (a CUDA device),
     /// rank 0 sharing the unique id through the `rendezvous` directory.
-    pub fn join(device: &Device, rendezvous: &Path, rank: usize, world_size: usize) -> Result<Self, RecordError> {
+    /// A rank other than 0 waits at most `timeout` for the id.
+    pub fn join(
+        device: &Device,
+        rendezvous: &Path,
+        rank: usize,
+        world_size: usize,
+        timeout: Duration,
+    ) -> Result<Self, RecordError> {
         let id_path = rendezvous.join("nccl-id");
         let bytes = if rank == 0 {
             let bytes = new_id()?;
@@ -59,12 +63,12 @@ impl NcclCollective {
             loop {
                 match std::fs::read(&id_path) {
                     Ok(bytes) => break bytes,
-                    Err(_) if started.elapsed() < ID_TIMEOUT => std::thread::sleep(Duration::from_millis(5)),
+                    Err(_) if started.elapsed() < timeout => std::thread::sleep(Duration::from_millis(5)),
                     Err(e) => {
                         return Err(RecordError::Collective(format!(
                             "rank {rank}: no NCCL id from rank 0 in {} after {} s: {e}",
                             id_path.display(),
-                            ID_TIMEOUT.as_secs()
+                            timeout.as_secs()
                         )))
                     }
                 }

@@ -406,7 +406,15 @@ impl StepRecorder<'_> {
         phase: Option<Phase>,
     ) -> Result<(), RecordError> {
         for (name, var) in vars {
-            self.push(&format!("{name}{suffix}"), kind, phase, &[], None, None, var.as_tensor(), false)?;
+            // An update is computed from the parameter and its gradient: with these edges a
+            // diff can tell an optimizer that amplified its inputs' difference from a new cause.
+            let grad = format!("{name}.grad");
+            let inputs: Vec<&str> = match phase {
+                Some(Phase::Update) if self.names.contains(&grad) => vec![name, &grad],
+                Some(Phase::Update) if self.names.contains(name) => vec![name],
+                _ => Vec::new(),
+            };
+            self.push(&format!("{name}{suffix}"), kind, phase, &inputs, None, None, var.as_tensor(), false)?;
         }
         Ok(())
     }

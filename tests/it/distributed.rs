@@ -109,6 +109,36 @@ fn one_device_against_two_ranks_compares_the_replicated_state_and_names_the_batc
     assert_eq!(j["schema"], "repro.run-diff.v1");
     assert_eq!((j["world_size_a"].as_u64(), j["world_size_b"].as_u64()), (Some(1), Some(2)));
     assert_eq!(j["cause"]["type"], "batch_split");
+
+    // Issue 45, item 10: two ranks of another batch size differ by the batch setting, and the
+    // cause names it rather than the split.
+    let wide = dir.path().join("wide");
+    let args = [
+        "record",
+        "--workload",
+        "gpt",
+        "--steps",
+        "3",
+        "--batch",
+        "4",
+        "--context",
+        "16",
+        "--width",
+        "32",
+        "--heads",
+        "2",
+        "--capture",
+        "all",
+        "--devices",
+        "cpu,cpu",
+        "--out",
+        s(&wide),
+    ];
+    let run = repro(&args);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let run = repro(&["diff", s(&one), s(&wide)]);
+    assert_eq!(run.code, 1, "{}{}", run.stdout, run.stderr);
+    assert!(run.stdout.contains("cause: the batch setting (batch 2 in A, 4 in B)"), "{}", run.stdout);
 }
 
 #[test]

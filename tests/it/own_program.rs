@@ -128,7 +128,7 @@ fn under_a_tolerance_the_root_cause_tells_drift_from_a_new_cause() {
     assert_eq!(drift["root_cause"]["rule"], "drift", "{drift}");
     assert_eq!(drift["root_cause"]["drift_from"], "hidden", "{drift}");
     let text = repro(&["diff", s(&a), s(&b), "--tolerance", "op_output=abs:1e-4", "--brief"]).stdout;
-    assert!(text.contains("differs only within the tolerance, first at `hidden`"), "{text}");
+    assert!(text.contains("differs only within the tolerance (by at most 7.45e-5), first at `hidden`"), "{text}");
     assert!(!text.contains("inputs are identical"), "{text}");
 }
 
@@ -225,4 +225,31 @@ fn a_perturbation_reaches_a_captured_models_parameters_and_names_what_it_cannot(
     let run = repro_with_env(&["record", "--out", s(&dir.path().join("c")), "--", s(&program)], &env);
     assert_eq!(run.code, 2, "{}", run.stderr);
     assert!(run.stderr.contains("a parameter, by its VarMap name"), "{}", run.stderr);
+}
+
+/// Issue 45, item 9: an updated parameter is linked to its value before the step and its
+/// gradient, so that under a tolerance a first divergence in an update says how the optimizer
+/// amplified its inputs' difference, with the numbers, rather than nothing.
+#[test]
+fn under_a_tolerance_an_update_names_the_difference_its_optimizer_amplified() {
+    use crate::util::repro_with_env;
+    let dir = tempfile::tempdir().unwrap();
+    let program = example("any_model");
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    let run = repro(&["record", "--out", s(&a), "--capture", "all", "--", s(&program)]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let env = [("REPRO_PERTURB", "2:head.bias:1")];
+    let run = repro_with_env(&["record", "--out", s(&b), "--capture", "all", "--", s(&program)], &env);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    // Loose on what the step computes, strict on the weights.
+    let tolerance = "grad=abs:1e-5,op_output=abs:1e-5,loss=abs:1e-5,prediction=abs:1e-5,abs:1e-8";
+    let v = json(&repro(&["diff", s(&a), s(&b), "--tolerance", tolerance, "--json"]).stdout);
+    let root = &v["root_cause"];
+    assert_eq!(root["cause"]["phase"], "update", "{v}");
+    assert_eq!(root["rule"], "drift", "{v}");
+    let upstream: Vec<&str> =
+        root["upstream"].as_array().unwrap().iter().map(|u| u["tensor"].as_str().unwrap()).collect();
+    assert!(upstream.iter().any(|t| t.ends_with(".grad")), "{v}");
+    let text = repro(&["diff", s(&a), s(&b), "--tolerance", tolerance, "--brief"]).stdout;
+    assert!(text.contains("the optimizer's update amplified their difference into"), "{text}");
 }

@@ -38,7 +38,7 @@ pub use metrics::{compare, compare_pairs, compare_values, TensorMetrics};
 pub use names::{NameMap, Run};
 pub use online::{OnlineDivergence, ReferenceCheck};
 pub use ranks::{check_replicas, diff_runs, DataParallelCause, RankTotals, ReplicaDrift, ReplicaReport, RunDiff};
-pub use root_cause::{CauseRule, Consequence, RootCause};
+pub use root_cause::{CauseRule, Consequence, RootCause, UpstreamDifference, AMPLIFICATION};
 pub use tensor_stats::{tensor_stats, TensorStats};
 pub use tolerance::Tolerance;
 pub use traces::{

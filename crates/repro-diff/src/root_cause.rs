@@ -49,7 +49,19 @@ pub enum CauseRule {
     Collective,
     /// Only that the cause is the first difference of the step (inputs unknown or not comparable).
     FirstDifference,
+    /// Under a tolerance: what the cause is computed from differs only within the tolerance, but
+    /// the cause differs orders of magnitude more than that explains ([`AMPLIFICATION`] times, in
+    /// ULPs at the scale of the values): a new cause, such as a wrong constant, a missing term or
+    /// a transposed weight in a port, not drift. Optimizer updates are exempt: an optimizer such
+    /// as Adam amplifies gradient noise by design.
+    BeyondDrift,
 }
+
+/// How many times more than its inputs' error (in ULPs at the values' scale) an op's output must
+/// differ to be a new cause rather than drift. One op with inputs off by rounding moves its
+/// output by at most tens to hundreds of ULPs (a long dot product); a wrong constant or term
+/// moves it by millions.
+pub const AMPLIFICATION: f64 = 1000.0;
 
 /// The analysis of the first diverging step.
 #[derive(Debug, Clone, Serialize)]
@@ -78,10 +90,32 @@ pub struct RootCause {
     /// tolerance), when that is before this one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub drift_since: Option<u64>,
+    /// Under a tolerance (`Drift`, `DriftedLeaves`, `BeyondDrift`): the tensors upstream of the
+    /// cause that differ within the tolerance, with by how much: its recorded inputs (an update:
+    /// the parameter and its gradient), or in a captured graph the one that differs most.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub upstream: Vec<UpstreamDifference>,
     /// Whether every element of the cause that differs is zero in exactly one run (its values
     /// stored on both sides): the shape of a random mask (dropout) drawn differently, from
     /// randomness the trace does not record, rather than of an op that rounds differently.
     pub random_mask: bool,
+}
+
+/// A tensor upstream of a cause that differs within the tolerance.
+#[derive(Debug, Clone, Serialize)]
+pub struct UpstreamDifference {
+    /// The tensor.
+    pub tensor: String,
+    /// Its largest |a - b|.
+    #[serde(serialize_with = "crate::json_float::serialize")]
+    pub max_abs: f64,
+}
+
+impl RootCause {
+    /// The largest |a - b| upstream of the cause (`upstream`).
+    pub fn upstream_max_abs(&self) -> Option<f64> {
+        self.upstream.iter().map(|u| u.max_abs).reduce(f64::max)
+    }
 }
 
 /// A differing tensor explained by an earlier divergence.
@@ -140,6 +174,8 @@ pub(crate) struct Entry {
     pub(crate) divergence: Option<Divergence>,
     /// Differs, but within the tolerance.
     pub(crate) within: bool,
+    /// For one that differs within the tolerance: by how much.
+    pub(crate) within_metrics: Option<crate::metrics::TensorMetrics>,
     /// The result of a collective across ranks (a summed gradient).
     pub(crate) collective: bool,
     /// Whether it was compared at all (false: only in one run, or dtype/shape differ).
@@ -158,14 +194,15 @@ impl Entry {
             leaf,
             divergence,
             within: false,
+            within_metrics: None,
             collective: tensor.collective.is_some(),
             compared,
         }
     }
 
     /// The entry for a recorded tensor that differs within the tolerance.
-    pub(crate) fn within_tolerance(tensor: &repro_trace::TensorRecord) -> Self {
-        Entry { within: true, ..Entry::new(tensor, None, true) }
+    pub(crate) fn within_tolerance(tensor: &repro_trace::TensorRecord, m: crate::metrics::TensorMetrics) -> Self {
+        Entry { within: true, within_metrics: Some(m), ..Entry::new(tensor, None, true) }
     }
 
     /// Identical bit for bit in both runs.
@@ -185,6 +222,13 @@ pub(crate) fn analyze(entries: &[Entry], drift_since: Option<u64>) -> Option<Roo
     let mut root = if entries.iter().any(|e| e.node) { analyze_captured(entries)? } else { analyze_ops(entries)? };
     if matches!(root.rule, CauseRule::Drift | CauseRule::DriftedLeaves) {
         root.drift_since = drift_since.filter(|&s| s < root.cause.step);
+        let (upstream, upstream_ulps) = upstream_error(entries, &root.cause.tensor);
+        root.upstream = upstream;
+        let cause_ulps = root.cause.metrics.and_then(|m| m.ulps_at_scale());
+        let beyond = cause_ulps.is_some_and(|c| c > AMPLIFICATION * upstream_ulps.unwrap_or(0.0).max(1.0));
+        if beyond && root.cause.phase != Some(Phase::Update) {
+            root.rule = CauseRule::BeyondDrift;
+        }
     }
     root.random_mask = root.rule != CauseRule::Leaf && root.cause.metrics.is_some_and(|m| m.looks_like_a_mask());
     Some(root)
@@ -281,6 +325,7 @@ fn analyze_ops<'a>(entries: &'a [Entry]) -> Option<RootCause> {
         drift_from,
         drift_since: None,
         random_mask: false,
+        upstream: Vec::new(),
     })
 }
 
@@ -328,6 +373,19 @@ fn analyze_captured(entries: &[Entry]) -> Option<RootCause> {
                 (*grad, CauseRule::Drift)
             }
         }
+    } else if let Some(update) = differing.first().filter(|e| {
+        e.divergence.as_ref().is_some_and(|d| d.phase == Some(Phase::Update))
+            && !e.inputs.is_empty()
+            && e.inputs.iter().all(|i| entries.iter().any(|x| &x.name == i && x.agrees()))
+    }) {
+        // An updated parameter whose recorded inputs (the parameter, its gradient) agree.
+        match entries.iter().find(|x| x.within && update.inputs.contains(&x.name)) {
+            Some(from) => {
+                drift_from = Some(from.name.clone());
+                (*update, CauseRule::Drift)
+            }
+            None => (*update, CauseRule::RecordedInputs),
+        }
     } else {
         (*differing.first()?, CauseRule::FirstDifference)
     };
@@ -348,14 +406,35 @@ fn analyze_captured(entries: &[Entry]) -> Option<RootCause> {
     Some(RootCause {
         cause: cause.divergence.clone().expect("differing"),
         rule,
-        inputs_checked: matches!(rule, CauseRule::IdenticalLeaves | CauseRule::Backward),
+        inputs_checked: matches!(rule, CauseRule::IdenticalLeaves | CauseRule::Backward | CauseRule::RecordedInputs),
         independent,
         consequences,
         inputs_recorded: false,
         drift_from,
         drift_since: None,
         random_mask: false,
+        upstream: Vec::new(),
     })
+}
+
+/// The tensors upstream of `cause` that differ within the tolerance, and the largest ULPs at
+/// the values' scale among them: its recorded inputs, or, in a captured graph (no edges), the
+/// one that differs most among those recorded before it.
+fn upstream_error(entries: &[Entry], cause: &str) -> (Vec<UpstreamDifference>, Option<f64>) {
+    let Some(at) = entries.iter().position(|e| e.name == cause) else { return (Vec::new(), None) };
+    let inputs = &entries[at].inputs;
+    let upstream: Vec<(&Entry, crate::metrics::TensorMetrics)> = entries[..at]
+        .iter()
+        .filter(|e| inputs.is_empty() || inputs.contains(&e.name))
+        .filter_map(|e| e.within_metrics.map(|m| (e, m)))
+        .collect();
+    let ulps = upstream.iter().filter_map(|(_, m)| m.ulps_at_scale()).reduce(f64::max);
+    let listed = upstream.iter().map(|(e, m)| UpstreamDifference { tensor: e.name.clone(), max_abs: m.max_abs });
+    let listed: Vec<UpstreamDifference> = match inputs.is_empty() {
+        false => listed.collect(),
+        true => listed.max_by(|x, y| x.max_abs.total_cmp(&y.max_abs)).into_iter().collect(),
+    };
+    (listed, ulps)
 }
 
 fn is_gradient(e: &Entry) -> bool {
@@ -390,6 +469,7 @@ mod tests {
                 tensor_b: None,
             }),
             within: false,
+            within_metrics: None,
             collective: false,
             compared: true,
         }
@@ -554,6 +634,41 @@ mod tests {
         // A difference beyond the tolerance with bit-identical inputs is still a new cause.
         let r = analyze(&[entry("x", &[], false), entry("mm", &["x"], true)]).unwrap();
         assert_eq!((r.rule, r.drift_from), (CauseRule::RecordedInputs, None));
+    }
+
+    /// Metrics of `a` against `b` (F32).
+    fn metrics(a: &[f32], b: &[f32]) -> crate::metrics::TensorMetrics {
+        let bytes = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+        crate::metrics::compare(DType::F32, &bytes(a), &bytes(b))
+    }
+
+    #[test]
+    fn an_output_off_by_far_more_than_its_inputs_explain_is_a_new_cause_not_drift() {
+        // The input is off by 2 ULPs at 1.0; the output by 1e-2 (about 84,000 ULPs): a port
+        // bug (a wrong epsilon, a missing bias), named as a cause of its own with both numbers.
+        let input =
+            Entry { within_metrics: Some(metrics(&[1.0], &[1.0 + 2.0 * f32::EPSILON])), ..entry("x", &[], false) };
+        let mut ln = entry("ln", &["x"], true);
+        ln.divergence.as_mut().unwrap().metrics = Some(metrics(&[0.5], &[0.51]));
+        let r = analyze(&[within(input), ln]).unwrap();
+        assert_eq!((r.cause.tensor.as_str(), r.rule), ("ln", CauseRule::BeyondDrift));
+        assert_eq!(r.upstream_max_abs(), Some(2.0 * f32::EPSILON as f64));
+
+        // Off by 50 times its input's error: rounding carried through, drift.
+        let input =
+            Entry { within_metrics: Some(metrics(&[1.0], &[1.0 + 2.0 * f32::EPSILON])), ..entry("x", &[], false) };
+        let mut mm = entry("mm", &["x"], true);
+        mm.divergence.as_mut().unwrap().metrics = Some(metrics(&[1.0], &[1.0 + 100.0 * f32::EPSILON]));
+        let r = analyze(&[within(input), mm]).unwrap();
+        assert_eq!(r.rule, CauseRule::Drift);
+
+        // An optimizer's update amplifies gradient noise by design: drift, however large.
+        let grad = Entry { within_metrics: Some(metrics(&[1e-3], &[1.0001e-3])), ..entry("w.grad", &[], false) };
+        let mut updated = entry("w.updated", &["w.grad"], true);
+        let d = updated.divergence.as_mut().unwrap();
+        (d.metrics, d.phase) = (Some(metrics(&[0.5], &[0.6])), Some(Phase::Update));
+        let r = analyze(&[within(grad), updated]).unwrap();
+        assert_eq!(r.rule, CauseRule::Drift);
     }
 
     #[test]

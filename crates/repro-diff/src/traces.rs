@@ -762,7 +762,7 @@ impl DiffState {
                 match metrics {
                     Some(m) if within => {
                         self.within_tolerance(ta, sa.step(), m);
-                        entries.push(Entry::within_tolerance(ta));
+                        entries.push(Entry::within_tolerance(ta, m));
                         continue;
                     }
                     None => self.hash_only += 1,

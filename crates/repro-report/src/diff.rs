@@ -4,7 +4,7 @@ use crate::format::{column_width, missing_gradients, sci, shape};
 use repro_diff::{
     CauseRule, Divergence, FieldDifference, RootCause, StructuralDifference, TensorMetrics, TraceDiff, TraceSide,
 };
-use repro_trace::TensorKind;
+use repro_trace::{Phase, TensorKind};
 use std::fmt::{self, Write};
 
 /// How much of a diff's text to show: the tables of a long run can run to hundreds of lines.
@@ -327,11 +327,40 @@ pub(crate) fn write_root_cause_with(out: &mut String, r: &RootCause, missing: &s
     };
     let drift_why;
     let why = match r.rule {
-        CauseRule::Drift => {
+        CauseRule::Drift if r.cause.phase == Some(Phase::Update) => {
+            let by: Vec<String> = r.upstream.iter().map(|u| format!("`{}` by {}", u.tensor, sci(u.max_abs))).collect();
+            let from = match by.is_empty() {
+                true => String::new(),
+                false => format!(" ({})", by.join(", ")),
+            };
+            let into = r.cause.metrics.map_or(String::new(), |m| format!(" into {}", sci(m.max_abs)));
             drift_why = format!(
-                "what it is computed from differs only within the tolerance{}: the difference grew past the \
+                "its inputs, the parameter and its gradient, differ only within the tolerance{from}{}: the \
+                 optimizer's update amplified their difference{into} (drift, not a new cause; Adam-style \
+                 optimizers divide by the gradient's running scale, so a tiny gradient's noise can move a weight \
+                 by up to the learning rate)",
+                drift()
+            );
+            drift_why.as_str()
+        }
+        CauseRule::Drift => {
+            let by = r.upstream_max_abs().map_or(String::new(), |e| format!(" (by at most {})", sci(e)));
+            drift_why = format!(
+                "what it is computed from differs only within the tolerance{by}{}: the difference grew past the \
                  tolerance here (drift, not a new cause)",
                 drift()
+            );
+            drift_why.as_str()
+        }
+        CauseRule::BeyondDrift => {
+            let upstream = r.upstream_max_abs().map_or("within it".to_string(), |e| format!("by at most {}", sci(e)));
+            let own = r.cause.metrics.map_or(String::new(), |m| format!(" by {}", sci(m.max_abs)));
+            drift_why = format!(
+                "what it is computed from differs only within the tolerance ({upstream}{}), and it differs{own}, \
+                 over {amplification:.0} times more than that explains: a new cause (a wrong constant, a missing \
+                 term, a transposed weight), not drift",
+                drift(),
+                amplification = repro_diff::AMPLIFICATION
             );
             drift_why.as_str()
         }

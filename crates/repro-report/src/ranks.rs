@@ -113,6 +113,25 @@ fn cause_sentence(cause: &DataParallelCause, r: &RunDiff) -> String {
         DataParallelCause::CollectiveOrder { step, tensor } => format!(
             "cause: the collective's order. At step {step}, every rank's share of `{tensor}` is bit-identical in A and B, and the sums differ: the collective added the shares in another order (for NCCL: its algorithm, protocol or channels; see the environment above)"
         ),
+        DataParallelCause::BatchSplit { step, tensor }
+            if r.diff.config_differences.iter().any(|f| f.field.contains("batch")) =>
+        {
+            let settings: Vec<String> = r
+                .diff
+                .config_differences
+                .iter()
+                .filter(|f| f.field.contains("batch"))
+                .map(|f| {
+                    let (a, b) = f.values();
+                    format!("{} {a} in A, {b} in B", f.field)
+                })
+                .collect();
+            format!(
+                "cause: the batch setting ({}). At step {step}, `{tensor}` is a sum over other batches in A and B, \
+                 whatever the split over ranks: compare runs of one batch size",
+                settings.join("; ")
+            )
+        }
         DataParallelCause::BatchSplit { step, tensor } => {
             let split = r.world_size_a.max(r.world_size_b);
             format!(

@@ -1,0 +1,122 @@
+"""The reader's numpy access: a tensor by name at a step, as the array it was written from
+(every dtype, BF16 widened to float32 exactly, views through their owner's values), on traces
+the Python writer makes and on one repro records. Needs REPRO_BIN (a built repro) and the
+reader's packages."""
+
+import os
+import shutil
+import struct
+import subprocess
+import tempfile
+import unittest
+
+import numpy as np
+
+from repro_trace import Trace, read_tensor
+from repro_writer import Record, TraceWriter
+
+REPRO = os.environ.get("REPRO_BIN", "target/release/repro")
+
+# One array a dtype, in the numpy type the reader gives it back as.
+ARRAYS = {
+    "U8": np.array([[0, 255, 7], [1, 2, 3]], np.uint8),
+    "U32": np.array([0, 2**32 - 1, 12345], np.uint32),
+    "I16": np.array([-(2**15), 2**15 - 1, -1], np.int16),
+    "I32": np.array([[-(2**31)], [2**31 - 1]], np.int32),
+    "I64": np.array([-(2**63), 2**63 - 1, 0, -5], np.int64),
+    "F16": np.array([1.5, -0.0, np.inf, 6.0e-8], np.float16),
+    "F32": np.arange(35, dtype=np.float32).reshape(5, 7) / 3,
+    "F64": np.array([[np.pi, -1e300], [5e-324, -0.0]], np.float64),
+}
+
+
+def bf16_bits(values: np.ndarray) -> np.ndarray:
+    """The bfloat16 bits of float32 values: their upper halves (each value rounded toward zero)."""
+    return (values.astype(np.float32).view(np.uint32) >> 16).astype("<u2")
+
+
+class ReadTensorTest(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="repro-reader-")
+
+    def tearDown(self):
+        shutil.rmtree(self.dir)
+
+    def assert_same_bits(self, got: np.ndarray, expected: np.ndarray):
+        self.assertEqual((got.dtype, got.shape), (expected.dtype, expected.shape))
+        self.assertEqual(got.tobytes(), expected.tobytes())
+
+    def test_every_dtype_reads_back_as_the_array_written(self):
+        path = os.path.join(self.dir, "dtypes")
+        # Small tensors inline, the larger ones in the step's payload file: both are read.
+        w = TraceWriter(path, {"workload": "dtypes", "steps": 1}, capture="all", inline_max_bytes=16)
+        records = [Record(d, "weight", d, list(a.shape), a.astype(a.dtype.newbyteorder("<")).tobytes())
+                   for d, a in ARRAYS.items()]
+        # BF16 covers signed zero, infinity, NaN, the largest finite value and a subnormal.
+        bits = bf16_bits(np.array([1.0, -0.0, np.inf, np.nan, 3.3895314e38, 9.18355e-41, -2.5], np.float32))
+        records.append(Record("BF16", "weight", "BF16", [7], bits.tobytes()))
+        records.append(Record("loss", "loss", "F32", [], struct.pack("<f", 0.25)))
+        w.write_step(0, records)
+        w.finish()
+        for dtype, expected in ARRAYS.items():
+            self.assert_same_bits(read_tensor(path, 0, dtype), expected)
+        bf16 = read_tensor(path, 0, "BF16")
+        self.assertEqual((bf16.dtype, bf16.shape), (np.float32, (7,)))
+        self.assertEqual(bf16.view(np.uint32).tolist(), (bits.astype(np.uint32) << 16).tolist())
+        self.assertEqual(bf16[[0, 2, 4, 6]].tolist(), [1.0, np.inf, 2.0**127 * (2 - 2.0**-7), -2.5])
+        self.assertTrue(np.isnan(bf16[3]) and np.signbit(bf16[1]) and bf16[5] == 2.0**-133)
+        loss = read_tensor(path, 0, "loss")
+        self.assertEqual((loss.shape, float(loss)), ((), 0.25))
+
+    def test_a_view_reads_through_its_owner_and_a_hash_is_not_a_value(self):
+        path = os.path.join(self.dir, "views")
+        owner = np.arange(12, dtype=np.float32).reshape(3, 4)
+        views = {  # name: (shape, offset, strides), and what it reads
+            "w.t": (([4, 3], 0, [1, 4]), owner.T),
+            "w.row1": (([4], 4, [1]), owner[1]),
+            "w.row2.broadcast": (([2, 4], 8, [0, 1]), np.broadcast_to(owner[2], (2, 4))),
+        }
+        # Step 0 stores the owner's values; step 1 keeps its hash only.
+        w = TraceWriter(path, {"workload": "views", "steps": 2}, capture="steps:0", inline_max_bytes=16)
+        for step in range(2):
+            records = [Record("w", "weight", "F32", [3, 4], owner.tobytes())]
+            for node, (name, ((shape, offset, strides), _)) in enumerate(views.items()):
+                records.append(Record(name, "op_output", "F32", shape, None, node=node, view=("w", offset, strides)))
+            w.write_step(step, records)
+        w.finish()
+        for name, (_, expected) in views.items():
+            self.assert_same_bits(read_tensor(path, 0, name), np.ascontiguousarray(expected))
+            with self.assertRaises(LookupError) as e:
+                read_tensor(path, 1, name)
+            self.assertIn("only its hash", str(e.exception))
+        with self.assertRaises(LookupError) as e:
+            read_tensor(path, 0, "w.missing")
+        self.assertIn("no tensor `w.missing`", str(e.exception))
+        with self.assertRaises(LookupError) as e:
+            read_tensor(path, 2, "w")
+        self.assertIn("no step 2", str(e.exception))
+
+    def test_repro_s_views_read_as_numpy_strides_say(self):
+        path = os.path.join(self.dir, "gpt")
+        run = subprocess.run([REPRO, "record", "--workload", "gpt", "--steps", "1", "--layers", "1", "--width", "32",
+                              "--context", "16", "--batch", "2", "--capture", "all", "--out", path],
+                             capture_output=True, text=True)
+        self.assertEqual(run.returncode, 0, run.stderr)
+        checked = 0
+        with Trace(path) as t:
+            for s in t.steps():
+                by_name = {x.name: x for x in s.tensors}
+                for x in s.tensors:
+                    if x.view is None:
+                        continue
+                    owner = t.array(s, by_name[x.view.of]).reshape(-1)
+                    item = owner.itemsize
+                    expected = np.lib.stride_tricks.as_strided(owner[x.view.offset:], x.shape,
+                                                               [k * item for k in x.view.strides])
+                    self.assert_same_bits(t.array(s, x), np.ascontiguousarray(expected))
+                    checked += 1
+        self.assertGreater(checked, 0, "the gpt recorded no views")
+
+
+if __name__ == "__main__":
+    unittest.main()
