@@ -135,6 +135,33 @@ pub fn check_devices(devices: &[String]) -> Result<(), CliError> {
     Ok(())
 }
 
+/// Checks the `--out` of a rank its launcher started, before it writes `out/rank-N` there: `out`
+/// may hold other ranks' directories of the run, which arrive beside this one, but no trace of
+/// its own and nothing else.
+pub fn check_launched_out(out: &Path) -> Result<(), CliError> {
+    if out.join("records.rpr").exists() {
+        return Err(format!(
+            "{} holds a single-device trace; a launched rank writes a rank-N trace of a run: choose another --out",
+            out.display()
+        )
+        .into());
+    }
+    let Ok(entries) = std::fs::read_dir(out) else { return Ok(()) };
+    let foreign = entries.filter_map(Result::ok).map(|e| e.file_name()).find(|name| {
+        let name = name.to_string_lossy();
+        !name.strip_prefix("rank-").is_some_and(|r| r.parse::<u64>().is_ok())
+    });
+    match foreign {
+        Some(name) => Err(format!(
+            "{} holds files that are not a repro run ({}); repro writes only into a new or empty directory",
+            out.display(),
+            name.to_string_lossy()
+        )
+        .into()),
+        None => Ok(()),
+    }
+}
+
 /// Prepares `out` for a run of rank directories: it must be new, empty, or (with `force`) hold
 /// an earlier data-parallel run, whose rank streams the ranks then replace.
 fn prepare_run_dir(out: &Path, force: bool) -> Result<(), CliError> {

@@ -75,7 +75,10 @@ pub fn run(args: RecordArgs) -> Result<Exit, CliError> {
     let run = planned.run_config();
     // A rank its launcher started writes its own stream of the run, `OUT/rank-N`.
     let out = match args.ranks.launched()? {
-        Some(place) => repro::trace::rank_dir(&args.out, place.rank as u64),
+        Some(place) => {
+            ranks::check_launched_out(&args.out)?;
+            repro::trace::rank_dir(&args.out, place.rank as u64)
+        }
         None => args.out.clone(),
     };
     let capture = args.capture_policy();

@@ -47,7 +47,14 @@ pub struct LaunchedRank {
     pub launcher: &'static str,
     /// How long to wait for the other ranks.
     pub timeout: Duration,
+    /// The launcher's id of this run (`TORCHELASTIC_RUN_ID`, `SLURM_JOB_ID`, ...; empty when it
+    /// gives none), which every rank shares and a stranger does not: part of the TCP meeting's
+    /// token.
+    pub run_id: String,
 }
+
+/// Variables that name a launched run, in the order they are asked.
+const RUN_IDS: [&str; 4] = ["REPRO_RUN_ID", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "OMPI_MCA_orte_ess_jobid"];
 
 /// The launchers' variable names: (launcher, rank, world size, local rank).
 const LAUNCHERS: [(&str, &str, &str, &str); 3] = [
@@ -100,6 +107,7 @@ impl LaunchedRank {
                 None => RENDEZVOUS_TIMEOUT,
             };
             let local_rank = number(local_var)?.unwrap_or(0);
+            let run_id = RUN_IDS.iter().find_map(|name| text(name)).unwrap_or_default();
             if let Some(dir) = text("REPRO_RENDEZVOUS_DIR") {
                 return Ok(Some(LaunchedRank {
                     rank,
@@ -109,6 +117,7 @@ impl LaunchedRank {
                     rendezvous_dir: Some(dir.into()),
                     launcher,
                     timeout,
+                    run_id,
                 }));
             }
             let (addr, port) = (text("MASTER_ADDR"), text("MASTER_PORT"));
@@ -142,6 +151,7 @@ impl LaunchedRank {
                 rendezvous_dir: None,
                 launcher,
                 timeout,
+                run_id,
             }));
         }
         Ok(None)
@@ -321,6 +331,7 @@ mod tests {
             rendezvous_dir: Some(dir.to_path_buf()),
             launcher: "torchrun",
             timeout: Duration::from_secs(seconds),
+            run_id: String::new(),
         }
     }
 

@@ -1,9 +1,15 @@
 //! Where launched ranks meet, over TCP, and the CPU stand-in's sums between them.
 //!
-//! Rank 0 listens at `MASTER_ADDR:MASTER_PORT`; every other rank connects and says who it is and
-//! what it runs (`hello`: rank, world size, settings). Rank 0 checks that every rank arrived
-//! exactly once, within the timeout, with the same settings, and answers each with what the run
-//! shares (NCCL's unique id), or with the error that ends the run for all of them.
+//! Rank 0 listens at `MASTER_ADDR:MASTER_PORT` (that address, not every interface); every other
+//! rank connects and says who it is and what it runs (`hello`: the protocol's version, the
+//! run's token, rank, world size, settings). The token is derived from the meeting address and
+//! the launcher's run id, which every rank of the run shares: a connection that says nothing
+//! within [`HELLO_TIMEOUT`], or says something without the token, is not a rank of this run and
+//! is dropped without disturbing the meeting. Rank 0 acknowledges each rank at once (`arrived`,
+//! with the token), so a rank that reached another program squatting the port finds out within
+//! [`ACK_TIMEOUT`]; it checks that every rank arrived exactly once, within the timeout, with the
+//! same settings, and answers each with what the run shares (NCCL's unique id), or with the
+//! error that ends the run for all of them.
 //!
 //! On CPU ranks the same connections carry the sums ([`TcpCollective`]): every rank sends its
 //! part to rank 0, which adds them in rank order, `((r0 + r1) + r2) ...` as the file stand-in
@@ -22,8 +28,19 @@ use std::time::{Duration, Instant};
 /// How long a rank waits for a sum's parts before it gives up on the others.
 const PEER_TIMEOUT: Duration = Duration::from_secs(300);
 
+/// The meeting's protocol: a rank of another version is not a rank of this run.
+const PROTOCOL: u32 = 2;
+
+/// How long rank 0 waits for a new connection's hello (a rank sends it as it connects).
+pub const HELLO_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How long a rank waits for rank 0 to acknowledge its hello.
+pub const ACK_TIMEOUT: Duration = Duration::from_secs(10);
+
 #[derive(Serialize, Deserialize)]
 struct Hello {
+    protocol: u32,
+    token: String,
     rank: usize,
     world_size: usize,
     settings: RunSettings,
@@ -31,8 +48,16 @@ struct Hello {
 
 #[derive(Serialize, Deserialize)]
 enum Answer {
+    Arrived { token: String },
     Welcome { shared: Vec<u8> },
     Refused { error: String },
+}
+
+/// What every rank of `place`'s run knows and a stranger does not: the protocol, the meeting
+/// address and the launcher's run id.
+fn token(place: &LaunchedRank) -> String {
+    let text = format!("repro-rendezvous\0{PROTOCOL}\0{}\0{}", place.master, place.run_id);
+    blake3::hash(text.as_bytes()).to_hex().to_string()
 }
 
 /// The ranks of a run, met: rank 0 holds a connection to every other rank, the others one to
@@ -88,9 +113,14 @@ fn meet_as_root(
     settings: &RunSettings,
     shared: impl FnOnce() -> Result<Vec<u8>, RecordError>,
 ) -> Result<Meeting, RecordError> {
-    let port = place.master.rsplit_once(':').map_or("", |(_, p)| p);
-    let listener = TcpListener::bind(format!("0.0.0.0:{port}"))
-        .map_err(|e| collective_error(format!("rank 0 cannot listen at {} (port {port}): {e}", place.master)))?;
+    let listener = TcpListener::bind(&place.master).map_err(|e| {
+        collective_error(format!(
+            "rank 0 cannot listen at {} (MASTER_ADDR:MASTER_PORT): {e}; is another program using the port, or is \
+             MASTER_ADDR not an address of rank 0's host?",
+            place.master
+        ))
+    })?;
+    let token = token(place);
     listener.set_nonblocking(true).map_err(|e| collective_error(format!("rank 0: {e}")))?;
     let started = Instant::now();
     let mut peers: Vec<Option<TcpStream>> = (1..place.world_size).map(|_| None).collect();
@@ -124,9 +154,14 @@ fn meet_as_root(
             Err(e) => return Err(collective_error(format!("rank 0 cannot accept at {}: {e}", place.master))),
         };
         let _ = stream.set_nonblocking(false);
-        let _ = stream.set_read_timeout(Some(Duration::from_secs(30)));
+        let _ = stream.set_read_timeout(Some(HELLO_TIMEOUT));
         let hello = receive(&mut stream, 1 << 20).ok().and_then(|bytes| serde_json::from_slice::<Hello>(&bytes).ok());
-        let Some(hello) = hello else { continue }; // not a rank of ours: a port scan, say
+        // Not a rank of this run (a port scan, another run's rank, a stranger): dropped.
+        let Some(hello) = hello.filter(|h| h.protocol == PROTOCOL && h.token == token) else { continue };
+        let arrived = serde_json::to_vec(&Answer::Arrived { token: token.clone() }).unwrap_or_default();
+        if send(&mut stream, &arrived).is_err() {
+            continue;
+        }
         let problem = if hello.world_size != place.world_size {
             Some(format!("rank {} counts {} ranks, rank 0 counts {}", hello.rank, hello.world_size, place.world_size))
         } else if hello.rank == 0 || hello.rank >= place.world_size {
@@ -182,20 +217,43 @@ fn meet_as_peer(place: &LaunchedRank, settings: &RunSettings) -> Result<Meeting,
             Err(_) => std::thread::sleep(Duration::from_millis(50)),
         }
     };
-    let hello = Hello { rank: place.rank, world_size: place.world_size, settings: settings.clone() };
+    let token = token(place);
+    let hello = Hello {
+        protocol: PROTOCOL,
+        token: token.clone(),
+        rank: place.rank,
+        world_size: place.world_size,
+        settings: settings.clone(),
+    };
     send(&mut stream, &serde_json::to_vec(&hello).unwrap_or_default())
         .map_err(|e| collective_error(format!("rank {} cannot reach rank 0 at {}: {e}", place.rank, place.master)))?;
-    // Rank 0 answers once every rank has arrived, or when it gives up on them.
-    let _ = stream.set_read_timeout(Some(place.timeout + Duration::from_secs(30)));
-    let answer = receive(&mut stream, 1 << 20).map_err(|e| {
-        collective_error(format!("rank {}: rank 0 at {} did not answer: {e}", place.rank, place.master))
-    })?;
-    match serde_json::from_slice::<Answer>(&answer) {
+    let answer = |stream: &mut TcpStream, wait: Duration| -> Result<Answer, String> {
+        let _ = stream.set_read_timeout(Some(wait));
+        let bytes = receive(stream, 1 << 20).map_err(|e| e.to_string())?;
+        serde_json::from_slice::<Answer>(&bytes).map_err(|e| format!("not an answer of rank 0's ({e})"))
+    };
+    // Rank 0 acknowledges at once; anything else at the address is not rank 0 of this run.
+    match answer(&mut stream, ACK_TIMEOUT) {
+        Ok(Answer::Arrived { token: theirs }) if theirs == token => {}
+        Ok(Answer::Refused { error }) => return Err(collective_error(format!("rank 0 ended the run: {error}"))),
+        Ok(_) | Err(_) => {
+            return Err(collective_error(format!(
+                "rank {}: what listens at {} did not answer as rank 0 of this run within {} s: is another program \
+                 using the port, or another run's rank 0 (MASTER_PORT)?",
+                place.rank,
+                place.master,
+                ACK_TIMEOUT.as_secs()
+            )))
+        }
+    }
+    // Then it answers once every rank has arrived, or when it gives up on them.
+    match answer(&mut stream, place.timeout + Duration::from_secs(30)) {
         Ok(Answer::Welcome { shared }) => {
             Ok(Meeting { rank: place.rank, world_size: place.world_size, shared, links: vec![stream] })
         }
         Ok(Answer::Refused { error }) => Err(collective_error(format!("rank 0 ended the run: {error}"))),
-        Err(e) => Err(collective_error(format!("rank {}: rank 0's answer is garbled: {e}", place.rank))),
+        Ok(Answer::Arrived { .. }) => Err(collective_error(format!("rank {}: rank 0 answered twice", place.rank))),
+        Err(e) => Err(collective_error(format!("rank {}: rank 0 at {} did not answer: {e}", place.rank, place.master))),
     }
 }
 
@@ -278,5 +336,68 @@ impl Collective for TcpCollective {
             backend: "tcp".into(),
             backend_version: String::new(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn place(port: u16, rank: usize) -> LaunchedRank {
+        LaunchedRank {
+            rank,
+            world_size: 2,
+            local_rank: 0,
+            master: format!("127.0.0.1:{port}"),
+            rendezvous_dir: None,
+            launcher: "torchrun",
+            timeout: Duration::from_secs(20),
+            run_id: "test".into(),
+        }
+    }
+
+    fn free_port() -> u16 {
+        TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    }
+
+    /// Issue 45, item 13: a silent connection and a forged hello neither stall the meeting for
+    /// long nor end it; the real rank is met.
+    #[test]
+    fn strangers_at_the_meeting_are_dropped_and_the_run_meets() {
+        let port = free_port();
+        let settings = RunSettings::from([("workload".to_string(), "t".to_string())]);
+        let root_settings = settings.clone();
+        let root = std::thread::spawn(move || meet(&place(port, 0), &root_settings, || Ok(vec![7])));
+        let started = Instant::now();
+        let connect = || loop {
+            if let Ok(s) = TcpStream::connect(("127.0.0.1", port)) {
+                break s;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let _silent = connect();
+        let mut forger = connect();
+        let forged =
+            Hello { protocol: PROTOCOL, token: "guess".into(), rank: 1, world_size: 99, settings: settings.clone() };
+        send(&mut forger, &serde_json::to_vec(&forged).unwrap()).unwrap();
+        let peer = meet(&place(port, 1), &settings, || Ok(Vec::new())).unwrap();
+        assert_eq!(peer.shared, vec![7]);
+        assert_eq!(root.join().unwrap().unwrap().links.len(), 1);
+        assert!(started.elapsed() < Duration::from_secs(10), "{:?}", started.elapsed());
+    }
+
+    /// A port squatted by another program: the rank that reached it says so within the
+    /// acknowledgement's timeout, not the meeting's.
+    #[test]
+    fn a_squatted_port_is_named_within_the_acknowledgement_timeout() {
+        let squatter = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = squatter.local_addr().unwrap().port();
+        let held = std::thread::spawn(move || squatter.accept().map(|(s, _)| s));
+        let started = Instant::now();
+        let settings = RunSettings::new();
+        let e = meet(&place(port, 1), &settings, || Ok(Vec::new())).err().expect("not rank 0").to_string();
+        assert!(e.contains("did not answer as rank 0 of this run"), "{e}");
+        assert!(started.elapsed() < ACK_TIMEOUT + Duration::from_secs(5), "{:?}", started.elapsed());
+        drop(held.join());
     }
 }

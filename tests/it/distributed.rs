@@ -388,6 +388,23 @@ fn a_run_whose_ranks_lie_in_several_directories_is_read_whole() {
     let run = repro(&["diff", s(&local), &twice]);
     assert_eq!(run.code, 2);
     assert!(run.stderr.contains("rank 0 is in two places"), "{}", run.stderr);
+
+    // Issue 45, item 14: a rank beyond the world size is refused in one directory as in several.
+    copy_dir(&local.join("rank-1"), &local.join("rank-2"));
+    let run = repro(&["inspect", s(&local)]);
+    assert_eq!(run.code, 2, "{}", run.stdout);
+    assert!(run.stderr.contains("it is rank 2, beyond the world size 2"), "{}", run.stderr);
+    // A launched rank refuses an --out that holds other things than a run's rank directories.
+    let notes = dir.path().join("notes");
+    std::fs::create_dir(&notes).unwrap();
+    std::fs::write(notes.join("mine.txt"), "keep").unwrap();
+    let args = ["record", "--workload", "mlp", "--steps", "3", "--out", s(&notes)].map(str::to_string);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    for run in launch(&[(0, &args), (1, &args)], 2, &[]) {
+        assert_eq!(run.code, 2, "{}", run.stderr);
+        assert!(run.stderr.contains("holds files that are not a repro run"), "{}", run.stderr);
+    }
+    assert_eq!(std::fs::read_to_string(notes.join("mine.txt")).unwrap(), "keep");
 }
 
 /// Issue 36: a training loop of your own joins a launched run through the library

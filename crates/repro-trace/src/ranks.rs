@@ -49,7 +49,13 @@ pub fn rank_streams(path: &Path) -> Result<Option<Vec<PathBuf>>, TraceError> {
         ));
     };
     let mut streams = Vec::new();
-    if let Some((&extra, dir)) = located.range(world..).next() {
+    // One rule for a run in one directory and one split over several: a rank beyond the world
+    // size is refused, never ignored (it is another run's, or rank 0's header is wrong).
+    let every: std::collections::BTreeMap<u64, PathBuf> = match located.is_empty() {
+        true => ranks_in(path).into_iter().collect(),
+        false => located.clone(),
+    };
+    if let Some((&extra, dir)) = every.range(world..).next() {
         return Err(wrong(dir, format!("it is rank {extra}, beyond the world size {world} that rank 0 gives")));
     }
     for rank in 0..world {
