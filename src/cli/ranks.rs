@@ -149,7 +149,7 @@ pub fn check_launched_out(out: &Path) -> Result<(), CliError> {
     let Ok(entries) = std::fs::read_dir(out) else { return Ok(()) };
     let foreign = entries.filter_map(Result::ok).map(|e| e.file_name()).find(|name| {
         let name = name.to_string_lossy();
-        !name.strip_prefix("rank-").is_some_and(|r| r.parse::<u64>().is_ok())
+        name.strip_prefix("rank-").is_none_or(|r| r.parse::<u64>().is_err())
     });
     match foreign {
         Some(name) => Err(format!(
