@@ -16,7 +16,8 @@ pub struct InspectArgs {
     trace: PathBuf,
     #[command(flatten)]
     output: JsonOutput,
-    /// Also read every stored value and check it against its recorded hash (exit 2 on damage).
+    /// Also read every stored value and check it against its recorded hash (exit 2 on damage;
+    /// exit 1 for a trace that did not finish, or a run whose ranks did not stay replicas).
     #[arg(long)]
     verify: bool,
 }
@@ -36,7 +37,8 @@ pub fn run(args: InspectArgs) -> Result<Exit, CliError> {
         } else {
             super::output::emit(&render_summary(&summary));
         }
-        return Ok(Exit::Same);
+        // A trace cut short verifies only as far as it goes: that is no clean bill.
+        return Ok(if args.verify && !summary.complete { Exit::Diverged } else { Exit::Same });
     };
     // A data-parallel run: each rank's stream, then whether the ranks stayed replicas.
     let mut summaries = Vec::new();

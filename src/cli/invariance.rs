@@ -15,8 +15,8 @@ use repro::workloads::{Workload, WorkloadKind};
     "Draw a heat map (batching × op, largest ULP distance of the sequence's slice) into this SVG file"
 )))]
 pub struct InvarianceArgs {
-    /// Batch sizes to run the sequence in [default: 1,2,3,4,8,16,32,64,128].
-    #[arg(long, value_delimiter = ',', value_name = "N,N,...")]
+    /// Batch sizes to run the sequence in, each 1 to 65536 [default: 1,2,3,4,8,16,32,64,128].
+    #[arg(long, value_delimiter = ',', value_name = "N,N,...", value_parser = parse_batch_size)]
     batch_sizes: Vec<usize>,
     /// Paddings: the sequence alone followed by this many tokens, its own positions compared
     /// (for the gpt the sequence is shortened to leave room in its context) [default: 1 and a
@@ -39,6 +39,17 @@ pub struct InvarianceArgs {
     // What to check: last, so that its help headings come after this command's own options.
     #[command(flatten)]
     train: WorkloadArgs,
+}
+
+/// The largest batch `--batch-sizes` takes: the batch is built whole in memory, so a size that
+/// cannot fit is refused up front rather than grown until the machine gives out.
+const MAX_BATCH: usize = 1 << 16;
+
+fn parse_batch_size(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(n) if (1..=MAX_BATCH).contains(&n) => Ok(n),
+        _ => Err(format!("`{s}` is not a batch size: give a whole number, at least 1 and at most {MAX_BATCH}")),
+    }
 }
 
 impl InvarianceArgs {

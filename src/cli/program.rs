@@ -41,11 +41,12 @@ fn cuda_hash_library() -> Option<std::path::PathBuf> {
 ///
 /// The program runs in a process group of its own, which is stopped whole when the run passes
 /// `timeout` or this process is interrupted; the program itself also dies with this process.
-/// Its standard output is discarded (repro's own report goes there); its errors pass through.
+/// Its standard output goes to repro's standard error (repro's own report is its standard
+/// output, for scripts and `--json`), as its errors do.
 pub fn run_command(command: &[String], env: &RecordEnv, timeout: Option<Duration>) -> Result<ExitStatus, CliError> {
     let mut program = std::process::Command::new(&command[0]);
     repro::record::user_environment(&mut program);
-    program.args(&command[1..]).stdout(std::process::Stdio::null());
+    program.args(&command[1..]).stdout(std::process::Stdio::from(std::io::stderr()));
     for (name, value) in env.vars() {
         match value {
             Some(value) => program.env(name, value),
@@ -86,6 +87,21 @@ pub fn run_command(command: &[String], env: &RecordEnv, timeout: Option<Duration
     super::scratch::kill_group(group);
     super::scratch::forget_program(group);
     Ok(status)
+}
+
+/// The signal that ended a program interrupted from outside (Ctrl-C, `kill`): SIGINT, SIGTERM
+/// or SIGHUP, which no recorder sends. `None` for a program that exited, or crashed.
+pub fn interrupted(status: &ExitStatus) -> Option<i32> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::ExitStatusExt;
+        status.signal().filter(|s| [1, 2, 15].contains(s))
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = status;
+        None
+    }
 }
 
 /// Checks what a program left in `dir` before anything compares or keeps it: a finished trace of

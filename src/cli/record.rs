@@ -39,6 +39,10 @@ pub struct RecordArgs {
     /// With --against: record to the end after a divergence instead of stopping.
     #[arg(long, requires = "against")]
     keep_going: bool,
+    /// Stop a run of -- CMD that takes longer than this many seconds (with every process it
+    /// started).
+    #[arg(long, value_name = "SECONDS", requires = "command")]
+    timeout: Option<u64>,
     #[command(flatten)]
     ranks: RankArgs,
     /// Your own program, which records itself with repro's library (`Recorder::from_env`,
@@ -163,13 +167,44 @@ fn record_ranks(args: &RecordArgs, planned: &WorkloadRun) -> Result<Exit, CliErr
     Ok(Exit::Same)
 }
 
+/// Checks `--out` before a program runs: it may be new or empty, hold a trace to replace with
+/// `--force`, or not (then the program would fail only once it starts recording, or write
+/// beside someone's files).
+fn check_program_out(out: &Path, force: bool) -> Result<(), CliError> {
+    let holds_trace = out.join(repro::trace::format::RECORDS_FILE).exists() || repro::trace::is_ranked_run(out);
+    if holds_trace && !force {
+        return Err(format!("{} already holds a trace; --force replaces it", out.display()).into());
+    }
+    match std::fs::symlink_metadata(out) {
+        Err(_) => Ok(()),
+        Ok(meta) if !meta.is_dir() => {
+            Err(format!("--out {} is not a directory: record into a new or empty directory", out.display()).into())
+        }
+        Ok(_) if holds_trace => Ok(()),
+        Ok(_) => {
+            let mut entries = std::fs::read_dir(out).map_err(|e| format!("cannot read {}: {e}", out.display()))?;
+            match entries.next() {
+                None => Ok(()),
+                Some(entry) => Err(format!(
+                    "{} holds files that are not a repro trace ({}): record into a new or empty directory",
+                    out.display(),
+                    entry.map(|e| e.file_name().to_string_lossy().into_owned()).unwrap_or_default()
+                )
+                .into()),
+            }
+        }
+    }
+}
+
 /// Records a user's program (`repro record -- CMD`), which records itself as the environment
 /// contract says; with --against, reports how its run compares with the reference.
 fn record_program(args: &RecordArgs) -> Result<Exit, CliError> {
     super::workload_args::refuse_workload_options_with_command()?;
     let out = &args.out;
-    if !args.force && (out.join(repro::trace::format::RECORDS_FILE).exists() || repro::trace::is_ranked_run(out)) {
-        return Err(format!("{} already holds a trace; --force replaces it", out.display()).into());
+    check_program_out(out, args.force)?;
+    if let Some(reference) = &args.against {
+        // A reference that cannot be read fails now, not after the program has trained.
+        summarize(reference).map_err(|e| format!("--against {}: {e}", reference.display()))?;
     }
     let env = RecordEnv {
         dir: Some(out.clone()),
@@ -181,7 +216,14 @@ fn record_program(args: &RecordArgs) -> Result<Exit, CliError> {
     };
     let program = args.command.join(" ");
     let started = Instant::now();
-    let status = super::program::run_command(&args.command, &env, None)?;
+    let status = super::program::run_command(&args.command, &env, args.timeout.map(std::time::Duration::from_secs))?;
+    if let Some(signal) = super::program::interrupted(&status) {
+        return Err(format!(
+            "`{program}` was interrupted (signal {signal}); what it recorded in {} is unfinished",
+            out.display()
+        )
+        .into());
+    }
     let Some(reference) = &args.against else {
         if !status.success() {
             return Err(format!("`{program}` failed ({status})").into());
@@ -199,11 +241,18 @@ fn record_program(args: &RecordArgs) -> Result<Exit, CliError> {
         return Ok(Exit::Same);
     };
     // Stopped at the first divergence, the program returns the recorder's error: the trace
-    // then ends at the diverging step, which the comparison below shows.
-    let compared = diff_runs(reference, out, &DiffOptions::default())?;
-    if !status.success() && compared.diff.first_divergence.is_none() {
-        return Err(format!("`{program}` failed ({status}) before diverging from {}", reference.display()).into());
+    // then ends at the diverging step, which the comparison below shows. A program that fails has stopped at the divergence only where its trace says so (its
+    // recorder finished it there); any other failure is a crash, whatever the steps show.
+    let stopped_at_divergence = !status.success()
+        && summarize(out).is_ok_and(|s| s.incomplete_reason.is_some_and(|r| r.starts_with("stopped early")));
+    if !status.success() && !stopped_at_divergence {
+        return Err(format!(
+            "`{program}` failed ({status}); what it recorded in {} is unfinished (a crash, not a divergence)",
+            out.display()
+        )
+        .into());
     }
+    let compared = diff_runs(reference, out, &DiffOptions::default())?;
     if status.success() {
         super::program::check_recorded(&program, out)?;
     } else {
@@ -213,7 +262,7 @@ fn record_program(args: &RecordArgs) -> Result<Exit, CliError> {
     }
     let brief = DiffText { brief: true, ..DiffText::default() };
     super::output::emit(&render_run_diff_with(&compared, &brief));
-    Ok(if compared.is_identical() { Exit::Same } else { Exit::Diverged })
+    Ok(compared.verdict().into())
 }
 
 /// A progress bar on a terminal (hidden otherwise), and, at the first step that stores full

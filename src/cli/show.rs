@@ -6,7 +6,7 @@ use super::CliError;
 use super::{print_json, Exit};
 use clap::Args;
 use repro::diff::tensor_stats;
-use repro::report::{render_step_tensors, render_tensor};
+use repro::report::{render_step_tensors, render_tensor, render_tensor_pair};
 use repro::trace::{StepRecord, TraceReader};
 use std::path::PathBuf;
 
@@ -23,6 +23,10 @@ pub struct ShowArgs {
     /// How many of its first values to print.
     #[arg(long, value_name = "N", default_value_t = 8)]
     values: usize,
+    /// Show the tensor beside the same tensor of this trace at the same step: how they differ,
+    /// and the first values of both with the ULPs between them.
+    #[arg(long, value_name = "TRACE", requires = "tensor")]
+    against: Option<PathBuf>,
     /// Also write the tensor's values to this new safetensors file (under its own name).
     #[arg(long, value_name = "FILE.safetensors")]
     safetensors: Option<PathBuf>,
@@ -91,6 +95,9 @@ pub fn run(args: ShowArgs) -> Result<Exit, CliError> {
             step.step, step.step
         )
     })?;
+    if let Some(other) = &args.against {
+        return show_against(&args, other, &step, tensor, &values);
+    }
     let stats = tensor_stats(&values, args.values);
     if let Some(path) = &args.safetensors {
         write_safetensors(path, name, &values)?;
@@ -123,6 +130,58 @@ pub fn run(args: ShowArgs) -> Result<Exit, CliError> {
         super::output::emit(&render_tensor(&trace, step.step, tensor, &stats));
     }
     Ok(Exit::Same)
+}
+
+/// `tensor` (whose values are `values`) beside the same tensor of trace `other` at the same step.
+fn show_against(
+    args: &ShowArgs,
+    other: &std::path::Path,
+    step: &StepRecord,
+    tensor: &repro::trace::TensorRecord,
+    values: &repro::trace::TensorValues,
+) -> Result<Exit, CliError> {
+    let (trace, theirs) = (args.trace.display().to_string(), other.display().to_string());
+    let mut reader = TraceReader::open(other)?;
+    let step_b =
+        find_step(&mut reader, Some(step.step))?.ok_or_else(|| format!("{theirs} holds no step {}", step.step))?;
+    let name = &tensor.name;
+    let tensor_b = step_b
+        .tensors
+        .iter()
+        .find(|t| &t.name == name)
+        .ok_or_else(|| format!("step {} of {theirs} has no tensor `{name}`", step.step))?;
+    if (tensor_b.dtype, &tensor_b.shape) != (tensor.dtype, &tensor.shape) {
+        return Err(format!(
+            "`{name}` is {} {:?} in {trace} and {} {:?} in {theirs}: not comparable element by element",
+            tensor.dtype, tensor.shape, tensor_b.dtype, tensor_b.shape
+        )
+        .into());
+    }
+    let values_b = reader.values(&step_b, tensor_b)?.ok_or_else(|| {
+        format!(
+            "step {} of {theirs} stores only the hash of `{name}`; record with `--capture steps:{}`",
+            step.step, step.step
+        )
+    })?;
+    let metrics = repro::diff::compare_values(values, &values_b);
+    let pairs = repro::diff::side_by_side(values, &values_b, args.values);
+    if args.output.json {
+        #[derive(serde::Serialize)]
+        struct Pair<'a> {
+            a: &'a str,
+            b: &'a str,
+            step: u64,
+            tensor: &'a str,
+            metrics: &'a repro::diff::TensorMetrics,
+            first: &'a [repro::diff::ElementPair],
+        }
+        let pair = Pair { a: &trace, b: &theirs, step: step.step, tensor: name, metrics: &metrics, first: &pairs };
+        let verdict = if metrics.mismatched == 0 { "identical" } else { "diverged" };
+        print_json("repro.show-pair.v1", Some(verdict), &pair)?;
+    } else {
+        super::output::emit(&render_tensor_pair((&trace, &theirs), step.step, tensor, &metrics, &pairs));
+    }
+    Ok(if metrics.mismatched == 0 { Exit::Same } else { Exit::Diverged })
 }
 
 /// Step `wanted` of the trace, or its last step.

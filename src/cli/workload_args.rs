@@ -33,7 +33,7 @@ pub struct WorkloadArgs {
     #[arg(long)]
     pub data_seed: Option<u64>,
     /// Training steps [adder default: 1000; classifiers: all epochs; gpt: 20].
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = parse_steps)]
     pub steps: Option<u64>,
     /// Examples per batch [adder: 10000, mlp and cnn: 32, resnet18: 128, gpt: 8 sequences].
     #[arg(long)]
@@ -422,4 +422,10 @@ impl WorkloadArgs {
         }
         Ok(config)
     }
+}
+
+/// A step count as `--steps` takes it; a negative or fractional one is named, not taken for an
+/// option (0 is refused later, by the workload, with what it needs).
+fn parse_steps(s: &str) -> Result<u64, String> {
+    s.trim().parse().map_err(|_| format!("`{s}` is not a number of steps: give a whole number, at least 1"))
 }

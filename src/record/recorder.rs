@@ -234,10 +234,7 @@ impl Recorder {
         }
         let writer = self.writer.take().map(WriterThread::finish).transpose()?;
         match writer {
-            Some(writer) if stopped_early => Ok(writer.finish_stopped(
-                "at the first divergence from the reference run (`repro record --keep-going` records to the end)"
-                    .into(),
-            )?),
+            Some(writer) if stopped_early => Ok(writer.finish_stopped(STOPPED_AT_DIVERGENCE.into())?),
             Some(writer) => {
                 let steps = writer.finish()?;
                 profile::report(steps);
@@ -272,12 +269,24 @@ impl Recorder {
 /// A recorder dropped without `finish` (an error elsewhere, a panic) still writes the step it
 /// held back for online comparison, so every step whose `finish` succeeded is in the trace,
 /// which then reads as incomplete.
+/// Why a trace stopped by its online comparison ends early, as its footer says.
+const STOPPED_AT_DIVERGENCE: &str =
+    "at the first divergence from the reference run (`repro record --keep-going` records to the end)";
+
 impl Drop for Recorder {
+    /// Writes what is still pending. A run its online comparison stopped (the program returned
+    /// the recorder's `Diverged` error, usually with `?`, without calling `finish`) ends as
+    /// `finish` would end it: stopped at the divergence, on purpose, not cut short.
     fn drop(&mut self) {
         while let Some(unread) = self.unread.pop_front() {
             let _ = self.complete(unread);
         }
         let _ = self.flush_pending();
+        if self.online.as_ref().is_some_and(OnlineComparison::stopped_the_run) {
+            if let Some(Ok(writer)) = self.writer.take().map(WriterThread::finish) {
+                let _ = writer.finish_stopped(STOPPED_AT_DIVERGENCE.into());
+            }
+        }
     }
 }
 

@@ -253,3 +253,39 @@ fn under_a_tolerance_an_update_names_the_difference_its_optimizer_amplified() {
     let text = repro(&["diff", s(&a), s(&b), "--tolerance", tolerance, "--brief"]).stdout;
     assert!(text.contains("the optimizer's update amplified their difference into"), "{text}");
 }
+
+/// Issue 45, "record -- CMD": a timeout, --out checked before the program starts, a crash under
+/// --against called a crash (not a divergence), and the program's output passed through.
+#[test]
+fn record_of_a_program_checks_first_bounds_its_time_and_calls_a_crash_a_crash() {
+    let dir = tempfile::tempdir().unwrap();
+    let program = example("own_training_loop");
+    // --out is a file: refused before the program runs (it would leave a marker).
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, "mine").unwrap();
+    let marker = dir.path().join("ran");
+    let touch = format!("touch {}; exec {}", s(&marker), s(&program));
+    let run = repro(&["record", "--out", s(&file), "--", "sh", "-c", &touch]);
+    assert_eq!(run.code, 2, "{}", run.stderr);
+    assert!(run.stderr.contains("is not a directory") && !marker.exists(), "{}", run.stderr);
+
+    // A program that runs past --timeout is stopped, and says so.
+    let run = repro(&["record", "--out", s(&dir.path().join("slow")), "--timeout", "1", "--", "sleep", "30"]);
+    assert_eq!(run.code, 2, "{}", run.stderr);
+    assert!(run.stderr.contains("ran longer than --timeout 1s"), "{}", run.stderr);
+
+    // The program's own output reaches the user (on stderr: repro's report is stdout).
+    let reference = dir.path().join("reference");
+    let chatty = format!("echo hello from the program; exec {}", s(&program));
+    let run = repro(&["record", "--out", s(&reference), "--capture", "all", "--", "sh", "-c", &chatty]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert!(run.stderr.contains("hello from the program") && !run.stdout.contains("hello"), "{}", run.stderr);
+
+    // Diverging, recording to the end (--keep-going), then crashing: a failure (exit 2), not
+    // a divergence (exit 1).
+    let crash = format!("REPRO_PERTURB=5:hidden:3 {}; exit 3", s(&program));
+    let b = dir.path().join("b");
+    let run = repro(&["record", "--out", s(&b), "--against", s(&reference), "--keep-going", "--", "sh", "-c", &crash]);
+    assert_eq!(run.code, 2, "{}{}", run.stdout, run.stderr);
+    assert!(run.stderr.contains("a crash, not a divergence"), "{}", run.stderr);
+}

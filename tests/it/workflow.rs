@@ -488,6 +488,31 @@ fn show_lists_a_step_and_shows_and_exports_one_tensor() {
     assert!(again.stderr.contains("choose a new file"), "{}", again.stderr);
 }
 
+/// Issue 45: `show` prints every digit a value needs, so one ULP shows, and puts a tensor of
+/// two traces side by side with the ULPs between their elements.
+#[test]
+fn show_tells_values_one_ulp_apart_and_sets_two_traces_side_by_side() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = record(dir.path(), "a", &["--capture", "all"]);
+    let b = record(dir.path(), "b", &["--capture", "all", "--perturb", "2:predictions:1@3"]);
+    let first = |trace: &std::path::Path| {
+        let run = repro(&["show", s(trace), "--step", "2", "--tensor", "predictions", "--values", "4"]);
+        run.stdout.lines().find(|l| l.trim_start().starts_with("values:")).unwrap().to_string()
+    };
+    assert_ne!(first(&a), first(&b), "one ULP apart at element 3, and printed so");
+    let run = repro(&["show", s(&a), "--step", "2", "--tensor", "predictions", "--values", "5", "--against", s(&b)]);
+    assert_eq!(run.code, 1, "{}{}", run.stdout, run.stderr);
+    assert!(run.stdout.contains("1 of 500 elements differ"), "{}", run.stdout);
+    let v =
+        json(&repro(&["show", s(&a), "--step", "2", "--tensor", "predictions", "--against", s(&b), "--json"]).stdout);
+    assert_eq!(v["verdict"], "diverged");
+    let ulps: Vec<u64> = v["first"].as_array().unwrap().iter().map(|p| p["ulps"].as_u64().unwrap()).collect();
+    assert_eq!(ulps[..5], [0, 0, 0, 1, 0]);
+    let same = repro(&["show", s(&a), "--step", "2", "--tensor", "weight", "--against", s(&a)]);
+    assert_eq!(same.code, 0, "{}", same.stderr);
+    assert!(same.stdout.contains("identical: 10 elements, bit for bit"), "{}", same.stdout);
+}
+
 /// Issue 34, section 6: loss curves, one trace's or two side by side.
 #[test]
 fn loss_curves_show_where_two_runs_part() {

@@ -39,7 +39,7 @@ pub use names::{NameMap, Run};
 pub use online::{OnlineDivergence, ReferenceCheck};
 pub use ranks::{check_replicas, diff_runs, DataParallelCause, RankTotals, ReplicaDrift, ReplicaReport, RunDiff};
 pub use root_cause::{CauseRule, Consequence, RootCause, UpstreamDifference, AMPLIFICATION};
-pub use tensor_stats::{tensor_stats, TensorStats};
+pub use tensor_stats::{side_by_side, tensor_stats, ElementPair, TensorStats};
 pub use tolerance::Tolerance;
 pub use traces::{
     config_differences, diff_traces, diff_traces_with, diff_traces_within, header_differences, DiffOptions,

@@ -109,3 +109,37 @@ mod tests {
         assert_eq!((none.min, none.mean, none.std), (None, None, None));
     }
 }
+
+/// One element of a tensor in two runs, side by side.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct ElementPair {
+    /// Its value in A.
+    #[serde(serialize_with = "crate::json_float::serialize")]
+    pub a: f64,
+    /// Its value in B.
+    #[serde(serialize_with = "crate::json_float::serialize")]
+    pub b: f64,
+    /// How many ULPs apart they are (for integers, the integer difference).
+    pub ulps: u64,
+}
+
+/// The first `n` elements of `a` and `b` (one dtype and size), side by side.
+pub fn side_by_side(a: &TensorValues, b: &TensorValues, n: usize) -> Vec<ElementPair> {
+    assert_eq!(a.dtype, b.dtype, "side_by_side() needs tensors of one dtype");
+    repro_trace::for_element!(a.dtype, T => pairs_of::<T>(a, b, n))
+}
+
+fn pairs_of<T: Element>(a: &TensorValues, b: &TensorValues, n: usize) -> Vec<ElementPair> {
+    let mut pairs = Vec::with_capacity(n);
+    let window = (repro_trace::WINDOW_BYTES / T::SIZE).max(1) * T::SIZE;
+    TensorValues::zip_windows(&[a, b], window, |_, windows| {
+        for (x, y) in windows[0].chunks_exact(T::SIZE).zip(windows[1].chunks_exact(T::SIZE)) {
+            if pairs.len() == n {
+                return;
+            }
+            let (x, y) = (T::load(x), T::load(y));
+            pairs.push(ElementPair { a: x.value(), b: y.value(), ulps: x.ordinal().abs_diff(y.ordinal()) });
+        }
+    });
+    pairs
+}

@@ -11,6 +11,18 @@ pub fn sci(x: f64) -> String {
     }
 }
 
+/// An element of dtype `dtype` with every digit it needs to be told from its neighbours: the
+/// shortest decimal that reads back as the same value in that dtype (f16 and bf16 through f32,
+/// which holds them exactly), so two values one ULP apart never print alike.
+pub fn exact(x: f64, dtype: repro_trace::dtype::DType) -> String {
+    use repro_trace::dtype::DType;
+    match dtype {
+        DType::F64 => format!("{x:e}"),
+        DType::F32 | DType::F16 | DType::BF16 => format!("{:e}", x as f32),
+        DType::U8 | DType::U32 | DType::I16 | DType::I32 | DType::I64 => format!("{x}"),
+    }
+}
+
 /// A byte count with a binary unit (`1.5 MiB`).
 pub fn bytes(n: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
@@ -82,6 +94,13 @@ mod tests {
     fn formats() {
         assert_eq!(sci(0.0), "0");
         assert_eq!(sci(3.814697265625e-6), "3.81e-6");
+        // One ULP apart, told apart.
+        let one = 0.1f32;
+        let next = f32::from_bits(one.to_bits() + 1);
+        let dtype = repro_trace::dtype::DType::F32;
+        assert_ne!(exact(one as f64, dtype), exact(next as f64, dtype));
+        assert_eq!(exact(one as f64, dtype), "1e-1");
+        assert_eq!(exact(next as f64, dtype).parse::<f32>().unwrap(), next);
         assert_eq!(bytes(512), "512 B");
         assert_eq!(bytes(1536), "1.5 KiB");
         assert_eq!(shape(&[]), "scalar");

@@ -29,5 +29,5 @@ pub use matrix::render_matrix;
 pub use online::render_online;
 pub use plot::{plot_cost, plot_devices, plot_diff, plot_invariance, plot_matrix, plot_noise, plot_order};
 pub use ranks::{render_run_diff, render_run_diff_with, replica_line};
-pub use show::{render_step_tensors, render_tensor};
+pub use show::{render_step_tensors, render_tensor, render_tensor_pair};
 pub use study::{render_cost, render_devices, render_noise, render_order};

@@ -1,6 +1,6 @@
 //! `repro show`: one tensor's values at one step, or the list of a step's tensors.
 
-use crate::format::{column_width, sci, shape};
+use crate::format::{column_width, exact, sci, shape};
 use repro_diff::TensorStats;
 use repro_trace::TensorRecord;
 use std::fmt::Write;
@@ -27,7 +27,7 @@ pub fn render_tensor(trace: &str, step: u64, tensor: &TensorRecord, stats: &Tens
         opt(stats.std)
     );
     let _ = writeln!(out, "  nan {}  inf {}  zeros {}", stats.nan, stats.infinite, stats.zeros);
-    let first: Vec<String> = stats.first.iter().map(|&x| sci(x)).collect();
+    let first: Vec<String> = stats.first.iter().map(|&x| exact(x, tensor.dtype)).collect();
     let more = if (stats.first.len() as u64) < stats.elements { ", ..." } else { "" };
     let _ = writeln!(out, "  values: {}{more}", first.join(", "));
     out
@@ -49,6 +49,40 @@ pub fn render_step_tensors(trace: &str, step: u64, tensors: &[(TensorRecord, boo
             shape(&t.shape),
             if *stored { "stored" } else { "hash only" }
         );
+    }
+    out
+}
+
+/// One tensor of two traces at one step, side by side: how they differ, then the first elements
+/// of each with the ULPs between them.
+pub fn render_tensor_pair(
+    traces: (&str, &str),
+    step: u64,
+    tensor: &TensorRecord,
+    metrics: &repro_diff::TensorMetrics,
+    pairs: &[repro_diff::ElementPair],
+) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "`{}` ({}) at step {step}: {} {}\n  A  {}\n  B  {}",
+        tensor.name,
+        tensor.kind,
+        tensor.dtype,
+        shape(&tensor.shape),
+        traces.0,
+        traces.1
+    );
+    let _ = match metrics.mismatched {
+        0 => writeln!(out, "  identical: {} elements, bit for bit", metrics.elements),
+        _ => writeln!(out, "  {}", crate::diff::metrics_sentence(metrics)),
+    };
+    let a: Vec<String> = pairs.iter().map(|p| exact(p.a, tensor.dtype)).collect();
+    let b: Vec<String> = pairs.iter().map(|p| exact(p.b, tensor.dtype)).collect();
+    let width = column_width(a.iter().chain(&b).map(String::len), 1);
+    let _ = writeln!(out, "  {:>7}  {:>width$}  {:>width$}  ulps", "element", "A", "B");
+    for (i, ((x, y), p)) in a.iter().zip(&b).zip(pairs).enumerate() {
+        let _ = writeln!(out, "  {i:>7}  {x:>width$}  {y:>width$}  {}", p.ulps);
     }
     out
 }

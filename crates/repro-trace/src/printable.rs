@@ -33,6 +33,10 @@ pub fn header_strings(header: &Header) -> Vec<(String, &str)> {
         ("the repro version".to_string(), env.repro_version.as_str()),
         ("the candle version".to_string(), env.candle_version.as_str()),
     ];
+    if let Some(d) = &header.distributed {
+        strings.push(("the collective backend".to_string(), d.backend.as_str()));
+        strings.push(("the backend's version".to_string(), d.backend_version.as_str()));
+    }
     for (key, value) in &run.params {
         strings.push(("a setting's name".to_string(), key.as_str()));
         strings.push((format!("setting `{}`", key.escape_debug()), value.as_str()));

@@ -443,6 +443,11 @@ impl TraceReader {
         if let Some(why) = step.tensors.iter().find_map(printable::unprintable_in_tensor) {
             return Err(self.corrupt(&where_, why));
         }
+        if let Some(why) =
+            step.no_gradient.iter().find_map(|n| printable::unprintable("a parameter without gradient", n))
+        {
+            return Err(self.corrupt(&where_, why));
+        }
         if !step.no_gradient.is_empty() {
             self.needs_version(1, 2, "`no_gradient`").map_err(|why| self.corrupt(&where_, why))?;
         }
@@ -754,6 +759,25 @@ mod tests {
         let dir = trace_with(&[rmp_serde::to_vec_named(&Record::Header(Box::new(h))).unwrap()]);
         let err = TraceReader::open(dir.path()).err().expect("refused").to_string();
         assert!(err.contains("the workload") && err.contains("U+000D"), "{err}");
+        // A parameter named without gradient, and a rank's backend: printed by reports too.
+        let mut step = StepRecord {
+            step: 0,
+            payload: None,
+            tensors: vec![tensor(vec![1], Some(vec![0; 4]), false)],
+            no_gradient: vec!["w\x1b[2J".into()],
+        };
+        let err = error_reading(&[header(), rmp_serde::to_vec_named(&Record::Step(step.clone())).unwrap()]);
+        assert!(err.contains("a parameter without gradient") && err.contains("U+001B"), "{err}");
+        step.no_gradient.clear();
+        let distributed = crate::schema::Distributed {
+            rank: 0,
+            world_size: 1,
+            backend: "nccl\rIDENTICAL".into(),
+            backend_version: String::new(),
+        };
+        let dir = trace_with(&[header_of(Some(distributed))]);
+        let err = TraceReader::open(dir.path()).err().expect("refused").to_string();
+        assert!(err.contains("the collective backend") && err.contains("U+000D"), "{err}");
     }
 
     #[test]

@@ -110,6 +110,19 @@ mod tests {
         }
     }
 
+    /// The spec's test vectors (docs/trace-format.md, section 5.4): the transpose, and the
+    /// second column, of the F32 [2, 2] tensor [1, 2, 3, 4] of section 5.3.
+    #[test]
+    fn the_specs_view_hash_vectors_hold() {
+        let values: Vec<u8> = [1f32, 2.0, 3.0, 4.0].iter().flat_map(|v| v.to_le_bytes()).collect();
+        let owner = crate::hash::tensor_hash(DType::F32, &[2, 2], &values);
+        assert_eq!(owner.to_string(), "7ce30fc38aeee83917b0b5b059ca18ac286f78859e8e0c0319962c115c6c42ca");
+        let transposed = view_hash(DType::F32, &[2, 2], &owner, 0, &[1, 2]);
+        assert_eq!(transposed.to_string(), "1191e5fe029bf1fe9945482fa478d35a78d79af94bc3349b00311bc9af6800bc");
+        let column = view_hash(DType::F32, &[2], &owner, 1, &[2]);
+        assert_eq!(column.to_string(), "eb3a285a57ac1f526d3eafd6fd5216638bf1a24f709e5fde1cebe680d5d7f32b");
+    }
+
     #[test]
     fn a_views_hash_follows_its_owners_hash_and_layout_and_nothing_else() {
         let w = owner();
