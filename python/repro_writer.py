@@ -1,4 +1,4 @@
-"""A writer of the repro trace format (docs/trace-format.md, format 1.4), in Python.
+"""A writer of the repro trace format (docs/trace-format.md, format 1.5), in Python.
 
 It writes what `repro record` writes, so `repro diff`, `inspect`, `matrix` and `gate` read a run
 recorded from Python like one recorded by repro: framed msgpack records (section 2), step
@@ -67,6 +67,8 @@ NUMERICS_ENV_VARS = sorted([
     "NCCL_P2P_DISABLE", "NCCL_PROTO", "NCCL_SHM_DISABLE", "MKL_NUM_THREADS",
     "TORCH_CUDNN_V8_API_DISABLED", "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE",
 ])
+# The one collective the format knows (section 10): the elementwise sum over the ranks.
+ALL_REDUCE_SUM = "all_reduce_sum"
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
 
 
@@ -93,6 +95,9 @@ class Record:
     # A captured node that reads an earlier record's memory (format 1.5): (owner name, offset,
     # strides); its hash is derived from the owner's, and it has no data of its own.
     view: Optional[tuple] = None
+    # The result of a collective across the ranks of a data-parallel run (format 1.3):
+    # `all_reduce_sum`, its one input this rank's contribution (section 10).
+    collective: Optional[str] = None
 
 
 @dataclass
@@ -294,6 +299,8 @@ class TraceWriter:
                 m["inputs"] = list(t.inputs)
             if t.node is not None:
                 m["node"] = int(t.node)
+            if t.collective is not None:
+                m["collective"] = t.collective
             if t.source is not None:
                 m["source"] = t.source
             if t.view is not None:
@@ -336,6 +343,8 @@ class TraceWriter:
             _printable("an input's name", i)
             if i not in seen:
                 raise WriteError(f"{where}: input `{i}` is not recorded earlier in the step")
+        if t.collective is not None:
+            self._check_collective(t, owners, where)
         if t.source is not None:
             _printable("the source location", t.source)
             if t.node is None or len(t.source.encode()) > MAX_SOURCE_BYTES:
@@ -350,6 +359,17 @@ class TraceWriter:
             if len(strides) != len(t.shape) or not view_within([int(d) for d in t.shape], int(offset),
                                                                   [int(x) for x in strides], elements):
                 raise WriteError(f"{where}: its view does not lie within `{of}`")
+
+    @staticmethod
+    def _check_collective(t: Record, owners: dict, where: str) -> None:
+        """A collective's result sums exactly one contribution of this rank, recorded earlier in
+        the step with its dtype and shape (section 10)."""
+        if t.collective != ALL_REDUCE_SUM:
+            raise WriteError(f"{where}: unknown collective {t.collective!r} (expected {ALL_REDUCE_SUM})")
+        share = owners.get(t.inputs[0]) if len(t.inputs) == 1 else None
+        if share is None or share.dtype != t.dtype or [int(d) for d in share.shape] != [int(d) for d in t.shape]:
+            raise WriteError(f"{where}: a collective's result names exactly one input, this rank's contribution, "
+                             "recorded earlier in the step with its dtype and shape")
 
     def _write_payload(self, name: str, tensors: dict) -> None:
         os.makedirs(os.path.join(self.path, TENSORS_DIR), exist_ok=True)

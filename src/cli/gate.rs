@@ -48,6 +48,11 @@ pub struct GateArgs {
     capture: Option<FullCapture>,
     #[command(flatten)]
     tolerance: ToleranceArgs,
+    /// Rename or leave out tensors of the reference and the runs before they are paired, as
+    /// `repro diff --map` does (a code change that renamed a module or a scope, its values
+    /// unchanged: `rename NEW.* OLD.*`; docs/diff.md, "Name maps").
+    #[arg(long, value_name = "FILE")]
+    map: Option<PathBuf>,
     #[command(flatten)]
     output: JsonOutput,
     /// Write a JUnit XML report here.
@@ -208,7 +213,12 @@ fn gate(args: &GateArgs, planned: Option<&WorkloadRun>, runs: usize, work: &Path
         Some(file) => GateReference::Baseline(file),
         None => GateReference::FirstRun,
     };
-    Ok(gate_traces(subject, reference, &traces, args.tolerance.combined())?)
+    let names = match &args.map {
+        Some(file) => repro::diff::NameMap::read(file)?,
+        None => repro::diff::NameMap::default(),
+    };
+    let options = repro::diff::DiffOptions { tolerance: args.tolerance.combined(), names, ..Default::default() };
+    Ok(gate_traces(subject, reference, &traces, &options)?)
 }
 
 /// Records one run of a built-in workload into `dir` the way a gate compares runs: hashes at

@@ -167,6 +167,13 @@ fn record_ranks(args: &RecordArgs, planned: &WorkloadRun) -> Result<Exit, CliErr
     Ok(Exit::Same)
 }
 
+/// The summary of each trace a program recorded in `out`: its own, or each rank's of a run of
+/// ranks (`torchrun` under `repro record -- CMD`), in rank order.
+fn recorded_streams(out: &Path) -> Result<Vec<repro::trace::TraceSummary>, CliError> {
+    let streams = repro::trace::rank_streams(out)?.unwrap_or_else(|| vec![out.to_path_buf()]);
+    Ok(streams.iter().map(|s| summarize(s)).collect::<Result<Vec<_>, _>>()?)
+}
+
 /// Checks `--out` before a program runs: it may be new or empty, hold a trace to replace with
 /// `--force`, or not (then the program would fail only once it starts recording, or write
 /// beside someone's files).
@@ -229,22 +236,29 @@ fn record_program(args: &RecordArgs) -> Result<Exit, CliError> {
             return Err(format!("`{program}` failed ({status})").into());
         }
         super::program::check_recorded(&program, out)?;
-        let summary = summarize(out)?;
+        let summaries = recorded_streams(out)?;
+        let ranks = match summaries.len() {
+            1 => String::new(),
+            n => format!(" on {n} ranks"),
+        };
         eprintln!(
-            "recorded {} steps of `{program}` into {} in {:.2}s: records {}, payloads {}",
-            summary.steps,
+            "recorded {} steps of `{program}`{ranks} into {} in {:.2}s: records {}, payloads {}",
+            summaries[0].steps,
             out.display(),
             started.elapsed().as_secs_f64(),
-            bytes(summary.records_bytes),
-            bytes(summary.payload_bytes)
+            bytes(summaries.iter().map(|s| s.records_bytes).sum()),
+            bytes(summaries.iter().map(|s| s.payload_bytes).sum())
         );
         return Ok(Exit::Same);
     };
     // Stopped at the first divergence, the program returns the recorder's error: the trace
-    // then ends at the diverging step, which the comparison below shows. A program that fails has stopped at the divergence only where its trace says so (its
-    // recorder finished it there); any other failure is a crash, whatever the steps show.
+    // then ends at the diverging step, which the comparison below shows. A program that fails
+    // has stopped at the divergence only where its trace says so (its recorder finished it
+    // there); any other failure is a crash, whatever the steps show.
     let stopped_at_divergence = !status.success()
-        && summarize(out).is_ok_and(|s| s.incomplete_reason.is_some_and(|r| r.starts_with("stopped early")));
+        && recorded_streams(out).is_ok_and(|streams| {
+            streams.iter().any(|s| s.incomplete_reason.as_deref().is_some_and(|r| r.starts_with("stopped early")))
+        });
     if !status.success() && !stopped_at_divergence {
         return Err(format!(
             "`{program}` failed ({status}); what it recorded in {} is unfinished (a crash, not a divergence)",

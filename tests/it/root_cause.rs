@@ -249,3 +249,44 @@ fn a_dropout_mask_drawn_otherwise_is_named_as_unrecorded_randomness() {
     let v = json(&repro(&["diff", s(&a), s(&p), "--json"]).stdout);
     assert_eq!(v["root_cause"]["random_mask"], false, "{v}");
 }
+
+/// A captured graph whose nodes are all named `{scope}#k`, with the same values whatever the scope.
+fn captured(dir: &Path, scope: &str) {
+    let header = crate::util::test_header("synthetic", 1);
+    let mut w = TraceWriter::create(dir, &header, false).unwrap();
+    let tensors = (0..31u8)
+        .map(|k| {
+            let bytes = vec![k; 16];
+            StepTensor {
+                record: TensorRecord {
+                    inline: Some(bytes.clone()),
+                    phase: Some(Phase::Forward),
+                    node: Some(k as u64),
+                    ..TensorRecord::of_bytes(format!("{scope}#{k}"), TensorKind::OpOutput, DType::F32, vec![4], &bytes)
+                },
+                payload: None,
+            }
+        })
+        .collect();
+    w.write_step(0, tensors).unwrap();
+    w.finish().unwrap();
+}
+
+/// Issue 45, item 5: a scope renamed with its values bit-identical is one line, not a row per
+/// node, and a name map pairs it by name again.
+#[test]
+fn a_renamed_scope_is_one_line_and_a_map_pairs_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    captured(&a, "h[0]/mlp");
+    captured(&b, "h[0]/ffn");
+    let run = repro(&["diff", s(&a), s(&b)]);
+    assert_eq!(run.code, 1, "{}", run.stdout);
+    assert_eq!(run.stdout.matches("in A is").count(), 1, "{}", run.stdout);
+    assert!(run.stdout.contains("scope `h[0]/mlp` in A is `h[0]/ffn` in B: 31 captured node(s)"), "{}", run.stdout);
+    let map = dir.path().join("map.txt");
+    std::fs::write(&map, "rename h[0]/ffn#* h[0]/mlp#*\n").unwrap();
+    let run = repro(&["diff", s(&a), s(&b), "--map", s(&map)]);
+    assert_eq!(run.code, 0, "{}", run.stdout);
+    assert!(run.stdout.contains("IDENTICAL"), "{}", run.stdout);
+}

@@ -4,9 +4,8 @@
 
 use crate::error::DiffError;
 use crate::ranks::{diff_runs, ReplicaReport, RunDiff};
-use crate::tolerance::Tolerance;
 use crate::traces::{
-    config_differences, diff_traces_within, header_differences, DiffOptions, FieldDifference, TraceDiff,
+    config_differences, diff_traces_with, header_differences, DiffOptions, FieldDifference, TraceDiff,
 };
 use repro_trace::{RunConfig, TraceReader};
 use serde::Serialize;
@@ -82,14 +81,15 @@ pub fn baseline_mismatch(baseline: &RunConfig, run: &RunConfig) -> Vec<FieldDiff
     config
 }
 
-/// Compares each recorded run in `runs` with `reference` (within `tolerance`, if given, else
-/// bit for bit) and returns the gate's verdict about `subject` (what was gated, in words). Against a baseline, every run must fit the baseline's
-/// settings ([`baseline_mismatch`]); environment differences become the likely causes.
+/// Compares each recorded run in `runs` with `reference` as `options` say (within their
+/// tolerance, if any, else bit for bit; through their name map) and returns the gate's verdict
+/// about `subject` (what was gated, in words). Against a baseline, every run must fit the
+/// baseline's settings ([`baseline_mismatch`]); environment differences become the likely causes.
 pub fn gate_traces(
     subject: String,
     reference: GateReference,
     runs: &[PathBuf],
-    tolerance: Option<Tolerance>,
+    options: &DiffOptions,
 ) -> Result<GateReport, DiffError> {
     let mut comparisons = Vec::new();
     match reference {
@@ -106,10 +106,7 @@ pub fn gate_traces(
                 if likely.is_empty() {
                     likely = likely_causes(&header_differences(a.header(), b.header()).1);
                 }
-                comparisons.push(GateComparison::new(
-                    format!("run {i}"),
-                    diff_traces_within(&mut a, &mut b, tolerance.clone())?,
-                ));
+                comparisons.push(GateComparison::new(format!("run {i}"), diff_traces_with(&mut a, &mut b, options)?));
             }
             let reference = baseline.display().to_string();
             Ok(GateReport { subject, reference, baseline: true, comparisons, likely_causes: likely })
@@ -118,10 +115,9 @@ pub fn gate_traces(
             let Some(first) = runs.first().filter(|_| runs.len() >= 2) else {
                 return Err(DiffError::Usage("a gate without a baseline needs two runs or more".into()));
             };
-            let options = DiffOptions { tolerance, ..DiffOptions::default() };
             for (i, run) in runs.iter().enumerate().skip(1) {
                 // Each run may be data-parallel: then its ranks must also have stayed replicas.
-                comparisons.push(GateComparison::of_runs(format!("run {i}"), diff_runs(first, run, &options)?));
+                comparisons.push(GateComparison::of_runs(format!("run {i}"), diff_runs(first, run, options)?));
             }
             Ok(GateReport {
                 subject,
@@ -173,14 +169,14 @@ mod tests {
             trace(&tmp.path().join("1"), 1.0, &[], "cpu"),
             trace(&tmp.path().join("2"), 1.5, &[], "cpu"),
         ];
-        let report = gate_traces("t".into(), GateReference::FirstRun, &runs, None).unwrap();
+        let report = gate_traces("t".into(), GateReference::FirstRun, &runs, &DiffOptions::default()).unwrap();
         assert_eq!(report.reference, "run 0");
         let labels: Vec<&str> = report.comparisons.iter().map(|c| c.run.as_str()).collect();
         assert_eq!(labels, ["run 1", "run 2"]);
         assert!(report.comparisons[0].passed);
         assert!(!report.comparisons[1].passed);
         assert!(!report.passed());
-        assert!(gate_traces("t".into(), GateReference::FirstRun, &runs[..1], None).is_err());
+        assert!(gate_traces("t".into(), GateReference::FirstRun, &runs[..1], &DiffOptions::default()).is_err());
     }
 
     #[test]
@@ -190,14 +186,33 @@ mod tests {
         let other = trace(&tmp.path().join("other"), 1.0, &[("seed", "1")], "cpu");
         let planted = trace(&tmp.path().join("planted"), 2.0, &[("seed", "0"), ("perturb", "0:loss:1")], "cuda:0");
 
-        let err = gate_traces("t".into(), GateReference::Baseline(&base), &[other], None).unwrap_err();
+        let err =
+            gate_traces("t".into(), GateReference::Baseline(&base), &[other], &DiffOptions::default()).unwrap_err();
         let message = err.to_string();
         assert!(message.contains("written by a run of other settings (seed 0 vs 1)"), "{message}");
 
-        let report = gate_traces("t".into(), GateReference::Baseline(&base), &[planted], None).unwrap();
+        let report =
+            gate_traces("t".into(), GateReference::Baseline(&base), &[planted], &DiffOptions::default()).unwrap();
         assert!(!report.passed());
         assert_eq!(report.reference, base.display().to_string());
         assert!(report.likely_causes[0].starts_with("another device (cpu vs cuda:0)"), "{:?}", report.likely_causes);
+    }
+
+    #[test]
+    fn a_gate_pairs_names_through_its_map() {
+        use crate::testing::{f32_tensor, one_step_trace};
+        use repro_trace::TensorKind;
+        let tmp = tempfile::tempdir().unwrap();
+        let runs = [
+            one_step_trace(&tmp.path().join("0"), vec![f32_tensor("mlp.w", TensorKind::Weight, vec![1], &[1.0], true)]),
+            one_step_trace(&tmp.path().join("1"), vec![f32_tensor("ffn.w", TensorKind::Weight, vec![1], &[1.0], true)]),
+        ];
+        let plain = gate_traces("t".into(), GateReference::FirstRun, &runs, &DiffOptions::default()).unwrap();
+        assert!(!plain.passed(), "other names are other structure");
+        let names = crate::NameMap::parse("rename ffn.* mlp.*").unwrap();
+        let mapped =
+            gate_traces("t".into(), GateReference::FirstRun, &runs, &DiffOptions { names, ..DiffOptions::default() });
+        assert!(mapped.unwrap().passed());
     }
 
     fn field(name: &str, a: &str, b: &str) -> FieldDifference {

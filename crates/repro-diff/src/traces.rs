@@ -224,6 +224,21 @@ pub enum StructuralDifference {
         /// At how many steps.
         steps: u64,
     },
+    /// A scope of a captured graph whose nodes B records under another scope's name, at the same
+    /// places with the same dtypes and shapes (code that renamed a module or a span): one entry
+    /// for all its nodes, which are compared under both names.
+    ScopeRenamed {
+        /// The scope's name in A.
+        a: String,
+        /// Its name in B.
+        b: String,
+        /// How many of its nodes are paired so, at its first step.
+        nodes: u64,
+        /// The first step where it is renamed.
+        first_step: u64,
+        /// At how many steps.
+        steps: u64,
+    },
     /// A captured graph whose nodes differ in a scope: ops inserted or removed there (a fused
     /// kernel against the ops it replaces, say). Its nodes are paired by dtype and shape at
     /// their place in the graph, not by their ordinals (`scope#k`), which shift.
@@ -256,6 +271,7 @@ impl StructuralDifference {
             StructuralDifference::MissingTensor { steps, .. }
             | StructuralDifference::Mismatch { steps, .. }
             | StructuralDifference::Renamed { steps, .. }
+            | StructuralDifference::ScopeRenamed { steps, .. }
             | StructuralDifference::GraphChanged { steps, .. }
             | StructuralDifference::MissingSteps { steps, .. } => steps,
         }
@@ -672,11 +688,18 @@ impl DiffState {
             });
             &mut changed[at].1
         }
+        // Captured nodes paired across scopes of other names, by (A's scope, B's scope).
+        let mut renamed_scopes: BTreeMap<(&str, &str), u64> = BTreeMap::new();
         for pairing in align(sa.tensors(), sb.tensors()) {
             let (ta, tb) = match pairing {
                 Pairing::Same(ta, tb) => (ta, tb),
                 Pairing::Renamed(ta, tb) => {
-                    self.renamed(ta, tb, sa.step());
+                    match (ta.node.and(ta.name.rsplit_once('#')), tb.node.and(tb.name.rsplit_once('#'))) {
+                        (Some((scope_a, _)), Some((scope_b, _))) => {
+                            *renamed_scopes.entry((scope_a, scope_b)).or_default() += 1;
+                        }
+                        _ => self.renamed(ta, tb, sa.step()),
+                    }
                     (ta, tb)
                 }
                 Pairing::Moved(ta, tb) => {
@@ -777,6 +800,15 @@ impl DiffState {
             }
             self.histories[h].diverged(sa.step(), metrics);
             entries.push(Entry::new(ta, Some(divergence), true));
+        }
+        for ((a, b), nodes) in renamed_scopes {
+            self.structural(format!("scope-renamed/{a}/{b}"), || StructuralDifference::ScopeRenamed {
+                a: a.to_string(),
+                b: b.to_string(),
+                nodes,
+                first_step: sa.step(),
+                steps: 1,
+            });
         }
         for (scope, (only_in_a, only_in_b)) in changed {
             self.structural(format!("graph/{scope}"), || StructuralDifference::GraphChanged {

@@ -524,27 +524,32 @@ fn graph_changed(item: &StructuralDifference) -> String {
 fn write_structure(out: &mut String, items: &[StructuralDifference], text: &DiffText) -> fmt::Result {
     // Brief, the list is cut at ten lines unless --rows says otherwise.
     let text = DiffText { rows: text.rows.or(text.brief.then_some(10)), ..text.clone() };
-    text.table(out, items, |out, item| {
-        match item {
-            StructuralDifference::MissingSteps { missing_in, first_step, steps } => {
-                let (has, lacks) = if missing_in == "a" { ("B", "A") } else { ("A", "B") };
-                writeln!(out, "  {steps} step(s) from step {first_step} recorded only in {has} ({lacks} lacks them)")?
-            }
-            StructuralDifference::Renamed { a, b, first_step, steps } => writeln!(
-                out,
-                "  `{a}` in A is `{b}` in B (same place, dtype and shape), at {steps} step(s) from step {first_step}"
-            )?,
-            StructuralDifference::MissingTensor { tensor, missing_in, first_step, steps } => {
-                let has = if missing_in == "a" { "B" } else { "A" };
-                writeln!(out, "  `{tensor}` recorded only in {has}, at {steps} step(s) from step {first_step}")?
-            }
-            StructuralDifference::Mismatch { tensor, first_step, steps, a, b } => {
-                writeln!(out, "  `{tensor}` is {a} in A but {b} in B, at {steps} step(s) from step {first_step}")?
-            }
-            StructuralDifference::GraphChanged { .. } => writeln!(out, "  {}", graph_changed(item))?,
+    text.table(out, items, |out, item| writeln!(out, "  {}", structure_line(item)))
+}
+
+/// One structural difference, in a line.
+pub fn structure_line(item: &StructuralDifference) -> String {
+    match item {
+        StructuralDifference::MissingSteps { missing_in, first_step, steps } => {
+            let (has, lacks) = if missing_in == "a" { ("B", "A") } else { ("A", "B") };
+            format!("{steps} step(s) from step {first_step} recorded only in {has} ({lacks} lacks them)")
         }
-        Ok(())
-    })
+        StructuralDifference::Renamed { a, b, first_step, steps } => {
+            format!("`{a}` in A is `{b}` in B (same place, dtype and shape), at {steps} step(s) from step {first_step}")
+        }
+        StructuralDifference::ScopeRenamed { a, b, nodes, first_step, steps } => format!(
+            "scope `{a}` in A is `{b}` in B: {nodes} captured node(s) at the same places, dtypes and shapes, at \
+             {steps} step(s) from step {first_step} (a map line `rename {b}#* {a}#*` pairs them by name)"
+        ),
+        StructuralDifference::MissingTensor { tensor, missing_in, first_step, steps } => {
+            let has = if missing_in == "a" { "B" } else { "A" };
+            format!("`{tensor}` recorded only in {has}, at {steps} step(s) from step {first_step}")
+        }
+        StructuralDifference::Mismatch { tensor, first_step, steps, a, b } => {
+            format!("`{tensor}` is {a} in A but {b} in B, at {steps} step(s) from step {first_step}")
+        }
+        StructuralDifference::GraphChanged { .. } => graph_changed(item),
+    }
 }
 
 #[cfg(test)]

@@ -1,7 +1,7 @@
 //! The gate's reports: for people (terminal), for pull requests (Markdown), for CI systems
 //! (JUnit XML).
 
-use crate::diff::{metrics_sentence, write_root_cause, write_root_cause_with};
+use crate::diff::{metrics_sentence, structure_line, write_root_cause, write_root_cause_with};
 use repro_diff::{GateReport, TraceDiff};
 use std::fmt::Write;
 
@@ -39,7 +39,14 @@ fn verdict_line(d: &TraceDiff) -> String {
                 d.steps_compared
             )
         }
-        None => "the runs recorded different steps or tensors".into(),
+        None => {
+            let more = match d.structure.len() {
+                0 | 1 => String::new(),
+                n => format!(" (and {} more difference(s))", n - 1),
+            };
+            let first = d.structure.first().map_or(String::new(), |f| format!(": {}", structure_line(f)));
+            format!("the runs recorded different steps or tensors{first}{more}")
+        }
     }
 }
 

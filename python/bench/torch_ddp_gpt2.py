@@ -1,0 +1,91 @@
+"""transformers' GPT-2 (124M) trained under DistributedDataParallel, one process per GPU, recorded
+per rank by repro_torch (or not, with --plain), and each step timed. For the GPU table of
+docs/results/pytorch-ddp-h200x2.md:
+
+    torchrun --standalone --nproc_per_node 2 python/bench/torch_ddp_gpt2.py runs/gpt2-ddp --steps 10
+    torchrun --standalone --nproc_per_node 2 python/bench/torch_ddp_gpt2.py --plain --steps 10
+
+The model is built from GPT2Config() with seeded weights (no download), dropout off; every rank
+draws the same global batch of token ids and trains on its rows. Prints, from rank 0, the median
+time of a step after the first two (the step synchronized with the GPU). Falls back to gloo on the CPU, to try it.
+"""
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+from transformers import GPT2Config, GPT2LMHeadModel
+
+from repro_torch import ModelRecorder
+
+
+def parse(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("out", nargs="?", default="runs/gpt2-ddp")
+    p.add_argument("--plain", action="store_true", help="train without recording")
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--batch", type=int, default=8, help="global batch, split over the ranks")
+    p.add_argument("--context", type=int, default=512)
+    p.add_argument("--layers", type=int, default=12, help="fewer for a try on the CPU")
+    return p.parse_args(argv)
+
+
+def sync(cuda: bool) -> None:
+    """Waits for the GPU's work (nothing to wait for on the CPU)."""
+    if cuda:
+        torch.cuda.synchronize()
+
+
+def main(argv):
+    args = parse(argv)
+    cuda = torch.cuda.is_available()
+    dist.init_process_group("nccl" if cuda else "gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    device = torch.device(f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if cuda else "cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    torch.manual_seed(0)
+    torch.use_deterministic_algorithms(True)
+    config = GPT2Config(n_positions=args.context, n_layer=args.layers, resid_pdrop=0.0, embd_pdrop=0.0,
+                        attn_pdrop=0.0, use_cache=False)
+    model = GPT2LMHeadModel._from_config(config, attn_implementation="eager").to(device)
+    model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if cuda else None)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    run = {"workload": "gpt2-124m-ddp", "steps": args.steps,
+           "params": {"batch": str(args.batch), "context": str(args.context), "lr": "1e-4"}}
+    rec = None if args.plain else ModelRecorder.create_or_gated(args.out, run, model)
+    data = torch.Generator().manual_seed(1)
+    rows = slice(rank * args.batch // world, (rank + 1) * args.batch // world)
+    times = []
+    for step in range(args.steps):
+        ids = torch.randint(0, config.vocab_size, (args.batch, args.context), generator=data)[rows].to(device)
+        sync(cuda)
+        started = time.perf_counter()
+        opt.zero_grad()
+        if rec is None:
+            model(input_ids=ids, labels=ids).loss.backward()
+            opt.step()
+        else:
+            with rec.training_step(step, inputs={"input_ids": ids}) as s:
+                loss = model(input_ids=ids, labels=ids).loss
+                s.loss(loss)
+                loss.backward()
+                s.gradients()
+                opt.step()
+        sync(cuda)
+        times.append(time.perf_counter() - started)
+    if rec is not None:
+        rec.finish()
+    if rank == 0:
+        what = "plain" if rec is None else "recorded"
+        print(f"{what} step: median {statistics.median(times[2:]) * 1e3:.1f} ms over steps 2 to {args.steps - 1} "
+              f"({world} ranks, batch {args.batch} x {args.context})", file=sys.stderr)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

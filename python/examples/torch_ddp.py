@@ -1,0 +1,82 @@
+"""Data-parallel PyTorch training recorded per rank: a small MLP under DistributedDataParallel
+(or FSDP2's `fully_shard` with --fsdp), one process per rank, started by torchrun, srun or
+mpirun (gloo on CPUs, NCCL on GPUs). Every rank draws the same global batch and trains on its
+rows, as repro's own data-parallel ranks do.
+
+    torchrun --standalone --nproc_per_node 2 python/examples/torch_ddp.py runs/ddp
+    repro record --out runs/ddp -- torchrun --standalone --nproc_per_node 2 python/examples/torch_ddp.py
+    repro inspect runs/ddp --verify          # each rank, then: did the ranks stay replicas?
+"""
+
+import argparse
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+from repro_torch import ModelRecorder
+
+
+def parse(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("out", nargs="?", default="runs/torch-ddp", help="run directory (REPRO_TRACE_DIR wins)")
+    p.add_argument("--fsdp", action="store_true", help="shard the parameters with fully_shard instead of DDP")
+    p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--batch", type=int, default=32, help="the global batch, split evenly over the ranks")
+    p.add_argument("--lr", type=float, default=0.05)
+    return p.parse_args(argv)
+
+
+def wrapped(model: torch.nn.Module, fsdp: bool, device: torch.device) -> torch.nn.Module:
+    """`model` under DDP, or each layer and the whole sharded by FSDP2."""
+    if not fsdp:
+        return torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    from torch.distributed.fsdp import fully_shard
+
+    for layer in model:
+        if any(True for _ in layer.parameters()):
+            fully_shard(layer)
+    return fully_shard(model)
+
+
+def main(argv, after_step=None):
+    """Trains and records; `after_step(rank, step)` runs after each step (the tests kill a rank)."""
+    args = parse(argv)
+    cuda = torch.cuda.is_available()
+    dist.init_process_group("nccl" if cuda else "gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if args.batch % world:
+        sys.exit(f"the batch ({args.batch}) must be a multiple of the number of ranks ({world})")
+    device = torch.device(f"cuda:{os.environ.get('LOCAL_RANK', '0')}") if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    torch.manual_seed(0)
+    torch.use_deterministic_algorithms(True)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1)).to(device)
+    model = wrapped(model, args.fsdp, device)
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr)
+    run = {"workload": "torch-mlp-dp", "steps": args.steps,
+           "params": {"lr": str(args.lr), "batch": str(args.batch), "sharding": "fsdp" if args.fsdp else "ddp"}}
+    rec = ModelRecorder.create_or_gated(args.out, run, model)
+    data = torch.Generator().manual_seed(1)
+    rows = slice(rank * args.batch // world, (rank + 1) * args.batch // world)
+    for step in range(args.steps):
+        x_all = torch.rand(args.batch, 4, generator=data)
+        x, y = x_all[rows].to(device), x_all.sum(dim=1, keepdim=True).sin()[rows].to(device)
+        opt.zero_grad()
+        with rec.training_step(step, inputs={"x": x, "y": y}) as s:
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            s.loss(loss)
+            loss.backward()
+            s.gradients()
+            opt.step()
+        if after_step is not None:
+            after_step(rank, step)
+    steps = rec.finish()
+    dist.destroy_process_group()
+    print(f"rank {rank} recorded {steps} steps", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,178 @@
+"""Recording a `torch.nn.Module` with no per-op code: `ModelRecorder` and the step it hands out,
+`CapturedStep`. A model wrapped in DistributedDataParallel is recorded by its module's names, with
+both sides of each gradient sum (`ddp`); an FSDP2 model by its whole parameters (`fsdp`)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from contextlib import contextmanager
+from typing import Iterator, Optional
+
+import torch
+
+from repro_writer import ALL_REDUCE_SUM
+
+from . import fsdp
+from .ddp import GradientSums, is_ddp
+from .recorder import Recorder, StepRecorder
+
+class ModelRecorder:
+    """Records a module's training steps or forward passes with no per-op code (see the module's
+    documentation)."""
+
+    def __init__(self, recorder: Recorder, model: torch.nn.Module, modules: bool = True):
+        """`modules`: record every module's output (off: inputs, parameters, loss, gradients and
+        updates only, as when the other run's graph is named otherwise). A DDP model is recorded
+        by its module's names, and its gradient sums through a communication hook; an FSDP2
+        model's shards are checked to tile their parameters (with every rank, here)."""
+        self.recorder = recorder
+        self.model = model.module if is_ddp(model) else model
+        # A world of one records as one device: its "sums" are its own gradients.
+        self._sums = GradientSums(model) if is_ddp(model) and recorder.place is not None else None
+        sharded = any(fsdp.is_sharded(p) for p in self.model.parameters())
+        self._shards = fsdp.check_tiling(self.model.named_parameters()) if sharded else {}
+        self._step: Optional[StepRecorder] = None
+        self._calls: dict[str, int] = {}
+        named = [(name, m) for name, m in self.model.named_modules() if name != ""] if modules else []
+        self._hooks = [m.register_forward_hook(self._hook(name)) for name, m in named]
+
+    @classmethod
+    def create_or_gated(
+        cls, path: str, run: dict, model: torch.nn.Module, modules: bool = True, **options
+    ) -> "ModelRecorder":
+        """`Recorder.create_or_gated` for `model`, on the device of its first parameter."""
+        device = next((p.device for p in model.parameters()), None)
+        return cls(Recorder.create_or_gated(path, run, device=device, **options), model, modules)
+
+    def _hook(self, name: str):
+        def hook(module, args, output):
+            s = self._step
+            if s is None:
+                return None
+            calls = self._calls.get(name, 0)
+            self._calls[name] = calls + 1
+            path = name if calls == 0 else f"{name}#{calls}"
+            source = _call_site()
+            if isinstance(output, torch.Tensor):
+                output = s.perturbed(path, output)
+                s.record(path, output, "op_output", "forward", node=True, source=source)
+                return output
+            for key, value in _tensors_of(output):
+                s.queue(f"{path}.{key}", value, "op_output", "forward", node=True, source=source)
+            s.flush()
+            return None
+
+        return hook
+
+    def training_step(self, step: int, inputs: Optional[dict] = None):
+        """A training step: the inputs and parameters at entry, every module's output while the
+        block runs, `loss` and `gradients` when called, the updated parameters at exit."""
+        return self._captured(step, inputs, updates=True)
+
+    def forward_pass(self, step: int, inputs: Optional[dict] = None):
+        """A forward pass (inference): the inputs and parameters, and every module's output."""
+        return self._captured(step, inputs, updates=False)
+
+    @contextmanager
+    def _captured(self, step: int, inputs: Optional[dict], updates: bool) -> Iterator["CapturedStep"]:
+        with self.recorder.step(step) as s:
+            for name, t in (inputs or {}).items():
+                s.queue(name, t, "input")
+            for name, p in self.parameters():
+                s.queue(name, p, "weight", "forward")
+            s.flush()
+            self._step, self._calls = s, {}
+            if self._sums is not None:
+                self._sums.begin(s)
+            try:
+                yield CapturedStep(self, s)
+            finally:
+                self._step = None
+                if self._sums is not None:
+                    self._sums.begin(None)
+            if updates:
+                for name, p in self.parameters():
+                    s.queue(f"{name}.updated", p, "weight", "update")
+                s.flush()
+
+    def parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Every parameter by name, whole: an FSDP2 parameter gathered from its shards (every rank
+        takes part), and its own shard checked against its rows of the whole."""
+        for name, p in self.model.named_parameters():
+            if name in self._shards:
+                gathered = fsdp.whole(p)
+                fsdp.check_shard(name, p.to_local(), gathered, self._shards[name])
+                p = gathered
+            yield name, p
+
+    def finish(self) -> int:
+        for h in self._hooks:
+            h.remove()
+        return self.recorder.finish()
+
+
+class CapturedStep:
+    """What a training step records besides what the hooks see."""
+
+    def __init__(self, owner: ModelRecorder, s: StepRecorder):
+        self._owner, self.step = owner, s
+
+    def output(self, name: str, t: torch.Tensor, kind: str = "prediction") -> None:
+        """Records a model output (logits) under `name`."""
+        self.step.record(name, t, kind, "forward", node=True)
+
+    def loss(self, loss: torch.Tensor, name: str = "loss") -> None:
+        """Records the loss."""
+        self.step.record(name, loss, "loss", "forward", node=True)
+
+    def gradients(self) -> None:
+        """Records every parameter's gradient (`NAME.grad`) after `backward`, and notes the
+        trainable parameters that got none. Under DDP a gradient is the sum over the ranks of the
+        shares recorded as its bucket went out (a collective of `NAME.grad.local`); under FSDP2
+        it is gathered whole from the ranks' shards."""
+        sums = self._owner._sums
+        for name, p in self._owner.model.named_parameters():
+            if p.grad is None:
+                if p.requires_grad:
+                    self.step.no_gradient.append(name)
+                continue
+            local = sums.local_name(name) if sums is not None else None
+            if local is None:
+                self.step.queue(f"{name}.grad", fsdp.whole(p.grad), "gradient", "backward")
+            else:
+                self.step.queue(f"{name}.grad", p.grad, "gradient", "backward", inputs=(local,),
+                                collective=ALL_REDUCE_SUM)
+        self.step.flush()
+
+
+def _tensors_of(output, prefix: str = "") -> Iterator[tuple[str, torch.Tensor]]:
+    """The tensors in a module's output: a tuple's or list's by index, a dict's (a transformers
+    ModelOutput) by key, nested; anything else is skipped."""
+    if isinstance(output, torch.Tensor):
+        yield prefix.rstrip("."), output
+    elif isinstance(output, dict):
+        for k, v in output.items():
+            yield from _tensors_of(v, f"{prefix}{k}.")
+    elif isinstance(output, (tuple, list)):
+        for i, v in enumerate(output):
+            yield from _tensors_of(v, f"{prefix}{i}.")
+
+
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+_PACKAGE_DIR = os.path.dirname(__file__) + os.sep
+
+
+def _call_site() -> Optional[str]:
+    """Where the program's code called the module whose hook runs, `FILE:LINE` (the file relative
+    to the working directory): the innermost frame outside torch and this package, so a container's
+    children (an `nn.Sequential`'s) name the line that called the container. None if every frame
+    is torch's."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        file = frame.f_code.co_filename
+        if not file.startswith(_PACKAGE_DIR) and not file.startswith(_TORCH_DIR):
+            return f"{os.path.relpath(file)}:{frame.f_lineno}"
+        frame = frame.f_back
+    return None
+

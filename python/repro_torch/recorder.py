@@ -1,0 +1,245 @@
+"""Recording steps of named tensors into a trace: `Recorder` (one process's stream, or one
+rank's `OUT/rank-N` in a run of several) and `StepRecorder` (one step's tensors, hashed where
+they live)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import weakref
+from contextlib import contextmanager
+from typing import Iterator, Optional
+
+import torch
+
+from repro_trace import RECORDS_FILE
+from repro_writer import Record, TraceWriter, WriteError
+
+from .cuda_hash import CUDA_HASH_LIB, CUDA_HASH_LIB_ENV, DeviceHasher, cuda_hash_library_path
+from .perturb import Perturbation
+from .ranks import RankPlace, current_place, perturbs_this_rank
+from .switches import changes, determinism_switches, environment
+from .tensors import canonical_on_device, record_of
+
+# `Recorder(place=AUTO)`: this process's place as torch.distributed says (`ranks.current_place`).
+AUTO = "auto"
+
+
+class Recorder:
+    """Records steps of named tensors into a trace (see `StepRecorder`)."""
+
+    def __init__(
+        self,
+        path: str,
+        run: dict,
+        capture: str = "first-and-last",
+        inline_max_bytes: int = 256,
+        replace: bool = False,
+        device: Optional[torch.device] = None,
+        perturbation: Optional[Perturbation] = None,
+        device_hashing: Optional[bool] = None,
+        place=AUTO,
+    ):
+        """`device_hashing`: hash CUDA tensors on their GPU (True: it is an error if repro's GPU
+        hashing library is not found), on the host (False), or on the GPU where the library is
+        found (None). `place`: this process's rank in a run of several (`ranks.RankPlace`), whose
+        stream goes to `path/rank-N`; None for a lone process; by default, as torch.distributed
+        says."""
+        self.place: Optional[RankPlace] = current_place() if place == AUTO else place
+        self.run_dir = path
+        if self.place is not None:
+            path = _rank_stream(path, self.place)
+        self._switches = determinism_switches()
+        self._writer = TraceWriter(path, run, capture, inline_max_bytes, replace, environment(device, self._switches),
+                                   distributed=self.place.header() if self.place is not None else None)
+        self.perturbation = perturbation
+        self.path = path
+        self.inline_max_bytes = inline_max_bytes
+        self._library = cuda_hash_library_path() if device_hashing is not False else None
+        if device_hashing and self._library is None:
+            raise WriteError(
+                f"device_hashing=True, but repro's GPU hashing library is not found: build it with `make cuda` "
+                f"and set {CUDA_HASH_LIB_ENV} to target/cuda/release/examples/{CUDA_HASH_LIB}"
+            )
+        self._hashers: dict[int, DeviceHasher] = {}
+        self._warned = device_hashing is False
+        self._first: Optional[int] = None
+        self._last: Optional[int] = None
+        # Steps recorded whose GPU hashes are still on their way: written a step later.
+        self._behind: list = []
+
+    def hasher_for(self, t: torch.Tensor) -> Optional[DeviceHasher]:
+        """The GPU hasher of a CUDA tensor's device, or None (a CPU tensor, or no library)."""
+        if t.device.type != "cuda":
+            return None
+        if self._library is None:
+            if not self._warned:
+                self._warned = True
+                print(
+                    f"repro_torch: hashing CUDA tensors on the host (a copy each): repro's GPU hashing library was not "
+                    f"found; build it with `make cuda` and set {CUDA_HASH_LIB_ENV}",
+                    file=sys.stderr,
+                )
+            return None
+        index = t.device.index if t.device.index is not None else torch.cuda.current_device()
+        if index not in self._hashers:
+            self._hashers[index] = DeviceHasher(self._library, index)
+        return self._hashers[index]
+
+    @property
+    def hashes_on_gpu(self) -> bool:
+        """Whether CUDA tensors are hashed on the GPU."""
+        return self._library is not None
+
+    @classmethod
+    def create_or_gated(cls, path: str, run: dict, device: Optional[torch.device] = None, **options) -> "Recorder":
+        """Records as a repro command running this program asks (`repro record -- CMD`, `gate --
+        CMD`: REPRO_TRACE_DIR, REPRO_CAPTURE, REPRO_REPLACE, REPRO_PERTURB, REPRO_PERTURB_RANK), and
+        into `path` with `options` otherwise. A trace already there is an error unless replacing is
+        asked for. A rank of several records into `path/rank-N`."""
+        env = os.environ
+        if env.get("REPRO_TRACE_DIR"):
+            path = env["REPRO_TRACE_DIR"]
+        if env.get("REPRO_CAPTURE"):
+            options["capture"] = env["REPRO_CAPTURE"]
+        if env.get("REPRO_REPLACE") not in (None, "", "0", "1"):
+            raise WriteError(f"REPRO_REPLACE={env['REPRO_REPLACE']}: expected 1 or 0")
+        if env.get("REPRO_REPLACE") == "1":
+            options["replace"] = True
+        place = options.pop("place", AUTO)
+        place = current_place() if place == AUTO else place
+        if env.get("REPRO_PERTURB") and perturbs_this_rank(place):
+            options["perturbation"] = Perturbation(env["REPRO_PERTURB"])
+        if env.get("REPRO_AGAINST"):
+            print(
+                "repro_torch: REPRO_AGAINST is compared after the run by the repro command, not while recording",
+                file=sys.stderr,
+            )
+        return cls(path, run, device=device, place=place, **options)
+
+    def wants_full(self, step: int) -> bool:
+        return self._writer.wants_full(step, first=self._first)
+
+    @contextmanager
+    def step(self, step: int) -> Iterator["StepRecorder"]:
+        """One step: record its tensors on the value, and it is written when the block ends, or
+        with tensors hashed on the GPU, when the next one does (so the GPU never waits for the
+        host); an exception that leaves the block leaves the trace without that step."""
+        if self._last is not None and step <= self._last:
+            raise WriteError(f"step {step} follows step {self._last}: steps must increase")
+        self._first = step if self._first is None else self._first
+        self._last = step
+        s = StepRecorder(self, step)
+        try:
+            yield s
+        except BaseException:
+            for hasher in self._hashers.values():
+                hasher.start_read().finish()  # what the step queued, let go
+            raise
+        reads = [hasher.start_read() for hasher in self._hashers.values()]
+        self._behind.append((s, reads))
+        while len(self._behind) > (1 if reads else 0):
+            self._write_oldest()
+
+    def _write_oldest(self) -> None:
+        s, reads = self._behind.pop(0)
+        for read in reads:
+            read.finish()
+        s.fill_repeats()
+        self._writer.write_step(s.step, s.records, s.no_gradient)
+
+    def finish(self) -> int:
+        """Writes what is still on its way and finishes the trace; the number of steps written.
+        Warns about determinism switches changed since the header recorded them."""
+        while self._behind:
+            self._write_oldest()
+        for hasher in self._hashers.values():
+            hasher.close()
+        changed = changes(self._switches, determinism_switches())
+        if changed:
+            print(f"repro_torch: determinism switches changed while recording ({changed}); the header of {self.path} "
+                  "holds them as they were when the recorder was created: set them before creating it", file=sys.stderr)
+        return self._writer.finish()
+
+
+class StepRecorder:
+    """The tensors of one step, in the order recorded."""
+
+    def __init__(self, recorder: Recorder, step: int):
+        self.recorder, self.step = recorder, step
+        self.records: list[Record] = []
+        self.no_gradient: list[str] = []
+        self._nodes = 0
+        self._full = recorder.wants_full(step)
+        # Tensors hashed on the GPU this step, by what makes their bytes the same (storage,
+        # layout, version), with a weak reference that says their memory has not been reused;
+        # and the records that repeat one of them (a container module's output is its last
+        # child's), filled from it when the hashes land.
+        self._hashed: dict = {}
+        self._repeats: list = []
+
+    def perturbed(self, name: str, t: torch.Tensor) -> torch.Tensor:
+        """`t`, or `t` moved as REPRO_PERTURB says when it names this tensor at this step."""
+        p = self.recorder.perturbation
+        if p is not None and p.step == self.step and p.tensor == name:
+            return p.apply(t)
+        return t
+
+    def record(self, name: str, t: torch.Tensor, kind: str = "activation", phase: Optional[str] = None,
+               inputs=(), node: bool = False, source: Optional[str] = None) -> None:
+        """Records `t` under `name`; `node`: as the next node of the step's graph."""
+        self.queue(name, t, kind, phase, inputs, node, source)
+        self.flush()
+
+    def queue(self, name: str, t: torch.Tensor, kind: str = "activation", phase: Optional[str] = None,
+              inputs=(), node: bool = False, source: Optional[str] = None, collective: Optional[str] = None) -> None:
+        """`record`, except that a CUDA tensor hashed on its GPU is read only at the next `flush`:
+        queue a group of tensors, then flush once, before anything changes them."""
+        position = None
+        if node:
+            position, self._nodes = self._nodes, self._nodes + 1
+        what = dict(phase=phase, inputs=tuple(inputs), node=position, source=source, collective=collective)
+        hasher = None if self._full else self.recorder.hasher_for(t)
+        if hasher is None:
+            self.records.append(record_of(name, kind, t, **what))
+            return
+        try:
+            key = (t.data_ptr(), t.dtype, tuple(t.shape), t.stride(), t._version)
+        except RuntimeError:  # an inference-mode tensor has no version counter: never repeated
+            key = None
+        seen = self._hashed.get(key) if key is not None else None
+        if seen is not None and seen[0]() is t:
+            record = Record(name, kind, seen[1].dtype, seen[1].shape, None, **what)
+            self._repeats.append((record, seen[1]))
+            self.records.append(record)
+            return
+        dtype, shape, flat = canonical_on_device(t)
+        record = Record(name, kind, dtype, shape, None, **what)
+        if flat.numel() == 0:
+            record.data = b""
+        else:
+            hasher.queue(record, flat, keep_bytes=flat.numel() <= self.recorder.inline_max_bytes)
+            if key is not None:
+                self._hashed[key] = (weakref.ref(t), record)
+        self.records.append(record)
+
+    def fill_repeats(self) -> None:
+        """Gives each repeated tensor its first record's hash and bytes (once they have landed)."""
+        for record, first in self._repeats:
+            record.data, record.data_hash = first.data, first.data_hash
+
+    def flush(self) -> None:
+        """Launches the GPU hashing of the tensors queued (see `DeviceHasher`)."""
+        for hasher in self.recorder._hashers.values():
+            hasher.flush()
+
+
+
+
+def _rank_stream(run_dir: str, place: RankPlace) -> str:
+    """Where rank `place` records in the run directory `run_dir` (`run_dir/rank-N`); a run
+    directory that holds a single trace itself is refused (readers would see that trace alone)."""
+    if os.path.exists(os.path.join(run_dir, RECORDS_FILE)):
+        raise WriteError(f"{run_dir} holds a single process's trace: a run of {place.world_size} ranks records into "
+                         "a directory of its own (one `rank-N` each)")
+    return place.stream_dir(run_dir)

@@ -1,0 +1,199 @@
+"""repro_torch under torch.distributed: two ranks on the CPU (gloo), started by torchrun, each
+recording `OUT/rank-N`, read by repro's own commands as a data-parallel run. DDP: the header's
+distributed fields, replicas checked, same-seed runs identical, a fault planted on rank 1 found
+at rank 1, a rank that dies leaving the run incomplete, 1 rank against 2 blamed on the batch
+split. FSDP2: whole parameters recorded, the shards checked to tile them. Skipped where torch (or
+torch.distributed) is not installed."""
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+import numpy as np
+
+try:
+    import torch
+    import torch.distributed as dist
+except ImportError:  # pragma: no cover
+    torch = dist = None
+
+REPRO = os.environ.get("REPRO_BIN", "target/release/repro")
+HERE = os.path.dirname(os.path.abspath(__file__))
+PROGRAM = os.path.join(HERE, "..", "examples", "torch_ddp.py")
+DYING = os.path.join(HERE, "dying_rank.py")
+
+
+def repro(*args, env=None):
+    return subprocess.run([REPRO, *args], capture_output=True, text=True, env=env)
+
+
+def torchrun(ranks, script, *args):
+    """The command that starts `ranks` processes of `script` on this host."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}", script, *args]
+
+
+def environment(**extra):
+    """This environment, with python/ importable and `extra` set."""
+    python = os.path.join(HERE, "..")
+    path = os.pathsep.join(p for p in (python, os.environ.get("PYTHONPATH")) if p)
+    return dict(os.environ, PYTHONPATH=path, **extra)
+
+
+def header(stream):
+    from repro_trace import Trace
+
+    with Trace(stream) as t:
+        return t.header
+
+
+@unittest.skipUnless(torch is not None and dist.is_available(), "torch.distributed is not installed")
+class DataParallelTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.mkdtemp(prefix="repro-torch-ranks-")
+        cls.a = cls.record("a", 2)
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.dir)
+
+    @classmethod
+    def record(cls, name, ranks, script=PROGRAM, args=(), **env):
+        """`torchrun ... SCRIPT DIR ARGS` with full values at every step, `env` set; the
+        directory, and the run's result on the class for the tests that expect it to fail.
+        (`repro record --out DIR -- torchrun ...` is the same run once repro record summarizes
+        a run of ranks; it refuses one now.)"""
+        out = os.path.join(cls.dir, name)
+        cls.last = subprocess.run(torchrun(ranks, script, out, *args), capture_output=True, text=True,
+                                  env=environment(REPRO_CAPTURE="all", **env))
+        return out
+
+    def recorded(self, name, ranks, **kwargs):
+        out = self.record(name, ranks, **kwargs)
+        self.assertEqual(self.last.returncode, 0, self.last.stderr[-3000:])
+        return out
+
+    def test_each_rank_records_its_stream_with_its_place_and_the_replicas_hold(self):
+        for rank in (0, 1):
+            self.assertEqual(header(os.path.join(self.a, f"rank-{rank}"))["distributed"],
+                             {"rank": rank, "world_size": 2, "backend": "gloo", "backend_version": ""})
+        self.assertFalse(os.path.exists(os.path.join(self.a, "records.rpr")))
+        inspect = repro("inspect", self.a, "--verify")
+        self.assertEqual(inspect.returncode, 0, inspect.stdout + inspect.stderr)
+        self.assertIn("kept identical parameters and gradient sums on all 2 ranks at all 6 steps", inspect.stdout)
+        # Both sides of each gradient sum: the share, and the sum as a collective of it.
+        from repro_trace import Trace
+
+        with Trace(os.path.join(self.a, "rank-1")) as t:
+            step = next(iter(t.steps()))
+            sums = {x.name: (x.collective, tuple(x.inputs)) for x in step.tensors if x.name.endswith(".grad")}
+            shares = {x.name: t.array(step, x) for x in step.tensors if x.name.endswith(".grad.local")}
+        self.assertEqual(sums["0.weight.grad"], ("all_reduce_sum", ("0.weight.grad.local",)))
+        self.assertEqual(len(shares), 4)
+
+    def test_same_seed_runs_are_identical_on_every_rank_and_a_fault_on_rank_1_is_found_there(self):
+        b = self.recorded("b", 2)
+        diff = repro("diff", self.a, b)
+        self.assertEqual(diff.returncode, 0, diff.stdout + diff.stderr)
+        self.assertIn("IDENTICAL", diff.stdout)
+        self.assertIn(f"replicas: {b} kept identical parameters and gradient sums on all 2 ranks", diff.stdout)
+        self.assertIn("over all 2 ranks: 0 of", diff.stdout)
+
+        # One ULP in the first layer's output on rank 1 alone, at step 2.
+        p = self.recorded("p", 2, REPRO_PERTURB="2:0:1", REPRO_PERTURB_RANK="1")
+        diff = repro("diff", self.a, p)
+        self.assertEqual(diff.returncode, 1, diff.stdout + diff.stderr)
+        self.assertIn("shown: rank 1", diff.stdout)
+        self.assertIn("DIVERGED  first at step 2, tensor `0`", diff.stdout)
+        self.assertIn("root cause: `0` (op_output, forward) at step 2", diff.stdout)
+        self.assertIn("max 1 ULP", diff.stdout)
+        self.assertIn(f"replicas: {p} kept identical", diff.stdout, "the sums carry the fault to every rank alike")
+
+        # Ranks gathered from two nodes' directories read as the same run.
+        node0, node1 = os.path.join(self.dir, "node0"), os.path.join(self.dir, "node1")
+        shutil.copytree(os.path.join(b, "rank-0"), os.path.join(node0, "rank-0"))
+        shutil.copytree(os.path.join(b, "rank-1"), os.path.join(node1, "rank-1"))
+        diff = repro("diff", f"{node0}:{node1}", self.a)
+        self.assertEqual(diff.returncode, 0, diff.stdout + diff.stderr)
+        self.assertIn("IDENTICAL", diff.stdout)
+
+    def test_a_rank_that_dies_leaves_the_run_incomplete_never_identical(self):
+        dead = self.record("dead", 2, script=DYING)
+        self.assertNotEqual(self.last.returncode, 0, "the launcher reports the rank that died")
+        self.assertTrue(os.path.exists(os.path.join(dead, "rank-1", "records.rpr")))
+        diff = repro("diff", self.a, dead)
+        self.assertEqual(diff.returncode, 1, diff.stdout + diff.stderr)
+        self.assertNotIn("IDENTICAL", diff.stdout)
+        self.assertIn(f"UNFINISHED RANK  {dead}: rank 1 holds 2 of the 2 steps", diff.stdout)
+        inspect = repro("inspect", dead, "--verify")
+        self.assertNotEqual(inspect.returncode, 0, inspect.stdout)
+
+    def test_one_rank_against_two_is_the_batch_split(self):
+        one = self.recorded("one", 1)
+        self.assertIsNone(header(one)["distributed"], "a world of one records as one device")
+        diff = repro("diff", one, self.a)
+        self.assertEqual(diff.returncode, 1, diff.stdout + diff.stderr)
+        self.assertIn("cause: the batch split. At step 0", diff.stdout)
+
+    def test_fsdp_records_whole_parameters_whose_shards_tile_them(self):
+        sharded = self.recorded("fsdp", 2, args=("--fsdp",))
+        inspect = repro("inspect", sharded, "--verify")
+        self.assertEqual(inspect.returncode, 0, inspect.stdout + inspect.stderr)
+        from repro_trace import read_tensor
+
+        # The whole parameter on every rank (2.bias, one row, sits on rank 0 alone), equal to DDP's.
+        for name in ("0.weight", "2.bias", "2.weight.updated", "0.weight.grad"):
+            whole = [read_tensor(os.path.join(sharded, f"rank-{r}"), 0, name) for r in (0, 1)]
+            ddp = read_tensor(os.path.join(self.a, "rank-0"), 0, name)
+            self.assertEqual(whole[0].shape, ddp.shape, name)
+            np.testing.assert_array_equal(whole[0], whole[1])
+            np.testing.assert_array_equal(whole[0], ddp)
+        diff = repro("diff", sharded, self.a)
+        self.assertIn("0.weight.grad.local` recorded only in B", diff.stdout)
+        self.assertRegex(diff.stdout, r"over all 2 ranks: 0 of \d+ tensors differ")
+
+
+class GpuFixtureTest(unittest.TestCase):
+    """Needs no torch: repro reads the ranks that repro_torch recorded on 2 x H200 over NCCL
+    (fixtures/gpu-h200x2-torch-ddp, docs/results/pytorch-ddp-h200x2.md)."""
+
+    def test_the_gpt2_ddp_ranks_recorded_over_nccl_are_verified_replicas(self):
+        run = os.path.join(HERE, "..", "..", "fixtures", "gpu-h200x2-torch-ddp", "b")
+        inspect = repro("inspect", run, "--verify")
+        self.assertEqual(inspect.returncode, 0, inspect.stdout + inspect.stderr)
+        self.assertIn("kept identical parameters and gradient sums on all 2 ranks at all 10 steps (4440 tensors",
+                      inspect.stdout)
+        self.assertIn("verified", inspect.stderr + inspect.stdout)
+
+
+@unittest.skipUnless(torch is not None, "torch is not installed")
+class ShardTilingTest(unittest.TestCase):
+    def test_shards_tile_a_parameter_only_where_chunking_puts_them(self):
+        from repro_torch.fsdp import chunk_rows, tiling_error
+
+        self.assertEqual(chunk_rows(5, 2), [(0, 3), (3, 2)])
+        self.assertEqual(chunk_rows(1, 2), [(0, 1), (1, 0)])
+        self.assertIsNone(tiling_error("w", [5, 4], [[3, 4], [2, 4]]))
+        self.assertIsNone(tiling_error("b", [1], [[1], [0]]))
+        self.assertIn("rank 1's shard of `w` holds rows 3 to 4 of 5, where chunking over 2 ranks puts rows 3 to 5",
+                      tiling_error("w", [5, 4], [[3, 4], [1, 4]]))
+        self.assertIn("rank 0's shard of `w` holds rows 0 to 2 of 5", tiling_error("w", [5, 4], [[2, 4], [3, 4]]))
+        self.assertIn("not rows of [5, 4]", tiling_error("w", [5, 4], [[3, 4], [2, 3]]))
+
+    def test_a_shard_that_is_not_its_rows_of_the_whole_is_refused(self):
+        from repro_torch.fsdp import check_shard
+        from repro_writer import WriteError
+
+        whole = torch.arange(12, dtype=torch.float32).reshape(4, 3)
+        check_shard("w", whole[2:].clone(), whole, (2, 2))
+        moved = whole[2:].clone()
+        moved[1, 2] = torch.nextafter(moved[1, 2], torch.tensor(100.0))
+        with self.assertRaisesRegex(WriteError, "not rows 2 to 4"):
+            check_shard("w", moved, whole, (2, 2))
+
+
+if __name__ == "__main__":
+    unittest.main()
