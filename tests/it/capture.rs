@@ -44,6 +44,8 @@ fn two_gpt_runs_capture_the_same_named_nodes_bit_for_bit() {
     assert!(views.len() > 20 && views.contains(&"h.0.attn.c_attn.weight"), "{views:?}");
     let text = repro(&["inspect", s(&a)]).stdout;
     assert!(text.contains("view of h.0.attn.c_attn.weight"), "{text}");
+    // Where each node's scope was opened: the code to look at.
+    assert!(text.contains(" at src/workloads/gpt/"), "{text}");
 }
 
 #[test]

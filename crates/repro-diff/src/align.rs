@@ -37,9 +37,9 @@ pub(crate) fn align<'a>(a: &'a [TensorRecord], b: &'a [TensorRecord]) -> Vec<Pai
     // Tensors that moved keep their name: pair them by name whatever the sequence diff says
     // (not captured nodes, whose keys many share).
     let b_index: BTreeMap<&str, usize> =
-        names_b.iter().enumerate().filter(|(j, _)| b[*j].node.is_none()).map(|(i, n)| (*n, i)).collect();
+        names_b.iter().enumerate().filter(|(j, _)| named(&b[*j])).map(|(i, n)| (*n, i)).collect();
     let a_index: BTreeMap<&str, usize> =
-        names_a.iter().enumerate().filter(|(i, _)| a[*i].node.is_none()).map(|(i, n)| (*n, i)).collect();
+        names_a.iter().enumerate().filter(|(i, _)| named(&a[*i])).map(|(i, n)| (*n, i)).collect();
     let mut out = Vec::new();
     for op in name_diff(&names_a, &names_b, &a_index) {
         match op {
@@ -120,6 +120,13 @@ pub(crate) fn scope(name: &str) -> &str {
     name.rsplit_once('#').map_or(name, |(scope, _)| scope)
 }
 
+/// Whether a tensor is known by its name alone: any tensor but a captured node numbered within
+/// its scope (`S#k`), whose number shifts when an op is inserted before it (a node named by its
+/// module path, as PyTorch's module outputs are, keeps its name).
+fn named(t: &TensorRecord) -> bool {
+    t.node.is_none() || !t.name.contains('#')
+}
+
 /// A tensor of `a` the diff calls deleted: paired by name if it moved, else only in `a`.
 fn moved_or_only_a<'a>(
     a: &'a [TensorRecord],
@@ -128,7 +135,7 @@ fn moved_or_only_a<'a>(
     b_index: &BTreeMap<&str, usize>,
     i: usize,
 ) -> Option<Pairing<'a>> {
-    let by_name = if a[i].node.is_none() { b_index.get(keys_a[i].as_str()) } else { None };
+    let by_name = if named(&a[i]) { b_index.get(keys_a[i].as_str()) } else { None };
     Some(match by_name {
         Some(&j) => Pairing::Same(&a[i], &b[j]),
         None => Pairing::OnlyA(&a[i]),

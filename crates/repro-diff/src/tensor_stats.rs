@@ -1,7 +1,7 @@
 //! What one tensor's stored values look like: counts of the special values, the range, mean and
 //! spread of the finite ones, and its first few elements. Read window by window, so memory stays
-//! flat for tensors of any size, and summed in element order, so the figures are the same on
-//! every machine.
+//! flat for tensors of any size, in fixed-size chunks summed in parallel and merged in chunk
+//! order, so the figures are the same on every machine and thread count.
 
 use repro_trace::dtype::Element;
 use repro_trace::TensorValues;
@@ -39,74 +39,106 @@ pub fn tensor_stats(values: &TensorValues, preview: usize) -> TensorStats {
     repro_trace::for_element!(values.dtype, T => stats_of::<T>(values, preview))
 }
 
-fn stats_of<T: Element>(values: &TensorValues, preview: usize) -> TensorStats {
-    let mut s = TensorStats {
-        elements: 0,
-        nan: 0,
-        infinite: 0,
-        zeros: 0,
-        min: None,
-        max: None,
-        mean: None,
-        std: None,
-        first: Vec::new(),
-    };
-    // Welford's running mean and sum of squared deviations, element by element in order.
-    let (mut finite, mut mean, mut m2) = (0u64, 0f64, 0f64);
-    let window = (repro_trace::WINDOW_BYTES / T::SIZE).max(1) * T::SIZE;
-    TensorValues::zip_windows(&[values], window, |_, windows| {
-        for bytes in windows[0].chunks_exact(T::SIZE) {
-            let x = T::load(bytes).value();
-            s.elements += 1;
-            if s.first.len() < preview {
-                s.first.push(x);
-            }
+/// Elements per parallel chunk. Fixed, so that the chunks' sums are merged in the same order,
+/// and give the same figures, on every machine and thread count.
+const CHUNK_ELEMENTS: usize = 1 << 16;
+
+/// The figures of one run of elements, merged with the next run's in element order.
+#[derive(Clone, Copy, Default)]
+struct Partial {
+    elements: u64,
+    nan: u64,
+    infinite: u64,
+    zeros: u64,
+    min: Option<f64>,
+    max: Option<f64>,
+    /// Finite elements, their mean and their sum of squared deviations from it.
+    finite: u64,
+    mean: f64,
+    m2: f64,
+}
+
+impl Partial {
+    fn of<T: Element>(bytes: &[u8]) -> Partial {
+        let mut p = Partial::default();
+        for element in bytes.chunks_exact(T::SIZE) {
+            let x = T::load(element).value();
+            p.elements += 1;
             if x.is_nan() {
-                s.nan += 1;
+                p.nan += 1;
                 continue;
             }
             if x.is_infinite() {
-                s.infinite += 1;
+                p.infinite += 1;
                 continue;
             }
-            if x == 0.0 {
-                s.zeros += 1;
-            }
-            s.min = Some(s.min.map_or(x, |m| m.min(x)));
-            s.max = Some(s.max.map_or(x, |m| m.max(x)));
-            finite += 1;
-            let delta = x - mean;
-            mean += delta / finite as f64;
-            m2 += delta * (x - mean);
+            p.zeros += u64::from(x == 0.0);
+            p.min = Some(p.min.map_or(x, |m| m.min(x)));
+            p.max = Some(p.max.map_or(x, |m| m.max(x)));
+            // Welford's running mean and sum of squared deviations, element by element.
+            p.finite += 1;
+            let delta = x - p.mean;
+            p.mean += delta / p.finite as f64;
+            p.m2 += delta * (x - p.mean);
         }
-    });
-    if finite > 0 {
-        s.mean = Some(mean);
-        s.std = Some((m2 / finite as f64).sqrt());
+        p
     }
-    s
+
+    /// This run followed by `next` (Chan et al.'s merge of means and squared deviations).
+    fn then(self, next: Partial) -> Partial {
+        let finite = self.finite + next.finite;
+        let (mean, m2) = match (self.finite, next.finite) {
+            (0, _) => (next.mean, next.m2),
+            (_, 0) => (self.mean, self.m2),
+            (a, b) => {
+                let delta = next.mean - self.mean;
+                let (a, b, n) = (a as f64, b as f64, finite as f64);
+                (self.mean + delta * b / n, self.m2 + next.m2 + delta * delta * a * b / n)
+            }
+        };
+        let pick = |x: Option<f64>, y: Option<f64>, f: fn(f64, f64) -> f64| match (x, y) {
+            (Some(x), Some(y)) => Some(f(x, y)),
+            (x, y) => x.or(y),
+        };
+        Partial {
+            elements: self.elements + next.elements,
+            nan: self.nan + next.nan,
+            infinite: self.infinite + next.infinite,
+            zeros: self.zeros + next.zeros,
+            min: pick(self.min, next.min, f64::min),
+            max: pick(self.max, next.max, f64::max),
+            finite,
+            mean,
+            m2,
+        }
+    }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use repro_trace::dtype::DType;
-
-    #[test]
-    fn special_values_are_counted_apart_from_the_finite_ones() {
-        let v = [1.0f32, f32::NAN, -2.0, f32::INFINITY, 0.0, 4.0];
-        let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
-        let values = TensorValues::in_memory(DType::F32, vec![6], &bytes);
-        let s = tensor_stats(&values, 3);
-        assert_eq!((s.elements, s.nan, s.infinite, s.zeros), (6, 1, 1, 1));
-        assert_eq!((s.min, s.max), (Some(-2.0), Some(4.0)));
-        assert!((s.mean.unwrap() - 0.75).abs() < 1e-12, "{:?}", s.mean);
-        let expected_std = ((0.0625 + 7.5625 + 0.5625 + 10.5625) / 4.0f64).sqrt();
-        assert!((s.std.unwrap() - expected_std).abs() < 1e-12);
-        assert_eq!(s.first.len(), 3);
-        assert!(s.first[1].is_nan());
-        let none = tensor_stats(&TensorValues::in_memory(DType::F32, vec![1], &f32::NAN.to_le_bytes()), 0);
-        assert_eq!((none.min, none.mean, none.std), (None, None, None));
+fn stats_of<T: Element>(values: &TensorValues, preview: usize) -> TensorStats {
+    use rayon::prelude::*;
+    let mut first = Vec::with_capacity(preview);
+    let mut all = Partial::default();
+    let chunk = CHUNK_ELEMENTS * T::SIZE;
+    let window = (repro_trace::WINDOW_BYTES / chunk).max(1) * chunk;
+    TensorValues::zip_windows(&[values], window, |_, windows| {
+        let bytes = windows[0];
+        for element in bytes.chunks_exact(T::SIZE).take(preview.saturating_sub(first.len())) {
+            first.push(T::load(element).value());
+        }
+        // Chunks in parallel, merged in chunk order: the same figures on any thread count.
+        let parts: Vec<Partial> = bytes.par_chunks(chunk).map(Partial::of::<T>).collect();
+        all = parts.into_iter().fold(all, Partial::then);
+    });
+    TensorStats {
+        elements: all.elements,
+        nan: all.nan,
+        infinite: all.infinite,
+        zeros: all.zeros,
+        min: all.min,
+        max: all.max,
+        mean: (all.finite > 0).then_some(all.mean),
+        std: (all.finite > 0).then(|| (all.m2 / all.finite as f64).sqrt()),
+        first,
     }
 }
 
@@ -142,4 +174,41 @@ fn pairs_of<T: Element>(a: &TensorValues, b: &TensorValues, n: usize) -> Vec<Ele
         }
     });
     pairs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use repro_trace::dtype::DType;
+
+    #[test]
+    fn special_values_are_counted_apart_from_the_finite_ones() {
+        let v = [1.0f32, f32::NAN, -2.0, f32::INFINITY, 0.0, 4.0];
+        let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+        let values = TensorValues::in_memory(DType::F32, vec![6], &bytes);
+        let s = tensor_stats(&values, 3);
+        assert_eq!((s.elements, s.nan, s.infinite, s.zeros), (6, 1, 1, 1));
+        assert_eq!((s.min, s.max), (Some(-2.0), Some(4.0)));
+        assert!((s.mean.unwrap() - 0.75).abs() < 1e-12, "{:?}", s.mean);
+        let expected_std = ((0.0625 + 7.5625 + 0.5625 + 10.5625) / 4.0f64).sqrt();
+        assert!((s.std.unwrap() - expected_std).abs() < 1e-12);
+        assert_eq!(s.first.len(), 3);
+        assert!(s.first[1].is_nan());
+        let none = tensor_stats(&TensorValues::in_memory(DType::F32, vec![1], &f32::NAN.to_le_bytes()), 0);
+        assert_eq!((none.min, none.mean, none.std), (None, None, None));
+    }
+
+    #[test]
+    fn chunks_merged_in_order_give_the_one_pass_figures() {
+        let n = CHUNK_ELEMENTS * 3 + 17;
+        let v: Vec<f32> = (0..n).map(|i| ((i * 7919) % 1000) as f32 * 0.001 - 0.3).collect();
+        let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+        let s = tensor_stats(&TensorValues::in_memory(DType::F32, vec![n as u64], &bytes), 4);
+        let one = Partial::of::<f32>(&bytes);
+        assert_eq!((s.elements, s.zeros), (one.elements, one.zeros));
+        assert_eq!((s.min, s.max), (one.min, one.max));
+        assert!((s.mean.unwrap() - one.mean).abs() < 1e-12, "{:?} vs {}", s.mean, one.mean);
+        assert!((s.std.unwrap() - (one.m2 / one.finite as f64).sqrt()).abs() < 1e-9);
+        assert_eq!(s.first, v[..4].iter().map(|&x| x as f64).collect::<Vec<_>>());
+    }
 }

@@ -15,7 +15,7 @@ use repro_trace::{
     TraceError, TraceReader,
 };
 use serde::Serialize;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// The outcome of comparing two traces.
 #[derive(Debug, Clone, Serialize)]
@@ -338,6 +338,13 @@ pub fn diff_traces_with(
                 untransposed += left_out.len() as u64;
                 sa.leave_out(&left_out);
                 sb.leave_out(&left_out);
+                // A captured scope's output under the module path the other run names it by:
+                // where one run's graph is named by scopes (`S#k`) and the other's by module.
+                if sa.has_scoped_nodes() != sb.has_scoped_nodes() {
+                    let (names_a, names_b) = (sa.names(), sb.names());
+                    sa.alias_scope_outputs(&names_b);
+                    sb.alias_scope_outputs(&names_a);
+                }
                 state.compare_step(a, &sa, b, &sb)?;
                 steps_a += 1;
                 steps_b += 1;
@@ -488,6 +495,65 @@ impl ComparedStep {
             let mut flags = keep.iter();
             origin.retain(|_| *flags.next().expect("one flag a record"));
         }
+    }
+
+    /// Whether its captured graph's nodes are named by scope (`S#k`, a candle capture).
+    fn has_scoped_nodes(&self) -> bool {
+        self.tensors().iter().any(|t| t.node.is_some() && t.name.contains('#'))
+    }
+
+    /// The names of the records compared.
+    fn names(&self) -> BTreeSet<String> {
+        self.tensors().iter().map(|t| t.name.clone()).collect()
+    }
+
+    /// Adds, for each captured scope whose module path (`h[1]/mlp` stands for `h.1.mlp`) the
+    /// other run records and this one does not, an alias of the scope's output under that path:
+    /// its last node, nodes of scopes nested in it included (a module returns what its last
+    /// submodule computed). The alias follows the node, deeper scopes first, as a PyTorch
+    /// module's output follows its submodules'; it reads the node's values. So a candle port,
+    /// captured scope by scope, pairs with its PyTorch origin's module outputs by name, with
+    /// no name map.
+    fn alias_scope_outputs(&mut self, other: &BTreeSet<String>) {
+        // Module path -> (index of the scope's last node, depth of the scope).
+        let mut outputs: BTreeMap<String, (usize, usize)> = BTreeMap::new();
+        for (i, t) in self.tensors().iter().enumerate() {
+            let Some((scope, _)) = t.name.rsplit_once('#').filter(|_| t.node.is_some()) else { continue };
+            let parts: Vec<&str> = scope.split('/').collect();
+            for depth in 1..=parts.len() {
+                let path = parts[..depth].join(".").replace('[', ".").replace(']', "");
+                outputs.insert(path, (i, depth));
+            }
+        }
+        let own = self.names();
+        let mut aliases: Vec<(usize, usize, String)> = outputs
+            .into_iter()
+            .filter(|(path, _)| other.contains(path) && !own.contains(path))
+            .map(|(path, (i, depth))| (i, depth, path))
+            .collect();
+        if aliases.is_empty() {
+            return;
+        }
+        // After its node; deeper scopes first.
+        aliases.sort_by(|x, y| x.0.cmp(&y.0).then(y.1.cmp(&x.1)).then(x.2.cmp(&y.2)));
+        let stored = &self.stored;
+        let (tensors, origin) =
+            self.mapped.get_or_insert_with(|| (stored.tensors.clone(), (0..stored.tensors.len()).map(Some).collect()));
+        let mut aliases = aliases.into_iter().peekable();
+        let (mut with, mut with_origin) = (Vec::with_capacity(tensors.len()), Vec::with_capacity(origin.len()));
+        for (i, (t, from)) in std::mem::take(tensors).into_iter().zip(std::mem::take(origin)).enumerate() {
+            let mut added = Vec::new();
+            while let Some((_, _, path)) = aliases.next_if(|(at, _, _)| *at == i) {
+                added.push(TensorRecord { name: path, ..t.clone() });
+            }
+            with.push(t);
+            with_origin.push(from);
+            for alias in added {
+                with.push(alias);
+                with_origin.push(from);
+            }
+        }
+        (*tensors, *origin) = (with, with_origin);
     }
 
     /// The record that holds `t`'s values, `t` being one of `tensors()`: its stored record.
@@ -976,6 +1042,49 @@ mod tests {
         assert_eq!(d.not_compared, 1);
         assert_eq!(d.tensors_compared, 1, "the weight it reads is compared");
         assert!(d.warnings.iter().any(|w| w.contains("were not compared")), "{:?}", d.warnings);
+    }
+
+    /// A captured node named `name`, at `position` of the graph, holding `values`.
+    fn node(name: &str, position: u64, values: &[f32]) -> StepTensor {
+        let mut t = f32_tensor(name, TensorKind::OpOutput, vec![values.len() as u64], values, true);
+        t.record.node = Some(position);
+        t
+    }
+
+    /// Issue 45, item 9b: a candle port captured scope by scope pairs with its origin's module
+    /// outputs (PyTorch's `h.0.attn`, `h.0.attn.c_proj`, `h.0.mlp`) by name, with no map.
+    #[test]
+    fn a_captured_scopes_output_pairs_with_the_module_of_its_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let candle = one_step_trace(
+            &dir.path().join("candle"),
+            vec![
+                node("h[0]/attn#0", 0, &[1.0, 2.0]),
+                node("h[0]/attn/c_proj#0", 1, &[3.0, 4.0]),
+                node("h[0]/mlp#0", 2, &[5.0]),
+                node("h[0]/mlp#1", 3, &[6.0, 7.0]),
+            ],
+        );
+        let torch = |dir: &Path, mlp: f32| {
+            one_step_trace(
+                dir,
+                vec![
+                    node("h.0.attn.c_proj", 0, &[3.0, 4.0]),
+                    node("h.0.attn", 1, &[3.0, 4.0]),
+                    node("h.0.mlp", 2, &[6.0, mlp]),
+                ],
+            )
+        };
+        let same = torch(&dir.path().join("same"), 7.0);
+        let d = diff(&candle, &same, &DiffOptions::default());
+        assert!(d.first_divergence.is_none(), "{:?}", d.first_divergence);
+        assert_eq!(d.tensors_compared, 3, "each module output paired with its scope's: {d:?}");
+        // Where the module's output differs, the divergence names it, with its values compared.
+        let off = torch(&dir.path().join("off"), 8.0);
+        let d = diff(&candle, &off, &DiffOptions::default());
+        let first = d.first_divergence.expect("the mlp differs");
+        assert_eq!(first.tensor, "h.0.mlp");
+        assert_eq!(first.metrics.map(|m| m.mismatched), Some(1));
     }
 
     #[test]

@@ -67,6 +67,12 @@ pub fn render_summary(s: &TraceSummary) -> String {
                 Some(owner) => format!("view of {owner}"),
                 None => t.inputs.join(", "),
             };
+            // Where a captured node's scope was opened: the user's code to look at.
+            let inputs = match &t.source {
+                Some(source) if inputs.is_empty() => format!("at {source}"),
+                Some(source) => format!("{inputs}; at {source}"),
+                None => inputs,
+            };
             let line = format!(
                 "  {:<width$}  {:<10}  {:<8}  {:<5}  {:<14}  {:>10}  {}",
                 t.name,

@@ -18,6 +18,9 @@ pub fn render_tensor(trace: &str, step: u64, tensor: &TensorRecord, stats: &Tens
         shape(&tensor.shape),
         stats.elements
     );
+    if let Some(source) = &tensor.source {
+        let _ = writeln!(out, "  recorded in the scope opened at {source}");
+    }
     let _ = writeln!(
         out,
         "  min {}  max {}  mean {}  std {}",

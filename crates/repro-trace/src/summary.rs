@@ -100,6 +100,9 @@ pub struct TensorInfo {
     /// For a view (format 1.5): the tensor whose memory it reads.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub view_of: Option<String>,
+    /// For a captured node (format 1.4): where in the program its scope was opened.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
 }
 
 /// Reads a whole trace (records only, not payload contents) and summarizes it.
@@ -140,6 +143,7 @@ pub fn summarize(dir: &Path) -> Result<TraceSummary, TraceError> {
                     shape: t.shape.clone(),
                     bytes: t.numel() * t.dtype.size_in_bytes() as u64,
                     view_of: t.view.as_ref().map(|v| v.of.clone()),
+                    source: t.source.clone(),
                 })
                 .collect();
         }
