@@ -60,27 +60,30 @@ struct Partial {
 
 impl Partial {
     fn of<T: Element>(bytes: &[u8]) -> Partial {
-        let mut p = Partial::default();
-        for element in bytes.chunks_exact(T::SIZE) {
-            let x = T::load(element).value();
-            p.elements += 1;
-            if x.is_nan() {
-                p.nan += 1;
-                continue;
-            }
-            if x.is_infinite() {
-                p.infinite += 1;
-                continue;
-            }
+        let values: Vec<f64> = bytes.chunks_exact(T::SIZE).map(|e| T::load(e).value()).collect();
+        let mut p = Partial { elements: values.len() as u64, ..Partial::default() };
+        // Two passes over a chunk that sits in cache, without a division per element: the sum
+        // (and the counts and extremes), then the squared deviations from the chunk's mean.
+        let (mut sum, mut min, mut max) = (0f64, f64::INFINITY, f64::NEG_INFINITY);
+        for &x in &values {
+            let finite = x.is_finite();
+            p.nan += u64::from(x.is_nan());
+            p.finite += u64::from(finite);
             p.zeros += u64::from(x == 0.0);
-            p.min = Some(p.min.map_or(x, |m| m.min(x)));
-            p.max = Some(p.max.map_or(x, |m| m.max(x)));
-            // Welford's running mean and sum of squared deviations, element by element.
-            p.finite += 1;
-            let delta = x - p.mean;
-            p.mean += delta / p.finite as f64;
-            p.m2 += delta * (x - p.mean);
+            let x = if finite { x } else { 0.0 };
+            sum += x;
+            if finite {
+                min = min.min(x);
+                max = max.max(x);
+            }
         }
+        p.infinite = p.elements - p.nan - p.finite;
+        if p.finite == 0 {
+            return p;
+        }
+        (p.min, p.max) = (Some(min), Some(max));
+        p.mean = sum / p.finite as f64;
+        p.m2 = values.iter().filter(|x| x.is_finite()).map(|x| (x - p.mean) * (x - p.mean)).sum();
         p
     }
 
