@@ -22,22 +22,25 @@ def parse(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("out", nargs="?", default="runs/torch-ddp", help="run directory (REPRO_TRACE_DIR wins)")
     p.add_argument("--fsdp", action="store_true", help="shard the parameters with fully_shard instead of DDP")
+    p.add_argument("--bf16", action="store_true", help="with --fsdp: compute in bf16, reduce gradients in f32")
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--batch", type=int, default=32, help="the global batch, split evenly over the ranks")
     p.add_argument("--lr", type=float, default=0.05)
     return p.parse_args(argv)
 
 
-def wrapped(model: torch.nn.Module, fsdp: bool, device: torch.device) -> torch.nn.Module:
-    """`model` under DDP, or each layer and the whole sharded by FSDP2."""
+def wrapped(model: torch.nn.Module, fsdp: bool, device: torch.device, bf16: bool = False) -> torch.nn.Module:
+    """`model` under DDP, or each layer and the whole sharded by FSDP2 (in bf16 mixed precision
+    with `bf16`: parameters gathered and computed in bf16, gradients reduced in f32)."""
     if not fsdp:
         return torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
     for layer in model:
         if any(True for _ in layer.parameters()):
-            fully_shard(layer)
-    return fully_shard(model)
+            fully_shard(layer, mp_policy=policy)
+    return fully_shard(model, mp_policy=policy)
 
 
 def main(argv, after_step=None):
@@ -54,10 +57,18 @@ def main(argv, after_step=None):
     torch.manual_seed(0)
     torch.use_deterministic_algorithms(True)
     model = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1)).to(device)
-    model = wrapped(model, args.fsdp, device)
+    model = wrapped(model, args.fsdp, device, args.bf16)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr)
-    run = {"workload": "torch-mlp-dp", "steps": args.steps,
-           "params": {"lr": str(args.lr), "batch": str(args.batch), "sharding": "fsdp" if args.fsdp else "ddp"}}
+    run = {
+        "workload": "torch-mlp-dp",
+        "steps": args.steps,
+        "params": {
+            "lr": str(args.lr),
+            "batch": str(args.batch),
+            "sharding": "fsdp" if args.fsdp else "ddp",
+            "precision": "bf16" if args.bf16 else "f32",
+        },
+    }
     rec = ModelRecorder.create_or_gated(args.out, run, model)
     data = torch.Generator().manual_seed(1)
     rows = slice(rank * args.batch // world, (rank + 1) * args.batch // world)
@@ -66,7 +77,7 @@ def main(argv, after_step=None):
         x, y = x_all[rows].to(device), x_all.sum(dim=1, keepdim=True).sin()[rows].to(device)
         opt.zero_grad()
         with rec.training_step(step, inputs={"x": x, "y": y}) as s:
-            loss = torch.nn.functional.mse_loss(model(x), y)
+            loss = torch.nn.functional.mse_loss(model(x).float(), y)
             s.loss(loss)
             loss.backward()
             s.gradients()

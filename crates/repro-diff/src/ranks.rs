@@ -249,6 +249,10 @@ pub enum DataParallelCause {
         step: u64,
         /// The gradient.
         tensor: String,
+        /// Whether the runs record the ranks' shares of the sum at all (a collective record with
+        /// its share as input): false for a run that records whole gradients only (PyTorch's
+        /// FSDP, whose shards are reduced and scattered), where no capture policy can tell.
+        shares_recorded: bool,
     },
 }
 
@@ -360,7 +364,10 @@ fn place_in_step(dir: &Path, step: u64, tensor: &str) -> Result<Place, TraceErro
 fn split_cause(step: u64, tensor: &str, runs: &[(&Path, &Vec<PathBuf>)]) -> Result<DataParallelCause, TraceError> {
     for (run, streams) in runs.iter().filter(|(_, s)| s.len() > 1) {
         match rank_order_distance(streams, step, tensor)? {
-            None => return Ok(DataParallelCause::Undetermined { step, tensor: tensor.to_string() }),
+            None => {
+                let shares_recorded = shares_recorded(streams, step, tensor)?;
+                return Ok(DataParallelCause::Undetermined { step, tensor: tensor.to_string(), shares_recorded });
+            }
             Some(0) => {}
             Some(max_ulp) => {
                 return Ok(DataParallelCause::CollectiveRounding {
@@ -373,6 +380,13 @@ fn split_cause(step: u64, tensor: &str, runs: &[(&Path, &Vec<PathBuf>)]) -> Resu
         }
     }
     Ok(DataParallelCause::BatchSplit { step, tensor: tensor.to_string() })
+}
+
+/// Whether rank 0 records `tensor` at `step` as a collective's sum with its share as input.
+fn shares_recorded(streams: &[PathBuf], step: u64, tensor: &str) -> Result<bool, TraceError> {
+    let (_, Some(record)) = read_step(&streams[0], step)? else { return Ok(false) };
+    let sum = record.tensors.iter().find(|t| t.name == tensor && t.collective.is_some());
+    Ok(sum.and_then(|s| s.inputs.first()).is_some_and(|share| record.tensors.iter().any(|t| &t.name == share)))
 }
 
 /// The largest ULP distance between rank 0's recorded sum `tensor` at `step` and the ranks'
@@ -607,6 +621,21 @@ mod tests {
         let diff = diff_runs(&single, &skewed, &DiffOptions::default()).unwrap();
         assert!(
             matches!(diff.cause, Some(DataParallelCause::CollectiveRounding { max_ulp: 2, .. })),
+            "{:?}",
+            diff.cause
+        );
+        // Ranks that record the gradient whole (PyTorch's FSDP): undetermined, and said why.
+        let whole = dir.path().join("whole");
+        for rank in 0..2 {
+            let step = vec![
+                T("w", TensorKind::Weight, vec![1.0], None),
+                T("w.grad", TensorKind::Gradient, vec![up(0.75, 2)], None),
+            ];
+            stream(&whole.join(format!("rank-{rank}")), rank, 2, vec![step]);
+        }
+        let diff = diff_runs(&single, &whole, &DiffOptions::default()).unwrap();
+        assert!(
+            matches!(diff.cause, Some(DataParallelCause::Undetermined { shares_recorded: false, .. })),
             "{:?}",
             diff.cause
         );

@@ -141,8 +141,11 @@ fn cause_sentence(cause: &DataParallelCause, r: &RunDiff) -> String {
         DataParallelCause::CollectiveRounding { step, tensor, run, max_ulp } => format!(
             "cause: the collective's order. At step {step}, {run}'s sum of `{tensor}` is up to {max_ulp} ULP from its ranks' shares added in rank order"
         ),
-        DataParallelCause::Undetermined { step, tensor } => format!(
+        DataParallelCause::Undetermined { step, tensor, shares_recorded: true } => format!(
             "cause: undetermined. The ranks' shares of `{tensor}` at step {step} were stored as hashes only, so a batch split cannot be told from the collective's order: record with --capture all (or steps:{step})"
+        ),
+        DataParallelCause::Undetermined { step, tensor, shares_recorded: false } => format!(
+            "cause: undetermined. The runs record `{tensor}` whole, not as a sum of the ranks' shares (PyTorch's FSDP reduces and scatters them), so a batch split cannot be told from the collective's order at step {step}; the world sizes differ, and with them both"
         ),
     }
 }
