@@ -31,6 +31,8 @@ def parse(argv):
     p.add_argument("--batch", type=int, default=8, help="global batch, split over the ranks")
     p.add_argument("--context", type=int, default=512)
     p.add_argument("--layers", type=int, default=12, help="fewer for a try on the CPU")
+    p.add_argument("--fsdp", action="store_true", help="shard with FSDP2's fully_shard (each block, then the whole)")
+    p.add_argument("--bf16", action="store_true", help="with --fsdp: bf16 parameters and compute, f32 reduction")
     return p.parse_args(argv)
 
 
@@ -53,10 +55,21 @@ def main(argv):
     config = GPT2Config(n_positions=args.context, n_layer=args.layers, resid_pdrop=0.0, embd_pdrop=0.0,
                         attn_pdrop=0.0, use_cache=False)
     model = GPT2LMHeadModel._from_config(config, attn_implementation="eager").to(device)
-    model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if cuda else None)
+    if args.fsdp:
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        dtype = torch.bfloat16 if args.bf16 else None
+        policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32 if args.bf16 else None)
+        for block in model.transformer.h:
+            fully_shard(block, mp_policy=policy)
+        model = fully_shard(model, mp_policy=policy)
+    else:
+        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if cuda else None)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    run = {"workload": "gpt2-124m-ddp", "steps": args.steps,
-           "params": {"batch": str(args.batch), "context": str(args.context), "lr": "1e-4"}}
+    params = {"batch": str(args.batch), "context": str(args.context), "lr": "1e-4"}
+    if args.fsdp:
+        params["sharding"] = "fsdp-bf16" if args.bf16 else "fsdp"
+    run = {"workload": "gpt2-124m-ddp", "steps": args.steps, "params": params}
     rec = None if args.plain else ModelRecorder.create_or_gated(args.out, run, model)
     data = torch.Generator().manual_seed(1)
     rows = slice(rank * args.batch // world, (rank + 1) * args.batch // world)
