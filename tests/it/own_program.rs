@@ -200,6 +200,19 @@ fn bisect_with_runs_catches_a_fault_that_fires_only_sometimes() {
     assert!(run.stderr.contains("recording the second run again"), "{}", run.stderr);
 }
 
+/// Records the `any_model` example into `dir/a`, and into `dir/b` with a 1-ULP fault planted in
+/// `head.bias` at step 2 (`REPRO_PERTURB`), each keeping full values as `capture` says.
+fn any_model_with_a_fault(dir: &Path, capture: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+    let program = example("any_model");
+    let (a, b) = (dir.join("a"), dir.join("b"));
+    let run = repro(&["record", "--out", s(&a), "--capture", capture, "--", s(&program)]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let env = [("REPRO_PERTURB", "2:head.bias:1")];
+    let run = crate::util::repro_with_env(&["record", "--out", s(&b), "--capture", capture, "--", s(&program)], &env);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    (a, b)
+}
+
 /// Issue 45, item 7: `REPRO_PERTURB` reaches a `ModelRecorder` program's parameters (moved for
 /// the forward pass of their step, so the fault propagates as a real one would), and says what
 /// it cannot reach (the loss such a program computes before repro sees it).
@@ -208,12 +221,7 @@ fn a_perturbation_reaches_a_captured_models_parameters_and_names_what_it_cannot(
     use crate::util::repro_with_env;
     let dir = tempfile::tempdir().unwrap();
     let program = example("any_model");
-    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
-    let run = repro(&["record", "--out", s(&a), "--capture", "steps:2", "--", s(&program)]);
-    assert_eq!(run.code, 0, "{}", run.stderr);
-    let env = [("REPRO_PERTURB", "2:head.bias:1")];
-    let run = repro_with_env(&["record", "--out", s(&b), "--capture", "steps:2", "--", s(&program)], &env);
-    assert_eq!(run.code, 0, "{}", run.stderr);
+    let (a, b) = any_model_with_a_fault(dir.path(), "steps:2");
     let v = json(&repro(&["diff", s(&a), s(&b), "--json"]).stdout);
     assert_eq!(v["first_divergence"]["step"], 2, "{v}");
     // The trace keeps the parameter's true value; the node that read the moved one differs.
@@ -232,15 +240,8 @@ fn a_perturbation_reaches_a_captured_models_parameters_and_names_what_it_cannot(
 /// amplified its inputs' difference, with the numbers, rather than nothing.
 #[test]
 fn under_a_tolerance_an_update_names_the_difference_its_optimizer_amplified() {
-    use crate::util::repro_with_env;
     let dir = tempfile::tempdir().unwrap();
-    let program = example("any_model");
-    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
-    let run = repro(&["record", "--out", s(&a), "--capture", "all", "--", s(&program)]);
-    assert_eq!(run.code, 0, "{}", run.stderr);
-    let env = [("REPRO_PERTURB", "2:head.bias:1")];
-    let run = repro_with_env(&["record", "--out", s(&b), "--capture", "all", "--", s(&program)], &env);
-    assert_eq!(run.code, 0, "{}", run.stderr);
+    let (a, b) = any_model_with_a_fault(dir.path(), "all");
     // Loose on what the step computes, strict on the weights.
     let tolerance = "grad=abs:1e-5,op_output=abs:1e-5,loss=abs:1e-5,prediction=abs:1e-5,abs:1e-8";
     let v = json(&repro(&["diff", s(&a), s(&b), "--tolerance", tolerance, "--json"]).stdout);

@@ -43,8 +43,13 @@ pub fn record(dir: &Path, name: &str, extra: &[&str]) -> PathBuf {
 /// `dir/name` with full values at the steps `capture` names, plus extra arguments. The
 /// configuration of the committed H100 gpt fixture.
 pub fn record_small_gpt(dir: &Path, name: &str, capture: &str, extra: &[&str]) -> PathBuf {
+    record_small_gpt_of_batch(dir, name, 2, capture, extra)
+}
+
+/// `record_small_gpt` with a batch of `batch` sequences.
+pub fn record_small_gpt_of_batch(dir: &Path, name: &str, batch: usize, capture: &str, extra: &[&str]) -> PathBuf {
     let out = dir.join(name);
-    let out_s = out.to_str().unwrap().to_string();
+    let (out_s, batch) = (out.to_str().unwrap().to_string(), batch.to_string());
     let mut args = vec![
         "record",
         "--workload",
@@ -52,7 +57,7 @@ pub fn record_small_gpt(dir: &Path, name: &str, capture: &str, extra: &[&str]) -
         "--steps",
         "3",
         "--batch",
-        "2",
+        &batch,
         "--context",
         "16",
         "--width",

@@ -59,8 +59,8 @@ pub enum CauseRule {
 
 /// How many times more than its inputs' error (in ULPs at the values' scale) an op's output must
 /// differ to be a new cause rather than drift. One op with inputs off by rounding moves its
-/// output by at most tens to hundreds of ULPs (a long dot product); a wrong constant or term
-/// moves it by millions.
+/// output by a bounded multiple of their error (its conditioning); a wrong constant or a
+/// missing term moves it by far more.
 pub const AMPLIFICATION: f64 = 1000.0;
 
 /// The analysis of the first diverging step.
