@@ -99,12 +99,8 @@ def tensor_hash(dtype: str, shape: list[int], data: bytes) -> str:
 
 def _hash_of(domain: bytes, dtype: str, shape: list[int], *fields: bytes) -> str:
     """BLAKE3 of a domain, a dtype and a shape as the canonical hashes encode them, then `fields`."""
-    h = blake3.blake3()
-    h.update(domain)
-    h.update(bytes([len(dtype)]) + dtype.encode("ascii"))
-    h.update(struct.pack("<Q", len(shape)))
-    for d in shape:
-        h.update(struct.pack("<Q", d))
+    h = blake3.blake3(domain)
+    h.update(bytes([len(dtype)]) + dtype.encode("ascii") + struct.pack(f"<{len(shape) + 1}Q", len(shape), *shape))
     for f in fields:
         h.update(f)
     return h.hexdigest()

@@ -19,6 +19,7 @@ installing it needs no Rust toolchain, and that the Rust and Python sides agree 
 from __future__ import annotations
 
 import fcntl
+import math
 import os
 import platform
 import re
@@ -333,7 +334,7 @@ class TraceWriter:
             raise WriteError(f"{where}: unknown phase {t.phase!r}")
         if len(t.shape) > MAX_RANK:
             raise WriteError(f"{where}: rank {len(t.shape)} exceeds {MAX_RANK}")
-        expected = DTYPE_SIZES[t.dtype] * int(np.prod([int(d) for d in t.shape], dtype=object))
+        expected = DTYPE_SIZES[t.dtype] * math.prod(int(d) for d in t.shape)
         if t.data is None and t.view is None:
             if not isinstance(t.data_hash, (bytes, bytearray)) or len(t.data_hash) != 32:
                 raise WriteError(f"{where}: neither its bytes nor a 32-byte data hash")
@@ -355,7 +356,7 @@ class TraceWriter:
             if t.node is None or t.data is not None or owner is None or owner.dtype != t.dtype:
                 raise WriteError(f"{where}: a view is a node's, without data, of a tensor of its dtype recorded "
                                  "earlier in the step")
-            elements = int(np.prod([int(d) for d in owner.shape], dtype=object))
+            elements = math.prod(int(d) for d in owner.shape)
             if len(strides) != len(t.shape) or not view_within([int(d) for d in t.shape], int(offset),
                                                                   [int(x) for x in strides], elements):
                 raise WriteError(f"{where}: its view does not lie within `{of}`")

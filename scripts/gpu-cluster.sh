@@ -103,24 +103,22 @@ if want torch || want port || want torchbreakdown || want torchlarge; then
 fi
 
 if want torchlarge; then
-    section "PyTorch recorder overhead at GPT-2-medium size (355M parameters, bf16 autocast)"
-    $py python/bench/torch_overhead.py cuda gpt2-medium 2>&1 | grep "^|" | tee -a "$summary"
+    section "PyTorch recorder cost at 1.1B parameters (a Llama shape, bf16 autocast; python/bench/torch_cost.py)"
+    $py python/bench/torch_cost.py --header --batch 8 --variants plain,batched,debug llama-1b 2>&1 | grep "^|" | tee -a "$summary"
 fi
 
 if want torchbreakdown; then
-    section "Where ResNet-18's recording time goes (python/bench/torch_breakdown.py)"
-    $py python/bench/torch_breakdown.py 2>&1 | tail -7 | tee -a "$summary"
+    section "Where ResNet-50's recording time goes (python/bench/torch_profile.py)"
+    REPRO_PROFILE_PYTHON=timers $py python/bench/torch_profile.py resnet50 64 batched 2>&1 | grep -A1 "^==" | tee -a "$summary"
 fi
 
 if want torch; then
     section "PyTorch recorder: tests with this machine's torch"
     say "$($py -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)' 2>&1)"
     REPRO_BIN="$repro" $py -W ignore -m unittest discover -s python/tests -v 2>&1 | tail -12 | tee -a "$summary"
-    section "PyTorch recorder overhead (hashes only), against PyTorch's DebugMode"
-    $py python/bench/torch_overhead.py cuda 2>&1 | grep "^|" | tee -a "$summary"
     if $py -c "import torchvision" 2>/dev/null && [ -n "${REPRO_CUDA_HASH_LIB:-}" ]; then
-        section "Where ResNet-18's recording time goes (python/bench/torch_breakdown.py)"
-        $py python/bench/torch_breakdown.py 2>&1 | tail -7 | tee -a "$summary"
+        section "PyTorch recorder cost (hashes only), against PyTorch's DebugMode (python/bench/torch_cost.py)"
+        $py python/bench/torch_cost.py --header --variants plain,batched,debug resnet50 gpt2 2>&1 | grep "^|" | tee -a "$summary"
     fi
 fi
 

@@ -8,7 +8,13 @@
 //! void *repro_cuda_hasher_new(int32_t ordinal);                        // NULL on error
 //! int64_t repro_cuda_hasher_push(void *h, uint64_t address, uint64_t len, int32_t keep_bytes);
 //!                                                            // its ticket; -1 on error
+//! int64_t repro_cuda_hasher_push_many(void *h, const uint64_t *addresses, const uint64_t *lens,
+//!                                     const uint8_t *keep_bytes, uint64_t n);
+//!                                                     // the first one's ticket; -1 on error
 //! int32_t repro_cuda_hasher_flush(void *h);                    // 0, or -1 on error
+//! int64_t repro_cuda_hasher_flush_beside(void *h);   // the flush's number (1, 2, ...); -1
+//! int64_t repro_cuda_hasher_reads_done(void *h);     // flushes whose reads are done; -1
+//! int64_t repro_cuda_hasher_wait_reads(void *h);     // the same, once all are; -1
 //! void *repro_cuda_hasher_start_read(void *h, uint64_t *n);    // a read, NULL on error
 //! int32_t repro_cuda_read_finish(void *read, uint8_t *hashes, uint64_t n,
 //!                                uint8_t *bytes, uint64_t bytes_len);  // 0, or -1 on error
@@ -36,12 +42,20 @@
 //! hasher's own, beside the program's work (`DeviceBatch::beside`). A program on another stream
 //! synchronizes it before `flush` and finishes the read before going on. All calls on one
 //! hasher, and on its reads, come from one thread.
+//!
+//! `flush_beside` reads the memory on the hasher's own stream instead, behind what the calling
+//! thread's stream had queued: the program's later work runs on while the memory is read, so
+//! the program must keep it allocated and unchanged until `reads_done` has reached the number
+//! `flush_beside` returned (every flush, of either kind, is numbered in order; a `flush`'s reads
+//! are done as far as the program is concerned once it returns).
 
+use candle_core::cuda_backend::cudarc::driver::CudaEvent;
 use candle_core::cuda_backend::cudarc::driver::CudaStream;
 use candle_core::cuda_backend::WrapErr;
 use candle_core::{Device, Result};
 use repro::record::device::{DeviceBatch, ForeignBytes, PendingRead, Resolved};
 use std::cell::RefCell;
+use std::collections::VecDeque;
 use std::ffi::{c_char, c_void, CString};
 use std::sync::Arc;
 
@@ -51,6 +65,13 @@ struct Hasher {
     batch: DeviceBatch,
     keeps_bytes: Vec<bool>,
     beside: Arc<CudaStream>,
+    /// Flushes so far (the last one's number).
+    flushes: i64,
+    /// Flushes whose reads are done, as far as the program can tell.
+    reads_done: i64,
+    /// The flushes after `reads_done`, in order: each with the event recorded behind its reads
+    /// on `beside`, or none for one whose reads were ordered on the calling thread's stream.
+    reading: VecDeque<(i64, Option<CudaEvent>)>,
 }
 
 impl Hasher {
@@ -81,10 +102,23 @@ fn new_hasher(ordinal: i32) -> Result<Hasher> {
     let ordinal = usize::try_from(ordinal).map_err(|_| candle_core::Error::Msg(format!("no GPU {ordinal}")))?;
     let Device::Cuda(dev) = Device::new_cuda(ordinal)? else { unreachable!("new_cuda gives a CUDA device") };
     repro::record::device::prepare(&dev)?;
+    // The batches order their streams themselves (`DeviceBatch`: each stream joins the one
+    // whose work it follows, and a buffer goes back to its pool only once its results have
+    // landed), so cudarc's own tracking, events recorded and waited on for every buffer a
+    // launch takes, would only add driver calls to every flush.
+    // SAFETY: see above; the hasher's buffers are made after this call.
+    unsafe { dev.cuda_stream().context().disable_event_tracking() };
     // Non-blocking: it is not ordered with PyTorch's legacy default stream, only with the
     // flushing thread's stream through the events `DeviceBatch::beside` records.
     let beside = dev.cuda_stream().context().new_stream().w()?;
-    Ok(Hasher { batch: DeviceBatch::beside(dev, beside.clone()), keeps_bytes: Vec::new(), beside })
+    Ok(Hasher {
+        batch: DeviceBatch::beside(dev, beside.clone()),
+        keeps_bytes: Vec::new(),
+        beside,
+        flushes: 0,
+        reads_done: 0,
+        reading: VecDeque::new(),
+    })
 }
 
 /// A hasher on GPU `ordinal`, or NULL (see `repro_cuda_last_error`).
@@ -138,6 +172,58 @@ pub unsafe extern "C" fn repro_cuda_hasher_push(hasher: *mut c_void, address: u6
     hasher.batch.push_foreign(bytes, keep_bytes == 0) as i64
 }
 
+/// Queues `n` pieces of device memory at once (`repro_cuda_hasher_push` for each, in order);
+/// returns the first one's ticket, or -1.
+///
+/// # Safety
+/// As `repro_cuda_hasher_push`, for each piece; the three arrays hold `n` elements each (any may
+/// be NULL when `n` is 0).
+#[no_mangle]
+pub unsafe extern "C" fn repro_cuda_hasher_push_many(
+    hasher: *mut c_void,
+    addresses: *const u64,
+    lens: *const u64,
+    keep_bytes: *const u8,
+    n: u64,
+) -> i64 {
+    let Some(hasher) = (unsafe { hasher_of(hasher, "repro_cuda_hasher_push_many") }) else { return -1 };
+    let first = hasher.batch.tickets() as i64;
+    if n == 0 {
+        return first;
+    }
+    if addresses.is_null() || lens.is_null() || keep_bytes.is_null() {
+        set_error("repro_cuda_hasher_push_many: an array is NULL".into());
+        return -1;
+    }
+    let n = n as usize;
+    // SAFETY: the caller's promise above.
+    let (addresses, lens, keeps) = unsafe {
+        (
+            std::slice::from_raw_parts(addresses, n),
+            std::slice::from_raw_parts(lens, n),
+            std::slice::from_raw_parts(keep_bytes, n),
+        )
+    };
+    for ((&address, &len), &keep) in addresses.iter().zip(lens).zip(keeps) {
+        // SAFETY: the caller's promise above.
+        let bytes = unsafe { ForeignBytes::new(address, len as usize) };
+        hasher.keeps_bytes.push(keep != 0);
+        hasher.batch.push_foreign(bytes, keep == 0);
+    }
+    first
+}
+
+/// Flushes what is queued, reading it on the calling thread's stream or beside it; the flush's
+/// number.
+fn flush(hasher: &mut Hasher, beside: bool) -> Result<i64> {
+    hasher.batch.set_reads_beside(beside);
+    hasher.batch.flush()?;
+    hasher.flushes += 1;
+    let event = if beside { Some(hasher.beside.record_event(None).w()?) } else { None };
+    hasher.reading.push_back((hasher.flushes, event));
+    Ok(hasher.flushes)
+}
+
 /// Launches the hashing of everything queued, without waiting. Returns 0, or -1.
 ///
 /// # Safety
@@ -145,13 +231,74 @@ pub unsafe extern "C" fn repro_cuda_hasher_push(hasher: *mut c_void, address: u6
 #[no_mangle]
 pub unsafe extern "C" fn repro_cuda_hasher_flush(hasher: *mut c_void) -> i32 {
     let Some(hasher) = (unsafe { hasher_of(hasher, "repro_cuda_hasher_flush") }) else { return -1 };
-    status(hasher.batch.flush(), "hashing on the GPU failed")
+    status(flush(hasher, false).map(|_| ()), "hashing on the GPU failed")
+}
+
+/// Launches the hashing of everything queued on the hasher's own stream, behind what the calling
+/// thread's stream has queued, without waiting: the memory must stay allocated and unchanged
+/// until `repro_cuda_hasher_reads_done` reaches the number returned. Returns it, or -1.
+///
+/// # Safety
+/// `hasher` comes from `repro_cuda_hasher_new`.
+#[no_mangle]
+pub unsafe extern "C" fn repro_cuda_hasher_flush_beside(hasher: *mut c_void) -> i64 {
+    let Some(hasher) = (unsafe { hasher_of(hasher, "repro_cuda_hasher_flush_beside") }) else { return -1 };
+    match flush(hasher, true) {
+        Ok(number) => number,
+        Err(e) => {
+            set_error(format!("hashing on the GPU failed: {e}"));
+            -1
+        }
+    }
+}
+
+/// The number of the last flush whose reads, and every earlier flush's, are done: the memory
+/// they read may change. Asks the driver without waiting. Returns it, or -1.
+///
+/// # Safety
+/// `hasher` comes from `repro_cuda_hasher_new`.
+#[no_mangle]
+pub unsafe extern "C" fn repro_cuda_hasher_reads_done(hasher: *mut c_void) -> i64 {
+    let Some(hasher) = (unsafe { hasher_of(hasher, "repro_cuda_hasher_reads_done") }) else { return -1 };
+    while let Some((number, event)) = hasher.reading.front() {
+        match event.as_ref().map(|e| e.try_is_complete()) {
+            None | Some(Ok(true)) => {
+                hasher.reads_done = *number;
+                hasher.reading.pop_front();
+            }
+            Some(Ok(false)) => break,
+            Some(Err(e)) => {
+                set_error(format!("hashing on the GPU failed: {e}"));
+                return -1;
+            }
+        }
+    }
+    hasher.reads_done
 }
 
 /// A step's results on their way to the host, and which of its tickets keep their bytes.
 struct Read {
     pending: PendingRead,
     keeps_bytes: Vec<bool>,
+}
+
+/// Waits until every flush's reads are done; the last flush's number, or -1.
+///
+/// # Safety
+/// `hasher` comes from `repro_cuda_hasher_new`.
+#[no_mangle]
+pub unsafe extern "C" fn repro_cuda_hasher_wait_reads(hasher: *mut c_void) -> i64 {
+    let Some(hasher) = (unsafe { hasher_of(hasher, "repro_cuda_hasher_wait_reads") }) else { return -1 };
+    while let Some((number, event)) = hasher.reading.pop_front() {
+        if let Some(event) = event {
+            if let Err(e) = event.synchronize() {
+                set_error(format!("hashing on the GPU failed: {e}"));
+                return -1;
+            }
+        }
+        hasher.reads_done = number;
+    }
+    hasher.reads_done
 }
 
 /// Flushes and starts copying the results back; the hasher starts over. Sets `n` to the number
@@ -164,9 +311,11 @@ pub unsafe extern "C" fn repro_cuda_hasher_start_read(hasher: *mut c_void, n: *m
     let Some(hasher) = (unsafe { hasher_of(hasher, "repro_cuda_hasher_start_read") }) else {
         return std::ptr::null_mut();
     };
-    let (batch, keeps_bytes) = hasher.take_batch();
+    let (mut batch, keeps_bytes) = hasher.take_batch();
     // SAFETY: the caller's promise above.
     unsafe { *n = keeps_bytes.len() as u64 };
+    // What is still queued is read in order with the program's stream.
+    batch.set_reads_beside(false);
     match batch.start_read() {
         Ok(pending) => Box::into_raw(Box::new(Read { pending, keeps_bytes })).cast(),
         Err(e) => {

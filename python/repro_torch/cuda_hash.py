@@ -47,8 +47,16 @@ def _cuda_hash_library(path: str) -> ctypes.CDLL:
         lib.repro_cuda_hasher_new.argtypes = [ctypes.c_int32]
         lib.repro_cuda_hasher_push.restype = ctypes.c_int64
         lib.repro_cuda_hasher_push.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_int32]
+        lib.repro_cuda_hasher_push_many.restype = ctypes.c_int64
+        lib.repro_cuda_hasher_push_many.argtypes = [
+            ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint64),
+            ctypes.POINTER(ctypes.c_uint8), ctypes.c_uint64,
+        ]
         lib.repro_cuda_hasher_flush.restype = ctypes.c_int32
         lib.repro_cuda_hasher_flush.argtypes = [ctypes.c_void_p]
+        for name in ("repro_cuda_hasher_flush_beside", "repro_cuda_hasher_reads_done", "repro_cuda_hasher_wait_reads"):
+            getattr(lib, name).restype = ctypes.c_int64
+            getattr(lib, name).argtypes = [ctypes.c_void_p]
         lib.repro_cuda_hasher_start_read.restype = ctypes.c_void_p
         lib.repro_cuda_hasher_start_read.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint64)]
         lib.repro_cuda_read_finish.restype = ctypes.c_int32
@@ -65,42 +73,110 @@ def _cuda_hash_library(path: str) -> ctypes.CDLL:
 class DeviceHasher:
     """repro's batched BLAKE3 kernels over one GPU's tensors, in place (librepro_cuda_hash.so).
 
-    `queue` takes a record and its canonical bytes on the GPU; `flush` launches the kernels over
-    what is queued without waiting; `start_read` queues the copy of a step's hashes to the host,
-    and the `DeviceRead` it returns fills each record's `data_hash` (and `data`, for those queued
-    with `keep_bytes`) when finished, a step later, so the GPU never waits for the host. The
-    kernels run on CUDA's per-thread default stream, which CUDA orders both ways with the legacy
-    default stream that PyTorch uses unless told otherwise: once flushed, a tensor may be freed
-    or changed in place by what the program does next. On another stream, `flush` synchronizes
-    it first and finishes the read at once."""
+    `queue` takes a record and the address and length of its canonical bytes on the GPU;
+    `flush` launches the kernels over what is queued without waiting; `start_read` queues the
+    copy of a step's hashes to the host, and the `DeviceRead` it returns fills each record's
+    `data_hash` (and `data`, for those queued with `keep_bytes`) when finished, a step later, so
+    the GPU never waits for the host.
 
-    def __init__(self, path: str, index: int):
-        self._lib = _cuda_hash_library(path)
+    A flush reads the memory on CUDA's per-thread default stream, which CUDA orders both ways
+    with the legacy default stream that PyTorch uses unless told otherwise: once flushed, a
+    tensor may be freed or changed in place by what the program does next. A flush `beside`
+    reads it on the library's own stream instead, while the program's work runs on: the hasher
+    holds each tensor until its reads are done, and checks then that its version counter has
+    not moved (a tensor changed in place before it was read is an error, never a wrong hash).
+    On a stream other than the legacy one, `flush` synchronizes it first, reads in order, and
+    finishes the read at once."""
+
+    def __init__(self, path: str, index: int, lib=None):
+        """`lib`: the library's functions, when not loaded from `path` (a test's stand-in)."""
+        self._lib = lib if lib is not None else _cuda_hash_library(path)
         self.index = index
         self._handle = self._lib.repro_cuda_hasher_new(index)
         if not self._handle:
             raise WriteError(_last_error(self._lib))
-        self._queued: list = []  # (record, bytes on the GPU, keep_bytes) until flushed
+        # Queued until flushed: each record, what is held for it (the tensor read, with its
+        # version when it is the program's own), and the three arrays `push_many` takes.
+        self._queued: list = []
+        self._addresses: list[int] = []
+        self._lengths: list[int] = []
+        self._keeps = bytearray()
         self._flushed: list = []  # (record, length kept or None) until read
+        # Flushed beside and still being read: (flush number, [(record, tensor, version)]).
+        self._reading: list = []
+        self._flushes = 0  # flushes so far, of either kind (the library numbers them alike)
 
-    def queue(self, record: Record, flat: torch.Tensor, keep_bytes: bool) -> None:
-        if self._lib.repro_cuda_hasher_push(self._handle, flat.data_ptr(), flat.numel(), int(keep_bytes)) < 0:
-            raise WriteError(_last_error(self._lib))
-        self._queued.append((record, flat, keep_bytes))
+    def queue(self, record: Record, address: int, length: int, keep_bytes: bool, held: torch.Tensor,
+              version: Optional[int]) -> None:
+        """Queues `length` bytes at `address` (the canonical bytes of `held`, a tensor the hasher
+        keeps alive until they are read); `version`: `held`'s version counter now, checked when
+        the bytes are read, or None for a tensor nothing else can change (a copy)."""
+        self._queued.append((record, held, version, length if keep_bytes else None))
+        self._addresses.append(address)
+        self._lengths.append(length)
+        self._keeps.append(1 if keep_bytes else 0)
 
-    def flush(self) -> None:
+    @property
+    def queued(self) -> int:
+        """Tensors queued and not flushed yet."""
+        return len(self._queued)
+
+    def flush(self, beside: bool = False) -> None:
+        """Launches the kernels over what is queued (read `beside` the program's stream, or in
+        order with it), after checking that none of it changed since it was queued."""
         if not self._queued:
+            self.poll()
             return
-        stream = torch.cuda.current_stream(self.index)
-        legacy = stream.cuda_stream == 0
+        for record, held, version, _ in self._queued:
+            _check_unchanged(record, held, version)
+        legacy = self._on_legacy_stream()
         if not legacy:
-            stream.synchronize()
-        if self._lib.repro_cuda_hasher_flush(self._handle) != 0:
+            beside = False
+        n = len(self._queued)
+        addresses = (ctypes.c_uint64 * n)(*self._addresses)
+        lengths = (ctypes.c_uint64 * n)(*self._lengths)
+        keeps = (ctypes.c_uint8 * n).from_buffer(self._keeps)
+        if self._lib.repro_cuda_hasher_push_many(self._handle, addresses, lengths, keeps, n) < 0:
             raise WriteError(_last_error(self._lib))
-        self._flushed.extend((record, flat.numel() if keep else None) for record, flat, keep in self._queued)
-        self._queued = []  # the tensors may go: what reuses their memory waits for the kernels
+        del keeps  # the bytearray may grow again
+        if beside:
+            number = self._lib.repro_cuda_hasher_flush_beside(self._handle)
+            if number < 0:
+                raise WriteError(_last_error(self._lib))
+            self._reading.append((number, [(r, h, v) for r, h, v, _ in self._queued]))
+        elif self._lib.repro_cuda_hasher_flush(self._handle) != 0:
+            raise WriteError(_last_error(self._lib))
+        self._flushes += 1
+        self._flushed.extend((record, kept) for record, _, _, kept in self._queued)
+        # Read in order, the tensors may go: what reuses their memory waits for the kernels.
+        self._queued, self._addresses, self._lengths, self._keeps = [], [], [], bytearray()
         if not legacy:
             self.start_read().finish()
+        self.poll()
+
+    def _on_legacy_stream(self) -> bool:
+        """Whether the program runs on CUDA's legacy default stream; if not, its stream is
+        synchronized (the library's streams are not ordered with it)."""
+        stream = torch.cuda.current_stream(self.index)
+        if stream.cuda_stream == 0:
+            return True
+        stream.synchronize()
+        return False
+
+    def poll(self) -> None:
+        """Lets go of the tensors whose reads beside are done, checking that none changed."""
+        if not self._reading:
+            return
+        done = self._lib.repro_cuda_hasher_reads_done(self._handle)
+        if done < 0:
+            raise WriteError(_last_error(self._lib))
+        self._release(done)
+
+    def _release(self, done: int) -> None:
+        while self._reading and self._reading[0][0] <= done:
+            _, held = self._reading.pop(0)
+            for record, tensor, version in held:
+                _check_unchanged(record, tensor, version)
 
     def start_read(self) -> "DeviceRead":
         """Flushes, and starts copying the hashes of everything flushed to the host."""
@@ -112,7 +188,19 @@ class DeviceHasher:
             raise WriteError(_last_error(self._lib))
         if n.value != len(records):
             raise WriteError(f"the GPU hasher holds {n.value} tensors, {len(records)} were queued")
-        return DeviceRead(self._lib, handle, records)
+        # Once the copy has landed, every flush so far has been read.
+        flushes = self._flushes
+        return DeviceRead(self._lib, handle, records, lambda: self._release(flushes))
+
+    def abandon(self) -> None:
+        """Drops what a failed step queued and lets go of what it flushed, unchecked."""
+        self._queued, self._addresses, self._lengths, self._keeps = [], [], [], bytearray()
+        try:
+            if self._reading:
+                self._lib.repro_cuda_hasher_wait_reads(self._handle)
+            self.start_read().finish()
+        finally:
+            self._reading = []
 
     def close(self) -> None:
         if self._handle:
@@ -123,11 +211,23 @@ class DeviceHasher:
         self.close()
 
 
+def _check_unchanged(record: Record, held: torch.Tensor, version: Optional[int]) -> None:
+    """Raises if `held` changed in place since it was queued (its version counter moved): its
+    hash would be of other values than the ones recorded."""
+    if version is not None and held._version != version:
+        raise WriteError(
+            f"`{record.name}` changed in place after it was recorded, before repro had read it on the GPU "
+            "(the steps before did not change it): its hash would not be of the values recorded. "
+            "Record with REPRO_TORCH_FLUSH=module (each module's output hashed before the program goes on)"
+        )
+
+
 class DeviceRead:
     """A step's hashes on their way from the GPU (see `DeviceHasher.start_read`)."""
 
-    def __init__(self, lib, handle, records: list):
-        self._lib, self._handle, self._records = lib, handle, records
+    def __init__(self, lib, handle, records: list, landed=None):
+        """`landed`: called once the copy has landed."""
+        self._lib, self._handle, self._records, self._landed = lib, handle, records, landed
 
     def finish(self) -> None:
         """Waits for the copy (this step's work only) and fills the records."""
@@ -139,6 +239,8 @@ class DeviceRead:
         hashes, values = ctypes.create_string_buffer(max(32 * n, 1)), ctypes.create_string_buffer(max(kept, 1))
         if self._lib.repro_cuda_read_finish(handle, hashes, n, values, kept) != 0:
             raise WriteError(_last_error(self._lib))
+        if self._landed is not None:
+            self._landed()
         at, raw, kept_raw = 0, hashes.raw, values.raw
         for i, (record, length) in enumerate(self._records):
             record.data_hash = raw[32 * i : 32 * i + 32]

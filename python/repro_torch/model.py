@@ -30,8 +30,10 @@ class ModelRecorder:
         self.model = model.module if is_ddp(model) else model
         # A world of one records as one device: its "sums" are its own gradients.
         self._sums = GradientSums(model) if is_ddp(model) and recorder.place is not None else None
-        sharded = any(fsdp.is_sharded(p) for p in self.model.parameters())
-        self._shards = fsdp.check_tiling(self.model.named_parameters()) if sharded else {}
+        # The parameters by name, looked up once (walking the module tree costs every step).
+        self._named_parameters = list(self.model.named_parameters())
+        sharded = any(fsdp.is_sharded(p) for _, p in self._named_parameters)
+        self._shards = fsdp.check_tiling(self._named_parameters) if sharded else {}
         self._step: Optional[StepRecorder] = None
         self._calls: dict[str, int] = {}
         named = [(name, m) for name, m in self.model.named_modules() if name != ""] if modules else []
@@ -56,11 +58,10 @@ class ModelRecorder:
             source = _call_site()
             if isinstance(output, torch.Tensor):
                 output = s.perturbed(path, output)
-                s.record(path, output, "op_output", "forward", node=True, source=source)
+                s.module_output(path, output, source)
                 return output
             for key, value in _tensors_of(output):
-                s.queue(f"{path}.{key}", value, "op_output", "forward", node=True, source=source)
-            s.flush()
+                s.module_output(f"{path}.{key}", value, source)
             return None
 
         return hook
@@ -99,7 +100,7 @@ class ModelRecorder:
     def parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Every parameter by name, whole: an FSDP2 parameter gathered from its shards (every rank
         takes part), and its own shard checked against its rows of the whole."""
-        for name, p in self.model.named_parameters():
+        for name, p in self._named_parameters:
             if name in self._shards:
                 gathered = fsdp.whole(p)
                 fsdp.check_shard(name, p.to_local(), gathered, self._shards[name])
@@ -132,7 +133,7 @@ class CapturedStep:
         shares recorded as its bucket went out (a collective of `NAME.grad.local`); under FSDP2
         it is gathered whole from the ranks' shards."""
         sums = self._owner._sums
-        for name, p in self._owner.model.named_parameters():
+        for name, p in self._owner._named_parameters:
             if p.grad is None:
                 if p.requires_grad:
                     self.step.no_gradient.append(name)
@@ -172,7 +173,15 @@ def _call_site() -> Optional[str]:
     while frame is not None:
         file = frame.f_code.co_filename
         if not file.startswith(_PACKAGE_DIR) and not file.startswith(_TORCH_DIR):
-            return f"{os.path.relpath(file)}:{frame.f_lineno}"
+            relative = _RELATIVE.get(file)
+            if relative is None:
+                relative = _RELATIVE.setdefault(file, os.path.relpath(file))
+            return f"{relative}:{frame.f_lineno}"
         frame = frame.f_back
     return None
+
+
+# Each file's path relative to the working directory when first seen (os.path.relpath costs as
+# much as the rest of a hook).
+_RELATIVE: dict[str, str] = {}
 

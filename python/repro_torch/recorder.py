@@ -16,10 +16,11 @@ from repro_trace import RECORDS_FILE
 from repro_writer import Record, TraceWriter, WriteError
 
 from .cuda_hash import CUDA_HASH_LIB, CUDA_HASH_LIB_ENV, DeviceHasher, cuda_hash_library_path
+from .flushes import MAX_QUEUED, MAX_QUEUED_BYTES, FlushPolicy
 from .perturb import Perturbation
 from .ranks import RankPlace, current_place, perturbs_this_rank
 from .switches import changes, determinism_switches, environment
-from .tensors import canonical_on_device, record_of
+from .tensors import canonical_in_place, record_of
 
 # `Recorder(place=AUTO)`: this process's place as torch.distributed says (`ranks.current_place`).
 AUTO = "auto"
@@ -62,15 +63,31 @@ class Recorder:
                 f"and set {CUDA_HASH_LIB_ENV} to target/cuda/release/examples/{CUDA_HASH_LIB}"
             )
         self._hashers: dict[int, DeviceHasher] = {}
+        self._hasher_by_device: dict = {}  # torch.device -> its hasher, or None
         self._warned = device_hashing is False
         self._first: Optional[int] = None
         self._last: Optional[int] = None
-        # Steps recorded whose GPU hashes are still on their way: written a step later.
+        # Steps recorded whose GPU hashes are still on their way: written a step later. (Not on
+        # a thread of their own: the writer's Python work then competes with the training
+        # thread for Python's lock, and on an H100 every CPU-bound model recorded slower.)
         self._behind: list = []
+        self.flush_policy = FlushPolicy()
+        # The last step's tensors hashed on the GPU (see `StepRecorder`): a parameter recorded
+        # at a step's start, unchanged since the last step recorded it updated, repeats that.
+        self._carried: dict = {}
 
     def hasher_for(self, t: torch.Tensor) -> Optional[DeviceHasher]:
         """The GPU hasher of a CUDA tensor's device, or None (a CPU tensor, or no library)."""
-        if t.device.type != "cuda":
+        device = t.device
+        hasher = self._hasher_by_device.get(device, False)
+        if hasher is not False:
+            return hasher
+        hasher = self._hasher_on(device)
+        self._hasher_by_device[device] = hasher
+        return hasher
+
+    def _hasher_on(self, device: torch.device) -> Optional[DeviceHasher]:
+        if device.type != "cuda":
             return None
         if self._library is None:
             if not self._warned:
@@ -81,7 +98,7 @@ class Recorder:
                     file=sys.stderr,
                 )
             return None
-        index = t.device.index if t.device.index is not None else torch.cuda.current_device()
+        index = device.index if device.index is not None else torch.cuda.current_device()
         if index not in self._hashers:
             self._hashers[index] = DeviceHasher(self._library, index)
         return self._hashers[index]
@@ -132,11 +149,13 @@ class Recorder:
         s = StepRecorder(self, step)
         try:
             yield s
+            s.end()
         except BaseException:
             for hasher in self._hashers.values():
-                hasher.start_read().finish()  # what the step queued, let go
+                hasher.abandon()  # what the step queued, let go
             raise
         reads = [hasher.start_read() for hasher in self._hashers.values()]
+        self._carried = s.hashed_on_gpu
         self._behind.append((s, reads))
         while len(self._behind) > (1 if reads else 0):
             self._write_oldest()
@@ -175,8 +194,14 @@ class StepRecorder:
         # layout, version), with a weak reference that says their memory has not been reused;
         # and the records that repeat one of them (a container module's output is its last
         # child's), filled from it when the hashes land.
-        self._hashed: dict = {}
+        self.hashed_on_gpu: dict = {}
+        self._previous = recorder._carried
         self._repeats: list = []
+        self._policy = recorder.flush_policy
+        self._watch = self._policy.watch()
+        # Module outputs queued and not flushed yet, and their bytes (see `module_output`).
+        self._outputs_queued = 0
+        self._bytes_queued = 0
 
     def perturbed(self, name: str, t: torch.Tensor) -> torch.Tensor:
         """`t`, or `t` moved as REPRO_PERTURB says when it names this tensor at this step."""
@@ -191,10 +216,32 @@ class StepRecorder:
         self.queue(name, t, kind, phase, inputs, node, source)
         self.flush()
 
+    def module_output(self, name: str, t: torch.Tensor, source: Optional[str] = None) -> None:
+        """Records a module's output as the step's next graph node, from the module's forward
+        hook: read at once where the flush policy says the program may change it in place,
+        otherwise queued with the outputs before it and read with them (`flushes`)."""
+        hashed = self._queue(name, t, "op_output", "forward", (), True, source, None)
+        if not hashed:
+            return
+        if self._watch is not None:
+            self._watch.add(name, t)
+        self._outputs_queued += 1
+        self._bytes_queued += t.numel() * t.element_size()
+        if self._policy.reads_at_hook(name):
+            self.flush()
+        elif self._outputs_queued >= MAX_QUEUED or self._bytes_queued >= MAX_QUEUED_BYTES:
+            self._flush_outputs()
+
     def queue(self, name: str, t: torch.Tensor, kind: str = "activation", phase: Optional[str] = None,
               inputs=(), node: bool = False, source: Optional[str] = None, collective: Optional[str] = None) -> None:
         """`record`, except that a CUDA tensor hashed on its GPU is read only at the next `flush`:
         queue a group of tensors, then flush once, before anything changes them."""
+        if self._outputs_queued and self._policy.beside:
+            self._flush_outputs()  # read beside, not with what follows
+        self._queue(name, t, kind, phase, inputs, node, source, collective)
+
+    def _queue(self, name, t, kind, phase, inputs, node, source, collective) -> bool:
+        """Queues a record; whether its tensor waits to be read on the GPU."""
         position = None
         if node:
             position, self._nodes = self._nodes, self._nodes + 1
@@ -202,26 +249,33 @@ class StepRecorder:
         hasher = None if self._full else self.recorder.hasher_for(t)
         if hasher is None:
             self.records.append(record_of(name, kind, t, **what))
-            return
+            return False
         try:
-            key = (t.data_ptr(), t.dtype, tuple(t.shape), t.stride(), t._version)
+            version = t._version
+            key = (t.data_ptr(), t.dtype, tuple(t.shape), t.stride(), version)
         except RuntimeError:  # an inference-mode tensor has no version counter: never repeated
-            key = None
-        seen = self._hashed.get(key) if key is not None else None
+            version, key = None, None
+        seen = self.hashed_on_gpu.get(key) or self._previous.get(key) if key is not None else None
         if seen is not None and seen[0]() is t:
             record = Record(name, kind, seen[1].dtype, seen[1].shape, None, **what)
             self._repeats.append((record, seen[1]))
             self.records.append(record)
-            return
-        dtype, shape, flat = canonical_on_device(t)
+            if key not in self.hashed_on_gpu:
+                self.hashed_on_gpu[key] = seen
+            return False
+        dtype, shape, held, own = canonical_in_place(t)
         record = Record(name, kind, dtype, shape, None, **what)
-        if flat.numel() == 0:
-            record.data = b""
-        else:
-            hasher.queue(record, flat, keep_bytes=flat.numel() <= self.recorder.inline_max_bytes)
-            if key is not None:
-                self._hashed[key] = (weakref.ref(t), record)
         self.records.append(record)
+        length = held.numel() * held.element_size()
+        if length == 0:
+            record.data = b""
+            return False
+        # The program's own tensor is checked for changes when read; a copy cannot change.
+        hasher.queue(record, held.data_ptr(), length, length <= self.recorder.inline_max_bytes, held,
+                     version if own else None)
+        if key is not None:
+            self.hashed_on_gpu[key] = (weakref.ref(t), record)
+        return True
 
     def fill_repeats(self) -> None:
         """Gives each repeated tensor its first record's hash and bytes (once they have landed)."""
@@ -229,11 +283,24 @@ class StepRecorder:
             record.data, record.data_hash = first.data, first.data_hash
 
     def flush(self) -> None:
-        """Launches the GPU hashing of the tensors queued (see `DeviceHasher`)."""
+        """Launches the GPU hashing of the tensors queued, read in order with the program's
+        stream (see `DeviceHasher`)."""
+        self._outputs_queued = self._bytes_queued = 0
         for hasher in self.recorder._hashers.values():
             hasher.flush()
 
+    def _flush_outputs(self) -> None:
+        """Launches the GPU hashing of the module outputs queued, as the flush policy says."""
+        self._outputs_queued = self._bytes_queued = 0
+        for hasher in self.recorder._hashers.values():
+            hasher.flush(beside=self._policy.beside)
 
+    def end(self) -> None:
+        """The step's block is over: reads everything queued and ends the flush policy's watch.
+        What is still read beside the program is let go as it is done (see `DeviceHasher`)."""
+        self._flush_outputs()
+        if self._watch is not None:
+            self._watch.finish()
 
 
 def _rank_stream(run_dir: str, place: RankPlace) -> str:

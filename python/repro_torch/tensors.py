@@ -33,6 +33,18 @@ def canonical_on_device(t: torch.Tensor) -> tuple[str, list[int], torch.Tensor]:
     return dtype, list(t.shape), flat.view(torch.uint8) if flat.numel() else flat.new_empty(0, dtype=torch.uint8)
 
 
+def canonical_in_place(t: torch.Tensor) -> tuple[str, list[int], torch.Tensor, bool]:
+    """`canonical_on_device` without a copy where the tensor's own memory already holds its
+    canonical bytes (contiguous, and `bool` stored as bytes 0 and 1, as `U8`): its dtype, shape,
+    the tensor whose memory holds the bytes, and whether that is `t`'s own memory."""
+    if t.is_contiguous() and (t.dtype in _DTYPES or t.dtype == torch.bool):
+        if sys.byteorder != "little":  # pragma: no cover
+            raise WriteError("the canonical bytes are little-endian; this host is not")
+        return _DTYPES.get(t.dtype, "U8"), list(t.shape), t, True
+    dtype, shape, flat = canonical_on_device(t)
+    return dtype, shape, flat, False
+
+
 def canonical(t: torch.Tensor) -> tuple[str, list[int], bytes]:
     """A tensor's trace dtype, shape and canonical element bytes (row-major, little-endian)."""
     dtype, shape, flat = canonical_on_device(t)

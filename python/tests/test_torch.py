@@ -22,6 +22,10 @@ try:
 except ImportError:  # pragma: no cover
     torch = None
 
+# The CPU stand-in of the GPU hashing library beside this file, however the tests are run.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cpu_hash_library import hash_on_cpu_stand_in  # noqa: E402
+
 REPRO = os.environ.get("REPRO_BIN", "target/release/repro")
 PROGRAM = os.path.join(os.path.dirname(__file__), "..", "examples", "torch_mlp.py")
 
@@ -234,6 +238,95 @@ class TorchTest(unittest.TestCase):
         grads = [read_tensor(path, 1, "0.weight.grad") for path in (planted, clean)]
         self.assertFalse(np.array_equal(*grads))
 
+    def _record_in_place_model(self, path, flush=None, stand_in=True, steps=4, changes_late=False):
+        """Records `InPlaceModel` (below) for `steps` steps, hashing through the CPU stand-in of
+        the GPU library under REPRO_TORCH_FLUSH=`flush` (or on the host); the stand-in and the
+        model."""
+        from repro_torch import ModelRecorder, Recorder
+
+        torch.manual_seed(0)
+        model = InPlaceModel()
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        env = {"REPRO_TORCH_FLUSH": flush} if flush else {}
+        with mock.patch.dict(os.environ, env):
+            recorder = Recorder(path, {"workload": "in-place", "steps": steps}, capture="none")
+            library = hash_on_cpu_stand_in(recorder) if stand_in else None
+            rec = ModelRecorder(recorder, model)
+            g = torch.Generator().manual_seed(1)
+            try:
+                for step in range(steps):
+                    model.changes_late = changes_late and step > 0
+                    x = torch.randn(16, 32, generator=g)
+                    with rec.training_step(step, inputs={"x": x}) as s:
+                        loss = model(x).square().mean()
+                        s.loss(loss)
+                        loss.backward()
+                        s.gradients()
+                        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)  # the gradients, in place
+                        opt.step()
+                    opt.zero_grad(set_to_none=False)  # and again, zeroed in place
+            finally:
+                rec.finish()
+        return library, model
+
+    def test_every_flush_policy_hashes_as_the_host_does(self):
+        host = os.path.join(self.dir, "host")
+        self._record_in_place_model(host, stand_in=False)
+        with open(os.path.join(host, "records.rpr"), "rb") as f:
+            expected = f.read()
+        flushes = {}
+        for flush in ("module", "batched", "beside"):
+            path = os.path.join(self.dir, flush)
+            library, _ = self._record_in_place_model(path, flush)
+            flushes[flush] = library.flush_calls
+            with open(os.path.join(path, "records.rpr"), "rb") as f:
+                self.assertEqual(f.read(), expected, f"REPRO_TORCH_FLUSH={flush}: a hash is not the host's")
+        # After the first step, the outputs left alone are read together: far fewer flushes,
+        # and under `beside`, beside the program.
+        self.assertLessEqual(sum(flushes["batched"].values()), sum(flushes["module"].values()) / 2)
+        self.assertEqual(flushes["module"]["beside"], 0)
+        self.assertEqual(flushes["batched"]["beside"], 0)
+        self.assertGreater(flushes["beside"]["beside"], 0)
+
+    def test_an_output_changed_in_place_only_after_the_first_step_is_refused_not_hashed_wrong(self):
+        from repro_writer import WriteError
+
+        for flush in ("batched", "beside"):
+            with self.assertRaises(WriteError) as caught:
+                self._record_in_place_model(os.path.join(self.dir, flush), flush, changes_late=True)
+            self.assertIn("`late` changed in place", str(caught.exception))
+            self.assertIn("REPRO_TORCH_FLUSH=module", str(caught.exception))
+        host, module = os.path.join(self.dir, "host"), os.path.join(self.dir, "module")
+        self._record_in_place_model(host, stand_in=False, changes_late=True)
+        self._record_in_place_model(module, "module", changes_late=True)
+        with open(os.path.join(host, "records.rpr"), "rb") as a, open(os.path.join(module, "records.rpr"), "rb") as b:
+            self.assertEqual(a.read(), b.read())
+
+    def test_a_parameter_unchanged_since_its_update_is_hashed_once(self):
+        path = os.path.join(self.dir, "t")
+        library, model = self._record_in_place_model(path, "beside", steps=3)
+        from repro_trace import Trace
+
+        with Trace(path) as t:
+            steps = list(t.steps())
+        updated = {r.name: r for r in steps[0].tensors if r.name.endswith(".updated")}
+        weights = {r.name: r for r in steps[1].tensors if r.kind == "weight" and r.phase == "forward"}
+        self.assertEqual(len(weights), len(list(model.parameters())))
+        for name, record in weights.items():
+            self.assertEqual(record.hash, updated[f"{name}.updated"].hash, name)
+        # Hashed once each: the first step's parameters and each step's updates (3 steps); the
+        # later steps' parameters are the updates before them.
+        for name, p in model.named_parameters():
+            self.assertEqual(library.reads[p.data_ptr()], 4, name)
+
+    def test_an_unknown_flush_policy_is_refused(self):
+        from repro_torch import Recorder
+        from repro_writer import WriteError
+
+        with mock.patch.dict(os.environ, {"REPRO_TORCH_FLUSH": "sometimes"}):
+            with self.assertRaisesRegex(WriteError, "REPRO_TORCH_FLUSH=sometimes: expected one of batched, beside, module"):
+                Recorder(os.path.join(self.dir, "t"), {"workload": "x", "steps": 1})
+
     @unittest.skipUnless(torch and torch.cuda.is_available(), "no CUDA GPU")
     def test_tensors_hashed_on_the_gpu_hash_as_on_the_host(self):
         from repro_torch import ModelRecorder, Recorder, cuda_hash_library_path
@@ -255,24 +348,29 @@ class TorchTest(unittest.TestCase):
                 # The ReLU changes the first layer's output in place after its hook has read it;
                 # `body`'s output is its last layer's (one hash for both).
                 self.body = nn.Sequential(nn.Linear(64, 4096), nn.ReLU(inplace=True), nn.Linear(4096, 300))
+                # Residual sums and ReLUs in place (after the first step, read at their hooks).
+                self.blocks = nn.Sequential(InPlaceBlock(300), InPlaceBlock(300))
                 self.views = Views()
 
             def forward(self, x):
-                h = self.body(x)
+                h = self.blocks(self.body(x))
                 t, b, m, total, _ = self.views(h)
                 return total + t.float().mean() + b.float().mean() + m.float().mean()
 
         traces = []
-        # On the host, on the GPU, and on the GPU from a stream of the program's own (which the
-        # recorder synchronizes around each launch).
-        for on_gpu, side_stream in ((False, False), (True, False), (True, True)):
+        # On the host; on the GPU under each flush policy; and on the GPU from a stream of the
+        # program's own (which the recorder synchronizes around each launch).
+        runs = [(False, False, "module")] + [(True, False, flush) for flush in ("module", "batched", "beside")]
+        for on_gpu, side_stream, flush in runs + [(True, True, "beside")]:
             side = torch.cuda.Stream() if side_stream else None
             torch.manual_seed(0)
             model = Model().cuda()
             opt = torch.optim.SGD(model.parameters(), lr=0.01)
-            path = os.path.join(self.dir, f"gpu-{on_gpu}-{side_stream}")
-            rec = ModelRecorder(Recorder(path, {"workload": "views", "steps": 4}, capture="none",
-                                         device=torch.device("cuda"), device_hashing=on_gpu), model)
+            path = os.path.join(self.dir, f"gpu-{on_gpu}-{side_stream}-{flush}")
+            with mock.patch.dict(os.environ, {"REPRO_TORCH_FLUSH": flush}):
+                recorder = Recorder(path, {"workload": "views", "steps": 4}, capture="none",
+                                    device=torch.device("cuda"), device_hashing=on_gpu)
+            rec = ModelRecorder(recorder, model)
             self.assertEqual(rec.recorder.hashes_on_gpu, on_gpu)
             g = torch.Generator(device="cuda").manual_seed(1)
             for step in range(4):
@@ -303,6 +401,45 @@ class TorchTest(unittest.TestCase):
             s.gradients()
             opt.step()
             opt.zero_grad()
+
+if torch is not None:
+
+    class InPlaceBlock(torch.nn.Module):
+        """A residual block that adds its input to its layer's output in place, then applies an
+        in-place ReLU to the sum."""
+
+        def __init__(self, width):
+            super().__init__()
+            self.layer = torch.nn.Linear(width, width)
+            self.relu = torch.nn.ReLU(inplace=True)
+
+        def forward(self, h):
+            out = self.layer(h)
+            out += h
+            return self.relu(out)
+
+    class InPlaceModel(torch.nn.Module):
+        """Outputs changed in place in every position a hook can see: by the next module (an
+        in-place ReLU), by the parent's code (a residual sum), a container's output changed by
+        its parent; and `late`, changed in place by the parent's code only when `changes_late`."""
+
+        def __init__(self):
+            super().__init__()
+            self.body = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(inplace=True), torch.nn.Linear(64, 48))
+            self.blocks = torch.nn.Sequential(InPlaceBlock(48), InPlaceBlock(48), torch.nn.Linear(48, 48))
+            self.late = torch.nn.Linear(48, 48)
+            layers = [m for _ in range(5) for m in (torch.nn.Linear(48, 48), torch.nn.Tanh())]
+            self.head = torch.nn.Sequential(*layers, torch.nn.Linear(48, 8))  # nothing in place
+            self.changes_late = False
+
+        def forward(self, x):
+            h = self.blocks(self.body(x))
+            h.mul_(0.5)  # the container's output (its last layer's) changed by its parent
+            z = self.late(h)
+            if self.changes_late:
+                z.add_(1.0)
+            return self.head(z)
+
 
 if __name__ == "__main__":
     unittest.main()

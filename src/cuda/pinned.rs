@@ -1,7 +1,7 @@
 //! Page-locked host buffers, pooled (`buffer_pool`), for copies that never wait for the device
 //! to drain, and the pool entries of device buffers.
 
-use super::buffer_pool::{Buffer, BufferPool};
+use super::buffer_pool::{size_class, Buffer, BufferPool};
 use candle_core::cuda_backend::cudarc::driver::{
     CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, PinnedHostSlice,
 };
@@ -20,12 +20,16 @@ pub(crate) struct Pinned<T> {
 // (reads) and `&mut self` (writes and copies), as the buffer would be.
 unsafe impl<T: Send> Send for Pinned<T> {}
 
-/// A page-locked buffer of `len` elements from `pool`, or a new one.
+/// A page-locked buffer of at least `len` elements (its size class) from `pool`, or a new one.
 pub(crate) fn take_pinned<T>(pool: &BufferPool<DeviceId, Pinned<T>>, dev: &CudaDevice, len: usize) -> Result<Pinned<T>>
 where
     T: candle_core::cuda_backend::cudarc::driver::DeviceRepr
         + candle_core::cuda_backend::cudarc::driver::ValidAsZeroBits,
 {
+    // Rounded up to its size class: a PyTorch program's flushes differ in size from one module
+    // to the next, and a page-locked allocation, and above all its release (which waits for
+    // the whole device), costs far more than the copy it serves.
+    let len = size_class(len);
     // SAFETY: every element is written (by a copy, or by the host) before anything reads it.
     pool.take(&dev.id(), len, || {
         Pinned::new(unsafe { dev.cuda_stream().context().alloc_pinned_with_flags::<T>(len, 0) }.w()?)
@@ -82,7 +86,8 @@ impl<
         unsafe { result::memcpy_htod_async(address, self.as_slice(), stream.cu_stream()) }.w()
     }
 
-    /// Queues the copy of `src` (as long as the buffer) into the buffer on `stream`.
+    /// Queues the copy of `src` (at most as long as the buffer) into the buffer's first
+    /// elements on `stream`.
     ///
     /// # Safety
     /// The buffer must stay alive, and unread, until the copy has landed.
@@ -90,6 +95,13 @@ impl<
         use candle_core::cuda_backend::cudarc::driver::result;
         let (address, _sync) = src.device_ptr(stream);
         let stream = stream.cu_stream();
-        unsafe { result::memcpy_dtoh_async(self.as_mut_slice(), address, stream) }.w()
+        let Some(into) = self.as_mut_slice().get_mut(..src.len()) else {
+            return Err(candle_core::Error::Msg(format!(
+                "{} elements do not fit a buffer of {}",
+                src.len(),
+                self.len()
+            )));
+        };
+        unsafe { result::memcpy_dtoh_async(into, address, stream) }.w()
     }
 }

@@ -127,6 +127,9 @@ pub struct DeviceBatch {
     beside: Option<std::sync::Arc<CudaStream>>,
     /// Where values read back straight from their tensors go (see `streaming_to`).
     payload: Option<std::sync::Arc<PayloadStream>>,
+    /// Whether the next flushes read the tensors on the `beside` stream too (see
+    /// `set_reads_beside`).
+    reads_beside: bool,
 }
 
 /// A plan for some of a batch's tensors, made on the host.
@@ -242,7 +245,15 @@ impl DeviceBatch {
     pub fn new(dev: CudaDevice) -> Self {
         // The recorder waits for each step's results; keep that wait from emptying the pool.
         let _ = keep_freed_memory(&dev);
-        DeviceBatch { dev, pending: Vec::new(), planned: Vec::new(), flushed: Vec::new(), beside: None, payload: None }
+        DeviceBatch {
+            dev,
+            pending: Vec::new(),
+            planned: Vec::new(),
+            flushed: Vec::new(),
+            beside: None,
+            payload: None,
+            reads_beside: false,
+        }
     }
 
     /// The batch, handing each value it reads back straight from its tensor (`Slot::Direct`:
@@ -260,6 +271,16 @@ impl DeviceBatch {
     /// flush's tree then lives in its own buffer, held until its results land.
     pub fn beside(dev: CudaDevice, stream: std::sync::Arc<CudaStream>) -> Self {
         DeviceBatch { beside: Some(stream), ..DeviceBatch::new(dev) }
+    }
+
+    /// Makes the flushes that follow read the tensors on the `beside` stream as well, behind
+    /// what the calling thread's stream has queued so far (`on`), or on the calling thread's
+    /// stream (the default). Read beside, the program's work runs on while its tensors are
+    /// hashed, so nothing the program queues later is ordered after the reads: the owner keeps
+    /// the memory allocated and unchanged until an event recorded on `beside` after the flush
+    /// has completed. Without a `beside` stream the setting changes nothing.
+    pub fn set_reads_beside(&mut self, on: bool) {
+        self.reads_beside = on;
     }
 
     /// The device the batch belongs to.
@@ -375,9 +396,14 @@ impl DeviceBatch {
         Ok(())
     }
 
-    /// Uploads a plan's table and launches its kernels on the calling thread's stream.
+    /// Uploads a plan's table and launches its kernels on the calling thread's stream (or, when
+    /// reading beside, all of them on the `beside` stream behind it).
     fn launch(&self, plan: Plan) -> Result<Flushed> {
-        let stream = self.dev.cuda_stream();
+        let calling = self.dev.cuda_stream();
+        let stream = match (&self.beside, self.reads_beside) {
+            (Some(beside), true) => beside.clone(),
+            _ => calling.clone(),
+        };
         // cudarc keeps the errors of calls that cannot return one (a free, when a buffer is
         // dropped) for the next call to find: name it as such rather than as this launch's.
         stream.context().check_err().w().map_err(|e| {
@@ -407,6 +433,11 @@ impl DeviceBatch {
         // SAFETY: the region is 8-byte aligned (allocations are, and so is its offset) and holds
         // whole elements.
         let mut table = unsafe { table.transmute_mut::<u64>(staged.len()) }.expect("the table's region");
+        if !std::ptr::eq(&*stream, &*calling) {
+            // Read beside: behind everything the program has queued on its stream so far, and
+            // behind the arena's allocation there.
+            stream.join(&calling).w()?;
+        }
         // SAFETY: the staged buffer is page-locked and stays alive (in `Flushed`) until the
         // step's copy back, queued after this one on the same stream, has landed.
         unsafe { staged.upload(&mut table, &stream) }.map_err(|e| e.context("uploading its table"))?;
@@ -735,14 +766,14 @@ impl Drop for LandedRead {
 }
 
 /// Page-locked buffers the results are copied into (not write-combined: the host reads them).
-static PINNED_RESULTS: BufferPool<DeviceId, Pinned<u8>> = BufferPool::new(16, usize::MAX);
+static PINNED_RESULTS: BufferPool<DeviceId, Pinned<u8>> = BufferPool::new(1024, usize::MAX);
 
 /// Page-locked pieces that large values are read back through (`read_values`).
 static PINNED_VALUES: BufferPool<DeviceId, Pinned<u8>> = BufferPool::new(4, usize::MAX);
 
 /// Page-locked buffers the kernels' tables are uploaded from: a copy from pageable memory can
 /// wait for the GPU to drain, one from page-locked memory never does.
-static PINNED_TABLES: BufferPool<DeviceId, Pinned<u64>> = BufferPool::new(16, usize::MAX);
+static PINNED_TABLES: BufferPool<DeviceId, Pinned<u64>> = BufferPool::new(1024, usize::MAX);
 
 /// Device buffers for the flushes' results, tables and chaining values. A flush over large
 /// tensors needs a large tree (32 bytes of chaining values per KiB hashed): an arena above the

@@ -1,0 +1,204 @@
+"""What recording costs a PyTorch program: for each model, a plain training step against the same
+step recorded by `repro_torch.ModelRecorder` with hashes only (inputs, parameters, every module's
+output, the loss, gradients and updates, each step), under each flush policy asked for, and
+against PyTorch's own DebugMode logging a `hash_tensor` of every op's output. Prints one markdown
+row per model and variant: the step (the mean of the timed steps, the GPU drained around them),
+its ratio to the plain step measured in the same process, the peak of PyTorch's allocations, the
+device memory in use at step ends (every allocator: repro's hashing buffers too), each with its
+growth over plain, and, for repro_torch, the tensors, bytes and flushes a step hashes.
+
+    python python/bench/torch_cost.py [--batch N] [--steps N] [--variants V,...] MODEL ...
+
+MODEL: resnet50, densenet121, efficientnet_b0, mobilenet_v3_large, convnext_tiny, vit_b_16 (any
+torchvision classification model by its name, at 224 x 224 with SGD and momentum), gpt2
+(transformers' 124M GPT-2 in f32 at batch x 1024 with AdamW), llama-1b (a Llama shape of 1.1B
+parameters, TinyLlama's, in bf16 autocast at batch x 1024 with AdamW). V: plain (always first),
+beside, batched, module (REPRO_TORCH_FLUSH), debug (DebugMode). `cudnn.benchmark` is on, as in
+the issue that asked for this table. Needs CUDA and repro's GPU hashing library
+(REPRO_CUDA_HASH_LIB).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import tempfile
+import time
+
+import torch
+
+from repro_torch import DeviceHasher, ModelRecorder, Recorder, cuda_hash_library_path
+
+VARIANTS = ("plain", "beside", "batched", "module", "debug")
+
+
+def vision(name: str, batch: int):
+    import torchvision
+
+    model = torchvision.models.get_model(name).cuda()
+    images = torch.randn(batch, 3, 224, 224, device="cuda")
+    labels = torch.randint(0, 1000, (batch,), device="cuda")
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+
+    def loss(m):
+        return torch.nn.functional.cross_entropy(m(images), labels)
+
+    return model, opt, loss, f"{name}, batch {batch}"
+
+
+def language(name: str, batch: int):
+    if name == "gpt2":
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        config = GPT2Config()
+        model, autocast, what = GPT2LMHeadModel(config).cuda(), False, f"GPT-2 (124M), f32, {batch} x 1024"
+    else:
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        config = LlamaConfig(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=32,
+                             num_key_value_heads=4, vocab_size=32000, max_position_embeddings=2048)
+        model, autocast, what = LlamaForCausalLM(config).cuda(), True, f"Llama shape (1.1B), bf16 autocast, {batch} x 1024"
+    ids = torch.randint(0, config.vocab_size, (batch, 1024), device="cuda")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def loss(m):
+        with torch.autocast("cuda", dtype=torch.bfloat16) if autocast else contextlib.nullcontext():
+            return m(ids, labels=ids).loss
+
+    return model, opt, loss, what
+
+
+def timed(step, warmup: int, steps: int) -> tuple[float, int, int]:
+    """Seconds per step over `steps` after `warmup` untimed ones; the peak of PyTorch's
+    allocations during them; and the most device memory in use (by every allocator, repro's
+    hashing buffers included) at the end of a step, from a second pass of as many steps."""
+    for i in range(warmup):
+        step(i)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    started = time.perf_counter()
+    for i in range(steps):
+        step(warmup + i)
+    torch.cuda.synchronize()
+    seconds = (time.perf_counter() - started) / steps
+    in_use = 0
+    for i in range(steps):
+        step(warmup + steps + i)
+        free, total = torch.cuda.mem_get_info()
+        in_use = max(in_use, total - free)
+    return seconds, torch.cuda.max_memory_allocated(), in_use
+
+
+class Counts:
+    """Tensors, bytes and flushes a recorded step hashes on the GPU (counted by wrapping the
+    hasher's methods for one step)."""
+
+    def __init__(self):
+        self.tensors = self.bytes = self.flushes = 0
+
+    @contextlib.contextmanager
+    def counting(self):
+        queue, flush = DeviceHasher.queue, DeviceHasher.flush
+        counts = self
+
+        def counted_queue(self, record, address, length, *rest):
+            counts.tensors += 1
+            counts.bytes += length
+            return queue(self, record, address, length, *rest)
+
+        def counted_flush(self, *args, **kwargs):
+            counts.flushes += bool(self._queued)
+            return flush(self, *args, **kwargs)
+
+        DeviceHasher.queue, DeviceHasher.flush = counted_queue, counted_flush
+        try:
+            yield self
+        finally:
+            DeviceHasher.queue, DeviceHasher.flush = queue, flush
+
+
+def measure(build, name: str, batch: int, variants: list[str], warmup: int, steps: int) -> None:
+    model, opt, loss_of, what = build(name, batch)
+    plain_s = plain_peak = plain_in_use = None
+
+    def plain(_):
+        opt.zero_grad()
+        loss_of(model).backward()
+        opt.step()
+
+    for variant in variants:
+        extra = ""
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()  # each variant's memory in use starts from what is allocated
+        if variant == "plain":
+            seconds, peak, in_use = timed(plain, warmup, steps)
+            plain_s, plain_peak, plain_in_use = seconds, peak, in_use
+        elif variant == "debug":
+            from torch.utils._debug_mode import DebugMode
+
+            def debug(_):
+                with DebugMode(), DebugMode.log_tensor_hashes(hash_fn="hash_tensor"):
+                    plain(0)
+
+            seconds, peak, in_use = timed(debug, 1, max(2, steps // 4))
+        else:
+            os.environ["REPRO_TORCH_FLUSH"] = variant
+            with tempfile.TemporaryDirectory() as d:
+                recorder = Recorder(f"{d}/t", {"workload": name, "steps": warmup + 2 * steps + 1}, capture="none",
+                                    device=torch.device("cuda"), device_hashing=True)
+                rec = ModelRecorder(recorder, model)
+
+                def recorded(i):
+                    opt.zero_grad()
+                    with rec.training_step(i) as s:
+                        loss = loss_of(model)
+                        s.loss(loss)
+                        loss.backward()
+                        s.gradients()
+                        opt.step()
+
+                seconds, peak, in_use = timed(recorded, warmup, steps)
+                with Counts().counting() as counts:
+                    recorded(warmup + 2 * steps)
+                rec.finish()
+            extra = f"{counts.tensors} | {counts.bytes / 1e9:.2f} GB | {counts.flushes}"
+        ratio = f"{seconds / plain_s:.2f}x" if plain_s else "-"
+        growth = f"{(peak / plain_peak - 1) * 100:+.1f}%" if plain_peak else "-"
+        device_growth = f"{(in_use / plain_in_use - 1) * 100:+.1f}%" if plain_in_use else "-"
+        print(f"| {what} | {variant} | {seconds * 1e3:.1f} ms | {ratio} | {peak / 2**20:,.0f} MiB | {growth} | "
+              f"{in_use / 2**20:,.0f} MiB | {device_growth} | {extra or '- | - | -'} |", flush=True)
+    del model, opt
+    torch.cuda.empty_cache()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("models", nargs="+")
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=10, help="timed steps per variant")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (the recorder watches its first)")
+    parser.add_argument("--variants", default="plain,beside,batched,module,debug")
+    parser.add_argument("--header", action="store_true", help="print the table's header first")
+    args = parser.parse_args()
+    variants = args.variants.split(",")
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        parser.error(f"unknown variants {unknown}: expected {', '.join(VARIANTS)}")
+    if "plain" in variants:
+        variants = ["plain"] + [v for v in variants if v != "plain"]
+    if not torch.cuda.is_available() or cuda_hash_library_path() is None:
+        raise SystemExit("torch_cost.py needs a CUDA GPU and repro's GPU hashing library (REPRO_CUDA_HASH_LIB)")
+    torch.backends.cudnn.benchmark = True
+    if args.header:
+        print("| model | variant | step | x plain | PyTorch's peak | over plain | device memory in use | over plain "
+              "| tensors a step | bytes a step | flushes a step |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for name in args.models:
+        torch.manual_seed(0)
+        build = language if name in ("gpt2", "llama-1b") else vision
+        measure(build, name, args.batch, variants, args.warmup, args.steps)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,27 @@
+#!/bin/bash
+# The GPU proof of docs/results/pytorch-recorder-cost-h100.md (issue 46): the PyTorch tests that
+# need a GPU, then `torch_cost.py` over the benchmark set at batch 64 (and the CNNs at batch 8),
+# GPT-2 at 8 x 1024 and a 1.1B Llama shape in bf16. Run from the repository root with the wheels
+# installed, REPRO_CUDA_HASH_LIB set and `repro` at $REPRO_BIN; OUT is the folder for the log.
+#   python/bench/torch_cost_gpu.sh OUT [all|quick]
+set -u
+OUT=${1:?usage: torch_cost_gpu.sh OUT [all|quick]}
+WHAT=${2:-all}
+export PYTHONPATH="python${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+bench() { python3 python/bench/torch_cost.py "$@" 2>&1 | grep -v Warning; }
+{
+    nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+    python3 -c 'import torch, torchvision, transformers; print("torch", torch.__version__, "cudnn", torch.backends.cudnn.version(), "torchvision", torchvision.__version__, "transformers", transformers.__version__)'
+    echo "== GPU tests"
+    python3 -m unittest python/tests/test_torch.py -k gpu 2>&1 | tail -4
+    if [ "$WHAT" = quick ]; then
+        bench --header --steps 6 --variants plain,batched,beside,module resnet50
+        exit 0
+    fi
+    echo "== batch 64"
+    bench --header --steps 8 --variants plain,batched,beside,module,debug resnet50 densenet121 efficientnet_b0 mobilenet_v3_large convnext_tiny vit_b_16
+    echo "== batch 8"
+    bench --header --steps 8 --batch 8 --variants plain,batched,beside,module resnet50 densenet121 efficientnet_b0 mobilenet_v3_large convnext_tiny
+    echo "== language models, batch 8 x 1024"
+    bench --header --steps 6 --batch 8 --variants plain,batched,beside,module,debug gpt2 llama-1b
+} 2>&1 | tee "$OUT/log.txt"

@@ -1,0 +1,108 @@
+"""When the module outputs a step queues for hashing on the GPU are read: `FlushPolicy`, chosen
+by REPRO_TORCH_FLUSH, and the watch that learns which outputs the program changes in place.
+
+A module's output must be read before the program changes it in place (a `ReLU(inplace=True)`
+after a batch norm, a residual `out += identity`). Reading each output at its own hook, on the
+program's stream, is always safe, but costs a flush per module call on the program's critical
+path. So the first step recorded on the GPU does exactly that (`module`), and watches every
+output's version counter while the step runs: an output whose counter moves after its hook is
+changed in place. From the next step on, those outputs are still read at their hooks, and the
+others are queued and read together, a few flushes a step:
+
+- `batched` (the default): in order with the program's stream, at the next flush.
+- `beside`: on the GPU hashing library's own stream, while the program's work runs on; the
+  recorder holds each tensor until its reads are done. (On an H100 this was slower than
+  `batched`: docs/results/pytorch-recorder-cost-h100.md.)
+- `module`: every output at its hook, every step (the first step's way, kept).
+
+Nothing is taken on trust: when an output is read, the recorder checks that its version counter
+has not moved since its hook, and stops with an error naming it if it has (a program that
+changes in place, at a later step, an output it left alone at the first).
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from typing import Optional
+
+import torch
+
+from repro_writer import WriteError
+
+FLUSH_ENV = "REPRO_TORCH_FLUSH"
+MODES = ("batched", "beside", "module")
+
+# Outputs queued before a flush is forced: bounds the memory held for them.
+MAX_QUEUED = 64
+MAX_QUEUED_BYTES = 256 << 20
+
+
+def mode_from_env() -> str:
+    """REPRO_TORCH_FLUSH's mode, `batched` when unset."""
+    mode = os.environ.get(FLUSH_ENV) or "batched"
+    if mode not in MODES:
+        raise WriteError(f"{FLUSH_ENV}={mode}: expected one of {', '.join(MODES)}")
+    return mode
+
+
+class FlushPolicy:
+    """A recorder's flush policy over its steps (see the module's documentation)."""
+
+    def __init__(self, mode: Optional[str] = None):
+        self.mode = mode or mode_from_env()
+        # Names of the outputs a watched step saw changed in place after their hooks; None
+        # until a step with module outputs hashed on the GPU has been watched.
+        self.in_place: Optional[set[str]] = None
+
+    def watch(self) -> Optional["InPlaceWatch"]:
+        """The watch for a step about to run: one until a step has been watched."""
+        return InPlaceWatch(self) if self.in_place is None and self.mode != "module" else None
+
+    def reads_at_hook(self, name: str) -> bool:
+        """Whether the output `name` is read at its hook, in order with the program."""
+        return self.mode == "module" or self.in_place is None or name in self.in_place
+
+    @property
+    def beside(self) -> bool:
+        """Whether outputs read together are read beside the program's stream."""
+        return self.mode == "beside" and self.in_place is not None
+
+
+class InPlaceWatch:
+    """One step's outputs, watched for changes in place after their hooks: each output's weak
+    reference and version counter at its hook, checked at every later hook and at the end."""
+
+    def __init__(self, policy: FlushPolicy):
+        self._policy = policy
+        self._watched: list = []  # (name, weak reference, version at the hook)
+        self.changed: set[str] = set()
+        self.outputs = 0
+
+    def add(self, name: str, t: torch.Tensor) -> None:
+        """Checks the outputs so far, then watches `t`, the output `name`, from now on."""
+        self.check()
+        self.outputs += 1
+        try:
+            self._watched.append((name, weakref.ref(t), t._version))
+        except (RuntimeError, TypeError):  # no version counter (inference mode): read at hooks
+            self.changed.add(name)
+
+    def check(self) -> None:
+        """Notes every watched output whose version moved, and forgets those that are gone."""
+        kept = []
+        for name, ref, version in self._watched:
+            t = ref()
+            if t is None:
+                continue
+            if t._version != version:
+                self.changed.add(name)
+            else:
+                kept.append((name, ref, version))
+        self._watched = kept
+
+    def finish(self) -> None:
+        """The step is over: what it saw becomes the policy's, if it had outputs to watch."""
+        self.check()
+        if self.outputs:
+            self._policy.in_place = set(self.changed)

@@ -1,0 +1,107 @@
+"""A stand-in for librepro_cuda_hash.so over host memory, so that the recorder's flushing, holding
+and checking (`repro_torch.cuda_hash.DeviceHasher`, `repro_torch.flushes`) run in CPU tests.
+
+It keeps the library's contract and its worst case: an ordered flush reads the memory at once,
+as the GPU reads it before anything the program queues later; a flush `beside` reads it only
+when the program asks whether its reads are done (`reads_done`, `wait_reads`), as late as a
+side stream may. A program that changed the memory in between gets another hash, unless the
+recorder caught the change first."""
+
+import ctypes
+from collections import Counter
+
+import blake3
+
+
+class CpuHashLibrary:
+    """The library's C functions, by the same names, over host addresses."""
+
+    def __init__(self):
+        self.pushed = []  # (address, length, keep) queued and not flushed
+        self.unread = []  # flushed beside, not read yet: (number, [(address, length, keep)])
+        self.results = []  # (hash, kept bytes or None) of everything read, in ticket order
+        self.tickets = 0
+        self.flushes = 0
+        self.flush_calls = {"ordered": 0, "beside": 0}
+        self.reads = Counter()  # how many times each address was read
+
+    def repro_cuda_hasher_new(self, index):
+        return 1
+
+    def repro_cuda_hasher_push_many(self, handle, addresses, lengths, keeps, n):
+        first = self.tickets
+        self.pushed.extend((addresses[i], lengths[i], keeps[i]) for i in range(n))
+        self.tickets += n
+        return first
+
+    def _read(self, pieces):
+        for address, length, keep in pieces:
+            self.reads[address] += 1
+            data = ctypes.string_at(address, length)
+            self.results.append((blake3.blake3(data).digest(), data if keep else None))
+
+    def repro_cuda_hasher_flush(self, handle):
+        self.flushes += 1
+        self.flush_calls["ordered"] += 1
+        self._read_beside(self.flushes)  # reads are in order: earlier ones land first
+        self._read(self.pushed)
+        self.pushed = []
+        return 0
+
+    def repro_cuda_hasher_flush_beside(self, handle):
+        self.flushes += 1
+        self.flush_calls["beside"] += 1
+        self.unread.append((self.flushes, self.pushed))
+        self.pushed = []
+        return self.flushes
+
+    def _read_beside(self, through):
+        while self.unread and self.unread[0][0] <= through:
+            self._read(self.unread.pop(0)[1])
+
+    def repro_cuda_hasher_reads_done(self, handle):
+        self._read_beside(self.flushes)
+        return self.flushes
+
+    def repro_cuda_hasher_wait_reads(self, handle):
+        return self.repro_cuda_hasher_reads_done(handle)
+
+    def repro_cuda_hasher_start_read(self, handle, n):
+        self._read_beside(self.flushes)
+        self._read(self.pushed)
+        self.pushed = []
+        results, self.results = self.results, []
+        n._obj.value = len(results)
+        self.tickets = 0
+        return results
+
+    def repro_cuda_read_finish(self, read, hashes, n, values, kept):
+        at = 0
+        for i, (digest, data) in enumerate(read):
+            ctypes.memmove(ctypes.addressof(hashes) + 32 * i, digest, 32)
+            if data is not None:
+                ctypes.memmove(ctypes.addressof(values) + at, data, len(data))
+                at += len(data)
+        return 0
+
+    def repro_cuda_hasher_free(self, handle):
+        pass
+
+    def repro_cuda_last_error(self):
+        return b"the CPU stand-in failed"
+
+
+def hash_on_cpu_stand_in(recorder):
+    """Makes `recorder` hash every tensor, CPU ones included, through a `DeviceHasher` over the
+    stand-in library; returns the stand-in."""
+    from repro_torch.cuda_hash import DeviceHasher
+
+    class CpuDeviceHasher(DeviceHasher):
+        def _on_legacy_stream(self):
+            return True
+
+    library = CpuHashLibrary()
+    hasher = CpuDeviceHasher("", 0, lib=library)
+    recorder._hashers[0] = hasher
+    recorder.hasher_for = lambda t: hasher
+    return library
