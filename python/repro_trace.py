@@ -99,11 +99,24 @@ def tensor_hash(dtype: str, shape: list[int], data: bytes) -> str:
 
 def _hash_of(domain: bytes, dtype: str, shape: list[int], *fields: bytes) -> str:
     """BLAKE3 of a domain, a dtype and a shape as the canonical hashes encode them, then `fields`."""
-    h = blake3.blake3(domain)
-    h.update(bytes([len(dtype)]) + dtype.encode("ascii") + struct.pack(f"<{len(shape) + 1}Q", len(shape), *shape))
+    key = (domain, dtype, tuple(shape))
+    prefix = _PREFIXES.get(key)
+    if prefix is None:
+        prefix = blake3.blake3(domain)
+        prefix.update(bytes([len(dtype)]) + dtype.encode("ascii") + struct.pack(f"<{len(shape) + 1}Q", len(shape), *shape))
+        if len(_PREFIXES) >= _MAX_PREFIXES:
+            _PREFIXES.clear()
+        _PREFIXES[key] = prefix
+    h = prefix.copy()
     for f in fields:
         h.update(f)
     return h.hexdigest()
+
+
+# The hash states after a domain, dtype and shape, by those: a trace's steps hash the same
+# shapes over and over (a writer hashes every record of every step).
+_PREFIXES: dict = {}
+_MAX_PREFIXES = 4096
 
 
 def tensor_hash_of_data_hash(dtype: str, shape: list[int], inner: bytes) -> str:

@@ -188,6 +188,7 @@ class TraceWriter:
         self._first: Optional[int] = None
         self._last: Optional[int] = None
         self._steps = 0
+        self._checked: set = set()  # records whose checks of themselves alone passed (`_check`)
         self._prepare(replace)
         header = {
             "type": "header",
@@ -323,33 +324,26 @@ class TraceWriter:
 
     def _check(self, t: Record, seen: set, owners: dict, step: int) -> None:
         where = f"step {step}, tensor `{t.name}`"
-        _printable("tensor name", t.name)
         if t.name in seen:
             raise WriteError(f"{where}: recorded twice in the step")
-        if t.kind not in KINDS:
-            raise WriteError(f"{where}: unknown kind {t.kind!r} (expected one of {', '.join(sorted(KINDS))})")
-        if t.dtype not in DTYPE_SIZES:
-            raise WriteError(f"{where}: unknown dtype {t.dtype!r}")
-        if t.phase is not None and t.phase not in PHASES:
-            raise WriteError(f"{where}: unknown phase {t.phase!r}")
-        if len(t.shape) > MAX_RANK:
-            raise WriteError(f"{where}: rank {len(t.shape)} exceeds {MAX_RANK}")
-        expected = DTYPE_SIZES[t.dtype] * math.prod(int(d) for d in t.shape)
+        # What a record says of itself alone is checked once per writer: steps repeat it.
+        alone = (t.name, t.kind, t.dtype, t.phase, len(t.shape), t.source, t.node is None)
+        if alone not in self._checked:
+            self._check_alone(t, where)
+            self._checked.add(alone)
         if t.data is None and t.view is None:
             if not isinstance(t.data_hash, (bytes, bytearray)) or len(t.data_hash) != 32:
                 raise WriteError(f"{where}: neither its bytes nor a 32-byte data hash")
-        elif t.data is not None and len(t.data) != expected:
-            raise WriteError(f"{where}: {len(t.data)} bytes for {t.dtype} {list(t.shape)} ({expected} expected)")
+        elif t.data is not None:
+            expected = DTYPE_SIZES[t.dtype] * math.prod(int(d) for d in t.shape)
+            if len(t.data) != expected:
+                raise WriteError(f"{where}: {len(t.data)} bytes for {t.dtype} {list(t.shape)} ({expected} expected)")
         for i in t.inputs:
             _printable("an input's name", i)
             if i not in seen:
                 raise WriteError(f"{where}: input `{i}` is not recorded earlier in the step")
         if t.collective is not None:
             self._check_collective(t, owners, where)
-        if t.source is not None:
-            _printable("the source location", t.source)
-            if t.node is None or len(t.source.encode()) > MAX_SOURCE_BYTES:
-                raise WriteError(f"{where}: a source location is a node's, of at most {MAX_SOURCE_BYTES} bytes")
         if t.view is not None:
             of, offset, strides = t.view
             owner = owners.get(of)
@@ -360,6 +354,24 @@ class TraceWriter:
             if len(strides) != len(t.shape) or not view_within([int(d) for d in t.shape], int(offset),
                                                                   [int(x) for x in strides], elements):
                 raise WriteError(f"{where}: its view does not lie within `{of}`")
+
+    @staticmethod
+    def _check_alone(t: Record, where: str) -> None:
+        """The checks of a record that need nothing else: its name, kind, dtype, phase, rank and
+        source location."""
+        _printable("tensor name", t.name)
+        if t.kind not in KINDS:
+            raise WriteError(f"{where}: unknown kind {t.kind!r} (expected one of {', '.join(sorted(KINDS))})")
+        if t.dtype not in DTYPE_SIZES:
+            raise WriteError(f"{where}: unknown dtype {t.dtype!r}")
+        if t.phase is not None and t.phase not in PHASES:
+            raise WriteError(f"{where}: unknown phase {t.phase!r}")
+        if len(t.shape) > MAX_RANK:
+            raise WriteError(f"{where}: rank {len(t.shape)} exceeds {MAX_RANK}")
+        if t.source is not None:
+            _printable("the source location", t.source)
+            if t.node is None or len(t.source.encode()) > MAX_SOURCE_BYTES:
+                raise WriteError(f"{where}: a source location is a node's, of at most {MAX_SOURCE_BYTES} bytes")
 
     @staticmethod
     def _check_collective(t: Record, owners: dict, where: str) -> None:

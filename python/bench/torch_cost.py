@@ -69,6 +69,17 @@ def language(name: str, batch: int):
     return model, opt, loss, what
 
 
+def recorded_step(rec: ModelRecorder, opt, model, loss_of, step: int) -> None:
+    """One training step of `model`, recorded by `rec` (the loss, the gradients, the updates)."""
+    opt.zero_grad()
+    with rec.training_step(step) as s:
+        loss = loss_of(model)
+        s.loss(loss)
+        loss.backward()
+        s.gradients()
+        opt.step()
+
+
 def timed(step, warmup: int, steps: int) -> tuple[float, int, int]:
     """Seconds per step over `steps` after `warmup` untimed ones; the peak of PyTorch's
     allocations during them; and the most device memory in use (by every allocator, repro's
@@ -150,13 +161,7 @@ def measure(build, name: str, batch: int, variants: list[str], warmup: int, step
                 rec = ModelRecorder(recorder, model)
 
                 def recorded(i):
-                    opt.zero_grad()
-                    with rec.training_step(i) as s:
-                        loss = loss_of(model)
-                        s.loss(loss)
-                        loss.backward()
-                        s.gradients()
-                        opt.step()
+                    recorded_step(rec, opt, model, loss_of, i)
 
                 seconds, peak, in_use = timed(recorded, warmup, steps)
                 with Counts().counting() as counts:

@@ -1,19 +1,29 @@
 #!/bin/bash
 # The GPU proof of docs/results/pytorch-recorder-cost-h100.md (issue 46): the PyTorch tests that
-# need a GPU, then `torch_cost.py` over the benchmark set at batch 64 (and the CNNs at batch 8),
+# need a GPU, the flush policies' hashes compared on real models, then `torch_cost.py` over the
+# benchmark set at batch 64 (and the CNNs at batch 8),
 # GPT-2 at 8 x 1024 and a 1.1B Llama shape in bf16. Run from the repository root with the wheels
 # installed, REPRO_CUDA_HASH_LIB set and `repro` at $REPRO_BIN; OUT is the folder for the log.
-#   python/bench/torch_cost_gpu.sh OUT [all|quick]
+#   python/bench/torch_cost_gpu.sh OUT [all|checks|bench|quick]   (checks: tests and hashes; bench: tables)
 set -u
-OUT=${1:?usage: torch_cost_gpu.sh OUT [all|quick]}
+OUT=${1:?usage: torch_cost_gpu.sh OUT [all|checks|bench|quick]}
 WHAT=${2:-all}
 export PYTHONPATH="python${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 bench() { python3 python/bench/torch_cost.py "$@" 2>&1 | grep -v Warning; }
 {
     nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
     python3 -c 'import torch, torchvision, transformers; print("torch", torch.__version__, "cudnn", torch.backends.cudnn.version(), "torchvision", torchvision.__version__, "transformers", transformers.__version__)'
-    echo "== GPU tests"
-    python3 -m unittest python/tests/test_torch.py -k gpu 2>&1 | tail -4
+    if [ "$WHAT" != bench ]; then
+        echo "== GPU tests"
+        python3 -m unittest python/tests/test_torch.py -k gpu 2>&1 | tail -4
+    fi
+    if [ "$WHAT" = all ] || [ "$WHAT" = checks ]; then
+        echo "== every flush policy records the same hashes (deterministic steps, python/bench/torch_flush_check.py)"
+        checks=$(mktemp -d)
+        python3 python/bench/torch_flush_check.py "$checks" resnet50 densenet121 efficientnet_b0 mobilenet_v3_large \
+            convnext_tiny vit_b_16 gpt2 2>&1 | grep -v Warning
+        [ "$WHAT" = checks ] && exit 0
+    fi
     if [ "$WHAT" = quick ]; then
         bench --header --steps 6 --variants plain,batched,beside,module resnet50
         exit 0

@@ -1,0 +1,84 @@
+"""Whether the flush policies record the same hashes on real models: records a few deterministic
+training steps of a model (the same seed, inputs and deterministic algorithms each time) once
+under each REPRO_TORCH_FLUSH policy, hashes only, into OUT/MODEL-POLICY; `repro diff` of those
+traces must then say IDENTICAL. A policy that read an output after the program had changed it in
+place would record another hash (or stop with an error, which this prints).
+
+    python python/bench/torch_flush_check.py OUT [--steps N] MODEL ...
+
+MODEL: a torchvision classification model at batch 16, or gpt2 (transformers, 2 x 256).
+"""
+
+import argparse
+import os
+import subprocess
+import sys
+
+import torch
+
+from repro_torch import ModelRecorder, Recorder
+from torch_cost import recorded_step  # beside this file
+
+# `module` twice: whether the program itself is deterministic, the control for the others.
+POLICIES = ("module", "module-again", "batched", "beside")
+
+
+def build(name: str):
+    torch.manual_seed(0)
+    if name == "gpt2":
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        model = GPT2LMHeadModel(GPT2Config(n_layer=4)).cuda()
+        ids = torch.randint(0, 50257, (2, 256), device="cuda")
+        return model, lambda m: m(ids, labels=ids).loss
+    import torchvision
+
+    model = torchvision.models.get_model(name).cuda()
+    images = torch.randn(16, 3, 224, 224, device="cuda")
+    labels = torch.randint(0, 1000, (16,), device="cuda")
+    return model, lambda m: torch.nn.functional.cross_entropy(m(images), labels)
+
+
+def record(name: str, policy: str, path: str, steps: int) -> None:
+    os.environ["REPRO_TORCH_FLUSH"] = policy.removesuffix("-again")
+    model, loss_of = build(name)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    rec = ModelRecorder(Recorder(path, {"workload": name, "steps": steps}, capture="none", replace=True,
+                                 device=torch.device("cuda"), device_hashing=True), model)
+    for step in range(steps):
+        recorded_step(rec, opt, model, loss_of, step)
+    rec.finish()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out")
+    parser.add_argument("models", nargs="+")
+    parser.add_argument("--steps", type=int, default=3)
+    args = parser.parse_args()
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cudnn.deterministic = True
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    repro = os.environ.get("REPRO_BIN", "repro")
+    failed = 0
+    for name in args.models:
+        paths = {p: os.path.join(args.out, f"{name}-{p}") for p in POLICIES}
+        try:
+            for policy, path in paths.items():
+                record(name, policy, path, args.steps)
+        except Exception as e:  # a policy that stopped: what it said
+            print(f"{name}: recording failed: {type(e).__name__}: {e}")
+            failed += 1
+            continue
+        for policy in POLICIES[1:]:
+            diff = subprocess.run([repro, "diff", paths["module"], paths[policy]], capture_output=True, text=True)
+            said = [line.strip() for line in diff.stdout.splitlines()
+                    if line.lstrip().startswith(("IDENTICAL", "DIVERGED", "WITHIN", "root cause"))]
+            print(f"{name}: module against {policy}: exit {diff.returncode}: {' / '.join(said[:3]) or diff.stderr.strip()}")
+            failed += diff.returncode != 0
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Runs the Python tests (python/tests: the writer, the reader, and repro_torch with PyTorch on the
+# CPU, the GPU hashing library's flushing through its CPU stand-in) against a built repro.
+#
+#   scripts/python-torch-check.sh          # uses target/release/repro
+#   REPRO_BIN=path/to/repro scripts/python-torch-check.sh
+#
+# Installs pinned torch (from PyPI: about 5.4 GB with its CUDA libraries, 142 s on this
+# project's 2-core machine), msgpack, safetensors, blake3 and numpy into a virtual environment
+# kept outside the checkout, $REPRO_TORCH_VENV (default ~/.cache/repro-torch-venv), so later runs
+# on the same machine reuse it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PINS=(torch==2.15.0 msgpack==1.1.2 safetensors==0.8.0 blake3==1.0.11 numpy==2.4.6)
+REPRO_BIN=${REPRO_BIN:-target/release/repro}
+VENV=${REPRO_TORCH_VENV:-$HOME/.cache/repro-torch-venv}
+
+die() { echo "python-torch-check: $*" >&2; exit 2; }
+
+[ -x "$REPRO_BIN" ] || die "no repro binary at $REPRO_BIN (build it with 'cargo build --release', or set REPRO_BIN)"
+command -v python3 >/dev/null || die "python3 not found"
+
+pins_ok() {
+    "$VENV/bin/python" - "${PINS[@]}" <<'EOF' 2>/dev/null
+import sys
+from importlib.metadata import version
+sys.exit(any(version(n) != v for n, v in (p.split("==") for p in sys.argv[1:])))
+EOF
+}
+if ! { [ -x "$VENV/bin/python" ] && pins_ok; }; then
+    python3 -m venv "$VENV" || die "python3 -m venv $VENV failed (install python3-venv)"
+    echo "installing ${PINS[*]} into $VENV"
+    started=$(date +%s)
+    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "${PINS[@]}" ||
+        die "pip could not install ${PINS[*]} into $VENV"
+    echo "installed in $(( $(date +%s) - started )) s"
+    pins_ok || die "the pinned packages (${PINS[*]}) are not importable from $VENV"
+fi
+
+REPRO_BIN=$(realpath "$REPRO_BIN") PYTHONPATH=python \
+    "$VENV/bin/python" -W ignore -m unittest discover -s python/tests
