@@ -162,7 +162,7 @@ class Tensor:
     inputs: list[str]
     node: Optional[int]
     collective: Optional[str] = None  # format 1.3: the result of a sum across ranks
-    source: Optional[str] = None  # format 1.4: a captured node's scope's FILE:LINE
+    source: Optional[str] = None  # format 1.4: a captured node's scope's FILE:LINE; 1.6: any record's
     view: Optional["View"] = None  # format 1.5: a captured node read through an earlier tensor's memory
 
     @property
@@ -606,8 +606,9 @@ class Trace:
                 self._needs((1, 2), "`node`", where)
             if t.source is not None:
                 self._needs((1, 4), "`source`", where)
-                if t.node is None:
-                    raise self._corrupt(f"tensor `{t.name}`: `source` is a captured node's: the record has no `node`", where)
+                if t.node is None and self.version < (1, 6):
+                    raise self._corrupt(f"tensor `{t.name}`: `source` is a captured node's before format 1.6: the record "
+                                        "has no `node`", where)
                 if len(t.source.encode()) > MAX_SOURCE_BYTES:
                     raise self._corrupt(f"tensor `{t.name}`: `source` is {len(t.source.encode())} bytes (at most "
                                         f"{MAX_SOURCE_BYTES})", where)

@@ -1,4 +1,4 @@
-"""A writer of the repro trace format (docs/trace-format.md, format 1.5), in Python.
+"""A writer of the repro trace format (docs/trace-format.md, format 1.6), in Python.
 
 It writes what `repro record` writes, so `repro diff`, `inspect`, `matrix` and `gate` read a run
 recorded from Python like one recorded by repro: framed msgpack records (section 2), step
@@ -50,7 +50,7 @@ from repro_trace import (
     view_within,
 )
 
-FORMAT = (1, 5)
+FORMAT = (1, 6)
 VERSION = "0.1.0"
 LOCK_FILE = ".repro-lock"
 # The safetensors package's names for the trace's dtypes (section 4.2 stores the trace's own).
@@ -370,8 +370,8 @@ class TraceWriter:
             raise WriteError(f"{where}: rank {len(t.shape)} exceeds {MAX_RANK}")
         if t.source is not None:
             _printable("the source location", t.source)
-            if t.node is None or len(t.source.encode()) > MAX_SOURCE_BYTES:
-                raise WriteError(f"{where}: a source location is a node's, of at most {MAX_SOURCE_BYTES} bytes")
+            if len(t.source.encode()) > MAX_SOURCE_BYTES:
+                raise WriteError(f"{where}: a source location is at most {MAX_SOURCE_BYTES} bytes")
 
     @staticmethod
     def _check_collective(t: Record, owners: dict, where: str) -> None:

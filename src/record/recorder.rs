@@ -359,7 +359,7 @@ impl StepRecorder<'_> {
         inputs: &[&str],
         tensor: &Tensor,
     ) -> Result<(), RecordError> {
-        self.push(name, kind, phase, inputs, None, None, tensor, tensor.is_variable())
+        self.push(name, kind, phase, inputs, None, None, None, tensor, tensor.is_variable())
     }
 
     /// Records variables (a model's parameters) under their names, each `NAME{suffix}`, and
@@ -423,7 +423,7 @@ impl StepRecorder<'_> {
                 Some(Phase::Update) if self.names.contains(name) => vec![name],
                 _ => Vec::new(),
             };
-            self.push(&format!("{name}{suffix}"), kind, phase, &inputs, None, None, var.as_tensor(), false)?;
+            self.push(&format!("{name}{suffix}"), kind, phase, &inputs, None, None, None, var.as_tensor(), false)?;
         }
         Ok(())
     }
@@ -492,7 +492,7 @@ impl StepRecorder<'_> {
         position: u64,
         tensor: &Tensor,
     ) -> Result<(), RecordError> {
-        self.push(name, kind, Some(Phase::Forward), &[], Some(position), None, tensor, tensor.is_variable())
+        self.push(name, kind, Some(Phase::Forward), &[], Some(position), None, None, tensor, tensor.is_variable())
     }
 
     /// Records the result of a collective across the ranks of a data-parallel run (`collective`,
@@ -506,7 +506,17 @@ impl StepRecorder<'_> {
         tensor: &Tensor,
     ) -> Result<(), RecordError> {
         let snapshot = tensor.is_variable();
-        self.push(name, TensorKind::Gradient, Some(Phase::Backward), &[input], None, Some(collective), tensor, snapshot)
+        self.push(
+            name,
+            TensorKind::Gradient,
+            Some(Phase::Backward),
+            &[input],
+            None,
+            Some(collective),
+            None,
+            tensor,
+            snapshot,
+        )
     }
 
     /// Notes trainable parameters that received no gradient at this step; the trace lists them.
@@ -532,6 +542,7 @@ impl StepRecorder<'_> {
         inputs: &[&str],
         node: Option<u64>,
         collective: Option<&str>,
+        source: Option<String>,
         tensor: &Tensor,
         snapshot: bool,
     ) -> Result<(), RecordError> {
@@ -542,7 +553,7 @@ impl StepRecorder<'_> {
             if !self.names.insert(name.to_string()) {
                 return Err(RecordError::Unsupported(format!("tensor `{name}` recorded twice in step {}", self.step)));
             }
-            let what = Described { name: name.to_string(), kind, phase, inputs, node, collective, source: None };
+            let what = Described { name: name.to_string(), kind, phase, inputs, node, collective, source };
             self.records.push(what, tensor, snapshot)
         })
     }
@@ -563,11 +574,14 @@ impl StepRecorder<'_> {
     /// Records the output of one forward op under `name` (perturbing it first if the run plants
     /// a fault there) and returns it, so ops can be recorded inline:
     /// `let h = s.op("fc1.matmul", &["x", "fc1.weight"], x.matmul(&w)?)?;`
+    /// The record's `source` is the caller's line, where the op is (format 1.6).
+    #[track_caller]
     pub fn op(&mut self, name: &str, inputs: &[&str], output: Tensor) -> Result<Tensor, RecordError> {
         self.op_as(name, TensorKind::OpOutput, inputs, output)
     }
 
     /// `op` for an output of another kind (the predictions, the loss).
+    #[track_caller]
     pub fn op_as(
         &mut self,
         name: &str,
@@ -575,8 +589,10 @@ impl StepRecorder<'_> {
         inputs: &[&str],
         output: Tensor,
     ) -> Result<Tensor, RecordError> {
+        let caller = std::panic::Location::caller();
+        let source = format!("{}:{}", caller.file(), caller.line());
         let output = self.perturbed(name, &output)?;
-        self.record_as(name, kind, Some(Phase::Forward), inputs, &output)?;
+        self.push(name, kind, Some(Phase::Forward), inputs, None, None, Some(source), &output, output.is_variable())?;
         Ok(output)
     }
 

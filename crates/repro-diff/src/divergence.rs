@@ -27,9 +27,13 @@ pub struct Divergence {
     /// B's dtype and shape, when they differ from A's (then there are no metrics).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub b_layout: Option<(DType, Vec<u64>)>,
-    /// For a captured node, where its scope was opened in A's source (`FILE:LINE`).
+    /// Where in A's source it comes from (`FILE:LINE`): for a captured node, where its scope
+    /// was opened; for a hand-recorded op, the op's line (format 1.6).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub source: Option<String>,
+    /// Whether `source` is where a captured node's scope was opened (rather than its own line).
+    #[serde(skip)]
+    pub source_opens_scope: bool,
     /// B's name for the tensor, where B names it otherwise: a captured node numbered otherwise
     /// because its scope's graph changed before it, or a tensor paired by its place.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -50,6 +54,7 @@ impl Divergence {
             metrics,
             b_layout: None,
             source: tensor.source.clone(),
+            source_opens_scope: tensor.node.is_some(),
             tensor_b: None,
         }
     }

@@ -466,6 +466,7 @@ mod tests {
                 metrics: None,
                 b_layout: None,
                 source: None,
+                source_opens_scope: false,
                 tensor_b: None,
             }),
             within: false,

@@ -43,6 +43,9 @@ pub fn tensor_stats(values: &TensorValues, preview: usize) -> TensorStats {
 /// and give the same figures, on every machine and thread count.
 const CHUNK_ELEMENTS: usize = 1 << 16;
 
+/// Accumulators of a chunk's sums (see `Partial::of`).
+const LANES: usize = 4;
+
 /// The figures of one run of elements, merged with the next run's in element order.
 #[derive(Clone, Copy, Default)]
 struct Partial {
@@ -60,30 +63,37 @@ struct Partial {
 
 impl Partial {
     fn of<T: Element>(bytes: &[u8]) -> Partial {
-        let values: Vec<f64> = bytes.chunks_exact(T::SIZE).map(|e| T::load(e).value()).collect();
-        let mut p = Partial { elements: values.len() as u64, ..Partial::default() };
-        // Two passes over a chunk that sits in cache, without a division per element: the sum
-        // (and the counts and extremes), then the squared deviations from the chunk's mean.
-        let (mut sum, mut min, mut max) = (0f64, f64::INFINITY, f64::NEG_INFINITY);
-        for &x in &values {
+        let mut p = Partial { elements: (bytes.len() / T::SIZE) as u64, ..Partial::default() };
+        // Two passes over a chunk that sits in cache, without a division or a branch per
+        // element: the sum (and the counts and extremes), then the squared deviations from the
+        // chunk's mean. A non-finite element adds 0 and moves neither extreme. The sums run in
+        // `LANES` interleaved accumulators, added up in lane order: one chain of dependent
+        // additions would leave the CPU waiting on each.
+        let (mut sum, mut min, mut max) = ([0f64; LANES], f64::INFINITY, f64::NEG_INFINITY);
+        let (mut nan, mut finite_count, mut zeros) = (0u64, 0u64, 0u64);
+        by_lane::<T>(bytes, |lane, x| {
             let finite = x.is_finite();
-            p.nan += u64::from(x.is_nan());
-            p.finite += u64::from(finite);
-            p.zeros += u64::from(x == 0.0);
+            nan += u64::from(x.is_nan());
+            finite_count += u64::from(finite);
+            zeros += u64::from(x == 0.0);
             let x = if finite { x } else { 0.0 };
-            sum += x;
-            if finite {
-                min = min.min(x);
-                max = max.max(x);
-            }
-        }
+            sum[lane] += x;
+            min = if finite && x < min { x } else { min };
+            max = if finite && x > max { x } else { max };
+        });
+        (p.nan, p.finite, p.zeros) = (nan, finite_count, zeros);
         p.infinite = p.elements - p.nan - p.finite;
         if p.finite == 0 {
             return p;
         }
         (p.min, p.max) = (Some(min), Some(max));
-        p.mean = sum / p.finite as f64;
-        p.m2 = values.iter().filter(|x| x.is_finite()).map(|x| (x - p.mean) * (x - p.mean)).sum();
+        let mean = sum.iter().sum::<f64>() / p.finite as f64;
+        let mut m2 = [0f64; LANES];
+        by_lane::<T>(bytes, |lane, x| {
+            let deviation = if x.is_finite() { x - mean } else { 0.0 };
+            m2[lane] += deviation * deviation;
+        });
+        (p.mean, p.m2) = (mean, m2.iter().sum());
         p
     }
 
@@ -114,6 +124,21 @@ impl Partial {
             mean,
             m2,
         }
+    }
+}
+
+/// Calls `pass` with each element of `bytes` in order, as `f64`, and its lane (its index modulo
+/// `LANES`).
+#[inline]
+fn by_lane<T: Element>(bytes: &[u8], mut pass: impl FnMut(usize, f64)) {
+    let mut groups = bytes.chunks_exact(T::SIZE * LANES);
+    for group in &mut groups {
+        for (lane, e) in group.chunks_exact(T::SIZE).enumerate() {
+            pass(lane, T::load(e).value());
+        }
+    }
+    for (lane, e) in groups.remainder().chunks_exact(T::SIZE).enumerate() {
+        pass(lane, T::load(e).value());
     }
 }
 

@@ -317,7 +317,11 @@ pub fn write_root_cause(out: &mut String, r: &RootCause) -> fmt::Result {
 
 /// The root-cause block, saying `missing` of a divergence whose values were not stored.
 pub(crate) fn write_root_cause_with(out: &mut String, r: &RootCause, missing: &str) -> fmt::Result {
-    let source = r.cause.source.as_deref().map_or(String::new(), |s| format!(", in the scope opened at {s}"));
+    let source = match r.cause.source.as_deref() {
+        Some(s) if r.cause.source_opens_scope => format!(", in the scope opened at {s}"),
+        Some(s) => format!(", recorded at {s}"),
+        None => String::new(),
+    };
     writeln!(out, "root cause: {} at step {}{source}", describe(&r.cause), r.cause.step)?;
     let drift = || {
         let from = r.drift_from.as_deref().map_or(String::new(), |n| format!(", first at `{n}` in this step"));

@@ -64,6 +64,8 @@ impl DType {
 }
 
 /// A Rust type that stores one element of a trace dtype.
+// The impls' methods are `#[inline]`: they run once per element in other crates' loops (the
+// diff's metrics, `show`'s statistics), where a call each cost several times the work.
 pub trait Element: Copy {
     /// Bytes per element.
     const SIZE: usize;
@@ -81,6 +83,7 @@ pub trait Element: Copy {
 }
 
 /// Two's-complement position of a sign-magnitude float's bits.
+#[inline]
 fn float_ordinal(bits: u64, sign_bit: u64) -> i64 {
     let magnitude = (bits & (sign_bit - 1)) as i64;
     if bits & sign_bit != 0 {
@@ -151,9 +154,13 @@ macro_rules! int_element {
     ($($t:ty),*) => {$(
         impl Element for $t {
             const SIZE: usize = std::mem::size_of::<$t>();
+            #[inline]
             fn value(self) -> f64 { self as f64 }
+            #[inline]
             fn ordinal(self) -> i64 { self as i64 }
+            #[inline]
             fn load(bytes: &[u8]) -> Self { <$t>::from_le_bytes(bytes.try_into().expect("element size")) }
+            #[inline]
             fn bits(self) -> u64 { self as u64 }
         }
     )*};
@@ -164,11 +171,15 @@ macro_rules! float_element {
     ($($t:ty, $bits:ty, $to_f64:expr);*) => {$(
         impl Element for $t {
             const SIZE: usize = std::mem::size_of::<$bits>();
+            #[inline]
             fn value(self) -> f64 { $to_f64(self) }
+            #[inline]
             fn ordinal(self) -> i64 {
                 float_ordinal(self.to_bits() as u64, 1 << (8 * std::mem::size_of::<$bits>() - 1))
             }
+            #[inline]
             fn load(bytes: &[u8]) -> Self { <$t>::from_bits(<$bits>::from_le_bytes(bytes.try_into().expect("element size"))) }
+            #[inline]
             fn bits(self) -> u64 { self.to_bits() as u64 }
         }
     )*};

@@ -27,7 +27,8 @@ pub struct FormatVersion {
 /// - 1.3: `collective` (data-parallel runs). 1.4: `source` (a captured node's scope's place).
 /// - 1.5: `view`: a captured node that reads an earlier tensor's memory, hashed by that relation
 ///   (`crate::view`).
-pub const CURRENT_FORMAT: FormatVersion = FormatVersion { major: 1, minor: 5 };
+/// - 1.6: `source` on any tensor record, not only a captured node's (a hand-recorded op's line).
+pub const CURRENT_FORMAT: FormatVersion = FormatVersion { major: 1, minor: 6 };
 
 impl FormatVersion {
     /// Whether this build can read a trace written in `self`.

@@ -512,8 +512,8 @@ impl TraceReader {
         }
         if let Some(source) = &t.source {
             self.needs_version(1, 4, "`source`")?;
-            if t.node.is_none() {
-                return Err("`source` is a captured node's: the record has no `node`".into());
+            if t.node.is_none() && (self.version.major, self.version.minor) < (1, 6) {
+                return Err("`source` is a captured node's before format 1.6: the record has no `node`".into());
             }
             if source.len() > format::MAX_SOURCE_BYTES {
                 return Err(format!("`source` is {} bytes (at most {})", source.len(), format::MAX_SOURCE_BYTES));
@@ -944,9 +944,11 @@ mod tests {
         };
         let source = err(v(3), &[header_in(v(3), None), step_with(sourced(Some(0)), None)]);
         assert!(source.contains("`source` is a key of format 1.4"), "{source}");
-        // A source is a captured node's, of bounded length.
-        let stray = err(v(4), &[header_in(v(4), None), step_with(sourced(None), None)]);
-        assert!(stray.contains("`source` is a captured node's"), "{stray}");
+        // Before 1.6 a source is a captured node's; from 1.6 any record's; always of bounded
+        // length.
+        let stray = err(v(5), &[header_in(v(5), None), step_with(sourced(None), None)]);
+        assert!(stray.contains("`source` is a captured node's before format 1.6"), "{stray}");
+        assert_eq!(err(v(6), &[header_in(v(6), None), step_with(sourced(None), None)]), "");
         let long = TensorRecord { source: Some("x".repeat(5000)), ..sourced(Some(0)) };
         let long = err(v(4), &[header_in(v(4), None), step_with(long, None)]);
         assert!(long.contains("`source` is 5000 bytes"), "{long}");
