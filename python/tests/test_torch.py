@@ -145,6 +145,41 @@ class TorchTest(unittest.TestCase):
             self.assertIn(line, diff.stdout)
         self.assertNotIn("env.torch.backends.cudnn.deterministic", diff.stdout)
 
+    def test_mixed_precision_records_the_dtypes_the_program_used(self):
+        # bf16 autocast, and fp16 autocast with a gradient scaler: module outputs in the
+        # autocast dtype, parameters, gradients (as scaled when recorded) and updates in f32.
+        from repro_torch import ModelRecorder, Recorder
+        from repro_trace import Trace
+
+        for dtype, name in ((torch.bfloat16, "BF16"), (torch.float16, "F16")):
+            torch.manual_seed(0)
+            model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            scaler = torch.amp.GradScaler("cpu", init_scale=1024.0) if dtype == torch.float16 else None
+            path = os.path.join(self.dir, name)
+            rec = ModelRecorder(Recorder(path, {"workload": "amp", "steps": 2}, capture="none"), model)
+            x = torch.randn(4, 8)
+            for step in range(2):
+                opt.zero_grad()
+                with rec.training_step(step, inputs={"x": x}) as s:
+                    with torch.autocast("cpu", dtype=dtype):
+                        loss = model(x).float().square().mean()
+                    s.loss(loss)
+                    (scaler.scale(loss) if scaler else loss).backward()
+                    s.gradients()
+                    if scaler:
+                        scaler.step(opt)
+                        scaler.update()
+                    else:
+                        opt.step()
+            rec.finish()
+            with Trace(path) as t:
+                dtypes = {r.name: r.dtype for r in next(iter(t.steps())).tensors}
+            self.assertEqual({dtypes[n] for n in ("0", "1", "2")}, {name}, dtypes)
+            self.assertEqual(dtypes["loss"], "F32")
+            self.assertEqual({dtypes[n] for n in dtypes if n.endswith((".grad", ".updated", ".weight", ".bias"))},
+                             {"F32"}, dtypes)
+
     def test_a_module_output_s_source_is_the_program_s_line_that_called_it(self):
         from repro_torch import ModelRecorder, Recorder
         from repro_trace import Trace
