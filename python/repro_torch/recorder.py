@@ -226,7 +226,7 @@ class StepRecorder:
         if self._watch is not None:
             self._watch.add(name, t)
         self._outputs_queued += 1
-        self._bytes_queued += t.numel() * t.element_size()
+        self._bytes_queued += t.nbytes
         if self._policy.reads_at_hook(name):
             self.flush()
         elif self._outputs_queued >= MAX_QUEUED or self._bytes_queued >= MAX_QUEUED_BYTES:
@@ -241,32 +241,36 @@ class StepRecorder:
         self._queue(name, t, kind, phase, inputs, node, source, collective)
 
     def _queue(self, name, t, kind, phase, inputs, node, source, collective) -> bool:
-        """Queues a record; whether its tensor waits to be read on the GPU."""
+        """Queues a record; whether its tensor waits to be read on the GPU. (Runs for every
+        tensor of every step: kept to plain attribute reads and positional calls.)"""
         position = None
         if node:
             position, self._nodes = self._nodes, self._nodes + 1
-        what = dict(phase=phase, inputs=tuple(inputs), node=position, source=source, collective=collective)
+        inputs = tuple(inputs)
         hasher = None if self._full else self.recorder.hasher_for(t)
         if hasher is None:
-            self.records.append(record_of(name, kind, t, **what))
+            self.records.append(record_of(name, kind, t, phase=phase, inputs=inputs, node=position, source=source,
+                                          collective=collective))
             return False
         try:
             version = t._version
-            key = (t.data_ptr(), t.dtype, tuple(t.shape), t.stride(), version)
+            key = (t.data_ptr(), t.dtype, t.shape, t.stride(), version)
         except RuntimeError:  # an inference-mode tensor has no version counter: never repeated
             version, key = None, None
         seen = self.hashed_on_gpu.get(key) or self._previous.get(key) if key is not None else None
         if seen is not None and seen[0]() is t:
-            record = Record(name, kind, seen[1].dtype, seen[1].shape, None, **what)
-            self._repeats.append((record, seen[1]))
+            first = seen[1]
+            record = Record(name, kind, first.dtype, first.shape, None, phase, inputs, position, source, None, None,
+                            collective)
+            self._repeats.append((record, first))
             self.records.append(record)
             if key not in self.hashed_on_gpu:
                 self.hashed_on_gpu[key] = seen
             return False
         dtype, shape, held, own = canonical_in_place(t)
-        record = Record(name, kind, dtype, shape, None, **what)
+        record = Record(name, kind, dtype, shape, None, phase, inputs, position, source, None, None, collective)
         self.records.append(record)
-        length = held.numel() * held.element_size()
+        length = held.nbytes
         if length == 0:
             record.data = b""
             return False
