@@ -36,10 +36,11 @@ def torchrun(ranks, script, *args):
 
 
 def environment(**extra):
-    """This environment, with python/ importable and `extra` set."""
+    """This environment, with python/ importable, no GPU visible (the ranks run on the CPU over
+    gloo, also on a machine with fewer GPUs than ranks) and `extra` set."""
     python = os.path.join(HERE, "..")
     path = os.pathsep.join(p for p in (python, os.environ.get("PYTHONPATH")) if p)
-    return dict(os.environ, PYTHONPATH=path, **extra)
+    return dict(os.environ, PYTHONPATH=path, CUDA_VISIBLE_DEVICES="", **extra)
 
 
 def header(stream):
