@@ -96,7 +96,7 @@ DEVICE void parent_cv(const u32 left[8], const u32 right[8], u32 out[8]) {
   compress(out, m, 0, 64, PARENT);
 }
 
-// 1b. Batched hashing of many tensor views at once (src/ops/device_hash.rs plans the tables).
+// 1b. Batched hashing of many tensor views at once (src/record/device/plan.rs plans the tables).
 //
 // A view is described by VIEW_WORDS u64 words: the address of its element 0, the element size,
 // the number of dimensions (at most VIEW_DIMS, size-1 dims dropped and contiguous dims merged),

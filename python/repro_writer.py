@@ -9,7 +9,8 @@ tensors as (dtype, shape, element bytes); `repro_torch` feeds it PyTorch tensors
 It is pure Python over msgpack, blake3, numpy and safetensors (the packages the reader uses):
 installing it needs no Rust toolchain, and that the Rust and Python sides agree is tested by
 `repro inspect --verify`, which recomputes every hash a Python-written trace holds
-(scripts/python-writer-check.sh, in CI).
+(python/tests/test_writer.py, run in CI by scripts/python-reader-check.sh and
+scripts/python-torch-check.sh).
 
     w = TraceWriter("runs/torch", run={"workload": "mine", "steps": 10, "params": {"lr": "0.1"}})
     w.write_step(0, [Record("x", "input", "F32", [2], struct.pack("<2f", 1, 2))])

@@ -15,10 +15,10 @@
 //! - [`study`] runs the research seeds' experiments (seeds, devices, reductions, cost) as
 //!   commands, recording each run and comparing them.
 //!
-//! `trace` (with `hash` and `dtype`) is the `repro-trace` crate, and `diff` (with `report`) the
-//! `repro-diff` crate, re-exported here under the names the library has always used. Neither
-//! depends on candle, so the compiler keeps the layering: reading and comparing traces needs no
-//! model code and no GPU. The trace format is specified in `docs/trace-format.md`.
+//! `trace` (with `hash` and `dtype`) is the `repro-trace` crate, `diff` the `repro-diff` crate
+//! and `report` the `repro-report` crate, re-exported here under the names the library has
+//! always used. None depends on candle, so the compiler keeps the layering: reading, comparing
+//! and reporting traces needs no model code and no GPU. The trace format is specified in `docs/trace-format.md`.
 #![deny(missing_docs)]
 
 pub mod capture;
