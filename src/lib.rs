@@ -5,7 +5,8 @@
 //! - [`workloads`] train models with candle (using [`ops`] where repro controls the numerics)
 //!   and hand their tensors to a [`record::Recorder`], op by op or through [`capture`], which
 //!   records any candle model's parameters, forward graph and gradients with no per-op code;
-//! - [`record`] hashes tensors ([`hash`]) and writes them as a [`trace`];
+//! - [`record`] hashes tensors ([`hash`]) and writes them as a [`trace`]; [`gated`] joins it
+//!   with [`diff`]'s online comparison when a repro command runs the program;
 //! - [`diff`] compares traces, and [`report`] renders the comparison;
 //! - [`distributed`] trains data-parallel across ranks (NCCL on GPUs), each rank recording its
 //!   own stream;
@@ -24,6 +25,7 @@
 pub mod capture;
 pub mod cuda;
 pub mod distributed;
+pub mod gated;
 pub mod invariance;
 pub mod measure;
 pub mod ops;

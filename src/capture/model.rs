@@ -5,7 +5,7 @@
 use super::graph::{graph_nodes, views, GraphNode};
 use super::scope::{take_step, tensor_number, ScopeSpan};
 use crate::record::profile;
-use crate::record::{Described, RecordEnv, RecordError, RecordOptions, Recorder, StepRecorder};
+use crate::record::{Described, RecordError, RecordOptions, Recorder, StepRecorder};
 use crate::trace::{Phase, RunConfig, TensorKind};
 use candle_core::backprop::GradStore;
 use candle_core::{Device, Tensor, Var};
@@ -239,22 +239,6 @@ impl ModelRecorder {
     ) -> Result<Self, RecordError> {
         let recorder = Recorder::create(dir, run, device, options)?;
         Self::new(recorder, ModelCapture::new(varmap))
-    }
-
-    /// Records as a repro command running this program asks (`repro record -- CMD`, `gate --
-    /// CMD`, `bisect -- CMD`: `record::env`), and into `dir` otherwise: one constructor for
-    /// both uses. Either way `REPRO_CAPTURE` and `REPRO_AGAINST`, when set, choose the steps
-    /// stored in full and the reference compared with; a trace already in the directory is an
-    /// error unless `REPRO_REPLACE=1` (never replaced silently).
-    pub fn create_or_gated(
-        dir: impl AsRef<Path>,
-        run: RunConfig,
-        device: &Device,
-        varmap: &VarMap,
-    ) -> Result<Self, RecordError> {
-        let env = RecordEnv::read()?;
-        let dir = env.dir.clone().unwrap_or_else(|| dir.as_ref().to_path_buf());
-        Self::create_with(dir, run, device, varmap, env.apply(RecordOptions::default())?)
     }
 
     /// Captures into a recorder made by any of `Recorder`'s constructors (`from_env` for

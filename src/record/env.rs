@@ -17,10 +17,9 @@
 use super::error::RecordError;
 use super::options::RecordOptions;
 use super::perturb::Perturbation;
-use crate::diff::ReferenceCheck;
-use crate::trace::FullCapture;
+use crate::trace::{FullCapture, StepCheck};
 use std::ffi::OsString;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// Where to record (`REPRO_TRACE_DIR`).
 pub const TRACE_DIR_ENV: &str = "REPRO_TRACE_DIR";
@@ -108,8 +107,13 @@ impl RecordEnv {
     }
 
     /// `options` with what the contract asks: its capture policy in place of theirs, replacing,
-    /// and the online comparison with `against`.
-    pub fn apply(&self, mut options: RecordOptions) -> Result<RecordOptions, RecordError> {
+    /// and the online comparison with `against`, through the check `open_reference` opens on
+    /// it (the recorder defines what it needs, `StepCheck`; `diff` implements it).
+    pub fn apply(
+        &self,
+        mut options: RecordOptions,
+        open_reference: impl FnOnce(&Path) -> Result<Box<dyn StepCheck>, String>,
+    ) -> Result<RecordOptions, RecordError> {
         if let Some(capture) = &self.capture {
             options.capture.full = capture.clone();
         }
@@ -118,9 +122,9 @@ impl RecordEnv {
             options.perturbation = Some(p.clone());
         }
         if let Some(reference) = &self.against {
-            let check = ReferenceCheck::open(reference)
+            let check = open_reference(reference)
                 .map_err(|e| RecordError::Unsupported(format!("{AGAINST_ENV}={}: {e}", reference.display())))?;
-            options = options.comparing_with(Box::new(check), !self.keep_going);
+            options = options.comparing_with(check, !self.keep_going);
         }
         Ok(options)
     }
@@ -159,11 +163,14 @@ mod tests {
     #[test]
     fn apply_puts_the_contract_over_the_programs_options() {
         let env = RecordEnv { capture: Some(FullCapture::All), replace: true, ..RecordEnv::default() };
-        let options = env.apply(RecordOptions::default()).unwrap();
+        let never = |_: &Path| -> Result<Box<dyn StepCheck>, String> { panic!("no reference to open") };
+        let options = env.apply(RecordOptions::default(), never).unwrap();
         assert_eq!(options.capture.full, FullCapture::All);
         assert!(options.replace);
         let missing = RecordEnv { against: Some("/nonexistent/reference".into()), ..RecordEnv::default() };
-        let e = missing.apply(RecordOptions::default()).unwrap_err().to_string();
-        assert!(e.contains("REPRO_AGAINST=/nonexistent/reference"), "{e}");
+        let unreadable =
+            |p: &Path| -> Result<Box<dyn StepCheck>, String> { Err(format!("{} is not there", p.display())) };
+        let e = missing.apply(RecordOptions::default(), unreadable).unwrap_err().to_string();
+        assert!(e.contains("REPRO_AGAINST=/nonexistent/reference: /nonexistent/reference is not there"), "{e}");
     }
 }

@@ -25,7 +25,6 @@
 //! records itself can do the same (`#[global_allocator] static A: mimalloc::MiMalloc =
 //! mimalloc::MiMalloc;`; docs/cuda.md, "The allocator").
 
-use super::env::{RecordEnv, TRACE_DIR_ENV};
 use super::environment::environment;
 use super::error::RecordError;
 use super::fill::{fill_records, payload_bytes};
@@ -111,21 +110,6 @@ impl Recorder {
         recorder.online = options.compare;
         recorder.writer = Some(WriterThread::spawn(writer));
         Ok(recorder)
-    }
-
-    /// Starts recording as a repro command running this program asks (`repro record -- CMD`,
-    /// `gate -- CMD`, `bisect -- CMD`; see `record::env`): into the directory `REPRO_TRACE_DIR`
-    /// names, storing full values where `REPRO_CAPTURE` says (else where `capture` does),
-    /// replacing a trace there only under `REPRO_REPLACE=1`, and comparing with `REPRO_AGAINST`
-    /// while recording.
-    pub fn from_env(run: RunConfig, device: &Device, capture: CapturePolicy) -> Result<Self, RecordError> {
-        let env = RecordEnv::read()?;
-        let dir = env.dir.clone().ok_or_else(|| {
-            RecordError::Unsupported(format!(
-                "{TRACE_DIR_ENV} is not set: run this under `repro record -- CMD` or `repro gate -- CMD`"
-            ))
-        })?;
-        Self::create(dir, run, device, env.apply(RecordOptions::capture(capture))?)
     }
 
     /// A recorder that hashes nothing and writes nothing: the un-instrumented baseline that

@@ -23,21 +23,8 @@ pub fn exact(x: f64, dtype: repro_trace::dtype::DType) -> String {
     }
 }
 
-/// A byte count with a binary unit (`1.5 MiB`).
-pub fn bytes(n: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut value = n as f64;
-    let mut unit = 0;
-    while value >= 1024.0 && unit + 1 < UNITS.len() {
-        value /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{n} B")
-    } else {
-        format!("{value:.1} {}", UNITS[unit])
-    }
-}
+/// A byte count with a binary unit (`1.5 MiB`): the trace crate's, which the recorder shares.
+pub use repro_trace::bytes;
 
 /// A shape as `[10000, 1]`, or `scalar`.
 pub fn shape(dims: &[u64]) -> String {

@@ -35,5 +35,7 @@ pub use schema::{
     BadCapture, CapturePolicy, Distributed, Environment, Footer, FullCapture, Header, Phase, Record, RunConfig,
     StepRecord, TensorKind, TensorRecord, ViewOf,
 };
-pub use summary::{summarize, verify, MissingGradient, MissingGradients, TensorInfo, TraceSummary, Verification};
+pub use summary::{
+    bytes, summarize, verify, MissingGradient, MissingGradients, TensorInfo, TraceSummary, Verification,
+};
 pub use writer::{Payload, StepTensor, TraceWriter};

@@ -100,9 +100,27 @@ pub struct TensorInfo {
     /// For a view (format 1.5): the tensor whose memory it reads.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub view_of: Option<String>,
-    /// For a captured node (format 1.4): where in the program its scope was opened.
+    /// Where in the program it comes from (format 1.4): a captured node's scope's opening
+    /// line, or (1.6) the line that recorded a hand-recorded op.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub source: Option<String>,
+}
+
+/// A byte count with a binary unit (`1.5 MiB`), as reports and the recorder's messages print
+/// sizes.
+pub fn bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = n as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{n} B")
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
+    }
 }
 
 /// Reads a whole trace (records only, not payload contents) and summarizes it.

@@ -646,7 +646,7 @@ fn read_values(queued: &Queued, dev: &CudaDevice, stream: &std::sync::Arc<CudaSt
 
 /// A size in bytes as people read it (`96.0 MiB`).
 fn size(bytes: usize) -> String {
-    crate::report::bytes(bytes as u64)
+    crate::trace::bytes(bytes as u64)
 }
 
 /// The plan of a batch of tensors that all fit the kernels: their addresses, read on the host.
