@@ -328,7 +328,7 @@ class TraceWriter:
         if t.name in seen:
             raise WriteError(f"{where}: recorded twice in the step")
         # What a record says of itself alone is checked once per writer: steps repeat it.
-        alone = (t.name, t.kind, t.dtype, t.phase, len(t.shape), t.source, t.node is None)
+        alone = (t.name, t.kind, t.dtype, t.phase, len(t.shape), t.source)
         if alone not in self._checked:
             self._check_alone(t, where)
             self._checked.add(alone)

@@ -29,6 +29,7 @@ import time
 import torch
 
 from repro_torch import DeviceHasher, ModelRecorder, Recorder, cuda_hash_library_path
+from steps import training_step  # beside this file
 
 VARIANTS = ("plain", "beside", "batched", "module", "debug")
 
@@ -67,17 +68,6 @@ def language(name: str, batch: int):
             return m(ids, labels=ids).loss
 
     return model, opt, loss, what
-
-
-def recorded_step(rec: ModelRecorder, opt, model, loss_of, step: int) -> None:
-    """One training step of `model`, recorded by `rec` (the loss, the gradients, the updates)."""
-    opt.zero_grad()
-    with rec.training_step(step) as s:
-        loss = loss_of(model)
-        s.loss(loss)
-        loss.backward()
-        s.gradients()
-        opt.step()
 
 
 def timed(step, warmup: int, steps: int) -> tuple[float, int, int]:
@@ -119,7 +109,7 @@ class Counts:
             return queue(self, record, address, length, *rest)
 
         def counted_flush(self, *args, **kwargs):
-            counts.flushes += bool(self._queued)
+            counts.flushes += bool(self.queued)
             return flush(self, *args, **kwargs)
 
         DeviceHasher.queue, DeviceHasher.flush = counted_queue, counted_flush
@@ -134,9 +124,7 @@ def measure(build, name: str, batch: int, variants: list[str], warmup: int, step
     plain_s = plain_peak = plain_in_use = None
 
     def plain(_):
-        opt.zero_grad()
-        loss_of(model).backward()
-        opt.step()
+        training_step(model, opt, loss_of)
 
     for variant in variants:
         extra = ""
@@ -161,7 +149,7 @@ def measure(build, name: str, batch: int, variants: list[str], warmup: int, step
                 rec = ModelRecorder(recorder, model)
 
                 def recorded(i):
-                    recorded_step(rec, opt, model, loss_of, i)
+                    training_step(model, opt, loss_of, rec, i)
 
                 seconds, peak, in_use = timed(recorded, warmup, steps)
                 with Counts().counting() as counts:

@@ -12,7 +12,6 @@ time of a step after the first two (the step synchronized with the GPU). Falls b
 
 import argparse
 import os
-import statistics
 import sys
 import time
 
@@ -21,6 +20,7 @@ import torch.distributed as dist
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from repro_torch import ModelRecorder
+from steps import report_step_times, training_step  # beside this file
 
 
 def parse(argv):
@@ -78,25 +78,10 @@ def main(argv):
         ids = torch.randint(0, config.vocab_size, (args.batch, args.context), generator=data)[rows].to(device)
         sync(cuda)
         started = time.perf_counter()
-        opt.zero_grad()
-        if rec is None:
-            model(input_ids=ids, labels=ids).loss.backward()
-            opt.step()
-        else:
-            with rec.training_step(step, inputs={"input_ids": ids}) as s:
-                loss = model(input_ids=ids, labels=ids).loss
-                s.loss(loss)
-                loss.backward()
-                s.gradients()
-                opt.step()
+        training_step(model, opt, lambda m: m(input_ids=ids, labels=ids).loss, rec, step, {"input_ids": ids})
         sync(cuda)
         times.append(time.perf_counter() - started)
-    if rec is not None:
-        rec.finish()
-    if rank == 0:
-        what = "plain" if rec is None else "recorded"
-        print(f"{what} step: median {statistics.median(times[2:]) * 1e3:.1f} ms over steps 2 to {args.steps - 1} "
-              f"({world} ranks, batch {args.batch} x {args.context})", file=sys.stderr)
+    report_step_times(rec, rank, times, f"{world} ranks, batch {args.batch} x {args.context}")
     dist.destroy_process_group()
 
 

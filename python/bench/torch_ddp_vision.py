@@ -7,7 +7,6 @@ of. Every rank draws the same global batch of seeded images and labels and train
 
 import argparse
 import os
-import statistics
 import sys
 import time
 
@@ -16,6 +15,7 @@ import torch.distributed as dist
 import torchvision
 
 from repro_torch import ModelRecorder
+from steps import report_step_times, training_step  # beside this file
 
 
 def parse(argv):
@@ -52,25 +52,10 @@ def main(argv):
         y = torch.randint(0, 100, (args.batch,), generator=data)[rows].to(device)
         torch.cuda.synchronize()
         started = time.perf_counter()
-        opt.zero_grad()
-        if rec is None:
-            torch.nn.functional.cross_entropy(model(x), y).backward()
-            opt.step()
-        else:
-            with rec.training_step(step, inputs={"x": x, "y": y}) as s:
-                loss = torch.nn.functional.cross_entropy(model(x), y)
-                s.loss(loss)
-                loss.backward()
-                s.gradients()
-                opt.step()
+        training_step(model, opt, lambda m: torch.nn.functional.cross_entropy(m(x), y), rec, step, {"x": x, "y": y})
         torch.cuda.synchronize()
         times.append(time.perf_counter() - started)
-    if rec is not None:
-        rec.finish()
-    if rank == 0:
-        what = "plain" if rec is None else "recorded"
-        print(f"{what} step: median {statistics.median(times[2:]) * 1e3:.1f} ms over steps 2 to {args.steps - 1} "
-              f"({args.model}, {world} ranks, batch {args.batch})", file=sys.stderr)
+    report_step_times(rec, rank, times, f"{args.model}, {world} ranks, batch {args.batch}")
     dist.destroy_process_group()
 
 

@@ -17,7 +17,7 @@ import sys
 import torch
 
 from repro_torch import ModelRecorder, Recorder
-from torch_cost import recorded_step  # beside this file
+from steps import training_step  # beside this file
 
 # `module` twice: whether the program itself is deterministic, the control for the others.
 POLICIES = ("module", "module-again", "batched", "beside")
@@ -46,7 +46,7 @@ def record(name: str, policy: str, path: str, steps: int) -> None:
     rec = ModelRecorder(Recorder(path, {"workload": name, "steps": steps}, capture="none", replace=True,
                                  device=torch.device("cuda"), device_hashing=True), model)
     for step in range(steps):
-        recorded_step(rec, opt, model, loss_of, step)
+        training_step(model, opt, loss_of, rec, step)
     rec.finish()
 
 

@@ -18,6 +18,7 @@ import torchvision
 from torch.profiler import ProfilerActivity, profile
 
 from repro_torch import ModelRecorder, Recorder
+from steps import training_step  # beside this file
 
 
 _SPENT = None
@@ -67,10 +68,11 @@ def main() -> None:
     labels = torch.randint(0, 1000, (batch,), device="cuda")
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 
+    def loss_of(m):
+        return torch.nn.functional.cross_entropy(m(images), labels)
+
     def plain(_):
-        opt.zero_grad()
-        torch.nn.functional.cross_entropy(model(images), labels).backward()
-        opt.step()
+        training_step(model, opt, loss_of)
 
     def run(label, step):
         for i in range(3):
@@ -106,9 +108,7 @@ def main() -> None:
                 step(i)
             torch.cuda.synchronize()
             profiler.disable()
-            stats = pstats.Stats(profiler).sort_stats("tottime")
-            stats.print_stats(22)
-            stats.print_callees("_queue|gradients")
+            pstats.Stats(profiler).sort_stats("tottime").print_stats(22)
             return
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             for i in range(9, 11):
@@ -125,13 +125,7 @@ def main() -> None:
                                          device=torch.device("cuda"), device_hashing=True), model)
 
             def recorded(i):
-                opt.zero_grad()
-                with rec.training_step(i) as s:
-                    loss = torch.nn.functional.cross_entropy(model(images), labels)
-                    s.loss(loss)
-                    loss.backward()
-                    s.gradients()
-                    opt.step()
+                training_step(model, opt, loss_of, rec, i)
 
             run(f"recorded, REPRO_TORCH_FLUSH={flush}", recorded)
             rec.finish()

@@ -6,8 +6,6 @@
 //!
 //! ```c
 //! void *repro_cuda_hasher_new(int32_t ordinal);                        // NULL on error
-//! int64_t repro_cuda_hasher_push(void *h, uint64_t address, uint64_t len, int32_t keep_bytes);
-//!                                                            // its ticket; -1 on error
 //! int64_t repro_cuda_hasher_push_many(void *h, const uint64_t *addresses, const uint64_t *lens,
 //!                                     const uint8_t *keep_bytes, uint64_t n);
 //!                                                     // the first one's ticket; -1 on error
@@ -22,9 +20,10 @@
 //! const char *repro_cuda_last_error(void);   // the calling thread's last error, or NULL
 //! ```
 //!
-//! `push` queues `len` bytes at a device address of GPU `ordinal`'s primary context (where
-//! PyTorch allocates) and returns its ticket, 0, 1, 2, ... since the last `start_read`; with
-//! `keep_bytes` the bytes themselves come back too. `flush` launches the kernels over what is
+//! `push_many` queues `n` pieces of memory, each `lens[i]` bytes at device address
+//! `addresses[i]` of GPU `ordinal`'s primary context (where PyTorch allocates), and returns the
+//! first one's ticket; tickets count 0, 1, 2, ... since the last `start_read`. With
+//! `keep_bytes[i]` non-zero, that piece's bytes themselves come back too. `flush` launches the kernels over what is
 //! queued, without waiting. `start_read` flushes and queues the copy of every result to the host
 //! behind the kernels, without waiting, and sets `n` to the number of tickets; the hasher starts
 //! over at ticket 0. `read_finish` waits for that copy (not for anything queued later, so the
@@ -156,28 +155,14 @@ fn status(result: Result<()>, what: &str) -> i32 {
     }
 }
 
-/// Queues `len` bytes at device address `address`, for their data hash and, with
-/// `keep_bytes`, their bytes; returns the ticket, or -1 for a NULL hasher.
+/// Queues `n` pieces of device memory, in order, each for its data hash and, with its
+/// `keep_bytes`, its bytes; returns the first one's ticket, or -1.
 ///
 /// # Safety
-/// `hasher` comes from `repro_cuda_hasher_new`; the memory stays allocated and unchanged until
-/// the next `repro_cuda_hasher_flush` or `repro_cuda_hasher_start_read` (see the module's
-/// documentation for the streams this assumes).
-#[no_mangle]
-pub unsafe extern "C" fn repro_cuda_hasher_push(hasher: *mut c_void, address: u64, len: u64, keep_bytes: i32) -> i64 {
-    let Some(hasher) = (unsafe { hasher_of(hasher, "repro_cuda_hasher_push") }) else { return -1 };
-    // SAFETY: the caller's promise above.
-    let bytes = unsafe { ForeignBytes::new(address, len as usize) };
-    hasher.keeps_bytes.push(keep_bytes != 0);
-    hasher.batch.push_foreign(bytes, keep_bytes == 0) as i64
-}
-
-/// Queues `n` pieces of device memory at once (`repro_cuda_hasher_push` for each, in order);
-/// returns the first one's ticket, or -1.
-///
-/// # Safety
-/// As `repro_cuda_hasher_push`, for each piece; the three arrays hold `n` elements each (any may
-/// be NULL when `n` is 0).
+/// `hasher` comes from `repro_cuda_hasher_new`; each piece's memory stays allocated and unchanged
+/// until the next `repro_cuda_hasher_flush`, `repro_cuda_hasher_flush_beside`'s reads are done,
+/// or `repro_cuda_hasher_start_read` (see the module's documentation for the streams this
+/// assumes); the three arrays hold `n` elements each (any may be NULL when `n` is 0).
 #[no_mangle]
 pub unsafe extern "C" fn repro_cuda_hasher_push_many(
     hasher: *mut c_void,

@@ -45,8 +45,6 @@ def _cuda_hash_library(path: str) -> ctypes.CDLL:
             raise WriteError(f"cannot load repro's GPU hashing library {path}: {e}") from None
         lib.repro_cuda_hasher_new.restype = ctypes.c_void_p
         lib.repro_cuda_hasher_new.argtypes = [ctypes.c_int32]
-        lib.repro_cuda_hasher_push.restype = ctypes.c_int64
-        lib.repro_cuda_hasher_push.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_int32]
         lib.repro_cuda_hasher_push_many.restype = ctypes.c_int64
         lib.repro_cuda_hasher_push_many.argtypes = [
             ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint64),

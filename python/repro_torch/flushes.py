@@ -49,8 +49,8 @@ def mode_from_env() -> str:
 class FlushPolicy:
     """A recorder's flush policy over its steps (see the module's documentation)."""
 
-    def __init__(self, mode: Optional[str] = None):
-        self.mode = mode or mode_from_env()
+    def __init__(self):
+        self.mode = mode_from_env()
         # Names of the outputs a watched step saw changed in place after their hooks; None
         # until a step with module outputs hashed on the GPU has been watched.
         self.in_place: Optional[set[str]] = None
