@@ -45,6 +45,9 @@ U64_MAX = 2**64 - 1
 SUPPORTED_MAJOR = 1
 READER_VERSION = "1.4"
 RECORDS_FILE = "records.rpr"
+# Where a recorder says what it is doing while it runs (section 10.1); readers of a finished trace
+# ignore it.
+PROGRESS_FILE = "progress.json"
 TENSORS_DIR = "tensors"
 
 DTYPE_SIZES = {"U8": 1, "U32": 4, "I16": 2, "I32": 4, "I64": 8, "F16": 2, "BF16": 2, "F32": 4, "F64": 8}

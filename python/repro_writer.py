@@ -20,6 +20,7 @@ scripts/python-torch-check.sh).
 from __future__ import annotations
 
 import fcntl
+import json
 import math
 import os
 import platform
@@ -41,6 +42,7 @@ from repro_trace import (
     MAX_RECORD_BYTES,
     MAX_SOURCE_BYTES,
     PHASES,
+    PROGRESS_FILE,
     RECORDS_FILE,
     TENSORS_DIR,
     parse_capture,
@@ -54,6 +56,8 @@ from repro_trace import (
 FORMAT = (1, 6)
 VERSION = "0.1.0"
 LOCK_FILE = ".repro-lock"
+# Where a recorder can be, in `progress.json` (section 10.1).
+PROGRESS_POINTS = ("computing", "collective", "done")
 # The safetensors package's names for the trace's dtypes (section 4.2 stores the trace's own).
 _SAFETENSORS_DTYPES = {
     "U8": "uint8", "U32": "uint32", "I16": "int16", "I32": "int32", "I64": "int64",
@@ -230,7 +234,8 @@ class TraceWriter:
         except OSError:
             raise WriteError(f"{self.path} is being written by another recorder (it holds {LOCK_FILE})") from None
         records = os.path.join(self.path, RECORDS_FILE)
-        others = [n for n in os.listdir(self.path) if n not in (LOCK_FILE, RECORDS_FILE, "run-meta.json", TENSORS_DIR)]
+        others = [n for n in os.listdir(self.path)
+                  if n not in (LOCK_FILE, RECORDS_FILE, "run-meta.json", PROGRESS_FILE, TENSORS_DIR)]
         if os.path.lexists(records) and os.path.getsize(records) >= 12:
             if not replace:
                 raise WriteError(f"{self.path} already holds a trace: pass replace=True (REPRO_REPLACE=1) to replace it")
@@ -241,7 +246,7 @@ class TraceWriter:
                         os.remove(os.path.join(tensors, name))
                 if not os.listdir(tensors):
                     os.rmdir(tensors)
-            for name in (RECORDS_FILE, "run-meta.json"):
+            for name in (RECORDS_FILE, "run-meta.json", PROGRESS_FILE):
                 if os.path.lexists(os.path.join(self.path, name)):
                     os.remove(os.path.join(self.path, name))
         elif others:
@@ -417,8 +422,28 @@ class TraceWriter:
         self._append(footer)
         os.fsync(self._records.fileno())
         self._records.close()
+        try:
+            os.remove(os.path.join(self.path, PROGRESS_FILE))
+        except FileNotFoundError:
+            pass
         self._lock.close()
         return self._steps
+
+    def mark_progress(self, step: int, at: str, collective: Optional[str] = None, tensors=()) -> None:
+        """Says in `progress.json` (section 10.1) where the recorder is: in step `step` computing
+        (`at` "computing"), waiting in a `collective` over `tensors` ("collective"), or done with
+        the step ("done"). Replaced whole through a rename; removed when the trace is finished."""
+        if at not in PROGRESS_POINTS:
+            raise WriteError(f"progress point {at!r} is not one of {', '.join(PROGRESS_POINTS)}")
+        mark = {"step": int(step), "at": at}
+        if at == "collective":
+            mark["collective"] = collective
+            mark["tensors"] = list(tensors)
+        path = os.path.join(self.path, PROGRESS_FILE)
+        with open(f"{path}.tmp", "w") as f:
+            json.dump(mark, f)
+            f.write("\n")
+        os.replace(f"{path}.tmp", path)
 
 
 def _environment(e: Environment) -> dict:

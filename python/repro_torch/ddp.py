@@ -15,7 +15,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from repro_writer import WriteError
+from repro_writer import ALL_REDUCE_SUM, WriteError
 
 # A rank's own contribution to a gradient sum: `NAME.grad.local`, as repro's ranks name it.
 LOCAL_SUFFIX = ".local"
@@ -58,10 +58,11 @@ class GradientSums:
         buffer.mul_(1.0 / self._world)
         s = self.step
         if s is not None:
-            for p, share in zip(bucket.parameters(), bucket.gradients()):
-                name = self._names[id(p)]
+            names = [self._names[id(p)] for p in bucket.parameters()]
+            for name, share in zip(names, bucket.gradients()):
                 s.queue(f"{name}.grad{LOCAL_SUFFIX}", share, "gradient", "backward")
                 self.shared.add(name)
             s.flush()  # hashed (or copied) before the sum overwrites the bucket
+            s.recorder.entering_collective(s.step, ALL_REDUCE_SUM, [f"{n}.grad" for n in names])
         work = dist.all_reduce(buffer, group=self._group, async_op=True)
         return work.get_future().then(lambda fut: fut.value()[0])

@@ -147,6 +147,8 @@ class Recorder:
         self._first = step if self._first is None else self._first
         self._last = step
         s = StepRecorder(self, step)
+        if self.place is not None:
+            self._writer.mark_progress(step, "computing")
         try:
             yield s
             s.end()
@@ -154,6 +156,8 @@ class Recorder:
             for hasher in self._hashers.values():
                 hasher.abandon()  # what the step queued, let go
             raise
+        if self.place is not None:
+            self._writer.mark_progress(step, "done")
         reads = [hasher.start_read() for hasher in self._hashers.values()]
         self._carried = s.hashed_on_gpu
         self._behind.append((s, reads))
@@ -166,6 +170,12 @@ class Recorder:
             read.finish()
         s.fill_repeats()
         self._writer.write_step(s.step, s.records, s.no_gradient)
+
+    def entering_collective(self, step: int, collective: str, tensors) -> None:
+        """Notes, for a rank of several, that it waits in `collective` over `tensors` at `step`:
+        if the run hangs there, `repro` names the ranks that never arrived (section 10.1)."""
+        if self.place is not None:
+            self._writer.mark_progress(step, "collective", collective, tensors)
 
     def finish(self) -> int:
         """Writes what is still on its way and finishes the trace; the number of steps written.

@@ -1,8 +1,9 @@
 """repro_torch under torch.distributed: two ranks on the CPU (gloo), started by torchrun, each
 recording `OUT/rank-N`, read by repro's own commands as a data-parallel run. DDP: the header's
 distributed fields, replicas checked, same-seed runs identical, a fault planted on rank 1 found
-at rank 1, a rank that dies leaving the run incomplete, 1 rank against 2 blamed on the batch
-split. FSDP2: whole parameters recorded, the shards checked to tile them. Skipped where torch (or
+at rank 1, a rank that dies leaving the run incomplete, a rank that hangs ended with the others
+by `repro record --timeout` and named as the one that never reached the collective, 1 rank
+against 2 blamed on the batch split. FSDP2: whole parameters recorded, the shards checked to tile them. Skipped where torch (or
 torch.distributed) is not installed."""
 
 import os
@@ -24,6 +25,7 @@ REPRO = os.environ.get("REPRO_BIN", "target/release/repro")
 HERE = os.path.dirname(os.path.abspath(__file__))
 PROGRAM = os.path.join(HERE, "..", "examples", "torch_ddp.py")
 DYING = os.path.join(HERE, "dying_rank.py")
+HANGING = os.path.join(HERE, "hanging_rank.py")
 
 
 def repro(*args, env=None):
@@ -131,6 +133,23 @@ class DataParallelTest(unittest.TestCase):
         self.assertIn(f"UNFINISHED RANK  {dead}: rank 1 holds 2 of the 2 steps", diff.stdout)
         inspect = repro("inspect", dead, "--verify")
         self.assertNotEqual(inspect.returncode, 0, inspect.stdout)
+
+    def test_a_rank_that_hangs_is_ended_with_the_others_and_named_as_the_one_that_never_arrived(self):
+        out = os.path.join(self.dir, "hung")
+        cmd = torchrun(2, HANGING, out)
+        started = subprocess.run(["pgrep", "-f", HANGING], capture_output=True, text=True).stdout.split()
+        run = repro("record", "--out", out, "--timeout", "20", "--", *cmd, env=environment())
+        self.assertEqual(run.returncode, 2, run.stdout + run.stderr)
+        self.assertIn("ran longer than --timeout 20s", run.stderr)
+        self.assertIn(f"STALLED  {out}: rank 0 waited in step 2's all_reduce_sum, which rank 1 never reached "
+                      "(rank 1 last seen after step 1)", run.stderr)
+        # torchrun starts each rank in a session of its own; repro ended them too.
+        left = subprocess.run(["pgrep", "-f", HANGING], capture_output=True, text=True).stdout.split()
+        self.assertEqual(set(left) - set(started), set(), "ranks outlived the timeout")
+        inspect = repro("inspect", out, "--verify")
+        self.assertEqual(inspect.returncode, 1, inspect.stdout + inspect.stderr)
+        self.assertIn("last seen waiting in step 2's all_reduce_sum of 4 tensors", inspect.stdout)
+        self.assertIn("STALLED", inspect.stdout)
 
     def test_one_rank_against_two_is_the_batch_split(self):
         one = self.recorded("one", 1)

@@ -28,6 +28,26 @@ class WriterTest(unittest.TestCase):
     def tearDown(self):
         shutil.rmtree(self.dir)
 
+    def test_progress_marks_replace_each_other_and_go_with_the_finished_trace(self):
+        import json
+
+        path = os.path.join(self.dir, "marks")
+        w = TraceWriter(path, {"workload": "marks", "steps": 1}, capture="none")
+        mark = os.path.join(path, "progress.json")
+        w.mark_progress(0, "computing")
+        w.mark_progress(0, "collective", "all_reduce_sum", ["w.grad"])
+        with open(mark) as f:
+            self.assertEqual(json.load(f), {"step": 0, "at": "collective", "collective": "all_reduce_sum",
+                                            "tensors": ["w.grad"]})
+        with self.assertRaises(WriteError):
+            w.mark_progress(0, "sleeping")
+        w.mark_progress(0, "done")
+        with open(mark) as f:
+            self.assertEqual(json.load(f), {"step": 0, "at": "done"})
+        self.assertFalse(os.path.exists(mark + ".tmp"))
+        w.finish()
+        self.assertFalse(os.path.exists(mark))
+
     def test_every_dtype_hashes_as_repro_does(self):
         rng = np.random.default_rng(0)
         path = os.path.join(self.dir, "dtypes")

@@ -39,8 +39,10 @@ fn cuda_hash_library() -> Option<std::path::PathBuf> {
 
 /// Runs the program as [`record_command`] does, and returns how it exited.
 ///
-/// The program runs in a process group of its own, which is stopped whole when the run passes
-/// `timeout` or this process is interrupted; the program itself also dies with this process.
+/// The program runs in a process group of its own. It is stopped, with every process it started
+/// (in its group or not: torchrun's workers), when the run passes `timeout` or this process is
+/// interrupted, and what it leaves running is stopped when it exits; the program itself also dies
+/// with this process.
 /// Its standard output goes to repro's standard error (repro's own report is its standard
 /// output, for scripts and `--json`), as its errors do.
 pub fn run_command(command: &[String], env: &RecordEnv, timeout: Option<Duration>) -> Result<ExitStatus, CliError> {
@@ -61,6 +63,7 @@ pub fn run_command(command: &[String], env: &RecordEnv, timeout: Option<Duration
     #[cfg(unix)]
     std::os::unix::process::CommandExt::process_group(&mut program, 0);
     super::scratch::die_with_this_process(&mut program);
+    super::scratch::adopt_orphans();
     let mut child = program.spawn().map_err(|e| format!("cannot run `{}`: {e}", command[0]))?;
     let group = child.id();
     super::scratch::watch_program(group);
@@ -69,7 +72,7 @@ pub fn run_command(command: &[String], env: &RecordEnv, timeout: Option<Duration
         match child.try_wait() {
             Ok(Some(status)) => break status,
             Ok(None) if timeout.is_some_and(|t| started.elapsed() > t) => {
-                super::scratch::kill_group(group);
+                super::scratch::stop_program(group);
                 let _ = child.wait();
                 super::scratch::forget_program(group);
                 return Err(format!(
@@ -83,8 +86,8 @@ pub fn run_command(command: &[String], env: &RecordEnv, timeout: Option<Duration
             Err(e) => return Err(format!("cannot wait for `{}`: {e}", command[0]).into()),
         }
     };
-    // Whatever the program left running in its group goes with it.
-    super::scratch::kill_group(group);
+    // Whatever the program left running goes with it, in its group or not.
+    super::scratch::stop_program(group);
     super::scratch::forget_program(group);
     Ok(status)
 }

@@ -5,12 +5,12 @@ use super::workload_args::WorkloadArgs;
 use super::CliError;
 use super::Exit;
 use clap::Args;
+use repro::diff::{check_replicas, diff_runs, DiffOptions};
 use repro::diff::{config_differences, ReferenceCheck};
-use repro::diff::{diff_runs, DiffOptions};
 use repro::distributed::DataParallel;
 use repro::record::RecordEnv;
 use repro::record::{open_device, RecordError, RecordOptions, Recorder, StepProgress};
-use repro::report::{bytes, render_online, render_run_diff_with, DiffText};
+use repro::report::{bytes, render_online, render_run_diff_with, replica_line, DiffText};
 use repro::trace::{summarize, CapturePolicy, FullCapture};
 use repro::workloads::{Training, WorkloadRun};
 use std::path::{Path, PathBuf};
@@ -223,17 +223,18 @@ fn record_program(args: &RecordArgs) -> Result<Exit, CliError> {
     };
     let program = args.command.join(" ");
     let started = Instant::now();
-    let status = super::program::run_command(&args.command, &env, args.timeout.map(std::time::Duration::from_secs))?;
+    let status = super::program::run_command(&args.command, &env, args.timeout.map(std::time::Duration::from_secs))
+        .map_err(|e| with_ranks(e.to_string(), out))?;
     if let Some(signal) = super::program::interrupted(&status) {
-        return Err(format!(
+        let why = format!(
             "`{program}` was interrupted (signal {signal}); what it recorded in {} is unfinished",
             out.display()
-        )
-        .into());
+        );
+        return Err(with_ranks(why, out));
     }
     let Some(reference) = &args.against else {
         if !status.success() {
-            return Err(format!("`{program}` failed ({status})").into());
+            return Err(with_ranks(format!("`{program}` failed ({status})"), out));
         }
         super::program::check_recorded(&program, out)?;
         let summaries = recorded_streams(out)?;
@@ -260,11 +261,11 @@ fn record_program(args: &RecordArgs) -> Result<Exit, CliError> {
             streams.iter().any(|s| s.incomplete_reason.as_deref().is_some_and(|r| r.starts_with("stopped early")))
         });
     if !status.success() && !stopped_at_divergence {
-        return Err(format!(
+        let why = format!(
             "`{program}` failed ({status}); what it recorded in {} is unfinished (a crash, not a divergence)",
             out.display()
-        )
-        .into());
+        );
+        return Err(with_ranks(why, out));
     }
     let compared = diff_runs(reference, out, &DiffOptions::default())?;
     if status.success() {
@@ -277,6 +278,17 @@ fn record_program(args: &RecordArgs) -> Result<Exit, CliError> {
     let brief = DiffText { brief: true, ..DiffText::default() };
     super::output::emit(&render_run_diff_with(&compared, &brief));
     Ok(compared.verdict().into())
+}
+
+/// `why` a program's run failed, followed, where it recorded a run of ranks, by where each rank
+/// stopped: the unfinished ranks, the last mark each left, and the ranks that never reached the
+/// collective the others waited in (a hung rank, which its launcher or --timeout ended).
+fn with_ranks(why: String, out: &Path) -> CliError {
+    let Ok(Some(streams)) = repro::trace::rank_streams(out) else { return why.into() };
+    match check_replicas(out, &streams) {
+        Ok(replicas) => format!("{why}\n{}", replica_line(&replicas).trim_end()).into(),
+        Err(_) => why.into(),
+    }
 }
 
 /// A progress bar on a terminal (hidden otherwise), and, at the first step that stores full

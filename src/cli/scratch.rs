@@ -84,8 +84,80 @@ pub fn die_with_this_process(command: &mut std::process::Command) {
     let _ = command;
 }
 
+/// Stops a program the command started, with everything it started (SIGKILL): its process
+/// group, and on Linux every descendant that left the group, as torchrun's workers do (each
+/// starts a session of its own). Descendants are found through /proc before any is killed, and
+/// again until none is left; those orphaned when their parent exited were adopted by this
+/// process (see [`adopt_orphans`]) and are found as its own.
+pub fn stop_program(leader: u32) {
+    kill_group(leader);
+    #[cfg(target_os = "linux")]
+    for _ in 0..50 {
+        let found = descendants(&[leader, std::process::id()]);
+        if found.is_empty() {
+            break;
+        }
+        // SAFETY: kill, killpg, getpgid and a non-blocking waitpid only signal, ask about or
+        // reap processes; a process already gone makes them fail harmlessly.
+        unsafe {
+            let own_group = libc::getpgrp();
+            for &pid in &found {
+                let group = libc::getpgid(pid as libc::pid_t);
+                if group > 0 && group != own_group {
+                    libc::killpg(group, libc::SIGKILL);
+                }
+                libc::kill(pid as libc::pid_t, libc::SIGKILL);
+            }
+            for &pid in &found {
+                libc::waitpid(pid as libc::pid_t, std::ptr::null_mut(), libc::WNOHANG);
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// Makes this process adopt the orphans of the programs it starts (Linux: a child subreaper),
+/// so that [`stop_program`] finds a program's descendants after the program itself exited.
+pub fn adopt_orphans() {
+    #[cfg(target_os = "linux")]
+    // SAFETY: prctl with PR_SET_CHILD_SUBREAPER only sets a flag of this process.
+    unsafe {
+        libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1);
+    }
+}
+
+/// Every living process below `roots` (by parent, transitively), this process excluded, read
+/// from /proc; zombies are left out (they hold nothing).
+#[cfg(target_os = "linux")]
+fn descendants(roots: &[u32]) -> Vec<u32> {
+    let mut children: std::collections::BTreeMap<u32, Vec<u32>> = std::collections::BTreeMap::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else { continue };
+        // `pid (command) state ppid ...`: the command may hold spaces and parentheses.
+        let Some((_, after)) = stat.rsplit_once(')') else { continue };
+        let mut fields = after.split_whitespace();
+        let (Some(state), Some(Ok(parent))) = (fields.next(), fields.next().map(str::parse::<u32>)) else { continue };
+        if state != "Z" {
+            children.entry(parent).or_default().push(pid);
+        }
+    }
+    let me = std::process::id();
+    let mut found = Vec::new();
+    let mut queue: Vec<u32> = roots.to_vec();
+    while let Some(pid) = queue.pop() {
+        for &child in children.get(&pid).into_iter().flatten() {
+            if child != me && !found.contains(&child) {
+                found.push(child);
+                queue.push(child);
+            }
+        }
+    }
+    found
+}
+
 /// Stops a process group (SIGKILL to every process in it).
-pub fn kill_group(group: u32) {
+fn kill_group(group: u32) {
     #[cfg(unix)]
     // SAFETY: killpg only sends a signal; a group that is gone makes it fail harmlessly.
     unsafe {
@@ -108,7 +180,7 @@ fn install_handler() {
         .spawn(move || {
             if let Some(signal) = signals.forever().next() {
                 for group in PROGRAMS.lock().unwrap_or_else(|p| p.into_inner()).drain(..) {
-                    kill_group(group);
+                    stop_program(group);
                 }
                 for dir in LIVE.lock().unwrap_or_else(|p| p.into_inner()).drain(..) {
                     // The training thread may still be writing into it: a file it adds between

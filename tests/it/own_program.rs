@@ -275,6 +275,25 @@ fn record_of_a_program_checks_first_bounds_its_time_and_calls_a_crash_a_crash() 
     assert_eq!(run.code, 2, "{}", run.stderr);
     assert!(run.stderr.contains("ran longer than --timeout 1s"), "{}", run.stderr);
 
+    // What the program started goes with it, also a process in a session of its own (as
+    // torchrun starts its workers): at the timeout, and when the program exits first.
+    #[cfg(target_os = "linux")]
+    for (name, rest, timeout) in [("at-timeout", "sleep 30", "1"), ("at-exit", "true", "30")] {
+        let pid_file = dir.path().join(format!("{name}.pid"));
+        let escaped =
+            format!("setsid sh -c 'echo $$ > {}; exec sleep 300' >/dev/null 2>&1 & sleep 0.5; {rest}", s(&pid_file));
+        let out = dir.path().join(name);
+        let run = repro(&["record", "--out", s(&out), "--timeout", timeout, "--", "sh", "-c", &escaped]);
+        assert_eq!(run.code, 2, "{}", run.stderr);
+        let pid = std::fs::read_to_string(&pid_file).unwrap().trim().to_string();
+        let gone = (0..100).any(|_| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let alive = stat.rsplit_once(')').is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z'));
+            alive.then(|| std::thread::sleep(std::time::Duration::from_millis(20))).is_none()
+        });
+        assert!(gone, "{name}: process {pid}, started in a session of its own, outlived the program");
+    }
+
     // The program's own output reaches the user (on stderr: repro's report is stdout).
     let reference = dir.path().join("reference");
     let chatty = format!("echo hello from the program; exec {}", s(&program));

@@ -37,7 +37,10 @@ pub use matrix::{error_matrices, ErrorMatrix, HashOnlyTensor, MatrixReport, Metr
 pub use metrics::{compare, compare_pairs, compare_values, TensorMetrics};
 pub use names::{NameMap, Run};
 pub use online::{OnlineDivergence, ReferenceCheck};
-pub use ranks::{check_replicas, diff_runs, DataParallelCause, RankTotals, ReplicaDrift, ReplicaReport, RunDiff};
+pub use ranks::{
+    check_replicas, diff_runs, stall, DataParallelCause, RankTotals, ReplicaDrift, ReplicaReport, RunDiff, Stall,
+    UnfinishedRank,
+};
 pub use root_cause::{CauseRule, Consequence, RootCause, UpstreamDifference, AMPLIFICATION};
 pub use tensor_stats::{side_by_side, tensor_stats, ElementPair, TensorStats};
 pub use tolerance::Tolerance;

@@ -17,7 +17,9 @@
 use crate::metrics::compare;
 use crate::traces::{diff_traces_with, DiffOptions, TraceDiff};
 use repro_trace::dtype::DType;
-use repro_trace::{rank_streams, Completeness, StepRecord, TensorKind, TraceError, TraceReader};
+use repro_trace::{
+    rank_streams, read_progress, Completeness, Progress, ProgressPoint, StepRecord, TensorKind, TraceError, TraceReader,
+};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 
@@ -37,6 +39,8 @@ pub struct ReplicaReport {
     /// Ranks whose stream is unfinished (no footer, cut short, or stopped early) or holds fewer
     /// steps than the longest rank's: a run is whole only when every rank is.
     pub unfinished: Vec<UnfinishedRank>,
+    /// Unfinished ranks that waited in a collective others never reached, and those others.
+    pub stall: Option<Stall>,
 }
 
 impl ReplicaReport {
@@ -58,6 +62,36 @@ pub struct UnfinishedRank {
     pub steps_of_longest: u64,
     /// Why its stream is unfinished, when it is (otherwise it finished with fewer steps).
     pub reason: Option<String>,
+    /// Where its recorder last said it was, for an unfinished stream with a progress mark.
+    pub last_seen: Option<Progress>,
+}
+
+/// Ranks stopped while some waited in a collective that others never reached: the ones that
+/// never arrived held the run up (hung, or died without a trace of it).
+#[derive(Debug, Clone, Serialize)]
+pub struct Stall {
+    /// Where the waiting ranks were: the step and its collective.
+    pub waited_in: Progress,
+    /// The ranks waiting there.
+    pub waiting: Vec<u64>,
+    /// The unfinished ranks that never reached it, each with its last mark (`None`: it left none).
+    pub behind: Vec<(u64, Option<Progress>)>,
+}
+
+/// The stall among a run's unfinished ranks, if one waited in a collective that another
+/// unfinished rank never reached (see [`Stall`]).
+pub fn stall(unfinished: &[UnfinishedRank]) -> Option<Stall> {
+    let furthest =
+        unfinished.iter().filter_map(|u| u.last_seen.as_ref()).reduce(|a, b| if b.is_past(a) { b } else { a })?;
+    if furthest.at != ProgressPoint::Collective {
+        return None;
+    }
+    let there = |p: &Option<Progress>| p.as_ref().is_some_and(|p| p.step == furthest.step && p.at == furthest.at);
+    let waiting: Vec<u64> = unfinished.iter().filter(|u| there(&u.last_seen)).map(|u| u.rank).collect();
+    let behind: Vec<(u64, Option<Progress>)> =
+        unfinished.iter().filter(|u| !there(&u.last_seen)).map(|u| (u.rank, u.last_seen.clone())).collect();
+    let waited_in = Progress { tensors: Vec::new(), ..furthest.clone() };
+    (!behind.is_empty()).then_some(Stall { waited_in, waiting, behind })
 }
 
 /// Where replicas first stopped being replicas.
@@ -90,6 +124,7 @@ pub fn check_replicas(run: &Path, streams: &[PathBuf]) -> Result<ReplicaReport, 
         tensors_checked: 0,
         drift: None,
         unfinished: Vec::new(),
+        stall: None,
     };
     // Steps read from each rank's stream.
     let mut read = vec![0u64; readers.len()];
@@ -129,36 +164,37 @@ pub fn check_replicas(run: &Path, streams: &[PathBuf]) -> Result<ReplicaReport, 
             }
         }
     }
-    report.unfinished = unfinished_ranks(&mut readers, read)?;
+    report.unfinished = unfinished_ranks(&mut readers, streams, read)?;
+    report.stall = stall(&report.unfinished);
     Ok(report)
 }
 
 /// The ranks whose streams are unfinished or shorter than the longest, given the steps already
-/// read from each (the rest of every stream is read here, to count it).
-fn unfinished_ranks(readers: &mut [TraceReader], mut steps: Vec<u64>) -> Result<Vec<UnfinishedRank>, TraceError> {
+/// read from each (the rest of every stream is read here, to count it), with the progress mark
+/// of each unfinished one.
+fn unfinished_ranks(
+    readers: &mut [TraceReader],
+    streams: &[PathBuf],
+    mut steps: Vec<u64>,
+) -> Result<Vec<UnfinishedRank>, TraceError> {
     for (reader, steps) in readers.iter_mut().zip(&mut steps) {
         while reader.next_step()?.is_some() {
             *steps += 1;
         }
     }
     let longest = steps.iter().copied().max().unwrap_or(0);
-    Ok(readers
-        .iter()
-        .zip(steps)
-        .enumerate()
-        .filter_map(|(rank, (reader, steps))| {
-            let reason = match reader.completeness() {
-                Some(Completeness::Incomplete(why)) => Some(why.clone()),
-                _ => None,
-            };
-            (reason.is_some() || steps < longest).then_some(UnfinishedRank {
-                rank: rank as u64,
-                steps,
-                steps_of_longest: longest,
-                reason,
-            })
-        })
-        .collect())
+    let mut unfinished = Vec::new();
+    for (rank, ((reader, steps), stream)) in readers.iter().zip(steps).zip(streams).enumerate() {
+        let reason = match reader.completeness() {
+            Some(Completeness::Incomplete(why)) => Some(why.clone()),
+            _ => None,
+        };
+        if reason.is_some() || steps < longest {
+            let last_seen = if reason.is_some() { read_progress(stream)? } else { None };
+            unfinished.push(UnfinishedRank { rank: rank as u64, steps, steps_of_longest: longest, reason, last_seen });
+        }
+    }
+    Ok(unfinished)
 }
 
 /// The comparison of two runs, each on one device or data-parallel.
@@ -430,6 +466,39 @@ fn rank_order_distance(streams: &[PathBuf], step: u64, tensor: &str) -> Result<O
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn unfinished(rank: u64, seen: Option<(u64, ProgressPoint)>) -> UnfinishedRank {
+        let last_seen = seen.map(|(step, at)| Progress {
+            step,
+            at,
+            collective: (at == ProgressPoint::Collective).then(|| "all_reduce_sum".to_string()),
+            tensors: vec!["w.grad".into()],
+        });
+        UnfinishedRank { rank, steps: 2, steps_of_longest: 2, reason: Some("cut".into()), last_seen }
+    }
+
+    #[test]
+    fn a_stall_names_the_ranks_that_never_reached_the_collective_the_others_waited_in() {
+        use ProgressPoint::*;
+        let ranks = [
+            unfinished(0, Some((2, Collective))),
+            unfinished(1, Some((1, Done))),
+            unfinished(2, None),
+            unfinished(3, Some((2, Collective))),
+        ];
+        let found = stall(&ranks).unwrap();
+        assert_eq!((found.waited_in.step, found.waited_in.at), (2, Collective));
+        assert_eq!(found.waiting, [0, 3]);
+        assert_eq!(found.behind.iter().map(|(r, _)| *r).collect::<Vec<_>>(), [1, 2]);
+        assert!(found.behind[1].1.is_none());
+        // A rank computing step 2 has not reached step 2's collective either.
+        let found = stall(&[unfinished(0, Some((2, Computing))), unfinished(1, Some((2, Collective)))]).unwrap();
+        assert_eq!((found.waiting.as_slice(), found.behind[0].0), ([1].as_slice(), 0));
+        // No stall: every rank waits, or the furthest is not at a collective, or no marks.
+        assert!(stall(&[unfinished(0, Some((2, Collective))), unfinished(1, Some((2, Collective)))]).is_none());
+        assert!(stall(&[unfinished(0, Some((3, Computing))), unfinished(1, Some((2, Collective)))]).is_none());
+        assert!(stall(&[unfinished(0, None), unfinished(1, None)]).is_none());
+    }
     use repro_trace::{
         CapturePolicy, Distributed, Header, Phase, RunConfig, StepTensor, TensorRecord, TraceWriter, CURRENT_FORMAT,
     };

@@ -3,7 +3,7 @@
 //! that differs.
 
 use crate::diff::{render_diff_unless, render_diff_with, DiffText};
-use repro_diff::{DataParallelCause, ReplicaReport, RunDiff};
+use repro_diff::{DataParallelCause, ReplicaReport, RunDiff, Stall};
 use std::fmt::Write;
 
 /// Renders a run-level diff; for two single-device runs, exactly `render_diff`.
@@ -73,14 +73,42 @@ pub fn replica_line(r: &ReplicaReport) -> String {
     let mut out = String::new();
     for u in &r.unfinished {
         let why = u.reason.as_deref().unwrap_or("finished early");
+        let seen = u.last_seen.as_ref().map(|p| format!("; last seen {}", p.describe())).unwrap_or_default();
         let _ = writeln!(
             out,
-            "UNFINISHED RANK  {}: rank {} holds {} of the {} steps its longest rank holds ({why})",
+            "UNFINISHED RANK  {}: rank {} holds {} of the {} steps its longest rank holds ({why}){seen}",
             r.run, u.rank, u.steps, u.steps_of_longest
         );
     }
+    if let Some(stall) = &r.stall {
+        out.push_str(&stall_line(&r.run, stall));
+    }
     out.push_str(&replica_drift_line(r));
     out
+}
+
+/// The line naming the ranks that never reached the collective others waited in.
+fn stall_line(run: &str, stall: &Stall) -> String {
+    let ranks = |ranks: &mut dyn Iterator<Item = u64>| {
+        let listed: Vec<String> = ranks.map(|r| r.to_string()).collect();
+        format!("{} {}", if listed.len() == 1 { "rank" } else { "ranks" }, listed.join(", "))
+    };
+    let behind: Vec<String> = stall
+        .behind
+        .iter()
+        .map(|(rank, seen)| match seen {
+            Some(p) => format!("rank {rank} last seen {}", p.describe()),
+            None => format!("rank {rank} left no progress mark"),
+        })
+        .collect();
+    let waited = stall.waited_in.describe();
+    let waited = waited.strip_prefix("waiting in ").unwrap_or(&waited);
+    format!(
+        "STALLED  {run}: {} waited in {waited}, which {} never reached ({})\n",
+        ranks(&mut stall.waiting.iter().copied()),
+        ranks(&mut stall.behind.iter().map(|(r, _)| *r)),
+        behind.join("; ")
+    )
 }
 
 /// The line of the replica check proper.

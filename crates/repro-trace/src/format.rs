@@ -103,6 +103,10 @@ pub fn ranks_in(dir: &Path) -> Vec<(u64, PathBuf)> {
 /// The run-metadata file: the only part of a trace that differs between identical runs.
 pub const RUN_META_FILE: &str = "run-meta.json";
 
+/// Where a rank's recorder marks its progress while it runs (section 10.1); removed when the
+/// trace is finished.
+pub const PROGRESS_FILE: &str = "progress.json";
+
 /// The directory (inside a trace) that holds safetensors payloads.
 pub const TENSORS_DIR: &str = "tensors";
 

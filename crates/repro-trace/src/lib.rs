@@ -16,6 +16,7 @@ pub mod hash;
 mod paging;
 pub mod payload;
 mod printable;
+mod progress;
 mod ranks;
 mod reader;
 mod schema;
@@ -29,6 +30,7 @@ pub use format::{is_ranked_run, rank_dir};
 pub use format::{FormatVersion, CURRENT_FORMAT};
 pub use paging::WINDOW_BYTES;
 pub use payload::{safetensors_dtype, PayloadFile};
+pub use progress::{read_progress, Progress, ProgressPoint, MAX_PROGRESS_BYTES};
 pub use ranks::rank_streams;
 pub use reader::{Completeness, TensorValues, TraceReader};
 pub use schema::{

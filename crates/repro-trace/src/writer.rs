@@ -436,7 +436,7 @@ fn holds_nothing(records: &Path) -> bool {
 }
 
 fn remove_trace_files(dir: &Path) -> Result<(), TraceError> {
-    for stale in [RECORDS_FILE, RUN_META_FILE] {
+    for stale in [RECORDS_FILE, RUN_META_FILE, format::PROGRESS_FILE] {
         let p = dir.join(stale);
         if p.exists() {
             fs::remove_file(&p).map_err(TraceError::io(&p))?;
