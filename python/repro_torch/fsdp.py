@@ -7,7 +7,7 @@ rank's stream holds the same replicated state as under DDP, `repro diff` compare
 parameters between FSDP runs of any world size and against DDP, and the replica check covers
 them. Where each shard sits is checked rather than stored (the format has no field for it): the
 ranks' shards tile each parameter (`tiling_error`, when recording starts), and each rank's shard
-is, bit for bit, its rows of the whole recorded (`check_shard`, at every step).
+is, bit for bit, its rows of the whole recorded (`ShardChecks`, at every step).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from repro_writer import WriteError
 
-from .perturb import same_bits
+from .tensors import INT_OF_WIDTH
 
 try:
     from torch.distributed.tensor import DTensor, Shard
@@ -88,10 +88,34 @@ def check_tiling(named: Iterable[tuple[str, torch.Tensor]]) -> dict[str, tuple[i
     return places
 
 
-def check_shard(name: str, shard: torch.Tensor, whole_t: torch.Tensor, place: tuple[int, int]) -> None:
-    """Checks that this rank's `shard` of `name` is, bit for bit, its rows `place` of `whole_t`."""
-    first, rows = place
-    part = whole_t.detach()[first:first + rows]
-    if part.shape != shard.shape or (part.numel() and not same_bits(part.reshape(-1), shard.detach().reshape(-1))):
-        raise WriteError(f"this rank's shard of `{name}` is not rows {first} to {first + rows} of the whole gathered "
-                         "from every rank")
+class ShardChecks:
+    """Checks that each rank's shard is, bit for bit, its rows of the whole gathered from every
+    rank: `add` queues a check on the device, `verify` reads every answer at once (one wait for
+    the device a call, not one a parameter)."""
+
+    def __init__(self):
+        self._pending: list[tuple[str, int, int, torch.Tensor]] = []
+
+    def add(self, name: str, shard: torch.Tensor, whole_t: torch.Tensor, place: tuple[int, int]) -> None:
+        first, rows = place
+        part = whole_t.detach()[first:first + rows]
+        if part.shape != shard.shape:
+            raise _not_its_rows(name, first, rows)
+        if part.numel():
+            ints = INT_OF_WIDTH[part.element_size()]
+            same = torch.eq(part.reshape(-1).view(ints), shard.detach().reshape(-1).view(ints)).all()
+            self._pending.append((name, first, rows, same))
+
+    def verify(self) -> None:
+        pending, self._pending = self._pending, []
+        if not pending:
+            return
+        answers = torch.stack([same for *_, same in pending]).cpu().tolist()
+        for (name, first, rows, _), same in zip(pending, answers):
+            if not same:
+                raise _not_its_rows(name, first, rows)
+
+
+def _not_its_rows(name: str, first: int, rows: int) -> WriteError:
+    return WriteError(f"this rank's shard of `{name}` is not rows {first} to {first + rows} of the whole gathered "
+                      "from every rank")

@@ -100,12 +100,14 @@ class ModelRecorder:
     def parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Every parameter by name, whole: an FSDP2 parameter gathered from its shards (every rank
         takes part), and its own shard checked against its rows of the whole."""
+        checks = fsdp.ShardChecks()
         for name, p in self._named_parameters:
             if name in self._shards:
                 gathered = fsdp.whole(p)
-                fsdp.check_shard(name, p.to_local(), gathered, self._shards[name])
+                checks.add(name, p.to_local(), gathered, self._shards[name])
                 p = gathered
             yield name, p
+        checks.verify()
 
     def finish(self) -> int:
         for h in self._hooks:

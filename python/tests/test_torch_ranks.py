@@ -204,16 +204,22 @@ class ShardTilingTest(unittest.TestCase):
         self.assertIn("not rows of [5, 4]", tiling_error("w", [5, 4], [[3, 4], [2, 3]]))
 
     def test_a_shard_that_is_not_its_rows_of_the_whole_is_refused(self):
-        from repro_torch.fsdp import check_shard
+        from repro_torch.fsdp import ShardChecks
         from repro_writer import WriteError
 
         whole = torch.arange(12, dtype=torch.float32).reshape(4, 3)
-        check_shard("w", whole[2:].clone(), whole, (2, 2))
+        checks = ShardChecks()
+        checks.add("v", whole[:2].clone(), whole, (0, 2))
+        checks.add("w", whole[2:].clone(), whole, (2, 2))
+        checks.verify()
         moved = whole[2:].clone()
         moved[1, 2] = torch.nextafter(moved[1, 2], torch.tensor(100.0))
-        with self.assertRaisesRegex(WriteError, "not rows 2 to 4"):
-            check_shard("w", moved, whole, (2, 2))
-
+        checks.add("v", whole[:2].clone(), whole, (0, 2))
+        checks.add("w", moved, whole, (2, 2))  # one ULP off: found when the answers are read
+        with self.assertRaisesRegex(WriteError, "shard of `w` is not rows 2 to 4"):
+            checks.verify()
+        with self.assertRaisesRegex(WriteError, "shard of `w` is not rows 1 to 4"):
+            checks.add("w", whole[2:].clone(), whole, (1, 3))  # another shape: at once
 
 if __name__ == "__main__":
     unittest.main()
