@@ -398,6 +398,34 @@ mod tests {
         assert_eq!(step.tensors.len(), all.graph_len(&loss));
     }
 
+    /// `forward_step` records an inference pass: the inputs, the parameters and every node of
+    /// the graph behind the logits, the logits as a prediction, and no gradient or update.
+    #[test]
+    fn a_forward_pass_records_inputs_parameters_and_the_graph_to_the_logits() {
+        use candle_core::Module;
+        let varmap = VarMap::new();
+        let model = linear_model(&varmap);
+        let x = Tensor::ones((1, 3), DType::F32, &Device::Cpu).unwrap();
+        let logits = model.forward(&x).unwrap().relu().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let capture = ModelCapture::new(&varmap);
+        let nodes = capture.graph_len(&logits);
+        let recorder =
+            Recorder::create(dir.path().join("t"), RunConfig::default(), &Device::Cpu, RecordOptions::default())
+                .unwrap();
+        let mut rec = ModelRecorder::new(recorder, capture).unwrap();
+        rec.forward_step(0, &[("x", &x)], &logits).unwrap();
+        assert_eq!(rec.finish().unwrap(), 1);
+        let mut reader = crate::trace::TraceReader::open(dir.path().join("t")).unwrap();
+        let step = reader.next_step().unwrap().unwrap();
+        let kind = |name: &str| step.tensors.iter().find(|t| t.name == name).map(|t| t.kind);
+        assert_eq!(kind("x"), Some(TensorKind::Input));
+        assert_eq!(kind("fc.weight"), Some(TensorKind::Weight));
+        assert_eq!(kind("logits"), Some(TensorKind::Prediction));
+        assert!(step.tensors.iter().all(|t| t.kind != TensorKind::Gradient && !t.name.ends_with(".updated")));
+        assert_eq!(step.tensors.iter().filter(|t| t.node.is_some()).count(), nodes);
+    }
+
     /// A graph recorded on the worker thread takes its place in the step: after what was
     /// recorded before `record_graph`, before what was recorded after it.
     #[test]

@@ -1,10 +1,10 @@
 //! `repro baseline write`: record a configuration once and keep its hashes (and environment
 //! fingerprint) in one small record file, meant to be committed and gated against.
 
+use super::error::CliError;
+use super::exit::Exit;
 use super::program::record_command;
 use super::workload_args::WorkloadArgs;
-use super::CliError;
-use super::Exit;
 use clap::{Args, Subcommand};
 use repro::record::RecordEnv;
 use repro::report::bytes;
@@ -62,9 +62,9 @@ pub fn run(args: BaselineArgs) -> Result<Exit, CliError> {
     let work = scratch.path().join("run");
     // A baseline keeps hashes only: it is committed, and the gate compares hashes.
     let recorded = if command.is_empty() {
-        train
-            .workload_run()
-            .and_then(|planned| super::gate::record_for_gate(&planned, &work, &FullCapture::None, &[], &train.device))
+        train.workload_run().and_then(|planned| {
+            super::recording::record_for_gate(&planned, &work, &FullCapture::None, &[], &train.device)
+        })
     } else {
         record_command(
             &command,

@@ -5,10 +5,12 @@
 //! comes earlier in the second pair (it depends on timing) is followed there, a few rounds at
 //! most.
 
+use super::error::CliError;
+use super::exit::Exit;
+use super::output::print_json;
 use super::program::{check_recorded, run_command};
 use super::report_args::JsonOutput;
 use super::workload_args::WorkloadArgs;
-use super::{print_json, CliError, Exit};
 use clap::Args;
 use repro::diff::{diff_runs, DiffOptions, ReferenceCheck, RunDiff};
 use repro::record::{open_device, RecordEnv, RecordError, RecordOptions, Recorder};

@@ -1,8 +1,9 @@
 //! `repro diff A B`: compare two traces.
 
+use super::error::CliError;
+use super::exit::Exit;
+use super::output::print_json;
 use super::report_args::{JsonOutput, PlotOutput, ToleranceArgs};
-use super::CliError;
-use super::{print_json, Exit};
 use clap::Args;
 use repro::diff::{diff_runs, DiffOptions, NameMap};
 use repro::report::{plot_diff, render_run_diff_with, DiffText};

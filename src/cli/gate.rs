@@ -2,17 +2,18 @@
 //! and fail on any bit difference. `repro gate -- CMD ARGS` gates a user's own training
 //! program, which records itself into the directory named by `REPRO_TRACE_DIR`.
 
+use super::error::CliError;
+use super::exit::Exit;
 use super::program::record_command;
+use super::recording::record_for_gate;
 use super::report_args::{JsonOutput, ToleranceArgs};
 use super::workload_args::WorkloadArgs;
-use super::CliError;
-use super::Exit;
 use clap::Args;
 use repro::diff::{baseline_mismatch, gate_traces, DiffError, GateReference, GateReport};
-use repro::record::{open_device, RecordEnv, RecordOptions, Recorder};
+use repro::record::RecordEnv;
 use repro::report::{render_gate, render_gate_junit, render_gate_markdown};
-use repro::trace::{CapturePolicy, FullCapture, TraceReader};
-use repro::workloads::{Training, WorkloadRun};
+use repro::trace::{FullCapture, TraceReader};
+use repro::workloads::WorkloadRun;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -144,7 +145,7 @@ pub fn run(args: GateArgs) -> Result<Exit, CliError> {
     let report = gate(&args, planned.as_ref(), runs, &work)?;
     if args.output.json {
         let verdict = if report.passed() { "pass" } else { "fail" };
-        super::print_json("repro.gate.v2", Some(verdict), &report)?;
+        super::output::print_json("repro.gate.v2", Some(verdict), &report)?;
     } else {
         super::output::emit(&render_gate(&report));
     }
@@ -219,27 +220,4 @@ fn gate(args: &GateArgs, planned: Option<&WorkloadRun>, runs: usize, work: &Path
     };
     let options = repro::diff::DiffOptions { tolerance: args.tolerance.combined(), names, ..Default::default() };
     Ok(gate_traces(subject, reference, &traces, &options)?)
-}
-
-/// Records one run of a built-in workload into `dir` the way a gate compares runs: hashes at
-/// every step, small tensors' values, and full values at the steps `full` names. With several
-/// `devices`, the run is data-parallel, one rank per device; else it trains on `device`.
-pub fn record_for_gate(
-    planned: &WorkloadRun,
-    dir: &Path,
-    full: &FullCapture,
-    devices: &[String],
-    device: &str,
-) -> Result<(), CliError> {
-    let capture = CapturePolicy { full: full.clone(), ..CapturePolicy::default() };
-    if devices.len() > 1 {
-        return super::ranks::record_ranks(devices, dir, true, &capture, planned);
-    }
-    let device = open_device(devices.first().map_or(device, String::as_str))?;
-    let options =
-        RecordOptions { perturbation: planned.perturbation.clone(), ..RecordOptions::capture(capture).replacing(true) };
-    let mut recorder = Recorder::create(dir, planned.run_config(), &device, options)?;
-    planned.workload.run(Training::on(&device, &mut recorder))?;
-    recorder.finish()?;
-    Ok(())
 }

@@ -2,8 +2,8 @@
 //! (GPU hashing against the host's, recording while the GPU lags and at steps of several GiB,
 //! the tensor-core product's invariance, and their throughput), printed as they come.
 
-use super::CliError;
-use super::Exit;
+use super::error::CliError;
+use super::exit::Exit;
 use clap::Args;
 use repro::measure::gpu::{gpu_check, Finding, GpuParts};
 

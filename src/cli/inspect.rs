@@ -1,8 +1,9 @@
 //! `repro inspect DIR`: what a trace holds.
 
+use super::error::CliError;
+use super::exit::Exit;
+use super::output::print_json;
 use super::report_args::JsonOutput;
-use super::CliError;
-use super::{print_json, Exit};
 use clap::Args;
 use repro::diff::{check_replicas, ReplicaReport};
 use repro::report::{render_summary, replica_line};

@@ -1,9 +1,10 @@
 //! `repro invariance`: does a sequence's output depend on the batch it is run in?
 
+use super::error::CliError;
+use super::exit::Exit;
+use super::output::print_json;
 use super::report_args::{JsonOutput, PlotOutput};
 use super::workload_args::WorkloadArgs;
-use super::CliError;
-use super::{print_json, Exit};
 use clap::Args;
 use repro::invariance::{cost, workloads, DEFAULT_BATCH_SIZES};
 use repro::record::open_device;

@@ -1,8 +1,9 @@
 //! `repro loss A [B]`: the loss curve of a trace, or two side by side, as text, JSON or SVG.
 
+use super::error::CliError;
+use super::exit::Exit;
+use super::output::print_json;
 use super::report_args::{JsonOutput, PlotOutput};
-use super::CliError;
-use super::{print_json, Exit};
 use clap::Args;
 use repro::diff::loss_curve;
 use repro::report::{plot_loss, render_loss};

@@ -1,8 +1,9 @@
 //! `repro matrix R1 ... RN`: pairwise error matrices at one step.
 
+use super::error::CliError;
+use super::exit::Exit;
+use super::output::print_json;
 use super::report_args::{JsonOutput, PlotOutput, ToleranceArgs};
-use super::CliError;
-use super::{print_json, Exit};
 use clap::Args;
 use repro::diff::{error_matrices, Metric, StepSelector};
 use repro::report::{plot_matrix, render_matrix};

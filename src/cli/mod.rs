@@ -19,6 +19,7 @@ mod program;
 mod progress;
 mod ranks;
 mod record;
+mod recording;
 mod report_args;
 mod scratch;
 mod show;
@@ -158,16 +159,7 @@ fn fail(error: &CliError, json: bool) -> Exit {
             caused_by: &'a [String],
         }
         let failure = Failure { error: &lines[0], caused_by: &lines[1..] };
-        let _ = print_json("repro.error.v1", Some("error"), &failure);
+        let _ = output::print_json("repro.error.v1", Some("error"), &failure);
     }
     Exit::Error
-}
-
-/// Prints `report` as pretty JSON on stdout, under `schema` and with its `verdict`
-/// (`repro::report::json::document`).
-fn print_json(schema: &str, verdict: Option<&str>, report: &impl serde::Serialize) -> Result<(), CliError> {
-    let text =
-        repro::report::json::document(schema, verdict, report).map_err(|e| format!("cannot encode JSON: {e}"))?;
-    output::line(&text);
-    Ok(())
 }

@@ -2,7 +2,7 @@
 //! closes the pipe: the report simply ends there, with the command's own exit code, instead of
 //! the panic `print!` gives on a broken pipe.
 
-use super::CliError;
+use super::error::CliError;
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -37,5 +37,14 @@ pub fn write_plot(path: &std::path::Path, svg: Result<String, String>) -> Result
     let svg = svg?;
     std::fs::write(path, svg).map_err(|e| format!("cannot write the plot to {}: {e}", path.display()))?;
     eprintln!("plot: {}", path.display());
+    Ok(())
+}
+
+/// Prints `report` as pretty JSON on stdout, under `schema` and with its `verdict`
+/// (`repro::report::json::document`).
+pub fn print_json(schema: &str, verdict: Option<&str>, report: &impl serde::Serialize) -> Result<(), CliError> {
+    let text =
+        repro::report::json::document(schema, verdict, report).map_err(|e| format!("cannot encode JSON: {e}"))?;
+    line(&text);
     Ok(())
 }

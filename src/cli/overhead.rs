@@ -2,10 +2,10 @@
 //! built-in workload trained with hashes-only recording of everything it records switched on
 //! and off every few steps.
 
+use super::error::CliError;
+use super::exit::Exit;
 use super::ranks::RankArgs;
 use super::workload_args::WorkloadArgs;
-use super::CliError;
-use super::Exit;
 use clap::Args;
 use repro::measure::overhead::{recording_overhead, OverheadRun, STEADY_PAIRS};
 use repro::record::open_device;

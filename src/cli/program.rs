@@ -3,7 +3,7 @@
 //! process group stopped whole on a timeout or an interrupt, and what it left checked before
 //! anything reads it.
 
-use super::CliError;
+use super::error::CliError;
 use repro::record::{RecordEnv, TRACE_DIR_ENV};
 use std::path::Path;
 use std::process::ExitStatus;

@@ -3,8 +3,8 @@
 //! one fails or is killed, the others are stopped and the error names the rank and its cause.
 //! Also the options that make a command data-parallel, shared by `record` and `overhead`.
 
+use super::error::CliError;
 use super::workload_args::WorkloadArgs;
-use super::CliError;
 use candle_core::Device;
 use clap::Args;
 use repro::distributed::{self, DataParallel, LaunchedRank, RunSettings};

@@ -1,9 +1,9 @@
 //! `repro record`: train a built-in workload and write its trace.
 
+use super::error::CliError;
+use super::exit::Exit;
 use super::ranks::{self, RankArgs};
 use super::workload_args::WorkloadArgs;
-use super::CliError;
-use super::Exit;
 use clap::Args;
 use repro::diff::{check_replicas, diff_runs, DiffOptions};
 use repro::diff::{config_differences, ReferenceCheck};

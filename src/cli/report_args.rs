@@ -2,7 +2,7 @@
 //! `--tolerance`, each parsed and acted on in one place. A command that draws something else
 //! than the default text says so with `mut_arg` on its own arguments.
 
-use super::CliError;
+use super::error::CliError;
 use clap::Args;
 use repro::diff::Tolerance;
 use std::path::PathBuf;

@@ -3,7 +3,7 @@
 //! removed when the command ends, whether it succeeds, fails, or is stopped by a signal; and
 //! the programs such a command runs (`-- CMD`), stopped with it.
 
-use super::CliError;
+use super::error::CliError;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, Once};
 

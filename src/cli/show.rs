@@ -1,9 +1,10 @@
 //! `repro show TRACE`: a step's tensors, or one tensor's values (statistics, first elements),
 //! and its export to a safetensors or .npy file.
 
+use super::error::CliError;
+use super::exit::Exit;
+use super::output::print_json;
 use super::report_args::JsonOutput;
-use super::CliError;
-use super::{print_json, Exit};
 use clap::Args;
 use repro::diff::tensor_stats;
 use repro::report::{render_step_tensors, render_tensor, render_tensor_pair};

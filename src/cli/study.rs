@@ -1,8 +1,8 @@
 //! `repro study noise|devices|cost`: multi-run experiments from the reproducibility literature.
 
+use super::error::CliError;
 use super::exit::Exit;
 use super::workload_args::WorkloadArgs;
-use super::CliError;
 use clap::{Args, Subcommand};
 use repro::record::open_device;
 use repro::report::{

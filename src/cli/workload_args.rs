@@ -1,6 +1,6 @@
 //! The arguments that say what to train, shared by `record`, `gate`, `baseline` and `study`.
 
-use super::CliError;
+use super::error::CliError;
 use clap::builder::TypedValueParser;
 use clap::Args;
 use repro::ops::Reductions;

@@ -1,6 +1,7 @@
 //! The CUDA launchers of repro's custom ops: the sums in their two modes, the batch-invariant
 //! products (f32 and, on tensor cores, bf16) and row sum. Kernels come from `crate::cuda`.
 
+use super::tensor_core::{TC_TILE, TENSOR_CORE_VARIANTS};
 use super::Reductions;
 use crate::cuda::kernels::{f32_view, grid, ptx, tensor_core_ptx, MODULE, TENSOR_CORE_MODULE};
 use candle_core::backend::BackendStorage;
@@ -173,16 +174,6 @@ pub(crate) fn matmul_f32_fixed(
     unsafe { l.launch(cfg) }.w()?;
     Ok(CudaStorage::wrap_cuda_slice(out, dev))
 }
-
-/// Tiles of the tensor-core kernels (kernels/matmul_bf16.cu): 128 x 128 outputs a block of
-/// 256 threads.
-const TC_TILE: usize = 128;
-
-/// The tensor-core kernels: name, and shared memory (3 slices in flight x both operands' 128
-/// rows x (slice depth + 8 padding) x 2 bytes). The first is the one products use; the other
-/// tiles K otherwise, and must give the same bits (gpu-check).
-pub const TENSOR_CORE_VARIANTS: [(&str, usize); 2] =
-    [("matmul_bf16_fixed", 3 * 256 * 72 * 2), ("matmul_bf16_fixed_k32", 3 * 256 * 40 * 2)];
 
 /// `a @ wt` for 2-d bf16 `a` `[M, K]` and `wt` `[K, N]` with K contiguous in both (a linear
 /// layer's transposed weight), by tensor-core kernel `variant` of `TENSOR_CORE_VARIANTS`: for

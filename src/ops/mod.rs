@@ -4,14 +4,16 @@
 
 pub mod invariant;
 mod reduce;
+mod tensor_core;
 
 #[cfg(feature = "cuda")]
 mod cuda;
 
-/// The tensor-core product's kernels, and one of them run on a 2-d product (for gpu-check,
-/// which checks that they give the same bits).
+/// One of the tensor-core product's kernels run on a 2-d product (for gpu-check, which checks
+/// that they give the same bits).
 #[cfg(feature = "cuda")]
-pub use cuda::{matmul_bf16_variant, TENSOR_CORE_VARIANTS};
+pub use cuda::matmul_bf16_variant;
+pub use tensor_core::TENSOR_CORE_VARIANTS;
 
 pub use reduce::{expand, expand_rows, sum_all, sum_rows, Reductions};
 

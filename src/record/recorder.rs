@@ -467,18 +467,6 @@ impl StepRecorder<'_> {
         self.background.merge_into(&mut self.records, &mut self.names, self.step)
     }
 
-    /// Records a node of an automatically captured graph at `position` of its topological
-    /// order (see `repro::capture`).
-    pub fn record_node(
-        &mut self,
-        name: &str,
-        kind: TensorKind,
-        position: u64,
-        tensor: &Tensor,
-    ) -> Result<(), RecordError> {
-        self.push(name, kind, Some(Phase::Forward), &[], Some(position), None, None, tensor, tensor.is_variable())
-    }
-
     /// Records the result of a collective across the ranks of a data-parallel run (`collective`,
     /// e.g. `all_reduce_sum`) as a gradient, with `input`, this rank's contribution recorded
     /// earlier in the step.

@@ -1,4 +1,5 @@
-//! Root cause within the first diverging step, by one of two rules (docs/diff.md):
+//! Root cause within the first diverging step (docs/diff.md), by the rule its records allow
+//! (`CauseRule`):
 //!
 //! - Recorded inputs (hand-recorded ops): the first tensor, in recording (execution) order, whose
 //!   recorded inputs are identical in both runs but which itself differs. Every other differing
@@ -6,13 +7,16 @@
 //!   found by following the recorded input edges.
 //! - Identical leaves (automatically captured graphs, which have no edges): when every leaf that
 //!   feeds the graph (data, parameters) is identical in both runs, the first node that differs
-//!   in topological order is a root cause; when a leaf differs, that leaf is. When the whole
-//!   forward graph is identical too, the differing gradients are where the runs part: the
-//!   backward pass.
+//!   in topological order is a root cause; when a leaf differs, that leaf is (`Leaf`). When the
+//!   whole forward graph is identical too, the differing gradients are where the runs part: the
+//!   backward pass (`Backward`), or, for a gradient summed over ranks from identical shares, the
+//!   collective (`Collective`).
+//! - Otherwise only the first difference is known (`FirstDifference`).
 //!
 //! Under a tolerance, "identical" means bit for bit: a tensor that differs within the tolerance
 //! is not, and a difference beyond it that such tensors feed is drift that has grown past the
-//! tolerance (`Drift`, `DriftedLeaves`), not a new cause.
+//! tolerance (`Drift`, `DriftedLeaves`), not a new cause, unless it is far beyond what its inputs'
+//! difference explains (`BeyondDrift`).
 
 use crate::divergence::Divergence;
 use repro_trace::{Phase, TensorKind};
