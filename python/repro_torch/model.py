@@ -25,9 +25,18 @@ class ModelRecorder:
         """`modules`: record every module's output (off: inputs, parameters, loss, gradients and
         updates only, as when the other run's graph is named otherwise). A DDP model is recorded
         by its module's names, and its gradient sums through a communication hook; an FSDP2
-        model's shards are checked to tile their parameters (with every rank, here)."""
+        model's shards are checked to tile their parameters (with every rank, here). A model
+        compiled by `torch.compile` is recorded by its original module's names, without module
+        outputs (a note on stderr says so)."""
         self.recorder = recorder
+        model, compiled = _uncompiled(model)
         self.model = model.module if is_ddp(model) else model
+        self.model, inner = _uncompiled(self.model)
+        if (compiled or inner) and modules:
+            modules = False
+            print("repro_torch: the model is compiled by torch.compile: its module outputs are not recorded (hooks "
+                  "inside a compiled graph would break it or the graph); recording its inputs, parameters, loss, "
+                  "gradients and updates, under the uncompiled model's names", file=sys.stderr)
         # A world of one records as one device: its "sums" are its own gradients.
         self._sums = GradientSums(model) if is_ddp(model) and recorder.place is not None else None
         # The parameters by name, looked up once (walking the module tree costs every step).
@@ -147,6 +156,14 @@ class CapturedStep:
                 self.step.queue(f"{name}.grad", p.grad, "gradient", "backward", inputs=(local,),
                                 collective=ALL_REDUCE_SUM)
         self.step.flush()
+
+
+def _uncompiled(model: torch.nn.Module) -> tuple[torch.nn.Module, bool]:
+    """The module `torch.compile` wrapped (and True), or `model` itself (and False)."""
+    original = getattr(model, "_orig_mod", None)
+    if isinstance(original, torch.nn.Module) and type(model).__name__ == "OptimizedModule":
+        return original, True
+    return model, False
 
 
 def _tensors_of(output, prefix: str = "") -> Iterator[tuple[str, torch.Tensor]]:

@@ -6,6 +6,7 @@ machine has torch)."""
 
 import contextlib
 import inspect
+import io
 import json
 import os
 import shutil
@@ -49,6 +50,45 @@ class TorchTest(unittest.TestCase):
 
     def tearDown(self):
         shutil.rmtree(self.dir)
+
+    def test_a_compiled_model_records_its_parameters_loss_gradients_and_updates_and_says_what_it_cannot(self):
+        from repro_torch import ModelRecorder, Recorder
+
+        def train(path, compile_it):
+            torch.manual_seed(0)
+            model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+            run = torch.compile(model, backend="eager") if compile_it else model
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            stderr = io.StringIO()
+            with contextlib.redirect_stderr(stderr):
+                # The plain run leaves module outputs out too, to compare with the compiled one.
+                rec = ModelRecorder(Recorder(path, {"workload": "compiled"}), run, modules=compile_it)
+            x, y = torch.randn(4, 8), torch.randn(4, 2)
+            for step in range(3):
+                opt.zero_grad()
+                with rec.training_step(step, inputs={"x": x}) as s:
+                    loss = torch.nn.functional.mse_loss(run(x), y)
+                    s.loss(loss)
+                    loss.backward()
+                    s.gradients()
+                    opt.step()
+            self.assertEqual(rec.finish(), 3)
+            return stderr.getvalue()
+
+        plain, compiled = os.path.join(self.dir, "plain"), os.path.join(self.dir, "compiled")
+        self.assertEqual(train(plain, False), "")
+        note = train(compiled, True)
+        self.assertIn("compiled by torch.compile: its module outputs are not recorded", note)
+        # The uncompiled model's names (no `_orig_mod.`), and the same bits as eager PyTorch.
+        diff = repro("diff", plain, compiled)
+        self.assertEqual(diff.returncode, 0, diff.stdout + diff.stderr)
+        self.assertIn("IDENTICAL", diff.stdout)
+        from repro_trace import Trace
+
+        with Trace(compiled) as t:
+            names = [r.name for r in next(iter(t.steps())).tensors]
+        self.assertIn("0.weight.grad", names)
+        self.assertIn("2.bias.updated", names)
 
     def test_a_pytorch_program_is_recorded_gated_and_its_fault_found(self):
         a, b = os.path.join(self.dir, "a"), os.path.join(self.dir, "b")
