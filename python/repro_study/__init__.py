@@ -13,7 +13,8 @@
     python -m repro_study noise --models resnet18_cifar,small_cnn --runs 5 --out studies/noise
 
 One module per concern: `models` (the networks), `modes` (default and deterministic, and the
-workaround for ops that refuse), `timing` (step and kernel time), `twins` (two recorded runs and
+workaround for ops that refuse), `step` (one training step, plain or recorded),
+`timing` (step and kernel time), `twins` (two recorded runs and
 their diff), `data` (the synthetic CIFAR-shaped set), `cost` and `noise` (the studies),
 `published` (seed 004's own numbers), `report` (tables and charts).
 """

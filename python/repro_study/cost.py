@@ -17,11 +17,11 @@ from dataclasses import asdict
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
 
 from . import modes, twins
 from .environment import describe_environment, write_json
 from .models import Network
+from .step import training_step
 from .timing import time_steps
 
 
@@ -38,17 +38,6 @@ def _fresh(net: Network, seed: int, device: torch.device, workarounds: list, exa
         modes.WORKAROUNDS[name](model, example)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     return model, opt
-
-
-def _step(model, opt, x, y, s=None) -> None:
-    opt.zero_grad(set_to_none=True)
-    loss = F.cross_entropy(model(x), y)
-    if s is not None:
-        s.loss(loss)
-    loss.backward()
-    if s is not None:
-        s.gradients()
-    opt.step()
 
 
 def _release(device: torch.device) -> None:
@@ -68,7 +57,7 @@ def workarounds_for(net: Network, seed: int, device: torch.device, x, y) -> tupl
             continue  # changes nothing in this network
         opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
         try:
-            _step(model, opt, x, y)
+            training_step(model, opt, x, y)
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             return tried, op, None
@@ -100,7 +89,7 @@ def measure(net: Network, batch: int, device: torch.device, seed: int, warmup: i
         modes.apply(mode)
         model, opt = _fresh(net, seed, device, fixes, x[:1])
         result["parameters"] = sum(p.numel() for p in model.parameters())
-        times = time_steps(lambda: _step(model, opt, x, y), device, warmup, timed, profiled)
+        times = time_steps(lambda: training_step(model, opt, x, y), device, warmup, timed, profiled)
         del model, opt
         _release(device)
         runs = []
@@ -108,7 +97,7 @@ def measure(net: Network, batch: int, device: torch.device, seed: int, warmup: i
             model, opt = _fresh(net, seed, device, fixes, x[:1])
             out = os.path.join(traces, net.name, f"{mode}-{twin}")
             twins.record(out, {"workload": f"study-cost:{net.name}", "mode": mode, "batch": batch, "seed": seed},
-                         model, record_steps, lambda s, i: _step(model, opt, x, y, s), lambda i: {"x": x, "y": y})
+                         model, record_steps, lambda s, i: training_step(model, opt, x, y, s), lambda i: {"x": x, "y": y})
             runs.append(out)
             if twin == "b":
                 divergence = twins.compare(runs[0], runs[1], model)

@@ -25,7 +25,6 @@ import os
 import statistics
 
 import torch
-import torch.nn.functional as F
 
 from repro_torch import ModelRecorder, Recorder
 
@@ -33,6 +32,7 @@ from . import modes, twins
 from .data import augment, synthetic_cifar
 from .environment import describe_environment, write_json
 from .models import Network
+from .step import training_step
 
 VARIANTS = {"control": (False, "deterministic"), "algo": (True, "deterministic"), "impl": (False, "default"),
             "algo+impl": (True, "default")}
@@ -62,17 +62,11 @@ def train(net: Network, data, seed: int, mode: str, epochs: int, batch: int, lr:
             for first in range(0, len(ys) - batch + 1, batch):
                 picked = permutation[first:first + batch]
                 x, y = augment(xs[picked], shifts), ys[picked]
-                opt.zero_grad(set_to_none=True)
                 if rec is None:
-                    F.cross_entropy(model(x), y).backward()
-                    opt.step()
+                    training_step(model, opt, x, y)
                 else:
                     with rec.training_step(step, inputs={"x": x, "y": y}) as s:
-                        loss = F.cross_entropy(model(x), y)
-                        s.loss(loss)
-                        loss.backward()
-                        s.gradients()
-                        opt.step()
+                        training_step(model, opt, x, y, s)
                 step += 1
     finally:
         if rec is not None:

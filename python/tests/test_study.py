@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tempfile
 import unittest
+from unittest import mock
 
 try:
     import torch
@@ -119,7 +120,9 @@ class StudyTest(unittest.TestCase):
         from repro_study import twins
         from repro_study.models import small_cnn
 
-        os.environ["REPRO_BIN"] = REPRO
+        patched = mock.patch.dict(os.environ, {"REPRO_BIN": REPRO})
+        patched.start()
+        self.addCleanup(patched.stop)
         x, y = torch.randn(4, 3, 32, 32), torch.tensor([0, 1, 2, 3])
         traces = []
         for run, lr in (("a", 0.1), ("b", 0.1000001)):
