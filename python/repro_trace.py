@@ -43,7 +43,7 @@ MAX_SOURCE_BYTES = 4096  # longest `source` (format 1.4)
 U16_MAX = 2**16 - 1
 U64_MAX = 2**64 - 1
 SUPPORTED_MAJOR = 1
-READER_VERSION = "1.4"
+READER_VERSION = "1.7"
 RECORDS_FILE = "records.rpr"
 # Where a recorder says what it is doing while it runs (section 10.1); readers of a finished trace
 # ignore it.
@@ -153,6 +153,12 @@ class View:
 
 
 @dataclass
+class Shard:
+    whole: list[int]  # the whole tensor's shape
+    offset: list[int]  # the block's first index along each dimension
+
+
+@dataclass
 class Tensor:
     name: str
     kind: str  # unknown kinds read as "other"
@@ -167,6 +173,7 @@ class Tensor:
     collective: Optional[str] = None  # format 1.3: the result of a sum across ranks
     source: Optional[str] = None  # format 1.4: a captured node's scope's FILE:LINE; 1.6: any record's
     view: Optional["View"] = None  # format 1.5: a captured node read through an earlier tensor's memory
+    shard: Optional["Shard"] = None  # format 1.7: one rank's block of a tensor sharded across the ranks
 
     @property
     def nbytes(self) -> int:
@@ -394,6 +401,7 @@ def _parse_tensor(m, i: int) -> Tensor:
         collective=_opt(m, "collective", what, _str),
         source=_opt(m, "source", what, _str),
         view=_opt(m, "view", what, _parse_view),
+        shard=_opt(m, "shard", what, _parse_shard),
     )
 
 
@@ -403,6 +411,14 @@ def _parse_view(v, what: str) -> View:
         of=_str(_get(m, "of", what), f"{what} `of`"),
         offset=_uint(_get(m, "offset", what), f"{what} `offset`"),
         strides=[_uint(x, f"{what} stride") for x in _list(_get(m, "strides", what), f"{what} `strides`")],
+    )
+
+
+def _parse_shard(v, what: str) -> Shard:
+    m = _map(v, what)
+    return Shard(
+        whole=[_uint(x, f"{what} whole dimension") for x in _list(_get(m, "whole", what), f"{what} `whole`")],
+        offset=[_uint(x, f"{what} offset") for x in _list(_get(m, "offset", what), f"{what} `offset`")],
     )
 
 
@@ -632,6 +648,16 @@ class Trace:
             if t.view is not None:
                 self._needs((1, 5), "`view`", where)
                 self._check_view(t, names.get(t.view.of), where)
+            if t.shard is not None:
+                self._needs((1, 7), "`shard`", where)
+                sh = t.shard
+                if len(sh.whole) != len(t.shape) or len(sh.offset) != len(t.shape):
+                    raise self._corrupt(f"tensor `{t.name}`: its shard has a whole of {len(sh.whole)} and an offset of "
+                                        f"{len(sh.offset)} dimensions for a block of {len(t.shape)}", where)
+                if any(o + d > w for o, d, w in zip(sh.offset, t.shape, sh.whole)):
+                    raise self._corrupt(f"tensor `{t.name}`: its shard reaches past the whole", where)
+                if t.view is not None:
+                    raise self._corrupt(f"tensor `{t.name}`: a view cannot be a shard", where)
             names[t.name] = t
             if len(t.shape) > MAX_RANK:
                 raise self._corrupt(f"tensor `{t.name}` has rank {len(t.shape)} (limit {MAX_RANK})", where)

@@ -1,4 +1,4 @@
-"""A writer of the repro trace format (docs/trace-format.md, format 1.6), in Python.
+"""A writer of the repro trace format (docs/trace-format.md, format 1.7), in Python.
 
 It writes what `repro record` writes, so `repro diff`, `inspect`, `matrix` and `gate` read a run
 recorded from Python like one recorded by repro: framed msgpack records (section 2), step
@@ -53,7 +53,7 @@ from repro_trace import (
     view_within,
 )
 
-FORMAT = (1, 6)
+FORMAT = (1, 7)
 VERSION = "0.1.0"
 LOCK_FILE = ".repro-lock"
 # Where a recorder can be, in `progress.json` (section 10.1).
@@ -104,6 +104,9 @@ class Record:
     # The result of a collective across the ranks of a data-parallel run (format 1.3):
     # `all_reduce_sum`, its one input this rank's contribution (section 10).
     collective: Optional[str] = None
+    # One rank's block of a tensor sharded across the ranks (format 1.7): (the whole's shape,
+    # the block's offset in it, one index per dimension); the record's shape is the block's.
+    shard: Optional[tuple] = None
 
 
 @dataclass
@@ -314,6 +317,9 @@ class TraceWriter:
             if t.view is not None:
                 of, offset, strides = t.view
                 m["view"] = {"of": of, "offset": int(offset), "strides": [int(x) for x in strides]}
+            if t.shard is not None:
+                whole, offset = t.shard
+                m["shard"] = {"whole": [int(d) for d in whole], "offset": [int(o) for o in offset]}
             records.append(m)
         name = payload_name(step) if payload else None
         if payload:
@@ -350,6 +356,12 @@ class TraceWriter:
                 raise WriteError(f"{where}: input `{i}` is not recorded earlier in the step")
         if t.collective is not None:
             self._check_collective(t, owners, where)
+        if t.shard is not None:
+            whole, offset = t.shard
+            if t.view is not None or len(whole) != len(t.shape) or len(offset) != len(t.shape) or any(
+                    int(o) < 0 or int(o) + int(d) > int(w) for o, d, w in zip(offset, t.shape, whole)):
+                raise WriteError(f"{where}: its shard {list(t.shape)} at {list(offset)} does not lie within the "
+                                 f"whole {list(whole)}")
         if t.view is not None:
             of, offset, strides = t.view
             owner = owners.get(of)

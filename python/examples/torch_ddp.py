@@ -26,6 +26,7 @@ def parse(argv):
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--batch", type=int, default=32, help="the global batch, split evenly over the ranks")
     p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--width", type=int, default=16, help="the hidden layer's width")
     return p.parse_args(argv)
 
 
@@ -56,7 +57,7 @@ def main(argv, after_step=None):
         torch.cuda.set_device(device)
     torch.manual_seed(0)
     torch.use_deterministic_algorithms(True)
-    model = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1)).to(device)
+    model = torch.nn.Sequential(torch.nn.Linear(4, args.width), torch.nn.Tanh(), torch.nn.Linear(args.width, 1)).to(device)
     model = wrapped(model, args.fsdp, device, args.bf16)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr)
     run = {
@@ -67,6 +68,7 @@ def main(argv, after_step=None):
             "batch": str(args.batch),
             "sharding": "fsdp" if args.fsdp else "ddp",
             "precision": "bf16" if args.bf16 else "f32",
+            "width": str(args.width),
         },
     }
     rec = ModelRecorder.create_or_gated(args.out, run, model)

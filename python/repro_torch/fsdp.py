@@ -1,13 +1,12 @@
 """FSDP2 (`torch.distributed.fsdp.fully_shard`) parameters as a trace records them.
 
 Each rank holds a shard of every parameter: rows of dimension 0, split as `torch.chunk` splits
-them (FSDP2's `Shard(0)` over a one-dimensional mesh). The trace records the whole parameter,
-gathered from the shards, under the parameter's name (and so its gradient and update): every
-rank's stream holds the same replicated state as under DDP, `repro diff` compares whole
-parameters between FSDP runs of any world size and against DDP, and the replica check covers
-them. Where each shard sits is checked rather than stored (the format has no field for it): the
-ranks' shards tile each parameter (`tiling_error`, when recording starts), and each rank's shard
-is, bit for bit, its rows of the whole recorded (`ShardChecks`, at every step).
+them (FSDP2's `Shard(0)` over a one-dimensional mesh). Each rank records its own shard, of the
+parameter, its gradient and its update, under the parameter's name, with where it sits in the
+whole (format 1.7 `shard`): no rank gathers anything. When recording starts the ranks exchange
+their shards' shapes, and a run whose shards do not tile each parameter where chunking puts them
+is refused (`check_tiling`); repro checks the tiling again, from the records, at every step, and
+compares runs that shard differently on whole parameters assembled from the shards.
 """
 
 from __future__ import annotations
@@ -32,10 +31,18 @@ def is_sharded(t: torch.Tensor) -> bool:
     return bool(DTensor) and isinstance(t, DTensor)
 
 
-def whole(t: torch.Tensor) -> torch.Tensor:
-    """The whole of a sharded tensor, gathered from every rank (each rank calls this for the same
-    tensors in the same order); any other tensor as it is."""
-    return t.full_tensor() if is_sharded(t) else t
+def local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's block of a sharded tensor: the DTensor's own local tensor (the same object at
+    every call, so that an unchanged parameter is known as such and not hashed again)."""
+    block = getattr(t, "_local_tensor", None)
+    return block if isinstance(block, torch.Tensor) else t.to_local()
+
+
+def shard_of(t: torch.Tensor, place: tuple[int, int]) -> tuple[torch.Tensor, tuple[list[int], list[int]]]:
+    """This rank's block of the sharded `t` whose rows start at `place[0]`, and the record's
+    `shard`: (the whole's shape, the block's offset)."""
+    whole = list(t.shape)
+    return local(t), (whole, [place[0]] + [0] * (len(whole) - 1))
 
 
 def chunk_rows(rows: int, world: int) -> list[tuple[int, int]]:
@@ -86,36 +93,3 @@ def check_tiling(named: Iterable[tuple[str, torch.Tensor]]) -> dict[str, tuple[i
             raise WriteError(f"the FSDP shards do not tile their parameter: {error}")
         places[name] = chunk_rows(whole_shape[0], len(shards))[rank]
     return places
-
-
-class ShardChecks:
-    """Checks that each rank's shard is, bit for bit, its rows of the whole gathered from every
-    rank: `add` queues a check on the device, `verify` reads every answer at once (one wait for
-    the device a call, not one a parameter)."""
-
-    def __init__(self):
-        self._pending: list[tuple[str, int, int, torch.Tensor]] = []
-
-    def add(self, name: str, shard: torch.Tensor, whole_t: torch.Tensor, place: tuple[int, int]) -> None:
-        first, rows = place
-        part = whole_t.detach()[first:first + rows]
-        if part.shape != shard.shape:
-            raise _not_its_rows(name, first, rows)
-        if part.numel():
-            ints = INT_OF_WIDTH[part.element_size()]
-            same = torch.eq(part.reshape(-1).view(ints), shard.detach().reshape(-1).view(ints)).all()
-            self._pending.append((name, first, rows, same))
-
-    def verify(self) -> None:
-        pending, self._pending = self._pending, []
-        if not pending:
-            return
-        answers = torch.stack([same for *_, same in pending]).cpu().tolist()
-        for (name, first, rows, _), same in zip(pending, answers):
-            if not same:
-                raise _not_its_rows(name, first, rows)
-
-
-def _not_its_rows(name: str, first: int, rows: int) -> WriteError:
-    return WriteError(f"this rank's shard of `{name}` is not rows {first} to {first + rows} of the whole gathered "
-                      "from every rank")

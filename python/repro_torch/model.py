@@ -1,6 +1,6 @@
 """Recording a `torch.nn.Module` with no per-op code: `ModelRecorder` and the step it hands out,
 `CapturedStep`. A model wrapped in DistributedDataParallel is recorded by its module's names, with
-both sides of each gradient sum (`ddp`); an FSDP2 model by its whole parameters (`fsdp`)."""
+both sides of each gradient sum (`ddp`); an FSDP2 model by each rank's shards (`fsdp`)."""
 
 from __future__ import annotations
 
@@ -89,8 +89,8 @@ class ModelRecorder:
         with self.recorder.step(step) as s:
             for name, t in (inputs or {}).items():
                 s.queue(name, t, "input")
-            for name, p in self.parameters():
-                s.queue(name, p, "weight", "forward")
+            for name, p, shard in self._parameters():
+                s.queue(name, p, "weight", "forward", shard=shard)
             s.flush()
             self._step, self._calls = s, {}
             if self._sums is not None:
@@ -102,21 +102,18 @@ class ModelRecorder:
                 if self._sums is not None:
                     self._sums.begin(None)
             if updates:
-                for name, p in self.parameters():
-                    s.queue(f"{name}.updated", p, "weight", "update")
+                for name, p, shard in self._parameters():
+                    s.queue(f"{name}.updated", p, "weight", "update", shard=shard)
                 s.flush()
 
-    def parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Every parameter by name, whole: an FSDP2 parameter gathered from its shards (every rank
-        takes part), and its own shard checked against its rows of the whole."""
-        checks = fsdp.ShardChecks()
+    def _parameters(self) -> Iterator[tuple[str, torch.Tensor, Optional[tuple]]]:
+        """Every parameter by name, with its record's `shard`: an FSDP2 parameter as this rank's
+        block of it."""
         for name, p in self._named_parameters:
             if name in self._shards:
-                gathered = fsdp.whole(p)
-                checks.add(name, p.to_local(), gathered, self._shards[name])
-                p = gathered
-            yield name, p
-        checks.verify()
+                yield name, *fsdp.shard_of(p, self._shards[name])
+            else:
+                yield name, p, None
 
     def finish(self) -> int:
         for h in self._hooks:
@@ -142,7 +139,7 @@ class CapturedStep:
         """Records every parameter's gradient (`NAME.grad`) after `backward`, and notes the
         trainable parameters that got none. Under DDP a gradient is the sum over the ranks of the
         shares recorded as its bucket went out (a collective of `NAME.grad.local`); under FSDP2
-        it is gathered whole from the ranks' shards."""
+        it is this rank's block, as its parameter's."""
         sums = self._owner._sums
         for name, p in self._owner._named_parameters:
             if p.grad is None:
@@ -150,8 +147,11 @@ class CapturedStep:
                     self.step.no_gradient.append(name)
                 continue
             local = sums.local_name(name) if sums is not None else None
-            if local is None:
-                self.step.queue(f"{name}.grad", fsdp.whole(p.grad), "gradient", "backward")
+            if name in self._owner._shards and fsdp.is_sharded(p.grad):
+                grad, shard = fsdp.shard_of(p.grad, self._owner._shards[name])
+                self.step.queue(f"{name}.grad", grad, "gradient", "backward", shard=shard)
+            elif local is None:
+                self.step.queue(f"{name}.grad", p.grad, "gradient", "backward")
             else:
                 self.step.queue(f"{name}.grad", p.grad, "gradient", "backward", inputs=(local,),
                                 collective=ALL_REDUCE_SUM)

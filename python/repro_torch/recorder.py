@@ -230,7 +230,7 @@ class StepRecorder:
         """Records a module's output as the step's next graph node, from the module's forward
         hook: read at once where the flush policy says the program may change it in place,
         otherwise queued with the outputs before it and read with them (`flushes`)."""
-        hashed = self._queue(name, t, "op_output", "forward", (), True, source, None)
+        hashed = self._queue(name, t, "op_output", "forward", (), True, source, None, None)
         if not hashed:
             return
         if self._watch is not None:
@@ -243,14 +243,17 @@ class StepRecorder:
             self._flush_outputs()
 
     def queue(self, name: str, t: torch.Tensor, kind: str = "activation", phase: Optional[str] = None,
-              inputs=(), node: bool = False, source: Optional[str] = None, collective: Optional[str] = None) -> None:
+              inputs=(), node: bool = False, source: Optional[str] = None, collective: Optional[str] = None,
+              shard: Optional[tuple] = None) -> None:
         """`record`, except that a CUDA tensor hashed on its GPU is read only at the next `flush`:
-        queue a group of tensors, then flush once, before anything changes them."""
+        queue a group of tensors, then flush once, before anything changes them. `shard`: `t` is
+        this rank's block of a tensor sharded across the ranks, (the whole's shape, the block's
+        offset in it)."""
         if self._outputs_queued and self._policy.beside:
             self._flush_outputs()  # read beside, not with what follows
-        self._queue(name, t, kind, phase, inputs, node, source, collective)
+        self._queue(name, t, kind, phase, inputs, node, source, collective, shard)
 
-    def _queue(self, name, t, kind, phase, inputs, node, source, collective) -> bool:
+    def _queue(self, name, t, kind, phase, inputs, node, source, collective, shard) -> bool:
         """Queues a record; whether its tensor waits to be read on the GPU. (Runs for every
         tensor of every step: kept to plain attribute reads and positional calls.)"""
         position = None
@@ -260,7 +263,7 @@ class StepRecorder:
         hasher = None if self._full else self.recorder.hasher_for(t)
         if hasher is None:
             self.records.append(record_of(name, kind, t, phase=phase, inputs=inputs, node=position, source=source,
-                                          collective=collective))
+                                          collective=collective, shard=shard))
             return False
         try:
             version = t._version
@@ -271,14 +274,15 @@ class StepRecorder:
         if seen is not None and seen[0]() is t:
             first = seen[1]
             record = Record(name, kind, first.dtype, first.shape, None, phase, inputs, position, source, None, None,
-                            collective)
+                            collective, shard)
             self._repeats.append((record, first))
             self.records.append(record)
             if key not in self.hashed_on_gpu:
                 self.hashed_on_gpu[key] = seen
             return False
         dtype, shape, held, own = canonical_in_place(t)
-        record = Record(name, kind, dtype, shape, None, phase, inputs, position, source, None, None, collective)
+        record = Record(name, kind, dtype, shape, None, phase, inputs, position, source, None, None, collective,
+                        shard)
         self.records.append(record)
         length = held.nbytes
         if length == 0:

@@ -65,7 +65,7 @@ class WriterTest(unittest.TestCase):
         self.assertEqual(w.finish(), 2)
         run = repro("inspect", path, "--verify")
         self.assertEqual(run.returncode, 0, run.stdout + run.stderr)
-        self.assertIn("format     1.6", run.stdout)
+        self.assertIn("format     1.7", run.stdout)
 
     def test_a_run_rewritten_from_python_is_byte_identical_to_repro_s(self):
         for name, args in (
@@ -136,15 +136,20 @@ class WriterTest(unittest.TestCase):
             ([Record("x\x1b[2J", "input", "U8", [], b"\0")], "control character"),
             ([Record("y", "op_output", "U8", [], b"\0", inputs=["nowhere"])], "not recorded earlier"),
             ([Record("z", "weights", "U8", [], b"\0")], "unknown kind"),
+            ([Record("s", "weight", "U8", [2], b"\0\0", shard=([3], [2]))], "does not lie within the whole [3]"),
+            ([Record("s", "weight", "U8", [2], b"\0\0", shard=([3, 1], [0]))], "does not lie within"),
         ):
             with self.assertRaises(WriteError) as e:
                 w.write_step(0, records)
             self.assertIn(says, str(e.exception))
-        w.write_step(3, [Record("x", "input", "U8", [], b"\1")])
+        w.write_step(3, [Record("x", "input", "U8", [], b"\1"), Record("s", "weight", "U8", [2], b"\0\0", shard=([3], [1]))])
         with self.assertRaises(WriteError):
             w.write_step(3, [])
         w.finish()
         self.assertEqual(repro("inspect", path).returncode, 0)
+        with Trace(path) as t:
+            shard = next(x for x in next(iter(t.steps())).tensors if x.name == "s").shard
+        self.assertEqual((shard.whole, shard.offset), ([3], [1]))
         # A trace is never replaced silently, and a directory of other files never written into.
         with self.assertRaises(WriteError) as e:
             TraceWriter(path, {"workload": "again"})

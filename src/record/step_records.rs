@@ -43,6 +43,7 @@ impl Described<'_> {
             collective: self.collective.map(str::to_string),
             source: self.source,
             view: None,
+            shard: None,
         }
     }
 }

@@ -510,3 +510,61 @@ fn launched_as<'c>(command: &'c mut std::process::Command, rank: usize, port: &s
         .env("MASTER_PORT", port)
         .stderr(std::process::Stdio::piped())
 }
+
+/// Writes, in `dir`, a run of `world` ranks (one stream when 1) of one step: each rank's rows of
+/// the 8 x 4 weight `w` (values 0..32) as a shard (a whole tensor on one device). Values are
+/// kept when `stored`; `rank1_first` moves rank 1's first row.
+fn sharded_run(dir: &Path, world: u64, stored: bool, rank1_first: Option<u64>) -> PathBuf {
+    use repro::trace::{dtype::DType, Distributed, ShardOf, StepTensor, TensorKind, TensorRecord, TraceWriter};
+    let values: Vec<u8> = (0..32).flat_map(|v| (v as f32).to_le_bytes()).collect();
+    let rows = 8 / world;
+    for rank in 0..world {
+        let first = if rank == 1 { rank1_first.unwrap_or(rows) } else { rank * rows };
+        let mut header = crate::util::test_header("synthetic", 1);
+        header.distributed = (world > 1).then(|| Distributed {
+            rank,
+            world_size: world,
+            backend: "file".into(),
+            backend_version: String::new(),
+        });
+        let stream = if world > 1 { dir.join(format!("rank-{rank}")) } else { dir.to_path_buf() };
+        let mut writer = TraceWriter::create(&stream, &header, false).unwrap();
+        let bytes = &values[(first * 16) as usize..((first + rows) * 16) as usize];
+        let shard = (world > 1).then(|| ShardOf { whole: vec![8, 4], offset: vec![first, 0] });
+        let inline = stored.then(|| bytes.to_vec());
+        let record = TensorRecord {
+            shard,
+            inline,
+            ..TensorRecord::of_bytes("w", TensorKind::Weight, DType::F32, vec![rows, 4], bytes)
+        };
+        writer.write_step(0, vec![StepTensor { record, payload: None }]).unwrap();
+        writer.finish().unwrap();
+    }
+    dir.to_path_buf()
+}
+
+#[test]
+fn sharded_runs_tile_their_tensors_and_compare_whole_only_where_values_were_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let one = sharded_run(&dir.path().join("one"), 1, true, None);
+    let two = sharded_run(&dir.path().join("two"), 2, true, None);
+    let run = repro(&["inspect", s(&two), "--verify"]);
+    assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+    assert!(run.stdout.contains("1 sharded tensors tiled by their ranks' shards"), "{}", run.stdout);
+    let run = repro(&["diff", s(&one), s(&two)]);
+    assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+    assert!(run.stdout.contains("(1 assembled)") && run.stdout.contains("IDENTICAL"), "{}", run.stdout);
+    // Rank 1's rows start one row early: an overlap, named, and the run is not whole.
+    let skewed = sharded_run(&dir.path().join("skewed"), 2, true, Some(3));
+    let run = repro(&["inspect", s(&skewed), "--verify"]);
+    assert_eq!(run.code, 1, "{}{}", run.stdout, run.stderr);
+    assert!(run.stdout.contains("SHARD GAP") && run.stdout.contains("at step 0, `w` (weight)"), "{}", run.stdout);
+    let run = repro(&["diff", s(&two), s(&skewed)]);
+    assert_eq!(run.code, 1, "{}{}", run.stdout, run.stderr);
+    // Hashes only, sharded against whole: nothing can be compared, and that is an error, not
+    // IDENTICAL.
+    let hashes = sharded_run(&dir.path().join("hashes"), 2, false, None);
+    let run = repro(&["diff", s(&one), s(&hashes)]);
+    assert_eq!(run.code, 2, "{}{}", run.stdout, run.stderr);
+    assert!(run.stderr.contains("nothing could be compared") && !run.stdout.contains("IDENTICAL"), "{}", run.stderr);
+}

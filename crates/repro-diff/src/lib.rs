@@ -19,6 +19,7 @@ mod names;
 mod online;
 mod ranks;
 mod root_cause;
+mod shards;
 pub mod study;
 mod tensor_stats;
 #[cfg(test)]
@@ -38,8 +39,8 @@ pub use metrics::{compare, compare_pairs, compare_values, TensorMetrics};
 pub use names::{NameMap, Run};
 pub use online::{OnlineDivergence, ReferenceCheck};
 pub use ranks::{
-    check_replicas, diff_runs, stall, DataParallelCause, RankTotals, ReplicaDrift, ReplicaReport, RunDiff, Stall,
-    UnfinishedRank,
+    check_replicas, diff_runs, stall, DataParallelCause, RankTotals, ReplicaDrift, ReplicaReport, RunDiff,
+    ShardComparison, Stall, UnfinishedRank,
 };
 pub use root_cause::{CauseRule, Consequence, RootCause, UpstreamDifference, AMPLIFICATION};
 pub use tensor_stats::{side_by_side, tensor_stats, ElementPair, TensorStats};

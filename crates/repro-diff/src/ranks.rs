@@ -8,6 +8,10 @@
 //!   first (by step, then by place in the step) is the one reported. When that is a gradient
 //!   sum whose every share is identical in both runs, the collective itself added in another
 //!   order.
+//! - Sharded tensors (an FSDP parameter: each rank records its block, format 1.7) are no
+//!   replicas: at every step their blocks must tile the whole instead (`crate::shards`). Runs
+//!   that shard differently (other world sizes, FSDP against DDP) compare whole tensors
+//!   assembled from the blocks, where every rank stored their values.
 //! - Runs of different world sizes compute their batch, graph and loss from different shares
 //!   of the batch, so only the replicated state is compared: parameters and the summed
 //!   gradients. At the first gradient that differs, each run's sum is checked against its
@@ -15,7 +19,8 @@
 //!   split (partial sums over shares of the batch, then one addition), not from the collective.
 
 use crate::metrics::compare;
-use crate::traces::{diff_traces_with, DiffOptions, TraceDiff};
+use crate::shards::{layout_of, sharded_tensors, Assembler, Layout};
+use crate::traces::{diff_assembling, diff_traces_with, DiffOptions, TraceDiff};
 use repro_trace::dtype::DType;
 use repro_trace::{
     rank_streams, read_progress, Completeness, Progress, ProgressPoint, StepRecord, TensorKind, TraceError, TraceReader,
@@ -34,6 +39,8 @@ pub struct ReplicaReport {
     pub steps_checked: u64,
     /// (step, rank, tensor) hashes compared with rank 0's.
     pub tensors_checked: u64,
+    /// (step, tensor) pairs of a sharded tensor whose ranks' blocks were checked to tile it.
+    pub shards_checked: u64,
     /// The first tensor a rank holds other bits of than rank 0, if any.
     pub drift: Option<ReplicaDrift>,
     /// Ranks whose stream is unfinished (no footer, cut short, or stopped early) or holds fewer
@@ -103,14 +110,18 @@ pub struct ReplicaDrift {
     pub tensor: String,
     /// What it is.
     pub kind: TensorKind,
-    /// The ranks whose bits differ from rank 0's (or which lack the tensor).
+    /// The ranks whose bits differ from rank 0's (or which lack the tensor); empty for a
+    /// sharded tensor, whose `shards` says what is wrong.
     pub ranks: Vec<u64>,
+    /// For a sharded tensor (format 1.7): why its ranks' blocks do not tile it.
+    pub shards: Option<String>,
 }
 
 /// Whether a tensor is state every replica must hold identically: a parameter, or the result of
 /// a collective.
+/// A shard is each rank's own block, never a replica.
 fn replicated(t: &repro_trace::TensorRecord) -> bool {
-    t.kind == TensorKind::Weight || t.collective.is_some()
+    t.shard.is_none() && (t.kind == TensorKind::Weight || t.collective.is_some())
 }
 
 /// Checks the ranks of the data-parallel run in `run` (its rank streams `streams`) step by step
@@ -122,12 +133,15 @@ pub fn check_replicas(run: &Path, streams: &[PathBuf]) -> Result<ReplicaReport, 
         world_size: streams.len() as u64,
         steps_checked: 0,
         tensors_checked: 0,
+        shards_checked: 0,
         drift: None,
         unfinished: Vec::new(),
         stall: None,
     };
     // Steps read from each rank's stream.
     let mut read = vec![0u64; readers.len()];
+    // Each rank's shard layout at the last step checked: a step that keeps it tiles as well.
+    let mut tiled: Option<Vec<_>> = None;
     'steps: loop {
         let mut steps = Vec::with_capacity(readers.len());
         for (reader, read) in readers.iter_mut().zip(&mut read) {
@@ -148,6 +162,19 @@ pub fn check_replicas(run: &Path, streams: &[PathBuf]) -> Result<ReplicaReport, 
             });
         }
         report.steps_checked += 1;
+        let layout: Vec<_> = steps.iter().map(layout_of).collect();
+        if layout.iter().any(|l| !l.is_empty()) {
+            if tiled.as_ref() != Some(&layout) {
+                let all: Vec<&StepRecord> = steps.iter().collect();
+                if let Some(Err(gap)) = sharded_tensors(&all).into_iter().find(Result::is_err) {
+                    let (tensor, kind, shards) = (gap.tensor, gap.kind, Some(gap.reason));
+                    report.drift = Some(ReplicaDrift { step: first.step, tensor, kind, ranks: Vec::new(), shards });
+                    break 'steps;
+                }
+                tiled = Some(layout);
+            }
+            report.shards_checked += first.tensors.iter().filter(|t| t.shard.is_some()).count() as u64;
+        }
         for tensor in first.tensors.iter().filter(|t| replicated(t)) {
             let mut ranks = Vec::new();
             for (rank, step) in steps.iter().enumerate().skip(1) {
@@ -158,8 +185,8 @@ pub fn check_replicas(run: &Path, streams: &[PathBuf]) -> Result<ReplicaReport, 
                 }
             }
             if !ranks.is_empty() {
-                report.drift =
-                    Some(ReplicaDrift { step: first.step, tensor: tensor.name.clone(), kind: tensor.kind, ranks });
+                let (tensor, kind) = (tensor.name.clone(), tensor.kind);
+                report.drift = Some(ReplicaDrift { step: first.step, tensor, kind, ranks, shards: None });
                 break 'steps;
             }
         }
@@ -217,6 +244,19 @@ pub struct RunDiff {
     pub replicas: Vec<ReplicaReport>,
     /// Why a gradient sum differs, when data parallelism explains it.
     pub cause: Option<DataParallelCause>,
+    /// When A and B shard tensors differently: the whole tensors compared, assembled from each
+    /// run's shards.
+    pub shards: Option<ShardComparison>,
+}
+
+/// How runs that shard tensors differently (format 1.7) were compared.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct ShardComparison {
+    /// (step, tensor) wholes assembled from every rank's shard, in A and B together.
+    pub assembled: u64,
+    /// Sharded records left out: not every rank stored their values (counted in the diff's
+    /// `not_compared`).
+    pub left_out: u64,
 }
 
 /// Counts summed over the rank pairs of two data-parallel runs of one world size.
@@ -304,22 +344,40 @@ pub fn diff_runs(a: &Path, b: &Path, options: &DiffOptions) -> Result<RunDiff, T
     let streams_a = ranks_a.clone().unwrap_or_else(|| vec![a.to_path_buf()]);
     let streams_b = ranks_b.clone().unwrap_or_else(|| vec![b.to_path_buf()]);
     let (world_a, world_b) = (streams_a.len() as u64, streams_b.len() as u64);
-    if world_a == world_b {
+    let same_sharding = first_layout(&streams_a[0])? == first_layout(&streams_b[0])?;
+    if world_a == world_b && same_sharding {
         let (diff, rank, cause, totals) = diff_rank_by_rank(&streams_a, &streams_b, options)?;
         let rank = (world_a > 1).then_some(rank);
         let all_ranks = (world_a > 1).then_some(totals);
-        return Ok(RunDiff { diff, all_ranks, world_size_a: world_a, world_size_b: world_b, rank, replicas, cause });
+        let (world_size_a, world_size_b) = (world_a, world_b);
+        return Ok(RunDiff { diff, all_ranks, world_size_a, world_size_b, rank, replicas, cause, shards: None });
     }
     let options = DiffOptions { replicated_state_only: true, ..options.clone() };
-    let diff =
-        diff_traces_with(&mut TraceReader::open(&streams_a[0])?, &mut TraceReader::open(&streams_b[0])?, &options)?;
+    let (mut shards_a, mut shards_b) = (Assembler::open(&streams_a)?, Assembler::open(&streams_b)?);
+    let diff = diff_assembling(
+        &mut TraceReader::open(&streams_a[0])?,
+        Some(&mut shards_a),
+        &mut TraceReader::open(&streams_b[0])?,
+        Some(&mut shards_b),
+        &options,
+    )?;
+    // Each assembler holds the comparison's count of what was left out.
+    let (assembled, left_out) =
+        [&shards_a, &shards_b].into_iter().fold((0, 0), |(made, out), s| (made + s.assembled, s.left_out.max(out)));
+    let shards = (!same_sharding).then_some(ShardComparison { assembled, left_out });
     let cause = match &diff.first_divergence {
         Some(d) if d.kind == TensorKind::Gradient => {
             Some(split_cause(d.step, &d.tensor, &[(a, &streams_a), (b, &streams_b)])?)
         }
         _ => None,
     };
-    Ok(RunDiff { diff, all_ranks: None, world_size_a: world_a, world_size_b: world_b, rank: None, replicas, cause })
+    let (world_size_a, world_size_b) = (world_a, world_b);
+    Ok(RunDiff { diff, all_ranks: None, world_size_a, world_size_b, rank: None, replicas, cause, shards })
+}
+
+/// The shard layout of the first step of the trace `dir` (empty when it shards nothing).
+fn first_layout(dir: &Path) -> Result<Layout, TraceError> {
+    Ok(TraceReader::open(dir)?.next_step()?.map(|s| layout_of(&s)).unwrap_or_default())
 }
 
 /// Diffs rank `r` of A with rank `r` of B for every rank; returns the diff of the rank that
@@ -518,12 +576,12 @@ mod tests {
         stream_declaring(dir, rank, world, declared, steps)
     }
 
-    /// `stream`, whose header declares `declared` steps (a rank that finished early).
-    fn stream_declaring(dir: &Path, rank: u64, world: u64, declared: u64, steps: Vec<Vec<T>>) {
-        let header = Header {
+    /// The header of rank `rank` of `world` (a single device when `world` is 1), of `steps` steps.
+    fn rank_header(rank: u64, world: u64, steps: u64) -> Header {
+        Header {
             format: CURRENT_FORMAT,
             producer: "test".into(),
-            run: RunConfig { workload: "synthetic".into(), steps: Some(declared), params: Default::default() },
+            run: RunConfig { workload: "synthetic".into(), steps: Some(steps), params: Default::default() },
             environment: Default::default(),
             capture: CapturePolicy::default(),
             distributed: (world > 1).then(|| Distributed {
@@ -532,8 +590,12 @@ mod tests {
                 backend: "file".into(),
                 backend_version: String::new(),
             }),
-        };
-        let mut w = TraceWriter::create(dir, &header, false).unwrap();
+        }
+    }
+
+    /// `stream`, whose header declares `declared` steps (a rank that finished early).
+    fn stream_declaring(dir: &Path, rank: u64, world: u64, declared: u64, steps: Vec<Vec<T>>) {
+        let mut w = TraceWriter::create(dir, &rank_header(rank, world, declared), false).unwrap();
         for (step, tensors) in steps.into_iter().enumerate() {
             let records = tensors
                 .into_iter()
@@ -567,6 +629,97 @@ mod tests {
             stream(&dir.join(format!("rank-{rank}")), rank as u64, 2, vec![step]);
         }
         dir.to_path_buf()
+    }
+
+    /// An FSDP-style run in `dir`: `world` ranks, each holding its rows of the 4 x 2 weight `w`
+    /// (values 0 to 7) and of its gradient (values / 8, with `nudge` ULPs added to element
+    /// `nudge_at`), as shards, with values stored when `stored`; `offsets` moves rank 1's block.
+    /// (A world of one records shards of its whole when `world` is 0.)
+    fn sharded_run(dir: &Path, world: u64, stored: bool, rank1_at: Option<u64>, nudge: (usize, u32)) -> PathBuf {
+        let (world, sharded) = (world.max(1), world != 1);
+        let w: Vec<f32> = (0..8).map(|v| v as f32).collect();
+        let mut g: Vec<f32> = w.iter().map(|v| v / 8.0 + 1.0).collect();
+        g[nudge.0] = up(g[nudge.0], nudge.1);
+        let rows = 4 / world;
+        for rank in 0..world {
+            let first = if rank == 1 { rank1_at.unwrap_or(rows) } else { rank * rows };
+            let block = |all: &[f32]| all[(first * 2) as usize..((first + rows) * 2) as usize].to_vec();
+            let stream_dir = if world > 1 { dir.join(format!("rank-{rank}")) } else { dir.to_path_buf() };
+            let mut writer = TraceWriter::create(&stream_dir, &rank_header(rank, world, 1), false).unwrap();
+            // And the one-row `b`, whole on rank 0, an empty shard on the others.
+            let b: Vec<f32> = if rank == 0 { vec![0.5] } else { Vec::new() };
+            let (b_rows, b_first) = (b.len() as u64, rank.min(1));
+            let records = [
+                ("w", TensorKind::Weight, block(&w), [rows, 2, 4, first]),
+                ("w.grad", TensorKind::Gradient, block(&g), [rows, 2, 4, first]),
+                ("b", TensorKind::Weight, b, [b_rows, 1, 1, b_first]),
+            ]
+            .into_iter()
+            .map(|(name, kind, values, [rows, cols, whole, first])| {
+                let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+                let shape = vec![rows, cols];
+                let shard = sharded.then(|| repro_trace::ShardOf { whole: vec![whole, cols], offset: vec![first, 0] });
+                let inline = stored.then(|| bytes.clone());
+                let record =
+                    TensorRecord { shard, inline, ..TensorRecord::of_bytes(name, kind, DType::F32, shape, &bytes) };
+                StepTensor { record, payload: None }
+            })
+            .collect();
+            writer.write_step(0, records).unwrap();
+            writer.finish().unwrap();
+        }
+        dir.to_path_buf()
+    }
+
+    #[test]
+    fn shards_are_checked_to_tile_their_whole_instead_of_against_rank_0() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = sharded_run(&dir.path().join("fsdp"), 2, false, None, (0, 0));
+        let report = check_replicas(&run, &rank_streams(&run).unwrap().unwrap()).unwrap();
+        assert!(report.passed(), "{report:?}");
+        assert_eq!((report.tensors_checked, report.shards_checked), (0, 3), "shards are no replicas");
+        // Rank 1's block moved up a row: rows 1 and 2 where rows 2 and 3 belong.
+        let skewed = sharded_run(&dir.path().join("skewed"), 2, false, Some(1), (0, 0));
+        let report = check_replicas(&skewed, &rank_streams(&skewed).unwrap().unwrap()).unwrap();
+        let drift = report.drift.unwrap();
+        assert_eq!((drift.step, drift.tensor.as_str()), (0, "w"));
+        let why = drift.shards.unwrap();
+        assert!(why.contains("do not tile") && why.contains("overlap"), "{why}");
+    }
+
+    #[test]
+    fn runs_sharded_differently_compare_whole_tensors_where_values_were_stored() {
+        let dir = tempfile::tempdir().unwrap();
+        let single = sharded_run(&dir.path().join("single"), 1, true, None, (0, 0));
+        let fsdp = sharded_run(&dir.path().join("fsdp"), 2, true, None, (0, 0));
+        let diff = diff_runs(&single, &fsdp, &DiffOptions::default()).unwrap();
+        assert!(diff.is_identical(), "{diff:?}");
+        assert_eq!(diff.shards, Some(ShardComparison { assembled: 3, left_out: 0 }));
+        assert_eq!(diff.diff.tensors_compared, 3);
+        // One ULP in rank 1's rows of the gradient: found in the whole, at its element.
+        let nudged = sharded_run(&dir.path().join("nudged"), 2, true, None, (5, 1));
+        let diff = diff_runs(&single, &nudged, &DiffOptions::default()).unwrap();
+        let first = diff.diff.first_divergence.clone().unwrap();
+        assert_eq!((first.tensor.as_str(), first.metrics.unwrap().max_ulp), ("w.grad", 1), "{first:?}");
+        // Four ranks against two: both assembled.
+        let four = sharded_run(&dir.path().join("four"), 4, true, None, (0, 0));
+        let diff = diff_runs(&four, &fsdp, &DiffOptions::default()).unwrap();
+        assert!(diff.is_identical() && diff.shards.unwrap().assembled == 6, "{diff:?}");
+        // Same world size, same sharding: shard by shard, rank by rank.
+        let again = sharded_run(&dir.path().join("again"), 2, false, None, (0, 0));
+        let diff = diff_runs(&fsdp, &again, &DiffOptions::default()).unwrap();
+        assert!(diff.is_identical() && diff.shards.is_none() && diff.rank == Some(0), "{diff:?}");
+        // Hashes only: nothing to assemble, left out and said so.
+        let diff = diff_runs(&single, &again, &DiffOptions::default()).unwrap();
+        assert_eq!(diff.shards, Some(ShardComparison { assembled: 0, left_out: 2 }));
+        // (`b` is whole on rank 0, which holds all of it: compared by its hash.)
+        assert_eq!((diff.diff.tensors_compared, diff.diff.not_compared), (1, 2));
+        assert!(diff.diff.warnings.iter().any(|w| w.contains("2 sharded tensor record(s) were not compared")));
+        // FSDP on one rank holds each whole as its one shard: compared by hash, nothing left out.
+        let alone = sharded_run(&dir.path().join("alone"), 0, false, None, (0, 0));
+        let hashes = sharded_run(&dir.path().join("hashes"), 1, false, None, (0, 0));
+        let diff = diff_runs(&alone, &hashes, &DiffOptions::default()).unwrap();
+        assert!(diff.is_identical() && diff.diff.tensors_compared == 3 && diff.diff.not_compared == 0, "{diff:?}");
     }
 
     #[test]

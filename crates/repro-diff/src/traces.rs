@@ -9,6 +9,7 @@ use crate::divergence::Divergence;
 use crate::metrics::{compare_values, TensorMetrics};
 use crate::names::{NameMap, Run};
 use crate::root_cause::{analyze, Entry, RootCause};
+use crate::shards::Assembler;
 use crate::tolerance::Tolerance;
 use repro_trace::{
     Completeness, Header, MissingGradient, MissingGradients, RunConfig, StepRecord, TensorKind, TensorRecord,
@@ -299,6 +300,18 @@ pub fn diff_traces_with(
     b: &mut TraceReader,
     options: &DiffOptions,
 ) -> Result<TraceDiff, TraceError> {
+    diff_assembling(a, None, b, None, options)
+}
+
+/// `diff_traces_with`, where A's and B's shards (format 1.7) are read as the whole tensors an
+/// assembler makes of every rank's (for a run read through its rank 0's stream).
+pub(crate) fn diff_assembling(
+    a: &mut TraceReader,
+    mut shards_a: Option<&mut Assembler>,
+    b: &mut TraceReader,
+    mut shards_b: Option<&mut Assembler>,
+    options: &DiffOptions,
+) -> Result<TraceDiff, TraceError> {
     let tolerance = options.tolerance.clone();
     let mut state = DiffState { tolerance: tolerance.clone(), ..DiffState::default() };
     for name in &options.track {
@@ -308,18 +321,11 @@ pub fn diff_traces_with(
     }
     let (config_differences, environment_differences) = header_differences(a.header(), b.header());
     let (mut missing_a, mut missing_b) = (MissingGradients::default(), MissingGradients::default());
-    let mut read_a = |r: &mut TraceReader| -> Result<Option<StepRecord>, TraceError> {
-        let step = r.next_step()?;
-        step.iter().for_each(|s| missing_a.observe(s));
-        Ok(step)
-    };
-    let mut read_b = |r: &mut TraceReader| -> Result<Option<StepRecord>, TraceError> {
-        let step = r.next_step()?;
-        step.iter().for_each(|s| missing_b.observe(s));
-        Ok(step)
-    };
-    let mut next_a = read_a(a)?;
-    let mut next_b = read_b(b)?;
+    let mut next_a = read_step(a, shards_a.as_deref_mut(), &mut missing_a)?;
+    let mut next_b = read_step(b, shards_b.as_deref_mut(), &mut missing_b)?;
+    // Sharded records that could not be made whole, left out of both runs.
+    let mut shards_left_out = 0u64;
+    let assembling = shards_a.is_some() || shards_b.is_some();
     let (mut steps_a, mut steps_b) = (0u64, 0u64);
     // Tensors a `transpose` rule names at steps that keep no values for them: not compared.
     let mut untransposed = 0u64;
@@ -330,6 +336,9 @@ pub fn diff_traces_with(
                 let (mut sa, mut sb) = (next_a.take().unwrap(), next_b.take().unwrap());
                 if options.replicated_state_only {
                     (sa, sb) = (replicated_state(sa), replicated_state(sb));
+                }
+                if assembling {
+                    shards_left_out += leave_out_shards(&mut sa, &mut sb);
                 }
                 let mut left_out = Vec::new();
                 let mut sa = ComparedStep::new(sa, &options.names, Run::A, a, &mut left_out)?;
@@ -348,18 +357,18 @@ pub fn diff_traces_with(
                 state.compare_step(a, &sa, b, &sb)?;
                 steps_a += 1;
                 steps_b += 1;
-                next_a = read_a(a)?;
-                next_b = read_b(b)?;
+                next_a = read_step(a, shards_a.as_deref_mut(), &mut missing_a)?;
+                next_b = read_step(b, shards_b.as_deref_mut(), &mut missing_b)?;
             }
             (Some(sa), sb) if sb.as_ref().is_none_or(|sb| sa.step < sb.step) => {
                 state.missing_step("b", sa.step);
                 steps_a += 1;
-                next_a = read_a(a)?;
+                next_a = read_step(a, shards_a.as_deref_mut(), &mut missing_a)?;
             }
             (_, Some(sb)) => {
                 state.missing_step("a", sb.step);
                 steps_b += 1;
-                next_b = read_b(b)?;
+                next_b = read_step(b, shards_b.as_deref_mut(), &mut missing_b)?;
             }
             (Some(_), None) => unreachable!("handled by the arm above"),
         }
@@ -369,6 +378,16 @@ pub fn diff_traces_with(
         warnings.push(format!(
             "the name map transposes {untransposed} tensor record(s) at steps that keep only their hashes: those were not \
              compared (record those steps with full values, `--capture`, to compare them)"
+        ));
+    }
+    for shards in [shards_a, shards_b].into_iter().flatten() {
+        shards.left_out = shards_left_out;
+    }
+    if shards_left_out > 0 {
+        warnings.push(format!(
+            "{shards_left_out} sharded tensor record(s) were not compared: the runs shard them differently, and a whole \
+             tensor is assembled from its shards only where every rank stored the values (its hash cannot be derived \
+             from theirs); record with full values (`--capture`) at those steps to compare whole tensors"
         ));
     }
     if state.views_unmatched > 0 {
@@ -386,7 +405,7 @@ pub fn diff_traces_with(
         tensors_within_tolerance: state.within,
         largest_within_tolerance: state.largest_within,
         hash_only_differences: state.hash_only,
-        not_compared: state.views_unmatched,
+        not_compared: state.views_unmatched + shards_left_out,
         a: side(a, steps_a, missing_a.finish()),
         b: side(b, steps_b, missing_b.finish()),
         config_differences,
@@ -401,6 +420,31 @@ pub fn diff_traces_with(
         structure: state.structure,
         gaps: gap_series(state.gaps),
     })
+}
+
+/// The next step of `reader`, noted in `missing`, its shards made whole where `shards` can.
+fn read_step(
+    reader: &mut TraceReader,
+    shards: Option<&mut Assembler>,
+    missing: &mut MissingGradients,
+) -> Result<Option<StepRecord>, TraceError> {
+    let step = reader.next_step()?;
+    step.iter().for_each(|s| missing.observe(s));
+    match (step, shards) {
+        (Some(step), Some(shards)) => shards.assemble(reader, step).map(Some),
+        (step, _) => Ok(step),
+    }
+}
+
+/// Leaves out of both steps every tensor that either still records as a shard (an assembler
+/// could not make it whole); returns how many names it left out.
+fn leave_out_shards(a: &mut StepRecord, b: &mut StepRecord) -> u64 {
+    let names: BTreeSet<String> =
+        a.tensors.iter().chain(&b.tensors).filter(|t| t.shard.is_some()).map(|t| t.name.clone()).collect();
+    for step in [a, b] {
+        step.tensors.retain(|t| !names.contains(&t.name));
+    }
+    names.len() as u64
 }
 
 /// `step` with only the tensors replicas share with a run of any world size (see

@@ -36,6 +36,19 @@ pub fn render_run_diff_with(r: &RunDiff, text: &DiffText) -> String {
             "data-parallel: A on {a}, B on {b}: compared are the parameters and the summed gradients (each rank computes its batch, graph and loss from its share of the batch)"
         ),
     };
+    if let Some(s) = &r.shards {
+        let _ = writeln!(
+            out,
+            "sharded: A and B shard tensors differently; compared are whole tensors assembled from every rank's shards \
+             ({} assembled{})",
+            s.assembled,
+            if s.left_out > 0 {
+                format!(", {} left out: not every rank stored their values", s.left_out)
+            } else {
+                String::new()
+            }
+        );
+    }
     for report in &r.replicas {
         out.push_str(&replica_line(report));
     }
@@ -115,12 +128,25 @@ fn stall_line(run: &str, stall: &Stall) -> String {
 fn replica_drift_line(r: &ReplicaReport) -> String {
     match &r.drift {
         None => format!(
-            "replicas: {} kept identical parameters and gradient sums on all {} ranks at all {} steps {}({} tensors checked against rank 0)\n",
+            "replicas: {} kept identical parameters and gradient sums on all {} ranks at all {} steps {}({} tensors checked against rank 0{})\n",
             r.run,
             r.world_size,
             r.steps_checked,
             if r.unfinished.is_empty() { "" } else { "that every rank holds " },
-            r.tensors_checked
+            r.tensors_checked,
+            if r.shards_checked > 0 {
+                format!("; {} sharded tensors tiled by their ranks' shards", r.shards_checked)
+            } else {
+                String::new()
+            }
+        ),
+        Some(d) if d.shards.is_some() => format!(
+            "SHARD GAP  {}: at step {}, `{}` ({}): {}\n",
+            r.run,
+            d.step,
+            d.tensor,
+            d.kind,
+            d.shards.as_deref().unwrap_or_default()
         ),
         Some(d) => {
             let ranks: Vec<String> = d.ranks.iter().map(u64::to_string).collect();

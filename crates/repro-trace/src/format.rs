@@ -28,7 +28,8 @@ pub struct FormatVersion {
 /// - 1.5: `view`: a captured node that reads an earlier tensor's memory, hashed by that relation
 ///   (`crate::view`).
 /// - 1.6: `source` on any tensor record, not only a captured node's (a hand-recorded op's line).
-pub const CURRENT_FORMAT: FormatVersion = FormatVersion { major: 1, minor: 6 };
+/// - 1.7: `shard`: one rank's block of a tensor sharded across the ranks (`crate::shard`).
+pub const CURRENT_FORMAT: FormatVersion = FormatVersion { major: 1, minor: 7 };
 
 impl FormatVersion {
     /// Whether this build can read a trace written in `self`.

@@ -20,6 +20,7 @@ mod progress;
 mod ranks;
 mod reader;
 mod schema;
+pub mod shard;
 mod summary;
 pub mod view;
 mod writer;
@@ -35,7 +36,7 @@ pub use ranks::rank_streams;
 pub use reader::{Completeness, TensorValues, TraceReader};
 pub use schema::{
     BadCapture, CapturePolicy, Distributed, Environment, Footer, FullCapture, Header, Phase, Record, RunConfig,
-    StepRecord, TensorKind, TensorRecord, ViewOf,
+    ShardOf, StepRecord, TensorKind, TensorRecord, ViewOf,
 };
 pub use summary::{
     bytes, summarize, verify, MissingGradient, MissingGradients, TensorInfo, TraceSummary, Verification,

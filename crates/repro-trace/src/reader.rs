@@ -526,6 +526,10 @@ impl TraceReader {
             }
             crate::view::check(t, view, earlier.get(view.of.as_str()).copied().filter(|o| !std::ptr::eq(*o, t)))?;
         }
+        if let Some(shard) = &t.shard {
+            self.needs_version(1, 7, "`shard`")?;
+            crate::shard::check(t, shard)?;
+        }
         let Some(collective) = &t.collective else { return Ok(()) };
         self.needs_version(1, 3, "`collective`")?;
         if collective != format::ALL_REDUCE_SUM {
@@ -741,6 +745,7 @@ mod tests {
             collective: None,
             source: None,
             view: None,
+            shard: None,
         }
     }
 
@@ -949,6 +954,16 @@ mod tests {
         let stray = err(v(5), &[header_in(v(5), None), step_with(sourced(None), None)]);
         assert!(stray.contains("`source` is a captured node's before format 1.6"), "{stray}");
         assert_eq!(err(v(6), &[header_in(v(6), None), step_with(sourced(None), None)]), "");
+        // A shard (1.7) must lie in its whole, and a file before 1.7 has none.
+        let sharded = |offset| TensorRecord {
+            shard: Some(crate::ShardOf { whole: vec![3], offset: vec![offset] }),
+            ..tensor(vec![1], Some(vec![0; 4]), false)
+        };
+        let early = err(v(6), &[header_in(v(6), None), step_with(sharded(2), None)]);
+        assert!(early.contains("`shard` is a key of format 1.7"), "{early}");
+        assert_eq!(err(v(7), &[header_in(v(7), None), step_with(sharded(2), None)]), "");
+        let past = err(v(7), &[header_in(v(7), None), step_with(sharded(3), None)]);
+        assert!(past.contains("corrupt") && past.contains("past the whole"), "{past}");
         let long = TensorRecord { source: Some("x".repeat(5000)), ..sourced(Some(0)) };
         let long = err(v(4), &[header_in(v(4), None), step_with(long, None)]);
         assert!(long.contains("`source` is 5000 bytes"), "{long}");

@@ -165,6 +165,21 @@ pub struct TensorRecord {
     /// tensor's (`crate::view`), and it stores no values.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub view: Option<ViewOf>,
+    /// For one rank's shard of a tensor sharded across the ranks of a run (format 1.7): the
+    /// whole tensor's shape and where this block sits in it. The record's name, kind and dtype
+    /// are the whole tensor's; its shape, hash and values are the block's (`crate::shard`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard: Option<ShardOf>,
+}
+
+/// Where a shard sits in its whole tensor: the block of the record's own shape whose first
+/// element is at `offset` (one index per dimension) of a tensor of shape `whole`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardOf {
+    /// The whole tensor's dimensions, outermost first.
+    pub whole: Vec<u64>,
+    /// The block's first index along each dimension of `whole`.
+    pub offset: Vec<u64>,
 }
 
 /// What a view reads: element `offset + sum(index[i] * strides[i])` of `of`'s elements in
@@ -183,7 +198,7 @@ pub struct ViewOf {
 impl TensorRecord {
     /// The record of a tensor of `bytes` (row-major, little-endian), hashed canonically, that
     /// says nothing more: no inline values, no payload, phase, inputs, graph node, collective,
-    /// source or view. Set those with struct update syntax where they apply.
+    /// source, view or shard. Set those with struct update syntax where they apply.
     pub fn of_bytes(name: impl Into<String>, kind: TensorKind, dtype: DType, shape: Vec<u64>, bytes: &[u8]) -> Self {
         TensorRecord {
             name: name.into(),
@@ -199,6 +214,7 @@ impl TensorRecord {
             collective: None,
             source: None,
             view: None,
+            shard: None,
         }
     }
 
