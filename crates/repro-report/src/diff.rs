@@ -72,7 +72,26 @@ pub(crate) fn render_diff_unless(d: &TraceDiff, disagreement: Option<&str>, text
     out
 }
 
+/// The whole report: what was compared, the verdict, then (for runs that diverged) where, why,
+/// and the tables `text` asks for.
 fn write_diff(out: &mut String, d: &TraceDiff, disagreement: Option<&str>, text: &DiffText) -> fmt::Result {
+    write_preamble(out, d)?;
+    let Some(first) = &d.first_divergence else {
+        return write_agreement(out, d, disagreement, text);
+    };
+    write_first_divergence(out, d, first, text)?;
+    if text.brief {
+        if !d.structure.is_empty() {
+            writeln!(out, "\nstructure differs:")?;
+            write_structure(out, &d.structure, text)?;
+        }
+        return Ok(());
+    }
+    write_tables(out, d, text)
+}
+
+/// The traces compared, the warnings, the settings that differ and what a tolerance allows.
+fn write_preamble(out: &mut String, d: &TraceDiff) -> fmt::Result {
     write_side(out, "A", &d.a)?;
     write_side(out, "B", &d.b)?;
     for warning in &d.warnings {
@@ -93,55 +112,64 @@ fn write_diff(out: &mut String, d: &TraceDiff, disagreement: Option<&str>, text:
             d.hash_only_differences
         )?;
     }
-    let Some(first) = &d.first_divergence else {
-        let unfinished: Vec<&str> =
-            [("A", &d.a), ("B", &d.b)].into_iter().filter(|(_, side)| !side.complete).map(|(label, _)| label).collect();
-        if let (Some(line), true) = (disagreement, d.structure.is_empty()) {
-            writeln!(out, "{line}")?;
-        } else if !unfinished.is_empty() && d.structure.is_empty() {
-            writeln!(
-                out,
-                "INCOMPLETE  {} steps, {} tensors compared bit-exact, but {} did not finish (see above): later steps \
-                 were never compared",
-                d.steps_compared,
-                d.tensors_compared,
-                unfinished.join(" and ")
-            )?;
-        } else if let (Some(t), true) = (&d.tolerance, d.structure.is_empty()) {
-            let largest = match &d.largest_within_tolerance {
-                Some(l) => format!(
-                    "; largest: `{}` at step {}, {}",
-                    l.tensor,
-                    l.step,
-                    divergence_metrics(l, text.missing_values())
-                ),
-                None => String::new(),
-            };
-            writeln!(
-                out,
-                "WITHIN TOLERANCE  {t}: {} steps, {} tensors compared, {} differ within it{largest}",
-                d.steps_compared, d.tensors_compared, d.tensors_within_tolerance
-            )?;
-        } else if d.structure.is_empty() {
-            let left_out = match d.not_compared {
-                0 => String::new(),
-                n => format!("; {n} tensor record(s) could not be compared (see the warning above)"),
-            };
-            writeln!(
-                out,
-                "IDENTICAL  {} steps, {} tensors compared, bit-exact{left_out}",
-                d.steps_compared, d.tensors_compared
-            )?;
-        } else {
-            writeln!(
-                out,
-                "DIVERGED  in structure: {} steps and {} tensors compared bit-exact, but the traces recorded different things",
-                d.steps_compared, d.tensors_compared
-            )?;
-            write_structure(out, &d.structure, text)?;
-        }
-        return Ok(());
-    };
+    Ok(())
+}
+
+/// The verdict of traces with no value that differs: the caller's `disagreement`, INCOMPLETE,
+/// WITHIN TOLERANCE, IDENTICAL, or DIVERGED in structure (with what differs).
+fn write_agreement(out: &mut String, d: &TraceDiff, disagreement: Option<&str>, text: &DiffText) -> fmt::Result {
+    let unfinished: Vec<&str> =
+        [("A", &d.a), ("B", &d.b)].into_iter().filter(|(_, side)| !side.complete).map(|(label, _)| label).collect();
+    if let (Some(line), true) = (disagreement, d.structure.is_empty()) {
+        writeln!(out, "{line}")?;
+    } else if !unfinished.is_empty() && d.structure.is_empty() {
+        writeln!(
+            out,
+            "INCOMPLETE  {} steps, {} tensors compared bit-exact, but {} did not finish (see above): later steps \
+             were never compared",
+            d.steps_compared,
+            d.tensors_compared,
+            unfinished.join(" and ")
+        )?;
+    } else if let (Some(t), true) = (&d.tolerance, d.structure.is_empty()) {
+        let largest = match &d.largest_within_tolerance {
+            Some(l) => format!(
+                "; largest: `{}` at step {}, {}",
+                l.tensor,
+                l.step,
+                divergence_metrics(l, text.missing_values())
+            ),
+            None => String::new(),
+        };
+        writeln!(
+            out,
+            "WITHIN TOLERANCE  {t}: {} steps, {} tensors compared, {} differ within it{largest}",
+            d.steps_compared, d.tensors_compared, d.tensors_within_tolerance
+        )?;
+    } else if d.structure.is_empty() {
+        let left_out = match d.not_compared {
+            0 => String::new(),
+            n => format!("; {n} tensor record(s) could not be compared (see the warning above)"),
+        };
+        writeln!(
+            out,
+            "IDENTICAL  {} steps, {} tensors compared, bit-exact{left_out}",
+            d.steps_compared, d.tensors_compared
+        )?;
+    } else {
+        writeln!(
+            out,
+            "DIVERGED  in structure: {} steps and {} tensors compared bit-exact, but the traces recorded different things",
+            d.steps_compared, d.tensors_compared
+        )?;
+        write_structure(out, &d.structure, text)?;
+    }
+    Ok(())
+}
+
+/// The first divergence: the verdict line, a graph that changed before it, its metrics, what the
+/// settings say of it, its root cause, and how many tensors differ.
+fn write_first_divergence(out: &mut String, d: &TraceDiff, first: &Divergence, text: &DiffText) -> fmt::Result {
     match &d.tolerance {
         Some(t) => {
             writeln!(
@@ -217,14 +245,12 @@ fn write_diff(out: &mut String, d: &TraceDiff, disagreement: Option<&str>, text:
         out,
         "{} of {} tensors differ over {} common steps",
         d.tensors_diverged, d.tensors_compared, d.steps_compared
-    )?;
-    if text.brief {
-        if !d.structure.is_empty() {
-            writeln!(out, "\nstructure differs:")?;
-            write_structure(out, &d.structure, text)?;
-        }
-        return Ok(());
-    }
+    )
+}
+
+/// The tables of a diverged comparison: the first divergent step by kind, every tensor, the
+/// error's growth, and what differs in structure.
+fn write_tables(out: &mut String, d: &TraceDiff, text: &DiffText) -> fmt::Result {
     if !d.first_divergence_by_kind.is_empty() {
         writeln!(out, "\nfirst divergent step by kind:")?;
         let mut kinds: Vec<_> = d.first_divergence_by_kind.iter().collect();
@@ -559,6 +585,85 @@ pub fn structure_line(item: &StructuralDifference) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A diff of two complete traces that agree on `tensors` tensors over 3 steps.
+    fn agreeing(tensors: u64) -> TraceDiff {
+        let side = |path: &str| TraceSide {
+            path: path.into(),
+            workload: "adder".into(),
+            steps: 3,
+            complete: true,
+            incomplete_reason: None,
+            no_gradient: Vec::new(),
+        };
+        TraceDiff {
+            a: side("runs/a"),
+            b: side("runs/b"),
+            config_differences: Vec::new(),
+            environment_differences: Vec::new(),
+            steps_compared: 3,
+            tensors_compared: tensors,
+            tensors_diverged: 0,
+            first_divergence: None,
+            root_cause: None,
+            tensors: Vec::new(),
+            first_divergence_by_kind: Default::default(),
+            structure: Vec::new(),
+            warnings: Vec::new(),
+            tolerance: None,
+            tensors_within_tolerance: 0,
+            largest_within_tolerance: None,
+            hash_only_differences: 0,
+            not_compared: 0,
+            gaps: Vec::new(),
+        }
+    }
+
+    fn agreement(d: &TraceDiff, disagreement: Option<&str>) -> String {
+        let mut out = String::new();
+        write_agreement(&mut out, d, disagreement, &DiffText::default()).unwrap();
+        out
+    }
+
+    #[test]
+    fn traces_that_agree_get_one_verdict_line_saying_how_sure_it_is() {
+        let d = agreeing(12);
+        assert_eq!(agreement(&d, None), "IDENTICAL  3 steps, 12 tensors compared, bit-exact\n");
+        let left_out = TraceDiff { not_compared: 2, ..agreeing(12) };
+        assert!(agreement(&left_out, None)
+            .ends_with("bit-exact; 2 tensor record(s) could not be compared (see the warning above)\n"));
+        // A trace that did not finish is never IDENTICAL, and the caller's line wins over both.
+        let mut cut = agreeing(12);
+        cut.b.complete = false;
+        assert!(agreement(&cut, None)
+            .starts_with("INCOMPLETE  3 steps, 12 tensors compared bit-exact, but B did not finish"));
+        assert_eq!(agreement(&cut, Some("INCOMPLETE  rank 1")), "INCOMPLETE  rank 1\n");
+        let within =
+            TraceDiff { tolerance: Some("ulp:2".parse().unwrap()), tensors_within_tolerance: 4, ..agreeing(12) };
+        assert!(agreement(&within, None).starts_with("WITHIN TOLERANCE  ulp:2: 3 steps, 12 tensors compared, 4 differ"));
+        // Structure that differs is a divergence, whatever the values say, and is listed.
+        let missing = StructuralDifference::MissingTensor {
+            tensor: "w.grad".into(),
+            missing_in: "b".into(),
+            first_step: 1,
+            steps: 2,
+        };
+        let structure = TraceDiff { structure: vec![missing], ..agreeing(12) };
+        let text = agreement(&structure, Some("never shown"));
+        assert!(text.starts_with("DIVERGED  in structure") && text.contains("`w.grad` recorded only in A"), "{text}");
+    }
+
+    #[test]
+    fn the_preamble_names_both_traces_and_what_keeps_the_verdict_from_being_sure() {
+        let d =
+            TraceDiff { warnings: vec!["A and B are the same trace".into()], hash_only_differences: 1, ..agreeing(3) };
+        let mut out = String::new();
+        write_preamble(&mut out, &d).unwrap();
+        let lines: Vec<&str> = out.lines().collect();
+        assert!(lines[0].starts_with("A  runs/a") && lines[1].starts_with("B  runs/b"), "{out}");
+        assert_eq!(lines[2], "warning: A and B are the same trace");
+        assert!(out.contains("1 tensor(s) differ where a trace stored only hashes"), "{out}");
+    }
 
     #[test]
     fn the_scale_s_ulps_are_shown_only_where_zero_inflates_max_ulp() {
