@@ -23,7 +23,7 @@ train() {  # train RANKS OUT [ARGS...]: GPT-2 under torchrun
     echo "== plain, $RANKS ranks";   train "$RANKS" --plain
     echo "== a (values at step 0)";  REPRO_CAPTURE=steps:0 train "$RANKS" "$RUNS/a"
     echo "== b (hashes only)";       REPRO_CAPTURE=none train "$RANKS" "$RUNS/b"
-    echo "== tree (values at step 0)"; NCCL_ALGO=Tree NCCL_DEBUG=WARN REPRO_CAPTURE=steps:0 train "$RANKS" "$RUNS/tree"
+    echo "== tree (values at step 0)"; NCCL_ALGO=allreduce:tree NCCL_DEBUG=WARN REPRO_CAPTURE=steps:0 train "$RANKS" "$RUNS/tree"
     echo "== half: $HALF rank(s) (values at step 0)"; REPRO_CAPTURE=steps:0 train "$HALF" "$RUNS/half"
     echo "== plain, again";          train "$RANKS" --plain
     for pair in "a b" "a tree" "half a"; do
