@@ -3,6 +3,7 @@
 //! `verdict` from here, so no command can print one verdict and exit with another.
 
 use crate::ranks::RunDiff;
+use crate::traces::TraceDiff;
 use serde::Serialize;
 
 /// How a comparison of two runs ended.
@@ -48,6 +49,18 @@ impl RunDiff {
             Verdict::Incomplete
         } else {
             Verdict::Diverged
+        }
+    }
+}
+
+impl TraceDiff {
+    /// The verdict on the two traces alone (a run of ranks adds its replicas: `RunDiff::verdict`).
+    pub fn verdict(&self) -> Verdict {
+        match (self.is_identical(), self.agrees_so_far(), &self.tolerance) {
+            (true, _, None) => Verdict::Identical,
+            (true, _, Some(_)) => Verdict::WithinTolerance,
+            (false, true, _) => Verdict::Incomplete,
+            (false, false, _) => Verdict::Diverged,
         }
     }
 }

@@ -3,6 +3,7 @@
 use crate::format::{column_width, missing_gradients, sci, shape};
 use repro_diff::{
     CauseRule, Divergence, FieldDifference, RootCause, StructuralDifference, TensorMetrics, TraceDiff, TraceSide,
+    Verdict,
 };
 use repro_trace::{Phase, TensorKind};
 use std::fmt::{self, Write};
@@ -118,53 +119,63 @@ fn write_preamble(out: &mut String, d: &TraceDiff) -> fmt::Result {
 /// The verdict of traces with no value that differs: the caller's `disagreement`, INCOMPLETE,
 /// WITHIN TOLERANCE, IDENTICAL, or DIVERGED in structure (with what differs).
 fn write_agreement(out: &mut String, d: &TraceDiff, disagreement: Option<&str>, text: &DiffText) -> fmt::Result {
-    let unfinished: Vec<&str> =
-        [("A", &d.a), ("B", &d.b)].into_iter().filter(|(_, side)| !side.complete).map(|(label, _)| label).collect();
     if let (Some(line), true) = (disagreement, d.structure.is_empty()) {
-        writeln!(out, "{line}")?;
-    } else if !unfinished.is_empty() && d.structure.is_empty() {
-        writeln!(
-            out,
-            "INCOMPLETE  {} steps, {} tensors compared bit-exact, but {} did not finish (see above): later steps \
-             were never compared",
-            d.steps_compared,
-            d.tensors_compared,
-            unfinished.join(" and ")
-        )?;
-    } else if let (Some(t), true) = (&d.tolerance, d.structure.is_empty()) {
-        let largest = match &d.largest_within_tolerance {
-            Some(l) => format!(
-                "; largest: `{}` at step {}, {}",
-                l.tensor,
-                l.step,
-                divergence_metrics(l, text.missing_values())
-            ),
-            None => String::new(),
-        };
-        writeln!(
-            out,
-            "WITHIN TOLERANCE  {t}: {} steps, {} tensors compared, {} differ within it{largest}",
-            d.steps_compared, d.tensors_compared, d.tensors_within_tolerance
-        )?;
-    } else if d.structure.is_empty() {
-        let left_out = match d.not_compared {
-            0 => String::new(),
-            n => format!("; {n} tensor record(s) could not be compared (see the warning above)"),
-        };
-        writeln!(
-            out,
-            "IDENTICAL  {} steps, {} tensors compared, bit-exact{left_out}",
-            d.steps_compared, d.tensors_compared
-        )?;
-    } else {
-        writeln!(
-            out,
-            "DIVERGED  in structure: {} steps and {} tensors compared bit-exact, but the traces recorded different things",
-            d.steps_compared, d.tensors_compared
-        )?;
-        write_structure(out, &d.structure, text)?;
+        return writeln!(out, "{line}");
     }
-    Ok(())
+    match d.verdict() {
+        Verdict::Incomplete => {
+            let unfinished: Vec<&str> = [("A", &d.a), ("B", &d.b)]
+                .into_iter()
+                .filter(|(_, side)| !side.complete)
+                .map(|(label, _)| label)
+                .collect();
+            writeln!(
+                out,
+                "INCOMPLETE  {} steps, {} tensors compared bit-exact, but {} did not finish (see above): later steps \
+                 were never compared",
+                d.steps_compared,
+                d.tensors_compared,
+                unfinished.join(" and ")
+            )
+        }
+        Verdict::WithinTolerance => {
+            let t = d.tolerance.as_ref().expect("a verdict within a tolerance has one");
+            let largest = match &d.largest_within_tolerance {
+                Some(l) => format!(
+                    "; largest: `{}` at step {}, {}",
+                    l.tensor,
+                    l.step,
+                    divergence_metrics(l, text.missing_values())
+                ),
+                None => String::new(),
+            };
+            writeln!(
+                out,
+                "WITHIN TOLERANCE  {t}: {} steps, {} tensors compared, {} differ within it{largest}",
+                d.steps_compared, d.tensors_compared, d.tensors_within_tolerance
+            )
+        }
+        Verdict::Identical => {
+            let left_out = match d.not_compared {
+                0 => String::new(),
+                n => format!("; {n} tensor record(s) could not be compared (see the warning above)"),
+            };
+            writeln!(
+                out,
+                "IDENTICAL  {} steps, {} tensors compared, bit-exact{left_out}",
+                d.steps_compared, d.tensors_compared
+            )
+        }
+        // No value differs (the caller says so), and so the structure does.
+        Verdict::Diverged => {
+            writeln!(
+                out,
+                "DIVERGED  in structure: {} steps and {} tensors compared bit-exact, but the traces recorded different things",
+                d.steps_compared, d.tensors_compared
+            )?;
+            write_structure(out, &d.structure, text)
+        }
+    }
 }
 
 /// The first divergence: the verdict line, a graph that changed before it, its metrics, what the
