@@ -18,8 +18,6 @@ import torch.distributed as dist
 
 from repro_writer import WriteError
 
-from .tensors import INT_OF_WIDTH
-
 try:
     from torch.distributed.tensor import DTensor, Shard
 except ImportError:  # pragma: no cover (torch before 2.4 has no public DTensor)

@@ -82,17 +82,15 @@ pub fn run(args: DiffArgs) -> Result<Exit, CliError> {
         )
         .into());
     }
-    if let (Some(shards), 0) = (&run.shards, run.diff.tensors_compared) {
-        if shards.left_out > 0 {
-            return Err(format!(
-                "A and B shard their parameters differently (FSDP over other world sizes, or against DDP or one \
-                 device), and {} sharded tensor record(s) keep only hashes: a whole tensor's hash cannot be derived \
-                 from its shards', so nothing could be compared; record both runs with full values (`--capture all`, \
-                 or `steps:N` for the steps to compare)",
-                shards.left_out
-            )
-            .into());
-        }
+    if let (Some(shards), 0) = (run.shards.filter(|s| s.left_out > 0), run.diff.tensors_compared) {
+        return Err(format!(
+            "A and B shard their parameters differently (FSDP over other world sizes, or against DDP or one \
+             device), and {} sharded tensor record(s) keep only hashes: a whole tensor's hash cannot be derived \
+             from its shards', so nothing could be compared; record both runs with full values (`--capture all`, \
+             or `steps:N` for the steps to compare)",
+            shards.left_out
+        )
+        .into());
     }
     let single = run.world_size_a == 1 && run.world_size_b == 1;
     args.plot.write(|| plot_diff(&run.diff))?;

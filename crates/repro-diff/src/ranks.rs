@@ -118,8 +118,7 @@ pub struct ReplicaDrift {
 }
 
 /// Whether a tensor is state every replica must hold identically: a parameter, or the result of
-/// a collective.
-/// A shard is each rank's own block, never a replica.
+/// a collective; never a shard, which is each rank's own block.
 fn replicated(t: &repro_trace::TensorRecord) -> bool {
     t.shard.is_none() && (t.kind == TensorKind::Weight || t.collective.is_some())
 }
@@ -361,9 +360,8 @@ pub fn diff_runs(a: &Path, b: &Path, options: &DiffOptions) -> Result<RunDiff, T
         Some(&mut shards_b),
         &options,
     )?;
-    // Each assembler holds the comparison's count of what was left out.
-    let (assembled, left_out) =
-        [&shards_a, &shards_b].into_iter().fold((0, 0), |(made, out), s| (made + s.assembled, s.left_out.max(out)));
+    // The comparison gives each assembler its count of what was left out of both runs.
+    let (assembled, left_out) = (shards_a.assembled + shards_b.assembled, shards_a.left_out);
     let shards = (!same_sharding).then_some(ShardComparison { assembled, left_out });
     let cause = match &diff.first_divergence {
         Some(d) if d.kind == TensorKind::Gradient => {

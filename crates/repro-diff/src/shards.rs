@@ -9,12 +9,11 @@ use repro_trace::{StepRecord, TensorKind, TensorRecord, TraceError, TraceReader}
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-/// Where one sharded tensor's blocks sit at a step: its name, kind, dtype, whole shape and every
+/// Where one sharded tensor's blocks sit at a step: its name, dtype, whole shape and every
 /// rank's block, in rank order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct ShardedTensor {
     pub name: String,
-    pub kind: TensorKind,
     pub dtype: DType,
     pub whole: Vec<u64>,
     pub blocks: Vec<Block>,
@@ -69,13 +68,7 @@ fn sharded_tensor(by_name: &[BTreeMap<&str, &TensorRecord>], first: &TensorRecor
     if let Some(reason) = tiling_gap(&shard.whole, &blocks) {
         return Err(gap(format!("its shards do not tile it: {reason}")));
     }
-    Ok(ShardedTensor {
-        name: first.name.clone(),
-        kind: first.kind,
-        dtype: first.dtype,
-        whole: shard.whole.clone(),
-        blocks,
-    })
+    Ok(ShardedTensor { name: first.name.clone(), dtype: first.dtype, whole: shard.whole.clone(), blocks })
 }
 
 /// A step's shards as a comparable key: each sharded record's name, whole, offset and shape,
@@ -170,6 +163,45 @@ impl Assembler {
             .collect();
         Ok(step)
     }
+
+    /// The whole's row-major bytes, when every rank stored its shard's values (asked first, so
+    /// that a hash-only step allocates nothing).
+    fn whole_bytes(
+        &mut self,
+        rank0: &mut TraceReader,
+        step: &StepRecord,
+        theirs: &[Option<StepRecord>],
+        s: &ShardedTensor,
+    ) -> Result<Option<Vec<u8>>, TraceError> {
+        // The step each block's rank recorded.
+        let record_of = |rank: u64| -> &StepRecord {
+            match rank {
+                0 => step,
+                r => theirs[r as usize - 1].as_ref().expect("every rank's step"),
+            }
+        };
+        fn shard_in<'r>(record: &'r StepRecord, name: &str) -> &'r TensorRecord {
+            record.tensors.iter().find(|t| t.name == name).expect("the rank's shard")
+        }
+        let stored = s.blocks.iter().all(|b| {
+            let reader = if b.rank == 0 { &*rank0 } else { &self.others[b.rank as usize - 1] };
+            let record = record_of(b.rank);
+            reader.has_values(record, shard_in(record, &s.name))
+        });
+        if !stored {
+            return Ok(None);
+        }
+        let size = s.dtype.size_in_bytes();
+        let numel: u64 = s.whole.iter().product();
+        let mut bytes = vec![0u8; numel as usize * size];
+        for block in &s.blocks {
+            let reader = if block.rank == 0 { &mut *rank0 } else { &mut self.others[block.rank as usize - 1] };
+            let record = record_of(block.rank);
+            let Some(values) = reader.values(record, shard_in(record, &s.name))? else { return Ok(None) };
+            place(&mut bytes, &s.whole, size, block, &values.bytes);
+        }
+        Ok(Some(bytes))
+    }
 }
 
 /// A shard that is all of its whole (a world of one, or a tensor too small to split) as the
@@ -179,29 +211,4 @@ fn whole_already(mut t: TensorRecord) -> TensorRecord {
         t.shard = None;
     }
     t
-}
-
-impl Assembler {
-    /// The whole's row-major bytes, when every rank stored its shard's values.
-    fn whole_bytes(
-        &mut self,
-        rank0: &mut TraceReader,
-        step: &StepRecord,
-        theirs: &[Option<StepRecord>],
-        s: &ShardedTensor,
-    ) -> Result<Option<Vec<u8>>, TraceError> {
-        let size = s.dtype.size_in_bytes();
-        let numel: u64 = s.whole.iter().product();
-        let mut bytes = vec![0u8; numel as usize * size];
-        for block in &s.blocks {
-            let (reader, record) = match block.rank {
-                0 => (&mut *rank0, step),
-                r => (&mut self.others[r as usize - 1], theirs[r as usize - 1].as_ref().expect("every rank's step")),
-            };
-            let t = record.tensors.iter().find(|t| t.name == s.name).expect("the rank's shard");
-            let Some(values) = reader.values(record, t)? else { return Ok(None) };
-            place(&mut bytes, &s.whole, size, block, &values.bytes);
-        }
-        Ok(Some(bytes))
-    }
 }

@@ -3,7 +3,7 @@
 //! that differs.
 
 use crate::diff::{render_diff_unless, render_diff_with, DiffText};
-use repro_diff::{DataParallelCause, ReplicaReport, RunDiff, Stall};
+use repro_diff::{DataParallelCause, ReplicaDrift, ReplicaReport, RunDiff, Stall};
 use std::fmt::Write;
 
 /// Renders a run-level diff; for two single-device runs, exactly `render_diff`.
@@ -140,14 +140,9 @@ fn replica_drift_line(r: &ReplicaReport) -> String {
                 String::new()
             }
         ),
-        Some(d) if d.shards.is_some() => format!(
-            "SHARD GAP  {}: at step {}, `{}` ({}): {}\n",
-            r.run,
-            d.step,
-            d.tensor,
-            d.kind,
-            d.shards.as_deref().unwrap_or_default()
-        ),
+        Some(d @ ReplicaDrift { shards: Some(why), .. }) => {
+            format!("SHARD GAP  {}: at step {}, `{}` ({}): {why}\n", r.run, d.step, d.tensor, d.kind)
+        }
         Some(d) => {
             let ranks: Vec<String> = d.ranks.iter().map(u64::to_string).collect();
             format!(

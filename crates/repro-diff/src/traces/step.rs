@@ -39,7 +39,7 @@ pub(super) fn replicated_state(mut step: StepRecord) -> StepRecord {
     // A parameter's gradient is `NAME.grad` for a parameter `NAME` of the step. Other gradients
     // (of predictions, of activations) are per example, and a rank's share of a sum is
     // `NAME.grad.local`.
-    let weights: std::collections::BTreeSet<String> =
+    let weights: BTreeSet<String> =
         step.tensors.iter().filter(|t| t.kind == TensorKind::Weight).map(|t| t.name.clone()).collect();
     step.tensors.retain(|t| match t.kind {
         TensorKind::Weight => true,
