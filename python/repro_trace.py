@@ -97,11 +97,30 @@ class _Bad(Exception):
 
 
 def tensor_hash(dtype: str, shape: list[int], data: bytes) -> str:
-    return tensor_hash_of_data_hash(dtype, shape, blake3.blake3(data).digest())
+    return tensor_hash_of_data_hash(dtype, shape, blake3_digest(data))
+
+
+def blake3_digest(data) -> bytes:
+    """BLAKE3 of a tensor's element bytes: the inner hash of its canonical hash."""
+    return blake3.blake3(data).digest()
+
+
+def tensor_hasher(dtype: str, shape: list[int]):
+    """The BLAKE3 state of a canonical tensor hash after its dtype and shape: update a copy with
+    the inner hash and take its hex digest (`tensor_hash_of_data_hash`, without the lookups)."""
+    return _prefix(b"repro.tensor.v1", dtype, shape).copy()
 
 
 def _hash_of(domain: bytes, dtype: str, shape: list[int], *fields: bytes) -> str:
     """BLAKE3 of a domain, a dtype and a shape as the canonical hashes encode them, then `fields`."""
+    h = _prefix(domain, dtype, shape).copy()
+    for f in fields:
+        h.update(f)
+    return h.hexdigest()
+
+
+def _prefix(domain: bytes, dtype: str, shape: list[int]):
+    """The BLAKE3 state after a domain, a dtype and a shape (not to be updated: copy it)."""
     key = (domain, dtype, tuple(shape))
     prefix = _PREFIXES.get(key)
     if prefix is None:
@@ -110,10 +129,7 @@ def _hash_of(domain: bytes, dtype: str, shape: list[int], *fields: bytes) -> str
         if len(_PREFIXES) >= _MAX_PREFIXES:
             _PREFIXES.clear()
         _PREFIXES[key] = prefix
-    h = prefix.copy()
-    for f in fields:
-        h.update(f)
-    return h.hexdigest()
+    return prefix
 
 
 # The hash states after a domain, dtype and shape, by those: a trace's steps hash the same

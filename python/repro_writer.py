@@ -47,8 +47,8 @@ from repro_trace import (
     TENSORS_DIR,
     parse_capture,
     payload_name,
-    tensor_hash,
-    tensor_hash_of_data_hash,
+    blake3_digest,
+    tensor_hasher,
     view_hash,
     view_within,
 )
@@ -197,6 +197,9 @@ class TraceWriter:
         self._last: Optional[int] = None
         self._steps = 0
         self._checked: set = set()  # records whose checks of themselves alone passed (`_check`)
+        # The last step's layout (`_layout_of` of each record) and its records' encodings.
+        self._layout: Optional[list] = None
+        self._encoded: list = []
         self._prepare(replace)
         header = {
             "type": "header",
@@ -256,7 +259,10 @@ class TraceWriter:
             raise WriteError(f"{self.path} is not empty and holds no trace: record into a new or empty directory")
 
     def _append(self, record: dict) -> None:
-        payload = msgpack.packb(record, use_bin_type=True)
+        self._append_packed(_pack(record))
+
+    def _append_packed(self, payload: bytes) -> None:
+        """Appends one record, already packed, as a frame."""
         if len(payload) > MAX_RECORD_BYTES:
             raise WriteError(f"a record of {len(payload)} bytes exceeds the format's {MAX_RECORD_BYTES}")
         length = struct.pack("<I", len(payload))
@@ -272,67 +278,78 @@ class TraceWriter:
 
     def write_step(self, step: int, tensors: Iterable[Record], no_gradient: Iterable[str] = ()) -> None:
         """Writes one step: each tensor's hash, its bytes inline when small, in the step's payload
-        file when the capture policy keeps this step. Checks everything before writing anything."""
+        file when the capture policy keeps this step. Checks everything before writing anything.
+
+        Steps repeat: a step whose records are laid out as the last one's (the same names, kinds,
+        dtypes, shapes, inputs, nodes, sources...: everything but the values) skips the checks of
+        how its records relate, which the last step passed, and reuses their encoding."""
         if self._last is not None and step <= self._last:
             raise WriteError(f"step {step} follows step {self._last}: steps must increase")
         full = self.wants_full(step)
-        records, payload, seen, digests, owners = [], {}, set(), {}, {}
+        tensors = tensors if isinstance(tensors, list) else list(tensors)
+        layout = [_layout_of(t) for t in tensors]
+        if layout != self._layout:
+            self._check_layout(tensors, step)
+            self._layout, self._encoded = layout, [_EncodedRecord(t) for t in tensors]
+        inline_max, digests, payload = self._inline_max, {}, {}
+        missing = sorted(set(no_gradient))
+        # The step record's map, key by key (`_append` of a dict would pack it alike).
+        parts = [_STEP_OPENINGS[bool(missing)], _pack(step), _PAYLOAD_KEY, _NIL, _TENSORS_KEY,
+                 _PACKER.pack_array_header(len(tensors))]
+        for t, encoded in zip(tensors, self._encoded):
+            data = t.data
+            if t.view is not None:
+                if data is not None:
+                    raise WriteError(f"step {step}, tensor `{t.name}`: a view is a node's, without data, of a tensor "
+                                     "of its dtype recorded earlier in the step")
+                of, offset, strides = t.view
+                digest = view_hash(t.dtype, encoded.shape, digests[of], int(offset), [int(x) for x in strides])
+                parts += (encoded.header, encoded.head, _str64(digest), _NOT_IN_PAYLOAD, encoded.tail)
+                continue
+            if data is None:
+                inner = t.data_hash
+                if not isinstance(inner, (bytes, bytearray)) or len(inner) != 32:
+                    raise WriteError(f"step {step}, tensor `{t.name}`: neither its bytes nor a 32-byte data hash")
+                if full:
+                    raise WriteError(f"step {step}, tensor `{t.name}`: the step stores full values, but only a hash was given")
+            else:
+                if len(data) != encoded.nbytes:
+                    raise WriteError(f"step {step}, tensor `{t.name}`: {len(data)} bytes for {t.dtype} "
+                                     f"{list(encoded.shape)} ({encoded.nbytes} expected)")
+                inner = blake3_digest(data)
+            h = encoded.prefix.copy()
+            h.update(inner)
+            digest = h.hexdigest()
+            digests[t.name] = digest
+            if data is not None and len(data) <= inline_max:
+                parts += (encoded.header_inline, encoded.head, _str64(digest), _INLINE_KEY, _pack(bytes(data)),
+                          _NOT_IN_PAYLOAD, encoded.tail)
+                continue
+            parts += (encoded.header, encoded.head, _str64(digest), _IN_PAYLOAD if full else _NOT_IN_PAYLOAD,
+                      encoded.tail)
+            if full:
+                payload[t.name] = t
+        if missing:
+            parts += (_NO_GRADIENT_KEY, _pack(missing))
+        if payload:
+            name = payload_name(step)
+            parts[3] = _pack(name)
+            self._write_payload(name, payload)
+        self._append_packed(b"".join(parts))
+        if self._first is None:
+            self._first = step
+        self._last = step
+        self._steps += 1
+
+    def _check_layout(self, tensors: list, step: int) -> None:
+        """The checks of a step's records that do not depend on their values: each record alone,
+        and how the records relate (names once, inputs recorded before, collectives, views)."""
+        seen, owners = set(), {}
         for t in tensors:
             self._check(t, seen, owners, step)
             seen.add(t.name)
             if t.view is None:
                 owners[t.name] = t
-            shape = [int(d) for d in t.shape]
-            if t.data is None and full and t.view is None:
-                raise WriteError(f"step {step}, tensor `{t.name}`: the step stores full values, but only a hash was given")
-            if t.view is not None:
-                of, offset, strides = t.view
-                digest = view_hash(t.dtype, shape, digests[of], int(offset), [int(x) for x in strides])
-            elif t.data is None:
-                digest = tensor_hash_of_data_hash(t.dtype, shape, bytes(t.data_hash))
-            else:
-                digest = tensor_hash(t.dtype, shape, t.data)
-            m = {"name": t.name, "kind": t.kind, "dtype": t.dtype, "shape": shape, "hash": digest}
-            if t.view is None:
-                digests[t.name] = digest
-            if t.view is not None:
-                m["in_payload"] = False
-            elif t.data is not None and len(t.data) <= self._inline_max:
-                m["inline"] = bytes(t.data)
-                m["in_payload"] = False
-            else:
-                m["in_payload"] = full
-                if full:
-                    payload[t.name] = t
-            if t.phase is not None:
-                m["phase"] = t.phase
-            if t.inputs:
-                m["inputs"] = list(t.inputs)
-            if t.node is not None:
-                m["node"] = int(t.node)
-            if t.collective is not None:
-                m["collective"] = t.collective
-            if t.source is not None:
-                m["source"] = t.source
-            if t.view is not None:
-                of, offset, strides = t.view
-                m["view"] = {"of": of, "offset": int(offset), "strides": [int(x) for x in strides]}
-            if t.shard is not None:
-                whole, offset = t.shard
-                m["shard"] = {"whole": [int(d) for d in whole], "offset": [int(o) for o in offset]}
-            records.append(m)
-        name = payload_name(step) if payload else None
-        if payload:
-            self._write_payload(name, payload)
-        record = {"type": "step", "step": step, "payload": name, "tensors": records}
-        missing = sorted(set(no_gradient))
-        if missing:
-            record["no_gradient"] = missing
-        self._append(record)
-        if self._first is None:
-            self._first = step
-        self._last = step
-        self._steps += 1
 
     def _check(self, t: Record, seen: set, owners: dict, step: int) -> None:
         where = f"step {step}, tensor `{t.name}`"
@@ -343,13 +360,6 @@ class TraceWriter:
         if alone not in self._checked:
             self._check_alone(t, where)
             self._checked.add(alone)
-        if t.data is None and t.view is None:
-            if not isinstance(t.data_hash, (bytes, bytearray)) or len(t.data_hash) != 32:
-                raise WriteError(f"{where}: neither its bytes nor a 32-byte data hash")
-        elif t.data is not None:
-            expected = DTYPE_SIZES[t.dtype] * math.prod(int(d) for d in t.shape)
-            if len(t.data) != expected:
-                raise WriteError(f"{where}: {len(t.data)} bytes for {t.dtype} {list(t.shape)} ({expected} expected)")
         for i in t.inputs:
             _printable("an input's name", i)
             if i not in seen:
@@ -365,7 +375,7 @@ class TraceWriter:
         if t.view is not None:
             of, offset, strides = t.view
             owner = owners.get(of)
-            if t.node is None or t.data is not None or owner is None or owner.dtype != t.dtype:
+            if t.node is None or owner is None or owner.dtype != t.dtype:
                 raise WriteError(f"{where}: a view is a node's, without data, of a tensor of its dtype recorded "
                                  "earlier in the step")
             elements = math.prod(int(d) for d in owner.shape)
@@ -456,6 +466,66 @@ class TraceWriter:
             json.dump(mark, f)
             f.write("\n")
         os.replace(f"{path}.tmp", path)
+
+
+def _pack(value) -> bytes:
+    return msgpack.packb(value, use_bin_type=True)
+
+
+_PACKER = msgpack.Packer(use_bin_type=True)
+_NIL = _pack(None)
+_PAYLOAD_KEY, _TENSORS_KEY, _INLINE_KEY, _NO_GRADIENT_KEY = (_pack(k) for k in ("payload", "tensors", "inline", "no_gradient"))
+_IN_PAYLOAD, _NOT_IN_PAYLOAD = _pack("in_payload") + _pack(True), _pack("in_payload") + _pack(False)
+# A step record's map header and first key and value, then its `step` key: without and with
+# `no_gradient`.
+_STEP_OPENINGS = {has: _PACKER.pack_map_header(5 if has else 4) + _pack("type") + _pack("step") + _pack("step")
+                  for has in (False, True)}
+
+
+def _str64(digest: str) -> bytes:
+    """A hex digest (64 characters) as msgpack packs it."""
+    return b"\xd9\x40" + digest.encode("ascii")
+
+
+def _layout_of(t: Record) -> tuple:
+    """Everything a record is but its values: what `_check_layout` checks and `_EncodedRecord`
+    encodes."""
+    view = None if t.view is None else (t.view[0], int(t.view[1]), tuple(int(x) for x in t.view[2]))
+    shard = None if t.shard is None else (tuple(int(d) for d in t.shard[0]), tuple(int(o) for o in t.shard[1]))
+    return (t.name, t.kind, t.dtype, tuple(t.shape), t.phase, tuple(t.inputs), t.node, t.source, t.collective, view,
+            shard)
+
+
+class _EncodedRecord:
+    """A step record's tensor map, packed but for its values (section 3.3): its keys before
+    `hash`, and those after `in_payload` (or `inline`); and the hash state after its dtype and
+    shape (section 5)."""
+
+    def __init__(self, t: Record):
+        self.shape = [int(d) for d in t.shape]
+        self.nbytes = DTYPE_SIZES[t.dtype] * math.prod(self.shape)
+        self.prefix = tensor_hasher(t.dtype, self.shape)
+        self.head = b"".join(_pack(x) for x in ("name", t.name, "kind", t.kind, "dtype", t.dtype, "shape", self.shape, "hash"))
+        tail = {}
+        if t.phase is not None:
+            tail["phase"] = t.phase
+        if t.inputs:
+            tail["inputs"] = list(t.inputs)
+        if t.node is not None:
+            tail["node"] = int(t.node)
+        if t.collective is not None:
+            tail["collective"] = t.collective
+        if t.source is not None:
+            tail["source"] = t.source
+        if t.view is not None:
+            of, offset, strides = t.view
+            tail["view"] = {"of": of, "offset": int(offset), "strides": [int(x) for x in strides]}
+        if t.shard is not None:
+            whole, offset = t.shard
+            tail["shard"] = {"whole": [int(d) for d in whole], "offset": [int(o) for o in offset]}
+        self.tail = b"".join(_pack(k) + _pack(v) for k, v in tail.items())
+        keys = 6 + len(tail)  # name, kind, dtype, shape, hash, in_payload
+        self.header, self.header_inline = _PACKER.pack_map_header(keys), _PACKER.pack_map_header(keys + 1)
 
 
 def _environment(e: Environment) -> dict:

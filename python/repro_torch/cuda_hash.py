@@ -155,10 +155,9 @@ class DeviceHasher:
     def _on_legacy_stream(self) -> bool:
         """Whether the program runs on CUDA's legacy default stream; if not, its stream is
         synchronized (the library's streams are not ordered with it)."""
-        stream = torch.cuda.current_stream(self.index)
-        if stream.cuda_stream == 0:
+        if _raw_stream(self.index) == 0:
             return True
-        stream.synchronize()
+        torch.cuda.current_stream(self.index).synchronize()
         return False
 
     def poll(self) -> None:
@@ -207,6 +206,16 @@ class DeviceHasher:
 
     def __del__(self):
         self.close()
+
+
+def _current_stream_handle(index: int) -> int:
+    """The `cudaStream_t` of the current stream on GPU `index` (0: the legacy default stream)."""
+    return torch.cuda.current_stream(index).cuda_stream
+
+
+# The same, without making a `torch.cuda.Stream` on every flush: PyTorch's own raw accessor (what
+# its compiled code calls), where this PyTorch has it.
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or _current_stream_handle
 
 
 def _check_unchanged(record: Record, held: torch.Tensor, version: Optional[int]) -> None:

@@ -20,7 +20,7 @@ from .flushes import MAX_QUEUED, MAX_QUEUED_BYTES, FlushPolicy
 from .perturb import Perturbation
 from .ranks import RankPlace, current_place, perturbs_this_rank
 from .switches import changes, determinism_switches, environment
-from .tensors import canonical_in_place, record_of
+from .tensors import IN_PLACE_DTYPES, canonical_on_device, record_of
 
 # `Recorder(place=AUTO)`: this process's place as torch.distributed says (`ranks.current_place`).
 AUTO = "auto"
@@ -255,7 +255,7 @@ class StepRecorder:
 
     def _queue(self, name, t, kind, phase, inputs, node, source, collective, shard) -> bool:
         """Queues a record; whether its tensor waits to be read on the GPU. (Runs for every
-        tensor of every step: kept to plain attribute reads and positional calls.)"""
+        tensor of every step: each of the tensor's attributes is read once.)"""
         position = None
         if node:
             position, self._nodes = self._nodes, self._nodes + 1
@@ -265,9 +265,10 @@ class StepRecorder:
             self.records.append(record_of(name, kind, t, phase=phase, inputs=inputs, node=position, source=source,
                                           collective=collective, shard=shard))
             return False
+        dtype, shape, address = t.dtype, t.shape, t.data_ptr()
         try:
             version = t._version
-            key = (t.data_ptr(), t.dtype, t.shape, t.stride(), version)
+            key = (address, dtype, shape, t.stride(), version)
         except RuntimeError:  # an inference-mode tensor has no version counter: never repeated
             version, key = None, None
         seen = self.hashed_on_gpu.get(key) or self._previous.get(key) if key is not None else None
@@ -280,8 +281,13 @@ class StepRecorder:
             if key not in self.hashed_on_gpu:
                 self.hashed_on_gpu[key] = seen
             return False
-        dtype, shape, held, own = canonical_in_place(t)
-        record = Record(name, kind, dtype, shape, None, phase, inputs, position, source, None, None, collective,
+        trace_dtype = IN_PLACE_DTYPES.get(dtype)
+        if trace_dtype is not None and t.is_contiguous():
+            held, own, shape = t, True, list(shape)
+        else:
+            trace_dtype, shape, held = canonical_on_device(t)
+            own, address = False, held.data_ptr()
+        record = Record(name, kind, trace_dtype, shape, None, phase, inputs, position, source, None, None, collective,
                         shard)
         self.records.append(record)
         length = held.nbytes
@@ -289,7 +295,7 @@ class StepRecorder:
             record.data = b""
             return False
         # The program's own tensor is checked for changes when read; a copy cannot change.
-        hasher.queue(record, held.data_ptr(), length, length <= self.recorder.inline_max_bytes, held,
+        hasher.queue(record, address, length, length <= self.recorder.inline_max_bytes, held,
                      version if own else None)
         if key is not None:
             self.hashed_on_gpu[key] = (weakref.ref(t), record)

@@ -16,9 +16,9 @@ _DTYPES = {
 if hasattr(torch, "uint32"):
     _DTYPES[torch.uint32] = "U32"
 INT_OF_WIDTH = {2: torch.int16, 4: torch.int32, 8: torch.int64}
-# The dtypes whose memory holds their canonical bytes as it is (`bool` as bytes 0 and 1, as
-# `U8`), on a little-endian host; none on another.
-_IN_PLACE_DTYPES = {**_DTYPES, torch.bool: "U8"} if sys.byteorder == "little" else {}
+# The dtypes whose memory, when contiguous, holds their canonical bytes as it is (`bool` as bytes
+# 0 and 1, as `U8`), on a little-endian host; none on another.
+IN_PLACE_DTYPES = {**_DTYPES, torch.bool: "U8"} if sys.byteorder == "little" else {}
 
 
 def canonical_on_device(t: torch.Tensor) -> tuple[str, list[int], torch.Tensor]:
@@ -34,17 +34,6 @@ def canonical_on_device(t: torch.Tensor) -> tuple[str, list[int], torch.Tensor]:
         raise WriteError("the canonical bytes are little-endian; this host is not")
     flat = t.contiguous().reshape(-1)
     return dtype, list(t.shape), flat.view(torch.uint8) if flat.numel() else flat.new_empty(0, dtype=torch.uint8)
-
-
-def canonical_in_place(t: torch.Tensor) -> tuple[str, list[int], torch.Tensor, bool]:
-    """`canonical_on_device` without a copy where the tensor's own memory already holds its
-    canonical bytes (contiguous, and `bool` stored as bytes 0 and 1, as `U8`): its dtype, shape,
-    the tensor whose memory holds the bytes, and whether that is `t`'s own memory."""
-    dtype = _IN_PLACE_DTYPES.get(t.dtype)
-    if dtype is not None and t.is_contiguous():
-        return dtype, list(t.shape), t, True
-    dtype, shape, flat = canonical_on_device(t)
-    return dtype, shape, flat, False
 
 
 def canonical(t: torch.Tensor) -> tuple[str, list[int], bytes]:

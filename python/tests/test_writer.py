@@ -127,6 +127,54 @@ class WriterTest(unittest.TestCase):
             self.assertIn(says, str(e.exception))
         w.finish()
 
+    def test_steps_laid_out_alike_pack_as_msgpack_does_and_still_check_their_values(self):
+        # A step laid out as the last one reuses its encoding and skips the checks of how its
+        # records relate: every frame must still be exactly msgpack's packing of the record it
+        # decodes to, and every value still checked.
+        import msgpack
+
+        path = os.path.join(self.dir, "alike")
+        w = TraceWriter(path, {"workload": "alike", "steps": 4}, capture="steps:2", inline_max_bytes=8)
+
+        def step(n, data_hash=b"\1" * 32, twice=False):
+            records = [
+                Record("x", "input", "F32", [2], struct.pack("<2f", n, 1)),
+                Record("w", "weight", "F32", [4], None if n != 2 else bytes(16), phase="forward",
+                       data_hash=None if n == 2 else data_hash),
+                Record("y", "op_output", "F32", [2], struct.pack("<2f", n, 2), inputs=["x", "w"], node=0,
+                       source="train.py:7"),
+                Record("s", "weight", "U8", [2], bytes([n, n]), shard=([4], [2])),
+            ]
+            return records + records[:1] if twice else records
+
+        w.write_step(0, step(0))
+        w.write_step(1, step(1))
+        with self.assertRaises(WriteError) as e:
+            w.write_step(2, step(2, twice=True))  # a new layout: checked as a whole again
+        self.assertIn("twice", str(e.exception))
+        with self.assertRaises(WriteError) as e:
+            w.write_step(2, step(1, data_hash=b"\1" * 31))  # the same layout, a bad value
+        self.assertIn("32-byte data hash", str(e.exception))
+        w.write_step(2, step(2))  # full values, `w` in the payload
+        w.write_step(3, step(3))
+        self.assertEqual(w.finish(), 4)
+        with open(os.path.join(path, "records.rpr"), "rb") as f:
+            raw = f.read()
+        at, frames = 12, []
+        while at < len(raw):
+            length = struct.unpack_from("<I", raw, at)[0]
+            frames.append(raw[at + 8 : at + 8 + length])
+            at += 8 + length
+        steps = [msgpack.unpackb(frame, raw=False) for frame in frames[1:-1]]
+        self.assertEqual([s["step"] for s in steps], [0, 1, 2, 3])
+        for frame in frames:
+            self.assertEqual(msgpack.packb(msgpack.unpackb(frame, raw=False), use_bin_type=True), frame)
+        self.assertEqual(steps[2]["payload"], "tensors/step-00000002.safetensors")
+        self.assertEqual([t["in_payload"] for t in steps[2]["tensors"]], [False, True, False, False])
+        self.assertEqual(steps[3]["tensors"][0]["inline"], struct.pack("<2f", 3, 1))
+        run = repro("inspect", path, "--verify")
+        self.assertEqual(run.returncode, 0, run.stdout + run.stderr)
+
     def test_bad_input_is_refused_before_anything_is_written(self):
         path = os.path.join(self.dir, "bad")
         w = TraceWriter(path, {"workload": "bad"}, capture="none")
