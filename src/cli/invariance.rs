@@ -9,7 +9,7 @@ use clap::Args;
 use repro::invariance::{cost, workloads, DEFAULT_BATCH_SIZES};
 use repro::record::open_device;
 use repro::report::{render_forward_cost, render_invariance};
-use repro::workloads::{Workload, WorkloadKind};
+use repro::workloads::{ForwardModel, WorkloadKind};
 
 #[derive(Debug, Args)]
 #[command(mut_arg("plot", |a| a.help(
@@ -78,7 +78,7 @@ pub fn run(args: InvarianceArgs) -> Result<Exit, CliError> {
     let device = open_device(&args.train.device)?;
     let label = &args.train.device;
     if let Some(passes) = args.cost {
-        let Workload::Gpt(config) = &workload else {
+        let Some(ForwardModel::Gpt(config)) = workload.forward_model() else {
             return Err("--cost times the gpt's batch-invariant mode: pass --workload gpt".into());
         };
         let report = cost::gpt_forward_cost(config, &sizes, passes, dtype, &device, label)?;
@@ -98,11 +98,11 @@ pub fn run(args: InvarianceArgs) -> Result<Exit, CliError> {
             chunks: args.chunks.clone().unwrap_or(one_and_a_quarter),
         }
     };
-    let report = match &workload {
-        Workload::Gpt(c) => workloads::gpt(c, &runs(c.context), dtype, &device, label),
-        Workload::Decoder(c) => workloads::decoder(c, &runs(c.tokens), &device, label),
-        _ => {
-            let choices = WorkloadKind::listed(WorkloadKind::checks_invariance).replace(", ", ", --workload ");
+    let report = match workload.forward_model() {
+        Some(ForwardModel::Gpt(c)) => workloads::gpt(c, &runs(c.context), dtype, &device, label),
+        Some(ForwardModel::Decoder(c)) => workloads::decoder(c, &runs(c.tokens), &device, label),
+        None => {
+            let choices = WorkloadKind::listed(|w| w.forward_model().is_some()).replace(", ", ", --workload ");
             let choices = choices.replace(" or ", " or --workload ");
             return Err(format!("invariance checks a model's forward pass: pass --workload {choices}").into());
         }

@@ -8,7 +8,9 @@ use repro::record::open_device;
 use repro::report::{
     plot_cost, plot_devices, plot_noise, plot_order, render_cost, render_devices, render_noise, render_order,
 };
-use repro::study::{run_cost, run_devices, run_noise, run_order, Progress, StudyDir, StudyOut, StudyReport, Subject};
+use repro::study::{
+    run_cost, run_devices, run_noise, run_order, Progress, StudyDir, StudyKind, StudyOut, StudyReport, Subject,
+};
 use repro::workloads::{ClassifierConfig, GptConfig, Workload, WorkloadKind};
 use std::path::PathBuf;
 
@@ -157,18 +159,14 @@ fn show(a: ShowArgs) -> Result<Exit, CliError> {
         // The kinds of report are told apart by their fields; a file named like one of them
         // gets that kind's exact problem.
         let name = a.file.file_name().and_then(|n| n.to_str()).unwrap_or_default();
-        let problem = match name {
-            "noise.json" => serde_json::from_str::<repro::study::NoiseReport>(&text).err(),
-            "devices.json" => serde_json::from_str::<repro::study::DevicesReport>(&text).err(),
-            "cost.json" => serde_json::from_str::<repro::study::CostReport>(&text).err(),
-            "order.json" => serde_json::from_str::<repro::study::OrderReport>(&text).err(),
-            _ => None,
-        };
-        match problem {
-            Some(e) => format!("{path}: not a readable {} report: {e}", name.trim_end_matches(".json")),
-            None => format!(
-                "{path}: not a study report (the noise.json, devices.json, cost.json or order.json of `repro study`)"
-            ),
+        let kind = StudyKind::of_report_file(name);
+        match kind.and_then(|k| Some((k, k.read_error(&text)?))) {
+            Some((kind, e)) => format!("{path}: not a readable {} report: {e}", kind.name()),
+            None => {
+                let files: Vec<String> = StudyKind::ALL.iter().map(|k| format!("{}.json", k.name())).collect();
+                let (last, rest) = files.split_last().expect("studies");
+                format!("{path}: not a study report (the {} or {last} of `repro study`)", rest.join(", "))
+            }
         }
     })?;
     super::output::emit(&match &report {
@@ -208,13 +206,14 @@ impl Output {
 
 fn finish(
     dir: &StudyDir,
-    name: &str,
+    kind: StudyKind,
     json: bool,
     report: &impl serde::Serialize,
     text: String,
     markdown: String,
     svg: Result<String, String>,
 ) -> Result<(), CliError> {
+    let name = kind.name();
     let encoded = serde_json::to_string_pretty(report)?;
     dir.write(&format!("{name}.json"), encoded.as_bytes())?;
     dir.write(&format!("{name}.md"), markdown.as_bytes())?;
@@ -240,7 +239,15 @@ fn noise(a: NoiseArgs) -> Result<Exit, CliError> {
         run_noise(&subject, a.runs, &device, &a.train.device, &a.output.study_out(), &mut bar)?
     };
     let svg = plot_noise(&report);
-    finish(&dir, "noise", a.output.json, &report, render_noise(&report, false), render_noise(&report, true), svg)?;
+    finish(
+        &dir,
+        StudyKind::Noise,
+        a.output.json,
+        &report,
+        render_noise(&report, false),
+        render_noise(&report, true),
+        svg,
+    )?;
     Ok(Exit::Same)
 }
 
@@ -260,7 +267,7 @@ fn devices(a: DevicesArgs) -> Result<Exit, CliError> {
     let svg = plot_devices(&report);
     finish(
         &dir,
-        "devices",
+        StudyKind::Devices,
         a.output.json,
         &report,
         render_devices(&report, false),
@@ -287,7 +294,7 @@ fn cost(a: CostArgs) -> Result<Exit, CliError> {
                 Workload::Gpt(GptConfig { batch: a.batch.unwrap_or(d.batch), ..d })
             } else {
                 let model = kind.and_then(WorkloadKind::classifier_model).ok_or_else(|| {
-                    format!("unknown model `{w}`: expected {}", WorkloadKind::listed(WorkloadKind::is_study_subject))
+                    format!("unknown model `{w}`: expected {}", WorkloadKind::listed(|w| w.study_model().is_some()))
                 })?;
                 let mut c = ClassifierConfig::defaults(model);
                 c.width = width;
@@ -304,7 +311,15 @@ fn cost(a: CostArgs) -> Result<Exit, CliError> {
         run_cost(&subjects, steps, rounds, &device, &a.device, &a.output.study_out(), &mut bar)?
     };
     let svg = plot_cost(&report);
-    finish(&dir, "cost", a.output.json, &report, render_cost(&report, false), render_cost(&report, true), svg)?;
+    finish(
+        &dir,
+        StudyKind::Cost,
+        a.output.json,
+        &report,
+        render_cost(&report, false),
+        render_cost(&report, true),
+        svg,
+    )?;
     Ok(Exit::Same)
 }
 
@@ -334,6 +349,14 @@ fn order(a: OrderArgs) -> Result<Exit, CliError> {
         run_order(&subject, &sizes, a.runs, &device, &a.train.device, &a.output.study_out(), &mut bar)?
     };
     let svg = plot_order(&report);
-    finish(&dir, "order", a.output.json, &report, render_order(&report, false), render_order(&report, true), svg)?;
+    finish(
+        &dir,
+        StudyKind::Order,
+        a.output.json,
+        &report,
+        render_order(&report, false),
+        render_order(&report, true),
+        svg,
+    )?;
     Ok(Exit::Same)
 }

@@ -22,7 +22,7 @@ pub use noise::{run_noise, Variant, VARIANTS};
 pub use order::run_order;
 pub use results::{
     CostReport, CostRow, DeviceComparison, DeviceRun, DevicesReport, NoiseReport, OrderDivergence, OrderReport,
-    OrderRow, StudyReport, VariantReport, WeightGap,
+    OrderRow, StudyKind, StudyReport, VariantReport, WeightGap,
 };
 pub use store::{StudyDir, StudyOut, STUDY_FILE};
 pub use subject::{Subject, Variation};

@@ -10,7 +10,9 @@ use crate::ops::Reductions;
 use crate::record::{RecordError, Recorder};
 use crate::trace::RunConfig;
 use crate::workloads::classifier::{evaluate, train};
-use crate::workloads::{ClassifierConfig, Dataset, GptConfig, ModelState, Seeds, TrainOutcome, Workload, WorkloadKind};
+use crate::workloads::{
+    ClassifierConfig, Dataset, GptConfig, ModelState, Seeds, StudyModel, TrainOutcome, Workload, WorkloadKind,
+};
 use candle_core::Device;
 use std::time::Instant;
 
@@ -48,21 +50,21 @@ impl Subject {
     /// The subject of a built-in workload; the adder and qwen2 (inference) have no held-out
     /// predictions to study.
     pub fn new(workload: Workload) -> Result<Self, StudyError> {
-        match workload {
-            Workload::Classifier(config) => {
+        match workload.study_model() {
+            Some(StudyModel::Classifier(config)) => {
                 config.validate()?;
                 let data =
                     Dataset::load(config.dataset, config.dataset_seed, config.examples).map_err(StudyError::Invalid)?;
-                Ok(Subject::Classifier { config, data: Box::new(data) })
+                Ok(Subject::Classifier { config: config.clone(), data: Box::new(data) })
             }
-            Workload::Gpt(config) => {
+            Some(StudyModel::Gpt(config)) => {
                 config.validate(None)?;
-                Ok(Subject::Gpt(config))
+                Ok(Subject::Gpt(config.clone()))
             }
-            other => Err(StudyError::Invalid(format!(
+            None => Err(StudyError::Invalid(format!(
                 "studies train {}, not {}",
-                WorkloadKind::listed(WorkloadKind::is_study_subject),
-                other.kind()
+                WorkloadKind::listed(|w| w.study_model().is_some()),
+                workload.kind()
             ))),
         }
     }

@@ -64,37 +64,6 @@ impl WorkloadKind {
         }
     }
 
-    /// Whether it trains (and so takes a planted fault, `--perturb`); qwen2 and gemma record
-    /// inference.
-    pub fn is_trained(self) -> bool {
-        !matches!(self, WorkloadKind::Qwen2 | WorkloadKind::Gemma)
-    }
-
-    /// Whether it trains data-parallel over several devices (`--devices`).
-    pub fn trains_data_parallel(self) -> bool {
-        matches!(self, WorkloadKind::Mlp | WorkloadKind::Cnn | WorkloadKind::ResNet18 | WorkloadKind::Gpt)
-    }
-
-    /// Whether `repro invariance` checks its forward pass.
-    pub fn checks_invariance(self) -> bool {
-        matches!(self, WorkloadKind::Gpt | WorkloadKind::Qwen2 | WorkloadKind::Gemma)
-    }
-
-    /// Whether the multi-run studies (`repro study`) train it: it predicts classes that runs
-    /// can disagree on.
-    pub fn is_study_subject(self) -> bool {
-        matches!(self, WorkloadKind::Mlp | WorkloadKind::Cnn | WorkloadKind::ResNet18 | WorkloadKind::Gpt)
-    }
-
-    /// The workloads with a capability, for messages: `gpt, mlp, cnn or resnet18`.
-    pub fn listed(capability: fn(WorkloadKind) -> bool) -> String {
-        let names: Vec<&str> = Self::ALL.into_iter().filter(|&k| capability(k)).map(Self::name).collect();
-        match names.split_last() {
-            Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
-            _ => names.join(""),
-        }
-    }
-
     /// The classifier architecture, for the classifier workloads.
     pub fn classifier_model(self) -> Option<ModelKind> {
         match self {
@@ -138,12 +107,5 @@ mod tests {
         for model in [ModelKind::Mlp, ModelKind::Cnn, ModelKind::ResNet18] {
             assert_eq!(WorkloadKind::from_classifier(model).classifier_model(), Some(model));
         }
-    }
-
-    #[test]
-    fn capabilities_are_listed_for_messages_in_help_order() {
-        assert_eq!(WorkloadKind::listed(WorkloadKind::trains_data_parallel), "mlp, cnn, resnet18 or gpt");
-        assert_eq!(WorkloadKind::listed(WorkloadKind::checks_invariance), "gpt, qwen2 or gemma");
-        assert_eq!(WorkloadKind::listed(|k| k == WorkloadKind::Adder), "adder");
     }
 }

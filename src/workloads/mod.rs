@@ -2,6 +2,7 @@
 //! `Recorder` API that users' own training loops use.
 
 mod adder;
+mod capabilities;
 pub mod classifier;
 pub mod decoder;
 mod error;
@@ -14,6 +15,7 @@ mod settings;
 mod training;
 
 pub use adder::{AdderConfig, Formulation};
+pub use capabilities::{ForwardModel, StudyModel};
 pub use classifier::{ClassifierConfig, Dataset, DatasetName, ModelKind};
 pub use decoder::{DecoderConfig, DecoderShape, Family};
 pub use error::WorkloadError;
@@ -77,10 +79,10 @@ impl Workload {
     /// before anything is recorded.
     pub fn validate(&self, perturbation: Option<&Perturbation>) -> Result<(), WorkloadError> {
         match (self, perturbation) {
-            (_, Some(_)) if !self.kind().is_trained() => Err(WorkloadError::Invalid(format!(
+            (_, Some(_)) if !self.is_trained() => Err(WorkloadError::Invalid(format!(
                 "{} records inference: --perturb is not supported (it plants faults in {})",
                 self.kind(),
-                WorkloadKind::listed(WorkloadKind::is_trained)
+                WorkloadKind::listed(Workload::is_trained)
             ))),
             (Workload::Adder(c), p) => c.validate(p),
             (Workload::Gpt(c), p) => c.validate(p),
@@ -98,12 +100,12 @@ impl Workload {
     /// Whether this workload trains data-parallel; asked before any rank process starts, so
     /// that a refusal leaves nothing behind.
     pub fn check_data_parallel(&self) -> Result<(), WorkloadError> {
-        match self.kind().trains_data_parallel() {
+        match self.trains_data_parallel() {
             true => Ok(()),
             false => Err(WorkloadError::Invalid(format!(
                 "{} does not train data-parallel: --devices with several devices takes {}",
                 self.kind(),
-                WorkloadKind::listed(WorkloadKind::trains_data_parallel)
+                WorkloadKind::listed(Workload::trains_data_parallel)
             ))),
         }
     }

@@ -216,3 +216,63 @@ pub enum StudyReport {
     /// `repro study order`.
     Order(OrderReport),
 }
+
+/// The studies, by the name their reports go under (`noise.json`, `noise.md`, `noise.svg`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StudyKind {
+    /// `repro study noise`.
+    Noise,
+    /// `repro study devices`.
+    Devices,
+    /// `repro study cost`.
+    Cost,
+    /// `repro study order`.
+    Order,
+}
+
+impl StudyKind {
+    /// Every study, in the order help texts list them.
+    pub const ALL: [StudyKind; 4] = [StudyKind::Noise, StudyKind::Devices, StudyKind::Cost, StudyKind::Order];
+
+    /// The study's name: its subcommand, and its report files' stem.
+    pub fn name(self) -> &'static str {
+        match self {
+            StudyKind::Noise => "noise",
+            StudyKind::Devices => "devices",
+            StudyKind::Cost => "cost",
+            StudyKind::Order => "order",
+        }
+    }
+
+    /// The study whose JSON report goes under `file_name` (`noise.json`), if any.
+    pub fn of_report_file(file_name: &str) -> Option<StudyKind> {
+        Self::ALL.into_iter().find(|k| file_name.strip_suffix(".json") == Some(k.name()))
+    }
+
+    /// Why `text` does not read as this study's report, if it does not: the exact problem for
+    /// a file named like this study's (the untagged `StudyReport` can only say that no kind fit).
+    pub fn read_error(self, text: &str) -> Option<serde_json::Error> {
+        match self {
+            StudyKind::Noise => serde_json::from_str::<NoiseReport>(text).err(),
+            StudyKind::Devices => serde_json::from_str::<DevicesReport>(text).err(),
+            StudyKind::Cost => serde_json::from_str::<CostReport>(text).err(),
+            StudyKind::Order => serde_json::from_str::<OrderReport>(text).err(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_study_is_found_by_its_report_file_and_names_what_its_report_lacks() {
+        for kind in StudyKind::ALL {
+            assert_eq!(StudyKind::of_report_file(&format!("{}.json", kind.name())), Some(kind));
+            let problem = kind.read_error("{}").expect("an empty object is no report");
+            assert!(problem.to_string().contains("missing field"), "{kind:?}: {problem}");
+        }
+        assert_eq!(StudyKind::of_report_file("noise.md"), None);
+        assert_eq!(StudyKind::of_report_file("study.json"), None);
+    }
+}
