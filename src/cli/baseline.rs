@@ -17,6 +17,14 @@ pub struct BaselineArgs {
     action: BaselineAction,
 }
 
+impl BaselineArgs {
+    /// What it trains, for `cli::main` to note the options given.
+    pub fn train_mut(&mut self) -> &mut WorkloadArgs {
+        let BaselineAction::Write { train, .. } = &mut self.action;
+        train
+    }
+}
+
 #[derive(Debug, Subcommand)]
 enum BaselineAction {
     /// Record once and write the baseline file.
@@ -53,7 +61,7 @@ fn write_whole(records: &Path, out: &Path, replace: bool) -> std::io::Result<u64
 pub fn run(args: BaselineArgs) -> Result<Exit, CliError> {
     let BaselineAction::Write { train, out, force, command } = args.action;
     if !command.is_empty() {
-        super::workload_args::refuse_workload_options_with_command()?;
+        train.refuse_with_command()?;
     }
     if !force && std::fs::symlink_metadata(&out).is_ok() {
         return Err(format!("{} exists: pass --force to replace it with a new baseline", out.display()).into());

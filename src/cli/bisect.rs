@@ -47,6 +47,13 @@ pub struct BisectArgs {
 }
 
 impl BisectArgs {
+    /// What it trains, for `cli::main` to note the options given.
+    pub fn train_mut(&mut self) -> &mut WorkloadArgs {
+        &mut self.train
+    }
+}
+
+impl BisectArgs {
     /// Whether the report is asked for as JSON (errors then come as JSON too).
     pub fn json(&self) -> bool {
         self.output.json
@@ -163,7 +170,7 @@ pub fn run(args: BisectArgs) -> Result<Exit, CliError> {
     let subject = match args.command.is_empty() {
         true => Subject::Builtin { planned: args.train.workload_run()?, device: &args.train.device },
         false => {
-            super::workload_args::refuse_workload_options_with_command()?;
+            args.train.refuse_with_command()?;
             Subject::Program { command: &args.command, timeout: args.timeout.map(Duration::from_secs) }
         }
     };

@@ -75,6 +75,13 @@ pub struct GateArgs {
 }
 
 impl GateArgs {
+    /// What it trains, for `cli::main` to note the options given.
+    pub fn train_mut(&mut self) -> &mut WorkloadArgs {
+        &mut self.train
+    }
+}
+
+impl GateArgs {
     /// Whether the report is asked for as JSON (errors then come as JSON too).
     pub fn json(&self) -> bool {
         self.output.json
@@ -93,7 +100,7 @@ impl GateArgs {
 
 pub fn run(args: GateArgs) -> Result<Exit, CliError> {
     if !args.command.is_empty() {
-        super::workload_args::refuse_workload_options_with_command()?;
+        args.train.refuse_with_command()?;
     }
     let runs = args.runs.unwrap_or(if args.baseline.is_some() { 1 } else { 2 });
     if runs == 0 || (args.baseline.is_none() && runs < 2) {

@@ -42,6 +42,13 @@ pub struct InvarianceArgs {
     train: WorkloadArgs,
 }
 
+impl InvarianceArgs {
+    /// What it trains, for `cli::main` to note the options given.
+    pub fn train_mut(&mut self) -> &mut WorkloadArgs {
+        &mut self.train
+    }
+}
+
 /// The largest batch `--batch-sizes` takes: the batch is built whole in memory, so a size that
 /// cannot fit is refused up front rather than grown until the machine gives out.
 const MAX_BATCH: usize = 1 << 16;

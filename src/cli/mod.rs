@@ -85,8 +85,7 @@ enum Command {
 pub fn main() -> Exit {
     let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
     let json = argv.iter().any(|a| a == "--json");
-    workload_args::note_given_options(&argv);
-    let parsed = Cli::try_parse_from(argv)
+    let parsed = parse(argv)
         .map_err(|e| match e.kind() {
             // Asked-for help and version are printed as clap prints them.
             clap::error::ErrorKind::DisplayHelp
@@ -101,7 +100,38 @@ pub fn main() -> Exit {
     }
 }
 
+/// Parses a command line, noting which workload options it gave (`WorkloadArgs::note_given`).
+fn parse(argv: Vec<std::ffi::OsString>) -> Result<Cli, clap::Error> {
+    use clap::{CommandFactory, FromArgMatches};
+    let matches = Cli::command().try_get_matches_from(argv)?;
+    let mut cli = Cli::from_arg_matches(&matches)?;
+    let mut innermost = &matches;
+    while let Some((_, sub)) = innermost.subcommand() {
+        innermost = sub;
+    }
+    if let Some(train) = cli.command.workload_args_mut() {
+        train.note_given(innermost);
+    }
+    Ok(cli)
+}
+
 impl Command {
+    /// What the command trains, for the commands that take a built-in workload's options.
+    fn workload_args_mut(&mut self) -> Option<&mut workload_args::WorkloadArgs> {
+        match self {
+            Command::Record(a) => Some(a.train_mut()),
+            Command::Gate(a) => Some(a.train_mut()),
+            Command::Baseline(a) => Some(a.train_mut()),
+            Command::Bisect(a) => Some(a.train_mut()),
+            Command::Study(a) => a.train_mut(),
+            Command::Invariance(a) => Some(a.train_mut()),
+            Command::Overhead(a) => Some(a.train_mut()),
+            Command::Diff(_) | Command::Matrix(_) | Command::Loss(_) | Command::Inspect(_) | Command::Show(_) => None,
+            #[cfg(feature = "cuda")]
+            Command::GpuCheck(_) => None,
+        }
+    }
+
     /// Whether the command prints JSON (`--json`).
     fn json(&self) -> bool {
         match self {

@@ -31,6 +31,13 @@ pub struct OverheadArgs {
     train: WorkloadArgs,
 }
 
+impl OverheadArgs {
+    /// What it trains, for `cli::main` to note the options given.
+    pub fn train_mut(&mut self) -> &mut WorkloadArgs {
+        &mut self.train
+    }
+}
+
 pub fn run(args: OverheadArgs) -> Result<Exit, CliError> {
     let planned = args.ranks.workload_run(&args.train)?;
     let workload = &planned.workload;

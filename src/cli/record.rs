@@ -56,6 +56,13 @@ pub struct RecordArgs {
 }
 
 impl RecordArgs {
+    /// What it trains, for `cli::main` to note the options given.
+    pub fn train_mut(&mut self) -> &mut WorkloadArgs {
+        &mut self.train
+    }
+}
+
+impl RecordArgs {
     fn capture_policy(&self) -> CapturePolicy {
         let defaults = CapturePolicy::default();
         CapturePolicy {
@@ -206,7 +213,7 @@ fn check_program_out(out: &Path, force: bool) -> Result<(), CliError> {
 /// Records a user's program (`repro record -- CMD`), which records itself as the environment
 /// contract says; with --against, reports how its run compares with the reference.
 fn record_program(args: &RecordArgs) -> Result<Exit, CliError> {
-    super::workload_args::refuse_workload_options_with_command()?;
+    args.train.refuse_with_command()?;
     let out = &args.out;
     check_program_out(out, args.force)?;
     if let Some(reference) = &args.against {

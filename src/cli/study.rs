@@ -20,6 +20,19 @@ pub struct StudyArgs {
     study: Study,
 }
 
+impl StudyArgs {
+    /// What the study trains, for `cli::main` to note the options given; none for `study show`
+    /// and `study cost`, which train workloads of their own.
+    pub fn train_mut(&mut self) -> Option<&mut WorkloadArgs> {
+        match &mut self.study {
+            Study::Noise(a) => Some(&mut a.train),
+            Study::Devices(a) => Some(&mut a.train),
+            Study::Order(a) => Some(&mut a.train),
+            Study::Cost(_) | Study::Show(_) => None,
+        }
+    }
+}
+
 #[derive(Debug, Subcommand)]
 enum Study {
     /// Algorithmic vs implementation noise: N runs each of control (fixed seeds, ordered

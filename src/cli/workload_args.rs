@@ -65,6 +65,10 @@ pub struct WorkloadArgs {
     pub classifier: ClassifierArgs,
     #[command(flatten)]
     pub gpt: GptArgs,
+    /// The workload options given on the command line, by their long names (`note_given`):
+    /// clap fills defaults in, so only the matches' value sources say what a user asked for.
+    #[arg(skip)]
+    given: Vec<String>,
 }
 
 /// Settings of the transformer workload.
@@ -132,49 +136,6 @@ pub struct ClassifierArgs {
     pub augment_shift: Option<usize>,
 }
 
-/// The long names of the options that describe a workload (`WorkloadArgs` and what it flattens).
-fn workload_options() -> Vec<String> {
-    use clap::Args as _;
-    let command = WorkloadArgs::augment_args(clap::Command::new("workload"));
-    command.get_arguments().filter_map(|a| a.get_long().map(str::to_string)).collect()
-}
-
-/// The long options given on this process's command line (before any `--`), set once by
-/// `cli::main`: clap fills defaults in, so only the command line says what a user asked for.
-static GIVEN: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
-
-/// The workload options given on the command line.
-fn given_workload_options() -> Vec<String> {
-    let known = workload_options();
-    GIVEN.get().map_or_else(Vec::new, |given| given.iter().filter(|o| known.contains(o)).cloned().collect())
-}
-
-/// Notes the options of the command line about to be parsed (see `GIVEN`).
-pub fn note_given_options(argv: &[std::ffi::OsString]) {
-    let given = argv
-        .iter()
-        .map_while(|a| a.to_str().filter(|a| *a != "--"))
-        .filter_map(|a| a.strip_prefix("--"))
-        .map(|a| a.split('=').next().unwrap_or(a).to_string())
-        .collect();
-    let _ = GIVEN.set(given);
-}
-
-/// Refuses built-in workload options given with `-- CMD` (`--steps`, `--seed`, `--workload`,
-/// ...): the program trains what its own arguments say, so they would be silently ignored.
-pub fn refuse_workload_options_with_command() -> Result<(), CliError> {
-    let Some(given) = GIVEN.get() else { return Ok(()) };
-    let known = workload_options();
-    match given.iter().find(|o| known.contains(o)) {
-        Some(option) => Err(format!(
-            "--{option} is a setting of the built-in workloads; with `-- CMD` the program trains as its own arguments \
-             say: give the setting to the program instead"
-        )
-        .into()),
-        None => Ok(()),
-    }
-}
-
 /// The workload options each workload takes beyond the ones all take (`--workload`, `--seed`,
 /// `--data-seed`, `--steps`, `--batch`, `--lr`, `--device`, `--perturb`, `--reductions`,
 /// `--formulation`, which the workloads check themselves).
@@ -199,44 +160,65 @@ fn own_options(workload: WorkloadKind) -> &'static [&'static str] {
     }
 }
 
-/// Refuses a workload option given on the command line that `workload` does not take, rather
-/// than ignoring it silently (`--features` with mlp, `--epochs` with the adder).
-fn check_options_apply(workload: WorkloadKind) -> Result<(), CliError> {
-    check_options_apply_besides(workload, &[])
-}
-
-/// `check_options_apply`, with `also` taken too (options a command adds to a workload's own).
-fn check_options_apply_besides(workload: WorkloadKind, also: &[&str]) -> Result<(), CliError> {
-    const EVERY_WORKLOAD: [&str; 10] =
-        ["workload", "seed", "data-seed", "steps", "batch", "lr", "device", "perturb", "reductions", "formulation"];
-    let Some(given) = GIVEN.get() else { return Ok(()) };
-    let known = workload_options();
-    let own = own_options(workload);
-    match given.iter().find(|o| {
-        known.contains(o)
-            && !EVERY_WORKLOAD.contains(&o.as_str())
-            && !own.contains(&o.as_str())
-            && !also.contains(&o.as_str())
-    }) {
-        Some(option) => {
-            let takers: Vec<&str> = WorkloadKind::ALL
-                .iter()
-                .filter(|&&w| own_options(w).contains(&option.as_str()))
-                .map(|w| w.name())
-                .collect();
-            Err(format!("--{option} is a setting of {}, not of {workload}", takers.join(", ")).into())
-        }
-        None => Ok(()),
-    }
-}
-
 impl WorkloadArgs {
+    /// Notes which workload options `matches` (the innermost subcommand's, these arguments'
+    /// own) got from the command line rather than from a default.
+    pub fn note_given(&mut self, matches: &clap::ArgMatches) {
+        use clap::Args as _;
+        let command = WorkloadArgs::augment_args(clap::Command::new("workload"));
+        self.given = command
+            .get_arguments()
+            .filter(|a| matches.ids().any(|id| id == a.get_id()))
+            .filter(|a| matches.value_source(a.get_id().as_str()) == Some(clap::parser::ValueSource::CommandLine))
+            .filter_map(|a| a.get_long().map(str::to_string))
+            .collect();
+    }
+
+    /// Refuses built-in workload options given with `-- CMD` (`--steps`, `--seed`, `--workload`,
+    /// ...): the program trains what its own arguments say, so they would be silently ignored.
+    pub fn refuse_with_command(&self) -> Result<(), CliError> {
+        match self.given.first() {
+            Some(option) => Err(format!(
+                "--{option} is a setting of the built-in workloads; with `-- CMD` the program trains as its own \
+                 arguments say: give the setting to the program instead"
+            )
+            .into()),
+            None => Ok(()),
+        }
+    }
+
+    /// Refuses a workload option given on the command line that `workload` does not take, rather
+    /// than ignoring it silently (`--features` with mlp, `--epochs` with the adder).
+    fn check_options_apply(&self, workload: WorkloadKind) -> Result<(), CliError> {
+        self.check_options_apply_besides(workload, &[])
+    }
+
+    /// `check_options_apply`, with `also` taken too (options a command adds to a workload's own).
+    fn check_options_apply_besides(&self, workload: WorkloadKind, also: &[&str]) -> Result<(), CliError> {
+        const EVERY_WORKLOAD: [&str; 10] =
+            ["workload", "seed", "data-seed", "steps", "batch", "lr", "device", "perturb", "reductions", "formulation"];
+        let own = own_options(workload);
+        match self.given.iter().find(|o| {
+            !EVERY_WORKLOAD.contains(&o.as_str()) && !own.contains(&o.as_str()) && !also.contains(&o.as_str())
+        }) {
+            Some(option) => {
+                let takers: Vec<&str> = WorkloadKind::ALL
+                    .iter()
+                    .filter(|&&w| own_options(w).contains(&option.as_str()))
+                    .map(|w| w.name())
+                    .collect();
+                Err(format!("--{option} is a setting of {}, not of {workload}", takers.join(", ")).into())
+            }
+            None => Ok(()),
+        }
+    }
+
     /// The workload these arguments describe, checked (with the perturbation).
     pub fn workload(&self) -> Result<Workload, CliError> {
         // The workload's own checks first (their messages say more), then the general one.
         let workload = self.workload_unchecked()?;
         workload.validate(self.perturb.as_ref())?;
-        check_options_apply(self.workload)?;
+        self.check_options_apply(self.workload)?;
         Ok(workload)
     }
 
@@ -252,16 +234,16 @@ impl WorkloadArgs {
     /// line's run: the baseline check then says what differs.
     pub fn workload_run_over(&self, base: &RunConfig, file: &Path) -> Result<WorkloadRun, CliError> {
         let Ok(kind) = base.workload.parse::<WorkloadKind>() else { return self.workload_run() };
-        let given = given_workload_options();
+        let given = &self.given;
         if given.iter().any(|o| o == "workload") && kind != self.workload {
             return self.workload_run();
         }
-        check_options_apply(kind)?;
+        self.check_options_apply(kind)?;
         let mine = WorkloadArgs { workload: kind, ..self.clone() }.workload_unchecked()?;
         let mut mine = WorkloadRun { workload: mine, perturbation: self.perturb.clone() }.run_config();
         let mut run = base.clone();
         run.params.remove("perturb");
-        for option in &given {
+        for option in given {
             if option == "steps" {
                 run.steps = mine.steps;
                 continue;
@@ -297,7 +279,7 @@ impl WorkloadArgs {
         }
         let workload = self.gpt_in(true).map(Workload::Gpt)?;
         workload.validate(self.perturb.as_ref())?;
-        check_options_apply_besides(self.workload, &["dtype"])?;
+        self.check_options_apply_besides(self.workload, &["dtype"])?;
         Ok((workload, dtype))
     }
 
@@ -428,4 +410,40 @@ impl WorkloadArgs {
 /// option (0 is refused later, by the workload, with what it needs).
 fn parse_steps(s: &str) -> Result<u64, String> {
     s.trim().parse().map_err(|_| format!("`{s}` is not a number of steps: give a whole number, at least 1"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::{CommandFactory, FromArgMatches, Parser};
+
+    #[derive(Debug, Parser)]
+    struct Line {
+        #[arg(last = true)]
+        command: Vec<String>,
+        #[command(flatten)]
+        train: WorkloadArgs,
+    }
+
+    fn given(argv: &[&str]) -> WorkloadArgs {
+        let matches = Line::command().try_get_matches_from(argv).unwrap();
+        let mut line = Line::from_arg_matches(&matches).unwrap();
+        line.train.note_given(&matches);
+        line.train
+    }
+
+    #[test]
+    fn only_options_on_the_command_line_count_as_given_not_defaults_nor_the_program_s() {
+        let train =
+            given(&["repro", "--steps=3", "--width", "16", "--batch-invariant", "--", "train.py", "--seed", "4"]);
+        assert_eq!(train.given, ["steps", "width", "batch-invariant"]);
+        assert!(train.refuse_with_command().unwrap_err().to_string().contains("--steps is a setting"));
+        let train = given(&["repro", "--", "train.py", "--epochs", "2"]);
+        assert!(train.given.is_empty() && train.refuse_with_command().is_ok());
+        // Given, an option the workload does not take is refused; its default never is.
+        let train = given(&["repro", "--workload", "mlp", "--features", "3"]);
+        let e = train.workload().unwrap_err().to_string();
+        assert!(e.contains("--features is a setting of adder, not of mlp"), "{e}");
+        assert!(given(&["repro", "--workload", "mlp"]).workload().is_ok());
+    }
 }
