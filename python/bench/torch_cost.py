@@ -7,14 +7,15 @@ its ratio to the plain step measured in the same process, the peak of PyTorch's 
 device memory in use at step ends (every allocator: repro's hashing buffers too), each with its
 growth over plain, and, for repro_torch, the tensors, bytes and flushes a step hashes.
 
-    python python/bench/torch_cost.py [--batch N] [--steps N] [--variants V,...] MODEL ...
+    python python/bench/torch_cost.py [--batch N] [--steps N] [--variants V,...] [--compile] MODEL ...
 
 MODEL: resnet50, densenet121, efficientnet_b0, mobilenet_v3_large, convnext_tiny, vit_b_16 (any
 torchvision classification model by its name, at 224 x 224 with SGD and momentum), gpt2
 (transformers' 124M GPT-2 in f32 at batch x 1024 with AdamW), llama-1b (a Llama shape of 1.1B
 parameters, TinyLlama's, in bf16 autocast at batch x 1024 with AdamW). V: plain (always first),
 beside, batched, module (REPRO_TORCH_FLUSH), debug (DebugMode). `cudnn.benchmark` is on, as in
-the issue that asked for this table. Needs CUDA and repro's GPU hashing library
+the issue that asked for this table. With `--compile`, each model runs compiled by `torch.compile`
+(plain and recorded alike; the recorder then records no module outputs, as it says). Needs CUDA and repro's GPU hashing library
 (REPRO_CUDA_HASH_LIB).
 """
 
@@ -119,8 +120,10 @@ class Counts:
             DeviceHasher.queue, DeviceHasher.flush = queue, flush
 
 
-def measure(build, name: str, batch: int, variants: list[str], warmup: int, steps: int) -> None:
+def measure(build, name: str, batch: int, variants: list[str], warmup: int, steps: int, compiled: bool) -> None:
     model, opt, loss_of, what = build(name, batch)
+    if compiled:
+        model, what = torch.compile(model), f"{what}, torch.compile"
     plain_s = plain_peak = plain_in_use = None
 
     def plain(_):
@@ -173,6 +176,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (the recorder watches its first)")
     parser.add_argument("--variants", default="plain,beside,batched,module,debug")
     parser.add_argument("--header", action="store_true", help="print the table's header first")
+    parser.add_argument("--compile", action="store_true", help="run each model compiled by torch.compile")
     args = parser.parse_args()
     variants = args.variants.split(",")
     unknown = [v for v in variants if v not in VARIANTS]
@@ -190,7 +194,7 @@ def main() -> None:
     for name in args.models:
         torch.manual_seed(0)
         build = language if name in ("gpt2", "llama-1b") else vision
-        measure(build, name, args.batch, variants, args.warmup, args.steps)
+        measure(build, name, args.batch, variants, args.warmup, args.steps, args.compile)
 
 
 if __name__ == "__main__":

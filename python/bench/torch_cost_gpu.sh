@@ -5,10 +5,12 @@
 # GPT-2 at 8 x 1024 and a 1.1B Llama shape in bf16. Run from the repository root with the wheels
 # installed, REPRO_CUDA_HASH_LIB set and `repro` at $REPRO_BIN; OUT is the folder for the log.
 #   python/bench/torch_cost_gpu.sh OUT [all|checks|bench|quick]   (checks: tests and hashes; bench: tables)
+#   python/bench/torch_cost_gpu.sh OUT others   (resnet50 compiled by torch.compile, and models
+#       outside the benchmark set, at batch 64)
 #   python/bench/torch_cost_gpu.sh OUT against DIR [BATCH]   (the CNNs' cost, recorded by the Python
 #       package in DIR/python, then by this tree's, side by side on one GPU: before and after a change)
 set -u
-OUT=${1:?usage: torch_cost_gpu.sh OUT [all|checks|bench|quick|against DIR [BATCH]]}
+OUT=${1:?usage: torch_cost_gpu.sh OUT [all|checks|bench|quick|others|against DIR [BATCH]]}
 WHAT=${2:-all}
 export PYTHONPATH="python${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 bench() { python3 python/bench/torch_cost.py "$@" 2>&1 | grep -v Warning; }
@@ -25,6 +27,13 @@ bench() { python3 python/bench/torch_cost.py "$@" 2>&1 | grep -v Warning; }
         python3 python/bench/torch_flush_check.py "$checks" resnet50 densenet121 efficientnet_b0 mobilenet_v3_large \
             convnext_tiny vit_b_16 gpt2 2>&1 | grep -v Warning
         [ "$WHAT" = checks ] && exit 0
+    fi
+    if [ "$WHAT" = others ]; then
+        echo "== compiled by torch.compile, batch 64"
+        bench --header --steps 8 --variants plain,batched --compile resnet50
+        echo "== models outside the benchmark set, batch 64"
+        bench --header --steps 8 --variants plain,batched regnet_y_1_6gf swin_t shufflenet_v2_x1_0 resnext50_32x4d
+        exit 0
     fi
     if [ "$WHAT" = against ]; then
         before=${3:?against: the folder holding the other Python package (DIR/python)}
