@@ -63,7 +63,7 @@ class Recorder:
                 f"and set {CUDA_HASH_LIB_ENV} to target/cuda/release/examples/{CUDA_HASH_LIB}"
             )
         self._hashers: dict[int, DeviceHasher] = {}
-        self._hasher_by_index: dict = {}  # a CUDA device's index -> its hasher, or None
+        self._hasher_by_device: dict = {}  # torch.device -> its hasher, or None
         self._warned = device_hashing is False
         self._first: Optional[int] = None
         self._last: Optional[int] = None
@@ -78,14 +78,12 @@ class Recorder:
 
     def hasher_for(self, t: torch.Tensor) -> Optional[DeviceHasher]:
         """The GPU hasher of a CUDA tensor's device, or None (a CPU tensor, or no library)."""
-        if not t.is_cuda:
-            return None
-        index = t.get_device()  # cheaper than `t.device`, which makes a torch.device each call
-        hasher = self._hasher_by_index.get(index, False)
+        device = t.device
+        hasher = self._hasher_by_device.get(device, False)
         if hasher is not False:
             return hasher
-        hasher = self._hasher_on(t.device)
-        self._hasher_by_index[index] = hasher
+        hasher = self._hasher_on(device)
+        self._hasher_by_device[device] = hasher
         return hasher
 
     def _hasher_on(self, device: torch.device) -> Optional[DeviceHasher]:
