@@ -1,6 +1,7 @@
 //! The arguments that say what to train, shared by `record`, `gate`, `baseline` and `study`.
 
 use super::error::CliError;
+use candle_core::DType;
 use clap::builder::TypedValueParser;
 use clap::Args;
 use repro::ops::Reductions;
@@ -86,20 +87,35 @@ pub struct GptArgs {
     pub heads: usize,
     /// Normalisation: ops (layer norm from tensor ops) or fused (candle's kernel, which has no
     /// backward pass: the parameters before it get no gradient).
-    #[arg(long, default_value = "ops", value_parser = ["ops", "fused"])]
-    pub norm: String,
+    #[arg(
+        long,
+        default_value = "ops",
+        value_parser = clap::builder::PossibleValuesParser::new(Norm::NAMED.map(|(name, _)| name))
+            .map(|name| Norm::named(&name).expect("a possible value"))
+    )]
+    pub norm: Norm,
     /// Batch-invariant matrix products and softmax sums: a sequence's results do not depend on
     /// its batch, padding or KV cache (slower; see docs/invariance.md).
     #[arg(long)]
     pub batch_invariant: bool,
     /// Element type of qwen2's and gemma's weights and activations: f32 or bf16 (gpt trains in
     /// f32; its forward pass in `repro invariance` also runs in bf16).
-    #[arg(long, default_value = "f32", value_parser = ["f32", "bf16"])]
-    pub dtype: String,
+    #[arg(
+        long,
+        default_value = "f32",
+        value_parser = clap::builder::PossibleValuesParser::new(["f32", "bf16"])
+            .map(|name| if name == "bf16" { DType::BF16 } else { DType::F32 })
+    )]
+    pub dtype: DType,
     /// qwen2's config shape: small (width and layers as given) or qwen2-0.5b (Qwen2-0.5B's
     /// widths, heads and vocabulary; --layers sets the depth, 24 in the real model).
-    #[arg(long, default_value = "small", value_parser = clap::builder::PossibleValuesParser::new(DecoderShape::NAMES))]
-    pub shape: String,
+    #[arg(
+        long,
+        default_value = "small",
+        value_parser = clap::builder::PossibleValuesParser::new(DecoderShape::NAMES)
+            .map(|name| DecoderShape::named(&name).expect("a possible value"))
+    )]
+    pub shape: DecoderShape,
 }
 
 /// Settings of the classifier workloads.
@@ -108,8 +124,12 @@ pub struct GptArgs {
 pub struct ClassifierArgs {
     /// Dataset [mlp: gauss2d; cnn: digits; resnet18: cifar-synthetic]; mlp also takes gauss5d and
     /// subgroups (protected attributes: the noise study reports sub-group spreads).
-    #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(DatasetName::ALL))]
-    pub dataset: Option<String>,
+    #[arg(
+        long,
+        value_parser = clap::builder::PossibleValuesParser::new(DatasetName::ALL)
+            .map(|name| name.parse::<DatasetName>().expect("a possible value"))
+    )]
+    pub dataset: Option<DatasetName>,
     /// Use only the first N training and test examples.
     #[arg(long, value_name = "N")]
     pub examples: Option<usize>,
@@ -272,8 +292,8 @@ impl WorkloadArgs {
     /// The workload for a forward pass only (`repro invariance`), and the gpt's element type:
     /// the gpt trains in f32, but its forward pass also runs in bf16.
     pub fn inference_workload(&self) -> Result<(Workload, candle_core::DType), CliError> {
-        let bf16 = self.gpt.dtype == "bf16";
-        let dtype = if bf16 { candle_core::DType::BF16 } else { candle_core::DType::F32 };
+        let dtype = self.gpt.dtype;
+        let bf16 = dtype == DType::BF16;
         if self.workload != WorkloadKind::Gpt || !bf16 {
             return Ok((self.workload()?, dtype));
         }
@@ -326,17 +346,17 @@ impl WorkloadArgs {
             width: self.width.unwrap_or(d.width),
             heads: g.heads,
             lr: self.lr.unwrap_or(d.lr),
-            norm: if g.norm == "fused" { Norm::Fused } else { Norm::Ops },
+            norm: g.norm,
             reductions: self.reductions,
             batch_invariant: g.batch_invariant,
         };
         if self.formulation != Formulation::Reduce {
             return Err("--formulation is a setting of the adder, not of gpt".into());
         }
-        if self.gpt.shape != "small" {
-            return Err(format!("--shape {} is a shape of qwen2's config, not of gpt", self.gpt.shape).into());
+        if self.gpt.shape != DecoderShape::Small {
+            return Err(format!("--shape {} is a shape of qwen2's config, not of gpt", self.gpt.shape.name()).into());
         }
-        if self.gpt.dtype != "f32" && !inference {
+        if self.gpt.dtype != DType::F32 && !inference {
             return Err(
                 "gpt trains in f32: --dtype bf16 applies to qwen2 and gemma, and to gpt in `repro invariance`".into()
             );
@@ -355,11 +375,11 @@ impl WorkloadArgs {
             tokens: self.gpt.context,
             layers: self.gpt.layers,
             width: self.width.unwrap_or(d.width),
-            shape: DecoderShape::named(&self.gpt.shape).expect("clap checked the shape"),
-            dtype: if self.gpt.dtype == "bf16" { candle_core::DType::BF16 } else { candle_core::DType::F32 },
+            shape: self.gpt.shape,
+            dtype: self.gpt.dtype,
         };
         if config.shape != DecoderShape::Small && self.width.is_some() {
-            return Err(format!("--shape {} sets the width: leave --width out", self.gpt.shape).into());
+            return Err(format!("--shape {} sets the width: leave --width out", self.gpt.shape.name()).into());
         }
         if self.perturb.is_some() || self.reductions != Reductions::Candle || self.formulation != Formulation::Reduce {
             return Err(
@@ -380,7 +400,7 @@ impl WorkloadArgs {
         let d = ClassifierConfig::defaults(model);
         let config = ClassifierConfig {
             model,
-            dataset: c.dataset.as_deref().map_or(Ok(d.dataset), str::parse)?,
+            dataset: c.dataset.unwrap_or(d.dataset),
             dataset_seed: self.data_seed.unwrap_or(d.dataset_seed),
             examples: c.examples,
             epochs: c.epochs.unwrap_or(d.epochs),

@@ -98,7 +98,7 @@ impl GptConfig {
             width: s.take_or("width", d.width)?,
             heads: s.take_or("heads", d.heads)?,
             lr: s.take_or("lr", d.lr)?,
-            norm: s.take_one_of("norm", &[("ops", Norm::Ops), ("fused", Norm::Fused)], d.norm)?,
+            norm: s.take_one_of("norm", &Norm::NAMED, d.norm)?,
             reductions: s.take_or("reductions", d.reductions)?,
             batch_invariant: s.take_or("batch_invariant", d.batch_invariant)?,
         })
@@ -106,10 +106,7 @@ impl GptConfig {
 
     /// The run configuration written to a trace header.
     pub fn run_config(&self) -> RunConfig {
-        let norm = match self.norm {
-            Norm::Ops => "ops",
-            Norm::Fused => "fused",
-        };
+        let norm = self.norm.name();
         let mut params = BTreeMap::from([
             ("batch".to_string(), self.batch.to_string()),
             ("context".to_string(), self.context.to_string()),

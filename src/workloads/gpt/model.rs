@@ -322,3 +322,21 @@ fn causal_mask(t: usize, offset: usize, device: &Device) -> Result<Tensor> {
         .collect();
     Tensor::from_vec(mask, (t, offset + t), device)?.to_dtype(DType::F32)
 }
+
+impl Norm {
+    /// Every norm, by the name `--norm` and a trace header give it.
+    pub const NAMED: [(&'static str, Norm); 2] = [("ops", Norm::Ops), ("fused", Norm::Fused)];
+
+    /// Its name (`--norm`, the header's `norm`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Norm::Ops => "ops",
+            Norm::Fused => "fused",
+        }
+    }
+
+    /// The norm named `name`.
+    pub fn named(name: &str) -> Option<Norm> {
+        Self::NAMED.into_iter().find(|(n, _)| *n == name).map(|(_, norm)| norm)
+    }
+}
