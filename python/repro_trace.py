@@ -101,8 +101,15 @@ def tensor_hash(dtype: str, shape: list[int], data: bytes) -> str:
 
 
 def blake3_digest(data) -> bytes:
-    """BLAKE3 of a tensor's element bytes: the inner hash of its canonical hash."""
+    """BLAKE3 of a tensor's element bytes: the inner hash of its canonical hash (on every core
+    for a large tensor: BLAKE3's result does not depend on how many threads compute it)."""
+    if len(data) >= _THREADED_MIN:
+        return blake3.blake3(data, max_threads=blake3.blake3.AUTO).digest()
     return blake3.blake3(data).digest()
+
+
+# Bytes from which a tensor is hashed on several threads (below, starting them costs more).
+_THREADED_MIN = 1 << 20
 
 
 def tensor_hasher(dtype: str, shape: list[int]):

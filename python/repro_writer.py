@@ -424,14 +424,16 @@ class TraceWriter:
             )
             for n, t in tensors.items()
         }
-        data = safetensors.serialize(specs, None)
         if os.path.lexists(tmp):
             os.remove(tmp)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        with os.fdopen(fd, "wb") as f:
-            f.write(bytes(data))
-            f.flush()
-            os.fsync(f.fileno())
+        # Written straight from the tensors' own bytes (no copy of the whole file in memory),
+        # then synced before the rename.
+        safetensors.serialize_file(specs, tmp, None)
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         os.replace(tmp, final)
 
     def finish(self, stopped: Optional[str] = None) -> int:
