@@ -1,0 +1,176 @@
+"""The PyTorch recorder's own host work per recorded tensor, on the CPU, with no GPU: what a
+recorded step costs the host besides the program, which is what the CNNs of many small modules
+pay on a GPU (docs/results/pytorch-recorder-cost-h100.md).
+
+The model trains on the CPU at a tiny input, and every tensor goes the GPU path (queued, flushed
+in batches, its hash read back, the record written) through a stand-in for the GPU hashing
+library that hashes nothing, so that the time measured is the recorder's and the writer's
+Python. Each part's time is measured around the recorder's own calls (timers add about a
+microsecond each), not as the difference of two step times: the program's own time varies more
+than the recorder's.
+
+    python python/bench/torch_host_cost.py [MODEL ...]
+
+MODEL: torchvision classification models by name (default resnet50, densenet121,
+mobilenet_v3_large; needs torchvision). Prints one markdown row per model.
+"""
+
+import contextlib
+import os
+import sys
+import tempfile
+import time
+
+import torch
+
+from repro_torch import DeviceHasher, ModelRecorder, Recorder, model, recorder
+from repro_trace import Trace
+from steps import training_step  # beside this file
+
+
+class NullLibrary:
+    """The GPU hashing library's C functions, doing nothing: every hash reads as zeros."""
+
+    def __init__(self):
+        self.tickets = 0
+
+    def repro_cuda_hasher_new(self, index):
+        return 1
+
+    def repro_cuda_hasher_push_many(self, handle, addresses, lengths, keeps, n):
+        first, self.tickets = self.tickets, self.tickets + n
+        return first
+
+    def repro_cuda_hasher_flush(self, handle):
+        return 0
+
+    def repro_cuda_hasher_flush_beside(self, handle):
+        return 0
+
+    def repro_cuda_hasher_reads_done(self, handle):
+        return 0
+
+    def repro_cuda_hasher_wait_reads(self, handle):
+        return 0
+
+    def repro_cuda_hasher_start_read(self, handle, n):
+        n._obj.value, self.tickets = self.tickets, 0
+        return 1
+
+    def repro_cuda_read_finish(self, read, hashes, n, values, kept):
+        return 0
+
+    def repro_cuda_hasher_free(self, handle):
+        pass
+
+    def repro_cuda_last_error(self):
+        return b"the null library failed"
+
+
+class HostHasher(DeviceHasher):
+    def _on_legacy_stream(self):
+        return True
+
+
+def timed_parts(spent: dict) -> None:
+    """Times the recorder's entry points from now on, adding seconds to `spent` by part: the
+    module hooks; the loss and the gradients; the step's start and end (inputs and parameters
+    queued, updates, flushes, the last step's hashes read and its record written), with the
+    writer's share of it on its own. Together the first three are all the recorder's work."""
+
+    def add(label, started):
+        spent[label] = spent.get(label, 0.0) + time.perf_counter() - started
+
+    make_hook = model.ModelRecorder._hook
+
+    def timed_make_hook(self, module_name):
+        hook = make_hook(self, module_name)
+
+        def timed_hook(*args):
+            started = time.perf_counter()
+            try:
+                return hook(*args)
+            finally:
+                add("hooks", started)
+
+        return timed_hook
+
+    def timed_call(function, label):
+        def call(*args, **kwargs):
+            started = time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                add(label, started)
+
+        return call
+
+    captured = model.ModelRecorder._captured
+
+    @contextlib.contextmanager
+    def timed_captured(self, *args, **kwargs):
+        manager = captured(self, *args, **kwargs)
+        started = time.perf_counter()
+        value = manager.__enter__()
+        add("start and end", started)
+        try:
+            yield value
+        finally:
+            started = time.perf_counter()
+            manager.__exit__(None, None, None)
+            add("start and end", started)
+
+    model.ModelRecorder._hook = timed_make_hook
+    model.ModelRecorder._captured = timed_captured
+    model.CapturedStep.loss = timed_call(model.CapturedStep.loss, "loss and gradients")
+    model.CapturedStep.gradients = timed_call(model.CapturedStep.gradients, "loss and gradients")
+    recorder.TraceWriter.write_step = timed_call(recorder.TraceWriter.write_step, "of which the writer")
+
+
+PARTS = ("hooks", "loss and gradients", "start and end", "of which the writer")
+
+
+def measure(name: str, spent: dict, steps: int = 10) -> None:
+    import torchvision
+
+    torch.manual_seed(0)
+    net = torchvision.models.get_model(name, num_classes=10)
+    images, labels = torch.randn(2, 3, 64, 64), torch.randint(0, 10, (2,))
+    opt = torch.optim.SGD(net.parameters(), lr=1e-3, momentum=0.9)
+
+    def loss_of(m):
+        return torch.nn.functional.cross_entropy(m(images), labels)
+
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "t")
+        rec = ModelRecorder(Recorder(path, {"workload": name}, capture="none", place=None), net)
+        hasher = HostHasher("", 0, lib=NullLibrary())
+        rec.recorder._hashers[0] = hasher
+        rec.recorder.hasher_for = lambda t: hasher
+        for i in range(3):  # the first step watches for outputs changed in place
+            training_step(net, opt, loss_of, rec, i)
+        spent.clear()
+        for i in range(3, 3 + steps):
+            training_step(net, opt, loss_of, rec, i)
+        rec.finish()
+        with Trace(path) as trace:
+            records = len(list(trace.steps())[-1].tensors)
+    per_step = {k: v / steps * 1e3 for k, v in spent.items()}
+    total = sum(per_step.get(k, 0.0) for k in PARTS[:3])
+    parts = " | ".join(f"{per_step.get(k, 0.0):.1f}" for k in PARTS)
+    print(f"| {name} | {records} | {parts} | {total:.1f} | {total / records * 1e3:.1f} |", flush=True)
+
+
+def main() -> None:
+    names = sys.argv[1:] or ["resnet50", "densenet121", "mobilenet_v3_large"]
+    torch.set_num_threads(1)
+    spent: dict = {}
+    timed_parts(spent)
+    print("| model | records a step | " + " | ".join(f"{k} (ms)" for k in PARTS) + " | recorder (ms) | per record (us) |")
+    print("|---|---|" + "---|" * (len(PARTS) + 2))
+    for name in names:
+        measure(name, spent)
+
+
+if __name__ == "__main__":
+    main()
