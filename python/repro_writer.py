@@ -197,7 +197,7 @@ class TraceWriter:
         self._last: Optional[int] = None
         self._steps = 0
         self._checked: set = set()  # records whose checks of themselves alone passed (`_check`)
-        # The last step's layout (`_layout_of` of each record) and its records' encodings.
+        # The last step's layouts (`layout_of` of each record) and its records' encodings.
         self._layout: Optional[list] = None
         self._encoded: list = []
         self._prepare(replace)
@@ -283,52 +283,61 @@ class TraceWriter:
         Steps repeat: a step whose records are laid out as the last one's (the same names, kinds,
         dtypes, shapes, inputs, nodes, sources...: everything but the values) skips the checks of
         how its records relate, which the last step passed, and reuses their encoding."""
+        tensors = tensors if isinstance(tensors, list) else list(tensors)
+        self.write_laid_out(step, [layout_of(t) for t in tensors], [t.data for t in tensors],
+                            [t.data_hash for t in tensors], no_gradient)
+
+    def write_laid_out(self, step: int, layouts: list, data: list, hashes: list, no_gradient: Iterable[str] = ()) -> None:
+        """`write_step` for records given as three lists: each record's layout (a tuple in the
+        order of `LAYOUT_FIELDS`, as `layout_of` makes it), its bytes (or None) and its data hash
+        (or None). A recorder that keeps its steps so makes no object per record that Python's
+        garbage collector must walk while the step waits to be written."""
         if self._last is not None and step <= self._last:
             raise WriteError(f"step {step} follows step {self._last}: steps must increase")
+        if not len(layouts) == len(data) == len(hashes):
+            raise WriteError(f"step {step}: {len(layouts)} layouts, {len(data)} values and {len(hashes)} hashes")
         full = self.wants_full(step)
-        tensors = tensors if isinstance(tensors, list) else list(tensors)
-        layout = [_layout_of(t) for t in tensors]
-        if layout != self._layout:
-            self._check_layout(tensors, step)
-            self._layout, self._encoded = layout, [_EncodedRecord(t) for t in tensors]
+        if layouts != self._layout:
+            records = [_record_of(layout, d, h) for layout, d, h in zip(layouts, data, hashes)]
+            self._check_layout(records, step)
+            self._layout, self._encoded = layouts, [_EncodedRecord(t) for t in records]
         inline_max, digests, payload = self._inline_max, {}, {}
         missing = sorted(set(no_gradient))
         # The step record's map, key by key (`_append` of a dict would pack it alike).
         parts = [_STEP_OPENINGS[bool(missing)], _pack(step), _PAYLOAD_KEY, _NIL, _TENSORS_KEY,
-                 _PACKER.pack_array_header(len(tensors))]
-        for t, encoded in zip(tensors, self._encoded):
-            data = t.data
-            if t.view is not None:
-                if data is not None:
-                    raise WriteError(f"step {step}, tensor `{t.name}`: a view is a node's, without data, of a tensor "
+                 _PACKER.pack_array_header(len(layouts))]
+        for layout, d, inner, encoded in zip(layouts, data, hashes, self._encoded):
+            name, view = layout[0], layout[9]
+            if view is not None:
+                if d is not None:
+                    raise WriteError(f"step {step}, tensor `{name}`: a view is a node's, without data, of a tensor "
                                      "of its dtype recorded earlier in the step")
-                of, offset, strides = t.view
-                digest = view_hash(t.dtype, encoded.shape, digests[of], int(offset), [int(x) for x in strides])
+                of, offset, strides = view
+                digest = view_hash(layout[2], encoded.shape, digests[of], int(offset), [int(x) for x in strides])
                 parts += (encoded.header, encoded.head, _str64(digest), _NOT_IN_PAYLOAD, encoded.tail)
                 continue
-            if data is None:
-                inner = t.data_hash
+            if d is None:
                 if not isinstance(inner, (bytes, bytearray)) or len(inner) != 32:
-                    raise WriteError(f"step {step}, tensor `{t.name}`: neither its bytes nor a 32-byte data hash")
+                    raise WriteError(f"step {step}, tensor `{name}`: neither its bytes nor a 32-byte data hash")
                 if full:
-                    raise WriteError(f"step {step}, tensor `{t.name}`: the step stores full values, but only a hash was given")
+                    raise WriteError(f"step {step}, tensor `{name}`: the step stores full values, but only a hash was given")
             else:
-                if len(data) != encoded.nbytes:
-                    raise WriteError(f"step {step}, tensor `{t.name}`: {len(data)} bytes for {t.dtype} "
+                if len(d) != encoded.nbytes:
+                    raise WriteError(f"step {step}, tensor `{name}`: {len(d)} bytes for {layout[2]} "
                                      f"{list(encoded.shape)} ({encoded.nbytes} expected)")
-                inner = blake3_digest(data)
+                inner = blake3_digest(d)
             h = encoded.prefix.copy()
             h.update(inner)
             digest = h.digest().hex()  # as hexdigest(), in a third less time
-            digests[t.name] = digest
-            if data is not None and len(data) <= inline_max:
-                parts += (encoded.header_inline, encoded.head, _str64(digest), _INLINE_KEY, _pack(bytes(data)),
+            digests[name] = digest
+            if d is not None and len(d) <= inline_max:
+                parts += (encoded.header_inline, encoded.head, _str64(digest), _INLINE_KEY, _pack(bytes(d)),
                           _NOT_IN_PAYLOAD, encoded.tail)
                 continue
             parts += (encoded.header, encoded.head, _str64(digest), _IN_PAYLOAD if full else _NOT_IN_PAYLOAD,
                       encoded.tail)
             if full:
-                payload[t.name] = t
+                payload[name] = (layout[2], encoded.shape, d)
         if missing:
             parts += (_NO_GRADIENT_KEY, _pack(missing))
         if payload:
@@ -413,16 +422,17 @@ class TraceWriter:
                              "recorded earlier in the step with its dtype and shape")
 
     def _write_payload(self, name: str, tensors: dict) -> None:
+        """Writes the payload file `name` of `tensors`: name -> (dtype, shape, bytes)."""
         os.makedirs(os.path.join(self.path, TENSORS_DIR), exist_ok=True)
         final = os.path.join(self.path, name)
         tmp = final + ".tmp"
-        buffers = {n: np.frombuffer(t.data, dtype=np.uint8) for n, t in tensors.items()}
+        buffers = {n: np.frombuffer(data, dtype=np.uint8) for n, (_, _, data) in tensors.items()}
         specs = {
             n: safetensors.TensorSpec(
-                dtype=_SAFETENSORS_DTYPES[t.dtype], shape=[int(d) for d in t.shape],
+                dtype=_SAFETENSORS_DTYPES[dtype], shape=[int(d) for d in shape],
                 data_ptr=buffers[n].ctypes.data if buffers[n].nbytes else 0, data_len=buffers[n].nbytes,
             )
-            for n, t in tensors.items()
+            for n, (dtype, shape, _) in tensors.items()
         }
         if os.path.lexists(tmp):
             os.remove(tmp)
@@ -489,13 +499,23 @@ def _str64(digest: str) -> bytes:
     return b"\xd9\x40" + digest.encode("ascii")
 
 
-def _layout_of(t: Record) -> tuple:
-    """Everything a record is but its values: what `_check_layout` checks and `_EncodedRecord`
-    encodes."""
+# The fields of a record's layout, in order: everything a record is but its values, what
+# `_check_layout` checks and `_EncodedRecord` encodes. Shapes, inputs, a view's strides and a
+# shard's shapes are tuples of plain ints and strings, so that equal layouts compare equal.
+LAYOUT_FIELDS = ("name", "kind", "dtype", "shape", "phase", "inputs", "node", "source", "collective", "view", "shard")
+
+
+def layout_of(t: Record) -> tuple:
+    """A record's layout (`LAYOUT_FIELDS`)."""
     view = None if t.view is None else (t.view[0], int(t.view[1]), tuple(int(x) for x in t.view[2]))
     shard = None if t.shard is None else (tuple(int(d) for d in t.shard[0]), tuple(int(o) for o in t.shard[1]))
-    return (t.name, t.kind, t.dtype, tuple(t.shape), t.phase, tuple(t.inputs), t.node, t.source, t.collective, view,
-            shard)
+    return (t.name, t.kind, t.dtype, tuple(int(d) for d in t.shape), t.phase, tuple(t.inputs), t.node, t.source,
+            t.collective, view, shard)
+
+
+def _record_of(layout: tuple, data, data_hash) -> Record:
+    name, kind, dtype, shape, phase, inputs, node, source, collective, view, shard = layout
+    return Record(name, kind, dtype, shape, data, phase, inputs, node, source, data_hash, view, collective, shard)
 
 
 class _EncodedRecord:

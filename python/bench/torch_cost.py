@@ -104,10 +104,10 @@ class Counts:
         queue, flush = DeviceHasher.queue, DeviceHasher.flush
         counts = self
 
-        def counted_queue(self, record, address, length, *rest):
+        def counted_queue(self, *args, **kwargs):
+            queue(self, *args, **kwargs)
             counts.tensors += 1
-            counts.bytes += length
-            return queue(self, record, address, length, *rest)
+            counts.bytes += self._lengths[-1]
 
         def counted_flush(self, *args, **kwargs):
             counts.flushes += bool(self.queued)

@@ -7,8 +7,9 @@
 #   python/bench/torch_cost_gpu.sh OUT [all|checks|bench|quick]   (checks: tests and hashes; bench: tables)
 #   python/bench/torch_cost_gpu.sh OUT others   (resnet50 compiled by torch.compile, and models
 #       outside the benchmark set, at batch 64)
-#   python/bench/torch_cost_gpu.sh OUT against DIR [BATCH]   (the CNNs' cost, recorded by the Python
-#       package in DIR/python, then by this tree's, side by side on one GPU: before and after a change)
+#   [MODELS=...] python/bench/torch_cost_gpu.sh OUT against DIR [BATCH]   (the CNNs' cost over 16 steps,
+#       recorded by the Python package in DIR/python and by this tree's, model by model, in two rounds,
+#       on one GPU: before and after a change)
 set -u
 OUT=${1:?usage: torch_cost_gpu.sh OUT [all|checks|bench|quick|others|against DIR [BATCH]]}
 WHAT=${2:-all}
@@ -37,10 +38,18 @@ bench() { python3 python/bench/torch_cost.py "$@" 2>&1 | grep -v Warning; }
     fi
     if [ "$WHAT" = against ]; then
         before=${3:?against: the folder holding the other Python package (DIR/python)}
-        cnns="resnet50 densenet121 efficientnet_b0 mobilenet_v3_large convnext_tiny"
-        for tree in "$before" .; do
-            echo "== batch ${4:-64}, recorded by $tree/python"
-            PYTHONPATH="$tree/python:${PYTHONPATH#python:}" bench --header --steps 8 --batch "${4:-64}" --variants plain,batched $cnns
+        cnns=${MODELS:-resnet50 densenet121 efficientnet_b0 mobilenet_v3_large convnext_tiny regnet_y_1_6gf shufflenet_v2_x1_0}
+        # Model by model, the two trees one after the other, twice: the step of a program bound by
+        # its host drifts over minutes, so only neighbouring rows compare.
+        echo "| model | variant | step | x plain | PyTorch's peak | over plain | device memory in use | over plain | tensors a step | bytes a step | flushes a step |"
+        echo "|---|---|---|---|---|---|---|---|---|---|---|"
+        for round in 1 2; do
+            for model in $cnns; do
+                for tree in "$before" .; do
+                    echo "| round $round: $model recorded by $tree/python |"
+                    PYTHONPATH="$tree/python:${PYTHONPATH#python:}" bench --steps 16 --batch "${4:-64}" --variants plain,batched "$model" | grep '^| '
+                done
+            done
         done
         exit 0
     fi

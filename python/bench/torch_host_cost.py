@@ -16,6 +16,7 @@ mobilenet_v3_large; needs torchvision). Prints one markdown row per model.
 """
 
 import contextlib
+import gc
 import os
 import sys
 import tempfile
@@ -124,13 +125,13 @@ def timed_parts(spent: dict) -> None:
     model.ModelRecorder._captured = timed_captured
     model.CapturedStep.loss = timed_call(model.CapturedStep.loss, "loss and gradients")
     model.CapturedStep.gradients = timed_call(model.CapturedStep.gradients, "loss and gradients")
-    recorder.TraceWriter.write_step = timed_call(recorder.TraceWriter.write_step, "of which the writer")
+    recorder.TraceWriter.write_laid_out = timed_call(recorder.TraceWriter.write_laid_out, "of which the writer")
 
 
 PARTS = ("hooks", "loss and gradients", "start and end", "of which the writer")
 
 
-def measure(name: str, spent: dict, steps: int = 10) -> None:
+def measure(name: str, spent: dict, steps: int = 30) -> None:
     import torchvision
 
     torch.manual_seed(0)
@@ -150,6 +151,7 @@ def measure(name: str, spent: dict, steps: int = 10) -> None:
         for i in range(3):  # the first step watches for outputs changed in place
             training_step(net, opt, loss_of, rec, i)
         spent.clear()
+        collections = _collections()
         for i in range(3, 3 + steps):
             training_step(net, opt, loss_of, rec, i)
         rec.finish()
@@ -158,7 +160,32 @@ def measure(name: str, spent: dict, steps: int = 10) -> None:
     per_step = {k: v / steps * 1e3 for k, v in spent.items()}
     total = sum(per_step.get(k, 0.0) for k in PARTS[:3])
     parts = " | ".join(f"{per_step.get(k, 0.0):.1f}" for k in PARTS)
-    print(f"| {name} | {records} | {parts} | {total:.1f} | {total / records * 1e3:.1f} |", flush=True)
+    gc_ms, full = collections()
+    print(f"| {name} | {records} | {parts} | {total:.1f} | {total / records * 1e3:.1f} | {gc_ms / steps:.1f} | "
+          f"{full} |", flush=True)
+
+
+def _collections():
+    """Starts counting Python's garbage collections; the function returned stops, and says the
+    milliseconds they took and how many were full (generation 2). The recorder's parts above
+    include the collections that ran inside them: what lives until a step is written is what
+    they walk."""
+    spent, full, started = [0.0], [0], [0.0]
+
+    def callback(phase, info):
+        if phase == "start":
+            started[0] = time.perf_counter()
+        else:
+            spent[0] += time.perf_counter() - started[0]
+            full[0] += info["generation"] == 2
+
+    gc.callbacks.append(callback)
+
+    def stop():
+        gc.callbacks.remove(callback)
+        return spent[0] * 1e3, full[0]
+
+    return stop
 
 
 def main() -> None:
@@ -166,8 +193,9 @@ def main() -> None:
     torch.set_num_threads(1)
     spent: dict = {}
     timed_parts(spent)
-    print("| model | records a step | " + " | ".join(f"{k} (ms)" for k in PARTS) + " | recorder (ms) | per record (us) |")
-    print("|---|---|" + "---|" * (len(PARTS) + 2))
+    print("| model | records a step | " + " | ".join(f"{k} (ms)" for k in PARTS) + " | recorder (ms) | per record (us) "
+          "| garbage collection, all of the step (ms) | full collections |")
+    print("|---|---|" + "---|" * (len(PARTS) + 4))
     for name in names:
         measure(name, spent)
 

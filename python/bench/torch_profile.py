@@ -52,7 +52,7 @@ def timers() -> dict:
     timed(cuda_hash.DeviceRead, "finish", "read.finish")
     timed(recorder.StepRecorder, "_queue", "queue")
     timed(recorder.StepRecorder, "module_output", "hook outputs")
-    timed(recorder.TraceWriter, "write_step", "write_step")
+    timed(recorder.TraceWriter, "write_laid_out", "write_laid_out")
     timed(model.CapturedStep, "gradients", "gradients")
     timed(torch.Tensor, "backward", "backward")
     return spent

@@ -11,7 +11,7 @@ from typing import Optional
 
 import torch
 
-from repro_writer import Record, WriteError
+from repro_writer import WriteError
 
 CUDA_HASH_LIB_ENV = "REPRO_CUDA_HASH_LIB"
 CUDA_HASH_LIB = "librepro_cuda_hash.so"
@@ -71,10 +71,11 @@ def _cuda_hash_library(path: str) -> ctypes.CDLL:
 class DeviceHasher:
     """repro's batched BLAKE3 kernels over one GPU's tensors, in place (librepro_cuda_hash.so).
 
-    `queue` takes a record and the address and length of its canonical bytes on the GPU;
-    `flush` launches the kernels over what is queued without waiting; `start_read` queues the
-    copy of a step's hashes to the host, and the `DeviceRead` it returns fills each record's
-    `data_hash` (and `data`, for those queued with `keep_bytes`) when finished, a step later, so
+    `queue` takes a record, by its step's lists and its index in them (an `owner` with `data`
+    and `hashes` lists and `name_of(index)`), and the address and length of its canonical bytes
+    on the GPU; `flush` launches the kernels over what is queued without waiting; `start_read`
+    queues the copy of a step's hashes to the host, and the `DeviceRead` it returns fills each
+    record's hash (and bytes, for those queued with `keep_bytes`) when finished, a step later, so
     the GPU never waits for the host.
 
     A flush reads the memory on CUDA's per-thread default stream, which CUDA orders both ways
@@ -93,23 +94,37 @@ class DeviceHasher:
         self._handle = self._lib.repro_cuda_hasher_new(index)
         if not self._handle:
             raise WriteError(_last_error(self._lib))
-        # Queued until flushed: each record, what is held for it (the tensor read, with its
-        # version when it is the program's own), and the three arrays `push_many` takes.
-        self._queued: list = []
+        # Queued until flushed, in flat lists (no object per record for the garbage collector to
+        # walk): each record's owner and index, the tensor read for it, that tensor's version
+        # when it is the program's own, the length of the bytes kept (or None), and the three
+        # arrays `push_many` takes.
+        self._owners: list = []
+        self._indices: list[int] = []
+        self._held: list = []
+        self._versions: list = []
+        self._kept: list = []
         self._addresses: list[int] = []
         self._lengths: list[int] = []
         self._keeps = bytearray()
-        self._flushed: list = []  # (record, length kept or None) until read
-        # Flushed beside and still being read: (flush number, [(record, tensor, version)]).
+        # Flushed until read: each record's owner and index, and the length of its bytes kept.
+        self._flushed_owners: list = []
+        self._flushed_indices: list[int] = []
+        self._flushed_kept: list = []
+        # Flushed beside and still being read: (flush number, [(owner, index, tensor, version)]).
         self._reading: list = []
         self._flushes = 0  # flushes so far, of either kind (the library numbers them alike)
 
-    def queue(self, record: Record, address: int, length: int, keep_bytes: bool, held: torch.Tensor,
+    def queue(self, owner, index: int, address: int, length: int, keep_bytes: bool, held: torch.Tensor,
               version: Optional[int]) -> None:
         """Queues `length` bytes at `address` (the canonical bytes of `held`, a tensor the hasher
-        keeps alive until they are read); `version`: `held`'s version counter now, checked when
-        the bytes are read, or None for a tensor nothing else can change (a copy)."""
-        self._queued.append((record, held, version, length if keep_bytes else None))
+        keeps alive until they are read) for `owner`'s record `index`; `version`: `held`'s version
+        counter now, checked when the bytes are read, or None for a tensor nothing else can change
+        (a copy)."""
+        self._owners.append(owner)
+        self._indices.append(index)
+        self._held.append(held)
+        self._versions.append(version)
+        self._kept.append(length if keep_bytes else None)
         self._addresses.append(address)
         self._lengths.append(length)
         self._keeps.append(1 if keep_bytes else 0)
@@ -117,20 +132,20 @@ class DeviceHasher:
     @property
     def queued(self) -> int:
         """Tensors queued and not flushed yet."""
-        return len(self._queued)
+        return len(self._indices)
 
     def flush(self, beside: bool = False) -> None:
         """Launches the kernels over what is queued (read `beside` the program's stream, or in
         order with it), after checking that none of it changed since it was queued."""
-        if not self._queued:
+        if not self._indices:
             self.poll()
             return
-        for record, held, version, _ in self._queued:
-            _check_unchanged(record, held, version)
+        for owner, index, held, version in zip(self._owners, self._indices, self._held, self._versions):
+            _check_unchanged(owner, index, held, version)
         legacy = self._on_legacy_stream()
         if not legacy:
             beside = False
-        n = len(self._queued)
+        n = len(self._indices)
         addresses = (ctypes.c_uint64 * n)(*self._addresses)
         lengths = (ctypes.c_uint64 * n)(*self._lengths)
         keeps = (ctypes.c_uint8 * n).from_buffer(self._keeps)
@@ -141,16 +156,22 @@ class DeviceHasher:
             number = self._lib.repro_cuda_hasher_flush_beside(self._handle)
             if number < 0:
                 raise WriteError(_last_error(self._lib))
-            self._reading.append((number, [(r, h, v) for r, h, v, _ in self._queued]))
+            self._reading.append((number, list(zip(self._owners, self._indices, self._held, self._versions))))
         elif self._lib.repro_cuda_hasher_flush(self._handle) != 0:
             raise WriteError(_last_error(self._lib))
         self._flushes += 1
-        self._flushed.extend((record, kept) for record, _, _, kept in self._queued)
+        self._flushed_owners += self._owners
+        self._flushed_indices += self._indices
+        self._flushed_kept += self._kept
         # Read in order, the tensors may go: what reuses their memory waits for the kernels.
-        self._queued, self._addresses, self._lengths, self._keeps = [], [], [], bytearray()
+        self._clear_queue()
         if not legacy:
             self.start_read().finish()
         self.poll()
+
+    def _clear_queue(self) -> None:
+        self._owners, self._indices, self._held, self._versions, self._kept = [], [], [], [], []
+        self._addresses, self._lengths, self._keeps = [], [], bytearray()
 
     def _on_legacy_stream(self) -> bool:
         """Whether the program runs on CUDA's legacy default stream; if not, its stream is
@@ -172,26 +193,27 @@ class DeviceHasher:
     def _release(self, done: int) -> None:
         while self._reading and self._reading[0][0] <= done:
             _, held = self._reading.pop(0)
-            for record, tensor, version in held:
-                _check_unchanged(record, tensor, version)
+            for owner, index, tensor, version in held:
+                _check_unchanged(owner, index, tensor, version)
 
     def start_read(self) -> "DeviceRead":
         """Flushes, and starts copying the hashes of everything flushed to the host."""
         self.flush()
         n = ctypes.c_uint64(0)
         handle = self._lib.repro_cuda_hasher_start_read(self._handle, ctypes.byref(n))
-        records, self._flushed = self._flushed, []
+        owners, indices, kept = self._flushed_owners, self._flushed_indices, self._flushed_kept
+        self._flushed_owners, self._flushed_indices, self._flushed_kept = [], [], []
         if not handle:
             raise WriteError(_last_error(self._lib))
-        if n.value != len(records):
-            raise WriteError(f"the GPU hasher holds {n.value} tensors, {len(records)} were queued")
+        if n.value != len(indices):
+            raise WriteError(f"the GPU hasher holds {n.value} tensors, {len(indices)} were queued")
         # Once the copy has landed, every flush so far has been read.
         flushes = self._flushes
-        return DeviceRead(self._lib, handle, records, lambda: self._release(flushes))
+        return DeviceRead(self._lib, handle, owners, indices, kept, lambda: self._release(flushes))
 
     def abandon(self) -> None:
         """Drops what a failed step queued and lets go of what it flushed, unchecked."""
-        self._queued, self._addresses, self._lengths, self._keeps = [], [], [], bytearray()
+        self._clear_queue()
         try:
             if self._reading:
                 self._lib.repro_cuda_hasher_wait_reads(self._handle)
@@ -218,12 +240,12 @@ def _current_stream_handle(index: int) -> int:
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or _current_stream_handle
 
 
-def _check_unchanged(record: Record, held: torch.Tensor, version: Optional[int]) -> None:
-    """Raises if `held` changed in place since it was queued (its version counter moved): its
-    hash would be of other values than the ones recorded."""
+def _check_unchanged(owner, index: int, held: torch.Tensor, version: Optional[int]) -> None:
+    """Raises if `held` changed in place since it was queued for `owner`'s record `index` (its
+    version counter moved): its hash would be of other values than the ones recorded."""
     if version is not None and held._version != version:
         raise WriteError(
-            f"`{record.name}` changed in place after it was recorded, before repro had read it on the GPU "
+            f"`{owner.name_of(index)}` changed in place after it was recorded, before repro had read it on the GPU "
             "(the steps before did not change it): its hash would not be of the values recorded. "
             "Record with REPRO_TORCH_FLUSH=module (each module's output hashed before the program goes on)"
         )
@@ -232,27 +254,29 @@ def _check_unchanged(record: Record, held: torch.Tensor, version: Optional[int])
 class DeviceRead:
     """A step's hashes on their way from the GPU (see `DeviceHasher.start_read`)."""
 
-    def __init__(self, lib, handle, records: list, landed=None):
-        """`landed`: called once the copy has landed."""
-        self._lib, self._handle, self._records, self._landed = lib, handle, records, landed
+    def __init__(self, lib, handle, owners: list, indices: list, kept: list, landed=None):
+        """The records read, by owner and index (see `DeviceHasher.queue`); `kept`: the length of
+        each record's bytes kept, or None; `landed`: called once the copy has landed."""
+        self._lib, self._handle, self._landed = lib, handle, landed
+        self._owners, self._indices, self._kept = owners, indices, kept
 
     def finish(self) -> None:
         """Waits for the copy (this step's work only) and fills the records."""
         if self._handle is None:
             return
         handle, self._handle = self._handle, None
-        n = len(self._records)
-        kept = sum(length or 0 for _, length in self._records)
+        n = len(self._indices)
+        kept = sum(length or 0 for length in self._kept)
         hashes, values = ctypes.create_string_buffer(max(32 * n, 1)), ctypes.create_string_buffer(max(kept, 1))
         if self._lib.repro_cuda_read_finish(handle, hashes, n, values, kept) != 0:
             raise WriteError(_last_error(self._lib))
         if self._landed is not None:
             self._landed()
         at, raw, kept_raw = 0, hashes.raw, values.raw
-        for i, (record, length) in enumerate(self._records):
-            record.data_hash = raw[32 * i : 32 * i + 32]
+        for i, (owner, index, length) in enumerate(zip(self._owners, self._indices, self._kept)):
+            owner.hashes[index] = raw[32 * i : 32 * i + 32]
             if length is not None:
-                record.data = kept_raw[at : at + length]
+                owner.data[index] = kept_raw[at : at + length]
                 at += length
 
     def __del__(self):

@@ -191,16 +191,22 @@ def _call_site() -> Optional[str]:
     frame = sys._getframe(1)
     while frame is not None:
         file = frame.f_code.co_filename
-        if not file.startswith(_PACKAGE_DIR) and not file.startswith(_TORCH_DIR):
-            relative = _RELATIVE.get(file)
-            if relative is None:
-                relative = _RELATIVE.setdefault(file, os.path.relpath(file))
+        relative = _PROGRAM_FILES.get(file, "")
+        if relative == "":
+            relative = _PROGRAM_FILES[file] = _program_file(file)
+        if relative is not None:
             return f"{relative}:{frame.f_lineno}"
         frame = frame.f_back
     return None
 
 
-# Each file's path relative to the working directory when first seen (os.path.relpath costs as
-# much as the rest of a hook).
-_RELATIVE: dict[str, str] = {}
+def _program_file(file: str) -> Optional[str]:
+    """`file` relative to the working directory, or None for torch's files and this package's."""
+    if file.startswith(_PACKAGE_DIR) or file.startswith(_TORCH_DIR):
+        return None
+    return os.path.relpath(file)
 
+
+# Each file seen in a call stack, as `_program_file` says (os.path.relpath costs as much as the
+# rest of a hook): one dictionary lookup a frame.
+_PROGRAM_FILES: dict[str, Optional[str]] = {}

@@ -13,14 +13,14 @@ from typing import Iterator, Optional
 import torch
 
 from repro_trace import RECORDS_FILE
-from repro_writer import Record, TraceWriter, WriteError
+from repro_writer import TraceWriter, WriteError
 
 from .cuda_hash import CUDA_HASH_LIB, CUDA_HASH_LIB_ENV, DeviceHasher, cuda_hash_library_path
 from .flushes import MAX_QUEUED, MAX_QUEUED_BYTES, FlushPolicy
 from .perturb import Perturbation
 from .ranks import RankPlace, current_place, perturbs_this_rank
 from .switches import changes, determinism_switches, environment
-from .tensors import IN_PLACE_DTYPES, canonical_on_device, record_of
+from .tensors import IN_PLACE_DTYPES, canonical, canonical_on_device
 
 # `Recorder(place=AUTO)`: this process's place as torch.distributed says (`ranks.current_place`).
 AUTO = "auto"
@@ -72,9 +72,9 @@ class Recorder:
         # thread for Python's lock, and on an H100 every CPU-bound model recorded slower.)
         self._behind: list = []
         self.flush_policy = FlushPolicy()
-        # The last step's tensors hashed on the GPU (see `StepRecorder`): a parameter recorded
-        # at a step's start, unchanged since the last step recorded it updated, repeats that.
-        self._carried: dict = {}
+        # The last step recorded (see `StepRecorder`): a parameter recorded at a step's start,
+        # unchanged since the last step recorded it updated, repeats that record.
+        self._carried: Optional[StepRecorder] = None
 
     def hasher_for(self, t: torch.Tensor) -> Optional[DeviceHasher]:
         """The GPU hasher of a CUDA tensor's device, or None (a CPU tensor, or no library)."""
@@ -159,7 +159,7 @@ class Recorder:
         if self.place is not None:
             self._writer.mark_progress(step, "done")
         reads = [hasher.start_read() for hasher in self._hashers.values()]
-        self._carried = s.hashed_on_gpu
+        self._carried = s
         self._behind.append((s, reads))
         while len(self._behind) > (1 if reads else 0):
             self._write_oldest()
@@ -169,7 +169,7 @@ class Recorder:
         for read in reads:
             read.finish()
         s.fill_repeats()
-        self._writer.write_step(s.step, s.records, s.no_gradient)
+        self._writer.write_laid_out(s.step, s.layouts, s.data, s.hashes, s.no_gradient)
 
     def entering_collective(self, step: int, collective: str, tensors) -> None:
         """Notes, for a rank of several, that it waits in `collective` over `tensors` at `step`:
@@ -196,17 +196,29 @@ class StepRecorder:
 
     def __init__(self, recorder: Recorder, step: int):
         self.recorder, self.step = recorder, step
-        self.records: list[Record] = []
+        # The step's records as the writer takes them (`TraceWriter.write_laid_out`): each one's
+        # layout, its bytes or None, and its data hash, None until its GPU hash lands. Flat lists
+        # of plain values, not an object per record: what lives until a step is written (a step
+        # later) is what Python's garbage collector walks, at a cost in every full collection.
+        self.layouts: list[tuple] = []
+        self.data: list = []
+        self.hashes: list = []
         self.no_gradient: list[str] = []
         self._nodes = 0
         self._full = recorder.wants_full(step)
-        # Tensors hashed on the GPU this step, by what makes their bytes the same (storage,
-        # layout, version), with a weak reference that says their memory has not been reused;
-        # and the records that repeat one of them (a container module's output is its last
-        # child's), filled from it when the hashes land.
+        # Tensors hashed on the GPU this step: (address, version) -> the index of their record;
+        # by that index, a weak reference that says the tensor's memory has not been reused, and
+        # the dtype, shape and strides that, with the address and version, make its bytes the
+        # same. A record that repeats one of them, here or in the step before (a container
+        # module's output is its last child's), takes its hash when the hashes land: the
+        # repeat's index, the step of the first, and the first's index there.
         self.hashed_on_gpu: dict = {}
-        self._previous = recorder._carried
-        self._repeats: list = []
+        self._refs: dict = {}
+        self._geometry: dict = {}
+        self._previous: Optional[StepRecorder] = recorder._carried
+        self._repeat_at: list[int] = []
+        self._repeat_from: list = []
+        self._repeat_of: list[int] = []
         self._policy = recorder.flush_policy
         self._watch = self._policy.watch()
         # Module outputs queued and not flushed yet, and their bytes (see `module_output`).
@@ -260,51 +272,78 @@ class StepRecorder:
         if node:
             position, self._nodes = self._nodes, self._nodes + 1
         inputs = tuple(inputs)
+        if shard is not None:
+            shard = (tuple(int(d) for d in shard[0]), tuple(int(o) for o in shard[1]))
         hasher = None if self._full else self.recorder.hasher_for(t)
         if hasher is None:
-            self.records.append(record_of(name, kind, t, phase=phase, inputs=inputs, node=position, source=source,
-                                          collective=collective, shard=shard))
+            dtype, shape, data = canonical(t)
+            self._append((name, kind, dtype, shape, phase, inputs, position, source, collective, None, shard), data)
             return False
-        dtype, shape, address = t.dtype, t.shape, t.data_ptr()
+        dtype, address = t.dtype, t.data_ptr()
         try:
             version = t._version
-            key = (address, dtype, shape, t.stride(), version)
+            key = (address, version)
         except RuntimeError:  # an inference-mode tensor has no version counter: never repeated
             version, key = None, None
-        seen = self.hashed_on_gpu.get(key) or self._previous.get(key) if key is not None else None
-        if seen is not None and seen[0]() is t:
-            first = seen[1]
-            record = Record(name, kind, first.dtype, first.shape, None, phase, inputs, position, source, None, None,
-                            collective, shard)
-            self._repeats.append((record, first))
-            self.records.append(record)
-            if key not in self.hashed_on_gpu:
-                self.hashed_on_gpu[key] = seen
-            return False
+        shape = tuple(t.shape)
+        geometry = (dtype, shape, t.stride())
+        if key is not None:
+            owner = self
+            first = self.hashed_on_gpu.get(key)
+            if first is None and self._previous is not None:
+                owner = self._previous
+                first = owner.hashed_on_gpu.get(key)
+            if first is not None and owner._refs[first]() is t and owner._geometry[first] == geometry:
+                laid = owner.layouts[first]
+                index = self._append((name, kind, laid[2], laid[3], phase, inputs, position, source, collective,
+                                      None, shard), None)
+                self._repeat_at.append(index)
+                self._repeat_from.append(owner)
+                self._repeat_of.append(first)
+                if owner is not self:
+                    self._hashed(key, index, owner._refs[first], geometry)
+                return False
         trace_dtype = IN_PLACE_DTYPES.get(dtype)
         if trace_dtype is not None and t.is_contiguous():
-            held, own, shape = t, True, list(shape)
+            held, own = t, True
         else:
             trace_dtype, shape, held = canonical_on_device(t)
             own, address = False, held.data_ptr()
-        record = Record(name, kind, trace_dtype, shape, None, phase, inputs, position, source, None, None, collective,
-                        shard)
-        self.records.append(record)
+        index = self._append((name, kind, trace_dtype, shape, phase, inputs, position, source, collective, None,
+                              shard), None)
         length = held.nbytes
         if length == 0:
-            record.data = b""
+            self.data[index] = b""
             return False
         # The program's own tensor is checked for changes when read; a copy cannot change.
-        hasher.queue(record, address, length, length <= self.recorder.inline_max_bytes, held,
+        hasher.queue(self, index, address, length, length <= self.recorder.inline_max_bytes, held,
                      version if own else None)
         if key is not None:
-            self.hashed_on_gpu[key] = (weakref.ref(t), record)
+            self._hashed(key, index, weakref.ref(t), geometry)
         return True
 
+    def _append(self, layout: tuple, data) -> int:
+        """Adds a record (its layout and bytes, its hash to come); its index."""
+        self.layouts.append(layout)
+        self.data.append(data)
+        self.hashes.append(None)
+        return len(self.layouts) - 1
+
+    def _hashed(self, key: tuple, index: int, ref, geometry: tuple) -> None:
+        self.hashed_on_gpu[key] = index
+        self._refs[index] = ref
+        self._geometry[index] = geometry
+
+    def name_of(self, index: int) -> str:
+        """The name of the record at `index`."""
+        return self.layouts[index][0]
+
     def fill_repeats(self) -> None:
-        """Gives each repeated tensor its first record's hash and bytes (once they have landed)."""
-        for record, first in self._repeats:
-            record.data, record.data_hash = first.data, first.data_hash
+        """Gives each repeated tensor its first record's hash and bytes (once they have landed),
+        and lets go of the step before."""
+        for at, owner, first in zip(self._repeat_at, self._repeat_from, self._repeat_of):
+            self.data[at], self.hashes[at] = owner.data[first], owner.hashes[first]
+        self._repeat_from, self._previous = [], None
 
     def flush(self) -> None:
         """Launches the GPU hashing of the tensors queued, read in order with the program's

@@ -21,7 +21,7 @@ INT_OF_WIDTH = {2: torch.int16, 4: torch.int32, 8: torch.int64}
 IN_PLACE_DTYPES = {**_DTYPES, torch.bool: "U8"} if sys.byteorder == "little" else {}
 
 
-def canonical_on_device(t: torch.Tensor) -> tuple[str, list[int], torch.Tensor]:
+def canonical_on_device(t: torch.Tensor) -> tuple[str, tuple[int, ...], torch.Tensor]:
     """A tensor's trace dtype, shape and canonical element bytes as a flat `uint8` tensor where
     the tensor lives (row-major; little-endian, as every device PyTorch runs on)."""
     t = t.detach()
@@ -33,10 +33,10 @@ def canonical_on_device(t: torch.Tensor) -> tuple[str, list[int], torch.Tensor]:
     if sys.byteorder != "little":  # pragma: no cover
         raise WriteError("the canonical bytes are little-endian; this host is not")
     flat = t.contiguous().reshape(-1)
-    return dtype, list(t.shape), flat.view(torch.uint8) if flat.numel() else flat.new_empty(0, dtype=torch.uint8)
+    return dtype, tuple(t.shape), flat.view(torch.uint8) if flat.numel() else flat.new_empty(0, dtype=torch.uint8)
 
 
-def canonical(t: torch.Tensor) -> tuple[str, list[int], bytes]:
+def canonical(t: torch.Tensor) -> tuple[str, tuple[int, ...], bytes]:
     """A tensor's trace dtype, shape and canonical element bytes (row-major, little-endian)."""
     dtype, shape, flat = canonical_on_device(t)
     return dtype, shape, flat.cpu().numpy().tobytes() if flat.numel() else b""

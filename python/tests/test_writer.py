@@ -127,6 +127,42 @@ class WriterTest(unittest.TestCase):
             self.assertIn(says, str(e.exception))
         w.finish()
 
+    def test_steps_given_as_layouts_write_what_their_records_write(self):
+        # `write_laid_out` is how repro_torch writes (no object per record); `write_step` of the
+        # same records must give the same file, byte for byte, which repro verifies; uneven lists
+        # are refused.
+        from repro_writer import layout_of
+
+        records = [
+            Record("x", "input", "F32", [2], struct.pack("<2f", 1, 2)),
+            Record("w", "weight", "F32", [4], None, phase="forward", data_hash=b"\2" * 32),
+            Record("y", "op_output", "F32", [2], None, inputs=["x", "w"], node=0, data_hash=b"\3" * 32),
+        ]
+        paths = [os.path.join(self.dir, name) for name in ("records", "layouts")]
+        by_records, by_layouts = (TraceWriter(p, {"workload": "same", "steps": 3}, capture="steps:1", inline_max_bytes=8)
+                                  for p in paths)
+        for step in range(3):
+            full = [r if step != 1 else Record(r.name, r.kind, r.dtype, r.shape, bytes(4 * r.shape[0]), r.phase,
+                                               r.inputs, r.node) for r in records]
+            by_records.write_step(step, full)
+            # Laid out by hand in LAYOUT_FIELDS' order, shapes as lists: compared, checked and
+            # encoded as `layout_of` would make them.
+            layouts = [(r.name, r.kind, r.dtype, list(r.shape), r.phase, tuple(r.inputs), r.node, r.source, None,
+                        None, None) for r in full]
+            by_layouts.write_laid_out(step, layouts, [r.data for r in full], [r.data_hash for r in full])
+        with self.assertRaises(WriteError) as e:
+            by_layouts.write_laid_out(3, [layout_of(records[0])], [records[0].data], [])
+        self.assertIn("1 layouts, 1 values and 0 hashes", str(e.exception))
+        self.assertEqual(by_records.finish(), by_layouts.finish())
+        files = []
+        for p in paths:
+            with open(os.path.join(p, "records.rpr"), "rb") as f, \
+                    open(os.path.join(p, "tensors", "step-00000001.safetensors"), "rb") as g:
+                files.append((f.read(), g.read()))
+        self.assertEqual(files[0], files[1])
+        run = repro("inspect", paths[1], "--verify")
+        self.assertEqual(run.returncode, 0, run.stdout + run.stderr)
+
     def test_steps_laid_out_alike_pack_as_msgpack_does_and_still_check_their_values(self):
         # A step laid out as the last one reuses its encoding and skips the checks of how its
         # records relate: every frame must still be exactly msgpack's packing of the record it
