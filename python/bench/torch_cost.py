@@ -13,7 +13,9 @@ MODEL: resnet50, densenet121, efficientnet_b0, mobilenet_v3_large, convnext_tiny
 torchvision classification model by its name, at 224 x 224 with SGD and momentum), gpt2
 (transformers' 124M GPT-2 in f32 at batch x 1024 with AdamW), llama-1b (a Llama shape of 1.1B
 parameters, TinyLlama's, in bf16 autocast at batch x 1024 with AdamW). V: plain (always first),
-beside, batched, module (REPRO_TORCH_FLUSH), debug (DebugMode). `cudnn.benchmark` is on, as in
+beside, batched, module (REPRO_TORCH_FLUSH), debug (DebugMode), full (every step's values kept,
+`capture="all"`: its row gives the payload a step and the rate it adds to the plain step, written
+under REPRO_BENCH_DIR, default the temporary folder). `cudnn.benchmark` is on, as in
 the issue that asked for this table. With `--compile`, each model runs compiled by `torch.compile`
 (plain and recorded alike; the recorder then records no module outputs, as it says). Needs CUDA and repro's GPU hashing library
 (REPRO_CUDA_HASH_LIB).
@@ -24,6 +26,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import statistics
 import tempfile
 import time
 
@@ -32,7 +35,7 @@ import torch
 from repro_torch import DeviceHasher, ModelRecorder, Recorder, cuda_hash_library_path
 from steps import training_step  # beside this file
 
-VARIANTS = ("plain", "beside", "batched", "module", "debug")
+VARIANTS = ("plain", "beside", "batched", "module", "debug", "full")
 
 
 def vision(name: str, batch: int):
@@ -145,9 +148,11 @@ def measure(build, name: str, batch: int, variants: list[str], warmup: int, step
 
             seconds, peak, in_use = timed(debug, 1, max(2, steps // 4))
         else:
-            os.environ["REPRO_TORCH_FLUSH"] = variant
-            with tempfile.TemporaryDirectory() as d:
-                recorder = Recorder(f"{d}/t", {"workload": name, "steps": warmup + 2 * steps + 1}, capture="none",
+            # `full`: every step's values kept (the batched flushes for the steps that keep none).
+            os.environ["REPRO_TORCH_FLUSH"] = "batched" if variant == "full" else variant
+            with tempfile.TemporaryDirectory(dir=os.environ.get("REPRO_BENCH_DIR")) as d:
+                recorder = Recorder(f"{d}/t", {"workload": name, "steps": warmup + 2 * steps + 1},
+                                    capture="all" if variant == "full" else "none",
                                     device=torch.device("cuda"), device_hashing=True)
                 rec = ModelRecorder(recorder, model)
 
@@ -158,7 +163,12 @@ def measure(build, name: str, batch: int, variants: list[str], warmup: int, step
                 with Counts().counting() as counts:
                     recorded(warmup + 2 * steps)
                 rec.finish()
+                payloads = [e.stat().st_size for e in os.scandir(f"{d}/t/tensors")] if variant == "full" else []
             extra = f"{counts.tensors} | {counts.bytes / 1e9:.2f} GB | {counts.flushes}"
+            if payloads:
+                kept = statistics.median(payloads)
+                rate = kept / (seconds - plain_s) / 1e9 if plain_s and seconds > plain_s else float("nan")
+                extra = (f"- | {kept / 1e9:.2f} GB kept, at {rate:.2f} GB/s beyond the plain step | -")
         ratio = f"{seconds / plain_s:.2f}x" if plain_s else "-"
         growth = f"{(peak / plain_peak - 1) * 100:+.1f}%" if plain_peak else "-"
         device_growth = f"{(in_use / plain_in_use - 1) * 100:+.1f}%" if plain_in_use else "-"
