@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import sys
 import weakref
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Iterator, Optional
 
@@ -24,6 +25,11 @@ from .tensors import IN_PLACE_DTYPES, canonical, canonical_on_device
 
 # `Recorder(place=AUTO)`: this process's place as torch.distributed says (`ranks.current_place`).
 AUTO = "auto"
+
+# A step keeping at least this many bytes of values is written beside the program (see
+# `Recorder`); a smaller one is written where it ends, as a step of hashes is: on the CPU, it is
+# then on disk before the program goes on, and its writing takes little time anyway.
+WRITE_BESIDE_MIN_BYTES = 64 << 20
 
 
 class Recorder:
@@ -71,6 +77,12 @@ class Recorder:
         # a thread of their own: the writer's Python work then competes with the training
         # thread for Python's lock, and on an H100 every CPU-bound model recorded slower.)
         self._behind: list = []
+        # A step that keeps full values (`WRITE_BESIDE_MIN_BYTES` or more) is written on a
+        # thread of its own while the program goes on: the writing (hashing on every core, the
+        # payload, its sync) runs outside Python's lock, and takes longer than a step. One at a
+        # time, in order: the write of a step waits for the one before.
+        self._full_writer: Optional[ThreadPoolExecutor] = None
+        self._writing: Optional[Future] = None
         self.flush_policy = FlushPolicy()
         # The last step recorded (see `StepRecorder`): a parameter recorded at a step's start,
         # unchanged since the last step recorded it updated, repeats that record.
@@ -169,7 +181,20 @@ class Recorder:
         for read in reads:
             read.finish()
         s.fill_repeats()
-        self._writer.write_laid_out(s.step, s.layouts, s.data, s.hashes, s.no_gradient)
+        self._wait_for_writing()
+        write = (self._writer.write_laid_out, s.step, s.layouts, s.data, s.hashes, s.no_gradient)
+        if not s.keeps_values or sum(len(d) for d in s.data if d is not None) < WRITE_BESIDE_MIN_BYTES:
+            write[0](*write[1:])
+            return
+        if self._full_writer is None:
+            self._full_writer = ThreadPoolExecutor(1, thread_name_prefix="repro-writer")
+        self._writing = self._full_writer.submit(*write)
+
+    def _wait_for_writing(self) -> None:
+        """Waits for the step being written on the writer's thread; raises what it raised."""
+        writing, self._writing = self._writing, None
+        if writing is not None:
+            writing.result()
 
     def entering_collective(self, step: int, collective: str, tensors) -> None:
         """Notes, for a rank of several, that it waits in `collective` over `tensors` at `step`:
@@ -182,6 +207,9 @@ class Recorder:
         Warns about determinism switches changed since the header recorded them."""
         while self._behind:
             self._write_oldest()
+        self._wait_for_writing()
+        if self._full_writer is not None:
+            self._full_writer.shutdown()
         for hasher in self._hashers.values():
             hasher.close()
         changed = changes(self._switches, determinism_switches())
@@ -205,7 +233,7 @@ class StepRecorder:
         self.hashes: list = []
         self.no_gradient: list[str] = []
         self._nodes = 0
-        self._full = recorder.wants_full(step)
+        self.keeps_values = recorder.wants_full(step)
         # Tensors hashed on the GPU this step: (address, version) -> the index of their record;
         # by that index, a weak reference that says the tensor's memory has not been reused, and
         # the dtype, shape and strides that, with the address and version, make its bytes the
@@ -274,7 +302,7 @@ class StepRecorder:
         inputs = tuple(inputs)
         if shard is not None:
             shard = (tuple(int(d) for d in shard[0]), tuple(int(o) for o in shard[1]))
-        hasher = None if self._full else self.recorder.hasher_for(t)
+        hasher = None if self.keeps_values else self.recorder.hasher_for(t)
         if hasher is None:
             dtype, shape, data = canonical(t)
             self._append((name, kind, dtype, shape, phase, inputs, position, source, collective, None, shard), data)

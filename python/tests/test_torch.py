@@ -394,6 +394,53 @@ class TorchTest(unittest.TestCase):
         for name, p in model.named_parameters():
             self.assertEqual(library.reads[p.data_ptr()], 4, name)
 
+    def test_a_full_value_step_is_written_beside_the_program_and_its_failure_stops_the_next(self):
+        import threading
+
+        from repro_torch import ModelRecorder, Recorder, recorder
+        from repro_trace import Trace
+        from repro_writer import TraceWriter, WriteError
+
+        path = os.path.join(self.dir, "t")
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        written, original = {}, TraceWriter.write_laid_out
+
+        def write(writer, step, *rest):
+            written[step] = threading.current_thread().name
+            if step == 2:
+                raise WriteError("the disk is full (planted)")
+            return original(writer, step, *rest)
+
+        rec = ModelRecorder(Recorder(path, {"workload": "full", "steps": 4}, capture="steps:0,2", inline_max_bytes=8,
+                                    place=None), model)
+        # Beside the program from the first byte (the threshold spares small steps the thread).
+        with mock.patch.object(TraceWriter, "write_laid_out", write), mock.patch.object(recorder,
+                                                                                      "WRITE_BESIDE_MIN_BYTES", 1):
+            for step in range(3):
+                with rec.training_step(step, inputs={"x": torch.ones(3, 4)}) as s:
+                    loss = model(torch.ones(3, 4)).sum()
+                    s.loss(loss)
+                    loss.backward()
+                    s.gradients()
+                    opt.step()
+                opt.zero_grad()
+            with self.assertRaises(WriteError) as caught, rec.training_step(3) as s:
+                s.loss(model(torch.ones(3, 4)).sum())
+            self.assertIn("the disk is full (planted)", str(caught.exception))
+            self.assertEqual(rec.finish(), 2)
+        # Steps that keep values are written on the writer's thread, the others where they end.
+        self.assertTrue(written[0].startswith("repro-writer"), written)
+        self.assertEqual(written[1], threading.current_thread().name)
+        self.assertTrue(written[2].startswith("repro-writer"), written)
+        with Trace(path) as t:
+            steps = list(t.steps())
+        self.assertEqual([x.step for x in steps], [0, 1])
+        self.assertTrue(os.path.isfile(os.path.join(path, "tensors", "step-00000000.safetensors")))
+        run = repro("inspect", path, "--verify")
+        self.assertEqual(run.returncode, 0, run.stdout + run.stderr)
+
     def test_an_unknown_flush_policy_is_refused(self):
         from repro_torch import Recorder
         from repro_writer import WriteError
