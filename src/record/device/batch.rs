@@ -6,6 +6,7 @@
 //! trains (see `DeviceBatch`).
 
 use super::plan::{fits, Plan, Slot, View, Want, BLOCK_LEVELS};
+use super::queue::{in_ticket_order, Launched, Planned, Queue, Resolved};
 use crate::cuda::buffer_pool::{size_class, Buffer, BufferPool};
 use crate::cuda::keep_freed_memory;
 use crate::cuda::kernels::{grid, ptx, MODULE};
@@ -77,18 +78,6 @@ pub fn data_hash(tensor: &Tensor) -> Result<[u8; 32]> {
     }
 }
 
-/// What a queued tensor resolves to.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Resolved {
-    /// The tensor's canonical bytes.
-    Bytes(Vec<u8>),
-    /// BLAKE3 of the tensor's canonical bytes, computed on the device.
-    DataHash([u8; 32]),
-    /// The tensor's canonical bytes went to the batch's payload stream (`streaming_to`), at
-    /// these bytes of the payload file's data.
-    InFile(std::ops::Range<u64>),
-}
-
 /// Compiles and loads the hashing kernels on `dev`, and makes its memory pool keep what candle
 /// frees (`keep_freed_memory`): what a `DeviceBatch` would otherwise do at its first flush.
 pub fn prepare(dev: &CudaDevice) -> Result<()> {
@@ -112,16 +101,13 @@ pub fn prepare(dev: &CudaDevice) -> Result<()> {
 /// update, `Var::set`) is queued with `snapshot`, which copies it on the device at once.
 pub struct DeviceBatch {
     dev: CudaDevice,
-    /// Queued since the last plan: each tensor and what the host wants of it.
-    pending: Vec<(Queued, Want)>,
-    /// Planned, in order, and not launched yet: each plan with the tensors it reads.
-    planned: Vec<Planned>,
-    /// Flushed: the kernels' output buffers, the slots of their tensors, and the page-locked
+    /// The tensors queued (each with what the host wants of it), planned and flushed. A flush
+    /// keeps the kernels' output buffers, the slots of their tensors, and the page-locked
     /// buffers their tables were uploaded from (reusable once the step's copy has landed). The
     /// tensors themselves are let go once the kernels are queued: candle frees device memory
     /// in the order of the calling thread's stream (`cuMemFreeAsync`), the stream the kernels
     /// were launched on, so nothing can reuse it before they have run.
-    flushed: Vec<Flushed>,
+    queue: Queue<Queued, Flushed>,
     /// Where the passes that no longer read the tensors run (see `beside`); none: on the calling
     /// thread's stream with the others.
     beside: Option<std::sync::Arc<CudaStream>>,
@@ -130,13 +116,6 @@ pub struct DeviceBatch {
     /// Whether the next flushes read the tensors on the `beside` stream too (see
     /// `set_reads_beside`).
     reads_beside: bool,
-}
-
-/// A plan for some of a batch's tensors, made on the host.
-struct Planned {
-    plan: Plan,
-    /// The tensors whose addresses the plan holds, alive until its kernels are queued.
-    tensors: Vec<(Queued, Want)>,
 }
 
 /// Bytes of device memory that another program's allocator owns (a PyTorch tensor's storage,
@@ -240,20 +219,18 @@ struct Flushed {
     direct: Vec<(usize, Kept)>,
 }
 
+impl Launched for Flushed {
+    fn results(&self) -> usize {
+        self.slots.len()
+    }
+}
+
 impl DeviceBatch {
     /// An empty batch on `dev`.
     pub fn new(dev: CudaDevice) -> Self {
         // The recorder waits for each step's results; keep that wait from emptying the pool.
         let _ = keep_freed_memory(&dev);
-        DeviceBatch {
-            dev,
-            pending: Vec::new(),
-            planned: Vec::new(),
-            flushed: Vec::new(),
-            beside: None,
-            payload: None,
-            reads_beside: false,
-        }
+        DeviceBatch { dev, queue: Queue::default(), beside: None, payload: None, reads_beside: false }
     }
 
     /// The batch, handing each value it reads back straight from its tensor (`Slot::Direct`:
@@ -297,27 +274,18 @@ impl DeviceBatch {
         } else {
             tensor.clone()
         };
-        let ticket = self.tickets();
-        self.pending.push((Queued::Tensor(tensor), if hash { Want::Hash } else { Want::Bytes }));
-        Ok(ticket)
+        Ok(self.queue.push(Queued::Tensor(tensor), if hash { Want::Hash } else { Want::Bytes }))
     }
 
     /// Queues foreign device memory: its data hash when `hash`, otherwise its bytes. Returns
     /// the ticket of its result in `resolve`.
     pub fn push_foreign(&mut self, bytes: ForeignBytes, hash: bool) -> usize {
-        let ticket = self.tickets();
-        self.pending.push((Queued::Foreign(bytes), if hash { Want::Hash } else { Want::Bytes }));
-        ticket
+        self.queue.push(Queued::Foreign(bytes), if hash { Want::Hash } else { Want::Bytes })
     }
 
     /// Tickets handed out so far: results flushed and tensors queued.
     pub fn tickets(&self) -> usize {
-        self.flushed_results() + self.planned.iter().map(|p| p.plan.slots.len()).sum::<usize>() + self.pending.len()
-    }
-
-    /// Results of the flushes so far.
-    fn flushed_results(&self) -> usize {
-        self.flushed.iter().map(|f| f.slots.len()).sum()
+        self.queue.tickets()
     }
 
     /// Plans the reads of everything queued, on the host: no driver call, so any thread may
@@ -326,14 +294,13 @@ impl DeviceBatch {
     /// Views the kernels cannot read as they are (too many dimensions) need a contiguous copy,
     /// a launch: when one is queued, nothing is planned here and `flush` plans it.
     pub fn plan(&mut self) -> Result<()> {
-        if self.pending.is_empty() || self.pending.iter().any(|(queued, _)| !queued.fits() || queued.reads_slowly()) {
+        let pending = self.queue.pending();
+        if pending.is_empty() || pending.iter().any(|(queued, _)| !queued.fits() || queued.reads_slowly()) {
             return Ok(());
         }
-        let mut tensors: Vec<(Queued, Want)> =
-            std::mem::take(&mut self.planned).into_iter().flat_map(|planned| planned.tensors).collect();
-        tensors.append(&mut self.pending);
+        let tensors = self.queue.take_unlaunched();
         let plan = plan_of(&tensors, &self.dev)?;
-        self.planned.push(Planned { plan, tensors });
+        self.queue.add_plan(plan, tensors);
         Ok(())
     }
 
@@ -341,10 +308,10 @@ impl DeviceBatch {
     /// calling thread's stream: they read the tensors before anything launched later on it can
     /// change them.
     pub fn flush(&mut self) -> Result<()> {
-        if !self.pending.is_empty() {
+        if !self.queue.pending().is_empty() {
             // Views with more dimensions than the kernels take are made contiguous first.
-            let mut tensors = Vec::with_capacity(self.pending.len());
-            for (queued, want) in std::mem::take(&mut self.pending) {
+            let mut tensors = Vec::with_capacity(self.queue.pending().len());
+            for (queued, want) in self.queue.take_pending() {
                 let queued = match queued {
                     Queued::Tensor(tensor) if !fits(tensor.layout().dims(), tensor.layout().stride()) => {
                         let copied = tensor.contiguous();
@@ -364,9 +331,9 @@ impl DeviceBatch {
                 tensors.push((queued, want));
             }
             let plan = plan_of(&tensors, &self.dev)?;
-            self.planned.push(Planned { plan, tensors });
+            self.queue.add_plan(plan, tensors);
         }
-        for Planned { plan, tensors } in std::mem::take(&mut self.planned) {
+        for Planned { plan, reads: tensors } in self.queue.take_planned() {
             let bytes: usize = tensors.iter().map(|(queued, _)| queued.byte_len()).sum();
             let what = format!("hashing {} tensors ({})", tensors.len(), size(bytes));
             let mut flushed = self.launch(plan).map_err(|e| e.context(what))?;
@@ -389,8 +356,8 @@ impl DeviceBatch {
                 // before anything reads the values.
                 stream.synchronize().w()?;
             }
-            self.flushed.push(flushed);
-            // The other tensors are let go here; see `flushed`.
+            self.queue.add_flushed(flushed);
+            // The other tensors are let go here; see `queue`.
             drop(tensors);
         }
         Ok(())
@@ -529,9 +496,7 @@ impl DeviceBatch {
     /// tensors, whose tickets move up by as many.
     pub fn absorb(&mut self, mut other: DeviceBatch) -> Result<std::ops::Range<usize>> {
         other.flush()?;
-        let (first, added) = (self.flushed_results(), other.flushed_results());
-        self.flushed.append(&mut other.flushed);
-        Ok(first..first + added)
+        Ok(self.queue.absorb(other.queue))
     }
 
     /// Flushes, then queues the copy of every output to page-locked host memory behind the
@@ -540,12 +505,12 @@ impl DeviceBatch {
     /// buffers go back to their pool once the copy has landed (`LandedRead::results`).
     pub fn start_read(mut self) -> Result<PendingRead> {
         self.flush()?;
-        let bytes: usize = self.flushed.iter().map(|f| f.out_len).sum();
+        let bytes: usize = self.queue.flushed().iter().map(|f| f.out_len).sum();
         self.copy_back().map_err(|e| e.context(format!("copying {} of results back to the host", size(bytes))))
     }
 
     /// `start_read` once everything is flushed.
-    fn copy_back(self) -> Result<PendingRead> {
+    fn copy_back(mut self) -> Result<PendingRead> {
         let stream = match &self.beside {
             // Behind the trees (already queued there) and the copies of kept bytes.
             Some(beside) => {
@@ -554,8 +519,9 @@ impl DeviceBatch {
             }
             None => self.dev.cuda_stream(),
         };
-        let mut copies = Vec::with_capacity(self.flushed.len());
-        for Flushed { arena, out_len, slots, table, direct } in self.flushed {
+        let flushed = self.queue.take_flushed();
+        let mut copies = Vec::with_capacity(flushed.len());
+        for Flushed { arena, out_len, slots, table, direct } in flushed {
             let out = arena.slice(..out_len.max(1));
             let mut host = take_pinned(&PINNED_RESULTS, &self.dev, out.len())?;
             // SAFETY: `host` is page-locked and stays alive (in the `PendingCopy`) until the
@@ -731,20 +697,7 @@ impl LandedRead {
     pub fn results(mut self) -> Vec<Resolved> {
         let mut results = Vec::new();
         for copy in &mut self.copies {
-            let host = copy.host.as_slice();
-            let mut direct = std::mem::take(&mut copy.direct).into_iter();
-            results.extend(copy.slots.iter().enumerate().map(|(i, slot)| match slot {
-                Slot::Hash(r) => Resolved::DataHash(host[r.clone()].try_into().expect("32 bytes")),
-                Slot::Bytes(r) => Resolved::Bytes(host[r.clone()].to_vec()),
-                Slot::Direct => {
-                    let (at, kept) = direct.next().expect("a value for every direct slot");
-                    debug_assert_eq!(at, i);
-                    match kept {
-                        Kept::Bytes(bytes) => Resolved::Bytes(bytes),
-                        Kept::InFile(data) => Resolved::InFile(data),
-                    }
-                }
-            }));
+            results.extend(in_ticket_order(&copy.slots, copy.host.as_slice(), std::mem::take(&mut copy.direct)));
         }
         self.give_back();
         results
