@@ -39,7 +39,7 @@ bench:
 	$(CARGO) bench --locked --bench core
 
 ## cuda: the CUDA build (pinned nvcc from PyPI, link stubs; no GPU needed) at target/cuda/release/repro,
-## with the examples and the PyTorch recorder's GPU hashing library (examples/librepro_cuda_hash.so)
+## with the examples, and beside it the PyTorch recorder's GPU hashing library (librepro_cuda_hash.so)
 cuda:
 	scripts/build-cuda.sh
 

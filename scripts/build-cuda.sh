@@ -5,8 +5,9 @@
 #
 #   scripts/build-cuda.sh [check]      # `check`: type-check, and compile the kernels (what CI does)
 #
-# Output: $REPRO_CUDA_TARGET/release/repro (default target/cuda/release/repro), and the test
-# binaries listed in $REPRO_CUDA_TARGET/test-binaries.txt.
+# Output: $REPRO_CUDA_TARGET/release/repro (default target/cuda/release/repro), the PyTorch
+# recorder's librepro_cuda_hash.so beside it, and the test binaries listed in
+# $REPRO_CUDA_TARGET/test-binaries.txt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 eval "$(scripts/cuda-toolchain.sh)"
@@ -19,6 +20,7 @@ mkdir -p "$stubs"
 
 if [ "${1:-}" = check ]; then
   cargo check --locked --release --features nccl --all-targets
+  cargo check --locked --release -p repro-cuda-hash --features cuda,repro/nccl
   # The kernels are compiled at run time, on the GPU machine: compile them here too.
   scripts/compile-kernels.sh
   exit 0
@@ -26,6 +28,8 @@ fi
 cargo build --locked --release --features nccl --lib
 scripts/cuda-stubs.sh "$CARGO_TARGET_DIR/release/deps" "$stubs" "$REPRO_CUDA_LIB/libcudart.so.13"
 cargo build --locked --release --features nccl --bins --examples
+# The PyTorch recorder's C library, beside the binary (the features as above: nothing rebuilt).
+cargo build --locked --release -p repro-cuda-hash --features cuda,repro/nccl
 cargo test --locked --release --features nccl --no-run --message-format=json 2>/dev/null |
   python3 -c 'import json,sys
 for line in sys.stdin:

@@ -98,7 +98,7 @@ if want torch || want port || want torchbreakdown || want torchlarge; then
     $py -m pip install --quiet --no-deps --no-index --find-links gpubin/wheels --target "$work/py" msgpack blake3 safetensors >/dev/null 2>&1 || say "(could not install msgpack, blake3, safetensors from gpubin/wheels)"
     export PYTHONPATH="python:$work/py"
     # repro's GPU hashing for the PyTorch recorder, built by `make cuda` beside the binary.
-    lib="$(dirname "$repro")/examples/librepro_cuda_hash.so"
+    lib="$(dirname "$repro")/librepro_cuda_hash.so"
     if [ -f "$lib" ]; then export REPRO_CUDA_HASH_LIB="$lib"; else say "(no $lib: CUDA tensors are hashed on the host)"; fi
 fi
 

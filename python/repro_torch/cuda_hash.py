@@ -19,7 +19,7 @@ CUDA_HASH_LIB = "librepro_cuda_hash.so"
 
 def cuda_hash_library_path() -> Optional[str]:
     """Where repro's GPU hashing library is: REPRO_CUDA_HASH_LIB, else beside the `repro` on
-    PATH (in its folder or its `examples/`, where `make cuda` builds it); None if nowhere."""
+    PATH (in its folder, where `make cuda` builds it); None if nowhere."""
     path = os.environ.get(CUDA_HASH_LIB_ENV)
     if path:
         if not os.path.isfile(path):
@@ -27,10 +27,9 @@ def cuda_hash_library_path() -> Optional[str]:
         return path
     repro = shutil.which("repro")
     if repro:
-        folder = os.path.dirname(os.path.realpath(repro))
-        for candidate in (os.path.join(folder, CUDA_HASH_LIB), os.path.join(folder, "examples", CUDA_HASH_LIB)):
-            if os.path.isfile(candidate):
-                return candidate
+        candidate = os.path.join(os.path.dirname(os.path.realpath(repro)), CUDA_HASH_LIB)
+        if os.path.isfile(candidate):
+            return candidate
     return None
 
 

@@ -66,7 +66,7 @@ class Recorder:
         if device_hashing and self._library is None:
             raise WriteError(
                 f"device_hashing=True, but repro's GPU hashing library is not found: build it with `make cuda` "
-                f"and set {CUDA_HASH_LIB_ENV} to target/cuda/release/examples/{CUDA_HASH_LIB}"
+                f"and set {CUDA_HASH_LIB_ENV} to target/cuda/release/{CUDA_HASH_LIB}"
             )
         self._hashers: dict[int, DeviceHasher] = {}
         self._hasher_by_device: dict = {}  # torch.device -> its hasher, or None

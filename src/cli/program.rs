@@ -25,16 +25,15 @@ pub fn record_command(command: &[String], env: &RecordEnv, timeout: Option<Durat
     check_recorded(&command.join(" "), env.dir.as_deref().expect("a trace directory"))
 }
 
-/// Where a PyTorch program finds repro's GPU hashing library (python/repro_torch.py); a program
-/// run by repro is told the one built beside this binary, unless the variable is set already.
+/// Where a PyTorch program finds repro's GPU hashing library (python/repro_torch/cuda_hash.py); a
+/// program run by repro is told the one built beside this binary, unless the variable is set
+/// already.
 const CUDA_HASH_LIB_ENV: &str = "REPRO_CUDA_HASH_LIB";
 
-/// `librepro_cuda_hash.so` where `make cuda` builds it beside this binary (`examples/`), or in
-/// the binary's own folder.
+/// `librepro_cuda_hash.so` where `make cuda` builds it, beside this binary.
 fn cuda_hash_library() -> Option<std::path::PathBuf> {
     let exe = std::env::current_exe().ok()?;
-    let dir = exe.parent()?;
-    [dir.join("examples/librepro_cuda_hash.so"), dir.join("librepro_cuda_hash.so")].into_iter().find(|p| p.is_file())
+    Some(exe.parent()?.join("librepro_cuda_hash.so")).filter(|p| p.is_file())
 }
 
 /// Runs the program as [`record_command`] does, and returns how it exited.

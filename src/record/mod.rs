@@ -2,7 +2,7 @@
 //! candle (recording, capture, ops, workloads, distributed training, invariance, studies); the
 //! trace and diff crates never do, so reading and comparing traces needs no model code.
 
-pub mod device;
+pub(crate) mod device;
 mod env;
 mod environment;
 mod error;
@@ -31,3 +31,12 @@ pub use perturb::Perturbation;
 pub use recorder::{Recorder, StepRecorder};
 pub(crate) use step_records::Described;
 pub use tensor_bytes::{trace_dtype, with_canonical_bytes};
+
+/// What the GPU hashing library for the PyTorch recorder (`crates/repro-cuda-hash`) uses of the
+/// device side: the kernels made ready on a device, a batch of reads hashed by them, foreign
+/// memory to read, and the results on their way and landed. The rest of `device` stays the
+/// recorder's own.
+#[cfg(feature = "cuda")]
+pub mod gpu_hashing {
+    pub use super::device::{prepare, DeviceBatch, ForeignBytes, PendingRead, Resolved};
+}

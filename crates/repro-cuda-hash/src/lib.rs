@@ -1,8 +1,10 @@
 //! `librepro_cuda_hash.so`: repro's GPU hashing for CUDA memory another program owns, through a
-//! C ABI. The PyTorch recorder (`python/repro_torch.py`) loads it with ctypes to hash CUDA
+//! C ABI. The PyTorch recorder (`python/repro_torch/cuda_hash.py`) loads it with ctypes to hash CUDA
 //! tensors where they are, with no copy to the host: the same batched BLAKE3 kernels and
-//! canonical data hash as `repro record --device cuda:N`. Built by `make cuda` (an example
-//! target of the `cuda` feature) at `target/cuda/release/examples/librepro_cuda_hash.so`.
+//! canonical data hash as `repro record --device cuda:N`. Built by `make cuda` (this crate with
+//! its `cuda` feature) beside the binary, at `target/cuda/release/librepro_cuda_hash.so`;
+//! without the feature (the workspace's CPU build) the library is empty. It uses the recorder's
+//! device side only through `repro::record::gpu_hashing`.
 //!
 //! ```c
 //! void *repro_cuda_hasher_new(int32_t ordinal);                        // NULL on error
@@ -48,11 +50,13 @@
 //! `flush_beside` returned (every flush, of either kind, is numbered in order; a `flush`'s reads
 //! are done as far as the program is concerned once it returns).
 
+#![cfg(feature = "cuda")]
+
 use candle_core::cuda_backend::cudarc::driver::CudaEvent;
 use candle_core::cuda_backend::cudarc::driver::CudaStream;
 use candle_core::cuda_backend::WrapErr;
 use candle_core::{Device, Result};
-use repro::record::device::{DeviceBatch, ForeignBytes, PendingRead, Resolved};
+use repro::record::gpu_hashing::{DeviceBatch, ForeignBytes, PendingRead, Resolved};
 use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::ffi::{c_char, c_void, CString};
@@ -100,7 +104,7 @@ pub extern "C" fn repro_cuda_last_error() -> *const c_char {
 fn new_hasher(ordinal: i32) -> Result<Hasher> {
     let ordinal = usize::try_from(ordinal).map_err(|_| candle_core::Error::Msg(format!("no GPU {ordinal}")))?;
     let Device::Cuda(dev) = Device::new_cuda(ordinal)? else { unreachable!("new_cuda gives a CUDA device") };
-    repro::record::device::prepare(&dev)?;
+    repro::record::gpu_hashing::prepare(&dev)?;
     // The batches order their streams themselves (`DeviceBatch`: each stream joins the one
     // whose work it follows, and a buffer goes back to its pool only once its results have
     // landed), so cudarc's own tracking, events recorded and waited on for every buffer a
