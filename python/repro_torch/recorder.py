@@ -82,7 +82,7 @@ class Recorder:
         # payload, its sync) runs outside Python's lock, and takes longer than a step. One at a
         # time, in order: the write of a step waits for the one before.
         self._full_writer: Optional[ThreadPoolExecutor] = None
-        self._writing: Optional[Future] = None
+        self._writing: Optional[tuple[int, Future]] = None  # (its step, its write)
         self.flush_policy = FlushPolicy()
         # The last step recorded (see `StepRecorder`): a parameter recorded at a step's start,
         # unchanged since the last step recorded it updated, repeats that record.
@@ -188,13 +188,19 @@ class Recorder:
             return
         if self._full_writer is None:
             self._full_writer = ThreadPoolExecutor(1, thread_name_prefix="repro-writer")
-        self._writing = self._full_writer.submit(*write)
+        self._writing = (s.step, self._full_writer.submit(*write))
 
     def _wait_for_writing(self) -> None:
-        """Waits for the step being written on the writer's thread; raises what it raised."""
+        """Waits for the step being written on the writer's thread; a failure there is raised
+        here, naming the step (which the trace then lacks) and the trace."""
         writing, self._writing = self._writing, None
-        if writing is not None:
-            writing.result()
+        if writing is None:
+            return
+        step, write = writing
+        try:
+            write.result()
+        except (WriteError, OSError) as e:
+            raise WriteError(f"{self.path}: step {step}, written beside the program, was not written: {e}") from e
 
     def entering_collective(self, step: int, collective: str, tensors) -> None:
         """Notes, for a rank of several, that it waits in `collective` over `tensors` at `step`:

@@ -410,7 +410,7 @@ class TorchTest(unittest.TestCase):
         def write(writer, step, *rest):
             written[step] = threading.current_thread().name
             if step == 2:
-                raise WriteError("the disk is full (planted)")
+                raise OSError(28, "the disk is full (planted)")
             return original(writer, step, *rest)
 
         rec = ModelRecorder(Recorder(path, {"workload": "full", "steps": 4}, capture="steps:0,2", inline_max_bytes=8,
@@ -428,7 +428,8 @@ class TorchTest(unittest.TestCase):
                 opt.zero_grad()
             with self.assertRaises(WriteError) as caught, rec.training_step(3) as s:
                 s.loss(model(torch.ones(3, 4)).sum())
-            self.assertIn("the disk is full (planted)", str(caught.exception))
+            self.assertIn(f"{path}: step 2, written beside the program, was not written: [Errno 28] the disk is full "
+                          "(planted)", str(caught.exception))
             self.assertEqual(rec.finish(), 2)
         # Steps that keep values are written on the writer's thread, the others where they end.
         self.assertTrue(written[0].startswith("repro-writer"), written)
