@@ -95,13 +95,11 @@ class DeviceHasher:
             raise WriteError(_last_error(self._lib))
         # Queued until flushed, in flat lists (no object per record for the garbage collector to
         # walk): each record's owner and index, the tensor read for it, that tensor's version
-        # when it is the program's own, the length of the bytes kept (or None), and the three
-        # arrays `push_many` takes.
+        # when it is the program's own, and the three arrays `push_many` takes.
         self._owners: list = []
         self._indices: list[int] = []
         self._held: list = []
         self._versions: list = []
-        self._kept: list = []
         self._addresses: list[int] = []
         self._lengths: list[int] = []
         self._keeps = bytearray()
@@ -123,7 +121,6 @@ class DeviceHasher:
         self._indices.append(index)
         self._held.append(held)
         self._versions.append(version)
-        self._kept.append(length if keep_bytes else None)
         self._addresses.append(address)
         self._lengths.append(length)
         self._keeps.append(1 if keep_bytes else 0)
@@ -161,7 +158,7 @@ class DeviceHasher:
         self._flushes += 1
         self._flushed_owners += self._owners
         self._flushed_indices += self._indices
-        self._flushed_kept += self._kept
+        self._flushed_kept += [length if keep else None for length, keep in zip(self._lengths, self._keeps)]
         # Read in order, the tensors may go: what reuses their memory waits for the kernels.
         self._clear_queue()
         if not legacy:
@@ -169,7 +166,7 @@ class DeviceHasher:
         self.poll()
 
     def _clear_queue(self) -> None:
-        self._owners, self._indices, self._held, self._versions, self._kept = [], [], [], [], []
+        self._owners, self._indices, self._held, self._versions = [], [], [], []
         self._addresses, self._lengths, self._keeps = [], [], bytearray()
 
     def _on_legacy_stream(self) -> bool:

@@ -182,13 +182,13 @@ class Recorder:
             read.finish()
         s.fill_repeats()
         self._wait_for_writing()
-        write = (self._writer.write_laid_out, s.step, s.layouts, s.data, s.hashes, s.no_gradient)
+        args = (s.step, s.layouts, s.data, s.hashes, s.no_gradient)
         if not s.keeps_values or sum(len(d) for d in s.data if d is not None) < WRITE_BESIDE_MIN_BYTES:
-            write[0](*write[1:])
+            self._writer.write_laid_out(*args)
             return
         if self._full_writer is None:
             self._full_writer = ThreadPoolExecutor(1, thread_name_prefix="repro-writer")
-        self._writing = (s.step, self._full_writer.submit(*write))
+        self._writing = (s.step, self._full_writer.submit(self._writer.write_laid_out, *args))
 
     def _wait_for_writing(self) -> None:
         """Waits for the step being written on the writer's thread; a failure there is raised
