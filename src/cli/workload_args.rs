@@ -1,4 +1,7 @@
-//! The arguments that say what to train, shared by `record`, `gate`, `baseline` and `study`.
+//! The arguments that say what to train, shared by `record`, `gate`, `baseline` and `study`:
+//! clap's options, and which of them the command line gave. A workload's settings are its
+//! config's (`repro::workloads::settings`): the options given are read as the settings of the
+//! same names, over the workload's defaults or a baseline's settings.
 
 use super::error::CliError;
 use candle_core::DType;
@@ -7,14 +10,18 @@ use clap::Args;
 use repro::ops::Reductions;
 use repro::record::Perturbation;
 use repro::trace::RunConfig;
+use repro::workloads::decoder::dtype_name;
 use repro::workloads::gpt::model::Norm;
 use repro::workloads::{
-    AdderConfig, ClassifierConfig, DatasetName, DecoderConfig, DecoderShape, Family, Formulation, GptConfig, ModelKind,
-    Workload, WorkloadKind, WorkloadRun,
+    to_params, AdderConfig, DatasetName, DecoderShape, Formulation, GptConfig, Workload, WorkloadKind, WorkloadRun,
 };
+use serde::Serialize;
+use std::collections::BTreeMap;
 use std::path::Path;
 
-#[derive(Debug, Clone, Args)]
+/// The options of the built-in workloads. Each serializes, by its field's name, to the text of
+/// the setting it gives (`WorkloadKind::options` says which setting of which workload).
+#[derive(Debug, Clone, Args, Serialize)]
 pub struct WorkloadArgs {
     /// Workload to train: adder (linear, MSE, SGD); a classifier trained with Adam and
     /// cross-entropy: mlp (26 hidden units), cnn (three conv layers), resnet18; or gpt (a small
@@ -25,6 +32,7 @@ pub struct WorkloadArgs {
         value_parser = clap::builder::PossibleValuesParser::new(WorkloadKind::names())
             .map(|name| name.parse::<WorkloadKind>().expect("a possible value"))
     )]
+    #[serde(skip)]
     pub workload: WorkloadKind,
     /// Seed of the initial weights (classifiers: and of every other seed not given).
     #[arg(long, default_value_t = 0)]
@@ -35,6 +43,7 @@ pub struct WorkloadArgs {
     pub data_seed: Option<u64>,
     /// Training steps [adder default: 1000; classifiers: all epochs; gpt: 20].
     #[arg(long, allow_negative_numbers = true, value_parser = parse_steps)]
+    #[serde(skip)]
     pub steps: Option<u64>,
     /// Examples per batch [adder: 10000, mlp and cnn: 32, resnet18: 128, gpt: 8 sequences].
     #[arg(long)]
@@ -57,23 +66,28 @@ pub struct WorkloadArgs {
     pub reductions: Reductions,
     /// Device: cpu, cuda or cuda:N.
     #[arg(long, default_value = "cpu")]
+    #[serde(skip)]
     pub device: String,
     /// Fault injection: move element ELEMENT (default 0, row-major) of TENSOR by ULPS units in
     /// the last place at STEP.
     #[arg(long, value_name = "STEP:TENSOR:ULPS[@ELEMENT]")]
+    #[serde(skip)]
     pub perturb: Option<Perturbation>,
     #[command(flatten)]
+    #[serde(skip)]
     pub classifier: ClassifierArgs,
     #[command(flatten)]
+    #[serde(skip)]
     pub gpt: GptArgs,
     /// The workload options given on the command line, by their long names (`note_given`):
     /// clap fills defaults in, so only the matches' value sources say what a user asked for.
     #[arg(skip)]
+    #[serde(skip)]
     given: Vec<String>,
 }
 
 /// Settings of the transformer workload.
-#[derive(Debug, Clone, Args)]
+#[derive(Debug, Clone, Args, Serialize)]
 #[command(next_help_heading = "Transformers (gpt; qwen2 and gemma take --layers and --context as their prompt length)")]
 pub struct GptArgs {
     /// Transformer blocks.
@@ -103,9 +117,10 @@ pub struct GptArgs {
     #[arg(
         long,
         default_value = "f32",
-        value_parser = clap::builder::PossibleValuesParser::new(["f32", "bf16"])
-            .map(|name| if name == "bf16" { DType::BF16 } else { DType::F32 })
+        value_parser = clap::builder::PossibleValuesParser::new(dtype_name::NAMED.map(|(name, _)| name))
+            .map(|name| dtype_name::NAMED.into_iter().find(|(n, _)| *n == name).expect("a possible value").1)
     )]
+    #[serde(with = "dtype_name")]
     pub dtype: DType,
     /// qwen2's config shape: small (width and layers as given) or qwen2-0.5b (Qwen2-0.5B's
     /// widths, heads and vocabulary; --layers sets the depth, 24 in the real model).
@@ -119,7 +134,7 @@ pub struct GptArgs {
 }
 
 /// Settings of the classifier workloads.
-#[derive(Debug, Clone, Args)]
+#[derive(Debug, Clone, Args, Serialize)]
 #[command(next_help_heading = "Classifiers (mlp, cnn, resnet18)")]
 pub struct ClassifierArgs {
     /// Dataset [mlp: gauss2d; cnn: digits; resnet18: cifar-synthetic]; mlp also takes gauss5d and
@@ -156,30 +171,6 @@ pub struct ClassifierArgs {
     pub augment_shift: Option<usize>,
 }
 
-/// The workload options each workload takes beyond the ones all take (`--workload`, `--seed`,
-/// `--data-seed`, `--steps`, `--batch`, `--lr`, `--device`, `--perturb`, `--reductions`,
-/// `--formulation`, which the workloads check themselves).
-fn own_options(workload: WorkloadKind) -> &'static [&'static str] {
-    match workload {
-        WorkloadKind::Adder => &["features"],
-        WorkloadKind::Gpt => &["width", "layers", "context", "heads", "norm", "batch-invariant"],
-        WorkloadKind::Qwen2 => &["width", "layers", "context", "dtype", "shape"],
-        WorkloadKind::Gemma => &["width", "layers", "context", "dtype"],
-        WorkloadKind::Mlp | WorkloadKind::Cnn | WorkloadKind::ResNet18 => &[
-            "width",
-            "dataset",
-            "examples",
-            "epochs",
-            "order-seed",
-            "augment-seed",
-            "dropout-seed",
-            "batch-norm",
-            "dropout",
-            "augment-shift",
-        ],
-    }
-}
-
 impl WorkloadArgs {
     /// Notes which workload options `matches` (the innermost subcommand's, these arguments'
     /// own) got from the command line rather than from a default.
@@ -208,43 +199,105 @@ impl WorkloadArgs {
     }
 
     /// Refuses a workload option given on the command line that `workload` does not take, rather
-    /// than ignoring it silently (`--features` with mlp, `--epochs` with the adder).
-    fn check_options_apply(&self, workload: WorkloadKind) -> Result<(), CliError> {
-        self.check_options_apply_besides(workload, &[])
-    }
-
-    /// `check_options_apply`, with `also` taken too (options a command adds to a workload's own).
-    fn check_options_apply_besides(&self, workload: WorkloadKind, also: &[&str]) -> Result<(), CliError> {
-        const EVERY_WORKLOAD: [&str; 10] =
-            ["workload", "seed", "data-seed", "steps", "batch", "lr", "device", "perturb", "reductions", "formulation"];
-        let own = own_options(workload);
-        match self.given.iter().find(|o| {
-            !EVERY_WORKLOAD.contains(&o.as_str()) && !own.contains(&o.as_str()) && !also.contains(&o.as_str())
-        }) {
+    /// than ignoring it silently (`--features` with mlp, `--epochs` with the adder), `also` taken
+    /// too (options a command adds to a workload's own).
+    fn check_options_apply(&self, workload: WorkloadKind, also: &[&str]) -> Result<(), CliError> {
+        // Options of every workload's command line that are not settings of each: the workloads
+        // check those they have no setting for themselves (`refuse_misplaced`); the decoders,
+        // which run inference, leave --lr unused.
+        const EVERY_WORKLOAD: [&str; 7] = ["workload", "steps", "device", "perturb", "reductions", "formulation", "lr"];
+        let refused = self
+            .given
+            .iter()
+            .find(|o| !EVERY_WORKLOAD.contains(&o.as_str()) && !takes(workload, o) && !also.contains(&o.as_str()));
+        match refused {
             Some(option) => {
-                let takers: Vec<&str> = WorkloadKind::ALL
-                    .iter()
-                    .filter(|&&w| own_options(w).contains(&option.as_str()))
-                    .map(|w| w.name())
-                    .collect();
+                let takers: Vec<&str> =
+                    WorkloadKind::ALL.into_iter().filter(|&w| takes(w, option)).map(WorkloadKind::name).collect();
                 Err(format!("--{option} is a setting of {}, not of {workload}", takers.join(", ")).into())
             }
             None => Ok(()),
         }
     }
 
+    /// Refuses, with a message of its own, an option every workload's command line takes but
+    /// `workload` has no setting for, given a value other than its default (`--formulation` with
+    /// the gpt), or one that contradicts another (`--width` with a shape that sets it); `also`:
+    /// options a command adds to the workload's own (`--dtype` for the gpt's forward pass).
+    fn refuse_misplaced(&self, workload: WorkloadKind, also: &[&str]) -> Result<(), CliError> {
+        let matmul = self.formulation != Formulation::Reduce;
+        match workload {
+            WorkloadKind::Adder => Ok(()),
+            WorkloadKind::Gpt if matmul => Err("--formulation is a setting of the adder, not of gpt".into()),
+            WorkloadKind::Gpt if self.gpt.shape != DecoderShape::Small => {
+                Err(format!("--shape {} is a shape of qwen2's config, not of gpt", self.gpt.shape.name()).into())
+            }
+            WorkloadKind::Gpt if self.gpt.dtype != DType::F32 && !also.contains(&"dtype") => {
+                Err("gpt trains in f32: --dtype bf16 applies to qwen2 and gemma, and to gpt in `repro invariance`"
+                    .into())
+            }
+            WorkloadKind::Gpt => Ok(()),
+            WorkloadKind::Qwen2 | WorkloadKind::Gemma => {
+                if self.gpt.shape != DecoderShape::Small && self.width.is_some() {
+                    return Err(format!("--shape {} sets the width: leave --width out", self.gpt.shape.name()).into());
+                }
+                if self.perturb.is_some() || self.reductions != Reductions::Candle || matmul {
+                    return Err(format!(
+                        "{workload} records inference: --perturb, --reductions and --formulation do not apply"
+                    )
+                    .into());
+                }
+                if self.gpt.batch_invariant {
+                    return Err(format!(
+                        "--batch-invariant is a mode of the gpt; {workload} runs candle-transformers' code unchanged"
+                    )
+                    .into());
+                }
+                Ok(())
+            }
+            WorkloadKind::Mlp | WorkloadKind::Cnn | WorkloadKind::ResNet18 if matmul => {
+                Err(format!("--formulation is a setting of the adder, not of {workload}").into())
+            }
+            WorkloadKind::Mlp | WorkloadKind::Cnn | WorkloadKind::ResNet18 => Ok(()),
+        }
+    }
+
+    /// The settings the command line gives `workload`, by key: the text of each option given
+    /// that it takes.
+    fn given_settings(&self, workload: WorkloadKind) -> BTreeMap<String, String> {
+        let mut values = to_params(self);
+        values.extend(to_params(&self.gpt));
+        values.extend(to_params(&self.classifier));
+        workload
+            .options()
+            .into_iter()
+            .filter(|(option, _)| self.given.contains(option))
+            .filter_map(|(option, key)| Some((key.to_string(), values.get(&option.replace('-', "_"))?.clone())))
+            .collect()
+    }
+
     /// The workload these arguments describe, checked (with the perturbation).
     pub fn workload(&self) -> Result<Workload, CliError> {
-        // The workload's own checks first (their messages say more), then the general one.
-        let workload = self.workload_unchecked()?;
-        workload.validate(self.perturb.as_ref())?;
-        self.check_options_apply(self.workload)?;
-        Ok(workload)
+        Ok(self.workload_run()?.workload)
     }
 
     /// The workload these arguments describe with the fault they plant, checked.
     pub fn workload_run(&self) -> Result<WorkloadRun, CliError> {
-        Ok(WorkloadRun { workload: self.workload()?, perturbation: self.perturb.clone() })
+        self.workload_run_taking(&[])
+    }
+
+    /// `workload_run`, with `also` taken too (options a command adds to the workload's own).
+    fn workload_run_taking(&self, also: &[&str]) -> Result<WorkloadRun, CliError> {
+        // The workload's own checks first (their messages say more), then the general one.
+        self.refuse_misplaced(self.workload, also)?;
+        let run = RunConfig {
+            workload: self.workload.name().into(),
+            steps: self.steps,
+            params: self.given_settings(self.workload),
+        };
+        let planned = WorkloadRun::new(Workload::from_run_config(&run)?, self.perturb.clone())?;
+        self.check_options_apply(self.workload, also)?;
+        Ok(planned)
     }
 
     /// The run a gate against a baseline records: the baseline's settings (`base`, its
@@ -254,38 +307,19 @@ impl WorkloadArgs {
     /// line's run: the baseline check then says what differs.
     pub fn workload_run_over(&self, base: &RunConfig, file: &Path) -> Result<WorkloadRun, CliError> {
         let Ok(kind) = base.workload.parse::<WorkloadKind>() else { return self.workload_run() };
-        let given = &self.given;
-        if given.iter().any(|o| o == "workload") && kind != self.workload {
+        if self.given.iter().any(|o| o == "workload") && kind != self.workload {
             return self.workload_run();
         }
-        self.check_options_apply(kind)?;
-        let mine = WorkloadArgs { workload: kind, ..self.clone() }.workload_unchecked()?;
-        let mut mine = WorkloadRun { workload: mine, perturbation: self.perturb.clone() }.run_config();
+        self.check_options_apply(kind, &[])?;
+        self.refuse_misplaced(kind, &[])?;
         let mut run = base.clone();
         run.params.remove("perturb");
-        for option in given {
-            if option == "steps" {
-                run.steps = mine.steps;
-                continue;
-            }
-            // The header keys an option sets (a classifier's seed is its `init_seed`).
-            let key = option.replace('-', "_");
-            let keys: &[&str] = match key.as_str() {
-                "seed" => &["seed", "init_seed"],
-                "data_seed" => &["data_seed", "dataset_seed"],
-                "context" => &["context", "tokens"],
-                // A decoder's shape sets its width.
-                "shape" => &["shape", "width"],
-                key => &[key],
-            };
-            for key in keys {
-                match mine.params.remove(*key) {
-                    Some(value) => run.params.insert(key.to_string(), value),
-                    None => run.params.remove(*key),
-                };
-            }
+        run.params.extend(self.given_settings(kind));
+        if self.steps.is_some() {
+            run.steps = self.steps;
         }
-        WorkloadRun::from_run_config(&run)
+        Workload::from_run_config(&run)
+            .and_then(|workload| WorkloadRun::new(workload, self.perturb.clone()))
             .map_err(|e| format!("baseline {}: {e}; it cannot set the gate's run", file.display()).into())
     }
 
@@ -293,137 +327,15 @@ impl WorkloadArgs {
     /// the gpt trains in f32, but its forward pass also runs in bf16.
     pub fn inference_workload(&self) -> Result<(Workload, candle_core::DType), CliError> {
         let dtype = self.gpt.dtype;
-        let bf16 = dtype == DType::BF16;
-        if self.workload != WorkloadKind::Gpt || !bf16 {
-            return Ok((self.workload()?, dtype));
-        }
-        let workload = self.gpt_in(true).map(Workload::Gpt)?;
-        workload.validate(self.perturb.as_ref())?;
-        self.check_options_apply_besides(self.workload, &["dtype"])?;
-        Ok((workload, dtype))
+        let also: &[&str] = if self.workload == WorkloadKind::Gpt && dtype == DType::BF16 { &["dtype"] } else { &[] };
+        Ok((self.workload_run_taking(also)?.workload, dtype))
     }
+}
 
-    /// The workload the arguments describe, its options' own checks aside.
-    fn workload_unchecked(&self) -> Result<Workload, CliError> {
-        match self.workload {
-            WorkloadKind::Adder => self.adder().map(Workload::Adder),
-            WorkloadKind::Gpt => self.gpt_in(false).map(Workload::Gpt),
-            WorkloadKind::Qwen2 => self.decoder(Family::Qwen2).map(Workload::Decoder),
-            WorkloadKind::Gemma => self.decoder(Family::Gemma).map(Workload::Decoder),
-            WorkloadKind::Mlp | WorkloadKind::Cnn | WorkloadKind::ResNet18 => {
-                let model = self.workload.classifier_model().expect("a classifier workload");
-                self.classifier(model).map(Workload::Classifier)
-            }
-        }
-    }
-
-    fn adder(&self) -> Result<AdderConfig, CliError> {
-        let defaults = AdderConfig::default();
-        let config = AdderConfig {
-            seed: self.seed,
-            data_seed: self.data_seed.unwrap_or(self.seed),
-            steps: self.steps.unwrap_or(defaults.steps),
-            batch: self.batch.unwrap_or(defaults.batch),
-            features: self.features,
-            lr: self.lr.unwrap_or(defaults.lr),
-            formulation: self.formulation,
-            reductions: self.reductions,
-        };
-        Ok(config)
-    }
-
-    /// The gpt's settings; `inference`: for a forward pass only, where bf16 is allowed.
-    fn gpt_in(&self, inference: bool) -> Result<GptConfig, CliError> {
-        let d = GptConfig::default();
-        let g = &self.gpt;
-        let config = GptConfig {
-            seed: self.seed,
-            data_seed: self.data_seed.unwrap_or(self.seed),
-            steps: self.steps.unwrap_or(d.steps),
-            batch: self.batch.unwrap_or(d.batch),
-            context: g.context,
-            layers: g.layers,
-            width: self.width.unwrap_or(d.width),
-            heads: g.heads,
-            lr: self.lr.unwrap_or(d.lr),
-            norm: g.norm,
-            reductions: self.reductions,
-            batch_invariant: g.batch_invariant,
-        };
-        if self.formulation != Formulation::Reduce {
-            return Err("--formulation is a setting of the adder, not of gpt".into());
-        }
-        if self.gpt.shape != DecoderShape::Small {
-            return Err(format!("--shape {} is a shape of qwen2's config, not of gpt", self.gpt.shape.name()).into());
-        }
-        if self.gpt.dtype != DType::F32 && !inference {
-            return Err(
-                "gpt trains in f32: --dtype bf16 applies to qwen2 and gemma, and to gpt in `repro invariance`".into()
-            );
-        }
-        Ok(config)
-    }
-
-    fn decoder(&self, family: Family) -> Result<DecoderConfig, CliError> {
-        let d = DecoderConfig::default();
-        let config = DecoderConfig {
-            family,
-            seed: self.seed,
-            data_seed: self.data_seed.unwrap_or(self.seed),
-            steps: self.steps.unwrap_or(d.steps),
-            batch: self.batch.unwrap_or(d.batch),
-            tokens: self.gpt.context,
-            layers: self.gpt.layers,
-            width: self.width.unwrap_or(d.width),
-            shape: self.gpt.shape,
-            dtype: self.gpt.dtype,
-        };
-        if config.shape != DecoderShape::Small && self.width.is_some() {
-            return Err(format!("--shape {} sets the width: leave --width out", self.gpt.shape.name()).into());
-        }
-        if self.perturb.is_some() || self.reductions != Reductions::Candle || self.formulation != Formulation::Reduce {
-            return Err(
-                format!("{family} records inference: --perturb, --reductions and --formulation do not apply").into()
-            );
-        }
-        if self.gpt.batch_invariant {
-            return Err(format!(
-                "--batch-invariant is a mode of the gpt; {family} runs candle-transformers' code unchanged"
-            )
-            .into());
-        }
-        Ok(config)
-    }
-
-    fn classifier(&self, model: ModelKind) -> Result<ClassifierConfig, CliError> {
-        let c = &self.classifier;
-        let d = ClassifierConfig::defaults(model);
-        let config = ClassifierConfig {
-            model,
-            dataset: c.dataset.unwrap_or(d.dataset),
-            dataset_seed: self.data_seed.unwrap_or(d.dataset_seed),
-            examples: c.examples,
-            epochs: c.epochs.unwrap_or(d.epochs),
-            max_steps: self.steps,
-            batch: self.batch.unwrap_or(d.batch),
-            lr: self.lr.unwrap_or(d.lr),
-            seeds: repro::workloads::Seeds {
-                init: self.seed,
-                order: c.order_seed.unwrap_or(self.seed),
-                augment: c.augment_seed.unwrap_or(self.seed),
-                dropout: c.dropout_seed.unwrap_or(self.seed),
-            },
-            reductions: self.reductions,
-            batch_norm: c.batch_norm || d.batch_norm,
-            dropout: c.dropout,
-            augment_shift: c.augment_shift.unwrap_or(d.augment_shift),
-            width: self.width.unwrap_or(d.width),
-        };
-        if self.formulation != Formulation::Reduce {
-            return Err(format!("--formulation is a setting of the adder, not of {model}").into());
-        }
-        Ok(config)
-    }
+/// Whether `workload` takes `option` (a long name), as the option of one of its settings.
+fn takes(workload: WorkloadKind, option: &str) -> bool {
+    // Gemma has the small shape only (a shape other than small is refused by its check).
+    workload.options().iter().any(|(o, _)| o == option) && !(workload == WorkloadKind::Gemma && option == "shape")
 }
 
 /// A step count as `--steps` takes it; a negative or fractional one is named, not taken for an
@@ -465,5 +377,69 @@ mod tests {
         let e = train.workload().unwrap_err().to_string();
         assert!(e.contains("--features is a setting of adder, not of mlp"), "{e}");
         assert!(given(&["repro", "--workload", "mlp"]).workload().is_ok());
+    }
+
+    #[test]
+    fn an_option_given_takes_the_place_of_the_baseline_s_setting_and_one_not_given_does_not() {
+        let base =
+            given(&["repro", "--seed", "3", "--batch", "200", "--lr", "0.25", "--steps", "7"]).workload_run().unwrap();
+        let file = Path::new("base.rpr");
+        let over = |argv: &[&str]| given(argv).workload_run_over(&base.run_config(), file).unwrap().run_config();
+        let run = over(&["repro", "--batch", "100", "--steps", "9", "--perturb", "2:loss:1"]);
+        let mut expected = base.run_config();
+        expected.params.insert("batch".into(), "100".into());
+        expected.params.insert("perturb".into(), "2:loss:1".into());
+        expected.steps = Some(9);
+        assert_eq!(run, expected);
+        // The seed given: the data's seed stays the baseline's (it follows the seed only where none is given).
+        let run = over(&["repro", "--seed", "5"]);
+        assert_eq!((run.params["seed"].as_str(), run.params["data_seed"].as_str()), ("5", "3"));
+        // A classifier's options by their own names: --seed sets its init_seed.
+        let base = given(&["repro", "--workload", "mlp", "--seed", "3", "--dropout", "0.5"]).workload_run().unwrap();
+        let run =
+            given(&["repro", "--seed", "4", "--epochs", "2"]).workload_run_over(&base.run_config(), file).unwrap();
+        let params = run.run_config().params;
+        assert_eq!((params["init_seed"].as_str(), params["order_seed"].as_str()), ("4", "3"));
+        assert_eq!((params["epochs"].as_str(), params["dropout"].as_str()), ("2", "0.5"));
+        // An option the baseline's workload does not take is refused, naming it.
+        let e = given(&["repro", "--heads", "2"]).workload_run_over(&base.run_config(), file).unwrap_err();
+        assert!(e.to_string().contains("--heads is a setting of gpt, not of mlp"), "{e}");
+    }
+
+    #[test]
+    fn every_workload_reads_the_options_it_takes_and_an_option_given_its_default_changes_nothing() {
+        let command = WorkloadArgs::augment_args(clap::Command::new("workload"));
+        let mut checked = 0;
+        for kind in WorkloadKind::ALL {
+            let plain = given(&["repro", "--workload", kind.name()]).workload_run().unwrap().run_config();
+            for (option, _) in kind.options().into_iter().filter(|(option, _)| takes(kind, option)) {
+                let arg = command.get_arguments().find(|a| a.get_long() == Some(option.as_str()));
+                let arg = arg.unwrap_or_else(|| panic!("{kind}'s setting has no option --{option}"));
+                // Its default as the help shows it, which must be the workload's own.
+                let Some(default) = arg.get_default_values().first().and_then(|d| d.to_str()) else { continue };
+                if !arg.get_action().takes_values() {
+                    continue;
+                }
+                let run = given(&["repro", "--workload", kind.name(), &format!("--{option}"), default]);
+                assert_eq!(run.workload_run().unwrap().run_config(), plain, "{kind} --{option} {default}");
+                checked += 1;
+            }
+        }
+        assert!(checked >= 20, "{checked} options with defaults checked");
+    }
+
+    #[test]
+    fn options_given_are_the_workload_s_settings() {
+        let run = given(&["repro", "--workload", "qwen2", "--context", "16", "--dtype", "bf16", "--seed", "2"]);
+        let params = run.workload_run().unwrap().run_config().params;
+        assert_eq!(
+            params.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>(),
+            ["batch=4", "data_seed=2", "dtype=bf16", "layers=2", "seed=2", "tokens=16", "width=64"]
+        );
+        let run =
+            given(&["repro", "--workload", "gpt", "--lr", "1e-3", "--reductions", "ordered", "--batch-invariant"]);
+        let params = run.workload_run().unwrap().run_config().params;
+        assert_eq!((params["lr"].as_str(), params["reductions"].as_str()), ("0.001", "ordered"));
+        assert_eq!(params["batch_invariant"], "true");
     }
 }

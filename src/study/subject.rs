@@ -124,7 +124,7 @@ impl Subject {
     /// The base seed the noise study's variants start from.
     pub fn base_seed(&self) -> u64 {
         match self {
-            Subject::Classifier { config, .. } => config.seeds.init,
+            Subject::Classifier { config, .. } => config.init_seed,
             Subject::Gpt(config) => config.seed,
         }
     }
@@ -206,7 +206,7 @@ impl Subject {
 fn classifier_variant(base: &ClassifierConfig, v: Variation) -> ClassifierConfig {
     let mut c = base.clone();
     if let Some(seeds) = v.seeds {
-        c.seeds = seeds;
+        c = c.with_seeds(seeds);
     }
     if let Some(reductions) = v.reductions {
         c.reductions = reductions;

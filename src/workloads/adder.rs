@@ -13,10 +13,10 @@ use super::seeded::{stream, uniform_vec};
 use crate::ops::{expand, sum_all, Reductions};
 use crate::record::{Perturbation, RecordError, StepRecorder};
 use crate::trace::{Phase, RunConfig, TensorKind};
-use crate::workloads::settings::Settings;
-use crate::workloads::{Training, WorkloadError};
+use crate::workloads::settings::{self, Settings};
+use crate::workloads::{Training, WorkloadError, WorkloadKind};
 use candle_core::{DType, Device, Tensor, Var};
-use std::collections::BTreeMap;
+use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::str::FromStr;
 
@@ -49,14 +49,18 @@ impl FromStr for Formulation {
     }
 }
 
-/// The adder's settings.
-#[derive(Debug, Clone, PartialEq)]
+/// The adder's settings. Each field is a setting of its trace header by name, read back by
+/// `Workload::from_run_config` and given on the command line by the option of the same name
+/// (`workloads::settings`): a setting is its field, its default here, and its option.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AdderConfig {
     /// Seed of the initial weights.
     pub seed: u64,
-    /// Seed of the training data.
+    /// Seed of the training data; where a command line or a header gives none, the seed's
+    /// value (`Settings::FOLLOWS`).
     pub data_seed: u64,
-    /// Training steps (one batch each).
+    /// Training steps (one batch each): the header's own `steps`.
+    #[serde(skip)]
     pub steps: u64,
     /// Examples per batch.
     pub batch: usize,
@@ -86,6 +90,15 @@ impl Default for AdderConfig {
     }
 }
 
+/// What the adder's header holds beyond its fields (`workloads::settings`).
+impl Settings for AdderConfig {
+    // Where no data seed is given, the data takes the weights' seed.
+    const FOLLOWS: &'static [(&'static str, &'static str)] = &[("data_seed", "seed")];
+    // The adder records its only element type: its header says so, and one of another type is
+    // refused.
+    const FIXED: &'static [(&'static str, &'static str)] = &[("dtype", "F32")];
+}
+
 impl AdderConfig {
     /// One line saying what is trained, for progress messages.
     pub fn describe(&self) -> String {
@@ -95,36 +108,23 @@ impl AdderConfig {
         )
     }
 
-    /// The adder a trace header's settings describe (`WorkloadRun::from_run_config`).
-    pub(super) fn from_settings(s: &mut Settings, steps: Option<u64>) -> Result<Self, WorkloadError> {
-        let d = AdderConfig::default();
-        // The adder records its only element type.
-        s.take_one_of("dtype", &[("F32", ())], ())?;
-        Ok(AdderConfig {
-            seed: s.take_or("seed", d.seed)?,
-            data_seed: s.take_or("data_seed", d.data_seed)?,
-            steps: steps.unwrap_or(d.steps),
-            batch: s.take_or("batch", d.batch)?,
-            features: s.take_or("features", d.features)?,
-            lr: s.take_or("lr", d.lr)?,
-            formulation: s.take_or("formulation", d.formulation)?,
-            reductions: s.take_or("reductions", d.reductions)?,
-        })
-    }
-
-    /// The run configuration written to the trace header.
+    /// The run configuration written to the trace header: every setting by its field's name,
+    /// its text as `{}` writes it, the element type besides, and the steps as the header's own.
+    ///
+    /// ```
+    /// let run = repro::workloads::AdderConfig { lr: 1e-7, ..Default::default() }.run_config();
+    /// let params: Vec<String> = run.params.iter().map(|(key, value)| format!("{key}={value}")).collect();
+    /// assert_eq!(
+    ///     params,
+    ///     [
+    ///         "batch=10000", "data_seed=0", "dtype=F32", "features=10", "formulation=reduce",
+    ///         "lr=0.0000001", "reductions=candle", "seed=0",
+    ///     ]
+    /// );
+    /// assert_eq!((run.workload.as_str(), run.steps), ("adder", Some(1000)));
+    /// ```
     pub fn run_config(&self) -> RunConfig {
-        let params = BTreeMap::from([
-            ("batch".to_string(), self.batch.to_string()),
-            ("data_seed".to_string(), self.data_seed.to_string()),
-            ("dtype".to_string(), "F32".to_string()),
-            ("features".to_string(), self.features.to_string()),
-            ("formulation".to_string(), self.formulation.to_string()),
-            ("lr".to_string(), self.lr.to_string()),
-            ("reductions".to_string(), self.reductions.to_string()),
-            ("seed".to_string(), self.seed.to_string()),
-        ]);
-        RunConfig { workload: "adder".into(), steps: Some(self.steps), params }
+        settings::run_config(self, WorkloadKind::Adder, self.steps)
     }
 
     /// One batch: features uniform in [0, 1), labels their sum (computed in f64, rounded once).

@@ -15,19 +15,20 @@ use crate::capture::{scope, span_scopes_on_this_thread, ModelCapture};
 use crate::record::RecordError;
 use crate::trace::{RunConfig, TensorKind};
 use crate::workloads::seeded::{stream, uniform_vec};
-use crate::workloads::settings::Settings;
-use crate::workloads::{Training, WorkloadError};
+use crate::workloads::settings::{self, is_default, Settings};
+use crate::workloads::{Training, WorkloadError, WorkloadKind};
 use candle_core::{DType, Device, Module, Tensor, D};
 use candle_nn::{Activation, Linear, VarBuilder, VarMap};
 use candle_transformers::models::{gemma, qwen2};
 use rand::Rng;
-use std::collections::BTreeMap;
+use serde::{Deserialize, Serialize};
 use std::fmt;
 
 /// Which candle-transformers decoder.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Family {
     /// `candle_transformers::models::qwen2` (fused RMS norm).
+    #[default]
     Qwen2,
     /// `candle_transformers::models::gemma` (RMS norm from tensor ops).
     Gemma,
@@ -190,16 +191,33 @@ impl DecoderShape {
     }
 }
 
-/// A decoder inference run's settings.
-#[derive(Debug, Clone, PartialEq)]
+impl fmt::Display for DecoderShape {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for DecoderShape {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        DecoderShape::named(s)
+            .ok_or_else(|| format!("unknown shape `{s}`: expected {}", DecoderShape::NAMES.join(" or ")))
+    }
+}
+
+/// A decoder inference run's settings (each a setting of its trace header by name,
+/// `workloads::settings`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DecoderConfig {
-    /// Which decoder.
+    /// Which decoder: the header's workload.
+    #[serde(skip)]
     pub family: Family,
     /// Seed of the random weights.
     pub seed: u64,
-    /// Seed of the prompts.
+    /// Seed of the prompts (where not given: the seed).
     pub data_seed: u64,
-    /// Forward passes (each one batch of prompts).
+    /// Forward passes (each one batch of prompts): the header's own `steps`.
+    #[serde(skip)]
     pub steps: u64,
     /// Prompts per batch.
     pub batch: usize,
@@ -207,12 +225,63 @@ pub struct DecoderConfig {
     pub tokens: usize,
     /// Decoder layers.
     pub layers: usize,
-    /// Hidden width (the small shape's).
+    /// Hidden width (the small shape's; a header of another shape leaves it out).
     pub width: usize,
-    /// The config's shape.
+    /// The config's shape (in a header where not the small one).
+    #[serde(default, skip_serializing_if = "is_default")]
     pub shape: DecoderShape,
-    /// Element type of the weights and activations (F32 or BF16).
+    /// Element type of the weights and activations (F32 or BF16; in a header where not F32).
+    #[serde(with = "dtype_name", default = "dtype_name::f32", skip_serializing_if = "dtype_name::is_f32")]
     pub dtype: DType,
+}
+
+impl Settings for DecoderConfig {
+    const FOLLOWS: &'static [(&'static str, &'static str)] = &[("data_seed", "seed")];
+    const OPTIONS: &'static [(&'static str, &'static str)] = &[("context", "tokens")];
+
+    fn moot(&self) -> &'static [&'static str] {
+        match self.shape {
+            DecoderShape::Small => &[],
+            // The shape sets the width.
+            DecoderShape::Qwen2_0_5B => &["width"],
+        }
+    }
+}
+
+/// A decoder's element type as a header and `--dtype` name it: `f32` or `bf16`.
+pub mod dtype_name {
+    use candle_core::DType;
+    use serde::{de, ser, Deserialize, Deserializer, Serializer};
+
+    /// The element types by name.
+    pub const NAMED: [(&str, DType); 2] = [("f32", DType::F32), ("bf16", DType::BF16)];
+
+    /// `dtype`'s name.
+    pub fn serialize<S: Serializer>(dtype: &DType, s: S) -> Result<S::Ok, S::Error> {
+        match NAMED.iter().find(|(_, d)| d == dtype) {
+            Some((name, _)) => s.serialize_str(name),
+            None => Err(ser::Error::custom(format!("{dtype:?} is neither f32 nor bf16"))),
+        }
+    }
+
+    /// The element type a name names.
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<DType, D::Error> {
+        let name = String::deserialize(d)?;
+        match NAMED.iter().find(|(n, _)| *n == name) {
+            Some(&(_, dtype)) => Ok(dtype),
+            None => Err(de::Error::custom(format!("expected {}", NAMED.map(|(n, _)| n).join(" or ")))),
+        }
+    }
+
+    /// F32, the element type where none is named.
+    pub fn f32() -> DType {
+        DType::F32
+    }
+
+    /// Whether `dtype` is F32 (a header leaves it out then).
+    pub fn is_f32(dtype: &DType) -> bool {
+        *dtype == DType::F32
+    }
 }
 
 impl Default for DecoderConfig {
@@ -249,25 +318,6 @@ impl DecoderConfig {
             self.batch,
             self.tokens
         )
-    }
-
-    /// The decoder of `family` a trace header's settings describe (`WorkloadRun::from_run_config`).
-    pub(super) fn from_settings(s: &mut Settings, steps: Option<u64>, family: Family) -> Result<Self, WorkloadError> {
-        let d = DecoderConfig::default();
-        let shapes: Vec<(&str, DecoderShape)> =
-            DecoderShape::NAMES.iter().map(|&n| (n, DecoderShape::named(n).expect("a shape's name"))).collect();
-        Ok(DecoderConfig {
-            family,
-            seed: s.take_or("seed", d.seed)?,
-            data_seed: s.take_or("data_seed", d.data_seed)?,
-            steps: steps.unwrap_or(d.steps),
-            batch: s.take_or("batch", d.batch)?,
-            tokens: s.take_or("tokens", d.tokens)?,
-            layers: s.take_or("layers", d.layers)?,
-            width: s.take_or("width", d.width)?,
-            shape: s.take_one_of("shape", &shapes, d.shape)?,
-            dtype: s.take_one_of("dtype", &[("f32", DType::F32), ("bf16", DType::BF16)], d.dtype)?,
-        })
     }
 
     /// candle-transformers' Gemma configuration for these settings.
@@ -329,24 +379,11 @@ impl DecoderConfig {
 
     /// The run configuration written to a trace header.
     pub fn run_config(&self) -> RunConfig {
-        let mut params = BTreeMap::from([
-            ("batch".to_string(), self.batch.to_string()),
-            ("data_seed".to_string(), self.data_seed.to_string()),
-            ("layers".to_string(), self.layers.to_string()),
-            ("seed".to_string(), self.seed.to_string()),
-            ("tokens".to_string(), self.tokens.to_string()),
-            ("width".to_string(), self.width.to_string()),
-        ]);
-        // Absent means f32: traces recorded before the setting existed keep their header.
-        if self.dtype != DType::F32 {
-            params.insert("dtype".to_string(), "bf16".to_string());
-        }
-        if self.shape != DecoderShape::Small {
-            // The shape sets the width.
-            params.remove("width");
-            params.insert("shape".to_string(), self.shape.name().to_string());
-        }
-        RunConfig { workload: self.family.to_string(), steps: Some(self.steps), params }
+        let kind = match self.family {
+            Family::Qwen2 => WorkloadKind::Qwen2,
+            Family::Gemma => WorkloadKind::Gemma,
+        };
+        settings::run_config(self, kind, self.steps)
     }
 
     /// Checks the settings.

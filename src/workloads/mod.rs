@@ -22,7 +22,7 @@ pub use error::WorkloadError;
 pub use gpt::GptConfig;
 pub use kind::WorkloadKind;
 pub use outcome::{ModelState, Seeds, TrainOutcome};
-pub use settings::WorkloadRun;
+pub use settings::{to_params, WorkloadRun};
 pub use training::Training;
 
 use crate::record::{Perturbation, RecordError};

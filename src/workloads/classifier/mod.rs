@@ -20,37 +20,49 @@ use crate::ops::Reductions;
 use crate::record::{Perturbation, RecordError, RecordOptions, Recorder};
 use crate::trace::{Phase, RunConfig, TensorKind};
 use crate::workloads::seeded::stream;
-use crate::workloads::settings::Settings;
-use crate::workloads::{Training, WorkloadError};
+use crate::workloads::settings::{self, Settings};
+use crate::workloads::{Training, WorkloadError, WorkloadKind};
 use candle_core::{Device, Tensor, D};
 use candle_nn::{AdamW, Optimizer, ParamsAdamW};
 use layers::{cross_entropy, one_hot, Ctx, Node, ParamStore};
 use models::Model;
 use rand::seq::SliceRandom;
-use std::collections::BTreeMap;
+use serde::{Deserialize, Serialize};
 use std::time::Instant;
 
-/// A classifier training run's settings.
-#[derive(Debug, Clone, PartialEq)]
+/// A classifier training run's settings. Each field is a setting of its trace header by name,
+/// read back by `Workload::from_run_config` and given on the command line by the option of the
+/// same name or the one `Settings::OPTIONS` names (`workloads::settings`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ClassifierConfig {
-    /// Architecture.
+    /// Architecture: the header's workload.
+    #[serde(skip)]
     pub model: ModelKind,
     /// Dataset.
     pub dataset: DatasetName,
     /// Seed that generates the synthetic datasets (ignored for digits).
     pub dataset_seed: u64,
-    /// Use at most this many training and test examples.
+    /// Use at most this many training and test examples (`all` in a header where not limited).
+    #[serde(with = "all_or_count")]
     pub examples: Option<usize>,
     /// Passes over the training data.
     pub epochs: u64,
-    /// Stop after this many steps (default: all epochs).
+    /// Stop after this many steps (default: all epochs). The header's own `steps` are the steps
+    /// the run trains, all epochs' or fewer.
+    #[serde(skip)]
     pub max_steps: Option<u64>,
     /// Examples per batch (a last incomplete batch of an epoch is skipped).
     pub batch: usize,
     /// Adam learning rate.
     pub lr: f64,
-    /// Algorithmic seeds.
-    pub seeds: Seeds,
+    /// Seed of the initial weights.
+    pub init_seed: u64,
+    /// Seed of the order of the training examples (where not given: the initial weights').
+    pub order_seed: u64,
+    /// Seed of the random shifts of training images (where not given: the initial weights').
+    pub augment_seed: u64,
+    /// Seed of the dropout masks (where not given: the initial weights').
+    pub dropout_seed: u64,
     /// How batch reductions accumulate.
     pub reductions: Reductions,
     /// Batch norm after each convolution (cnn; resnet18 always has it).
@@ -63,6 +75,36 @@ pub struct ClassifierConfig {
     pub width: usize,
 }
 
+/// What a classifier's header holds beyond its fields (`workloads::settings`).
+impl Settings for ClassifierConfig {
+    // Where a seed is not given, its source of randomness takes the initial weights' seed.
+    const FOLLOWS: &'static [(&'static str, &'static str)] =
+        &[("order_seed", "init_seed"), ("augment_seed", "init_seed"), ("dropout_seed", "init_seed")];
+    // Every workload's --seed seeds a classifier's initial weights, and --data-seed its dataset.
+    const OPTIONS: &'static [(&'static str, &'static str)] = &[("seed", "init_seed"), ("data-seed", "dataset_seed")];
+}
+
+/// A limit on the examples as a header writes it: a count, or `all`.
+mod all_or_count {
+    use serde::{de, Deserialize, Deserializer, Serializer};
+
+    /// The count, or `all`.
+    pub fn serialize<S: Serializer>(examples: &Option<usize>, s: S) -> Result<S::Ok, S::Error> {
+        match examples {
+            Some(n) => s.collect_str(n),
+            None => s.serialize_str("all"),
+        }
+    }
+
+    /// No limit for `all`, else the count.
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<usize>, D::Error> {
+        match String::deserialize(d)?.as_str() {
+            "all" => Ok(None),
+            n => n.parse().map(Some).map_err(de::Error::custom),
+        }
+    }
+}
+
 impl ClassifierConfig {
     /// One line saying what is trained, for progress messages.
     pub fn describe(&self) -> String {
@@ -72,48 +114,8 @@ impl ClassifierConfig {
         };
         format!(
             "{} on {} ({} reductions, {length} of batch {}, init seed {})",
-            self.model, self.dataset, self.reductions, self.batch, self.seeds.init
+            self.model, self.dataset, self.reductions, self.batch, self.init_seed
         )
-    }
-
-    /// The classifier of `model` a trace header's settings describe (`WorkloadRun::from_run_config`).
-    pub(in crate::workloads) fn from_settings(
-        s: &mut Settings,
-        steps: Option<u64>,
-        model: ModelKind,
-    ) -> Result<Self, WorkloadError> {
-        let d = ClassifierConfig::defaults(model);
-        let init = s.take_or("init_seed", d.seeds.init)?;
-        Ok(ClassifierConfig {
-            model: d.model,
-            dataset: s.take_or("dataset", d.dataset)?,
-            dataset_seed: s.take_or("dataset_seed", d.dataset_seed)?,
-            examples: match s.take::<String>("examples")?.as_deref() {
-                None | Some("all") => None,
-                Some(n) => Some(n.parse().map_err(|e| WorkloadError::BadSetting {
-                    workload: d.model.to_string(),
-                    key: "examples".into(),
-                    value: n.into(),
-                    reason: format!("{e}"),
-                })?),
-            },
-            epochs: s.take_or("epochs", d.epochs)?,
-            // The header holds the steps the run trains, all epochs' or fewer.
-            max_steps: steps,
-            batch: s.take_or("batch", d.batch)?,
-            lr: s.take_or("lr", d.lr)?,
-            seeds: Seeds {
-                init,
-                order: s.take_or("order_seed", init)?,
-                augment: s.take_or("augment_seed", init)?,
-                dropout: s.take_or("dropout_seed", init)?,
-            },
-            reductions: s.take_or("reductions", d.reductions)?,
-            batch_norm: s.take_or("batch_norm", d.batch_norm)?,
-            dropout: s.take_or("dropout", d.dropout)?,
-            augment_shift: s.take_or("augment_shift", d.augment_shift)?,
-            width: s.take_or("width", d.width)?,
-        })
     }
 
     /// The defaults for `model`: the sources' settings where they give them, sized so a run
@@ -128,7 +130,10 @@ impl ClassifierConfig {
             max_steps: None,
             batch: 32,
             lr: 0.0005,
-            seeds: Seeds::all(0),
+            init_seed: 0,
+            order_seed: 0,
+            augment_seed: 0,
+            dropout_seed: 0,
             reductions: Reductions::Candle,
             batch_norm: false,
             dropout: 0.0,
@@ -152,27 +157,22 @@ impl ClassifierConfig {
         }
     }
 
-    /// The run configuration written to a trace header.
+    /// The run configuration written to a trace header: its steps are the ones the run trains.
     pub fn run_config(&self) -> RunConfig {
-        let params = BTreeMap::from([
-            ("augment_seed".to_string(), self.seeds.augment.to_string()),
-            ("augment_shift".to_string(), self.augment_shift.to_string()),
-            ("batch".to_string(), self.batch.to_string()),
-            ("batch_norm".to_string(), self.batch_norm.to_string()),
-            ("dataset".to_string(), self.dataset.to_string()),
-            ("dataset_seed".to_string(), self.dataset_seed.to_string()),
-            ("dropout".to_string(), self.dropout.to_string()),
-            ("dropout_seed".to_string(), self.seeds.dropout.to_string()),
-            ("epochs".to_string(), self.epochs.to_string()),
-            ("examples".to_string(), self.examples.map_or("all".into(), |n| n.to_string())),
-            ("init_seed".to_string(), self.seeds.init.to_string()),
-            ("lr".to_string(), self.lr.to_string()),
-            ("order_seed".to_string(), self.seeds.order.to_string()),
-            ("reductions".to_string(), self.reductions.to_string()),
-            ("width".to_string(), self.width.to_string()),
-        ]);
-        let steps = Some(self.total_steps(self.dataset.train_len(self.examples)));
-        RunConfig { workload: self.model.workload_name().into(), steps, params }
+        let steps = self.total_steps(self.dataset.train_len(self.examples));
+        settings::run_config(self, WorkloadKind::from_classifier(self.model), steps)
+    }
+
+    /// The seeds of the algorithmic randomness.
+    pub fn seeds(&self) -> Seeds {
+        Seeds { init: self.init_seed, order: self.order_seed, augment: self.augment_seed, dropout: self.dropout_seed }
+    }
+
+    /// These settings with other seeds: a study's run with other initial weights, data order,
+    /// augmentation or dropout.
+    pub fn with_seeds(self, seeds: Seeds) -> Self {
+        let Seeds { init, order, augment, dropout } = seeds;
+        ClassifierConfig { init_seed: init, order_seed: order, augment_seed: augment, dropout_seed: dropout, ..self }
     }
 
     /// Checks the settings.
@@ -306,7 +306,7 @@ fn train_loop(
     if let Some(dp) = &dp {
         dp.check_batch(config.batch)?;
     }
-    let mut params = ParamStore::new(config.seeds.init, device);
+    let mut params = ParamStore::new(config.init_seed, device);
     let model =
         Model::new(config.model, &mut params, &data.example_shape, data.classes, config.batch_norm, config.width)?;
     let vars: Vec<_> = params.trainable.iter().map(|(_, v)| v.clone()).collect();
@@ -329,7 +329,7 @@ fn train_loop(
         let epoch = step / per_epoch;
         if step % per_epoch == 0 {
             order = (0..data.train.len()).collect();
-            order.shuffle(&mut stream(config.seeds.order, "order", epoch));
+            order.shuffle(&mut stream(config.order_seed, "order", epoch));
         }
         let started = Instant::now();
         let at = (step % per_epoch) as usize * config.batch;
@@ -342,7 +342,7 @@ fn train_loop(
                 &mut x,
                 &data.example_shape,
                 config.augment_shift,
-                stream(config.seeds.augment, "augment", step),
+                stream(config.augment_seed, "augment", step),
             );
         }
         // A rank takes its share on the host: only that much crosses to its device.
@@ -375,7 +375,7 @@ fn train_loop(
             rec: &mut s,
             reductions: config.reductions,
             training: true,
-            seeds: config.seeds,
+            seeds: config.seeds(),
             step,
             dropout: config.dropout,
         };
@@ -442,7 +442,7 @@ pub fn evaluate(
     device: &Device,
     state: &ModelState,
 ) -> Result<Vec<u32>, RecordError> {
-    let mut params = ParamStore::new(config.seeds.init, device);
+    let mut params = ParamStore::new(config.init_seed, device);
     let model =
         Model::new(config.model, &mut params, &data.example_shape, data.classes, config.batch_norm, config.width)?;
     params.load(state)?;
@@ -472,7 +472,7 @@ fn predict(
             rec: &mut s,
             reductions: config.reductions,
             training: false,
-            seeds: config.seeds,
+            seeds: config.seeds(),
             step: 0,
             dropout: 0.0,
         };
@@ -553,10 +553,10 @@ mod tests {
         for vary in ["init", "order", "augment", "dropout"] {
             let mut c = config.clone();
             match vary {
-                "init" => c.seeds.init = 9,
-                "order" => c.seeds.order = 9,
-                "augment" => c.seeds.augment = 9,
-                _ => c.seeds.dropout = 9,
+                "init" => c.init_seed = 9,
+                "order" => c.order_seed = 9,
+                "augment" => c.augment_seed = 9,
+                _ => c.dropout_seed = 9,
             }
             assert_ne!(run(&c, &data).state.weights, base.state.weights, "changing the {vary} seed changed nothing");
         }

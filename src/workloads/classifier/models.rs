@@ -7,9 +7,10 @@ use std::fmt;
 use std::str::FromStr;
 
 /// Which architecture.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ModelKind {
     /// One hidden layer of 26 ReLU units.
+    #[default]
     Mlp,
     /// Three [conv 3×3, (batch norm), ReLU, 2×2 max pool] blocks of 16, 32 and 32 channels, a
     /// dense layer of 32 units and the output layer.

@@ -14,27 +14,30 @@ use crate::ops::{sum_all, Reductions};
 use crate::record::{Perturbation, RecordError, Recorder};
 use crate::trace::{RunConfig, TensorKind};
 use crate::workloads::seeded::{stream, uniform_vec};
-use crate::workloads::settings::Settings;
+use crate::workloads::settings::{self, is_default, Settings};
 use crate::workloads::{ModelState, TrainOutcome};
-use crate::workloads::{Training, WorkloadError};
+use crate::workloads::{Training, WorkloadError, WorkloadKind};
 use candle_core::{DType, Device, Tensor};
 use candle_nn::{AdamW, Optimizer, ParamsAdamW, VarBuilder, VarMap};
 use model::{Gpt, GptShape, Norm};
 use rand::Rng;
-use std::collections::BTreeMap;
+use serde::{Deserialize, Serialize};
 use std::time::{Duration, Instant};
 
 /// The training text: generated, about 96 KiB of ASCII.
 pub const CORPUS: &str = include_str!("../../../data/gpt/corpus.txt");
 
-/// A `gpt` training run's settings.
-#[derive(Debug, Clone, PartialEq)]
+/// A `gpt` training run's settings (each a setting of its trace header by name,
+/// `workloads::settings`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct GptConfig {
     /// Seed of the initial weights.
     pub seed: u64,
-    /// Seed of the batches (which windows of the corpus each step trains on).
+    /// Seed of the batches (which windows of the corpus each step trains on; where not given:
+    /// the seed).
     pub data_seed: u64,
-    /// Training steps.
+    /// Training steps: the header's own `steps`.
+    #[serde(skip)]
     pub steps: u64,
     /// Sequences per batch.
     pub batch: usize,
@@ -51,10 +54,18 @@ pub struct GptConfig {
     /// How the blocks normalise.
     pub norm: Norm,
     /// How batch reductions accumulate: the loss over every token and the linear layers' bias
-    /// gradients. `Candle` is candle's own kernels and candle-nn's layers unchanged.
+    /// gradients. `Candle` is candle's own kernels and candle-nn's layers unchanged. A header
+    /// has it only where it is not (traces recorded before the setting existed keep theirs).
+    #[serde(default, skip_serializing_if = "is_default")]
     pub reductions: Reductions,
-    /// Batch-invariant matrix products and softmax sums (`ops::invariant`) instead of candle's.
+    /// Batch-invariant matrix products and softmax sums (`ops::invariant`) instead of candle's;
+    /// in a header only where set.
+    #[serde(default, skip_serializing_if = "is_default")]
     pub batch_invariant: bool,
+}
+
+impl Settings for GptConfig {
+    const FOLLOWS: &'static [(&'static str, &'static str)] = &[("data_seed", "seed")];
 }
 
 impl Default for GptConfig {
@@ -85,47 +96,9 @@ impl GptConfig {
         )
     }
 
-    /// The gpt a trace header's settings describe (`WorkloadRun::from_run_config`).
-    pub(in crate::workloads) fn from_settings(s: &mut Settings, steps: Option<u64>) -> Result<Self, WorkloadError> {
-        let d = GptConfig::default();
-        Ok(GptConfig {
-            seed: s.take_or("seed", d.seed)?,
-            data_seed: s.take_or("data_seed", d.data_seed)?,
-            steps: steps.unwrap_or(d.steps),
-            batch: s.take_or("batch", d.batch)?,
-            context: s.take_or("context", d.context)?,
-            layers: s.take_or("layers", d.layers)?,
-            width: s.take_or("width", d.width)?,
-            heads: s.take_or("heads", d.heads)?,
-            lr: s.take_or("lr", d.lr)?,
-            norm: s.take_one_of("norm", &Norm::NAMED, d.norm)?,
-            reductions: s.take_or("reductions", d.reductions)?,
-            batch_invariant: s.take_or("batch_invariant", d.batch_invariant)?,
-        })
-    }
-
     /// The run configuration written to a trace header.
     pub fn run_config(&self) -> RunConfig {
-        let norm = self.norm.name();
-        let mut params = BTreeMap::from([
-            ("batch".to_string(), self.batch.to_string()),
-            ("context".to_string(), self.context.to_string()),
-            ("data_seed".to_string(), self.data_seed.to_string()),
-            ("heads".to_string(), self.heads.to_string()),
-            ("layers".to_string(), self.layers.to_string()),
-            ("lr".to_string(), self.lr.to_string()),
-            ("norm".to_string(), norm.to_string()),
-            ("seed".to_string(), self.seed.to_string()),
-            ("width".to_string(), self.width.to_string()),
-        ]);
-        // Absent means candle's: traces recorded before the setting existed keep their header.
-        if self.reductions != Reductions::Candle {
-            params.insert("reductions".to_string(), self.reductions.to_string());
-        }
-        if self.batch_invariant {
-            params.insert("batch_invariant".to_string(), "true".to_string());
-        }
-        RunConfig { workload: "gpt".into(), steps: Some(self.steps), params }
+        settings::run_config(self, WorkloadKind::Gpt, self.steps)
     }
 
     fn shape(&self) -> GptShape {

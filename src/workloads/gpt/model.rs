@@ -340,3 +340,17 @@ impl Norm {
         Self::NAMED.into_iter().find(|(n, _)| *n == name).map(|(_, norm)| norm)
     }
 }
+
+impl std::fmt::Display for Norm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Norm {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
+        let names = Self::NAMED.map(|(name, _)| name).join(" or ");
+        Norm::named(s).ok_or_else(|| format!("unknown norm `{s}`: expected {names}"))
+    }
+}
