@@ -13,7 +13,8 @@ MODEL: resnet50, densenet121, efficientnet_b0, mobilenet_v3_large, convnext_tiny
 torchvision classification model by its name, at 224 x 224 with SGD and momentum), gpt2
 (transformers' 124M GPT-2 in f32 at batch x 1024 with AdamW), llama-1b (a Llama shape of 1.1B
 parameters, TinyLlama's, in bf16 autocast at batch x 1024 with AdamW). V: plain (always first),
-beside, batched, module (REPRO_TORCH_FLUSH), debug (DebugMode), full (every step's values kept,
+hooks (the plain step with an empty forward hook on every module: the least any recorder of
+module outputs costs), beside, batched, module (REPRO_TORCH_FLUSH), debug (DebugMode), full (every step's values kept,
 `capture="all"`: its row gives the payload a step and the rate it adds to the plain step, written
 under REPRO_BENCH_DIR, default the temporary folder). `cudnn.benchmark` is on, as in
 the issue that asked for this table. With `--compile`, each model runs compiled by `torch.compile`
@@ -35,7 +36,7 @@ import torch
 from repro_torch import DeviceHasher, ModelRecorder, Recorder, cuda_hash_library_path
 from steps import training_step  # beside this file
 
-VARIANTS = ("plain", "beside", "batched", "module", "debug", "full")
+VARIANTS = ("plain", "hooks", "beside", "batched", "module", "debug", "full")
 
 
 def vision(name: str, batch: int):
@@ -104,7 +105,7 @@ class Counts:
 
     @contextlib.contextmanager
     def counting(self):
-        queue, flush = DeviceHasher.queue, DeviceHasher.flush
+        queue, queue_many, flush = DeviceHasher.queue, DeviceHasher.queue_many, DeviceHasher.flush
         counts = self
 
         def counted_queue(self, *args, **kwargs):
@@ -112,15 +113,20 @@ class Counts:
             counts.tensors += 1
             counts.bytes += self._lengths[-1]
 
+        def counted_queue_many(self, owner, indices, addresses, lengths, *args):
+            queue_many(self, owner, indices, addresses, lengths, *args)
+            counts.tensors += len(lengths)
+            counts.bytes += sum(lengths)
+
         def counted_flush(self, *args, **kwargs):
             counts.flushes += bool(self.queued)
             return flush(self, *args, **kwargs)
 
-        DeviceHasher.queue, DeviceHasher.flush = counted_queue, counted_flush
+        DeviceHasher.queue, DeviceHasher.queue_many, DeviceHasher.flush = counted_queue, counted_queue_many, counted_flush
         try:
             yield self
         finally:
-            DeviceHasher.queue, DeviceHasher.flush = queue, flush
+            DeviceHasher.queue, DeviceHasher.queue_many, DeviceHasher.flush = queue, queue_many, flush
 
 
 def measure(build, name: str, batch: int, variants: list[str], warmup: int, steps: int, compiled: bool) -> None:
@@ -139,6 +145,12 @@ def measure(build, name: str, batch: int, variants: list[str], warmup: int, step
         if variant == "plain":
             seconds, peak, in_use = timed(plain, warmup, steps)
             plain_s, plain_peak, plain_in_use = seconds, peak, in_use
+        elif variant == "hooks":
+            # An empty forward hook on every module: what any recorder of module outputs pays.
+            hooks = [m.register_forward_hook(lambda *_: None) for n, m in model.named_modules() if n]
+            seconds, peak, in_use = timed(plain, warmup, steps)
+            for hook in hooks:
+                hook.remove()
         elif variant == "debug":
             from torch.utils._debug_mode import DebugMode
 

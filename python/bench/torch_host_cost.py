@@ -146,7 +146,7 @@ def measure(name: str, spent: dict, steps: int = 30) -> None:
         path = os.path.join(d, "t")
         rec = ModelRecorder(Recorder(path, {"workload": name}, capture="none", place=None), net)
         hasher = HostHasher("", 0, lib=NullLibrary())
-        rec.recorder._hashers[0] = hasher
+        rec.recorder.hashers[0] = hasher
         rec.recorder.hasher_for = lambda t: hasher
         for i in range(3):  # the first step watches for outputs changed in place
             training_step(net, opt, loss_of, rec, i)
@@ -154,13 +154,13 @@ def measure(name: str, spent: dict, steps: int = 30) -> None:
         collections = _collections()
         for i in range(3, 3 + steps):
             training_step(net, opt, loss_of, rec, i)
+        gc_ms, full = collections()
         rec.finish()
         with Trace(path) as trace:
             records = len(list(trace.steps())[-1].tensors)
     per_step = {k: v / steps * 1e3 for k, v in spent.items()}
     total = sum(per_step.get(k, 0.0) for k in PARTS[:3])
     parts = " | ".join(f"{per_step.get(k, 0.0):.1f}" for k in PARTS)
-    gc_ms, full = collections()
     print(f"| {name} | {records} | {parts} | {total:.1f} | {total / records * 1e3:.1f} | {gc_ms / steps:.1f} | "
           f"{full} |", flush=True)
 

@@ -5,6 +5,7 @@ tensors and reading their hashes back a step later."""
 from __future__ import annotations
 
 import ctypes
+import operator
 import os
 import shutil
 from typing import Optional
@@ -115,8 +116,8 @@ class DeviceHasher:
               version: Optional[int]) -> None:
         """Queues `length` bytes at `address` (the canonical bytes of `held`, a tensor the hasher
         keeps alive until they are read) for `owner`'s record `index`; `version`: `held`'s version
-        counter now, checked when the bytes are read, or None for a tensor nothing else can change
-        (a copy)."""
+        counter now, checked when the bytes are read, or None for a tensor without one (made in
+        inference mode)."""
         self._owners.append(owner)
         self._indices.append(index)
         self._held.append(held)
@@ -124,6 +125,17 @@ class DeviceHasher:
         self._addresses.append(address)
         self._lengths.append(length)
         self._keeps.append(1 if keep_bytes else 0)
+
+    def queue_many(self, owner, indices, addresses: list, lengths: list, keeps: bytes, held: list,
+                   versions: list) -> None:
+        """`queue` of many records of one owner at once (`keeps`: a byte, 1 or 0, for each)."""
+        self._owners += [owner] * len(indices)
+        self._indices += indices
+        self._held += held
+        self._versions += versions
+        self._addresses += addresses
+        self._lengths += lengths
+        self._keeps += keeps
 
     @property
     def queued(self) -> int:
@@ -136,8 +148,13 @@ class DeviceHasher:
         if not self._indices:
             self.poll()
             return
-        for owner, index, held, version in zip(self._owners, self._indices, self._held, self._versions):
-            _check_unchanged(owner, index, held, version)
+        try:  # every version counter read at once, compared at once
+            unchanged = list(map(_VERSION, self._held)) == self._versions
+        except RuntimeError:  # a tensor made in inference mode has none
+            unchanged = False
+        if not unchanged:
+            for owner, index, held, version in zip(self._owners, self._indices, self._held, self._versions):
+                _check_unchanged(owner, index, held, version)
         legacy = self._on_legacy_stream()
         if not legacy:
             beside = False
@@ -234,6 +251,9 @@ def _current_stream_handle(index: int) -> int:
 # The same, without making a `torch.cuda.Stream` on every flush: PyTorch's own raw accessor (what
 # its compiled code calls), where this PyTorch has it.
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or _current_stream_handle
+
+
+_VERSION = operator.attrgetter("_version")
 
 
 def _check_unchanged(owner, index: int, held: torch.Tensor, version: Optional[int]) -> None:

@@ -6,8 +6,10 @@ after a batch norm, a residual `out += identity`). Reading each output at its ow
 program's stream, is always safe, but costs a flush per module call on the program's critical
 path. So the first step recorded on the GPU does exactly that (`module`), and watches every
 output's version counter while the step runs: an output whose counter moves after its hook is
-changed in place. From the next step on, those outputs are still read at their hooks, and the
-others are queued and read together, a few flushes a step:
+changed in place. From the next step on, each of those outputs is copied on the GPU at its hook
+(one copy, on the program's stream, which the program cannot change; an output over
+`COPY_AT_HOOK_MAX_BYTES` is read at its hook instead), and the outputs and the copies are
+queued and read together, a few flushes a step:
 
 - `batched` (the default): in order with the program's stream, at the next flush.
 - `beside`: on the GPU hashing library's own stream, while the program's work runs on; the
@@ -33,9 +35,14 @@ from repro_writer import WriteError
 FLUSH_ENV = "REPRO_TORCH_FLUSH"
 MODES = ("batched", "beside", "module")
 
-# Outputs queued before a flush is forced: bounds the memory held for them.
+# Outputs queued before a flush is forced: bounds the memory held for them (copies included).
 MAX_QUEUED = 64
 MAX_QUEUED_BYTES = 256 << 20
+# The largest output changed in place that is copied at its hook; a larger one is read there.
+COPY_AT_HOOK_MAX_BYTES = 64 << 20
+
+# What an output gets at its hook (`FlushPolicy.at_hook`).
+READ, COPY, QUEUE = "read", "copy", "queue"
 
 
 def mode_from_env() -> str:
@@ -59,9 +66,14 @@ class FlushPolicy:
         """The watch for a step about to run: one until a step has been watched."""
         return InPlaceWatch(self) if self.in_place is None and self.mode != "module" else None
 
-    def reads_at_hook(self, name: str) -> bool:
-        """Whether the output `name` is read at its hook, in order with the program."""
-        return self.mode == "module" or self.in_place is None or name in self.in_place
+    def at_hook(self, name: str, nbytes: int) -> str:
+        """What the output `name`, of `nbytes`, gets at its hook: `READ` (read there, in order
+        with the program), `COPY` (copied there, the copy queued) or `QUEUE` (queued as it is)."""
+        if self.mode == "module" or self.in_place is None:
+            return READ
+        if name in self.in_place:
+            return COPY if nbytes <= COPY_AT_HOOK_MAX_BYTES else READ
+        return QUEUE
 
     @property
     def beside(self) -> bool:

@@ -15,7 +15,7 @@ from repro_writer import ALL_REDUCE_SUM
 
 from . import fsdp
 from .ddp import GradientSums, is_ddp
-from .recorder import Recorder, StepRecorder
+from .recorder import RecordGroup, Recorder, StepRecorder, record_fields
 
 class ModelRecorder:
     """Records a module's training steps or forward passes with no per-op code (see the module's
@@ -43,6 +43,13 @@ class ModelRecorder:
         self._named_parameters = list(self.model.named_parameters())
         sharded = any(fsdp.is_sharded(p) for _, p in self._named_parameters)
         self._shards = fsdp.check_tiling(self._named_parameters) if sharded else {}
+        # The parameters' records at a step's start, their gradients' and their updates': each
+        # record's fields made once, the group queued at once (`StepRecorder.queue_group`).
+        self._tensors = [p for _, p in self._named_parameters]
+        self._groups = {
+            suffix: RecordGroup([record_fields(name + suffix, kind, phase) for name, _ in self._named_parameters])
+            for suffix, kind, phase in _PARAMETER_RECORDS
+        }
         self._step: Optional[StepRecorder] = None
         self._calls: dict[str, int] = {}
         named = [(name, m) for name, m in self.model.named_modules() if name != ""] if modules else []
@@ -89,8 +96,7 @@ class ModelRecorder:
         with self.recorder.step(step) as s:
             for name, t in (inputs or {}).items():
                 s.queue(name, t, "input")
-            for name, p, shard in self._parameters():
-                s.queue(name, p, "weight", "forward", shard=shard)
+            self._queue_parameters(s, "")
             s.flush()
             self._step, self._calls = s, {}
             if self._sums is not None:
@@ -102,18 +108,24 @@ class ModelRecorder:
                 if self._sums is not None:
                     self._sums.begin(None)
             if updates:
-                for name, p, shard in self._parameters():
-                    s.queue(f"{name}.updated", p, "weight", "update", shard=shard)
+                self._queue_parameters(s, ".updated")
                 s.flush()
 
-    def _parameters(self) -> Iterator[tuple[str, torch.Tensor, Optional[tuple]]]:
-        """Every parameter by name, with its record's `shard`: an FSDP2 parameter as this rank's
-        block of it."""
+    def _queue_parameters(self, s: StepRecorder, suffix: str) -> None:
+        """Queues every parameter's record (`suffix` "": at the step's start; ".updated": at its
+        end): an FSDP2 parameter as this rank's block of it."""
+        if not self._shards:
+            s.queue_group(self._groups[suffix], self._tensors)
+            return
+        kind, phase = _KIND_AND_PHASE[suffix]
+        fields, tensors = [], []
         for name, p in self._named_parameters:
+            shard = None
             if name in self._shards:
-                yield name, *fsdp.shard_of(p, self._shards[name])
-            else:
-                yield name, p, None
+                p, shard = fsdp.shard_of(p, self._shards[name])
+            fields.append(record_fields(name + suffix, kind, phase, shard=shard))
+            tensors.append(p)
+        s.queue_each(fields, tensors)
 
     def finish(self) -> int:
         for h in self._hooks:
@@ -140,22 +152,38 @@ class CapturedStep:
         trainable parameters that got none. Under DDP a gradient is the sum over the ranks of the
         shares recorded as its bucket went out (a collective of `NAME.grad.local`); under FSDP2
         it is this rank's block, as its parameter's."""
-        sums = self._owner._sums
-        for name, p in self._owner._named_parameters:
-            if p.grad is None:
+        owner = self._owner
+        sums, shards, group = owner._sums, owner._shards, owner._groups[".grad"]
+        if sums is None and not shards:
+            grads = [p.grad for p in owner._tensors]
+            if all(g is not None for g in grads):  # every parameter has its gradient: the group as it is
+                self.step.queue_group(group, grads)
+                self.step.flush()
+                return
+        plain, fields, tensors = group.fields, [], []
+        for i, (name, p) in enumerate(owner._named_parameters):
+            grad = p.grad
+            if grad is None:
                 if p.requires_grad:
                     self.step.no_gradient.append(name)
                 continue
             local = sums.local_name(name) if sums is not None else None
-            if name in self._owner._shards and fsdp.is_sharded(p.grad):
-                grad, shard = fsdp.shard_of(p.grad, self._owner._shards[name])
-                self.step.queue(f"{name}.grad", grad, "gradient", "backward", shard=shard)
+            if name in shards and fsdp.is_sharded(grad):
+                grad, shard = fsdp.shard_of(grad, shards[name])
+                fields.append(record_fields(f"{name}.grad", "gradient", "backward", shard=shard))
             elif local is None:
-                self.step.queue(f"{name}.grad", p.grad, "gradient", "backward")
+                fields.append(plain[i])
             else:
-                self.step.queue(f"{name}.grad", p.grad, "gradient", "backward", inputs=(local,),
-                                collective=ALL_REDUCE_SUM)
+                fields.append(record_fields(f"{name}.grad", "gradient", "backward", inputs=(local,),
+                                            collective=ALL_REDUCE_SUM))
+            tensors.append(grad)
+        self.step.queue_each(fields, tensors)
         self.step.flush()
+
+
+# A parameter's records in a training step: their names' suffix, kind and phase.
+_PARAMETER_RECORDS = (("", "weight", "forward"), (".grad", "gradient", "backward"), (".updated", "weight", "update"))
+_KIND_AND_PHASE = {suffix: (kind, phase) for suffix, kind, phase in _PARAMETER_RECORDS}
 
 
 def _uncompiled(model: torch.nn.Module) -> tuple[torch.nn.Module, bool]:

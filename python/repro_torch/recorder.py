@@ -17,7 +17,7 @@ from repro_trace import RECORDS_FILE
 from repro_writer import TraceWriter, WriteError
 
 from .cuda_hash import CUDA_HASH_LIB, CUDA_HASH_LIB_ENV, DeviceHasher, cuda_hash_library_path
-from .flushes import MAX_QUEUED, MAX_QUEUED_BYTES, FlushPolicy
+from .flushes import COPY, MAX_QUEUED, MAX_QUEUED_BYTES, READ, FlushPolicy
 from .perturb import Perturbation
 from .ranks import RankPlace, current_place, perturbs_this_rank
 from .switches import changes, determinism_switches, environment
@@ -30,6 +30,9 @@ AUTO = "auto"
 # `Recorder`); a smaller one is written where it ends, as a step of hashes is: on the CPU, it is
 # then on disk before the program goes on, and its writing takes little time anyway.
 WRITE_BESIDE_MIN_BYTES = 64 << 20
+
+# Tensors whose layout a recorder remembers (`Recorder.lay_out`): many steps' worth of a model's.
+LAID_OUT_MAX = 1 << 16
 
 
 class Recorder:
@@ -68,7 +71,7 @@ class Recorder:
                 f"device_hashing=True, but repro's GPU hashing library is not found: build it with `make cuda` "
                 f"and set {CUDA_HASH_LIB_ENV} to target/cuda/release/{CUDA_HASH_LIB}"
             )
-        self._hashers: dict[int, DeviceHasher] = {}
+        self.hashers: dict[int, DeviceHasher] = {}
         self._hasher_by_device: dict = {}  # torch.device -> its hasher, or None
         self._warned = device_hashing is False
         self._first: Optional[int] = None
@@ -87,6 +90,23 @@ class Recorder:
         # The last step recorded (see `StepRecorder`): a parameter recorded at a step's start,
         # unchanged since the last step recorded it updated, repeats that record.
         self._carried: Optional[StepRecorder] = None
+        # What a tensor hashed on the GPU is, by (address, dtype, contiguous): its device's
+        # hasher's index in `hashers`, its trace dtype (None: it is copied to be read, whatever
+        # its contiguity), its shape (which must be the tensor's too) and its length in bytes.
+        # (Ints, strings and tuples of them, which Python's garbage collector stops tracking;
+        # a torch.Size it never does.)
+        self.laid_out: dict = {}
+
+    def lay_out(self, key: tuple, hasher: "DeviceHasher", trace_dtype: Optional[str], size, length: int) -> tuple:
+        """Remembers what a tensor hashed on the GPU is (`laid_out`), by what is read of it for
+        every record anyway: its address, dtype and contiguity (and its shape, compared). Two
+        tensors that agree on these are on the same device: CUDA gives every device's memory and
+        the host's addresses of their own. Forgets everything past `LAID_OUT_MAX` (the shapes of
+        a program whose shapes keep changing); returns what it remembered."""
+        if len(self.laid_out) >= LAID_OUT_MAX:
+            self.laid_out.clear()
+        known = self.laid_out[key] = (hasher.index, trace_dtype, tuple(size), length)
+        return known
 
     def hasher_for(self, t: torch.Tensor) -> Optional[DeviceHasher]:
         """The GPU hasher of a CUDA tensor's device, or None (a CPU tensor, or no library)."""
@@ -111,9 +131,9 @@ class Recorder:
                 )
             return None
         index = device.index if device.index is not None else torch.cuda.current_device()
-        if index not in self._hashers:
-            self._hashers[index] = DeviceHasher(self._library, index)
-        return self._hashers[index]
+        if index not in self.hashers:
+            self.hashers[index] = DeviceHasher(self._library, index)
+        return self.hashers[index]
 
     @property
     def hashes_on_gpu(self) -> bool:
@@ -165,12 +185,12 @@ class Recorder:
             yield s
             s.end()
         except BaseException:
-            for hasher in self._hashers.values():
+            for hasher in self.hashers.values():
                 hasher.abandon()  # what the step queued, let go
             raise
         if self.place is not None:
             self._writer.mark_progress(step, "done")
-        reads = [hasher.start_read() for hasher in self._hashers.values()]
+        reads = [hasher.start_read() for hasher in self.hashers.values()]
         self._carried = s
         self._behind.append((s, reads))
         while len(self._behind) > (1 if reads else 0):
@@ -216,7 +236,7 @@ class Recorder:
         self._wait_for_writing()
         if self._full_writer is not None:
             self._full_writer.shutdown()
-        for hasher in self._hashers.values():
+        for hasher in self.hashers.values():
             hasher.close()
         changed = changes(self._switches, determinism_switches())
         if changed:
@@ -242,13 +262,13 @@ class StepRecorder:
         self.keeps_values = recorder.wants_full(step)
         # Tensors hashed on the GPU this step: (address, version) -> the index of their record;
         # by that index, a weak reference that says the tensor's memory has not been reused, and
-        # the dtype, shape and strides that, with the address and version, make its bytes the
-        # same. A record that repeats one of them, here or in the step before (a container
-        # module's output is its last child's), takes its hash when the hashes land: the
-        # repeat's index, the step of the first, and the first's index there.
+        # the strides of a record whose tensor was not contiguous (with the record's dtype and
+        # shape, what makes the bytes the same). A record that repeats one of them, here or in
+        # the step before (a container module's output is its last child's), takes its hash when
+        # the hashes land: the repeat's index, the step of the first, and the first's index there.
         self.hashed_on_gpu: dict = {}
         self._refs: dict = {}
-        self._geometry: dict = {}
+        self._strides: dict = {}
         self._previous: Optional[StepRecorder] = recorder._carried
         self._repeat_at: list[int] = []
         self._repeat_from: list = []
@@ -274,16 +294,17 @@ class StepRecorder:
 
     def module_output(self, name: str, t: torch.Tensor, source: Optional[str] = None) -> None:
         """Records a module's output as the step's next graph node, from the module's forward
-        hook: read at once where the flush policy says the program may change it in place,
-        otherwise queued with the outputs before it and read with them (`flushes`)."""
-        hashed = self._queue(name, t, "op_output", "forward", (), True, source, None, None)
-        if not hashed:
+        hook: where the flush policy says the program changes it in place, copied or read at
+        once; otherwise queued with the outputs before it and read with them (`flushes`)."""
+        nbytes = t.nbytes
+        at_hook = self._policy.at_hook(name, nbytes)
+        if not self._queue_each([(name, "op_output", "forward", (), True, source, None, None)], [t], at_hook == COPY):
             return
         if self._watch is not None:
             self._watch.add(name, t)
         self._outputs_queued += 1
-        self._bytes_queued += t.nbytes
-        if self._policy.reads_at_hook(name):
+        self._bytes_queued += nbytes
+        if at_hook == READ:
             self.flush()
         elif self._outputs_queued >= MAX_QUEUED or self._bytes_queued >= MAX_QUEUED_BYTES:
             self._flush_outputs()
@@ -295,66 +316,149 @@ class StepRecorder:
         queue a group of tensors, then flush once, before anything changes them. `shard`: `t` is
         this rank's block of a tensor sharded across the ranks, (the whole's shape, the block's
         offset in it)."""
+        self.queue_each([record_fields(name, kind, phase, inputs, node, source, collective, shard)], [t])
+
+    def queue_each(self, fields: list, tensors: list) -> None:
+        """`queue` for many tensors at once: `fields[i]`, as `record_fields` makes it, says what
+        `tensors[i]`'s record is besides its values. (A model's parameters, gradients and updates
+        are queued so, their fields made once for every step.)"""
         if self._outputs_queued and self._policy.beside:
             self._flush_outputs()  # read beside, not with what follows
-        self._queue(name, t, kind, phase, inputs, node, source, collective, shard)
+        self._queue_each(fields, tensors)
 
-    def _queue(self, name, t, kind, phase, inputs, node, source, collective, shard) -> bool:
-        """Queues a record; whether its tensor waits to be read on the GPU. (Runs for every
-        tensor of every step: each of the tensor's attributes is read once.)"""
-        position = None
-        if node:
-            position, self._nodes = self._nodes, self._nodes + 1
-        inputs = tuple(inputs)
-        if shard is not None:
-            shard = (tuple(int(d) for d in shard[0]), tuple(int(o) for o in shard[1]))
-        hasher = None if self.keeps_values else self.recorder.hasher_for(t)
-        if hasher is None:
-            dtype, shape, data = canonical(t)
-            self._append((name, kind, dtype, shape, phase, inputs, position, source, collective, None, shard), data)
-            return False
-        dtype, address = t.dtype, t.data_ptr()
+    def _queue_each(self, fields: list, tensors: list, copy: bool = False) -> int:
+        """Queues a record for each tensor; how many wait to be read on the GPU. This runs for
+        every tensor of every step, so each tensor's attributes are read once, and what its
+        address, dtype, shape and contiguity imply (its device's hasher, its trace dtype, its
+        length) is looked up rather than derived again (`Recorder.laid_out`). `copy`: a tensor
+        read on the GPU is copied there now, and the copy read (the program may change it)."""
+        recorder, current, previous = self.recorder, self.hashed_on_gpu, self._previous
+        laid_out, inline_max = recorder.laid_out, recorder.inline_max_bytes
+        queued = 0
+        for (name, kind, phase, inputs, node, source, collective, shard), t in zip(fields, tensors):
+            position = None
+            if node:
+                position, self._nodes = self._nodes, self._nodes + 1
+            if self.keeps_values:
+                self._append_copied(t, name, kind, phase, inputs, position, source, collective, shard)
+                continue
+            address, dtype, size, contiguous = t.data_ptr(), t.dtype, t.shape, t.is_contiguous()
+            known = laid_out.get((address, dtype, contiguous))
+            if known is None or known[2] != size:
+                hasher = recorder.hasher_for(t)
+                if hasher is None:
+                    self._append_copied(t, name, kind, phase, inputs, position, source, collective, shard)
+                    continue
+                known = recorder.lay_out((address, dtype, contiguous), hasher, IN_PLACE_DTYPES.get(dtype), size,
+                                         t.nbytes)
+            device, trace_dtype, shape, length = known
+            try:
+                version = t._version
+                key = (address, version)
+            except RuntimeError:  # an inference-mode tensor has no version counter: never repeated
+                version = key = None
+            strides = None if contiguous else t.stride()
+            if key is not None:
+                owner = self
+                first = current.get(key)
+                if first is None and previous is not None:
+                    owner, first = previous, previous.hashed_on_gpu.get(key)
+                if first is not None and owner._refs[first]() is t:
+                    laid = owner.layouts[first]
+                    if laid[2] == trace_dtype and laid[3] == shape and owner._strides.get(first) == strides:
+                        index = self._append((name, kind, trace_dtype, shape, phase, inputs, position, source,
+                                              collective, None, shard), None)
+                        self._repeat_at.append(index)
+                        self._repeat_from.append(owner)
+                        self._repeat_of.append(first)
+                        if owner is not self:
+                            self._hashed(key, index, owner._refs[first], strides)
+                        continue
+            in_place = contiguous and trace_dtype is not None  # its memory holds its canonical bytes
+            if in_place and not copy:
+                held = t
+            else:  # read from a copy, which nothing else changes
+                if in_place:
+                    held = t.detach().clone()
+                else:
+                    trace_dtype, shape, held = canonical_on_device(t)
+                address, length = held.data_ptr(), held.nbytes
+                try:
+                    version = held._version
+                except RuntimeError:  # a copy made in inference mode
+                    version = None
+            index = self._append((name, kind, trace_dtype, shape, phase, inputs, position, source, collective, None,
+                                  shard), None)
+            if length == 0:
+                self.data[index] = b""
+                continue
+            # The tensor is checked for changes when read (a copy cannot have changed).
+            recorder.hashers[device].queue(self, index, address, length, length <= inline_max, held, version)
+            if key is not None:
+                self._hashed(key, index, weakref.ref(t), strides)
+            queued += 1
+        return queued
+
+    def queue_group(self, group: "RecordGroup", tensors: list) -> None:
+        """`queue_each(group.fields, tensors)`, for tensors that were the group's the last time
+        (a model's parameters, its gradients): where they still have the dtypes and shapes they
+        had then, are contiguous, on the same devices, and are either all new to the step and
+        the one before or all repeats from the one before of themselves (the parameters at a
+        step's start, as last updated), their records are added together, without the work of
+        each."""
+        if self._outputs_queued and self._policy.beside:
+            self._flush_outputs()
+        known = group.known
+        addresses = [t.data_ptr() for t in tensors]
+        if (known is None or self.keeps_values or [t.dtype for t in tensors] != known.dtypes
+                or [t.shape for t in tensors] != known.shapes or not all([t.is_contiguous() for t in tensors])
+                or addresses != known.addresses and [t.device for t in tensors] != known.devices):
+            self._queue_each(group.fields, tensors)
+            group.known = _GroupLayout.of(self, group, tensors, addresses)
+            return
+        known.addresses = addresses  # on the same devices (a group's gradients move)
         try:
-            version = t._version
-            key = (address, version)
-        except RuntimeError:  # an inference-mode tensor has no version counter: never repeated
-            version, key = None, None
-        shape = tuple(t.shape)
-        geometry = (dtype, shape, t.stride())
-        if key is not None:
-            owner = self
-            first = self.hashed_on_gpu.get(key)
-            if first is None and self._previous is not None:
-                owner = self._previous
-                first = owner.hashed_on_gpu.get(key)
-            if first is not None and owner._refs[first]() is t and owner._geometry[first] == geometry:
-                laid = owner.layouts[first]
-                index = self._append((name, kind, laid[2], laid[3], phase, inputs, position, source, collective,
-                                      None, shard), None)
-                self._repeat_at.append(index)
-                self._repeat_from.append(owner)
-                self._repeat_of.append(first)
-                if owner is not self:
-                    self._hashed(key, index, owner._refs[first], geometry)
-                return False
-        trace_dtype = IN_PLACE_DTYPES.get(dtype)
-        if trace_dtype is not None and t.is_contiguous():
-            held, own = t, True
+            versions = [t._version for t in tensors]
+        except RuntimeError:  # inference-mode tensors: no version counters
+            self._queue_each(group.fields, tensors)
+            return
+        keys = list(zip(addresses, versions))
+        current, previous, start = self.hashed_on_gpu, self._previous, len(self.layouts)
+        indices = range(start, start + len(tensors))
+        # A key already seen may be another tensor's, since freed (its address reused): only a
+        # tensor that is the one recorded then is a repeat.
+        if any(_repeats(self, list(map(current.get, keys)), tensors)):
+            self._queue_each(group.fields, tensors)
+            return
+        firsts = list(map(previous.hashed_on_gpu.get, keys)) if previous is not None else [None] * len(keys)
+        repeats = _repeats(previous, firsts, tensors)
+        if all(repeats) and not any(map(previous._strides.__contains__, firsts)) and [
+                previous.layouts[f][2:4] for f in firsts] == known.dtypes_and_shapes:
+            refs = [previous._refs[f] for f in firsts]
+            self._extend(known.layouts)
+            self._repeat_at += indices
+            self._repeat_from += [previous] * len(tensors)
+            self._repeat_of += firsts
+        elif not any(repeats):
+            refs = list(map(weakref.ref, tensors))
+            self._extend(known.layouts)
+            known.hasher.queue_many(self, indices, addresses, known.lengths, known.keeps, tensors, versions)
         else:
-            trace_dtype, shape, held = canonical_on_device(t)
-            own, address = False, held.data_ptr()
-        index = self._append((name, kind, trace_dtype, shape, phase, inputs, position, source, collective, None,
-                              shard), None)
-        length = held.nbytes
-        if length == 0:
-            self.data[index] = b""
-            return False
-        # The program's own tensor is checked for changes when read; a copy cannot change.
-        hasher.queue(self, index, address, length, length <= self.recorder.inline_max_bytes, held,
-                     version if own else None)
-        if key is not None:
-            self._hashed(key, index, weakref.ref(t), geometry)
-        return True
+            self._queue_each(group.fields, tensors)
+            return
+        current.update(zip(keys, indices))
+        self._refs.update(zip(indices, refs))
+
+    def _extend(self, layouts: list) -> None:
+        """Adds records of these layouts, their bytes and hashes to come."""
+        self.layouts += layouts
+        self.data += [None] * len(layouts)
+        self.hashes += [None] * len(layouts)
+
+    def _append_copied(self, t, name, kind, phase, inputs, position, source, collective, shard) -> None:
+        """Adds a record of `t` with its canonical bytes copied to the host."""
+        dtype, shape, data = canonical(t)
+        self._append((name, kind, dtype, shape, phase, inputs, position, source, collective, None, shard), data)
 
     def _append(self, layout: tuple, data) -> int:
         """Adds a record (its layout and bytes, its hash to come); its index."""
@@ -363,10 +467,11 @@ class StepRecorder:
         self.hashes.append(None)
         return len(self.layouts) - 1
 
-    def _hashed(self, key: tuple, index: int, ref, geometry: tuple) -> None:
+    def _hashed(self, key: tuple, index: int, ref, strides) -> None:
         self.hashed_on_gpu[key] = index
         self._refs[index] = ref
-        self._geometry[index] = geometry
+        if strides is not None:
+            self._strides[index] = strides
 
     def name_of(self, index: int) -> str:
         """The name of the record at `index`."""
@@ -383,13 +488,13 @@ class StepRecorder:
         """Launches the GPU hashing of the tensors queued, read in order with the program's
         stream (see `DeviceHasher`)."""
         self._outputs_queued = self._bytes_queued = 0
-        for hasher in self.recorder._hashers.values():
+        for hasher in self.recorder.hashers.values():
             hasher.flush()
 
     def _flush_outputs(self) -> None:
         """Launches the GPU hashing of the module outputs queued, as the flush policy says."""
         self._outputs_queued = self._bytes_queued = 0
-        for hasher in self.recorder._hashers.values():
+        for hasher in self.recorder.hashers.values():
             hasher.flush(beside=self._policy.beside)
 
     def end(self) -> None:
@@ -398,6 +503,71 @@ class StepRecorder:
         self._flush_outputs()
         if self._watch is not None:
             self._watch.finish()
+
+
+def _repeats(owner: Optional["StepRecorder"], firsts: list, tensors: list) -> list:
+    """For each tensor, whether `owner`'s record at its index in `firsts` (None: none) is of it."""
+    if owner is None:
+        return [False] * len(tensors)
+    refs = owner._refs
+    return [first is not None and refs[first]() is t for first, t in zip(firsts, tensors)]
+
+
+class RecordGroup:
+    """Records made of the same tensors at every step (`StepRecorder.queue_group`): their fields
+    (`record_fields`, none a graph node), and how the tensors were laid out when last queued."""
+
+    def __init__(self, fields: list):
+        if any(node for _, _, _, _, node, _, _, _ in fields):
+            raise ValueError("a record group's records are not graph nodes")
+        self.fields = fields
+        self.known: Optional[_GroupLayout] = None
+
+
+class _GroupLayout:
+    """A group's tensors as last queued, all contiguous and hashed in place on one GPU: their
+    addresses, devices, dtypes and shapes, each record's layout, its trace dtype and shape, and
+    what the hasher takes for each. Tensors of the same dtypes and shapes at the same addresses
+    are on the same devices (see `Recorder.lay_out`); elsewhere, their devices are compared."""
+
+    def __init__(self, hasher, addresses, devices, dtypes, shapes, layouts, lengths, keeps):
+        self.hasher, self.addresses, self.devices, self.dtypes, self.shapes = hasher, addresses, devices, dtypes, shapes
+        self.layouts, self.lengths, self.keeps = layouts, lengths, keeps
+        self.dtypes_and_shapes = [layout[2:4] for layout in layouts]
+
+    @staticmethod
+    def of(step: "StepRecorder", group: RecordGroup, tensors: list, addresses: list) -> Optional["_GroupLayout"]:
+        """The layout of `tensors`, just queued by `step` as `group`'s records; None unless every
+        one is contiguous, not empty and hashed in place on the same GPU."""
+        if step.keeps_values or not tensors:
+            return None
+        laid_out, found = step.recorder.laid_out, []
+        for t, address in zip(tensors, addresses):
+            known = laid_out.get((address, t.dtype, True)) if t.is_contiguous() else None
+            # Hashed in place (a trace dtype, bytes to read), and by the first one's hasher.
+            if known is None or known[2] != t.shape or known[1] is None or known[3] == 0:
+                return None
+            if found and known[0] != found[0][0]:
+                return None
+            found.append(known)
+        inline_max = step.recorder.inline_max_bytes
+        return _GroupLayout(
+            step.recorder.hashers[found[0][0]], addresses, [t.device for t in tensors], [t.dtype for t in tensors],
+            [t.shape for t in tensors],
+            [(name, kind, trace_dtype, shape, phase, inputs, None, source, collective, None, shard)
+             for (name, kind, phase, inputs, _, source, collective, shard), (_, trace_dtype, shape, _)
+             in zip(group.fields, found)],
+            [length for _, _, _, length in found], bytes(length <= inline_max for _, _, _, length in found),
+        )
+
+
+def record_fields(name: str, kind: str = "activation", phase: Optional[str] = None, inputs=(), node: bool = False,
+                  source: Optional[str] = None, collective: Optional[str] = None, shard: Optional[tuple] = None) -> tuple:
+    """What a record is besides its tensor's values, as `StepRecorder.queue_each` takes it (see
+    `StepRecorder.queue` for the fields)."""
+    if shard is not None:
+        shard = (tuple(int(d) for d in shard[0]), tuple(int(o) for o in shard[1]))
+    return (name, kind, phase, tuple(inputs), node, source, collective, shard)
 
 
 def _rank_stream(run_dir: str, place: RankPlace) -> str:

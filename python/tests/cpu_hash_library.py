@@ -102,6 +102,6 @@ def hash_on_cpu_stand_in(recorder):
 
     library = CpuHashLibrary()
     hasher = CpuDeviceHasher("", 0, lib=library)
-    recorder._hashers[0] = hasher
+    recorder.hashers[0] = hasher
     recorder.hasher_for = lambda t: hasher
     return library

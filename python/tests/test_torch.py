@@ -394,6 +394,53 @@ class TorchTest(unittest.TestCase):
         for name, p in model.named_parameters():
             self.assertEqual(library.reads[p.data_ptr()], 4, name)
 
+    def test_parameters_queued_together_hash_as_the_host_does_when_they_move_change_layout_or_lose_gradients(self):
+        from repro_torch import DeviceHasher, ModelRecorder, Recorder
+
+        def record(path, stand_in):
+            torch.manual_seed(0)
+            model = torch.nn.Sequential(torch.nn.Linear(12, 24), torch.nn.Tanh(), torch.nn.Linear(24, 4),
+                                        torch.nn.Linear(4, 4))
+            opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+            recorder = Recorder(path, {"workload": "moves", "steps": 7}, capture="none")
+            if stand_in:
+                hash_on_cpu_stand_in(recorder)
+            rec = ModelRecorder(recorder, model)
+            first = model[0]
+            g = torch.Generator().manual_seed(1)
+            for step in range(7):
+                with torch.no_grad():
+                    if step == 3:  # a parameter's memory replaced: at another address
+                        first.weight.data = first.weight.data.clone()
+                    if step == 4:  # one laid out column-major: not contiguous
+                        first.weight.data = first.weight.data.t().contiguous().t()
+                x = torch.randn(8, 12, generator=g)
+                with rec.training_step(step, inputs={"x": x}) as s:
+                    # At step 5 the last layer is left out: its parameters get no gradient.
+                    loss = (model[:3] if step == 5 else model)(x).square().mean()
+                    s.loss(loss)
+                    loss.backward()
+                    s.gradients()
+                    opt.step()
+                opt.zero_grad(set_to_none=step % 2 == 0)  # gradients freed (at new addresses), or zeroed
+            rec.finish()
+
+        host, gpu = os.path.join(self.dir, "host"), os.path.join(self.dir, "gpu")
+        record(host, stand_in=False)
+        with mock.patch.object(DeviceHasher, "queue_many", autospec=True,
+                               side_effect=DeviceHasher.queue_many) as together:
+            record(gpu, stand_in=True)
+        # The groups were queued together at the steps they could be; and every record, at every
+        # step, is the host's.
+        self.assertGreaterEqual(together.call_count, 6)
+        with open(os.path.join(host, "records.rpr"), "rb") as a, open(os.path.join(gpu, "records.rpr"), "rb") as b:
+            self.assertEqual(a.read(), b.read())
+        from repro_trace import Trace
+
+        with Trace(gpu) as t:
+            steps = list(t.steps())
+        self.assertEqual(steps[5].no_gradient, ["3.bias", "3.weight"])
+
     def test_a_full_value_step_is_written_beside_the_program_and_its_failure_stops_the_next(self):
         import threading
 
