@@ -32,7 +32,7 @@ pub use recorder::{Recorder, StepRecorder};
 pub(crate) use step_records::Described;
 pub use tensor_bytes::{trace_dtype, with_canonical_bytes};
 
-/// What the GPU hashing library for the PyTorch recorder (`crates/repro-cuda-hash`) uses of the
+/// What the GPU hashing library for the PyTorch recorder (`python/cuda-hash`) uses of the
 /// device side: the kernels made ready on a device, a batch of reads hashed by them, foreign
 /// memory to read, and the results on their way and landed. The rest of `device` stays the
 /// recorder's own.

@@ -25,8 +25,11 @@ pub use outcome::{ModelState, Seeds, TrainOutcome};
 pub use settings::{to_params, WorkloadRun};
 pub use training::Training;
 
+use crate::ops::Reductions;
 use crate::record::{Perturbation, RecordError};
 use crate::trace::RunConfig;
+use gpt::model::Norm;
+use settings::{keys, read, settings_as_text, Settings};
 
 /// A built-in workload with its settings.
 #[derive(Debug, Clone, PartialEq)]
@@ -124,4 +127,57 @@ impl Workload {
             Workload::Decoder(c) => c.run(training),
         }
     }
+
+    /// The workload a header's `run` describes (its name, its steps and its settings), every
+    /// setting absent taking its default; not yet checked (`WorkloadRun::new` checks).
+    pub fn from_run_config(run: &RunConfig) -> Result<Workload, WorkloadError> {
+        let kind: WorkloadKind =
+            run.workload.parse().map_err(|_| WorkloadError::UnknownWorkload(run.workload.clone()))?;
+        let params = &run.params;
+        Ok(match kind {
+            WorkloadKind::Adder => {
+                let d = AdderConfig::default();
+                Workload::Adder(AdderConfig { steps: run.steps.unwrap_or(d.steps), ..read(kind, &d, params)? })
+            }
+            WorkloadKind::Gpt => {
+                let d = GptConfig::default();
+                Workload::Gpt(GptConfig { steps: run.steps.unwrap_or(d.steps), ..read(kind, &d, params)? })
+            }
+            WorkloadKind::Qwen2 | WorkloadKind::Gemma => {
+                let family = if kind == WorkloadKind::Qwen2 { Family::Qwen2 } else { Family::Gemma };
+                let d = DecoderConfig { family, ..DecoderConfig::default() };
+                let steps = run.steps.unwrap_or(d.steps);
+                Workload::Decoder(DecoderConfig { family, steps, ..read(kind, &d, params)? })
+            }
+            WorkloadKind::Mlp | WorkloadKind::Cnn | WorkloadKind::ResNet18 => {
+                let model = kind.classifier_model().expect("a classifier workload");
+                // The header holds the steps the run trains, all epochs' or fewer.
+                let config = read(kind, &ClassifierConfig::defaults(model), params)?;
+                Workload::Classifier(ClassifierConfig { model, max_steps: run.steps, ..config })
+            }
+        })
+    }
 }
+
+impl WorkloadKind {
+    /// The command-line options that give this workload's settings, each as `(option, setting)`:
+    /// the option's long name and the header's key.
+    pub fn options(self) -> Vec<(String, &'static str)> {
+        fn of<T: Settings>() -> Vec<(String, &'static str)> {
+            let option = |key: &str| match T::OPTIONS.iter().find(|(_, setting)| *setting == key) {
+                Some((option, _)) => option.to_string(),
+                None => key.replace('_', "-"),
+            };
+            keys::<T>().iter().map(|&key| (option(key), key)).collect()
+        }
+        match self {
+            WorkloadKind::Adder => of::<AdderConfig>(),
+            WorkloadKind::Gpt => of::<GptConfig>(),
+            WorkloadKind::Qwen2 | WorkloadKind::Gemma => of::<DecoderConfig>(),
+            WorkloadKind::Mlp | WorkloadKind::Cnn | WorkloadKind::ResNet18 => of::<ClassifierConfig>(),
+        }
+    }
+}
+
+// The settings that are enums, as the header writes them: their text.
+settings_as_text!(Reductions, Formulation, Norm, DatasetName, DecoderShape);

@@ -9,11 +9,7 @@
 //! error names it; a setting absent takes the workload's default (headers written before the
 //! setting existed leave it out), or the value of the setting it follows (`Settings::FOLLOWS`).
 
-use super::decoder::DecoderShape;
-use super::gpt::model::Norm;
-use super::{AdderConfig, ClassifierConfig, DatasetName, DecoderConfig, Formulation, GptConfig};
-use super::{Family, Workload, WorkloadError, WorkloadKind};
-use crate::ops::Reductions;
+use super::{Workload, WorkloadError, WorkloadKind};
 use crate::record::Perturbation;
 use crate::trace::RunConfig;
 use serde::de::{self, DeserializeOwned, DeserializeSeed, IntoDeserializer, Visitor};
@@ -50,7 +46,11 @@ pub(crate) fn run_config<T: Settings>(config: &T, kind: WorkloadKind, steps: u64
 
 /// The config of workload `kind` that `params` describe, each setting absent taking its value
 /// in `defaults` (or the value of the setting it follows).
-fn read<T: Settings>(kind: WorkloadKind, defaults: &T, params: &BTreeMap<String, String>) -> Result<T, WorkloadError> {
+pub(super) fn read<T: Settings>(
+    kind: WorkloadKind,
+    defaults: &T,
+    params: &BTreeMap<String, String>,
+) -> Result<T, WorkloadError> {
     let mut given = params.clone();
     for &(key, value) in T::FIXED {
         match given.remove(key) {
@@ -75,58 +75,6 @@ fn read<T: Settings>(kind: WorkloadKind, defaults: &T, params: &BTreeMap<String,
 /// A setting of `kind`'s header whose value does not parse, and why.
 fn bad_setting(kind: WorkloadKind, key: &str, value: &str, reason: String) -> WorkloadError {
     WorkloadError::BadSetting { workload: kind.to_string(), key: key.into(), value: value.into(), reason }
-}
-
-impl Workload {
-    /// The workload a header's `run` describes (its name, its steps and its settings), every
-    /// setting absent taking its default; not yet checked (`WorkloadRun::new` checks).
-    pub fn from_run_config(run: &RunConfig) -> Result<Workload, WorkloadError> {
-        let kind: WorkloadKind =
-            run.workload.parse().map_err(|_| WorkloadError::UnknownWorkload(run.workload.clone()))?;
-        let params = &run.params;
-        Ok(match kind {
-            WorkloadKind::Adder => {
-                let d = AdderConfig::default();
-                Workload::Adder(AdderConfig { steps: run.steps.unwrap_or(d.steps), ..read(kind, &d, params)? })
-            }
-            WorkloadKind::Gpt => {
-                let d = GptConfig::default();
-                Workload::Gpt(GptConfig { steps: run.steps.unwrap_or(d.steps), ..read(kind, &d, params)? })
-            }
-            WorkloadKind::Qwen2 | WorkloadKind::Gemma => {
-                let family = if kind == WorkloadKind::Qwen2 { Family::Qwen2 } else { Family::Gemma };
-                let d = DecoderConfig { family, ..DecoderConfig::default() };
-                let steps = run.steps.unwrap_or(d.steps);
-                Workload::Decoder(DecoderConfig { family, steps, ..read(kind, &d, params)? })
-            }
-            WorkloadKind::Mlp | WorkloadKind::Cnn | WorkloadKind::ResNet18 => {
-                let model = kind.classifier_model().expect("a classifier workload");
-                // The header holds the steps the run trains, all epochs' or fewer.
-                let config = read(kind, &ClassifierConfig::defaults(model), params)?;
-                Workload::Classifier(ClassifierConfig { model, max_steps: run.steps, ..config })
-            }
-        })
-    }
-}
-
-impl WorkloadKind {
-    /// The command-line options that give this workload's settings, each as `(option, setting)`:
-    /// the option's long name and the header's key.
-    pub fn options(self) -> Vec<(String, &'static str)> {
-        fn of<T: Settings>() -> Vec<(String, &'static str)> {
-            let option = |key: &str| match T::OPTIONS.iter().find(|(_, setting)| *setting == key) {
-                Some((option, _)) => option.to_string(),
-                None => key.replace('_', "-"),
-            };
-            keys::<T>().iter().map(|&key| (option(key), key)).collect()
-        }
-        match self {
-            WorkloadKind::Adder => of::<AdderConfig>(),
-            WorkloadKind::Gpt => of::<GptConfig>(),
-            WorkloadKind::Qwen2 | WorkloadKind::Gemma => of::<DecoderConfig>(),
-            WorkloadKind::Mlp | WorkloadKind::Cnn | WorkloadKind::ResNet18 => of::<ClassifierConfig>(),
-        }
-    }
 }
 
 /// A built-in workload with the fault planted in it, if any: everything a recording of it
@@ -194,19 +142,19 @@ pub(crate) fn is_default<T: Default + PartialEq>(value: &T) -> bool {
 /// Settings of these types are their text (`Display`, and `FromStr` with its message).
 macro_rules! settings_as_text {
     ($($t:ty),*) => {$(
-        impl Serialize for $t {
-            fn serialize<S: ser::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        impl serde::Serialize for $t {
+            fn serialize<S: serde::ser::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
                 s.collect_str(self)
             }
         }
         impl<'de> serde::Deserialize<'de> for $t {
-            fn deserialize<D: de::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-                <String as serde::Deserialize>::deserialize(d)?.parse().map_err(de::Error::custom)
+            fn deserialize<D: serde::de::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                <String as serde::Deserialize>::deserialize(d)?.parse().map_err(serde::de::Error::custom)
             }
         }
     )*};
 }
-settings_as_text!(Reductions, Formulation, Norm, DatasetName, DecoderShape);
+pub(super) use settings_as_text;
 
 /// The serializer of `to_params`: a struct's fields, each by serde_plain.
 struct Fields;
@@ -359,7 +307,7 @@ impl<'de> de::MapAccess<'de> for Entries<'de> {
 
 /// The settings `T` has, by key: the fields serde reads (asked of a deserializer that answers
 /// with nothing but the names it is asked for).
-fn keys<T: DeserializeOwned>() -> &'static [&'static str] {
+pub(super) fn keys<T: DeserializeOwned>() -> &'static [&'static str] {
     struct Names;
     #[derive(Debug)]
     struct Found(&'static [&'static str]);
@@ -401,7 +349,11 @@ fn keys<T: DeserializeOwned>() -> &'static [&'static str] {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::workloads::{DecoderShape, ModelKind};
+    use crate::ops::Reductions;
+    use crate::workloads::{
+        AdderConfig, ClassifierConfig, DatasetName, DecoderConfig, DecoderShape, Family, Formulation, GptConfig,
+        ModelKind, Norm,
+    };
     use candle_core::DType;
 
     fn every_workload() -> Vec<WorkloadRun> {

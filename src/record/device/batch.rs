@@ -119,7 +119,7 @@ pub struct DeviceBatch {
 }
 
 /// Bytes of device memory that another program's allocator owns (a PyTorch tensor's storage,
-/// through `crates/repro-cuda-hash`): hashed in place and never freed here. The owner keeps them alive
+/// through `python/cuda-hash`): hashed in place and never freed here. The owner keeps them alive
 /// and unchanged until the batch has resolved.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ForeignBytes {
