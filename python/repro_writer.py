@@ -27,6 +27,7 @@ import platform
 import re
 import struct
 import zlib
+from binascii import hexlify
 from dataclasses import dataclass, field
 from typing import Iterable, Optional, Sequence
 
@@ -199,6 +200,7 @@ class TraceWriter:
         self._checked: set = set()  # records whose checks of themselves alone passed (`_check`)
         # The last step's layouts (`layout_of` of each record) and its records' encodings.
         self._layout: Optional[list] = None
+        self._has_views = False
         self._encoded: list = []
         self._prepare(replace)
         header = {
@@ -301,43 +303,47 @@ class TraceWriter:
             records = [_record_of(layout, d, h) for layout, d, h in zip(layouts, data, hashes)]
             self._check_layout(records, step)
             self._layout, self._encoded = layouts, [_EncodedRecord(t) for t in records]
+            self._has_views = any(t.view is not None for t in records)
         inline_max, digests, payload = self._inline_max, {}, {}
+        views = self._has_views  # the digests kept by name only for them to name
         missing = sorted(set(no_gradient))
         # The step record's map, key by key (`_append` of a dict would pack it alike).
         parts = [_STEP_OPENINGS[bool(missing)], _pack(step), _PAYLOAD_KEY, _NIL, _TENSORS_KEY,
                  _PACKER.pack_array_header(len(layouts))]
         for layout, d, inner, encoded in zip(layouts, data, hashes, self._encoded):
-            name, view = layout[0], layout[9]
+            view = layout[9]
             if view is not None:
                 if d is not None:
-                    raise WriteError(f"step {step}, tensor `{name}`: a view is a node's, without data, of a tensor "
-                                     "of its dtype recorded earlier in the step")
+                    raise WriteError(f"step {step}, tensor `{layout[0]}`: a view is a node's, without data, of a "
+                                     "tensor of its dtype recorded earlier in the step")
                 of, offset, strides = view
                 digest = view_hash(layout[2], encoded.shape, digests[of], int(offset), [int(x) for x in strides])
-                parts += (encoded.header, encoded.head, _str64(digest), _NOT_IN_PAYLOAD, encoded.tail)
+                parts += (encoded.opening, _str64(digest), encoded.closing)
                 continue
             if d is None:
                 if not isinstance(inner, (bytes, bytearray)) or len(inner) != 32:
-                    raise WriteError(f"step {step}, tensor `{name}`: neither its bytes nor a 32-byte data hash")
+                    raise WriteError(f"step {step}, tensor `{layout[0]}`: neither its bytes nor a 32-byte data hash")
                 if full:
-                    raise WriteError(f"step {step}, tensor `{name}`: the step stores full values, but only a hash was given")
+                    raise WriteError(f"step {step}, tensor `{layout[0]}`: the step stores full values, but only a "
+                                     "hash was given")
             else:
                 if len(d) != encoded.nbytes:
-                    raise WriteError(f"step {step}, tensor `{name}`: {len(d)} bytes for {layout[2]} "
+                    raise WriteError(f"step {step}, tensor `{layout[0]}`: {len(d)} bytes for {layout[2]} "
                                      f"{list(encoded.shape)} ({encoded.nbytes} expected)")
                 inner = blake3_digest(d)
             h = encoded.prefix.copy()
             h.update(inner)
-            digest = h.digest().hex()  # as hexdigest(), in a third less time
-            digests[name] = digest
-            if d is not None and len(d) <= inline_max:
-                parts += (encoded.header_inline, encoded.head, _str64(digest), _INLINE_KEY, _pack(bytes(d)),
-                          _NOT_IN_PAYLOAD, encoded.tail)
-                continue
-            parts += (encoded.header, encoded.head, _str64(digest), _IN_PAYLOAD if full else _NOT_IN_PAYLOAD,
-                      encoded.tail)
-            if full:
-                payload[name] = (layout[2], encoded.shape, d)
+            digest = hexlify(h.digest())  # as hexdigest(), as bytes, in less time
+            if views:
+                digests[layout[0]] = digest.decode()
+            if d is None:
+                parts += (encoded.opening, _STR64_HEADER, digest, encoded.closing)
+            elif len(d) <= inline_max:
+                parts += (encoded.opening_inline, _STR64_HEADER, digest, _INLINE_KEY, _pack(bytes(d)), encoded.closing)
+            else:
+                parts += (encoded.opening, _STR64_HEADER, digest, encoded.closing_payload if full else encoded.closing)
+                if full:
+                    payload[layout[0]] = (layout[2], encoded.shape, d)
         if missing:
             parts += (_NO_GRADIENT_KEY, _pack(missing))
         if payload:
@@ -494,9 +500,13 @@ _STEP_OPENINGS = {has: _PACKER.pack_map_header(5 if has else 4) + _pack("type") 
                   for has in (False, True)}
 
 
+# A string of 64 characters as msgpack packs it: its header, then its bytes.
+_STR64_HEADER = b"\xd9\x40"
+
+
 def _str64(digest: str) -> bytes:
     """A hex digest (64 characters) as msgpack packs it."""
-    return b"\xd9\x40" + digest.encode("ascii")
+    return _STR64_HEADER + digest.encode("ascii")
 
 
 # The fields of a record's layout, in order: everything a record is but its values, what
@@ -547,7 +557,10 @@ class _EncodedRecord:
             tail["shard"] = {"whole": [int(d) for d in whole], "offset": [int(o) for o in offset]}
         self.tail = b"".join(_pack(k) + _pack(v) for k, v in tail.items())
         keys = 6 + len(tail)  # name, kind, dtype, shape, hash, in_payload
-        self.header, self.header_inline = _PACKER.pack_map_header(keys), _PACKER.pack_map_header(keys + 1)
+        # Up to the hash's value (without and with `inline`), and from `in_payload` on.
+        self.opening = _PACKER.pack_map_header(keys) + self.head
+        self.opening_inline = _PACKER.pack_map_header(keys + 1) + self.head
+        self.closing, self.closing_payload = _NOT_IN_PAYLOAD + self.tail, _IN_PAYLOAD + self.tail
 
 
 def _environment(e: Environment) -> dict:

@@ -105,7 +105,8 @@ class Counts:
 
     @contextlib.contextmanager
     def counting(self):
-        queue, queue_many, flush = DeviceHasher.queue, DeviceHasher.queue_many, DeviceHasher.flush
+        # (queue_many: where the package measured has it, as an older one measured against may not)
+        queue, queue_many, flush = DeviceHasher.queue, getattr(DeviceHasher, "queue_many", None), DeviceHasher.flush
         counts = self
 
         def counted_queue(self, *args, **kwargs):
@@ -122,11 +123,15 @@ class Counts:
             counts.flushes += bool(self.queued)
             return flush(self, *args, **kwargs)
 
-        DeviceHasher.queue, DeviceHasher.queue_many, DeviceHasher.flush = counted_queue, counted_queue_many, counted_flush
+        DeviceHasher.queue, DeviceHasher.flush = counted_queue, counted_flush
+        if queue_many is not None:
+            DeviceHasher.queue_many = counted_queue_many
         try:
             yield self
         finally:
-            DeviceHasher.queue, DeviceHasher.queue_many, DeviceHasher.flush = queue, queue_many, flush
+            DeviceHasher.queue, DeviceHasher.flush = queue, flush
+            if queue_many is not None:
+                DeviceHasher.queue_many = queue_many
 
 
 def measure(build, name: str, batch: int, variants: list[str], warmup: int, steps: int, compiled: bool) -> None:

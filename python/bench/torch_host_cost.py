@@ -9,10 +9,12 @@ Python. Each part's time is measured around the recorder's own calls (timers add
 microsecond each), not as the difference of two step times: the program's own time varies more
 than the recorder's.
 
-    python python/bench/torch_host_cost.py [MODEL ...]
+    python python/bench/torch_host_cost.py [--parameters-only] [MODEL ...]
 
 MODEL: torchvision classification models by name (default resnet50, densenet121,
-mobilenet_v3_large; needs torchvision). Prints one markdown row per model.
+mobilenet_v3_large; needs torchvision). Prints one markdown row per model. --parameters-only:
+no module outputs recorded (`ModelRecorder(modules=False)`, as for a model compiled by
+torch.compile): the inputs, parameters, loss, gradients and updates alone.
 """
 
 import contextlib
@@ -131,7 +133,7 @@ def timed_parts(spent: dict) -> None:
 PARTS = ("hooks", "loss and gradients", "start and end", "of which the writer")
 
 
-def measure(name: str, spent: dict, steps: int = 30) -> None:
+def measure(name: str, spent: dict, steps: int = 30, modules: bool = True) -> None:
     import torchvision
 
     torch.manual_seed(0)
@@ -144,7 +146,7 @@ def measure(name: str, spent: dict, steps: int = 30) -> None:
 
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "t")
-        rec = ModelRecorder(Recorder(path, {"workload": name}, capture="none", place=None), net)
+        rec = ModelRecorder(Recorder(path, {"workload": name}, capture="none", place=None), net, modules)
         hasher = HostHasher("", 0, lib=NullLibrary())
         rec.recorder.hashers[0] = hasher
         rec.recorder.hasher_for = lambda t: hasher
@@ -189,7 +191,8 @@ def _collections():
 
 
 def main() -> None:
-    names = sys.argv[1:] or ["resnet50", "densenet121", "mobilenet_v3_large"]
+    modules = "--parameters-only" not in sys.argv[1:]
+    names = [a for a in sys.argv[1:] if a != "--parameters-only"] or ["resnet50", "densenet121", "mobilenet_v3_large"]
     torch.set_num_threads(1)
     spent: dict = {}
     timed_parts(spent)
@@ -197,7 +200,7 @@ def main() -> None:
           "| garbage collection, all of the step (ms) | full collections |")
     print("|---|---|" + "---|" * (len(PARTS) + 4))
     for name in names:
-        measure(name, spent)
+        measure(name, spent, modules=modules)
 
 
 if __name__ == "__main__":
