@@ -7,7 +7,7 @@ its ratio to the plain step measured in the same process, the peak of PyTorch's 
 device memory in use at step ends (every allocator: repro's hashing buffers too), each with its
 growth over plain, and, for repro_torch, the tensors, bytes and flushes a step hashes.
 
-    python python/bench/torch_cost.py [--batch N] [--steps N] [--variants V,...] [--compile] MODEL ...
+    python python/bench/torch_cost.py [--batch N] [--steps N] [--variants V,...] [--compile] [--pairs N] MODEL ...
 
 MODEL: resnet50, densenet121, efficientnet_b0, mobilenet_v3_large, convnext_tiny, vit_b_16 (any
 torchvision classification model by its name, at 224 x 224 with SGD and momentum), gpt2
@@ -19,7 +19,10 @@ module outputs costs), beside, batched, module (REPRO_TORCH_FLUSH), debug (Debug
 under REPRO_BENCH_DIR, default the temporary folder). `cudnn.benchmark` is on, as in
 the issue that asked for this table. With `--compile`, each model runs compiled by `torch.compile`
 (plain and recorded alike; the recorder then records no module outputs, as it says). Needs CUDA and repro's GPU hashing library
-(REPRO_CUDA_HASH_LIB).
+(REPRO_CUDA_HASH_LIB). With `--pairs N`, each recorded variant's row is followed by N pairs
+of steps, a plain one and then a recorded one, each timed alone: the median of their ratios, and
+their spread, which a host whose speed drifts between calls leaves far steadier than the ratio
+of two runs of steps.
 """
 
 from __future__ import annotations
@@ -134,7 +137,26 @@ class Counts:
                 DeviceHasher.queue_many = queue_many
 
 
-def measure(build, name: str, batch: int, variants: list[str], warmup: int, steps: int, compiled: bool) -> None:
+def paired(plain, recorded, first: int, pairs: int) -> tuple[list[float], list[float]]:
+    """`pairs` pairs of steps, a plain one and then a recorded one (numbered from `first`), each
+    timed alone with the GPU drained around it: each recorded step's seconds, and its ratio to
+    the plain step just before it. A host whose speed drifts over seconds drifts under both."""
+    seconds, ratios = [], []
+    for i in range(pairs):
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        plain(0)
+        torch.cuda.synchronize()
+        middle = time.perf_counter()
+        recorded(first + i)
+        torch.cuda.synchronize()
+        seconds.append(time.perf_counter() - middle)
+        ratios.append(seconds[-1] / (middle - started))
+    return seconds, ratios
+
+
+def measure(build, name: str, batch: int, variants: list[str], warmup: int, steps: int, compiled: bool,
+            pairs: int = 0) -> None:
     model, opt, loss_of, what = build(name, batch)
     if compiled:
         model, what = torch.compile(model), f"{what}, torch.compile"
@@ -179,6 +201,8 @@ def measure(build, name: str, batch: int, variants: list[str], warmup: int, step
                 seconds, peak, in_use = timed(recorded, warmup, steps)
                 with Counts().counting() as counts:
                     recorded(warmup + 2 * steps)
+                if pairs:
+                    pair_seconds, ratios = paired(plain, recorded, warmup + 2 * steps + 1, pairs)
                 rec.finish()
                 payloads = [e.stat().st_size for e in os.scandir(f"{d}/t/tensors")] if variant == "full" else []
             extra = f"{counts.tensors} | {counts.bytes / 1e9:.2f} GB | {counts.flushes}"
@@ -191,6 +215,10 @@ def measure(build, name: str, batch: int, variants: list[str], warmup: int, step
         device_growth = f"{(in_use / plain_in_use - 1) * 100:+.1f}%" if plain_in_use else "-"
         print(f"| {what} | {variant} | {seconds * 1e3:.1f} ms | {ratio} | {peak / 2**20:,.0f} MiB | {growth} | "
               f"{in_use / 2**20:,.0f} MiB | {device_growth} | {extra or '- | - | -'} |", flush=True)
+        if pairs and variant not in ("plain", "hooks", "debug"):
+            print(f"| {what} | {variant}, {pairs} pairs | {statistics.median(pair_seconds) * 1e3:.1f} ms | "
+                  f"{statistics.median(ratios):.2f}x ({min(ratios):.2f} to {max(ratios):.2f}) | - | - | - | - | - | - | - |",
+                  flush=True)
     del model, opt
     torch.cuda.empty_cache()
 
@@ -204,6 +232,8 @@ def main() -> None:
     parser.add_argument("--variants", default="plain,beside,batched,module,debug")
     parser.add_argument("--header", action="store_true", help="print the table's header first")
     parser.add_argument("--compile", action="store_true", help="run each model compiled by torch.compile")
+    parser.add_argument("--pairs", type=int, default=0,
+                        help="then N pairs of a plain and a recorded step, each timed alone: the median ratio of the pairs")
     args = parser.parse_args()
     variants = args.variants.split(",")
     unknown = [v for v in variants if v not in VARIANTS]
@@ -221,7 +251,7 @@ def main() -> None:
     for name in args.models:
         torch.manual_seed(0)
         build = language if name in ("gpt2", "llama-1b") else vision
-        measure(build, name, args.batch, variants, args.warmup, args.steps, args.compile)
+        measure(build, name, args.batch, variants, args.warmup, args.steps, args.compile, args.pairs)
 
 
 if __name__ == "__main__":

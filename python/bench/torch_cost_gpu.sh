@@ -7,7 +7,7 @@
 #   python/bench/torch_cost_gpu.sh OUT [all|checks|bench|quick]   (checks: tests and hashes; bench: tables)
 #   python/bench/torch_cost_gpu.sh OUT others   (resnet50 compiled by torch.compile, and models
 #       outside the benchmark set, at batch 64)
-#   [MODELS=...] python/bench/torch_cost_gpu.sh OUT against DIR [BATCH]   (the CNNs' cost over 16 steps,
+#   [MODELS=...] python/bench/torch_cost_gpu.sh OUT against DIR [BATCH]   (the CNNs' cost over 16 steps and 8 paired steps,
 #       recorded by the Python package in DIR/python and by this tree's, model by model, in two rounds,
 #       on one GPU: before and after a change)
 set -u
@@ -47,7 +47,7 @@ bench() { python3 python/bench/torch_cost.py "$@" 2>&1 | grep -v Warning; }
             for model in $cnns; do
                 for tree in "$before" .; do
                     echo "| round $round: $model recorded by $tree/python |"
-                    PYTHONPATH="$tree/python:${PYTHONPATH#python:}" bench --steps 16 --batch "${4:-64}" --variants plain,batched "$model" | grep '^| '
+                    PYTHONPATH="$tree/python:${PYTHONPATH#python:}" bench --steps 16 --pairs 8 --batch "${4:-64}" --variants plain,batched "$model" | grep '^| '
                 done
             done
         done
