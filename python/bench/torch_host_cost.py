@@ -9,12 +9,13 @@ Python. Each part's time is measured around the recorder's own calls (timers add
 microsecond each), not as the difference of two step times: the program's own time varies more
 than the recorder's.
 
-    python python/bench/torch_host_cost.py [--parameters-only] [MODEL ...]
+    python python/bench/torch_host_cost.py [--parameters-only] [--fine-tune] [MODEL ...]
 
 MODEL: torchvision classification models by name (default resnet50, densenet121,
 mobilenet_v3_large; needs torchvision). Prints one markdown row per model. --parameters-only:
 no module outputs recorded (`ModelRecorder(modules=False)`, as for a model compiled by
-torch.compile): the inputs, parameters, loss, gradients and updates alone.
+torch.compile): the inputs, parameters, loss, gradients and updates alone. --fine-tune: every
+parameter frozen but the last two (the classifier's), as when fine-tuning.
 """
 
 import contextlib
@@ -133,13 +134,16 @@ def timed_parts(spent: dict) -> None:
 PARTS = ("hooks", "loss and gradients", "start and end", "of which the writer")
 
 
-def measure(name: str, spent: dict, steps: int = 30, modules: bool = True) -> None:
+def measure(name: str, spent: dict, steps: int = 30, modules: bool = True, fine_tune: bool = False) -> None:
     import torchvision
 
     torch.manual_seed(0)
     net = torchvision.models.get_model(name, num_classes=10)
     images, labels = torch.randn(2, 3, 64, 64), torch.randint(0, 10, (2,))
-    opt = torch.optim.SGD(net.parameters(), lr=1e-3, momentum=0.9)
+    if fine_tune:
+        for p in list(net.parameters())[:-2]:
+            p.requires_grad_(False)
+    opt = torch.optim.SGD([p for p in net.parameters() if p.requires_grad], lr=1e-3, momentum=0.9)
 
     def loss_of(m):
         return torch.nn.functional.cross_entropy(m(images), labels)
@@ -191,8 +195,8 @@ def _collections():
 
 
 def main() -> None:
-    modules = "--parameters-only" not in sys.argv[1:]
-    names = [a for a in sys.argv[1:] if a != "--parameters-only"] or ["resnet50", "densenet121", "mobilenet_v3_large"]
+    modules, fine_tune = "--parameters-only" not in sys.argv[1:], "--fine-tune" in sys.argv[1:]
+    names = [a for a in sys.argv[1:] if not a.startswith("--")] or ["resnet50", "densenet121", "mobilenet_v3_large"]
     torch.set_num_threads(1)
     spent: dict = {}
     timed_parts(spent)
@@ -200,7 +204,7 @@ def main() -> None:
           "| garbage collection, all of the step (ms) | full collections |")
     print("|---|---|" + "---|" * (len(PARTS) + 4))
     for name in names:
-        measure(name, spent, modules=modules)
+        measure(name, spent, modules=modules, fine_tune=fine_tune)
 
 
 if __name__ == "__main__":

@@ -50,6 +50,7 @@ class ModelRecorder:
             suffix: RecordGroup([record_fields(name + suffix, kind, phase) for name, _ in self._named_parameters])
             for suffix, kind, phase in _PARAMETER_RECORDS
         }
+        self._partial_gradients: dict[tuple, RecordGroup] = {}  # by the indices that have one
         self._step: Optional[StepRecorder] = None
         self._calls: dict[str, int] = {}
         named = [(name, m) for name, m in self.model.named_modules() if name != ""] if modules else []
@@ -111,6 +112,18 @@ class ModelRecorder:
                 self._queue_parameters(s, ".updated")
                 s.flush()
 
+    def _gradient_group(self, present: tuple) -> RecordGroup:
+        """The group of the gradients of the parameters at indices `present` (those that have
+        one: all of them, or, with frozen or unused parameters, the same few at every step)."""
+        group = self._groups[".grad"]
+        if len(present) == len(group.fields):
+            return group
+        if present not in self._partial_gradients:
+            if len(self._partial_gradients) >= 16:  # a program whose gradients keep changing
+                self._partial_gradients.clear()
+            self._partial_gradients[present] = RecordGroup([group.fields[i] for i in present])
+        return self._partial_gradients[present]
+
     def _queue_parameters(self, s: StepRecorder, suffix: str) -> None:
         """Queues every parameter's record (`suffix` "": at the step's start; ".updated": at its
         end): an FSDP2 parameter as this rank's block of it."""
@@ -156,10 +169,12 @@ class CapturedStep:
         sums, shards, group = owner._sums, owner._shards, owner._groups[".grad"]
         if sums is None and not shards:
             grads = [p.grad for p in owner._tensors]
-            if all(g is not None for g in grads):  # every parameter has its gradient: the group as it is
-                self.step.queue_group(group, grads)
-                self.step.flush()
-                return
+            present = tuple(i for i, g in enumerate(grads) if g is not None)
+            self.step.no_gradient += [name for (name, p), g in zip(owner._named_parameters, grads)
+                                      if g is None and p.requires_grad]
+            self.step.queue_group(owner._gradient_group(present), [grads[i] for i in present])
+            self.step.flush()
+            return
         plain, fields, tensors = group.fields, [], []
         for i, (name, p) in enumerate(owner._named_parameters):
             grad = p.grad

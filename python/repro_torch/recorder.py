@@ -402,10 +402,9 @@ class StepRecorder:
     def queue_group(self, group: "RecordGroup", tensors: list) -> None:
         """`queue_each(group.fields, tensors)`, for tensors that were the group's the last time
         (a model's parameters, its gradients): where they still have the dtypes and shapes they
-        had then, are contiguous, on the same devices, and are either all new to the step and
-        the one before or all repeats from the one before of themselves (the parameters at a
-        step's start, as last updated), their records are added together, without the work of
-        each."""
+        had then, are contiguous and on the same devices, their records are added together,
+        each new one queued for hashing and each repeat (the parameters at a step's start, as
+        last updated) taking its first record's hash, without the per-tensor work."""
         if self._outputs_queued and self._policy.beside:
             self._flush_outputs()
         known = group.known
@@ -423,31 +422,64 @@ class StepRecorder:
             self._queue_each(group.fields, tensors)
             return
         keys = list(zip(addresses, versions))
-        current, previous, start = self.hashed_on_gpu, self._previous, len(self.layouts)
-        indices = range(start, start + len(tensors))
-        # A key already seen may be another tensor's, since freed (its address reused): only a
-        # tensor that is the one recorded then is a repeat.
-        if any(_repeats(self, list(map(current.get, keys)), tensors)):
-            self._queue_each(group.fields, tensors)
-            return
-        firsts = list(map(previous.hashed_on_gpu.get, keys)) if previous is not None else [None] * len(keys)
-        repeats = _repeats(previous, firsts, tensors)
-        if all(repeats) and not any(map(previous._strides.__contains__, firsts)) and [
-                previous.layouts[f][2:4] for f in firsts] == known.dtypes_and_shapes:
-            refs = [previous._refs[f] for f in firsts]
+        current, previous, start, n = self.hashed_on_gpu, self._previous, len(self.layouts), len(tensors)
+        # What each tensor repeats, as `_queue_each` finds it: a record of this step of the same
+        # key, if of this very tensor (a key seen may be another's, since freed: its address
+        # reused); else, where this step has none of the key, one of the step before; else
+        # nothing (it is new). A frozen parameter's update repeats its record at the step's start.
+        here = list(map(current.get, keys))
+        mine = _repeats(self, here, tensors)
+        if previous is not None:
+            before = list(map(previous.hashed_on_gpu.get, keys))
+            theirs = [h is None and r for h, r in zip(here, _repeats(previous, before, tensors))]
+        else:
+            before, theirs = here, [False] * n
+        indices = range(start, start + n)
+        if not any(mine) and all(theirs):  # the parameters at a step's start, as last updated
+            if any(map(previous._strides.__contains__, before)) or [
+                    previous.layouts[f][2:4] for f in before] != known.dtypes_and_shapes:
+                self._queue_each(group.fields, tensors)
+                return
             self._extend(known.layouts)
             self._repeat_at += indices
-            self._repeat_from += [previous] * len(tensors)
-            self._repeat_of += firsts
-        elif not any(repeats):
-            refs = list(map(weakref.ref, tensors))
+            self._repeat_from += [previous] * n
+            self._repeat_of += before
+            current.update(zip(keys, indices))
+            self._refs.update(zip(indices, [previous._refs[f] for f in before]))
+        elif not any(mine) and not any(theirs):  # updates, gradients: all new
             self._extend(known.layouts)
             known.hasher.queue_many(self, indices, addresses, known.lengths, known.keeps, tensors, versions)
+            current.update(zip(keys, indices))
+            self._refs.update(zip(indices, map(weakref.ref, tensors)))
         else:
+            self._queue_mixed(group, known, tensors, keys, versions, here, before, mine, theirs)
+
+    def _queue_mixed(self, group, known, tensors, keys, versions, here, before, mine, theirs) -> None:
+        """`queue_group`'s records where some of its tensors repeat a record and others are new
+        (the updates of a model partly frozen)."""
+        current, previous, start = self.hashed_on_gpu, self._previous, len(self.layouts)
+        firsts = [h if m else (b if t else None) for h, b, m, t in zip(here, before, mine, theirs)]
+        repeated = [i for i, f in enumerate(firsts) if f is not None]
+        owners = {i: self if mine[i] else previous for i in repeated}
+        # A repeat's record must be of the tensor's dtype and shape, and contiguous.
+        if [owners[i].layouts[firsts[i]][2:4] for i in repeated] != [known.dtypes_and_shapes[i] for i in repeated] or any(
+                firsts[i] in owners[i]._strides for i in repeated):
             self._queue_each(group.fields, tensors)
             return
-        current.update(zip(keys, indices))
-        self._refs.update(zip(indices, refs))
+        self._extend(known.layouts)
+        self._repeat_at += [start + i for i in repeated]
+        self._repeat_from += [owners[i] for i in repeated]
+        self._repeat_of += [firsts[i] for i in repeated]
+        new = [i for i, f in enumerate(firsts) if f is None]
+        if new:
+            known.hasher.queue_many(self, [start + i for i in new], [keys[i][0] for i in new],
+                                    [known.lengths[i] for i in new], bytes(known.keeps[i] for i in new),
+                                    [tensors[i] for i in new], [versions[i] for i in new])
+        # Registered as `_queue_each` registers them: the new, and the repeats of the step before.
+        registered = [i for i in range(len(tensors)) if not mine[i]]
+        current.update((keys[i], start + i) for i in registered)
+        self._refs.update((start + i, previous._refs[firsts[i]] if theirs[i] else weakref.ref(tensors[i]))
+                          for i in registered)
 
     def _extend(self, layouts: list) -> None:
         """Adds records of these layouts, their bytes and hashes to come."""

@@ -395,25 +395,28 @@ class TorchTest(unittest.TestCase):
             self.assertEqual(library.reads[p.data_ptr()], 4, name)
 
     def test_parameters_queued_together_hash_as_the_host_does_when_they_move_change_layout_or_lose_gradients(self):
-        from repro_torch import DeviceHasher, ModelRecorder, Recorder
+        from repro_torch import DeviceHasher, ModelRecorder, Recorder, recorder
 
         def record(path, stand_in):
             torch.manual_seed(0)
             model = torch.nn.Sequential(torch.nn.Linear(12, 24), torch.nn.Tanh(), torch.nn.Linear(24, 4),
                                         torch.nn.Linear(4, 4))
-            opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-            recorder = Recorder(path, {"workload": "moves", "steps": 7}, capture="none")
+            model[2].requires_grad_(False)  # frozen: its update repeats its record at the step's start
+            opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.05, momentum=0.9)
+            recorder = Recorder(path, {"workload": "moves", "steps": 8}, capture="none")
             if stand_in:
                 hash_on_cpu_stand_in(recorder)
             rec = ModelRecorder(recorder, model)
             first = model[0]
             g = torch.Generator().manual_seed(1)
-            for step in range(7):
+            for step in range(8):
                 with torch.no_grad():
                     if step == 3:  # a parameter's memory replaced: at another address
                         first.weight.data = first.weight.data.clone()
                     if step == 4:  # one laid out column-major: not contiguous
                         first.weight.data = first.weight.data.t().contiguous().t()
+                    if step == 5:  # and contiguous again
+                        first.weight.data = first.weight.data.contiguous()
                 x = torch.randn(8, 12, generator=g)
                 with rec.training_step(step, inputs={"x": x}) as s:
                     # At step 5 the last layer is left out: its parameters get no gradient.
@@ -427,12 +430,24 @@ class TorchTest(unittest.TestCase):
 
         host, gpu = os.path.join(self.dir, "host"), os.path.join(self.dir, "gpu")
         record(host, stand_in=False)
-        with mock.patch.object(DeviceHasher, "queue_many", autospec=True,
-                               side_effect=DeviceHasher.queue_many) as together:
+        one_by_one = []  # (step, records) of each group queued a tensor at a time
+
+        def each(step_recorder, fields, tensors, *args):
+            if len(fields) > 1:
+                one_by_one.append((step_recorder.step, len(fields)))
+            return queue_each(step_recorder, fields, tensors, *args)
+
+        queue_each = recorder.StepRecorder._queue_each
+        with mock.patch.object(DeviceHasher, "queue_many", autospec=True, side_effect=DeviceHasher.queue_many) as together, \
+                mock.patch.object(recorder.StepRecorder, "_queue_each", each):
             record(gpu, stand_in=True)
-        # The groups were queued together at the steps they could be; and every record, at every
-        # step, is the host's.
-        self.assertGreaterEqual(together.call_count, 6)
+        # The groups were queued together where nothing changed but the values and addresses
+        # (steps 1, 2, 3, 6 and 7), frozen parameters and the gradients of the others among
+        # them; one by one where a group is first seen (steps 0 and 5, whose gradients are
+        # fewer) or a parameter is not contiguous (4, and the parameters again at 5); and every
+        # record, at every step, is the host's.
+        self.assertEqual(sorted({step for step, _ in one_by_one}), [0, 4, 5])
+        self.assertGreaterEqual(together.call_count, 12)
         with open(os.path.join(host, "records.rpr"), "rb") as a, open(os.path.join(gpu, "records.rpr"), "rb") as b:
             self.assertEqual(a.read(), b.read())
         from repro_trace import Trace
