@@ -404,7 +404,8 @@ class StepRecorder:
         (a model's parameters, its gradients): where they still have the dtypes and shapes they
         had then, are contiguous and on the same devices, their records are added together,
         each new one queued for hashing and each repeat (the parameters at a step's start, as
-        last updated) taking its first record's hash, without the per-tensor work."""
+        last updated, or a frozen parameter's update) taking its first record's hash, without
+        the per-tensor work."""
         if self._outputs_queued and self._policy.beside:
             self._flush_outputs()
         known = group.known
@@ -434,30 +435,6 @@ class StepRecorder:
             theirs = [h is None and r for h, r in zip(here, _repeats(previous, before, tensors))]
         else:
             before, theirs = here, [False] * n
-        indices = range(start, start + n)
-        if not any(mine) and all(theirs):  # the parameters at a step's start, as last updated
-            if any(map(previous._strides.__contains__, before)) or [
-                    previous.layouts[f][2:4] for f in before] != known.dtypes_and_shapes:
-                self._queue_each(group.fields, tensors)
-                return
-            self._extend(known.layouts)
-            self._repeat_at += indices
-            self._repeat_from += [previous] * n
-            self._repeat_of += before
-            current.update(zip(keys, indices))
-            self._refs.update(zip(indices, [previous._refs[f] for f in before]))
-        elif not any(mine) and not any(theirs):  # updates, gradients: all new
-            self._extend(known.layouts)
-            known.hasher.queue_many(self, indices, addresses, known.lengths, known.keeps, tensors, versions)
-            current.update(zip(keys, indices))
-            self._refs.update(zip(indices, map(weakref.ref, tensors)))
-        else:
-            self._queue_mixed(group, known, tensors, keys, versions, here, before, mine, theirs)
-
-    def _queue_mixed(self, group, known, tensors, keys, versions, here, before, mine, theirs) -> None:
-        """`queue_group`'s records where some of its tensors repeat a record and others are new
-        (the updates of a model partly frozen)."""
-        current, previous, start = self.hashed_on_gpu, self._previous, len(self.layouts)
         firsts = [h if m else (b if t else None) for h, b, m, t in zip(here, before, mine, theirs)]
         repeated = [i for i, f in enumerate(firsts) if f is not None]
         owners = {i: self if mine[i] else previous for i in repeated}
@@ -472,11 +449,11 @@ class StepRecorder:
         self._repeat_of += [firsts[i] for i in repeated]
         new = [i for i, f in enumerate(firsts) if f is None]
         if new:
-            known.hasher.queue_many(self, [start + i for i in new], [keys[i][0] for i in new],
+            known.hasher.queue_many(self, [start + i for i in new], [addresses[i] for i in new],
                                     [known.lengths[i] for i in new], bytes(known.keeps[i] for i in new),
                                     [tensors[i] for i in new], [versions[i] for i in new])
         # Registered as `_queue_each` registers them: the new, and the repeats of the step before.
-        registered = [i for i in range(len(tensors)) if not mine[i]]
+        registered = [i for i in range(n) if not mine[i]]
         current.update((keys[i], start + i) for i in registered)
         self._refs.update((start + i, previous._refs[firsts[i]] if theirs[i] else weakref.ref(tensors[i]))
                           for i in registered)

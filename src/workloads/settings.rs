@@ -305,45 +305,9 @@ impl<'de> de::MapAccess<'de> for Entries<'de> {
     }
 }
 
-/// The settings `T` has, by key: the fields serde reads (asked of a deserializer that answers
-/// with nothing but the names it is asked for).
+/// The settings `T` has, by key: the fields serde reads.
 pub(super) fn keys<T: DeserializeOwned>() -> &'static [&'static str] {
-    struct Names;
-    #[derive(Debug)]
-    struct Found(&'static [&'static str]);
-    impl fmt::Display for Found {
-        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-            write!(f, "fields {:?}", self.0)
-        }
-    }
-    impl std::error::Error for Found {}
-    impl de::Error for Found {
-        fn custom<M: fmt::Display>(_: M) -> Self {
-            Found(&[])
-        }
-    }
-    impl<'de> de::Deserializer<'de> for Names {
-        type Error = Found;
-        fn deserialize_any<V: Visitor<'de>>(self, _: V) -> Result<V::Value, Found> {
-            Err(Found(&[]))
-        }
-        fn deserialize_struct<V: Visitor<'de>>(
-            self,
-            _: &'static str,
-            fields: &'static [&'static str],
-            _: V,
-        ) -> Result<V::Value, Found> {
-            Err(Found(fields))
-        }
-        serde::forward_to_deserialize_any! {
-            bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf option unit
-            unit_struct newtype_struct seq tuple tuple_struct map enum identifier ignored_any
-        }
-    }
-    match T::deserialize(Names) {
-        Err(Found(fields)) => fields,
-        Ok(_) => &[],
-    }
+    serde_aux::serde_introspection::serde_introspect::<T>()
 }
 
 #[cfg(test)]
