@@ -43,7 +43,7 @@ MAX_SOURCE_BYTES = 4096  # longest `source` (format 1.4)
 U16_MAX = 2**16 - 1
 U64_MAX = 2**64 - 1
 SUPPORTED_MAJOR = 1
-READER_VERSION = "1.7"
+READER_VERSION = "1.8"
 RECORDS_FILE = "records.rpr"
 # Where a recorder says what it is doing while it runs (section 10.1); readers of a finished trace
 # ignore it.
@@ -197,6 +197,7 @@ class Tensor:
     source: Optional[str] = None  # format 1.4: a captured node's scope's FILE:LINE; 1.6: any record's
     view: Optional["View"] = None  # format 1.5: a captured node read through an earlier tensor's memory
     shard: Optional["Shard"] = None  # format 1.7: one rank's block of a tensor sharded across the ranks
+    reduce_scatter: Optional[str] = None  # format 1.8: the shard is this rank's block of a sum across ranks
 
     @property
     def nbytes(self) -> int:
@@ -425,6 +426,7 @@ def _parse_tensor(m, i: int) -> Tensor:
         source=_opt(m, "source", what, _str),
         view=_opt(m, "view", what, _parse_view),
         shard=_opt(m, "shard", what, _parse_shard),
+        reduce_scatter=_opt(m, "reduce_scatter", what, _str),
     )
 
 
@@ -654,20 +656,22 @@ class Trace:
                 if len(t.source.encode()) > MAX_SOURCE_BYTES:
                     raise self._corrupt(f"tensor `{t.name}`: `source` is {len(t.source.encode())} bytes (at most "
                                         f"{MAX_SOURCE_BYTES})", where)
+            if t.reduce_scatter is not None:
+                self._needs((1, 8), "`reduce_scatter`", where)
+                if t.reduce_scatter != "sum":
+                    raise self._corrupt(f"tensor `{t.name}`: unknown reduce-scatter {_show(t.reduce_scatter)}", where)
+                if t.collective is not None:
+                    raise self._corrupt(f"tensor `{t.name}`: a record is the result of one collective: it carries "
+                                        "`collective` and `reduce_scatter`", where)
+                if t.shard is None:
+                    raise self._corrupt(f"tensor `{t.name}`: a reduce-scatter's result is this rank's block of the "
+                                        "sum: the record has no `shard`", where)
+                self._check_contribution(t, names, t.shard.whole, where)
             if t.collective is not None:
                 self._needs((1, 3), "`collective`", where)
                 if t.collective != "all_reduce_sum":
                     raise self._corrupt(f"tensor `{t.name}`: unknown collective {_show(t.collective)}", where)
-                if len(t.inputs) != 1:
-                    raise self._corrupt(f"tensor `{t.name}`: a collective sums exactly one contribution per rank; "
-                                        f"it names {len(t.inputs)}", where)
-                share = names.get(t.inputs[0])
-                if share is None:
-                    raise self._corrupt(f"tensor `{t.name}`: its contribution `{t.inputs[0]}` is not recorded "
-                                        "earlier in the step", where)
-                if (share.dtype, share.shape) != (t.dtype, t.shape):
-                    raise self._corrupt(f"tensor `{t.name}`: its contribution `{t.inputs[0]}` is {share.dtype} "
-                                        f"{share.shape}, the sum {t.dtype} {t.shape}", where)
+                self._check_contribution(t, names, t.shape, where)
             if t.view is not None:
                 self._needs((1, 5), "`view`", where)
                 self._check_view(t, names.get(t.view.of), where)
@@ -693,6 +697,20 @@ class Trace:
                 raise self._corrupt(f"tensor `{t.name}` stores {len(t.inline)} inline bytes for {n} expected", where)
             if t.in_payload and s.payload is None:
                 raise self._corrupt(f"tensor `{t.name}` refers to a payload the step does not have", where)
+
+    def _check_contribution(self, t: Tensor, names: dict, whole: list, where: str) -> None:
+        """A sum across the ranks names exactly one input, this rank's contribution, recorded
+        earlier in the step with its dtype and the whole sum's shape `whole`."""
+        if len(t.inputs) != 1:
+            raise self._corrupt(f"tensor `{t.name}`: a collective sums exactly one contribution per rank; "
+                                f"it names {len(t.inputs)}", where)
+        share = names.get(t.inputs[0])
+        if share is None:
+            raise self._corrupt(f"tensor `{t.name}`: its contribution `{t.inputs[0]}` is not recorded "
+                                "earlier in the step", where)
+        if (share.dtype, share.shape) != (t.dtype, list(whole)):
+            raise self._corrupt(f"tensor `{t.name}`: its contribution `{t.inputs[0]}` is {share.dtype} "
+                                f"{share.shape}, the sum {t.dtype} {list(whole)}", where)
 
     def _check_view(self, t: Tensor, owner: Optional[Tensor], where: str) -> None:
         v = t.view

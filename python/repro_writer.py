@@ -54,7 +54,7 @@ from repro_trace import (
     view_within,
 )
 
-FORMAT = (1, 7)
+FORMAT = (1, 8)
 VERSION = "0.1.0"
 LOCK_FILE = ".repro-lock"
 # Where a recorder can be, in `progress.json` (section 10.1).
@@ -74,8 +74,11 @@ NUMERICS_ENV_VARS = sorted([
     "NCCL_P2P_DISABLE", "NCCL_PROTO", "NCCL_SHM_DISABLE", "MKL_NUM_THREADS",
     "TORCH_CUDNN_V8_API_DISABLED", "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE",
 ])
-# The one collective the format knows (section 10): the elementwise sum over the ranks.
+# The collectives a record can be the result of (section 10): the elementwise sum over the ranks
+# (`collective`, format 1.3), and this rank's block of it (format 1.8, written as the record's
+# `reduce_scatter` key with the value `sum`; its `shard` says which block).
 ALL_REDUCE_SUM = "all_reduce_sum"
+REDUCE_SCATTER_SUM = "reduce_scatter_sum"
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
 
 
@@ -108,6 +111,9 @@ class Record:
     # One rank's block of a tensor sharded across the ranks (format 1.7): (the whole's shape,
     # the block's offset in it, one index per dimension); the record's shape is the block's.
     shard: Optional[tuple] = None
+    # A shard that is this rank's block of a sum across the ranks (format 1.8): `sum`, its one
+    # input this rank's whole contribution (section 10.2).
+    reduce_scatter: Optional[str] = None
 
 
 @dataclass
@@ -379,7 +385,7 @@ class TraceWriter:
             _printable("an input's name", i)
             if i not in seen:
                 raise WriteError(f"{where}: input `{i}` is not recorded earlier in the step")
-        if t.collective is not None:
+        if t.collective is not None or t.reduce_scatter is not None:
             self._check_collective(t, owners, where)
         if t.shard is not None:
             whole, offset = t.shard
@@ -419,13 +425,19 @@ class TraceWriter:
     @staticmethod
     def _check_collective(t: Record, owners: dict, where: str) -> None:
         """A collective's result sums exactly one contribution of this rank, recorded earlier in
-        the step with its dtype and shape (section 10)."""
-        if t.collective != ALL_REDUCE_SUM:
+        the step with its dtype and the whole sum's shape: the record's own, or, for a
+        reduce-scatter's block, its shard's whole (section 10)."""
+        whole = t.shape
+        if t.reduce_scatter is not None:
+            if t.reduce_scatter != "sum" or t.collective is not None or t.shard is None:
+                raise WriteError(f"{where}: a reduce-scatter's result is `sum`, a shard, and no other collective")
+            whole = t.shard[0]
+        elif t.collective != ALL_REDUCE_SUM:
             raise WriteError(f"{where}: unknown collective {t.collective!r} (expected {ALL_REDUCE_SUM})")
         share = owners.get(t.inputs[0]) if len(t.inputs) == 1 else None
-        if share is None or share.dtype != t.dtype or [int(d) for d in share.shape] != [int(d) for d in t.shape]:
+        if share is None or share.dtype != t.dtype or [int(d) for d in share.shape] != [int(d) for d in whole]:
             raise WriteError(f"{where}: a collective's result names exactly one input, this rank's contribution, "
-                             "recorded earlier in the step with its dtype and shape")
+                             "recorded earlier in the step with its dtype and the whole sum's shape")
 
     def _write_payload(self, name: str, tensors: dict) -> None:
         """Writes the payload file `name` of `tensors`: name -> (dtype, shape, bytes)."""
@@ -512,6 +524,8 @@ def _str64(digest: str) -> bytes:
 # The fields of a record's layout, in order: everything a record is but its values, what
 # `_check_layout` checks and `_EncodedRecord` encodes. Shapes, inputs, a view's strides and a
 # shard's shapes are tuples of plain ints and strings, so that equal layouts compare equal.
+# `collective` names the collective the record is the result of (`ALL_REDUCE_SUM` or
+# `REDUCE_SCATTER_SUM`), whichever key the format writes it under.
 LAYOUT_FIELDS = ("name", "kind", "dtype", "shape", "phase", "inputs", "node", "source", "collective", "view", "shard")
 
 
@@ -519,13 +533,22 @@ def layout_of(t: Record) -> tuple:
     """A record's layout (`LAYOUT_FIELDS`)."""
     view = None if t.view is None else (t.view[0], int(t.view[1]), tuple(int(x) for x in t.view[2]))
     shard = None if t.shard is None else (tuple(int(d) for d in t.shard[0]), tuple(int(o) for o in t.shard[1]))
+    collective = t.collective
+    if t.reduce_scatter is not None:
+        if t.reduce_scatter != "sum" or t.collective is not None:
+            raise WriteError(f"tensor `{t.name}`: a reduce-scatter's result is `sum`, and no other collective")
+        collective = REDUCE_SCATTER_SUM
     return (t.name, t.kind, t.dtype, tuple(int(d) for d in t.shape), t.phase, tuple(t.inputs), t.node, t.source,
-            t.collective, view, shard)
+            collective, view, shard)
 
 
 def _record_of(layout: tuple, data, data_hash) -> Record:
     name, kind, dtype, shape, phase, inputs, node, source, collective, view, shard = layout
-    return Record(name, kind, dtype, shape, data, phase, inputs, node, source, data_hash, view, collective, shard)
+    reduce_scatter = None
+    if collective == REDUCE_SCATTER_SUM:
+        collective, reduce_scatter = None, "sum"
+    return Record(name, kind, dtype, shape, data, phase, inputs, node, source, data_hash, view, collective, shard,
+                  reduce_scatter)
 
 
 class _EncodedRecord:
@@ -555,6 +578,8 @@ class _EncodedRecord:
         if t.shard is not None:
             whole, offset = t.shard
             tail["shard"] = {"whole": [int(d) for d in whole], "offset": [int(o) for o in offset]}
+        if t.reduce_scatter is not None:
+            tail["reduce_scatter"] = t.reduce_scatter
         self.tail = b"".join(_pack(k) + _pack(v) for k, v in tail.items())
         keys = 6 + len(tail)  # name, kind, dtype, shape, hash, in_payload
         # Up to the hash's value (without and with `inline`), and from `in_payload` on.

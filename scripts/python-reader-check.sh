@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Checks the independent Python reader of the trace format (python/repro_trace.py) against
-# traces recorded by repro (format 1.7) and the committed fixtures (formats 1.0 to 1.5).
+# traces recorded by repro (format 1.8) and the committed fixtures (formats 1.0 to 1.5).
 #
 #   scripts/python-reader-check.sh          # uses target/release/repro
 #   REPRO_BIN=path/to/repro scripts/python-reader-check.sh
@@ -162,7 +162,7 @@ out=$(PYTHONPATH=python "$PY" - "$WORK/gpt" <<'PYEOF' 2>&1
 import sys
 from repro_trace import Trace
 t = Trace(sys.argv[1])
-assert t.version == (1, 7), t.version
+assert t.version == (1, 8), t.version
 steps = list(t.steps())
 nodes = [x for s in steps for x in s.tensors if x.node is not None]
 sourced = [x for x in nodes if x.source]
@@ -171,7 +171,7 @@ views = [(s, x) for s in steps for x in s.tensors if x.view is not None]
 assert views, "no views"
 assert all(len(t.values(s, x)) == x.nbytes for s, x in views)
 print(f"format 1.4: {len(sourced)} of {len(nodes)} captured nodes name their scope's source line; "
-      f"format 1.7: {len(views)} are views, read through their owners' values")
+      f"format 1.5: {len(views)} are views, read through their owners' values")
 PYEOF
 )
 if [ $? = 0 ]; then ok "$out"; else fail "captured nodes' source (1.4) and views (1.5): $out"; fi

@@ -46,6 +46,10 @@ class GradientSums:
         """Records the shares of step `step` (a StepRecorder; None: records nothing)."""
         self.step, self.shared = step, set()
 
+    def remove(self) -> None:
+        """Nothing to remove: DDP takes one communication hook and cannot drop it; after
+        `begin(None)` it sums as DDP does and records nothing."""
+
     def local_name(self, name: str) -> Optional[str]:
         """`NAME.grad.local` when this step recorded the share of `name`'s gradient, else None
         (a step under `no_sync`, whose gradients stay this rank's own)."""

@@ -91,3 +91,84 @@ def check_tiling(named: Iterable[tuple[str, torch.Tensor]]) -> dict[str, tuple[i
             raise WriteError(f"the FSDP shards do not tile their parameter: {error}")
         places[name] = chunk_rows(whole_shape[0], len(shards))[rank]
     return places
+
+
+class GradientShares:
+    """FSDP2's gradient reduce-scatter, recorded on both sides of the sum. FSDP2 gathers each
+    parameter whole for the backward pass; autograd accumulates this rank's gradient into that
+    whole, which FSDP2 then casts to its reduce dtype, scales by 1/world size and reduce-scatters:
+    each rank gets its rows of the sum over the ranks. As a whole gradient is accumulated, this
+    records the share it contributes, `NAME.grad.local` (the gradient in the sharded parameter's
+    dtype, times 1/world size); `CapturedStep.gradients` then records this rank's rows of the sum
+    as `NAME.grad`, a reduce-scatter of that share (format 1.8, docs/trace-format.md section 10.2).
+
+    The scaling is exact for world sizes that are powers of two, so the share is what FSDP2 sums.
+    Parameters whose gradients FSDP2 reduces in another dtype than their own (mixed precision
+    with a bf16 reduce dtype for f32 parameters) record no share: the sum is rounded in a dtype
+    the trace does not hold. A parameter whose gradient accumulates twice in a step (gradient
+    accumulation without synchronization) records each as `NAME.grad.local#N` and its sum
+    without a share: no one recorded share is what was reduced."""
+
+    def __init__(self, model: torch.nn.Module, named_parameters: list):
+        self.step = None  # the StepRecorder of the step being recorded, if any
+        self._shared: dict[str, int] = {}  # how many shares of each gradient this step recorded
+        self._world = dist.get_world_size()
+        self._names = {id(p): name for name, p in named_parameters}
+        self._hooked: set[int] = set()  # the gathered parameters hooked, by id
+        self._handles = [model.register_forward_hook(lambda *_: self._hook_gathered(model))]
+
+    def begin(self, step) -> None:
+        """Records the shares of step `step` (a StepRecorder; None: records nothing)."""
+        self.step, self._shared = step, {}
+
+    def local_name(self, name: str) -> Optional[str]:
+        """`NAME.grad.local` when this step recorded one share of `name`'s gradient, else None."""
+        return f"{name}.grad.local" if self._shared.get(name) == 1 else None
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+
+    def _hook_gathered(self, model: torch.nn.Module) -> None:
+        """After a forward pass (FSDP2 has gathered every parameter by then, once), hooks the
+        gathered parameter of each sharded one not hooked yet."""
+        for fsdp_param in _fsdp_params(model):
+            gathered = getattr(fsdp_param, "_unsharded_param", None)
+            name = self._names.get(id(getattr(fsdp_param, "sharded_param", None)))
+            if gathered is None or name is None or id(gathered) in self._hooked:
+                continue
+            self._hooked.add(id(gathered))
+            dtype = fsdp_param.sharded_param.dtype
+            reduced_in = (getattr(fsdp_param, "reduce_dtype", None) or getattr(fsdp_param, "param_dtype", None)
+                          or dtype)
+            if reduced_in != dtype:
+                continue
+            self._handles.append(gathered.register_post_accumulate_grad_hook(self._share_hook(name, dtype)))
+
+    def _share_hook(self, name: str, dtype: torch.dtype):
+        def hook(gathered: torch.Tensor) -> None:
+            s = self.step
+            if s is None or gathered.grad is None:
+                return
+            count = self._shared.get(name, 0)
+            self._shared[name] = count + 1
+            share = gathered.grad.to(dtype) * (1.0 / self._world)
+            local = f"{name}.grad.local" if count == 0 else f"{name}.grad.local#{count}"
+            s.queue_held(local, share, "gradient", "backward")
+
+        return hook
+
+
+def _fsdp_params(model: torch.nn.Module) -> Iterable:
+    """Every FSDPParam of the FSDP2 modules in `model` (torch's internals, read where present:
+    one parameter group a module, or several)."""
+    for m in model.modules():
+        state = m._get_fsdp_state() if hasattr(m, "_get_fsdp_state") else None
+        if state is None:
+            continue
+        groups = getattr(state, "_fsdp_param_groups", None)
+        if groups is None:
+            group = getattr(state, "_fsdp_param_group", None)
+            groups = [group] if group is not None else []
+        for group in groups:
+            yield from getattr(group, "fsdp_params", ())

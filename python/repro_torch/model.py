@@ -11,7 +11,7 @@ from typing import Iterator, Optional
 
 import torch
 
-from repro_writer import ALL_REDUCE_SUM
+from repro_writer import ALL_REDUCE_SUM, REDUCE_SCATTER_SUM
 
 from . import fsdp
 from .ddp import GradientSums, is_ddp
@@ -43,6 +43,9 @@ class ModelRecorder:
         self._named_parameters = list(self.model.named_parameters())
         sharded = any(fsdp.is_sharded(p) for _, p in self._named_parameters)
         self._shards = fsdp.check_tiling(self._named_parameters) if sharded else {}
+        # The shares FSDP2 reduces and scatters (a world of one sums nothing).
+        if self._shards and recorder.place is not None:
+            self._sums = fsdp.GradientShares(self.model, self._named_parameters)
         # The parameters' records at a step's start, their gradients' and their updates': each
         # record's fields made once, the group queued at once (`StepRecorder.queue_group`).
         self._tensors = [p for _, p in self._named_parameters]
@@ -143,6 +146,8 @@ class ModelRecorder:
     def finish(self) -> int:
         for h in self._hooks:
             h.remove()
+        if self._sums is not None:
+            self._sums.remove()
         return self.recorder.finish()
 
 
@@ -164,7 +169,8 @@ class CapturedStep:
         """Records every parameter's gradient (`NAME.grad`) after `backward`, and notes the
         trainable parameters that got none. Under DDP a gradient is the sum over the ranks of the
         shares recorded as its bucket went out (a collective of `NAME.grad.local`); under FSDP2
-        it is this rank's block, as its parameter's."""
+        it is this rank's block of the sum over the ranks, which FSDP2 reduces and scatters (a
+        reduce-scatter of the share recorded as the whole gradient accumulated)."""
         owner = self._owner
         sums, shards, group = owner._sums, owner._shards, owner._groups[".grad"]
         if sums is None and not shards:
@@ -185,7 +191,9 @@ class CapturedStep:
             local = sums.local_name(name) if sums is not None else None
             if name in shards and fsdp.is_sharded(grad):
                 grad, shard = fsdp.shard_of(grad, shards[name])
-                fields.append(record_fields(f"{name}.grad", "gradient", "backward", shard=shard))
+                share = (local,) if local is not None else ()
+                fields.append(record_fields(f"{name}.grad", "gradient", "backward", inputs=share, shard=shard,
+                                            collective=REDUCE_SCATTER_SUM if share else None))
             elif local is None:
                 fields.append(plain[i])
             else:

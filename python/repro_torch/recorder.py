@@ -309,6 +309,17 @@ class StepRecorder:
         elif self._outputs_queued >= MAX_QUEUED or self._bytes_queued >= MAX_QUEUED_BYTES:
             self._flush_outputs()
 
+    def queue_held(self, name: str, t: torch.Tensor, kind: str, phase: Optional[str]) -> None:
+        """`queue` for a tensor the recorder made and alone holds (a rank's share of a gradient
+        sum, computed from it): nothing changes it, so it waits with the module outputs, read
+        when they are (or when the queue's count or bytes reach its cap)."""
+        if not self._queue_each([record_fields(name, kind, phase)], [t]):
+            return
+        self._outputs_queued += 1
+        self._bytes_queued += t.nbytes
+        if self._outputs_queued >= MAX_QUEUED or self._bytes_queued >= MAX_QUEUED_BYTES:
+            self._flush_outputs()
+
     def queue(self, name: str, t: torch.Tensor, kind: str = "activation", phase: Optional[str] = None,
               inputs=(), node: bool = False, source: Optional[str] = None, collective: Optional[str] = None,
               shard: Optional[tuple] = None) -> None:

@@ -3,8 +3,10 @@ recording `OUT/rank-N`, read by repro's own commands as a data-parallel run. DDP
 distributed fields, replicas checked, same-seed runs identical, a fault planted on rank 1 found
 at rank 1, a rank that dies leaving the run incomplete, a rank that hangs ended with the others
 by `repro record --timeout` and named as the one that never reached the collective, 1 rank
-against 2 blamed on the batch split. FSDP2: whole parameters recorded, the shards checked to tile them. Skipped where torch (or
-torch.distributed) is not installed."""
+against 2 blamed on the batch split. FSDP2: each rank's shards recorded, checked to tile their
+parameters, compared whole with DDP, and 1 rank against 2 blamed on the batch split through the
+shares recorded before the reduce-scatter. Skipped where torch (or torch.distributed) is not
+installed."""
 
 import os
 import shutil
@@ -176,6 +178,16 @@ class DataParallelTest(unittest.TestCase):
                 self.assertEqual(record.shard.whole, list(ddp.shape), name)
                 self.assertEqual(record.shard.offset[0], 0 if r == 0 else blocks[0].shape[0], name)
             np.testing.assert_array_equal(np.concatenate(blocks), ddp)
+        # Each rank's whole share of a gradient, and its rows of the sum as a reduce-scatter of it.
+        with Trace(os.path.join(sharded, "rank-1")) as t:
+            step = next(iter(t.steps()))
+        share, total = (next(x for x in step.tensors if x.name == n) for n in ("0.weight.grad.local", "0.weight.grad"))
+        self.assertEqual((share.shape, total.reduce_scatter, total.inputs), (total.shard.whole, "sum", [share.name]))
+        # Against one device: the shares add up, in rank order, to the sum: the batch split.
+        one = self.recorded("fsdp-against-one", 1)
+        diff = repro("diff", one, sharded)
+        self.assertEqual(diff.returncode, 1, diff.stdout + diff.stderr)
+        self.assertIn("cause: the batch split. At step 0", diff.stdout)
         diff = repro("diff", sharded, self.a)
         self.assertEqual(diff.returncode, 0, diff.stdout + diff.stderr)
         self.assertRegex(diff.stdout, r"sharded: A and B shard tensors differently; compared are whole tensors "

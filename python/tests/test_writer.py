@@ -65,7 +65,7 @@ class WriterTest(unittest.TestCase):
         self.assertEqual(w.finish(), 2)
         run = repro("inspect", path, "--verify")
         self.assertEqual(run.returncode, 0, run.stdout + run.stderr)
-        self.assertIn("format     1.7", run.stdout)
+        self.assertIn("format     1.8", run.stdout)
 
     def test_a_run_rewritten_from_python_is_byte_identical_to_repro_s(self):
         for name, args in (
@@ -180,6 +180,10 @@ class WriterTest(unittest.TestCase):
                 Record("y", "op_output", "F32", [2], struct.pack("<2f", n, 2), inputs=["x", "w"], node=0,
                        source="train.py:7"),
                 Record("s", "weight", "U8", [2], bytes([n, n]), shard=([4], [2])),
+                # This rank's whole share of a gradient, and its block of the ranks' sum (1.8).
+                Record("g.local", "gradient", "F32", [4], struct.pack("<4f", n, 1, 2, 3)),
+                Record("g", "gradient", "F32", [2], struct.pack("<2f", 2, 3), inputs=["g.local"], shard=([4], [2]),
+                       reduce_scatter="sum"),
             ]
             return records + records[:1] if twice else records
 
@@ -206,7 +210,11 @@ class WriterTest(unittest.TestCase):
         for frame in frames:
             self.assertEqual(msgpack.packb(msgpack.unpackb(frame, raw=False), use_bin_type=True), frame)
         self.assertEqual(steps[2]["payload"], "tensors/step-00000002.safetensors")
-        self.assertEqual([t["in_payload"] for t in steps[2]["tensors"]], [False, True, False, False])
+        self.assertEqual([t["in_payload"] for t in steps[2]["tensors"]], [False, True, False, False, True, False])
+        self.assertEqual((steps[1]["tensors"][5]["reduce_scatter"], steps[1]["tensors"][5]["inputs"]), ("sum", ["g.local"]))
+        with Trace(path) as t:
+            g = next(x for x in list(t.steps())[3].tensors if x.name == "g")
+        self.assertEqual((g.reduce_scatter, g.shard.whole, g.collective), ("sum", [4], None))
         self.assertEqual(steps[3]["tensors"][0]["inline"], struct.pack("<2f", 3, 1))
         run = repro("inspect", path, "--verify")
         self.assertEqual(run.returncode, 0, run.stdout + run.stderr)
@@ -222,6 +230,14 @@ class WriterTest(unittest.TestCase):
             ([Record("z", "weights", "U8", [], b"\0")], "unknown kind"),
             ([Record("s", "weight", "U8", [2], b"\0\0", shard=([3], [2]))], "does not lie within the whole [3]"),
             ([Record("s", "weight", "U8", [2], b"\0\0", shard=([3, 1], [0]))], "does not lie within"),
+            ([Record("l", "gradient", "U8", [3], b"\0" * 3),
+              Record("s", "gradient", "U8", [2], b"\0\0", inputs=["l"], shard=([4], [2]), reduce_scatter="sum")],
+             "with its dtype and the whole sum's shape"),
+            ([Record("l", "gradient", "U8", [4], b"\0" * 4),
+              Record("s", "gradient", "U8", [2], b"\0\0", inputs=["l"], reduce_scatter="sum")], "a shard"),
+            ([Record("l", "gradient", "U8", [4], b"\0" * 4),
+              Record("s", "gradient", "U8", [2], b"\0\0", inputs=["l"], shard=([4], [2]), reduce_scatter="max")],
+             "is `sum`"),
         ):
             with self.assertRaises(WriteError) as e:
                 w.write_step(0, records)

@@ -44,6 +44,7 @@ impl Described<'_> {
             source: self.source,
             view: None,
             shard: None,
+            reduce_scatter: None,
         }
     }
 }

@@ -22,6 +22,7 @@ use crate::metrics::compare;
 use crate::shards::{layout_of, sharded_tensors, Assembler, Layout};
 use crate::traces::{diff_assembling, diff_traces_with, DiffOptions, TraceDiff};
 use repro_trace::dtype::DType;
+use repro_trace::shard::{place, tiling_gap, Block};
 use repro_trace::{
     rank_streams, read_progress, Completeness, Progress, ProgressPoint, StepRecord, TensorKind, TraceError, TraceReader,
 };
@@ -324,9 +325,9 @@ pub enum DataParallelCause {
         step: u64,
         /// The gradient.
         tensor: String,
-        /// Whether the runs record the ranks' shares of the sum at all (a collective record with
-        /// its share as input): false for a run that records whole gradients only (PyTorch's
-        /// FSDP, whose shards are reduced and scattered), where no capture policy can tell.
+        /// Whether the runs record the ranks' shares of the sum at all (a collective or
+        /// reduce-scatter record with its share as input): false for a run that records its
+        /// gradients without them (FSDP traces before format 1.8), where no capture policy can tell.
         shares_recorded: bool,
     },
 }
@@ -446,7 +447,7 @@ fn place_in_step(dir: &Path, step: u64, tensor: &str) -> Result<Place, TraceErro
     let (_, record) = read_step(dir, step)?;
     let found = record.as_ref().and_then(|r| r.tensors.iter().enumerate().find(|(_, t)| t.name == tensor));
     Ok(match found {
-        Some((index, t)) => Place { at: (step, index), collective: t.collective.is_some() },
+        Some((index, t)) => Place { at: (step, index), collective: t.summed_from().is_some() },
         None => Place { at: (step, usize::MAX), collective: false },
     })
 }
@@ -474,25 +475,29 @@ fn split_cause(step: u64, tensor: &str, runs: &[(&Path, &Vec<PathBuf>)]) -> Resu
     Ok(DataParallelCause::BatchSplit { step, tensor: tensor.to_string() })
 }
 
-/// Whether rank 0 records `tensor` at `step` as a collective's sum with its share as input.
+/// Whether rank 0 records `tensor` at `step` as a sum across the ranks (whole or a block of it)
+/// with its share as input.
 fn shares_recorded(streams: &[PathBuf], step: u64, tensor: &str) -> Result<bool, TraceError> {
     let (_, Some(record)) = read_step(&streams[0], step)? else { return Ok(false) };
-    let sum = record.tensors.iter().find(|t| t.name == tensor && t.collective.is_some());
-    Ok(sum.and_then(|s| s.inputs.first()).is_some_and(|share| record.tensors.iter().any(|t| &t.name == share)))
+    let sum = record.tensors.iter().find(|t| t.name == tensor && t.summed_from().is_some());
+    Ok(sum.and_then(|s| s.summed_from()).is_some_and(|share| record.tensors.iter().any(|t| t.name == share)))
 }
 
-/// The largest ULP distance between rank 0's recorded sum `tensor` at `step` and the ranks'
-/// shares of it added in rank order in f32; `None` when some values were not stored or the
-/// tensor is not an f32 sum.
+/// The largest ULP distance between the recorded sum `tensor` at `step` (rank 0's, or, for a
+/// reduce-scatter, the whole assembled from every rank's block) and the ranks' shares of it
+/// added in rank order in f32; `None` when some values were not stored, the blocks do not cover
+/// the whole, or the tensor is not an f32 sum.
 fn rank_order_distance(streams: &[PathBuf], step: u64, tensor: &str) -> Result<Option<u64>, TraceError> {
     let mut total: Option<Vec<f32>> = None;
     let mut recorded: Option<Vec<u8>> = None;
+    let mut blocks: Vec<Block> = Vec::new();
+    let mut whole_shape: Option<Vec<u64>> = None;
     for (rank, dir) in streams.iter().enumerate() {
         let (mut reader, Some(record)) = read_step(dir, step)? else { return Ok(None) };
-        let Some(sum) = record.tensors.iter().find(|t| t.name == tensor && t.collective.is_some()) else {
+        let Some(sum) = record.tensors.iter().find(|t| t.name == tensor && t.summed_from().is_some()) else {
             return Ok(None);
         };
-        let Some(share) = sum.inputs.first().and_then(|n| record.tensors.iter().find(|t| &t.name == n)) else {
+        let Some(share) = sum.summed_from().and_then(|n| record.tensors.iter().find(|t| t.name == n)) else {
             return Ok(None);
         };
         if share.dtype != DType::F32 || sum.dtype != DType::F32 {
@@ -506,14 +511,31 @@ fn rank_order_distance(streams: &[PathBuf], step: u64, tensor: &str) -> Result<O
             Some(total) if total.len() == share.len() => total.iter_mut().zip(share).for_each(|(t, s)| *t += s),
             Some(_) => return Ok(None),
         }
-        if rank == 0 {
-            let Some(values) = reader.values(&record, sum)? else { return Ok(None) };
-            recorded = Some(values.bytes.to_vec());
+        match &sum.shard {
+            // A block of the sum: placed into the whole, which every rank's blocks must cover.
+            Some(shard) => {
+                let Some(values) = reader.values(&record, sum)? else { return Ok(None) };
+                let whole_len = shard.whole.iter().product::<u64>() as usize * 4;
+                let whole = recorded.get_or_insert_with(|| vec![0; whole_len]);
+                if whole.len() != whole_len {
+                    return Ok(None);
+                }
+                let block = Block { rank: rank as u64, offset: shard.offset.clone(), shape: sum.shape.clone() };
+                place(whole, &shard.whole, 4, &block, &values.bytes);
+                blocks.push(block);
+                whole_shape = Some(shard.whole.clone());
+            }
+            None if rank == 0 => {
+                let Some(values) = reader.values(&record, sum)? else { return Ok(None) };
+                recorded = Some(values.bytes.to_vec());
+            }
+            None => {}
         }
     }
     let (Some(total), Some(recorded)) = (total, recorded) else { return Ok(None) };
     let expected: Vec<u8> = total.iter().flat_map(|v| v.to_le_bytes()).collect();
-    if expected.len() != recorded.len() {
+    let untiled = whole_shape.is_some_and(|whole| tiling_gap(&whole, &blocks).is_some());
+    if expected.len() != recorded.len() || untiled {
         return Ok(None);
     }
     Ok(Some(compare(DType::F32, &recorded, &expected).max_ulp))
@@ -667,6 +689,82 @@ mod tests {
             writer.finish().unwrap();
         }
         dir.to_path_buf()
+    }
+
+    /// An FSDP run of 2 ranks in `dir` whose gradient `w.grad` is reduced and scattered (format
+    /// 1.8): each rank records its rows of the weight `w` (4 values, all 1), its whole share of
+    /// the gradient (`shares[rank]`, `w.grad.local`) and its rows of the sum (`sum`, rows 0-1 on
+    /// rank 0 and 2-3 on rank 1), every value stored.
+    fn reduce_scatter_run(dir: &Path, shares: [[f32; 4]; 2], sum: [f32; 4]) -> PathBuf {
+        for rank in 0..2u64 {
+            let rows = (rank * 2) as usize..(rank * 2 + 2) as usize;
+            let shard = Some(repro_trace::ShardOf { whole: vec![4], offset: vec![rank * 2] });
+            let record = |name: &str, kind, values: &[f32], shard: Option<repro_trace::ShardOf>| {
+                let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+                let shape = vec![values.len() as u64];
+                let record = TensorRecord {
+                    shard,
+                    inline: Some(bytes.clone()),
+                    ..TensorRecord::of_bytes(name, kind, DType::F32, shape, &bytes)
+                };
+                StepTensor { record, payload: None }
+            };
+            let mut sum_block = record("w.grad", TensorKind::Gradient, &sum[rows.clone()], shard.clone());
+            sum_block.record.inputs = vec!["w.grad.local".into()];
+            sum_block.record.reduce_scatter = Some(repro_trace::format::REDUCE_SCATTER_SUM.into());
+            let records = vec![
+                record("w", TensorKind::Weight, &[1.0; 2], shard),
+                record("w.grad.local", TensorKind::Gradient, &shares[rank as usize], None),
+                sum_block,
+            ];
+            let mut writer =
+                TraceWriter::create(&dir.join(format!("rank-{rank}")), &rank_header(rank, 2, 1), false).unwrap();
+            writer.write_step(0, records).unwrap();
+            writer.finish().unwrap();
+        }
+        dir.to_path_buf()
+    }
+
+    #[test]
+    fn a_reduce_scatter_is_checked_against_its_ranks_shares_like_a_whole_sum() {
+        let dir = tempfile::tempdir().unwrap();
+        let shares = [[0.25, 0.5, 1.0, 0.125], [0.5, 0.25, 0.5, 0.375]];
+        let exact: [f32; 4] = std::array::from_fn(|i| shares[0][i] + shares[1][i]);
+        // One device whose gradient is 1 ULP from the sum at element 2 (on rank 1's rows).
+        let single = dir.path().join("single");
+        let mut one_device = exact;
+        one_device[2] = up(one_device[2], 1);
+        stream(
+            &single,
+            0,
+            1,
+            vec![vec![
+                T("w", TensorKind::Weight, vec![1.0; 4], None),
+                T("w.grad", TensorKind::Gradient, one_device.to_vec(), None),
+            ]],
+        );
+        let fsdp = reduce_scatter_run(&dir.path().join("fsdp"), shares, exact);
+        let diff = diff_runs(&single, &fsdp, &DiffOptions::default()).unwrap();
+        assert_eq!(diff.diff.first_divergence.as_ref().unwrap().tensor, "w.grad");
+        assert!(matches!(diff.cause, Some(DataParallelCause::BatchSplit { step: 0, .. })), "{:?}", diff.cause);
+        // Rank 1's block 2 ULP from its rank-order sum (element 3, another than A's).
+        let mut rounded = exact;
+        rounded[3] = up(rounded[3], 2);
+        let skewed = reduce_scatter_run(&dir.path().join("skewed"), shares, rounded);
+        let diff = diff_runs(&single, &skewed, &DiffOptions::default()).unwrap();
+        assert!(
+            matches!(diff.cause, Some(DataParallelCause::CollectiveRounding { max_ulp: 2, .. })),
+            "{:?}",
+            diff.cause
+        );
+        // Same world size, the same shares and another sum: the collective's order.
+        let diff = diff_runs(&fsdp, &skewed, &DiffOptions::default()).unwrap();
+        assert_eq!(diff.rank, Some(1), "rank 1's block differs");
+        assert!(
+            matches!(diff.cause, Some(DataParallelCause::CollectiveOrder { step: 0, ref tensor }) if tensor == "w.grad"),
+            "{:?}",
+            diff.cause
+        );
     }
 
     #[test]

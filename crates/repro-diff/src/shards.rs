@@ -148,6 +148,7 @@ impl Assembler {
                     inline: Some(bytes),
                     in_payload: false,
                     shard: None,
+                    reduce_scatter: None,
                     ..record.clone()
                 };
                 wholes.insert(s.name.clone(), whole);

@@ -194,7 +194,7 @@ fn cause_sentence(cause: &DataParallelCause, r: &RunDiff) -> String {
             "cause: undetermined. The ranks' shares of `{tensor}` at step {step} were stored as hashes only, so a batch split cannot be told from the collective's order: record with --capture all (or steps:{step})"
         ),
         DataParallelCause::Undetermined { step, tensor, shares_recorded: false } => format!(
-            "cause: undetermined. The runs record `{tensor}` whole, not as a sum of the ranks' shares (PyTorch's FSDP reduces and scatters them), so a batch split cannot be told from the collective's order at step {step}; the world sizes differ, and with them both"
+            "cause: undetermined. The runs do not record `{tensor}` as a sum with each rank's share beside it (a collective or reduce-scatter record naming its input), so a batch split cannot be told from the collective's order at step {step}; the world sizes differ, and with them both"
         ),
     }
 }

@@ -29,7 +29,9 @@ pub struct FormatVersion {
 ///   (`crate::view`).
 /// - 1.6: `source` on any tensor record, not only a captured node's (a hand-recorded op's line).
 /// - 1.7: `shard`: one rank's block of a tensor sharded across the ranks (`crate::shard`).
-pub const CURRENT_FORMAT: FormatVersion = FormatVersion { major: 1, minor: 7 };
+/// - 1.8: `reduce_scatter`: a shard that is this rank's block of a sum across the ranks (FSDP's
+///   gradients), with each rank's whole contribution as its input.
+pub const CURRENT_FORMAT: FormatVersion = FormatVersion { major: 1, minor: 8 };
 
 impl FormatVersion {
     /// Whether this build can read a trace written in `self`.
@@ -125,6 +127,10 @@ pub const MAX_RANK: usize = 16;
 
 /// The one collective of format 1.3: the elementwise sum over all ranks (section 10).
 pub const ALL_REDUCE_SUM: &str = "all_reduce_sum";
+
+/// The one value of format 1.8's `reduce_scatter`: the record is this rank's block of the
+/// elementwise sum over all ranks of its input (section 10.2).
+pub const REDUCE_SCATTER_SUM: &str = "sum";
 
 /// The payload file name for a step: `tensors/step-00000042.safetensors`.
 pub fn payload_name(step: u64) -> String {

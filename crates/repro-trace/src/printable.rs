@@ -53,5 +53,6 @@ pub fn unprintable_in_tensor(t: &TensorRecord) -> Option<String> {
     unprintable("tensor name", &t.name)
         .or_else(|| t.inputs.iter().find_map(|i| unprintable("an input's name", i)))
         .or_else(|| t.collective.as_deref().and_then(|c| unprintable("the collective", c)))
+        .or_else(|| t.reduce_scatter.as_deref().and_then(|c| unprintable("the reduce-scatter", c)))
         .or_else(|| t.source.as_deref().and_then(|s| unprintable("the source location", s)))
 }

@@ -530,6 +530,26 @@ impl TraceReader {
             self.needs_version(1, 7, "`shard`")?;
             crate::shard::check(t, shard)?;
         }
+        if let Some(reduction) = &t.reduce_scatter {
+            self.needs_version(1, 8, "`reduce_scatter`")?;
+            if reduction != format::REDUCE_SCATTER_SUM {
+                return Err(format!(
+                    "unknown reduce-scatter `{reduction}` (format 1.8 knows only `{}`)",
+                    format::REDUCE_SCATTER_SUM
+                ));
+            }
+            if t.collective.is_some() {
+                return Err(
+                    "a record is the result of one collective: it carries `collective` and `reduce_scatter`".into()
+                );
+            }
+            let Some(shard) = &t.shard else {
+                return Err(
+                    "a reduce-scatter's result is this rank's block of the sum: the record has no `shard`".into()
+                );
+            };
+            return check_contribution(t, earlier, &shard.whole);
+        }
         let Some(collective) = &t.collective else { return Ok(()) };
         self.needs_version(1, 3, "`collective`")?;
         if collective != format::ALL_REDUCE_SUM {
@@ -538,17 +558,7 @@ impl TraceReader {
                 format::ALL_REDUCE_SUM
             ));
         }
-        let [input] = t.inputs.as_slice() else {
-            return Err(format!("a collective sums exactly one contribution per rank; it names {}", t.inputs.len()));
-        };
-        match earlier.get(input.as_str()) {
-            Some(share) if !std::ptr::eq(*share, t) && share.dtype == t.dtype && share.shape == t.shape => Ok(()),
-            Some(share) if !std::ptr::eq(*share, t) => Err(format!(
-                "its contribution `{input}` is {} {:?}, the sum {} {:?}",
-                share.dtype, share.shape, t.dtype, t.shape
-            )),
-            _ => Err(format!("its contribution `{input}` is not recorded earlier in the step")),
-        }
+        check_contribution(t, earlier, &t.shape)
     }
 
     fn check_footer(&mut self, footer: &Footer) -> Result<(), TraceError> {
@@ -611,6 +621,27 @@ fn leading_type(payload: &[u8]) -> Option<&str> {
         return None;
     }
     rmp::decode::read_str_from_slice(rest).ok().map(|(value, _)| value)
+}
+
+/// The collective rule for a sum across the ranks (`t`, a `collective` or a `reduce_scatter`):
+/// exactly one input, this rank's contribution, recorded earlier in the step with `t`'s dtype
+/// and the shape of the whole sum (`whole`: `t`'s own shape unless `t` is a block of it).
+fn check_contribution(
+    t: &TensorRecord,
+    earlier: &std::collections::BTreeMap<&str, &TensorRecord>,
+    whole: &[u64],
+) -> Result<(), String> {
+    let [input] = t.inputs.as_slice() else {
+        return Err(format!("a collective sums exactly one contribution per rank; it names {}", t.inputs.len()));
+    };
+    match earlier.get(input.as_str()) {
+        Some(share) if !std::ptr::eq(*share, t) && share.dtype == t.dtype && share.shape == whole => Ok(()),
+        Some(share) if !std::ptr::eq(*share, t) => Err(format!(
+            "its contribution `{input}` is {} {:?}, the sum {} {:?}",
+            share.dtype, share.shape, t.dtype, whole
+        )),
+        _ => Err(format!("its contribution `{input}` is not recorded earlier in the step")),
+    }
 }
 
 /// The tensor of `step` that `view` (of `tensor`) reads, recorded before it (the reader checked
@@ -746,6 +777,7 @@ mod tests {
             source: None,
             view: None,
             shard: None,
+            reduce_scatter: None,
         }
     }
 
@@ -855,6 +887,54 @@ mod tests {
             let err = error_reading(&[header(), step(tensors)]);
             assert!(err.contains("corrupt") && err.contains(expected), "expected `{expected}`: {err}");
         }
+    }
+
+    /// A reduce-scatter's result (format 1.8) is this rank's block of a sum: it carries a shard,
+    /// no `collective`, and one input of the whole's shape recorded before it; a 1.7 file has none.
+    #[test]
+    fn a_reduce_scatter_is_a_block_of_the_sum_of_an_earlier_whole_contribution() {
+        let values = |shape: &[u64]| Some(vec![0; 4 * shape.iter().product::<u64>() as usize]);
+        let share = TensorRecord { name: "g.local".into(), ..tensor(vec![4, 2], values(&[4, 2]), false) };
+        let block =
+            |whole: Vec<u64>, reduce_scatter: Option<&str>, collective: Option<&str>, inputs: &[&str]| TensorRecord {
+                name: "g".into(),
+                inputs: inputs.iter().map(|s| s.to_string()).collect(),
+                collective: collective.map(str::to_string),
+                reduce_scatter: reduce_scatter.map(str::to_string),
+                shard: Some(crate::ShardOf { offset: vec![2, 0], whole }),
+                ..tensor(vec![2, 2], values(&[2, 2]), false)
+            };
+        let step = |tensors: Vec<TensorRecord>| {
+            let record = StepRecord { step: 0, payload: None, tensors, no_gradient: Vec::new() };
+            rmp_serde::to_vec_named(&Record::Step(record)).unwrap()
+        };
+        let good = block(vec![4, 2], Some(format::REDUCE_SCATTER_SUM), None, &["g.local"]);
+        assert_eq!(read_all(trace_with(&[header(), step(vec![share.clone(), good.clone()])]).path()).unwrap(), 1);
+        assert_eq!(good.summed_from(), Some("g.local"));
+        let unsharded = TensorRecord { shard: None, ..good.clone() };
+        let cases = [
+            (vec![share.clone(), block(vec![4, 2], Some("max"), None, &["g.local"])], "unknown reduce-scatter `max`"),
+            (vec![share.clone(), unsharded], "has no `shard`"),
+            (
+                vec![share.clone(), block(vec![4, 2], Some("sum"), Some(ALL_REDUCE_SUM), &["g.local"])],
+                "carries `collective` and `reduce_scatter`",
+            ),
+            (
+                vec![share.clone(), block(vec![6, 2], Some("sum"), None, &["g.local"])],
+                "is F32 [4, 2], the sum F32 [6, 2]",
+            ),
+            (vec![good.clone(), share.clone()], "not recorded earlier"),
+            (vec![share.clone(), block(vec![4, 2], Some("sum"), None, &[])], "names 0"),
+        ];
+        for (tensors, expected) in cases {
+            let err = error_reading(&[header(), step(tensors)]);
+            assert!(err.contains("corrupt") && err.contains(expected), "expected `{expected}`: {err}");
+        }
+        let v1_7 = FormatVersion { major: 1, minor: 7 };
+        let old =
+            rmp_serde::to_vec_named(&Record::Header(Box::new(Header { format: v1_7, ..plain_header() }))).unwrap();
+        let err = read_all(trace_in_version(v1_7, &[old, step(vec![share, good])]).path()).unwrap_err().to_string();
+        assert!(err.contains("`reduce_scatter` is a key of format 1.8"), "{err}");
     }
 
     /// A view (format 1.5) is read only as what it claims: a node's view of an earlier tensor

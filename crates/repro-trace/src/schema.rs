@@ -170,6 +170,22 @@ pub struct TensorRecord {
     /// are the whole tensor's; its shape, hash and values are the block's (`crate::shard`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shard: Option<ShardOf>,
+    /// For a shard that is this rank's block of a sum across the ranks (format 1.8; FSDP's
+    /// reduce-scatter of gradients): the reduction, `sum`. Its single input is this rank's
+    /// contribution to the whole sum, of the whole's shape; every rank records its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reduce_scatter: Option<String>,
+}
+
+impl TensorRecord {
+    /// The name of this rank's contribution when the record is a sum across the ranks: the
+    /// whole sum (`collective`) or this rank's block of it (`reduce_scatter`).
+    pub fn summed_from(&self) -> Option<&str> {
+        if self.collective.is_none() && self.reduce_scatter.is_none() {
+            return None;
+        }
+        self.inputs.first().map(String::as_str)
+    }
 }
 
 /// Where a shard sits in its whole tensor: the block of the record's own shape whose first
@@ -215,6 +231,7 @@ impl TensorRecord {
             source: None,
             view: None,
             shard: None,
+            reduce_scatter: None,
         }
     }
 
