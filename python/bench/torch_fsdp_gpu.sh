@@ -1,6 +1,7 @@
 #!/bin/bash
 # FSDP2 recorded shard by shard on 2 GPUs (issue 47): what recording costs FSDP2 beside DDP, and
-# FSDP2 compared with DDP and with one GPU on whole parameters assembled from the ranks' shards.
+# FSDP2 compared with DDP and with one GPU (f32, and bf16 mixed precision) on whole parameters
+# assembled from the ranks' shards, the cause between world sizes from each rank's share.
 # Run from the repository root with the wheels installed, REPRO_CUDA_HASH_LIB set and `repro` at
 # $REPRO_BIN.
 #   python/bench/torch_fsdp_gpu.sh OUT [cost|compare|both]
@@ -28,7 +29,9 @@ gpt2() {
     gpt2 2 steps:0 "$RUNS/ddp-2"
     gpt2 1 steps:0 "$RUNS/fsdp-1" --fsdp
     gpt2 2 none "$RUNS/fsdp-2-hashes" --fsdp
-    for pair in "fsdp-2 fsdp-2-again" "fsdp-2 ddp-2" "fsdp-2 fsdp-1" "fsdp-2-hashes ddp-2"; do
+    gpt2 2 steps:0 "$RUNS/fsdp-2-bf16" --fsdp --bf16
+    gpt2 1 steps:0 "$RUNS/fsdp-1-bf16" --fsdp --bf16
+    for pair in "fsdp-2 fsdp-2-again" "fsdp-2 ddp-2" "fsdp-2 fsdp-1" "fsdp-2-hashes ddp-2" "fsdp-2-bf16 fsdp-1-bf16"; do
         set -- $pair
         echo "== repro diff $1 $2"
         "$REPRO" diff "$RUNS/$1" "$RUNS/$2" --rows 5 2>&1 | head -40

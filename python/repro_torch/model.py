@@ -47,13 +47,17 @@ class ModelRecorder:
         if self._shards and recorder.place is not None:
             self._sums = fsdp.GradientShares(self.model, self._named_parameters)
         # The parameters' records at a step's start, their gradients' and their updates': each
-        # record's fields made once, the group queued at once (`StepRecorder.queue_group`).
+        # record's fields made once, the group queued at once (`StepRecorder.queue_group`). An
+        # FSDP2 parameter (and its gradient) is recorded as this rank's block of it, in place.
         self._tensors = [p for _, p in self._named_parameters]
+        self._places = [self._shard_place(name, p) for name, p in self._named_parameters]
         self._groups = {
-            suffix: RecordGroup([record_fields(name + suffix, kind, phase) for name, _ in self._named_parameters])
+            suffix: RecordGroup([record_fields(name + suffix, kind, phase, shard=place)
+                                 for (name, _), place in zip(self._named_parameters, self._places)])
             for suffix, kind, phase in _PARAMETER_RECORDS
         }
-        self._partial_gradients: dict[tuple, RecordGroup] = {}  # by the indices that have one
+        # The gradients' groups by which parameters have one and which are sums of shares.
+        self._partial_gradients: dict[tuple, RecordGroup] = {}
         self._step: Optional[StepRecorder] = None
         self._calls: dict[str, int] = {}
         named = [(name, m) for name, m in self.model.named_modules() if name != ""] if modules else []
@@ -115,33 +119,46 @@ class ModelRecorder:
                 self._queue_parameters(s, ".updated")
                 s.flush()
 
-    def _gradient_group(self, present: tuple) -> RecordGroup:
+    def _shard_place(self, name: str, p: torch.Tensor) -> Optional[tuple]:
+        """Where this rank's block of the FSDP2 parameter `name` sits in it (a record's `shard`),
+        or None for a parameter that is not sharded."""
+        return fsdp.shard_of(p, self._shards[name])[1] if name in self._shards else None
+
+    def _gradient_group(self, present: tuple, summed: tuple) -> RecordGroup:
         """The group of the gradients of the parameters at indices `present` (those that have
-        one: all of them, or, with frozen or unused parameters, the same few at every step)."""
+        one: all of them, or, with frozen or unused parameters, the same few at every step);
+        `summed[k]`, this rank's share of the `k`th's sum, when recorded (DDP, FSDP2), else None."""
         group = self._groups[".grad"]
-        if len(present) == len(group.fields):
+        if len(present) == len(group.fields) and not any(summed):
             return group
-        if present not in self._partial_gradients:
+        key = (present, summed)
+        if key not in self._partial_gradients:
             if len(self._partial_gradients) >= 16:  # a program whose gradients keep changing
                 self._partial_gradients.clear()
-            self._partial_gradients[present] = RecordGroup([group.fields[i] for i in present])
-        return self._partial_gradients[present]
+            fields = []
+            for i, share in zip(present, summed):
+                if share is None:
+                    fields.append(group.fields[i])
+                    continue
+                place = self._places[i]
+                fields.append(record_fields(f"{self._named_parameters[i][0]}.grad", "gradient", "backward",
+                                            inputs=(share,), shard=place,
+                                            collective=ALL_REDUCE_SUM if place is None else REDUCE_SCATTER_SUM))
+            self._partial_gradients[key] = RecordGroup(fields)
+        return self._partial_gradients[key]
+
+    def _blocks(self, tensors: list) -> list:
+        """`tensors` (the parameters, or their gradients) as this rank holds them: an FSDP2 one
+        as its own block."""
+        if not self._shards:
+            return tensors
+        return [fsdp.local(t) if place is not None and fsdp.is_sharded(t) else t
+                for t, place in zip(tensors, self._places)]
 
     def _queue_parameters(self, s: StepRecorder, suffix: str) -> None:
         """Queues every parameter's record (`suffix` "": at the step's start; ".updated": at its
         end): an FSDP2 parameter as this rank's block of it."""
-        if not self._shards:
-            s.queue_group(self._groups[suffix], self._tensors)
-            return
-        kind, phase = _KIND_AND_PHASE[suffix]
-        fields, tensors = [], []
-        for name, p in self._named_parameters:
-            shard = None
-            if name in self._shards:
-                p, shard = fsdp.shard_of(p, self._shards[name])
-            fields.append(record_fields(name + suffix, kind, phase, shard=shard))
-            tensors.append(p)
-        s.queue_each(fields, tensors)
+        s.queue_group(self._groups[suffix], self._blocks(self._tensors))
 
     def finish(self) -> int:
         for h in self._hooks:
@@ -172,41 +189,18 @@ class CapturedStep:
         it is this rank's block of the sum over the ranks, which FSDP2 reduces and scatters (a
         reduce-scatter of the share recorded as the whole gradient accumulated)."""
         owner = self._owner
-        sums, shards, group = owner._sums, owner._shards, owner._groups[".grad"]
-        if sums is None and not shards:
-            grads = [p.grad for p in owner._tensors]
-            present = tuple(i for i, g in enumerate(grads) if g is not None)
-            self.step.no_gradient += [name for (name, p), g in zip(owner._named_parameters, grads)
-                                      if g is None and p.requires_grad]
-            self.step.queue_group(owner._gradient_group(present), [grads[i] for i in present])
-            self.step.flush()
-            return
-        plain, fields, tensors = group.fields, [], []
-        for i, (name, p) in enumerate(owner._named_parameters):
-            grad = p.grad
-            if grad is None:
-                if p.requires_grad:
-                    self.step.no_gradient.append(name)
-                continue
-            local = sums.local_name(name) if sums is not None else None
-            if name in shards and fsdp.is_sharded(grad):
-                grad, shard = fsdp.shard_of(grad, shards[name])
-                share = (local,) if local is not None else ()
-                fields.append(record_fields(f"{name}.grad", "gradient", "backward", inputs=share, shard=shard,
-                                            collective=REDUCE_SCATTER_SUM if share else None))
-            elif local is None:
-                fields.append(plain[i])
-            else:
-                fields.append(record_fields(f"{name}.grad", "gradient", "backward", inputs=(local,),
-                                            collective=ALL_REDUCE_SUM))
-            tensors.append(grad)
-        self.step.queue_each(fields, tensors)
+        grads = owner._blocks([p.grad for p in owner._tensors])
+        present = tuple(i for i, g in enumerate(grads) if g is not None)
+        self.step.no_gradient += [name for (name, p), g in zip(owner._named_parameters, grads)
+                                  if g is None and p.requires_grad]
+        sums, names = owner._sums, owner._named_parameters
+        summed = tuple(sums.local_name(names[i][0]) for i in present) if sums is not None else (None,) * len(present)
+        self.step.queue_group(owner._gradient_group(present, summed), [grads[i] for i in present])
         self.step.flush()
 
 
 # A parameter's records in a training step: their names' suffix, kind and phase.
 _PARAMETER_RECORDS = (("", "weight", "forward"), (".grad", "gradient", "backward"), (".updated", "weight", "update"))
-_KIND_AND_PHASE = {suffix: (kind, phase) for suffix, kind, phase in _PARAMETER_RECORDS}
 
 
 def _uncompiled(model: torch.nn.Module) -> tuple[torch.nn.Module, bool]:
