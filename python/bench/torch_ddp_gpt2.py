@@ -7,11 +7,16 @@ docs/results/pytorch-ddp-h200x2.md:
 
 The model is built from GPT2Config() with seeded weights (no download), dropout off; every rank
 draws the same global batch of token ids and trains on its rows. Prints, from rank 0, the median
-time of a step after the first two (the step synchronized with the GPU). Falls back to gloo on the CPU, to try it.
+time of a step after the first two (the step synchronized with the GPU), and of the host's part
+of it (until the step's last call returns, before waiting for the GPU). With --parts, the
+recorded run also times the recorder's own calls (`torch_profile.timers`) and prints them a step;
+--without modules (no module outputs) or shares (no FSDP2 shares) leaves a part out, to weigh it.
+Falls back to gloo on the CPU, to try it.
 """
 
 import argparse
 import os
+import statistics
 import sys
 import time
 
@@ -21,6 +26,7 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 from repro_torch import ModelRecorder
 from steps import report_step_times, training_step  # beside this file
+from torch_profile import timers  # beside this file
 
 
 def parse(argv):
@@ -33,6 +39,8 @@ def parse(argv):
     p.add_argument("--layers", type=int, default=12, help="fewer for a try on the CPU")
     p.add_argument("--fsdp", action="store_true", help="shard with FSDP2's fully_shard (each block, then the whole)")
     p.add_argument("--bf16", action="store_true", help="with --fsdp: bf16 parameters and compute, f32 reduction")
+    p.add_argument("--parts", action="store_true", help="time the recorder's own calls, by call")
+    p.add_argument("--without", choices=("modules", "shares"), help="record without module outputs, or FSDP2 shares")
     return p.parse_args(argv)
 
 
@@ -70,18 +78,32 @@ def main(argv):
     if args.fsdp:
         params["sharding"] = "fsdp-bf16" if args.bf16 else "fsdp"
     run = {"workload": "gpt2-124m-ddp", "steps": args.steps, "params": params}
-    rec = None if args.plain else ModelRecorder.create_or_gated(args.out, run, model)
+    if args.without == "shares":  # a bench's switch, not the recorder's: the hooks do nothing
+        import repro_torch.fsdp
+
+        repro_torch.fsdp.GradientShares._share_hook = lambda self, name, dtype: (lambda gathered: None)
+    rec = None if args.plain else ModelRecorder.create_or_gated(args.out, run, model, modules=args.without != "modules")
+    spent = timers() if args.parts and rec is not None else None
     data = torch.Generator().manual_seed(1)
     rows = slice(rank * args.batch // world, (rank + 1) * args.batch // world)
-    times = []
+    times, host = [], []
     for step in range(args.steps):
         ids = torch.randint(0, config.vocab_size, (args.batch, args.context), generator=data)[rows].to(device)
         sync(cuda)
+        if step == 2 and spent is not None:
+            spent.clear()
         started = time.perf_counter()
         training_step(model, opt, lambda m: m(input_ids=ids, labels=ids).loss, rec, step, {"input_ids": ids})
+        host.append(time.perf_counter() - started)
         sync(cuda)
         times.append(time.perf_counter() - started)
     report_step_times(rec, rank, times, f"{world} ranks, batch {args.batch} x {args.context}")
+    if rank == 0:
+        print(f"host's part: median {statistics.median(host[2:]) * 1e3:.1f} ms", file=sys.stderr)
+        if spent is not None:
+            steps = len(times) - 2
+            print("recorder's calls a step: " + ", ".join(f"{k} {v / steps * 1e3:.1f} ms" for k, v in sorted(spent.items())),
+                  file=sys.stderr)
     dist.destroy_process_group()
 
 
