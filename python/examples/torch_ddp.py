@@ -6,9 +6,13 @@ rows, as repro's own data-parallel ranks do.
     torchrun --standalone --nproc_per_node 2 python/examples/torch_ddp.py runs/ddp
     repro record --out runs/ddp -- torchrun --standalone --nproc_per_node 2 python/examples/torch_ddp.py
     repro inspect runs/ddp --verify          # each rank, then: did the ranks stay replicas?
+
+--microbatches N accumulates each rank's gradients over N microbatches and sums them over the
+ranks after the last (DDP's `no_sync`, FSDP2's `set_requires_gradient_sync`).
 """
 
 import argparse
+import contextlib
 import os
 import sys
 
@@ -23,6 +27,10 @@ def parse(argv):
     p.add_argument("out", nargs="?", default="runs/torch-ddp", help="run directory (REPRO_TRACE_DIR wins)")
     p.add_argument("--fsdp", action="store_true", help="shard the parameters with fully_shard instead of DDP")
     p.add_argument("--bf16", action="store_true", help="with --fsdp: compute in bf16, reduce gradients in f32")
+    p.add_argument("--reduce-bf16", action="store_true", help="with --bf16: reduce gradients in bf16 too")
+    p.add_argument("--microbatches", type=int, default=1,
+                   help="split each rank's rows into this many microbatches, their gradients accumulated and "
+                        "summed over the ranks after the last (DDP's no_sync, FSDP2's set_requires_gradient_sync)")
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--batch", type=int, default=32, help="the global batch, split evenly over the ranks")
     p.add_argument("--lr", type=float, default=0.05)
@@ -30,18 +38,30 @@ def parse(argv):
     return p.parse_args(argv)
 
 
-def wrapped(model: torch.nn.Module, fsdp: bool, device: torch.device, bf16: bool = False) -> torch.nn.Module:
+def wrapped(model: torch.nn.Module, fsdp: bool, device: torch.device, bf16: bool = False,
+            reduce_bf16: bool = False) -> torch.nn.Module:
     """`model` under DDP, or each layer and the whole sharded by FSDP2 (in bf16 mixed precision
-    with `bf16`: parameters gathered and computed in bf16, gradients reduced in f32)."""
+    with `bf16`: parameters gathered and computed in bf16, gradients reduced in f32, or in bf16
+    with `reduce_bf16`)."""
     if not fsdp:
         return torch.nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
+    reduce_dtype = torch.bfloat16 if reduce_bf16 else torch.float32
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=reduce_dtype) if bf16 else MixedPrecisionPolicy()
     for layer in model:
         if any(True for _ in layer.parameters()):
             fully_shard(layer, mp_policy=policy)
     return fully_shard(model, mp_policy=policy)
+
+
+def gradient_sync(model: torch.nn.Module, sync: bool):
+    """A context in which the backward pass sums gradients over the ranks only when `sync`
+    (accumulating a microbatch's otherwise): DDP's `no_sync`, FSDP2's `set_requires_gradient_sync`."""
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        return contextlib.nullcontext() if sync else model.no_sync()
+    model.set_requires_gradient_sync(sync)
+    return contextlib.nullcontext()
 
 
 def main(argv, after_step=None):
@@ -58,7 +78,7 @@ def main(argv, after_step=None):
     torch.manual_seed(0)
     torch.use_deterministic_algorithms(True)
     model = torch.nn.Sequential(torch.nn.Linear(4, args.width), torch.nn.Tanh(), torch.nn.Linear(args.width, 1)).to(device)
-    model = wrapped(model, args.fsdp, device, args.bf16)
+    model = wrapped(model, args.fsdp, device, args.bf16, args.reduce_bf16)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr)
     run = {
         "workload": "torch-mlp-dp",
@@ -69,6 +89,7 @@ def main(argv, after_step=None):
             "sharding": "fsdp" if args.fsdp else "ddp",
             "precision": "bf16" if args.bf16 else "f32",
             "width": str(args.width),
+            "microbatches": str(args.microbatches),
         },
     }
     rec = ModelRecorder.create_or_gated(args.out, run, model)
@@ -79,9 +100,11 @@ def main(argv, after_step=None):
         x, y = x_all[rows].to(device), x_all.sum(dim=1, keepdim=True).sin()[rows].to(device)
         opt.zero_grad()
         with rec.training_step(step, inputs={"x": x, "y": y}) as s:
-            loss = torch.nn.functional.mse_loss(model(x).float(), y)
-            s.loss(loss)
-            loss.backward()
+            for m, (xm, ym) in enumerate(zip(x.chunk(args.microbatches), y.chunk(args.microbatches))):
+                with gradient_sync(model, m == args.microbatches - 1):
+                    loss = torch.nn.functional.mse_loss(model(xm).float(), ym) / args.microbatches
+                    s.loss(loss, "loss" if m == 0 else f"loss#{m}")
+                    loss.backward()
             s.gradients()
             opt.step()
         if after_step is not None:

@@ -213,6 +213,32 @@ class DataParallelTest(unittest.TestCase):
                       diff.stdout)
 
 
+    def test_a_sum_is_linked_to_a_share_only_where_that_share_is_what_was_summed(self):
+        from repro_trace import Trace
+
+        def grads(run):
+            with Trace(os.path.join(run, "rank-0")) as t:
+                step = next(iter(t.steps()))
+            return {x.name: x for x in step.tensors if ".grad" in x.name}
+
+        # DDP's no_sync accumulates microbatches in place: the one share, at the last, is summed.
+        ddp = grads(self.recorded("ddp-microbatches", 2, args=("--microbatches", "2")))
+        self.assertEqual((ddp["0.weight.grad"].collective, ddp["0.weight.grad"].inputs),
+                         ("all_reduce_sum", ["0.weight.grad.local"]))
+        # FSDP2 meets the gathered gradient at each microbatch: a share each, no one of them the
+        # summand, so the rows of the sum name none.
+        fsdp = grads(self.recorded("fsdp-microbatches", 2, args=("--fsdp", "--microbatches", "2")))
+        self.assertIn("0.weight.grad.local#1", fsdp)
+        self.assertEqual((fsdp["0.weight.grad"].reduce_scatter, fsdp["0.weight.grad"].inputs), (None, []))
+        # f32 parameters whose gradients FSDP2 reduces in bf16: no share, and a cause that says so.
+        options = ("--fsdp", "--bf16", "--reduce-bf16")
+        two = self.recorded("fsdp-bf16-reduce", 2, args=options)
+        self.assertFalse([n for n in grads(two) if n.endswith(".local")])
+        diff = repro("diff", self.recorded("fsdp-bf16-reduce-one", 1, args=options), two)
+        self.assertEqual(diff.returncode, 1, diff.stdout + diff.stderr)
+        self.assertIn("cause: undetermined. The runs do not record", diff.stdout)
+
+
 class GpuFixtureTest(unittest.TestCase):
     """Needs no torch: repro reads the ranks that repro_torch recorded on 2 x H200 over NCCL
     (fixtures/gpu-h200x2-torch-ddp, docs/results/pytorch-ddp-h200x2.md)."""
