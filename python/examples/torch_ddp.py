@@ -28,6 +28,9 @@ def parse(argv):
     p.add_argument("--fsdp", action="store_true", help="shard the parameters with fully_shard instead of DDP")
     p.add_argument("--bf16", action="store_true", help="with --fsdp: compute in bf16, reduce gradients in f32")
     p.add_argument("--reduce-bf16", action="store_true", help="with --bf16: reduce gradients in bf16 too")
+    p.add_argument("--misdrawn-rank", type=int, default=None, metavar="R",
+                   help="rank R draws its batches from another seed, as a data loader seeded by rank would (a fault "
+                        "to find: its rows are not the global batch's)")
     p.add_argument("--microbatches", type=int, default=1,
                    help="split each rank's rows into this many microbatches, their gradients accumulated and "
                         "summed over the ranks after the last (DDP's no_sync, FSDP2's set_requires_gradient_sync)")
@@ -93,7 +96,7 @@ def main(argv, after_step=None):
         },
     }
     rec = ModelRecorder.create_or_gated(args.out, run, model)
-    data = torch.Generator().manual_seed(1)
+    data = torch.Generator().manual_seed(2 if rank == args.misdrawn_rank else 1)
     rows = slice(rank * args.batch // world, (rank + 1) * args.batch // world)
     for step in range(args.steps):
         x_all = torch.rand(args.batch, 4, generator=data)

@@ -1,12 +1,13 @@
 """repro_torch under torch.distributed: two ranks on the CPU (gloo), started by torchrun, each
 recording `OUT/rank-N`, read by repro's own commands as a data-parallel run. DDP: the header's
 distributed fields, replicas checked, same-seed runs identical, a fault planted on rank 1 found
-at rank 1, a rank that dies leaving the run incomplete, a rank that hangs ended with the others
-by `repro record --timeout` and named as the one that never reached the collective, 1 rank
-against 2 blamed on the batch split. FSDP2: each rank's shards recorded, checked to tile their
-parameters, compared whole with DDP, and 1 rank against 2 blamed on the batch split through the
-shares recorded before the reduce-scatter. Skipped where torch (or torch.distributed) is not
-installed."""
+at rank 1, a rank fed other rows named with its input, a rank that dies leaving the run
+incomplete, a rank that hangs ended with the others by `repro record --timeout` and named as the
+one that never reached the collective, 1 rank against 2 blamed on the batch split. FSDP2: each
+rank's shards recorded, checked to tile their parameters, compared whole with DDP, and 1 rank
+against 2 blamed on the batch split through the shares recorded before the reduce-scatter; a sum
+linked to a share only where that share is what was summed. Skipped where torch (or
+torch.distributed) is not installed."""
 
 import os
 import shutil
@@ -124,6 +125,14 @@ class DataParallelTest(unittest.TestCase):
         diff = repro("diff", f"{node0}:{node1}", self.a)
         self.assertEqual(diff.returncode, 0, diff.stdout + diff.stderr)
         self.assertIn("IDENTICAL", diff.stdout)
+
+    def test_a_rank_fed_other_rows_is_named_with_its_input_as_the_root_cause(self):
+        misdrawn = self.recorded("misdrawn", 2, args=("--misdrawn-rank", "1"))
+        diff = repro("diff", self.a, misdrawn)
+        self.assertEqual(diff.returncode, 1, diff.stdout + diff.stderr)
+        self.assertIn("shown: rank 1, the first to diverge", diff.stdout)
+        self.assertIn("root cause: `x` (input) at step 0", diff.stdout)
+        self.assertIn("the runs were fed different values", diff.stdout)
 
     def test_a_rank_that_dies_leaves_the_run_incomplete_never_identical(self):
         dead = self.record("dead", 2, script=DYING)
