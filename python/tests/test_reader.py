@@ -1,6 +1,7 @@
 """The reader's numpy access: a tensor by name at a step, as the array it was written from
 (every dtype, BF16 widened to float32 exactly, views through their owner's values), on traces
-the Python writer makes and on one repro records. Needs REPRO_BIN (a built repro) and the
+the Python writer makes and on one repro records; a reduce-scatter record refused by both readers
+unless it is a block of an earlier whole. Needs REPRO_BIN (a built repro) and the
 reader's packages."""
 
 import os
@@ -9,10 +10,11 @@ import struct
 import subprocess
 import tempfile
 import unittest
+import zlib
 
 import numpy as np
 
-from repro_trace import Trace, read_tensor
+from repro_trace import Corrupt, Trace, read_tensor
 from repro_writer import Record, TraceWriter
 
 REPRO = os.environ.get("REPRO_BIN", "target/release/repro")
@@ -67,6 +69,53 @@ class ReadTensorTest(unittest.TestCase):
         self.assertTrue(np.isnan(bf16[3]) and np.signbit(bf16[1]) and bf16[5] == 2.0**-133)
         loss = read_tensor(path, 0, "loss")
         self.assertEqual((loss.shape, float(loss)), ((), 0.25))
+
+    def test_a_reduce_scatter_is_refused_by_both_readers_unless_a_block_of_an_earlier_whole(self):
+        import msgpack
+
+        path = os.path.join(self.dir, "scatter")
+        w = TraceWriter(path, {"workload": "scatter", "steps": 1})
+        w.write_step(0, [Record("g.local", "gradient", "F32", [4], struct.pack("<4f", 1, 2, 3, 4)),
+                         Record("g", "gradient", "F32", [2], struct.pack("<2f", 3, 4), inputs=["g.local"],
+                                shard=([4], [2]), reduce_scatter="sum")])
+        w.finish()
+        with Trace(path) as t:
+            g = next(iter(t.steps())).tensors[1]
+        self.assertEqual((g.reduce_scatter, g.inputs, g.shard.whole), ("sum", ["g.local"], [4]))
+        records = os.path.join(path, "records.rpr")
+        with open(records, "rb") as f:
+            good = f.read()
+        frames, at = [], 12  # the preamble, then (length, checksum, payload) frames
+        while at < len(good):
+            length = struct.unpack_from("<I", good, at)[0]
+            frames.append(good[at + 8:at + 8 + length])
+            at += 8 + length
+
+        def framed(payload: bytes) -> bytes:
+            length = struct.pack("<I", len(payload))
+            return length + struct.pack("<I", zlib.crc32(payload, zlib.crc32(length)) & 0xFFFFFFFF) + payload
+
+        def with_block(change):
+            """The trace again, its step's block changed by `change` (and framed correctly)."""
+            step = msgpack.unpackb(frames[1], raw=False)
+            change(step["tensors"][1])
+            changed = [frames[0], msgpack.packb(step, use_bin_type=True), *frames[2:]]
+            with open(records, "wb") as f:
+                f.write(good[:12] + b"".join(map(framed, changed)))
+
+        for change, says in (
+            (lambda t: t.update(reduce_scatter="max"), "reduce-scatter"),
+            (lambda t: t.pop("shard"), "no `shard`"),
+            (lambda t: t.update(collective="all_reduce_sum"), "carries `collective` and `reduce_scatter`"),
+            (lambda t: t.update(shard={"whole": [6], "offset": [2]}), "the sum F32 [6]"),
+        ):
+            with_block(change)
+            with self.assertRaises(Corrupt) as e, Trace(path) as t:
+                list(t.steps())
+            self.assertIn(says, str(e.exception))
+            run = subprocess.run([REPRO, "inspect", path], capture_output=True, text=True)
+            self.assertEqual(run.returncode, 2, run.stdout + run.stderr)
+            self.assertIn(says, run.stderr)
 
     def test_a_view_reads_through_its_owner_and_a_hash_is_not_a_value(self):
         path = os.path.join(self.dir, "views")
