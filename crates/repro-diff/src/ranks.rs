@@ -694,7 +694,7 @@ mod tests {
     /// An FSDP run of 2 ranks in `dir` whose gradient `w.grad` is reduced and scattered (format
     /// 1.8): each rank records its rows of the weight `w` (4 values, all 1), its whole share of
     /// the gradient (`shares[rank]`, `w.grad.local`) and its rows of the sum (`sum`, rows 0-1 on
-    /// rank 0 and 2-3 on rank 1), every value stored.
+    /// rank 0 and 2-3 on rank 1), every value stored; and one graph node, the same on each rank.
     fn reduce_scatter_run(dir: &Path, shares: [[f32; 4]; 2], sum: [f32; 4]) -> PathBuf {
         for rank in 0..2u64 {
             let rows = (rank * 2) as usize..(rank * 2 + 2) as usize;
@@ -712,8 +712,12 @@ mod tests {
             let mut sum_block = record("w.grad", TensorKind::Gradient, &sum[rows.clone()], shard.clone());
             sum_block.record.inputs = vec!["w.grad.local".into()];
             sum_block.record.reduce_scatter = Some(repro_trace::format::REDUCE_SCATTER_SUM.into());
+            // A graph captured automatically, as repro_torch's (one identical node).
+            let mut node = record("h", TensorKind::OpOutput, &[0.5], None);
+            node.record.node = Some(0);
             let records = vec![
                 record("w", TensorKind::Weight, &[1.0; 2], shard),
+                node,
                 record("w.grad.local", TensorKind::Gradient, &shares[rank as usize], None),
                 sum_block,
             ];
@@ -760,6 +764,8 @@ mod tests {
         // Same world size, the same shares and another sum: the collective's order.
         let diff = diff_runs(&fsdp, &skewed, &DiffOptions::default()).unwrap();
         assert_eq!(diff.rank, Some(1), "rank 1's block differs");
+        let rule = diff.diff.root_cause.as_ref().map(|r| (r.cause.tensor.as_str(), r.rule));
+        assert_eq!(rule, Some(("w.grad", crate::root_cause::CauseRule::Collective)), "the op-level rule too");
         assert!(
             matches!(diff.cause, Some(DataParallelCause::CollectiveOrder { step: 0, ref tensor }) if tensor == "w.grad"),
             "{:?}",

@@ -180,7 +180,8 @@ pub(crate) struct Entry {
     pub(crate) within: bool,
     /// For one that differs within the tolerance: by how much.
     pub(crate) within_metrics: Option<crate::metrics::TensorMetrics>,
-    /// The result of a collective across ranks (a summed gradient).
+    /// The result of a collective across ranks (a summed gradient, whole or this rank's block
+    /// of it).
     pub(crate) collective: bool,
     /// Whether it was compared at all (false: only in one run, or dtype/shape differ).
     pub(crate) compared: bool,
@@ -199,7 +200,7 @@ impl Entry {
             divergence,
             within: false,
             within_metrics: None,
-            collective: tensor.collective.is_some(),
+            collective: tensor.summed_from().is_some(),
             compared,
         }
     }
