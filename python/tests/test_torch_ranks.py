@@ -1,9 +1,10 @@
 """repro_torch under torch.distributed: two ranks on the CPU (gloo), started by torchrun, each
 recording `OUT/rank-N`, read by repro's own commands as a data-parallel run. DDP: the header's
-distributed fields, replicas checked, same-seed runs identical, a fault planted on rank 1 found
-at rank 1, a rank fed other rows named with its input, a rank that dies leaving the run
-incomplete, a rank that hangs ended with the others by `repro record --timeout` and named as the
-one that never reached the collective, 1 rank against 2 blamed on the batch split. FSDP2: each
+distributed fields, replicas checked, same-seed runs identical (also through `repro record` and
+`repro gate` running the launcher), a fault planted on rank 1 found at rank 1, a rank fed other
+rows named with its input, a rank that dies leaving the run incomplete, a rank that hangs ended
+with the others by `repro record --timeout` and named as the one that never reached the
+collective, 1 rank against 2 blamed on the batch split. FSDP2: each
 rank's shards recorded, checked to tile their parameters, compared whole with DDP, and 1 rank
 against 2 blamed on the batch split through the shares recorded before the reduce-scatter; a sum
 linked to a share only where that share is what was summed. Skipped where torch (or
@@ -70,8 +71,7 @@ class DataParallelTest(unittest.TestCase):
     def record(cls, name, ranks, script=PROGRAM, args=(), **env):
         """`torchrun ... SCRIPT DIR ARGS` with full values at every step, `env` set; the
         directory, and the run's result on the class for the tests that expect it to fail.
-        (`repro record --out DIR -- torchrun ...` is the same run once repro record summarizes
-        a run of ranks; it refuses one now.)"""
+        (`repro record --out DIR -- torchrun ...` records the same run, through the environment.)"""
         out = os.path.join(cls.dir, name)
         cls.last = subprocess.run(torchrun(ranks, script, out, *args), capture_output=True, text=True,
                                   env=environment(**{"REPRO_CAPTURE": "all", **env}))
@@ -125,6 +125,18 @@ class DataParallelTest(unittest.TestCase):
         diff = repro("diff", f"{node0}:{node1}", self.a)
         self.assertEqual(diff.returncode, 0, diff.stdout + diff.stderr)
         self.assertIn("IDENTICAL", diff.stdout)
+
+    def test_repro_record_and_gate_run_the_launcher_and_read_its_ranks(self):
+        out = os.path.join(self.dir, "through-record")
+        run = repro("record", "--out", out, "--capture", "all", "--", *torchrun(2, PROGRAM), env=environment())
+        self.assertEqual(run.returncode, 0, run.stdout + run.stderr)
+        self.assertIn(f"on 2 ranks into {out}", run.stdout + run.stderr)
+        diff = repro("diff", self.a, out)
+        self.assertEqual(diff.returncode, 0, diff.stdout + diff.stderr)
+        self.assertIn("IDENTICAL", diff.stdout)
+        gate = repro("gate", "--", *torchrun(2, PROGRAM, "--fsdp"), env=environment())
+        self.assertEqual(gate.returncode, 0, gate.stdout + gate.stderr)
+        self.assertIn("PASS  bit-exact", gate.stdout)
 
     def test_a_rank_fed_other_rows_is_named_with_its_input_as_the_root_cause(self):
         misdrawn = self.recorded("misdrawn", 2, args=("--misdrawn-rank", "1"))
