@@ -302,21 +302,23 @@ class StepRecorder:
             return
         if self._watch is not None:
             self._watch.add(name, t)
-        self._outputs_queued += 1
-        self._bytes_queued += nbytes
         if at_hook == READ:
             self.flush()
-        elif self._outputs_queued >= MAX_QUEUED or self._bytes_queued >= MAX_QUEUED_BYTES:
-            self._flush_outputs()
+        else:
+            self._wait_with_outputs(nbytes)
 
     def queue_held(self, name: str, t: torch.Tensor, kind: str, phase: Optional[str]) -> None:
         """`queue` for a tensor the recorder made and alone holds (a rank's share of a gradient
         sum, computed from it): nothing changes it, so it waits with the module outputs, read
         when they are (or when the queue's count or bytes reach its cap)."""
-        if not self._queue_each([record_fields(name, kind, phase)], [t]):
-            return
+        if self._queue_each([record_fields(name, kind, phase)], [t]):
+            self._wait_with_outputs(t.nbytes)
+
+    def _wait_with_outputs(self, nbytes: int) -> None:
+        """Counts a tensor just queued among the outputs waiting to be read, and reads them
+        when their count or bytes reach the queue's cap."""
         self._outputs_queued += 1
-        self._bytes_queued += t.nbytes
+        self._bytes_queued += nbytes
         if self._outputs_queued >= MAX_QUEUED or self._bytes_queued >= MAX_QUEUED_BYTES:
             self._flush_outputs()
 
