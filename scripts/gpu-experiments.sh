@@ -18,8 +18,8 @@
 # `devices-study`, `noise-mlp`, `noise-cnn`, `noise-resnet18` (RESNET_RUNS, RESNET_EPOCHS), and
 # `studyfixtures` (atomic cnn traces for fixtures/), `gpt-studies` (noise, devices and cost on
 # the gpt; GPT_RUNS, GPT_STEPS), `gptfixtures`, `ab` (overhead and traces of this binary against REPRO_BASE's), `hashab` (GPU hashing's throughput, pipe use and gpt-rung cost against REPRO_BASE's), `views` (a small gpt trace whose parameter views are checked on the CPU), `invariance` (gpt default and --batch-invariant with its cost, qwen2 f32 and bf16), `order` (study order, mlp and cnn; ORDER_RUNS), `noise-hw` (cnn noise study with TF32 off and on; NOISE_RUNS), `noise-subgroups` (mlp on the subgroups dataset; SUBGROUP_RUNS), `tensorcore` (the bf16
-# invariant product's checks and TFLOPS, and the gpt's bf16 invariant-mode cost at GPT-2 sizes;
-# COST_PASSES, COST_BATCHES), `invariance-large` (Qwen2-0.5B and the GPT-2-medium-shaped gpt
+# invariant product's checks and TFLOPS, the gpt's bf16 invariant-mode cost at widths 768 to 2048,
+# and its prefill against decode; COST_PASSES, COST_BATCHES), `invariance-large` (Qwen2-0.5B and the GPT-2-medium-shaped gpt
 # at batches up to 256), not run by default. `gpt`: the
 # transformer recorded by automatic capture (same-seed GPU runs, CPU vs GPU, Qwen2, fixtures). Results land in OUT_DIR:
 # summary.md (everything printed), results.tar.gz (all outputs), fixtures.tar.gz.
@@ -444,14 +444,22 @@ if want tensorcore; then
   say '```'
   "$repro" gpu-check --device cuda:0 --only tensor-core 2>&1 | tee -a "$summary"
   say '```'
-  for size in "--layers 12 --width 768 --heads 12 --context 1024" "--layers 24 --width 1024 --heads 16 --context 512"; do
+  # Every gpt width from 768 to 2048, at contexts 512 and 1024 (issue 50's set).
+  for size in "--layers 12 --width 768 --heads 12 --context 1024" "--layers 12 --width 1024 --heads 16 --context 512" \
+    "--layers 12 --width 1536 --heads 12 --context 512" "--layers 12 --width 2048 --heads 16 --context 512" \
+    "--layers 12 --width 2048 --heads 16 --context 1024"; do
     section "Cost of --batch-invariant on cuda:0, bf16 forward: gpt $size"
     say '```'
     # shellcheck disable=SC2086
     "$repro" invariance --workload gpt $size --dtype bf16 --device cuda:0 --cost "${COST_PASSES:-10}" \
-      --batch-sizes "${COST_BATCHES:-1,8,64,128,256}" 2>&1 | tee -a "$summary"
+      --batch-sizes "${COST_BATCHES:-1,64,128}" 2>&1 | tee -a "$summary"
     say '```'
   done
+  section "Prefill against decode in the invariant mode, bf16: gpt 4 layers, width 768, context 256"
+  say '```'
+  "$repro" invariance --workload gpt --layers 4 --width 768 --heads 12 --context 256 --dtype bf16 --batch-invariant \
+    --device cuda:0 --batch-sizes 1,8 --paddings 0,64 --chunks 1,7,64 2>&1 | tee -a "$summary"
+  say '```'
 fi
 # Batch invariance at real sizes, batches up to 256: logits from passes that keep no graph, ops
 # compared where the whole graph fits (issue 31, section 3).

@@ -48,6 +48,26 @@ pub(crate) fn tensor_core_ptx() -> Result<&'static str> {
     ptx.as_deref().map_err(|e| Error::Msg(e.clone()))
 }
 
+const HOPPER_SOURCE: &str = include_str!("../../kernels/matmul_bf16_hopper.cu");
+
+pub(crate) const HOPPER_MODULE: &str = "repro_tensor_core_hopper";
+
+/// The Hopper product's PTX (kernels/matmul_bf16_hopper.cu: wgmma and TMA), compiled once per
+/// process for compute_90a, and loaded only on GPUs of compute capability 9.0.
+pub(crate) fn hopper_ptx() -> Result<&'static str> {
+    static PTX: OnceLock<std::result::Result<String, String>> = OnceLock::new();
+    let ptx = PTX.get_or_init(|| {
+        let options = candle_core::cuda_backend::cudarc::nvrtc::CompileOptions {
+            arch: Some("compute_90a"),
+            ..Default::default()
+        };
+        candle_core::cuda_backend::cudarc::nvrtc::compile_ptx_with_opts(HOPPER_SOURCE, options)
+            .map(|ptx| ptx.to_src())
+            .map_err(|e| format!("compiling kernels/matmul_bf16_hopper.cu with NVRTC failed: {e}"))
+    });
+    ptx.as_deref().map_err(|e| Error::Msg(e.clone()))
+}
+
 pub(crate) fn grid(n: u64, block: u32) -> LaunchConfig {
     let blocks = n.div_ceil(block as u64).clamp(1, 65_535 * 8) as u32;
     LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (block, 1, 1), shared_mem_bytes: 0 }

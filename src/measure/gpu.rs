@@ -13,9 +13,10 @@
 //! 4. Throughput of GPU hashing at 1 MiB, 64 MiB and 1 GiB, and of a step's worth of 64 MiB
 //!    tensors in one batch, beside the device's memory bandwidth measured in the same run (a
 //!    plain read kernel), as a table.
-//! 5. The batch-invariant bf16 product on tensor cores: each row of a batch of 256 (and of a
-//!    batched product with another layout) bit-identical to the row alone, results within
-//!    bf16 rounding of an f32 product, and its TFLOPS beside cuBLAS's (candle's bf16 matmul).
+//! 5. The batch-invariant bf16 product on tensor cores: each row of a batch of 256 and of 4096
+//!    (and of a batched product with another layout) bit-identical to the row alone, every
+//!    kernel the product may take giving the same bits, results within bf16 rounding of an f32
+//!    product, and its TFLOPS beside cuBLAS's (candle's bf16 matmul).
 
 use crate::cuda::read_all;
 use crate::hash::data_hash as host_data_hash;
@@ -294,35 +295,34 @@ fn check_tensor_core(dev: &Device, report: &mut dyn FnMut(Finding)) -> Result<us
         Ok(t.flatten_all()?.to_vec1::<half::bf16>()?.iter().map(|v| v.to_bits()).collect())
     };
     let mut failures = 0;
-    // A linear layer's product (K not a multiple of 8 or of the tile), rows alone and in a batch.
+    // A linear layer's product (K not a multiple of 8 or of the tile), rows alone and in a
+    // batch: of 256, and of 4096, enough rows for the widest tiles (on Hopper, a product of few
+    // rows takes narrow ones). Then batched, with the second operand's N contiguous (attention's
+    // values): every batch entry alone against the batch of 8.
     let (k, n) = (1000, 1030);
     let w = bf16(&[n, k], 0.1)?;
-    let x = bf16(&[256, k], 0.3)?;
-    let all = matmul(&x, &w.t()?)?;
-    for r in [0usize, 1, 127, 128, 200, 255] {
-        let alone = matmul(&x.narrow(0, r, 1)?, &w.t()?)?;
-        if bits(&alone)? != bits(&all.narrow(0, r, 1)?)? {
-            failures += 1;
-            report(Finding::Mismatch(format!(
-                "tensor-core product: row {r} of a batch of 256 differs from the row alone"
-            )));
-        }
-    }
-    // Batched, with the second operand's N contiguous (attention's values): every batch entry
-    // alone against the batch of 8.
+    let (x, tall) = (bf16(&[256, k], 0.3)?, bf16(&[4096, k], 0.9)?);
     let (q, v) = (bf16(&[8, 70, 136], 0.5)?, bf16(&[8, 136, 64], 0.7)?);
-    let batched = matmul(&q, &v)?;
-    for z in [0usize, 3, 7] {
-        let alone = matmul(&q.narrow(0, z, 1)?, &v.narrow(0, z, 1)?)?;
-        if bits(&alone)? != bits(&batched.narrow(0, z, 1)?)? {
-            failures += 1;
-            report(Finding::Mismatch(format!(
-                "tensor-core product: batch entry {z} of 8 differs from the entry alone"
-            )));
+    let cases: [(&Tensor, &Tensor, &[usize], &str); 3] = [
+        (&x, &w.t()?, &[0, 1, 127, 128, 200, 255], "row {} of a batch of 256"),
+        (&tall, &w.t()?, &[0, 1, 127, 128, 2049, 4095], "row {} of a batch of 4096"),
+        (&q, &v, &[0, 3, 7], "batch entry {} of 8"),
+    ];
+    for (a, b, parts, what) in cases {
+        let all = matmul(a, b)?;
+        for &p in parts {
+            // Batched operands are taken entry by entry, a shared one whole.
+            let b_part = if b.rank() == 3 { b.narrow(0, p, 1)? } else { b.clone() };
+            let alone = matmul(&a.narrow(0, p, 1)?, &b_part)?;
+            if bits(&alone)? != bits(&all.narrow(0, p, 1)?)? {
+                failures += 1;
+                let what = what.replace("{}", &p.to_string());
+                report(Finding::Mismatch(format!("tensor-core product: {what} differs from it alone")));
+            }
         }
     }
     // Within bf16 rounding of the product computed in f32.
-    for (a, b, label) in [(&x, &w.t()?, "linear"), (&q, &v, "batched")] {
+    for (a, b, label) in [(&x, &w.t()?, "linear"), (&tall, &w.t()?, "linear, 4096 rows"), (&q, &v, "batched")] {
         let ours = matmul(a, b)?.to_dtype(DType::F32)?;
         let exact = a.to_dtype(DType::F32)?.matmul(&b.to_dtype(DType::F32)?)?;
         let err = (&ours - &exact)?.abs()?.max_all()?.to_scalar::<f32>()?;
@@ -334,52 +334,92 @@ fn check_tensor_core(dev: &Device, report: &mut dyn FnMut(Finding)) -> Result<us
             if ok { "within bf16 rounding" } else { "MISMATCH: beyond bf16 rounding" }
         )));
     }
-    // Another depth of K slice in shared memory: other tiles of the same sums, the same bits.
-    for (m, k, n) in [(300, 1016, 1030), (4096, 4096, 4096)] {
+    // Every kernel the product may take on this GPU (other tiles, another depth of K slice in
+    // shared memory): the same sums, so the same bits.
+    let kernels = crate::ops::matmul_bf16_variants(dev)?;
+    for (m, k, n) in [(1, 4096, 4096), (64, 4096, 4096), (300, 1016, 1030), (4096, 4096, 4096)] {
         let (a, w) = (bf16(&[m, k], 0.2)?, bf16(&[n, k], 0.4)?);
-        let ours: Vec<Vec<u16>> = (0..crate::ops::TENSOR_CORE_VARIANTS.len())
+        let ours: Vec<Vec<u16>> = (0..kernels.len())
             .map(|v| bits(&crate::ops::matmul_bf16_variant(&a, &w.t()?, v)?))
             .collect::<candle_core::Result<_>>()?;
-        if ours.iter().any(|b| b != &ours[0]) {
+        if let Some(v) = ours.iter().position(|b| b != &ours[0]) {
             failures += 1;
             report(Finding::Mismatch(format!(
-                "tensor-core product {m} x {k} x {n}: another slice depth gives other bits"
+                "tensor-core product {m} x {k} x {n}: {} gives other bits than {}",
+                kernels[v], kernels[0]
             )));
         }
     }
     report(Finding::Line(format!(
-        "Tensor-core product: rows of a batch of 256 and entries of a batch of 8 bit-identical to each alone, and \
-         the same bits from slices of 32 and 64: {}",
+        "Tensor-core product: rows of batches of 256 and 4096 and entries of a batch of 8 bit-identical to each \
+         alone, and the same bits from every kernel ({}): {}",
+        kernels.join(", "),
         if failures == 0 { "yes" } else { "NO" }
     )));
     Ok(failures)
 }
 
-/// TFLOPS of the tensor-core product beside cuBLAS's, on square products and on a large
-/// model's linear layers (GPT-2-medium's width at 64 sequences of 1,024 tokens).
+/// TFLOPS of the tensor-core product beside cuBLAS's, on square products, a large model's
+/// linear layers (GPT-2-medium's width at 64 sequences of 1,024 tokens) and few rows (decoding);
+/// then of every kernel the product may take, on the shapes where the choice matters.
 fn bench_tensor_core(dev: &Device, report: &mut dyn FnMut(Finding)) -> Result<(), Box<dyn std::error::Error>> {
     use crate::ops::invariant::matmul;
-    report(Finding::Line(
-        "\n| bf16 product (M x K x N) | batch-invariant (tensor cores) | cuBLAS | invariant / cuBLAS time |"
-            .to_string(),
-    ));
-    report(Finding::Line("|---|---|---|---|".to_string()));
-    for (m, k, n) in
-        [(4096, 4096, 4096), (8192, 8192, 8192), (65_536, 1024, 4096), (65_536, 4096, 1024), (64, 4096, 4096)]
-    {
+    let operands = |m: usize, k: usize, n: usize| -> candle_core::Result<(Tensor, Tensor)> {
         let a = Tensor::rand(-1f32, 1f32, (m, k), dev)?.to_dtype(DType::BF16)?;
         let w = Tensor::rand(-1f32, 1f32, (n, k), dev)?.to_dtype(DType::BF16)?;
+        Ok((a, w))
+    };
+    let reps = 21;
+    report(Finding::Line(
+        "\n| bf16 product (M x K x N) | batch-invariant (tensor cores) | its kernel | cuBLAS | invariant / cuBLAS time |"
+            .to_string(),
+    ));
+    report(Finding::Line("|---|---|---|---|---|".to_string()));
+    for (m, k, n) in [
+        (4096, 4096, 4096),
+        (8192, 8192, 8192),
+        (65_536, 1024, 4096),
+        (65_536, 4096, 1024),
+        (1024, 4096, 4096),
+        (256, 4096, 4096),
+        (64, 4096, 4096),
+        (1, 4096, 4096),
+        (1, 2048, 8192),
+    ] {
+        let (a, w) = operands(m, k, n)?;
         let wt = w.t()?;
-        let reps = 21;
         let ours = median_seconds(dev, reps, || matmul(&a, &wt).map(|_| ()))?;
         let cublas = median_seconds(dev, reps, || a.matmul(&wt).map(|_| ()))?;
-        let tflops = |secs: f64| 2.0 * (m * k * n) as f64 / secs / 1e12;
         report(Finding::Line(format!(
-            "| {m} x {k} x {n} | {:.0} TFLOPS | {:.0} TFLOPS | {:.2}x |",
-            tflops(ours),
-            tflops(cublas),
+            "| {m} x {k} x {n} | {} | {} | {} | {:.2}x |",
+            rate(m, k, n, ours),
+            crate::ops::matmul_bf16_chosen(dev, m, n)?,
+            rate(m, k, n, cublas),
             ours / cublas
         )));
     }
+    let kernels = crate::ops::matmul_bf16_variants(dev)?;
+    report(Finding::Line(format!("\n| bf16 product (M x K x N) | {} |", kernels.join(" | "))));
+    report(Finding::Line(format!("|---|{}", "---|".repeat(kernels.len()))));
+    for (m, k, n) in [(1, 4096, 4096), (64, 4096, 4096), (256, 4096, 4096), (1024, 4096, 4096), (4096, 4096, 4096)] {
+        let (a, w) = operands(m, k, n)?;
+        let wt = w.t()?;
+        let mut row = format!("| {m} x {k} x {n} |");
+        for v in 0..kernels.len() {
+            let secs = median_seconds(dev, reps, || crate::ops::matmul_bf16_variant(&a, &wt, v).map(|_| ()))?;
+            row += &format!(" {} |", rate(m, k, n, secs));
+        }
+        report(Finding::Line(row));
+    }
     Ok(())
+}
+
+/// A product's rate, and its time where that says more (a product of few rows).
+fn rate(m: usize, k: usize, n: usize, secs: f64) -> String {
+    let tflops = 2.0 * (m * k * n) as f64 / secs / 1e12;
+    if tflops < 10.0 {
+        format!("{tflops:.2} TFLOPS ({:.1} us)", secs * 1e6)
+    } else {
+        format!("{tflops:.0} TFLOPS")
+    }
 }

@@ -1,7 +1,7 @@
 //! The CUDA launchers of repro's custom ops: the sums in their two modes, the batch-invariant
 //! products (f32 and, on tensor cores, bf16) and row sum. Kernels come from `crate::cuda`.
 
-use super::tensor_core::{TC_TILE, TENSOR_CORE_VARIANTS};
+use super::tensor_core::{HOPPER_VARIANTS, TC_TILE, TENSOR_CORE_VARIANTS};
 use super::Reductions;
 use crate::cuda::kernels::{f32_view, grid, ptx, tensor_core_ptx, MODULE, TENSOR_CORE_MODULE};
 use candle_core::backend::BackendStorage;
@@ -175,9 +175,36 @@ pub(crate) fn matmul_f32_fixed(
     Ok(CudaStorage::wrap_cuda_slice(out, dev))
 }
 
+/// The names of the tensor-core product's kernels on `dev`: the Hopper kernels on a GPU of
+/// compute capability 9.0, else those of kernels/matmul_bf16.cu. A product takes one of them;
+/// every one must give the same bits (gpu-check).
+pub fn matmul_bf16_variants(dev: &candle_core::Device) -> Result<Vec<&'static str>> {
+    let candle_core::Device::Cuda(cuda) = dev else {
+        return Err(Error::Msg("the tensor-core product's kernels run on CUDA devices".into()));
+    };
+    Ok(if super::hopper::is_hopper(cuda)? {
+        HOPPER_VARIANTS.iter().map(|k| k.name).collect()
+    } else {
+        TENSOR_CORE_VARIANTS.iter().map(|&(name, _)| name).collect()
+    })
+}
+
+/// The kernel of `matmul_bf16_variants` a product of `m` x `n` outputs takes on `dev`.
+pub fn matmul_bf16_chosen(dev: &candle_core::Device, m: usize, n: usize) -> Result<&'static str> {
+    let candle_core::Device::Cuda(cuda) = dev else {
+        return Err(Error::Msg("the tensor-core product's kernels run on CUDA devices".into()));
+    };
+    let shape = super::MatmulPlan { batch: 1, m, n, k: 0, a_strides: [0; 3], b_strides: [0; 3] };
+    Ok(if super::hopper::is_hopper(cuda)? {
+        super::hopper::kernel_for(cuda, &shape)?.name
+    } else {
+        TENSOR_CORE_VARIANTS[0].0
+    })
+}
+
 /// `a @ wt` for 2-d bf16 `a` `[M, K]` and `wt` `[K, N]` with K contiguous in both (a linear
-/// layer's transposed weight), by tensor-core kernel `variant` of `TENSOR_CORE_VARIANTS`: for
-/// gpu-check's comparison of the variants' bits.
+/// layer's transposed weight), by kernel `variant` of `matmul_bf16_variants`: for gpu-check's
+/// comparison of the kernels' bits.
 pub fn matmul_bf16_variant(a: &Tensor, wt: &Tensor, variant: usize) -> Result<Tensor> {
     let (m, k) = a.dims2()?;
     let (_, n) = wt.dims2()?;
@@ -194,23 +221,23 @@ pub fn matmul_bf16_variant(a: &Tensor, wt: &Tensor, variant: usize) -> Result<Te
     let (Storage::Cuda(sa), Storage::Cuda(sb)) = (&*sa, &*sb) else {
         return Err(Error::Msg("matmul_bf16_variant needs CUDA tensors".into()));
     };
-    let out = matmul_bf16_fixed(sa, la, sb, lb, &plan, variant)?;
+    let out = matmul_bf16_fixed(sa, la, sb, lb, &plan, Some(variant))?;
     Ok(Tensor::from_storage(Storage::Cuda(out), (m, n), candle_core::op::BackpropOp::none(), false))
 }
 
 /// The batch-invariant bf16 product on tensor cores (`matmul_bf16_fixed`) into a new
 /// contiguous `[batch, m, n]` device buffer. Both operands must have K contiguous (a_k and
 /// b_k of 1), K a multiple of 8, and every row 16-byte aligned: `ops::invariant::matmul`
-/// prepares them so. `variant` indexes `TENSOR_CORE_VARIANTS` (0 for products).
+/// prepares them so. `variant` indexes `matmul_bf16_variants`; None for products: on Hopper the
+/// kernel whose tiles suit the problem, else the first.
 pub(crate) fn matmul_bf16_fixed(
     a: &CudaStorage,
     a_layout: &Layout,
     b: &CudaStorage,
     b_layout: &Layout,
     shape: &super::MatmulPlan,
-    variant: usize,
+    variant: Option<usize>,
 ) -> Result<CudaStorage> {
-    let (kernel, shared_bytes) = TENSOR_CORE_VARIANTS[variant];
     let [a_z, a_m, a_k] = shape.a_strides;
     let [b_z, b_k, b_n] = shape.b_strides;
     let aligned = |x: usize| x.is_multiple_of(8);
@@ -227,6 +254,15 @@ pub(crate) fn matmul_bf16_fixed(
     let dev = a.device().clone();
     let a = a.as_cuda_slice::<half::bf16>()?.slice(a_layout.start_offset()..);
     let b = b.as_cuda_slice::<half::bf16>()?.slice(b_layout.start_offset()..);
+    if super::hopper::is_hopper(&dev)? {
+        let kernel = match variant {
+            Some(v) => &HOPPER_VARIANTS[v],
+            None => super::hopper::kernel_for(&dev, shape)?,
+        };
+        let out = super::hopper::matmul(&dev, &a, &b, shape, kernel)?;
+        return Ok(CudaStorage::wrap_cuda_slice(out, dev));
+    }
+    let (kernel, shared_bytes) = TENSOR_CORE_VARIANTS[variant.unwrap_or(0)];
     // Every element is written by the kernel.
     let mut out = unsafe { dev.alloc::<half::bf16>(shape.batch * shape.m * shape.n) }?;
     let func = dev.get_or_load_custom_func(kernel, TENSOR_CORE_MODULE, tensor_core_ptx()?)?;

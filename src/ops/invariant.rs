@@ -63,9 +63,15 @@ fn tensor_core_operands(a: &Tensor, b: &Tensor) -> Result<(Tensor, Tensor)> {
         a = a.pad_with_zeros(D::Minus1, 0, pad)?;
         b = b.pad_with_zeros(D::Minus2, 0, pad)?;
     }
+    // A dimension of one is never stepped over, whatever its stride (candle gives such a
+    // dimension any stride: a weight's transposed view unsqueezed has stride 1 there). One
+    // longer than one that is broadcast, stride 0, is copied: the Hopper kernels' TMA unit does
+    // not read it.
     let aligned = |t: &Tensor, k_dim: usize| {
-        let (start, strides) = (t.layout().start_offset(), t.stride());
-        strides[k_dim] == 1 && start % 8 == 0 && strides.iter().enumerate().all(|(d, s)| d == k_dim || s % 8 == 0)
+        let (start, strides, dims) = (t.layout().start_offset(), t.stride(), t.dims());
+        (strides[k_dim] == 1 || dims[k_dim] == 1)
+            && start % 8 == 0
+            && strides.iter().zip(dims).enumerate().all(|(d, (&s, &n))| d == k_dim || n == 1 || (s % 8 == 0 && s > 0))
     };
     let (a_k, b_k) = (a.rank() - 1, b.rank() - 2);
     if !aligned(&a, a_k) {
@@ -106,14 +112,18 @@ fn matmul_shape(a: &Layout, b: &Layout) -> Result<MatmulPlan> {
     if k != k2 || !(b_batch == batch || b_batch == 1) {
         return Err(Error::Msg(format!("batch-invariant matmul: {:?} by {:?}", a.dims(), b.dims())));
     }
+    // A dimension of one (but K, which the tensor-core operands pad) is never stepped over: its
+    // stride is 0 here, whatever the layout's (candle gives such a dimension any stride, which
+    // the kernels' alignment checks would read).
+    let stride = |s: usize, dim: usize| if dim == 1 { 0 } else { s };
     let (sa, sb) = (a.stride(), b.stride());
     Ok(MatmulPlan {
         batch,
         m,
         n,
         k,
-        a_strides: [sa[0], sa[1], sa[2]],
-        b_strides: [if b_batch == 1 { 0 } else { sb[0] }, sb[1], sb[2]],
+        a_strides: [stride(sa[0], batch), stride(sa[1], m), sa[2]],
+        b_strides: [stride(sb[0], b_batch), sb[1], stride(sb[2], n)],
     })
 }
 
@@ -175,7 +185,7 @@ impl CustomOp2 for FixedMatmul {
         let p = matmul_shape(l1, l2)?;
         let out = match (s1.dtype(), s2.dtype()) {
             (DType::F32, DType::F32) => super::cuda::matmul_f32_fixed(s1, l1, s2, l2, &p)?,
-            (DType::BF16, DType::BF16) => super::cuda::matmul_bf16_fixed(s1, l1, s2, l2, &p, 0)?,
+            (DType::BF16, DType::BF16) => super::cuda::matmul_bf16_fixed(s1, l1, s2, l2, &p, None)?,
             (a, b) => {
                 return Err(Error::Msg(format!(
                     "{} supports F32 and BF16 operands of one dtype, got {a:?} and {b:?}",
@@ -256,6 +266,33 @@ mod tests {
 
     fn bits(t: &Tensor) -> Vec<u32> {
         t.flatten_all().unwrap().to_vec1::<f32>().unwrap().iter().map(|v| v.to_bits()).collect()
+    }
+
+    /// A linear layer's weight, transposed and unsqueezed (candle gives the new dimension of one
+    /// the stride 1), and a decoding step's single column of keys: operands the tensor-core
+    /// kernels read as they are, with no copy, their dimensions of one given the stride 0.
+    #[test]
+    fn dimensions_of_one_neither_copy_an_operand_nor_reach_the_kernels_with_their_stride() -> Result<()> {
+        let w = Tensor::new(values(64 * 16, 1), &Device::Cpu)?.reshape((16, 64))?.to_dtype(DType::BF16)?;
+        let x = Tensor::new(values(3 * 64, 2), &Device::Cpu)?.reshape((1, 3, 64))?.to_dtype(DType::BF16)?;
+        let wt = w.t()?.unsqueeze(0)?;
+        assert_eq!(wt.stride(), &[1, 1, 64]);
+        let (a, b) = tensor_core_operands(&x, &wt)?;
+        assert_eq!((a.stride(), b.stride()), (x.stride(), wt.stride()), "copied");
+        let plan = matmul_shape(a.layout(), b.layout())?;
+        assert_eq!((plan.a_strides, plan.b_strides), ([0, 64, 1], [0, 1, 64]));
+        // Attention's scores against one cached key: [Z, 1, K] by [Z, K, 1], N of stride 1.
+        let (q, key) = (x.reshape((3, 1, 64))?, x.reshape((3, 64, 1))?);
+        assert_eq!(key.stride(), &[64, 1, 1]);
+        let (a, b) = tensor_core_operands(&q, &key)?;
+        assert_eq!(b.stride(), key.stride(), "copied");
+        let plan = matmul_shape(a.layout(), b.layout())?;
+        assert_eq!((plan.a_strides, plan.b_strides), ([64, 0, 1], [64, 1, 0]));
+        // A broadcast dimension longer than one is copied (the TMA unit reads no stride 0).
+        let repeated = w.t()?.unsqueeze(0)?.broadcast_as((2, 64, 16))?;
+        let (_, b) = tensor_core_operands(&x.broadcast_as((2, 3, 64))?, &repeated)?;
+        assert_ne!(b.stride()[0], 0);
+        Ok(())
     }
 
     #[test]

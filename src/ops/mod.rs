@@ -8,12 +8,14 @@ mod tensor_core;
 
 #[cfg(feature = "cuda")]
 mod cuda;
+#[cfg(feature = "cuda")]
+mod hopper;
 
 /// One of the tensor-core product's kernels run on a 2-d product (for gpu-check, which checks
 /// that they give the same bits).
 #[cfg(feature = "cuda")]
-pub use cuda::matmul_bf16_variant;
-pub use tensor_core::TENSOR_CORE_VARIANTS;
+pub use cuda::{matmul_bf16_chosen, matmul_bf16_variant, matmul_bf16_variants};
+pub use tensor_core::{choose_hopper_kernel, HopperKernel, HOPPER_VARIANTS, TENSOR_CORE_VARIANTS};
 
 pub use reduce::{expand, expand_rows, sum_all, sum_rows, Reductions};
 
