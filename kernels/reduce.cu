@@ -79,3 +79,46 @@ extern "C" __global__ void sum_last_f32_fixed(const float* x, u64 rows, u64 cols
     if (lane == 0) out[r] = acc;
   }
 }
+
+// The softmax over the last dimension of a contiguous [rows, cols] matrix, one warp a row, in
+// f32 (bf16 rows read exactly and rounded to nearest even once at the end): the row's maximum
+// (exact in any order), then e = exp(x - max) summed exactly as sum_last_f32_fixed adds a row
+// (lane l takes columns l, l + 32, ... in order, then the same tree), then e / sum. These are
+// the operations, in the same order and precision, that the unfused softmax of
+// `ops::invariant` launches one kernel each for (candle's max, subtraction, exp and division,
+// and sum_last_f32_fixed), so it gives the same bits, reading each row from memory a few times
+// instead of writing and reading five whole tensors.
+DEVICE float softmax_in(const float* p) { return *p; }
+DEVICE float softmax_in(const u16* p) { return __uint_as_float(((u32)*p) << 16); }
+DEVICE void softmax_out(float* p, float v) { *p = v; }
+// Rounded to the nearest bf16, ties to even, as candle's cast does (cvt.rn.bf16.f32, which this
+// module's compute_75 lacks); NaN as its canonical 0x7fff.
+DEVICE void softmax_out(u16* p, float v) {
+  const u32 b = __float_as_uint(v);
+  *p = (b & 0x7fffffffu) > 0x7f800000u ? (u16)0x7fff : (u16)((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
+}
+
+template <typename T>
+DEVICE void softmax_rows(const T* x, u64 rows, u64 cols, T* out) {
+  const int lane = threadIdx.x % 32;
+  const u64 warps = (u64)gridDim.x * blockDim.x / 32;
+  for (u64 r = (blockIdx.x * (u64)blockDim.x + threadIdx.x) / 32; r < rows; r += warps) {
+    const T* row = x + r * cols;
+    float top = __int_as_float(0xff800000);  // -inf
+    for (u64 c = lane; c < cols; c += 32) top = fmaxf(top, softmax_in(row + c));
+    for (int offset = 16; offset > 0; offset /= 2) top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, offset));
+    float acc = 0.0f;
+    for (u64 c = lane; c < cols; c += 32) acc += expf(softmax_in(row + c) - top);
+    for (int offset = 16; offset > 0; offset /= 2) acc += __shfl_down_sync(0xffffffffu, acc, offset);
+    const float sum = __shfl_sync(0xffffffffu, acc, 0);
+    for (u64 c = lane; c < cols; c += 32) softmax_out(out + r * cols + c, expf(softmax_in(row + c) - top) / sum);
+  }
+}
+
+extern "C" __global__ void softmax_last_f32_fixed(const float* x, u64 rows, u64 cols, float* out) {
+  softmax_rows(x, rows, cols, out);
+}
+
+extern "C" __global__ void softmax_last_bf16_fixed(const u16* x, u64 rows, u64 cols, u16* out) {
+  softmax_rows(x, rows, cols, out);
+}

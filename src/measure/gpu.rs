@@ -16,7 +16,8 @@
 //! 5. The batch-invariant bf16 product on tensor cores: each row of a batch of 256 and of 4096
 //!    (and of a batched product with another layout) bit-identical to the row alone, every
 //!    kernel the product may take giving the same bits, results within bf16 rounding of an f32
-//!    product, and its TFLOPS beside cuBLAS's (candle's bf16 matmul).
+//!    product, and its TFLOPS beside cuBLAS's (candle's bf16 matmul); the invariant softmax in
+//!    one kernel giving the bits of its ops.
 
 use crate::cuda::read_all;
 use crate::hash::data_hash as host_data_hash;
@@ -321,6 +322,40 @@ fn check_tensor_core(dev: &Device, report: &mut dyn FnMut(Finding)) -> Result<us
             }
         }
     }
+    // The invariant softmax in one kernel (a pass that keeps no graph) against its ops, with
+    // masked (-inf) entries, rows shorter and longer than a warp, in f32 and bf16.
+    let mut softmax_differs = 0;
+    for cols in [1usize, 7, 32, 33, 100, 1000, 2048] {
+        let rows = 37;
+        let v: Vec<f32> = (0..rows * cols)
+            .map(|i| {
+                if i % 11 == 5 && i % cols != 0 {
+                    f32::NEG_INFINITY
+                } else {
+                    ((i as f64 * 0.618).fract() * 16.0 - 8.0) as f32
+                }
+            })
+            .collect();
+        let x = Tensor::from_vec(v, (rows, cols), &Device::Cpu)?.to_device(dev)?;
+        for dtype in [DType::F32, DType::BF16] {
+            let x = x.to_dtype(dtype)?;
+            let as_bits = |t: &Tensor| -> candle_core::Result<Vec<u32>> {
+                Ok(t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?.iter().map(|v| v.to_bits()).collect())
+            };
+            let fused = crate::ops::invariant::softmax_last_dim(&x)?;
+            if as_bits(&fused)? != as_bits(&crate::ops::invariant::softmax_last_dim_ops(&x)?)? {
+                softmax_differs += 1;
+                failures += 1;
+                report(Finding::Mismatch(format!(
+                    "invariant softmax: one kernel gives other bits than its ops ({dtype:?}, {rows} x {cols})"
+                )));
+            }
+        }
+    }
+    report(Finding::Line(format!(
+        "Invariant softmax in one kernel: the same bits as its ops in f32 and bf16, rows of 1 to 2048: {}",
+        if softmax_differs == 0 { "yes" } else { "NO" }
+    )));
     // Within bf16 rounding of the product computed in f32.
     for (a, b, label) in [(&x, &w.t()?, "linear"), (&tall, &w.t()?, "linear, 4096 rows"), (&q, &v, "batched")] {
         let ours = matmul(a, b)?.to_dtype(DType::F32)?;

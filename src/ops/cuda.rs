@@ -5,7 +5,8 @@ use super::tensor_core::{HOPPER_VARIANTS, TC_TILE, TENSOR_CORE_VARIANTS};
 use super::Reductions;
 use crate::cuda::kernels::{f32_view, grid, ptx, tensor_core_ptx, MODULE, TENSOR_CORE_MODULE};
 use candle_core::backend::BackendStorage;
-use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, DeviceRepr, LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::CudaDevice;
 use candle_core::cuda_backend::WrapErr;
 use candle_core::{CudaStorage, Error, Layout, Result, Storage, Tensor};
 
@@ -291,20 +292,58 @@ pub(crate) fn matmul_bf16_fixed(
     Ok(CudaStorage::wrap_cuda_slice(out, dev))
 }
 
-/// Row sums of a contiguous F32 `[rows, cols]` matrix, each row by one warp in an order fixed
-/// by its columns (`sum_last_f32_fixed`), as a new `[rows]` device buffer.
-pub fn sum_last_f32_fixed(storage: &CudaStorage, layout: &Layout, rows: usize, cols: usize) -> Result<CudaStorage> {
-    let dev = storage.device().clone();
-    let (x, _) = f32_view(storage, layout, "sum_last")?;
-    let mut out = dev.alloc_zeros::<f32>(rows)?;
-    let f = dev.get_or_load_custom_func("sum_last_f32_fixed", MODULE, ptx()?)?;
+/// The softmax over the last dimension of a contiguous F32 or BF16 `[rows, cols]` matrix, each
+/// row by one warp in one kernel (`softmax_last_*_fixed`: the bits of `invariant`'s unfused
+/// softmax), as a new buffer of its dtype.
+pub fn softmax_last_fixed(storage: &CudaStorage, layout: &Layout, rows: usize, cols: usize) -> Result<CudaStorage> {
+    match storage.dtype() {
+        candle_core::DType::F32 => softmax_rows::<f32>(storage, layout, rows, cols, "softmax_last_f32_fixed"),
+        candle_core::DType::BF16 => softmax_rows::<half::bf16>(storage, layout, rows, cols, "softmax_last_bf16_fixed"),
+        other => Err(Error::Msg(format!("the fixed softmax takes F32 or BF16, got {other:?}"))),
+    }
+}
+
+fn softmax_rows<T: candle_core::cuda_backend::CudaDType + DeviceRepr>(
+    storage: &CudaStorage,
+    layout: &Layout,
+    rows: usize,
+    cols: usize,
+    kernel: &str,
+) -> Result<CudaStorage> {
+    let (start, end) =
+        layout.contiguous_offsets().ok_or_else(|| Error::Msg("the fixed softmax needs a contiguous input".into()))?;
+    let x = storage.as_cuda_slice::<T>()?.slice(start..end);
+    let out = warp_per_row::<T, T>(storage.device(), kernel, &x, rows, cols, rows * cols)?;
+    Ok(CudaStorage::wrap_cuda_slice(out, storage.device().clone()))
+}
+
+/// Launches `kernel(x, rows, cols, out)`, one warp (32 threads) a row of the `[rows, cols]`
+/// matrix `x`, into a new buffer of `out_len` elements, which the kernel writes whole.
+fn warp_per_row<T: DeviceRepr, O: DeviceRepr>(
+    dev: &CudaDevice,
+    kernel: &str,
+    x: &CudaView<'_, T>,
+    rows: usize,
+    cols: usize,
+    out_len: usize,
+) -> Result<CudaSlice<O>> {
+    // Every element is written by the kernel.
+    let mut out = unsafe { dev.alloc::<O>(out_len) }?;
+    let f = dev.get_or_load_custom_func(kernel, MODULE, ptx()?)?;
     let (rows, cols) = (rows as u64, cols as u64);
     let mut b = f.builder();
-    b.arg(&x);
+    b.arg(x);
     b.arg(&rows);
     b.arg(&cols);
     b.arg(&mut out);
-    // One warp (32 threads) a row.
     unsafe { b.launch(grid(rows * 32, 256)) }.w()?;
-    Ok(CudaStorage::wrap_cuda_slice(out, dev))
+    Ok(out)
+}
+
+/// Row sums of a contiguous F32 `[rows, cols]` matrix, each row by one warp in an order fixed
+/// by its columns (`sum_last_f32_fixed`), as a new `[rows]` device buffer.
+pub fn sum_last_f32_fixed(storage: &CudaStorage, layout: &Layout, rows: usize, cols: usize) -> Result<CudaStorage> {
+    let (x, _) = f32_view(storage, layout, "sum_last")?;
+    let out = warp_per_row::<f32, f32>(storage.device(), "sum_last_f32_fixed", &x, rows, cols, rows)?;
+    Ok(CudaStorage::wrap_cuda_slice(out, storage.device().clone()))
 }

@@ -90,14 +90,50 @@ pub fn sum_last_keepdim(x: &Tensor) -> Result<Tensor> {
 }
 
 /// Softmax over the last dimension with the row sum of `sum_last_keepdim` (the maximum is
-/// exact in any order). Other dtypes than F32 are computed in F32 and rounded back.
+/// exact in any order). Other dtypes than F32 are computed in F32 and rounded back. On a GPU,
+/// an F32 or BF16 tensor that keeps no graph (a forward pass without gradients) takes one
+/// kernel that does these same operations in the same order (`FixedSoftmax`, the same bits:
+/// `repro gpu-check` compares them); everything else takes `softmax_last_dim_ops`.
 pub fn softmax_last_dim(x: &Tensor) -> Result<Tensor> {
+    if x.device().is_cuda() && !x.track_op() && matches!(x.dtype(), DType::F32 | DType::BF16) {
+        return x.contiguous()?.apply_op1(FixedSoftmax);
+    }
+    softmax_last_dim_ops(x)
+}
+
+/// `softmax_last_dim` as separate ops (each with its backward pass): the maximum, the
+/// subtraction, `exp`, `sum_last_keepdim` and the division, in F32.
+pub fn softmax_last_dim_ops(x: &Tensor) -> Result<Tensor> {
     if x.dtype() != DType::F32 {
-        return softmax_last_dim(&x.to_dtype(DType::F32)?)?.to_dtype(x.dtype());
+        return softmax_last_dim_ops(&x.to_dtype(DType::F32)?)?.to_dtype(x.dtype());
     }
     let max = x.max_keepdim(D::Minus1)?;
     let e = x.broadcast_sub(&max)?.exp()?;
     e.broadcast_div(&sum_last_keepdim(&e)?)
+}
+
+/// `softmax_last_dim_ops` in one GPU kernel, for tensors that keep no graph (so it has no
+/// backward pass); never run on the CPU.
+struct FixedSoftmax;
+
+impl CustomOp1 for FixedSoftmax {
+    fn name(&self) -> &'static str {
+        "repro-softmax-last-fixed"
+    }
+
+    fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
+        Err(Error::Msg(format!("{} runs on a GPU only (softmax_last_dim_ops on the CPU)", self.name())))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        storage: &candle_core::CudaStorage,
+        layout: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        let (rows, cols) = rows_cols(layout);
+        Ok((super::cuda::softmax_last_fixed(storage, layout, rows, cols)?, layout.shape().clone()))
+    }
 }
 
 /// The product of `[Z, M, K]` by `[Z or 1, K, N]` into a contiguous `[Z, M, N]`.
