@@ -431,6 +431,7 @@ enum DimCut {
     Keep,
     Alone { start: usize, len: usize },
     Other { start: usize, len: usize },
+    Both { start: usize, len: usize },
 }
 
 /// How to cut an op of the reference run (dims `a`) and of a pass (dims `o`) to the same
@@ -440,17 +441,24 @@ enum DimCut {
 /// - padding: `a` is the sequence's length T and `o` T + padding: the pass's first T;
 /// - a piece at tokens `offset..offset + n`: `a` is T and `o` n (the new tokens: the
 ///   reference's at those) or offset + n (every token so far, as keys: the reference's first
-///   offset + n).
+///   offset + n); or `o` is longer than offset + n, up to T: keys padded past the tokens seen
+///   (the tensor-core product pads K with zeros to a multiple of 8), where the reference holds
+///   later tokens: both their first offset + n. (A dimension of T that is not the tokens', in
+///   a sequence as long as the model's width, say, is then compared on its first offset + n
+///   only: less compared, never a false difference.)
 fn cut_plan(a: &[usize], o: &[usize], run: Run) -> Option<Vec<DimCut>> {
     let Run { batching, piece, tokens } = run;
     if a.len() != o.len() {
         return None;
     }
+    let seen = piece.offset + piece.len;
     let mut batch_cut = false;
     a.iter()
         .zip(o)
         .map(|(&a, &o)| {
-            if a == o {
+            if batching.chunk > 0 && a == tokens && seen < o && o <= tokens {
+                Some(DimCut::Both { start: 0, len: seen })
+            } else if a == o {
                 Some(DimCut::Keep)
             } else if batching.batch > 1 && !batch_cut && o == a * batching.batch {
                 batch_cut = true;
@@ -479,6 +487,10 @@ fn cut(alone: &Tensor, other: &Tensor, run: Run) -> Result<Option<(Tensor, Tenso
             DimCut::Keep => {}
             DimCut::Alone { start, len } => alone = alone.narrow(d, start, len)?,
             DimCut::Other { start, len } => other = other.narrow(d, start, len)?,
+            DimCut::Both { start, len } => {
+                alone = alone.narrow(d, start, len)?;
+                other = other.narrow(d, start, len)?;
+            }
         }
     }
     Ok(Some((alone.contiguous()?, other.contiguous()?)))
@@ -606,6 +618,16 @@ mod tests {
         let (alone, _) = cut(&t(&[1, 4, 6, 6]), &t(&[1, 4, 1, 5]), decode).unwrap().unwrap();
         assert_eq!(alone.dims(), [1, 4, 1, 5]);
         assert_eq!(alone.flatten_all().unwrap().to_vec1::<f32>().unwrap()[..5], [24.0, 25.0, 26.0, 27.0, 28.0]);
+        // Keys padded past the tokens seen (decoding token 4 of 6; K padded to 6 or to 8 in a
+        // sequence of 8): both cut to the 5 seen, the padding left out.
+        let (alone, other) = cut(&t(&[4, 6, 2]), &t(&[4, 6, 2]), decode).unwrap().unwrap();
+        assert_eq!((alone.dims(), other.dims()), ([4, 5, 2].as_slice(), [4, 5, 2].as_slice()));
+        let longer = Run { tokens: 8, ..decode };
+        assert_eq!(dims(cut(&t(&[8, 3]), &t(&[6, 3]), longer).unwrap()), Some((vec![5, 3], vec![5, 3])));
+        assert_eq!(dims(cut(&t(&[8, 3]), &t(&[8, 3]), longer).unwrap()), Some((vec![5, 3], vec![5, 3])));
+        // The last token's pass has seen them all: nothing is padding.
+        let last = Run { piece: Piece { offset: 5, len: 1 }, ..decode };
+        assert_eq!(dims(cut(&t(&[4, 6, 2]), &t(&[4, 6, 2]), last).unwrap()), Some((vec![4, 6, 2], vec![4, 6, 2])));
         // A shape change that none explains is not compared.
         assert!(cut(&t(&[6, 12]), &t(&[7, 12]), padded).unwrap().is_none());
         assert!(cut(&t(&[6, 12]), &t(&[6, 13]), row).unwrap().is_none());
