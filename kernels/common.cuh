@@ -2,9 +2,9 @@
 // between the GPU and the host build of the hashing functions (kernels/host_test.c defines
 // REPRO_HOST_TEST and includes this file and kernels/hash.cu, as C).
 //
-// The GPU kernels are compiled at run time with NVRTC (src/ops/cuda.rs): this file, then
+// The GPU kernels are compiled at run time with NVRTC (src/cuda/kernels.rs): this file, then
 // hash.cu, hash_kernels.cu, reduce.cu and matmul_f32.cu, as one module; matmul_bf16.cu, which
-// needs sm_80, is a module of its own.
+// needs sm_80, and matmul_bf16_hopper.cu, which needs sm_90a, are modules of their own.
 
 #ifdef REPRO_HOST_TEST
 #include <string.h>

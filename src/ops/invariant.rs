@@ -9,9 +9,10 @@
 //! what makes a sequence's logits depend on its batch.
 //!
 //! F32 and BF16, CPU and CUDA, with backward passes made of the same ops (so gradients are
-//! batch-invariant too). BF16 products run on the GPU's tensor cores (kernels/matmul_bf16.cu):
-//! f32 accumulators take the tensor core's 16-deep steps over K in order, with no split of K
-//! whatever the problem's size, and round to bf16 once. On the CPU a bf16 product adds in f32,
+//! batch-invariant too). BF16 products run on the GPU's tensor cores (kernels/matmul_bf16.cu;
+//! on Hopper kernels/matmul_bf16_hopper.cu): f32 accumulators take the tensor core's 16-deep
+//! steps over K in order, with no split of K whatever the problem's size, and round to bf16
+//! once. On the CPU a bf16 product adds in f32,
 //! k in order, and rounds once (the products of two bf16 values are exact in f32).
 
 use super::MatmulPlan;
