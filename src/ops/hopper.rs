@@ -1,9 +1,9 @@
 //! The batch-invariant bf16 product on Hopper GPUs (compute capability 9.0): the launcher of
 //! kernels/matmul_bf16_hopper.cu, which reads both operands through TMA tensor maps made here,
-//! and its choice of tile (`tensor_core::choose_hopper_kernel`). Every kernel gives the same bits, so the choice,
-//! made by the problem's size for speed, never shows in a result.
+//! and its choice of tile (`tensor_core::choose_hopper_kernel`). Every kernel gives the same
+//! bits, so the choice, made by the problem's shape for speed, never shows in a result.
 
-use super::tensor_core::{choose_hopper_kernel, HopperKernel};
+use super::tensor_core::{choose_hopper_kernel, HopperKernel, HOPPER_SLICE};
 use super::MatmulPlan;
 use crate::cuda::kernels::{hopper_ptx, HOPPER_MODULE};
 use candle_core::cuda_backend::cudarc::driver::{
@@ -12,9 +12,6 @@ use candle_core::cuda_backend::cudarc::driver::{
 use candle_core::cuda_backend::{CudaDevice, DeviceId, WrapErr};
 use candle_core::{Error, Result};
 use std::sync::Mutex;
-
-/// Depth of the K slices the kernels read (`HOPPER_BK` in the `.cu`): 64 bf16, 128 bytes.
-const SLICE: u32 = 64;
 
 /// What the launcher asks of a device, once: whether it runs the Hopper kernels (compute
 /// capability 9.0: H100, H200) and its number of SMs.
@@ -59,8 +56,8 @@ struct TensorMap([u64; 16]);
 unsafe impl DeviceRepr for TensorMap {}
 
 /// The tensor map of a bf16 operand read as `[batch, rows, k]` with k contiguous, from
-/// `address` with these element strides, in boxes of `SLICE` x `box_rows` (128-byte swizzled,
-/// as wgmma reads them); past the end, zeros.
+/// `address` with these element strides, in boxes of `HOPPER_SLICE` x `box_rows` (128-byte
+/// swizzled, as wgmma reads them); past the end, zeros.
 fn tensor_map(
     address: u64,
     k: usize,
@@ -75,7 +72,7 @@ fn tensor_map(
     let batch_stride = if batch == 1 { rows * row_stride } else { batch_stride };
     let dims = [k as u64, rows as u64, batch as u64];
     let strides = [2 * row_stride as u64, 2 * batch_stride as u64];
-    let boxes = [SLICE, box_rows as u32, 1];
+    let boxes = [HOPPER_SLICE as u32, box_rows as u32, 1];
     let steps = [1u32; 3];
     let mut map = std::mem::MaybeUninit::<sys::CUtensorMap>::uninit();
     // SAFETY: every array is as long as the rank (3; strides one shorter), and the map is written

@@ -13,6 +13,10 @@ pub(crate) const TC_TILE: usize = 128;
 pub const TENSOR_CORE_VARIANTS: [(&str, usize); 2] =
     [("matmul_bf16_fixed", 3 * 256 * 72 * 2), ("matmul_bf16_fixed_k32", 3 * 256 * 40 * 2)];
 
+/// Depth of the K slices the Hopper kernels read (`HOPPER_BK` in the `.cu`): 64 bf16, one
+/// 128-byte swizzled row of the TMA unit's boxes.
+pub(crate) const HOPPER_SLICE: usize = 64;
+
 /// One of the Hopper product's kernels (kernels/matmul_bf16_hopper.cu).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HopperKernel {
@@ -50,7 +54,7 @@ impl HopperKernel {
             threads: 128 * (consumers + 1),
             blocks_per_sm,
             depth,
-            shared_bytes: slots * (rows + cols) * 128 + 1024,
+            shared_bytes: slots * (rows + cols) * HOPPER_SLICE * 2 + 1024,
         }
     }
 
@@ -120,6 +124,8 @@ mod tests {
             })
             .collect();
         assert_eq!(kernels, HOPPER_VARIANTS);
+        let slice = HOPPER_SOURCE.lines().find(|l| l.starts_with("#define HOPPER_BK ")).unwrap();
+        assert_eq!(slice.split_whitespace().nth(2).unwrap().parse::<usize>().unwrap(), HOPPER_SLICE);
         // The blocks an SM runs fit its 228 KiB of shared memory (227 KiB a block at most, the
         // barriers' few bytes besides); a consumer never keeps more slices in flight than the
         // slots hold; the largest tiles come first.
