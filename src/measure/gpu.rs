@@ -297,8 +297,8 @@ fn check_tensor_core(dev: &Device, report: &mut dyn FnMut(Finding)) -> Result<us
     };
     let mut failures = 0;
     // A linear layer's product (K not a multiple of 8 or of the tile), rows alone and in a
-    // batch: of 256, and of 4096, enough rows for the widest tiles (on Hopper, a product of few
-    // rows takes narrow ones). Then batched, with the second operand's N contiguous (attention's
+    // batch: of 256, and of 4096, enough rows for tiles of two warpgroups (on Hopper, a product
+    // of few rows takes tiles of one). Then batched, with the second operand's N contiguous (attention's
     // values): every batch entry alone against the batch of 8.
     let (k, n) = (1000, 1030);
     let w = bf16(&[n, k], 0.1)?;
