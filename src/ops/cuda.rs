@@ -180,10 +180,7 @@ pub(crate) fn matmul_f32_fixed(
 /// compute capability 9.0, else those of kernels/matmul_bf16.cu. A product takes one of them;
 /// every one must give the same bits (gpu-check).
 pub fn matmul_bf16_variants(dev: &candle_core::Device) -> Result<Vec<&'static str>> {
-    let candle_core::Device::Cuda(cuda) = dev else {
-        return Err(Error::Msg("the tensor-core product's kernels run on CUDA devices".into()));
-    };
-    Ok(if super::hopper::is_hopper(cuda)? {
+    Ok(if super::hopper::is_hopper(cuda_device(dev)?)? {
         HOPPER_VARIANTS.iter().map(|k| k.name).collect()
     } else {
         TENSOR_CORE_VARIANTS.iter().map(|&(name, _)| name).collect()
@@ -192,15 +189,15 @@ pub fn matmul_bf16_variants(dev: &candle_core::Device) -> Result<Vec<&'static st
 
 /// The kernel of `matmul_bf16_variants` a product of `m` x `n` outputs takes on `dev`.
 pub fn matmul_bf16_chosen(dev: &candle_core::Device, m: usize, n: usize) -> Result<&'static str> {
-    let candle_core::Device::Cuda(cuda) = dev else {
-        return Err(Error::Msg("the tensor-core product's kernels run on CUDA devices".into()));
-    };
-    let shape = super::MatmulPlan { batch: 1, m, n, k: 0, a_strides: [0; 3], b_strides: [0; 3] };
-    Ok(if super::hopper::is_hopper(cuda)? {
-        super::hopper::kernel_for(cuda, &shape)?.name
-    } else {
-        TENSOR_CORE_VARIANTS[0].0
-    })
+    let hopper = super::hopper::kernel_for(cuda_device(dev)?, 1, m, n)?;
+    Ok(hopper.map_or(TENSOR_CORE_VARIANTS[0].0, |k| k.name))
+}
+
+fn cuda_device(dev: &candle_core::Device) -> Result<&CudaDevice> {
+    match dev {
+        candle_core::Device::Cuda(cuda) => Ok(cuda),
+        _ => Err(Error::Msg("the tensor-core product's kernels run on CUDA devices".into())),
+    }
 }
 
 /// `a @ wt` for 2-d bf16 `a` `[M, K]` and `wt` `[K, N]` with K contiguous in both (a linear
@@ -255,11 +252,8 @@ pub(crate) fn matmul_bf16_fixed(
     let dev = a.device().clone();
     let a = a.as_cuda_slice::<half::bf16>()?.slice(a_layout.start_offset()..);
     let b = b.as_cuda_slice::<half::bf16>()?.slice(b_layout.start_offset()..);
-    if super::hopper::is_hopper(&dev)? {
-        let kernel = match variant {
-            Some(v) => &HOPPER_VARIANTS[v],
-            None => super::hopper::kernel_for(&dev, shape)?,
-        };
+    if let Some(chosen) = super::hopper::kernel_for(&dev, shape.batch, shape.m, shape.n)? {
+        let kernel = variant.map_or(chosen, |v| &HOPPER_VARIANTS[v]);
         let out = super::hopper::matmul(&dev, &a, &b, shape, kernel)?;
         return Ok(CudaStorage::wrap_cuda_slice(out, dev));
     }

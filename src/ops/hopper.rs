@@ -41,9 +41,11 @@ pub(crate) fn is_hopper(dev: &CudaDevice) -> Result<bool> {
     Ok(facts(dev)?.hopper)
 }
 
-/// The kernel a product takes on `dev` (`tensor_core::choose_hopper_kernel`).
-pub(crate) fn kernel_for(dev: &CudaDevice, shape: &MatmulPlan) -> Result<&'static HopperKernel> {
-    Ok(choose_hopper_kernel(facts(dev)?.sms, shape.batch, shape.m, shape.n))
+/// The kernel a product of `batch` x `m` x `n` outputs takes on `dev`
+/// (`tensor_core::choose_hopper_kernel`); None where `dev` does not run the Hopper kernels.
+pub(crate) fn kernel_for(dev: &CudaDevice, batch: usize, m: usize, n: usize) -> Result<Option<&'static HopperKernel>> {
+    let facts = facts(dev)?;
+    Ok(facts.hopper.then(|| choose_hopper_kernel(facts.sms, batch, m, n)))
 }
 
 /// A TMA tensor map, as the kernels take it by value (the driver's `CUtensorMap`: 128 bytes,

@@ -70,7 +70,7 @@ fn tensor_core_operands(a: &Tensor, b: &Tensor) -> Result<(Tensor, Tensor)> {
     // not read it.
     let aligned = |t: &Tensor, k_dim: usize| {
         let (start, strides, dims) = (t.layout().start_offset(), t.stride(), t.dims());
-        (strides[k_dim] == 1 || dims[k_dim] == 1)
+        strides[k_dim] == 1
             && start % 8 == 0
             && strides.iter().zip(dims).enumerate().all(|(d, (&s, &n))| d == k_dim || n == 1 || (s % 8 == 0 && s > 0))
     };
