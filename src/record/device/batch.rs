@@ -17,6 +17,7 @@ use candle_core::cuda_backend::cudarc::driver::{
 };
 use candle_core::cuda_backend::{CudaDevice, DeviceId, WrapErr};
 use candle_core::{DType, Device, Error, Result, Storage, Tensor};
+use std::sync::Arc;
 
 /// Runs `$body` with `$t` bound to the Rust element type of `$dtype` (the dtypes traces hold);
 /// evaluates `$other` for any other dtype.
@@ -244,8 +245,8 @@ impl DeviceBatch {
     /// chunk pass and the copy of kept bytes) on the calling thread's stream, and run the tree's
     /// upper levels, the roots and the copies back on `stream` behind them. What the program
     /// queues on its stream after a flush then waits for the flush's reads of its memory, not for
-    /// the whole hash: a flush per module of a PyTorch model costs its chunk pass alone. Each
-    /// flush's tree then lives in its own buffer, held until its results land.
+    /// the whole hash: a flush per module of a PyTorch model costs its chunk pass alone. The next
+    /// flush's chunk pass waits on the device for the last one's tree (see `TreeScratch`).
     pub fn beside(dev: CudaDevice, stream: std::sync::Arc<CudaStream>) -> Self {
         DeviceBatch { beside: Some(stream), ..DeviceBatch::new(dev) }
     }
@@ -387,16 +388,12 @@ impl DeviceBatch {
         // Each region starts 32-byte aligned: the kernels store chaining values 16 bytes at once.
         let out_bytes = plan.out_len.max(1).next_multiple_of(32);
         let table_bytes = (8 * staged.len()).next_multiple_of(32);
-        // The tree's chaining values (32 bytes per KiB hashed): in the arena when the tree runs
-        // beside the calling thread's stream (the next flush may start before it is done).
-        let tree_bytes = if self.beside.is_some() { 32 * plan.nodes as usize } else { 0 };
-        let arena_len = size_class(out_bytes + table_bytes + tree_bytes).next_multiple_of(8);
+        let arena_len = size_class(out_bytes + table_bytes).next_multiple_of(8);
         // SAFETY: the table is written by the copy below, and the kernels write every output.
         let mut arena = DEVICE_ARENAS
             .take(&self.dev.id(), arena_len, || unsafe { self.dev.alloc::<u8>(arena_len) })
             .map_err(|e| e.context(format!("allocating {} of GPU memory for its results", size(arena_len))))?;
-        let (mut out, mut rest) = arena.split_at_mut(out_bytes);
-        let (mut table, mut tree) = rest.split_at_mut(table_bytes);
+        let (mut out, mut table) = arena.split_at_mut(out_bytes);
         // SAFETY: the region is 8-byte aligned (allocations are, and so is its offset) and holds
         // whole elements.
         let mut table = unsafe { table.transmute_mut::<u64>(staged.len()) }.expect("the table's region");
@@ -410,30 +407,32 @@ impl DeviceBatch {
         unsafe { staged.upload(&mut table, &stream) }.map_err(|e| e.context("uploading its table"))?;
         let kernels = HashKernels::of(&self.dev)?;
         let tree_stream = self.beside.clone().unwrap_or_else(|| stream.clone());
-        if self.beside.is_some() {
-            // SAFETY: the region is aligned (its offset is a multiple of 32) and holds whole u32
-            // words; the kernels write every chaining value they read.
-            let mut nodes = unsafe { tree.transmute_mut::<u32>(tree_bytes / 4) }.expect("the tree's region");
+        // The tree's chaining values are needed only while the kernels run (see `TreeScratch`).
+        let scratch_key = (self.dev.id(), std::thread::current().id(), Arc::as_ptr(&tree_stream) as usize);
+        let scratch_len = size_class(32 * plan.nodes as usize);
+        // SAFETY: the kernels write every chaining value they read.
+        let mut scratch = TREE_SCRATCH
+            .take(&scratch_key, scratch_len, || {
+                unsafe { self.dev.alloc::<u8>(scratch_len) }.map(|nodes| TreeScratch { nodes, read: None })
+            })
+            .map_err(|e| e.context(format!("allocating {} of GPU memory for its tree", size(scratch_len))))?;
+        if let Some(read) = &scratch.read {
+            // The last tree on `tree_stream` read these nodes: written again only behind it.
+            stream.wait(read).w()?;
+        }
+        {
+            // SAFETY: allocations are aligned, and the scratch holds whole u32 words.
+            let mut nodes = unsafe { scratch.nodes.transmute_mut::<u32>(scratch_len / 4) }.expect("the tree's scratch");
             self.launch_kernels(&plan, &kernels, &stream, &tree_stream, &table, &mut nodes, &mut out)
                 .map_err(|e| e.context("launching its kernels"))?;
-        } else {
-            // The tree's chaining values are needed only while the kernels run: scratch of this
-            // thread, whose next flush reuses it behind these kernels on the same stream, rather
-            // than memory held until the results land (three steps' worth).
-            let scratch_key = (self.dev.id(), std::thread::current().id());
-            let scratch_len = size_class(32 * plan.nodes as usize);
-            // SAFETY: the kernels write every chaining value they read.
-            let mut scratch = NODE_SCRATCH
-                .take(&scratch_key, scratch_len, || unsafe { self.dev.alloc::<u8>(scratch_len) })
-                .map_err(|e| e.context(format!("allocating {} of GPU memory for its tree", size(scratch_len))))?;
-            {
-                // SAFETY: allocations are aligned, and the scratch holds whole u32 words.
-                let mut nodes = unsafe { scratch.transmute_mut::<u32>(scratch_len / 4) }.expect("the tree's scratch");
-                self.launch_kernels(&plan, &kernels, &stream, &tree_stream, &table, &mut nodes, &mut out)
-                    .map_err(|e| e.context("launching its kernels"))?;
-            }
-            NODE_SCRATCH.give_back(scratch_key, scratch);
         }
+        if !std::ptr::eq(&*tree_stream, &*stream) {
+            match &scratch.read {
+                Some(read) => read.record(&tree_stream).w()?,
+                None => scratch.read = Some(tree_stream.record_event(None).w()?),
+            }
+        }
+        TREE_SCRATCH.give_back(scratch_key, scratch);
         Ok(Flushed { arena, out_len: plan.out_len, slots: plan.slots, table: staged, direct: Vec::new() })
     }
 
@@ -728,16 +727,46 @@ static PINNED_VALUES: BufferPool<DeviceId, Pinned<u8>> = BufferPool::new(4, usiz
 /// wait for the GPU to drain, one from page-locked memory never does.
 static PINNED_TABLES: BufferPool<DeviceId, Pinned<u64>> = BufferPool::new(1024, usize::MAX);
 
-/// Device buffers for the flushes' results, tables and chaining values. A flush over large
-/// tensors needs a large tree (32 bytes of chaining values per KiB hashed): an arena above the
-/// bound is kept while steps reuse its exact size, and freed by the first `take` that needs
-/// another (see `buffer_pool`: never on the writer thread, which gives it back).
+/// Device buffers for the flushes' results (hashes, and the small values the host keeps) and
+/// tables, held until the step's results land; the trees' chaining values are `TREE_SCRATCH`'s.
+/// An arena above the bound is kept while steps reuse its exact size, and freed by the first
+/// `take` that needs another (see `buffer_pool`: never on the writer thread, which gives it back).
 static DEVICE_ARENAS: BufferPool<DeviceId, CudaSlice<u8>> = BufferPool::new(usize::MAX, 64 << 20);
 
-/// The hashing trees' scratch, by device and thread: one thread's flushes run on its own stream
-/// (candle's per-thread default stream), so a flush reuses the scratch of the one before it
-/// with no wait, and no other thread's flush can take it while those kernels may still run.
-static NODE_SCRATCH: BufferPool<(DeviceId, std::thread::ThreadId), CudaSlice<u8>> = BufferPool::new(8, usize::MAX);
+/// A tree's chaining values (32 bytes per KiB hashed), needed only while a flush's kernels run:
+/// each thread's stream keeps scratch that its next flush reuses, rather than a tree per flush
+/// held until the step's results land (two steps of them: some 260 MB a step for resnet50 at
+/// batch 64). A flush runs its chunk pass on the calling thread's stream (candle's per-thread
+/// default stream), so no other thread's flush can take the scratch while those kernels may
+/// still run; where the tree's upper levels run on a stream of their own (`DeviceBatch::beside`),
+/// `read` is an event behind them, which the next chunk pass waits for on the device before it
+/// writes the nodes again (by then the tree has nearly always passed it).
+struct TreeScratch {
+    nodes: CudaSlice<u8>,
+    read: Option<CudaEvent>,
+}
+
+impl Buffer for TreeScratch {
+    fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    fn bytes(&self) -> usize {
+        self.nodes.len()
+    }
+}
+
+impl Drop for TreeScratch {
+    fn drop(&mut self) {
+        // Freed on the stream it was allocated on, behind the tree that last read it.
+        if let Some(read) = &self.read {
+            let _ = self.nodes.stream().wait(read);
+        }
+    }
+}
+
+/// The trees' scratch, by device, thread and the stream the tree runs on (see `TreeScratch`).
+static TREE_SCRATCH: BufferPool<(DeviceId, std::thread::ThreadId, usize), TreeScratch> = BufferPool::new(8, usize::MAX);
 
 /// The kernels' view of a CUDA tensor: the device address of its first element, its element
 /// size, dims and strides (borrowed from its layout).
