@@ -5,7 +5,8 @@ against PyTorch's own DebugMode logging a `hash_tensor` of every op's output. Pr
 row per model and variant: the step (the mean of the timed steps, the GPU drained around them),
 its ratio to the plain step measured in the same process, the peak of PyTorch's allocations, the
 device memory in use at step ends (every allocator: repro's hashing buffers too), each with its
-growth over plain, and, for repro_torch, the tensors, bytes and flushes a step hashes.
+growth over plain, the growth of the device memory outside PyTorch's caching allocator (repro's
+hashing buffers, CUDA's own), and, for repro_torch, the tensors, bytes and flushes a step hashes.
 
     python python/bench/torch_cost.py [--batch N] [--steps N] [--variants V,...] [--compile] [--pairs N] MODEL ...
 
@@ -78,10 +79,12 @@ def language(name: str, batch: int):
     return model, opt, loss, what
 
 
-def timed(step, warmup: int, steps: int) -> tuple[float, int, int]:
+def timed(step, warmup: int, steps: int) -> tuple[float, int, int, int]:
     """Seconds per step over `steps` after `warmup` untimed ones; the peak of PyTorch's
-    allocations during them; and the most device memory in use (by every allocator, repro's
-    hashing buffers included) at the end of a step, from a second pass of as many steps."""
+    allocations during them; the most device memory in use (by every allocator, repro's
+    hashing buffers included) at the end of a step, from a second pass of as many steps; and
+    the most of it outside PyTorch's caching allocator (its reserve subtracted: CUDA's own, and
+    repro's hashing library's)."""
     for i in range(warmup):
         step(i)
     torch.cuda.synchronize()
@@ -91,12 +94,13 @@ def timed(step, warmup: int, steps: int) -> tuple[float, int, int]:
         step(warmup + i)
     torch.cuda.synchronize()
     seconds = (time.perf_counter() - started) / steps
-    in_use = 0
+    in_use = outside = 0
     for i in range(steps):
         step(warmup + steps + i)
         free, total = torch.cuda.mem_get_info()
         in_use = max(in_use, total - free)
-    return seconds, torch.cuda.max_memory_allocated(), in_use
+        outside = max(outside, total - free - torch.cuda.memory_reserved())
+    return seconds, torch.cuda.max_memory_allocated(), in_use, outside
 
 
 class Counts:
@@ -160,7 +164,7 @@ def measure(build, name: str, batch: int, variants: list[str], warmup: int, step
     model, opt, loss_of, what = build(name, batch)
     if compiled:
         model, what = torch.compile(model), f"{what}, torch.compile"
-    plain_s = plain_peak = plain_in_use = None
+    plain_s = plain_peak = plain_in_use = plain_outside = None
 
     def plain(_):
         training_step(model, opt, loss_of)
@@ -170,12 +174,12 @@ def measure(build, name: str, batch: int, variants: list[str], warmup: int, step
         torch.cuda.synchronize()
         torch.cuda.empty_cache()  # each variant's memory in use starts from what is allocated
         if variant == "plain":
-            seconds, peak, in_use = timed(plain, warmup, steps)
-            plain_s, plain_peak, plain_in_use = seconds, peak, in_use
+            seconds, peak, in_use, outside = timed(plain, warmup, steps)
+            plain_s, plain_peak, plain_in_use, plain_outside = seconds, peak, in_use, outside
         elif variant == "hooks":
             # An empty forward hook on every module: what any recorder of module outputs pays.
             hooks = [m.register_forward_hook(lambda *_: None) for n, m in model.named_modules() if n]
-            seconds, peak, in_use = timed(plain, warmup, steps)
+            seconds, peak, in_use, outside = timed(plain, warmup, steps)
             for hook in hooks:
                 hook.remove()
         elif variant == "debug":
@@ -185,7 +189,7 @@ def measure(build, name: str, batch: int, variants: list[str], warmup: int, step
                 with DebugMode(), DebugMode.log_tensor_hashes(hash_fn="hash_tensor"):
                     plain(0)
 
-            seconds, peak, in_use = timed(debug, 1, max(2, steps // 4))
+            seconds, peak, in_use, outside = timed(debug, 1, max(2, steps // 4))
         else:
             # `full`: every step's values kept (the batched flushes for the steps that keep none).
             os.environ["REPRO_TORCH_FLUSH"] = "batched" if variant == "full" else variant
@@ -198,7 +202,7 @@ def measure(build, name: str, batch: int, variants: list[str], warmup: int, step
                 def recorded(i):
                     training_step(model, opt, loss_of, rec, i)
 
-                seconds, peak, in_use = timed(recorded, warmup, steps)
+                seconds, peak, in_use, outside = timed(recorded, warmup, steps)
                 with Counts().counting() as counts:
                     recorded(warmup + 2 * steps)
                 if pairs:
@@ -213,11 +217,12 @@ def measure(build, name: str, batch: int, variants: list[str], warmup: int, step
         ratio = f"{seconds / plain_s:.2f}x" if plain_s else "-"
         growth = f"{(peak / plain_peak - 1) * 100:+.1f}%" if plain_peak else "-"
         device_growth = f"{(in_use / plain_in_use - 1) * 100:+.1f}%" if plain_in_use else "-"
+        outside_growth = f"{(outside - plain_outside) / 2**20:+,.0f} MiB" if plain_outside is not None else "-"
         print(f"| {what} | {variant} | {seconds * 1e3:.1f} ms | {ratio} | {peak / 2**20:,.0f} MiB | {growth} | "
-              f"{in_use / 2**20:,.0f} MiB | {device_growth} | {extra or '- | - | -'} |", flush=True)
+              f"{in_use / 2**20:,.0f} MiB | {device_growth} | {outside_growth} | {extra or '- | - | -'} |", flush=True)
         if pairs and variant not in ("plain", "hooks", "debug"):
             print(f"| {what} | {variant}, {pairs} pairs | {statistics.median(pair_seconds) * 1e3:.1f} ms | "
-                  f"{statistics.median(ratios):.2f}x ({min(ratios):.2f} to {max(ratios):.2f}) | - | - | - | - | - | - | - |",
+                  f"{statistics.median(ratios):.2f}x ({min(ratios):.2f} to {max(ratios):.2f}) | - | - | - | - | - | - | - | - |",
                   flush=True)
     del model, opt
     torch.cuda.empty_cache()
@@ -246,8 +251,8 @@ def main() -> None:
     torch.backends.cudnn.benchmark = True
     if args.header:
         print("| model | variant | step | x plain | PyTorch's peak | over plain | device memory in use | over plain "
-              "| tensors a step | bytes a step | flushes a step |")
-        print("|---|---|---|---|---|---|---|---|---|---|---|")
+              "| outside PyTorch's allocator, over plain | tensors a step | bytes a step | flushes a step |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for name in args.models:
         torch.manual_seed(0)
         build = language if name in ("gpt2", "llama-1b") else vision

@@ -411,11 +411,11 @@ impl DeviceBatch {
         let scratch_key = (self.dev.id(), std::thread::current().id(), Arc::as_ptr(&tree_stream) as usize);
         let scratch_len = size_class(32 * plan.nodes as usize);
         // SAFETY: the kernels write every chaining value they read.
-        let mut scratch = TREE_SCRATCH
-            .take(&scratch_key, scratch_len, || {
-                unsafe { self.dev.alloc::<u8>(scratch_len) }.map(|nodes| TreeScratch { nodes, read: None })
-            })
-            .map_err(|e| e.context(format!("allocating {} of GPU memory for its tree", size(scratch_len))))?;
+        let mut scratch = take_tree_scratch(scratch_key, scratch_len, || {
+            // SAFETY: the kernels write every chaining value they read.
+            unsafe { self.dev.alloc::<u8>(scratch_len) }.map(|nodes| TreeScratch { nodes, read: None })
+        })
+        .map_err(|e| e.context(format!("allocating {} of GPU memory for its tree", size(scratch_len))))?;
         if let Some(read) = &scratch.read {
             // The last tree on `tree_stream` read these nodes: written again only behind it.
             stream.wait(read).w()?;
@@ -432,7 +432,7 @@ impl DeviceBatch {
                 None => scratch.read = Some(tree_stream.record_event(None).w()?),
             }
         }
-        TREE_SCRATCH.give_back(scratch_key, scratch);
+        give_back_tree_scratch(scratch_key, scratch);
         Ok(Flushed { arena, out_len: plan.out_len, slots: plan.slots, table: staged, direct: Vec::new() })
     }
 
@@ -734,9 +734,9 @@ static PINNED_TABLES: BufferPool<DeviceId, Pinned<u64>> = BufferPool::new(1024, 
 static DEVICE_ARENAS: BufferPool<DeviceId, CudaSlice<u8>> = BufferPool::new(usize::MAX, 64 << 20);
 
 /// A tree's chaining values (32 bytes per KiB hashed), needed only while a flush's kernels run:
-/// each thread's stream keeps scratch that its next flush reuses, rather than a tree per flush
-/// held until the step's results land (two steps of them: some 260 MB a step for resnet50 at
-/// batch 64). A flush runs its chunk pass on the calling thread's stream (candle's per-thread
+/// each thread's stream keeps one scratch, as large as its largest flush has needed, that its
+/// next flush reuses, rather than a tree per flush held until the step's results land (two steps
+/// of them: some 260 MB a step for resnet50 at batch 64). A flush runs its chunk pass on the calling thread's stream (candle's per-thread
 /// default stream), so no other thread's flush can take the scratch while those kernels may
 /// still run; where the tree's upper levels run on a stream of their own (`DeviceBatch::beside`),
 /// `read` is an event behind them, which the next chunk pass waits for on the device before it
@@ -744,16 +744,6 @@ static DEVICE_ARENAS: BufferPool<DeviceId, CudaSlice<u8>> = BufferPool::new(usiz
 struct TreeScratch {
     nodes: CudaSlice<u8>,
     read: Option<CudaEvent>,
-}
-
-impl Buffer for TreeScratch {
-    fn len(&self) -> usize {
-        self.nodes.len()
-    }
-
-    fn bytes(&self) -> usize {
-        self.nodes.len()
-    }
 }
 
 impl Drop for TreeScratch {
@@ -765,8 +755,32 @@ impl Drop for TreeScratch {
     }
 }
 
-/// The trees' scratch, by device, thread and the stream the tree runs on (see `TreeScratch`).
-static TREE_SCRATCH: BufferPool<(DeviceId, std::thread::ThreadId, usize), TreeScratch> = BufferPool::new(8, usize::MAX);
+/// Whose trees a scratch holds: the device, the thread whose stream runs the chunk pass, and the
+/// stream the tree's upper levels run on (its address).
+type TreeKey = (DeviceId, std::thread::ThreadId, usize);
+
+/// The trees' scratch, one for each `TreeKey`, as large as its largest flush has needed.
+static TREE_SCRATCH: std::sync::Mutex<Vec<(TreeKey, TreeScratch)>> = std::sync::Mutex::new(Vec::new());
+
+/// `key`'s scratch if it holds `len` bytes; otherwise the one `allocate` makes, the old one
+/// freed here, on the thread that trains (see `buffer_pool`), behind the last tree that read it.
+fn take_tree_scratch(key: TreeKey, len: usize, allocate: impl FnOnce() -> Result<TreeScratch>) -> Result<TreeScratch> {
+    let mut free = TREE_SCRATCH.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let old = free.iter().position(|(k, _)| *k == key).map(|i| free.swap_remove(i).1);
+    drop(free);
+    if let Some(scratch) = old {
+        if scratch.nodes.len() >= len {
+            return Ok(scratch);
+        }
+        drop(scratch);
+    }
+    allocate()
+}
+
+/// Keeps `key`'s scratch for its next flush.
+fn give_back_tree_scratch(key: TreeKey, scratch: TreeScratch) {
+    TREE_SCRATCH.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).push((key, scratch));
+}
 
 /// The kernels' view of a CUDA tensor: the device address of its first element, its element
 /// size, dims and strides (borrowed from its layout).
