@@ -12,7 +12,9 @@
 //! tensors in one flush). So `give_back` keeps every buffer, and `take` frees what the pool
 //! must not keep.
 //!
-//! Generic over the buffer, so the rule is tested on the CPU.
+//! Two kinds: `BufferPool`, buffers by exact length (a step's flushes mostly have the sizes of the
+//! step before), and `ScratchPool`, one buffer per key as large as its largest use (work whose
+//! size varies with each use). Generic over the buffer, so the rule is tested on the CPU.
 
 use std::sync::Mutex;
 
@@ -67,6 +69,40 @@ impl<K: PartialEq, B: Buffer> BufferPool<K, B> {
     pub(crate) fn give_back(&self, device: K, buffer: B) {
         let mut free = self.free.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         free.push((device, buffer));
+    }
+}
+
+/// One scratch buffer per key (a stream's), kept between uses and as large as the largest use
+/// has asked for: for work whose size varies from one use to the next, where a pool of exact
+/// lengths would keep a buffer of every size seen.
+pub(crate) struct ScratchPool<K, B> {
+    kept: Mutex<Vec<(K, B)>>,
+}
+
+impl<K: PartialEq, B: Buffer> ScratchPool<K, B> {
+    pub(crate) const fn new() -> Self {
+        ScratchPool { kept: Mutex::new(Vec::new()) }
+    }
+
+    /// `key`'s buffer if it holds at least `len` elements, else the one `allocate` makes; the
+    /// smaller one is then freed here, first (call it on the thread that trains: see the
+    /// module's documentation).
+    pub(crate) fn take<E>(&self, key: &K, len: usize, allocate: impl FnOnce() -> Result<B, E>) -> Result<B, E> {
+        let mut kept = self.kept.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let old = kept.iter().position(|(k, _)| k == key).map(|i| kept.swap_remove(i).1);
+        drop(kept);
+        if let Some(buffer) = old {
+            if buffer.len() >= len {
+                return Ok(buffer);
+            }
+            drop(buffer);
+        }
+        allocate()
+    }
+
+    /// Keeps `key`'s buffer for its next `take`; never frees anything.
+    pub(crate) fn give_back(&self, key: K, buffer: B) {
+        self.kept.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).push((key, buffer));
     }
 }
 
@@ -146,6 +182,46 @@ mod tests {
         let other = take(1, 16);
         assert_eq!(allocated.get(), 1);
         drop((big, small, other));
+    }
+
+    #[test]
+    fn a_scratch_is_reused_while_large_enough_and_replaced_by_a_larger_one_freed_first() {
+        let pool: ScratchPool<u32, Noted> = ScratchPool::new();
+        let freed_on = Arc::new(Mutex::new(Vec::new()));
+        let allocated = std::cell::RefCell::new(Vec::new());
+        let take = |key, len| {
+            pool.take(&key, len, || {
+                // The buffer it replaces is already freed when a larger one is made.
+                allocated.borrow_mut().push((len, freed_on.lock().unwrap().len()));
+                Ok::<_, ()>(noted(len, &freed_on))
+            })
+            .unwrap()
+        };
+        let first = take(0, 100);
+        pool.give_back(0, first);
+        // Smaller and equal uses take the kept buffer.
+        for len in [10, 100] {
+            let again = take(0, len);
+            assert_eq!(again.len, 100);
+            pool.give_back(0, again);
+        }
+        assert_eq!(*allocated.borrow(), vec![(100, 0)]);
+        // Another key has its own.
+        let other = take(1, 50);
+        assert_eq!(other.len, 50);
+        pool.give_back(1, other);
+        // A larger use replaces the kept one, freed on this thread before the new one is made.
+        let larger = take(0, 400);
+        assert_eq!(larger.len, 400);
+        assert_eq!(*allocated.borrow(), vec![(100, 0), (50, 0), (400, 1)]);
+        assert_eq!(*freed_on.lock().unwrap(), vec![(100, std::thread::current().id())]);
+        pool.give_back(0, larger);
+        // Given back on another thread, nothing is freed there.
+        let moved = take(1, 50);
+        std::thread::scope(|s| {
+            s.spawn(|| pool.give_back(1, moved));
+        });
+        assert_eq!(freed_on.lock().unwrap().len(), 1);
     }
 
     #[test]

@@ -7,7 +7,7 @@
 
 use super::plan::{fits, Plan, Slot, View, Want, BLOCK_LEVELS};
 use super::queue::{in_ticket_order, Launched, Planned, Queue, Resolved};
-use crate::cuda::buffer_pool::{size_class, Buffer, BufferPool};
+use crate::cuda::buffer_pool::{size_class, Buffer, BufferPool, ScratchPool};
 use crate::cuda::keep_freed_memory;
 use crate::cuda::kernels::{grid, ptx, MODULE};
 use crate::cuda::pinned::{take_pinned, Pinned};
@@ -411,11 +411,12 @@ impl DeviceBatch {
         let scratch_key = (self.dev.id(), std::thread::current().id(), Arc::as_ptr(&tree_stream) as usize);
         let scratch_len = size_class(32 * plan.nodes as usize);
         // SAFETY: the kernels write every chaining value they read.
-        let mut scratch = take_tree_scratch(scratch_key, scratch_len, || {
-            // SAFETY: the kernels write every chaining value they read.
-            unsafe { self.dev.alloc::<u8>(scratch_len) }.map(|nodes| TreeScratch { nodes, read: None })
-        })
-        .map_err(|e| e.context(format!("allocating {} of GPU memory for its tree", size(scratch_len))))?;
+        let mut scratch = TREE_SCRATCH
+            .take(&scratch_key, scratch_len, || {
+                // SAFETY: the kernels write every chaining value they read.
+                unsafe { self.dev.alloc::<u8>(scratch_len) }.map(|nodes| TreeScratch { nodes, read: None })
+            })
+            .map_err(|e| e.context(format!("allocating {} of GPU memory for its tree", size(scratch_len))))?;
         if let Some(read) = &scratch.read {
             // The last tree on `tree_stream` read these nodes: written again only behind it.
             stream.wait(read).w()?;
@@ -432,7 +433,7 @@ impl DeviceBatch {
                 None => scratch.read = Some(tree_stream.record_event(None).w()?),
             }
         }
-        give_back_tree_scratch(scratch_key, scratch);
+        TREE_SCRATCH.give_back(scratch_key, scratch);
         Ok(Flushed { arena, out_len: plan.out_len, slots: plan.slots, table: staged, direct: Vec::new() })
     }
 
@@ -755,32 +756,19 @@ impl Drop for TreeScratch {
     }
 }
 
-/// Whose trees a scratch holds: the device, the thread whose stream runs the chunk pass, and the
-/// stream the tree's upper levels run on (its address).
-type TreeKey = (DeviceId, std::thread::ThreadId, usize);
-
-/// The trees' scratch, one for each `TreeKey`, as large as its largest flush has needed.
-static TREE_SCRATCH: std::sync::Mutex<Vec<(TreeKey, TreeScratch)>> = std::sync::Mutex::new(Vec::new());
-
-/// `key`'s scratch if it holds `len` bytes; otherwise the one `allocate` makes, the old one
-/// freed here, on the thread that trains (see `buffer_pool`), behind the last tree that read it.
-fn take_tree_scratch(key: TreeKey, len: usize, allocate: impl FnOnce() -> Result<TreeScratch>) -> Result<TreeScratch> {
-    let mut free = TREE_SCRATCH.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-    let old = free.iter().position(|(k, _)| *k == key).map(|i| free.swap_remove(i).1);
-    drop(free);
-    if let Some(scratch) = old {
-        if scratch.nodes.len() >= len {
-            return Ok(scratch);
-        }
-        drop(scratch);
+impl Buffer for TreeScratch {
+    fn len(&self) -> usize {
+        self.nodes.len()
     }
-    allocate()
+
+    fn bytes(&self) -> usize {
+        self.nodes.len()
+    }
 }
 
-/// Keeps `key`'s scratch for its next flush.
-fn give_back_tree_scratch(key: TreeKey, scratch: TreeScratch) {
-    TREE_SCRATCH.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).push((key, scratch));
-}
+/// The trees' scratch, one for each device, thread whose stream runs the chunk pass, and stream
+/// the tree's upper levels run on (its address), as large as its largest flush has needed.
+static TREE_SCRATCH: ScratchPool<(DeviceId, std::thread::ThreadId, usize), TreeScratch> = ScratchPool::new();
 
 /// The kernels' view of a CUDA tensor: the device address of its first element, its element
 /// size, dims and strides (borrowed from its layout).
