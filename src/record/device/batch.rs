@@ -410,7 +410,6 @@ impl DeviceBatch {
         // The tree's chaining values are needed only while the kernels run (see `TreeScratch`).
         let scratch_key = (self.dev.id(), std::thread::current().id(), Arc::as_ptr(&tree_stream) as usize);
         let scratch_len = size_class(32 * plan.nodes as usize);
-        // SAFETY: the kernels write every chaining value they read.
         let mut scratch = TREE_SCRATCH
             .take(&scratch_key, scratch_len, || {
                 // SAFETY: the kernels write every chaining value they read.
@@ -737,11 +736,12 @@ static DEVICE_ARENAS: BufferPool<DeviceId, CudaSlice<u8>> = BufferPool::new(usiz
 /// A tree's chaining values (32 bytes per KiB hashed), needed only while a flush's kernels run:
 /// each thread's stream keeps one scratch, as large as its largest flush has needed, that its
 /// next flush reuses, rather than a tree per flush held until the step's results land (two steps
-/// of them: some 260 MB a step for resnet50 at batch 64). A flush runs its chunk pass on the calling thread's stream (candle's per-thread
-/// default stream), so no other thread's flush can take the scratch while those kernels may
-/// still run; where the tree's upper levels run on a stream of their own (`DeviceBatch::beside`),
-/// `read` is an event behind them, which the next chunk pass waits for on the device before it
-/// writes the nodes again (by then the tree has nearly always passed it).
+/// of them: some 260 MB a step for resnet50 at batch 64). A flush runs its chunk pass on the
+/// calling thread's stream (candle's per-thread default stream), so no other thread's flush can
+/// take the scratch while those kernels may still run; where the tree's upper levels run on a
+/// stream of their own (`DeviceBatch::beside`), `read` is an event behind them, which the next
+/// chunk pass waits for on the device before it writes the nodes again (by then the tree has
+/// nearly always passed it).
 struct TreeScratch {
     nodes: CudaSlice<u8>,
     read: Option<CudaEvent>,
