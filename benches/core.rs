@@ -239,6 +239,7 @@ fn write_steps(dir: &Path, steps: Vec<StepTensor>) {
         environment: Environment::default(),
         capture: CapturePolicy { full: FullCapture::All, inline_max_bytes: 0 },
         distributed: None,
+        data_hash: Default::default(),
     };
     let mut w = TraceWriter::create(dir, &header, true).unwrap();
     for (step, tensor) in steps.into_iter().enumerate() {

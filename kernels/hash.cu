@@ -335,3 +335,98 @@ DEVICE void batch_copy(const u64* views, const u64* prefix, const u64* out_at, u
   unsigned char* q = out + out_at[k] + e * v[1];
   for (u64 b = 0; b < v[1]; b++) q[b] = p[b];
 }
+
+// 1c. The leaves of the data hash xxh3-1k (docs/trace-format.md, section 5.5): the XXH3-64 of
+// each 1 KiB chunk, the last one zero-padded; BLAKE3 over the leaves (the passes above, over the
+// leaves' memory) gives the data hash. XXH3 of exactly 1024 bytes takes one path of the xxHash
+// specification: eight 64-bit accumulators, stripes 0 to 14 of the chunk accumulated with the
+// default secret's words from offset 8 * stripe, stripe 15 as "the last stripe" with the words
+// from offset 121, no scrambling (no whole block precedes it), then the accumulators merged with
+// the words from offset 11 and avalanched. The secret's words are read here little-endian from
+// xxHash's 192-byte default secret.
+//
+// Pieces of memory are described by 3 u64 words: their address, their length in bytes, and the
+// address their leaves go to (u64 each, in chunk order); prefix[k] counts the chunks before
+// piece k.
+#define XXH3_PRIME64_1 0x9E3779B185EBCA87ull
+#define XXH3_AVALANCHE 0x165667919E3779F9ull
+CONSTANT u64 XXH3_INIT_ACC[8] = {0xC2B2AE3Dull, 0x9E3779B185EBCA87ull, 0xC2B2AE3D27D4EB4Full, 0x165667B19E3779F9ull,
+                                 0x85EBCA77C2B2AE63ull, 0x85EBCA77ull, 0x27D4EB2F165667C5ull, 0x9E3779B1ull};
+// The secret's word at byte 8 * j: stripe s's accumulator i takes word s + i.
+CONSTANT u64 XXH3_STRIPE_KEYS[23] = {
+    0xBE4BA423396CFEB8ull, 0x1CAD21F72C81017Cull, 0xDB979083E96DD4DEull, 0x1F67B3B7A4A44072ull, 0x78E5C0CC4EE679CBull,
+    0x2172FFCC7DD05A82ull, 0x8E2443F7744608B8ull, 0x4C263A81E69035E0ull, 0xCB00C391BB52283Cull, 0xA32E531B8B65D088ull,
+    0x4EF90DA297486471ull, 0xD8ACDEA946EF1938ull, 0x3F349CE33F76FAA8ull, 0x1D4F0BC7C7BBDCF9ull, 0x3159B4CD4BE0518Aull,
+    0x647378D9C97E9FC8ull, 0xC3EBD33483ACC5EAull, 0xEB6313FAFFA081C5ull, 0x49DAF0B751DD0D17ull, 0x9E68D429265516D3ull,
+    0xFCA1477D58BE162Bull, 0xCE31D07AD1B8F88Full, 0x280416958F3ACB45ull};
+// The secret's words at bytes 121 + 8 * i: the last stripe's.
+CONSTANT u64 XXH3_LAST_KEYS[8] = {0xEA647378D9C97E9Full, 0xC5C3EBD33483ACC5ull, 0x17EB6313FAFFA081ull, 0xD349DAF0B751DD0Dull,
+                                  0x2B9E68D429265516ull, 0x8FFCA1477D58BE16ull, 0x45CE31D07AD1B8F8ull, 0xAF280416958F3ACBull};
+// The secret's words at bytes 11 + 8 * j: the merge's.
+CONSTANT u64 XXH3_MERGE_KEYS[8] = {0x6DD4DE1CAD21F72Cull, 0xA44072DB979083E9ull, 0xE679CB1F67B3B7A4ull, 0xD05A8278E5C0CC4Eull,
+                                   0x4608B82172FFCC7Dull, 0x9035E08E2443F774ull, 0x52283C4C263A81E6ull, 0x65D088CB00C391BBull};
+
+// The low and the high 64 bits of a * b, XORed.
+DEVICE u64 mul128_fold64(u64 a, u64 b) {
+#ifdef REPRO_HOST_TEST
+  unsigned __int128 p = (unsigned __int128)a * b;
+  return (u64)p ^ (u64)(p >> 64);
+#else
+  return __umul64hi(a, b) ^ (a * b);
+#endif
+}
+
+// The secret's word accumulator i of stripe s of a 1 KiB chunk takes.
+DEVICE u64 xxh3_key(u32 s, u32 i) { return s < 15 ? XXH3_STRIPE_KEYS[s + i] : XXH3_LAST_KEYS[i]; }
+
+// One accumulator's step over one 64-bit word `v` of a stripe, `swapped` being the word of the
+// neighbouring accumulator (i ^ 1), which XXH3 adds to this one.
+DEVICE u64 xxh3_accumulate(u64 acc, u64 v, u64 swapped, u64 key) {
+  const u64 keyed = v ^ key;
+  return acc + swapped + (u64)(u32)keyed * (keyed >> 32);
+}
+
+// The leaf from the sum of the four merged accumulator pairs of a 1024-byte input.
+DEVICE u64 xxh3_leaf_finish(u64 merged) {
+  u64 h = merged + 1024ull * XXH3_PRIME64_1;
+  h ^= h >> 37;
+  h *= XXH3_AVALANCHE;
+  return h ^ (h >> 32);
+}
+
+// XXH3-64 of the `len` bytes at p (at most 1024) zero-padded to 1024, read by one thread.
+DEVICE u64 xxh3_leaf(const unsigned char* p, u64 len) {
+  const u32 align = ((u64)p & 15u) == 0 ? 16u : ((u64)p & 3u) == 0 ? 4u : 1u;
+  u64 acc[8];
+  for (int i = 0; i < 8; i++) acc[i] = XXH3_INIT_ACC[i];
+  for (u32 s = 0; s < 16; s++) {
+    u32 m[16];
+    const u32 avail = len > 64u * s ? (u32)(len - 64u * s < 64u ? len - 64u * s : 64u) : 0u;
+    load_block(p + 64u * s, avail, avail == 64u ? align : 1u, m);
+    u64 v[8];
+    for (int i = 0; i < 8; i++) v[i] = (u64)m[2 * i] | ((u64)m[2 * i + 1] << 32);
+    for (u32 i = 0; i < 8; i++) acc[i] = xxh3_accumulate(acc[i], v[i], v[i ^ 1u], xxh3_key(s, i));
+  }
+  u64 merged = 0;
+  for (int j = 0; j < 4; j++) merged += mul128_fold64(acc[2 * j] ^ XXH3_MERGE_KEYS[2 * j], acc[2 * j + 1] ^ XXH3_MERGE_KEYS[2 * j + 1]);
+  return xxh3_leaf_finish(merged);
+}
+
+// Work item `item` of the leaf pass, read by one thread: the leaf of one chunk of one piece.
+DEVICE void batch_leaf(const u64* pieces, const u64* prefix, u64 n, u64 item) {
+  const u64 k = find_view(prefix, n, item);
+  const u64* r = pieces + 3 * k;
+  const u64 j = item - prefix[k], start = 1024 * j;
+  const u64 len = r[1] - start < 1024 ? r[1] - start : 1024;
+  ((u64*)r[2])[j] = xxh3_leaf((const unsigned char*)(r[0] + start), len);
+}
+
+// The address of work item `item`'s chunk when it is a whole 1024-byte chunk at an 8-byte aligned
+// address (read by eight threads at once, xxh3_leaves), and where its leaf goes; 0 otherwise.
+DEVICE u64 whole_leaf_chunk(const u64* pieces, const u64* prefix, u64 n, u64 item, u64** leaf) {
+  const u64 k = find_view(prefix, n, item);
+  const u64* r = pieces + 3 * k;
+  const u64 j = item - prefix[k], address = r[0] + 1024 * j;
+  *leaf = (u64*)r[2] + j;
+  return r[1] - 1024 * j >= 1024 && (address & 7u) == 0 ? address : 0;
+}

@@ -107,3 +107,32 @@ extern "C" __global__ void read_words(const uint4* p, u64 n, u32* sink) {
   }
   if (acc == 0x9e3779b9u) sink[0] = acc;
 }
+
+// The leaf pass of the data hash xxh3-1k (kernels/hash.cu, 1c): eight lanes per 1 KiB chunk,
+// lane i keeping XXH3's accumulator i, so that the eight read a 64-byte stripe together and a
+// warp four chunks at once; four lanes each merge a pair of accumulators, and the sum of their
+// four merges is the leaf. Chunks that are not whole and aligned take one lane's path
+// (batch_leaf). Every lane of a warp runs the same iterations, for the shuffles.
+extern "C" __global__ void xxh3_leaves(const u64* pieces, const u64* prefix, u64 n) {
+  const u64 total = prefix[n];
+  const unsigned lane = threadIdx.x % 32, i = lane % 8;
+  const u64 stride = (u64)gridDim.x * blockDim.x / 8;
+  for (u64 first = ((u64)blockIdx.x * blockDim.x + threadIdx.x) / 32 * 4; first < total; first += stride) {
+    const u64 item = first + lane / 8;
+    u64* leaf = 0;
+    const u64 address = item < total ? whole_leaf_chunk(pieces, prefix, n, item, &leaf) : 0;
+    if (item < total && address == 0 && i == 0) batch_leaf(pieces, prefix, n, item);
+    if (__ballot_sync(0xffffffffu, address != 0) == 0) continue;
+    const u64* p = (const u64*)address;
+    u64 acc = XXH3_INIT_ACC[i];
+    UNROLL for (u32 s = 0; s < 16; s++) {
+      const u64 v = address != 0 ? p[8 * s + i] : 0;
+      acc = xxh3_accumulate(acc, v, __shfl_xor_sync(0xffffffffu, v, 1), xxh3_key(s, i));
+    }
+    const u64 other = __shfl_xor_sync(0xffffffffu, acc, 1);
+    u64 merged = i % 2 == 0 ? mul128_fold64(acc ^ XXH3_MERGE_KEYS[i], other ^ XXH3_MERGE_KEYS[i + 1]) : 0;
+    merged += __shfl_xor_sync(0xffffffffu, merged, 2);
+    merged += __shfl_xor_sync(0xffffffffu, merged, 4);
+    if (address != 0 && i == 0) *leaf = xxh3_leaf_finish(merged);
+  }
+}

@@ -39,3 +39,17 @@ void repro_host_hash_roots(const u64* roots, u64 n, const u32* nodes, u32* hashe
 void repro_host_copy_views(const u64* views, const u64* prefix, const u64* out_at, u64 n, unsigned char* out) {
   for (u64 item = 0; item < prefix[n]; item++) batch_copy(views, prefix, out_at, n, item, out);
 }
+
+/* The leaf pass: whole chunks as xxh3_leaves tells them apart (where the GPU reads them with
+   eight lanes each, here by one thread), the others by batch_leaf. */
+void repro_host_xxh3_leaves(const u64* pieces, const u64* prefix, u64 n) {
+  for (u64 item = 0; item < prefix[n]; item++) {
+    u64* leaf = 0;
+    u64 address = whole_leaf_chunk(pieces, prefix, n, item, &leaf);
+    if (address != 0) {
+      *leaf = xxh3_leaf((const unsigned char*)address, 1024);
+    } else {
+      batch_leaf(pieces, prefix, n, item);
+    }
+  }
+}

@@ -1,16 +1,17 @@
-"""A writer of the repro trace format (docs/trace-format.md, format 1.7), in Python.
+"""A writer of the repro trace format (docs/trace-format.md, formats 1.8 and 2.0), in Python.
 
 It writes what `repro record` writes, so `repro diff`, `inspect`, `matrix` and `gate` read a run
 recorded from Python like one recorded by repro: framed msgpack records (section 2), step
 records with tensors inline, in a safetensors payload or as hashes only (sections 3, 4, 6), and
-the canonical hash of section 5 (`repro_trace.tensor_hash`, shared with the reader). It takes
-tensors as (dtype, shape, element bytes); `repro_torch` feeds it PyTorch tensors.
+the canonical hash of section 5 (`repro_trace.tensor_hash`, shared with the reader), its data
+hash `blake3` (a trace of format 1.8) or `xxh3-1k` (format 2.0, section 5.5). It takes tensors as
+(dtype, shape, element bytes); `repro_torch` feeds it PyTorch tensors.
 
-It is pure Python over msgpack, blake3, numpy and safetensors (the packages the reader uses):
-installing it needs no Rust toolchain, and that the Rust and Python sides agree is tested by
-`repro inspect --verify`, which recomputes every hash a Python-written trace holds
-(python/tests/test_writer.py, run in CI by scripts/python-reader-check.sh and
-scripts/python-torch-check.sh).
+It is pure Python over msgpack, blake3, numpy and safetensors, and xxhash for traces of the data
+hash `xxh3-1k` (the packages the reader uses): installing it needs no Rust toolchain, and that
+the Rust and Python sides agree is tested by `repro inspect --verify`, which recomputes every
+hash a Python-written trace holds (python/tests/test_writer.py and test_data_hash.py, run in CI
+by scripts/python-reader-check.sh and scripts/python-torch-check.sh).
 
     w = TraceWriter("runs/torch", run={"workload": "mine", "steps": 10, "params": {"lr": "0.1"}})
     w.write_step(0, [Record("x", "input", "F32", [2], struct.pack("<2f", 1, 2))])
@@ -36,6 +37,8 @@ import numpy as np
 import safetensors
 
 from repro_trace import (
+    BLAKE3,
+    DATA_HASHES,
     DTYPE_SIZES,
     KINDS,
     MAGIC,
@@ -46,15 +49,18 @@ from repro_trace import (
     PROGRESS_FILE,
     RECORDS_FILE,
     TENSORS_DIR,
+    XXH3_1K,
+    data_hasher,
     parse_capture,
     payload_name,
-    blake3_digest,
     tensor_hasher,
     view_hash,
     view_within,
 )
 
-FORMAT = (1, 8)
+# The version a trace is written as, by its data hash (section 8): 1.8, which every 1.x reader
+# reads, for `blake3`; 2.0 for `xxh3-1k`, whose hashes a 1.x reader would check as BLAKE3's.
+FORMATS = {BLAKE3: (1, 8), XXH3_1K: (2, 0)}
 VERSION = "0.1.0"
 LOCK_FILE = ".repro-lock"
 # Where a recorder can be, in `progress.json` (section 10.1).
@@ -89,8 +95,9 @@ class WriteError(Exception):
 @dataclass
 class Record:
     """One tensor of a step: what it is, and its canonical element bytes (section 5.1); or,
-    for a tensor kept as a hash only, `data` None and `data_hash` the BLAKE3 hash of those bytes
-    (section 5.2), computed where the tensor lives."""
+    for a tensor kept as a hash only, `data` None and `data_hash` the data hash of those bytes
+    (section 5.2), of the trace's kind (`TraceWriter.data_hash`), computed where the tensor
+    lives."""
 
     name: str
     kind: str
@@ -178,7 +185,10 @@ def _wants_full(full: tuple, step: int, first: int, total: Optional[int]) -> boo
 class TraceWriter:
     """Writes one trace directory, crash-safely (section 4.3): a payload is written under a
     temporary name, synced and renamed before its step record is appended in one write; the
-    footer is synced last. A second writer is refused while this one holds the lock."""
+    footer is synced last. A second writer is refused while this one holds the lock.
+
+    `data_hash`: how every tensor's data hash is computed, `blake3` (written as format 1.8, its
+    header without the key) or `xxh3-1k` (format 2.0, the header saying so)."""
 
     def __init__(
         self,
@@ -190,8 +200,17 @@ class TraceWriter:
         environment: Optional[Environment] = None,
         producer: str = f"repro-py {VERSION}",
         distributed: Optional[dict] = None,
+        data_hash: str = BLAKE3,
     ):
         self.path = path
+        if data_hash not in DATA_HASHES:
+            raise WriteError(f"data hash {data_hash!r} is not one of {', '.join(DATA_HASHES)}")
+        try:  # the function the host hashes tensors with (a missing package found before anything is written)
+            self._hash_data = data_hasher(data_hash)
+        except ImportError as e:
+            raise WriteError(str(e)) from None
+        self.data_hash = data_hash
+        self._format = FORMATS[data_hash]
         capture = capture_text(capture)
         try:
             self._full = parse_capture(capture)
@@ -211,7 +230,7 @@ class TraceWriter:
         self._prepare(replace)
         header = {
             "type": "header",
-            "format": {"major": FORMAT[0], "minor": FORMAT[1]},
+            "format": {"major": self._format[0], "minor": self._format[1]},
             "producer": producer,
             "run": {
                 "workload": run["workload"],
@@ -223,12 +242,14 @@ class TraceWriter:
         }
         if distributed is not None:
             header["distributed"] = distributed
+        if data_hash != BLAKE3:
+            header["data_hash"] = data_hash
         for what, text in [("the workload", header["run"]["workload"]), ("the producer", producer)] + [
             (f"setting {k}", f"{k}={v}") for k, v in header["run"]["params"].items()
         ]:
             _printable(what, text)
         self._records = open(os.path.join(path, RECORDS_FILE), "wb")
-        self._records.write(MAGIC + struct.pack("<HH", *FORMAT))
+        self._records.write(MAGIC + struct.pack("<HH", *self._format))
         self._append(header)
 
     def _prepare(self, replace: bool) -> None:
@@ -310,7 +331,7 @@ class TraceWriter:
             self._check_layout(records, step)
             self._layout, self._encoded = layouts, [_EncodedRecord(t) for t in records]
             self._has_views = any(t.view is not None for t in records)
-        inline_max, digests, payload = self._inline_max, {}, {}
+        inline_max, hash_data, digests, payload = self._inline_max, self._hash_data, {}, {}
         views = self._has_views  # the digests kept by name only for them to name
         missing = sorted(set(no_gradient))
         # The step record's map, key by key (`_append` of a dict would pack it alike).
@@ -336,7 +357,7 @@ class TraceWriter:
                 if len(d) != encoded.nbytes:
                     raise WriteError(f"step {step}, tensor `{layout[0]}`: {len(d)} bytes for {layout[2]} "
                                      f"{list(encoded.shape)} ({encoded.nbytes} expected)")
-                inner = blake3_digest(d)
+                inner = hash_data(d)
             h = encoded.prefix.copy()
             h.update(inner)
             digest = hexlify(h.digest())  # as hexdigest(), as bytes, in less time

@@ -1,18 +1,20 @@
 #!/usr/bin/env bash
 # Checks the independent Python reader of the trace format (python/repro_trace.py) against
-# traces recorded by repro (format 1.8) and the committed fixtures (formats 1.0 to 1.5).
+# traces recorded by repro (format 1.8), one rewritten by the Python writer with the data hash
+# xxh3-1k (format 2.0) and the committed fixtures (formats 1.0 to 1.5).
 #
 #   scripts/python-reader-check.sh          # uses target/release/repro
 #   REPRO_BIN=path/to/repro scripts/python-reader-check.sh
 #
 # Needs a built repro binary (it does not build one) and python3 with pip. Installs pinned
-# msgpack, safetensors, blake3 and numpy into a virtual environment under target/ (reused on
-# later runs; PYTHON_READER_VENV overrides the path), or with `pip --user` where venv is missing.
+# msgpack, safetensors, blake3, numpy and xxhash into a virtual environment under target/
+# (reused on later runs; PYTHON_READER_VENV overrides the path), or with `pip --user` where venv
+# is missing.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 
-PINS=(msgpack==1.1.2 safetensors==0.8.0 blake3==1.0.11 numpy==2.4.6)
+PINS=(msgpack==1.1.2 safetensors==0.8.0 blake3==1.0.11 numpy==2.4.6 xxhash==4.1.0)
 REPRO_BIN=${REPRO_BIN:-target/release/repro}
 VENV=${PYTHON_READER_VENV:-target/python-reader-venv}
 READER=python/repro_trace.py
@@ -126,8 +128,23 @@ record gpt --workload gpt --capture all --steps 3 --layers 1 --width 32 --contex
 mkdir "$WORK/lone" && cp "$WORK/adder-hashes/records.rpr" "$WORK/lone/baseline.rpr"
 # A lone copy of a record file whose steps refer to payloads: hashes only there, no error.
 cp "$WORK/adder-a/records.rpr" "$WORK/lone/with-payloads.rpr"
+# Format 2.0: the first run rewritten by the Python writer with the data hash xxh3-1k (repro's
+# built-in workloads record with blake3 only), which both readers verify below.
+PYTHONPATH=python "$PY" - "$WORK/adder-a" "$WORK/adder-xxh3" <<'PYEOF' || die "could not write the xxh3-1k trace"
+import sys
+from repro_trace import Trace
+from repro_writer import Environment, Record, TraceWriter
+with Trace(sys.argv[1]) as t:
+    h = t.header
+    w = TraceWriter(sys.argv[2], h["run"], h["capture"]["full"], h["capture"]["inline_max_bytes"],
+                    environment=Environment(**h["environment"]), producer=h["producer"], data_hash="xxh3-1k")
+    for s in t.steps():
+        w.write_step(s.step, [Record(x.name, x.kind, x.dtype, x.shape, t.values(s, x), x.phase, x.inputs, x.node,
+                                     x.source) for x in s.tensors], s.no_gradient)
+    w.finish()
+PYEOF
 
-for t in adder-a adder-b adder-perturbed adder-hashes gpt; do
+for t in adder-a adder-b adder-perturbed adder-hashes adder-xxh3 gpt; do
     expect_verify "$WORK/$t"
 done
 expect_verify "$WORK/lone/baseline.rpr"
@@ -187,6 +204,10 @@ else
     fail "diff against the perturbed run (exit $rc, expected 1 naming step 3 and \`loss\`): $out"
 fi
 
+# Format 2.0: hashes of the data hashes blake3 and xxh3-1k never agree, and are not compared.
+run_reader out rc diff "$WORK/adder-a" "$WORK/adder-xxh3"
+if [ "$rc" = 2 ] && [[ "$out" == *"data hash blake3"*"xxh3-1k"* ]]; then ok "diff refuses traces of two data hashes (exit 2)"; else fail "diff of traces of two data hashes (exit $rc, expected 2 naming both): $out"; fi
+
 run_reader out rc diff fixtures/gpu-h100/adder-atomic-r0 fixtures/gpu-h100/adder-atomic-r0
 if [ "$rc" = 0 ]; then ok "diff of a fixture with itself: $out"; else fail "diff of a fixture with itself exited $rc: $out"; fi
 
@@ -200,6 +221,10 @@ if [ $? = 0 ]; then ok "python writer: $(tail -1 <<<"$out") ($(grep -c '' <<<"$o
 cp -r "$WORK/adder-a" "$WORK/payload-flip"
 flip_byte "$WORK/payload-flip/tensors/step-00000002.safetensors" -1
 expect_rejected "$WORK/payload-flip" "step-00000002.safetensors"
+
+cp -r "$WORK/adder-xxh3" "$WORK/xxh3-payload-flip"
+flip_byte "$WORK/xxh3-payload-flip/tensors/step-00000002.safetensors" -1
+expect_rejected "$WORK/xxh3-payload-flip" "step-00000002.safetensors"
 
 cp -r "$WORK/adder-a" "$WORK/payload-header-flip"
 flip_byte "$WORK/payload-header-flip/tensors/step-00000001.safetensors" 12

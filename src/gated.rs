@@ -49,7 +49,7 @@ impl ModelRecorder {
 
 /// `diff`'s online comparison with the reference trace at `reference`.
 fn open_reference(reference: &Path) -> Result<Box<dyn StepCheck>, String> {
-    Ok(Box::new(ReferenceCheck::open(reference).map_err(|e| e.to_string())?))
+    Ok(Box::new(ReferenceCheck::open(reference, crate::trace::DataHash::Blake3).map_err(|e| e.to_string())?))
 }
 
 #[cfg(test)]

@@ -29,6 +29,7 @@ fn write_trace(dir: &std::path::Path) {
         environment: Environment::default(),
         capture: CapturePolicy { full: FullCapture::All, inline_max_bytes: 0 },
         distributed: None,
+        data_hash: Default::default(),
     };
     let mut writer = TraceWriter::create(dir, &header, true).expect("creating the fuzz trace");
     let tensors = [

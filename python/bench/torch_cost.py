@@ -15,7 +15,8 @@ torchvision classification model by its name, at 224 x 224 with SGD and momentum
 (transformers' 124M GPT-2 in f32 at batch x 1024 with AdamW), llama-1b (a Llama shape of 1.1B
 parameters, TinyLlama's, in bf16 autocast at batch x 1024 with AdamW). V: plain (always first),
 hooks (the plain step with an empty forward hook on every module: the least any recorder of
-module outputs costs), beside, batched, module (REPRO_TORCH_FLUSH), debug (DebugMode), full (every step's values kept,
+module outputs costs), beside, batched, module (REPRO_TORCH_FLUSH), xxh3 (batched, with the data hash
+xxh3-1k: docs/trace-format.md, section 5.5), debug (DebugMode), full (every step's values kept,
 `capture="all"`: its row gives the payload a step and the rate it adds to the plain step, written
 under REPRO_BENCH_DIR, default the temporary folder). `cudnn.benchmark` is on, as in
 the issue that asked for this table. With `--compile`, each model runs compiled by `torch.compile`
@@ -40,7 +41,7 @@ import torch
 from repro_torch import DeviceHasher, ModelRecorder, Recorder, cuda_hash_library_path
 from steps import training_step  # beside this file
 
-VARIANTS = ("plain", "hooks", "beside", "batched", "module", "debug", "full")
+VARIANTS = ("plain", "hooks", "beside", "batched", "xxh3", "module", "debug", "full")
 
 
 def vision(name: str, batch: int):
@@ -191,12 +192,14 @@ def measure(build, name: str, batch: int, variants: list[str], warmup: int, step
 
             seconds, peak, in_use, outside = timed(debug, 1, max(2, steps // 4))
         else:
-            # `full`: every step's values kept (the batched flushes for the steps that keep none).
-            os.environ["REPRO_TORCH_FLUSH"] = "batched" if variant == "full" else variant
+            # `full`: every step's values kept (the batched flushes for the steps that keep none);
+            # `xxh3`: the batched flushes, hashing with the data hash xxh3-1k.
+            os.environ["REPRO_TORCH_FLUSH"] = "batched" if variant in ("full", "xxh3") else variant
             with tempfile.TemporaryDirectory(dir=os.environ.get("REPRO_BENCH_DIR")) as d:
                 recorder = Recorder(f"{d}/t", {"workload": name, "steps": warmup + 2 * steps + 1},
                                     capture="all" if variant == "full" else "none",
-                                    device=torch.device("cuda"), device_hashing=True)
+                                    device=torch.device("cuda"), device_hashing=True,
+                                    data_hash="xxh3-1k" if variant == "xxh3" else "blake3")
                 rec = ModelRecorder(recorder, model)
 
                 def recorded(i):

@@ -41,6 +41,9 @@ class NullLibrary:
     def repro_cuda_hasher_new(self, index):
         return 1
 
+    def repro_cuda_hasher_new_kind(self, index, data_hash):
+        return 1
+
     def repro_cuda_hasher_push_many(self, handle, addresses, lengths, keeps, n):
         first, self.tickets = self.tickets, self.tickets + n
         return first

@@ -21,7 +21,9 @@ outside torch and this module).
 
 Run under `repro record -- python train.py` or `repro gate -- python train.py`, it records where
 repro says, through the same environment contract as repro's library (docs/capture.md):
-REPRO_TRACE_DIR, REPRO_CAPTURE, REPRO_REPLACE and REPRO_PERTURB. REPRO_AGAINST is compared
+REPRO_TRACE_DIR, REPRO_CAPTURE, REPRO_REPLACE and REPRO_PERTURB, and REPRO_DATA_HASH (`repro
+record --data-hash`: `xxh3-1k` records a trace of format 2.0, whose tensors' data hashes a GPU
+computes at about twice BLAKE3's rate; docs/trace-format.md section 5.5). REPRO_AGAINST is compared
 after the run by the repro command, not while recording. REPRO_PERTURB adds a constant to a
 module's output in the autograd graph, so gradients flow through the moved element as through a
 real fault.
@@ -37,8 +39,8 @@ CUDA tensors are hashed on their GPU by repro's own kernels (`librepro_cuda_hash
 beside the `repro` on PATH): only 32 bytes a tensor reach the host, except at the steps that keep
 full values and for tensors small enough to be stored inline. Without the library, and for CPU
 tensors, values are copied to the host and hashed there. Either way the hash is the canonical one
-of section 5 of docs/trace-format.md (little-endian, row-major bytes); `bool` tensors are
-recorded as `U8`.
+of section 5 of docs/trace-format.md (little-endian, row-major bytes), with the trace's data
+hash; `bool` tensors are recorded as `U8`.
 
 Under torchrun, srun or mpirun, with torch.distributed's process group initialized before the
 recorder is created, each rank records into `OUT/rank-N` with its place in the header (rank,

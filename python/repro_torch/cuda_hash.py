@@ -1,4 +1,4 @@
-"""Hashing CUDA tensors where they are, with repro's own batched BLAKE3 kernels
+"""Hashing CUDA tensors where they are, with repro's own batched kernels of each data hash
 (`librepro_cuda_hash.so`, built by `make cuda`): finding the library, and queueing a step's
 tensors and reading their hashes back a step later."""
 
@@ -12,10 +12,14 @@ from typing import Optional
 
 import torch
 
+from repro_trace import BLAKE3, XXH3_1K
 from repro_writer import WriteError
 
 CUDA_HASH_LIB_ENV = "REPRO_CUDA_HASH_LIB"
 CUDA_HASH_LIB = "librepro_cuda_hash.so"
+# The library's number for each data hash (`repro_cuda_hasher_new_kind`); a library without that
+# function hashes with BLAKE3 only.
+LIBRARY_DATA_HASHES = {BLAKE3: 0, XXH3_1K: 1}
 
 
 def cuda_hash_library_path() -> Optional[str]:
@@ -45,6 +49,9 @@ def _cuda_hash_library(path: str) -> ctypes.CDLL:
             raise WriteError(f"cannot load repro's GPU hashing library {path}: {e}") from None
         lib.repro_cuda_hasher_new.restype = ctypes.c_void_p
         lib.repro_cuda_hasher_new.argtypes = [ctypes.c_int32]
+        if hasattr(lib, "repro_cuda_hasher_new_kind"):  # not in a library built before format 2.0
+            lib.repro_cuda_hasher_new_kind.restype = ctypes.c_void_p
+            lib.repro_cuda_hasher_new_kind.argtypes = [ctypes.c_int32, ctypes.c_uint32]
         lib.repro_cuda_hasher_push_many.restype = ctypes.c_int64
         lib.repro_cuda_hasher_push_many.argtypes = [
             ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint64),
@@ -69,7 +76,8 @@ def _cuda_hash_library(path: str) -> ctypes.CDLL:
 
 
 class DeviceHasher:
-    """repro's batched BLAKE3 kernels over one GPU's tensors, in place (librepro_cuda_hash.so).
+    """repro's batched kernels of a data hash (`blake3` or `xxh3-1k`, a trace's) over one GPU's
+    tensors, in place (librepro_cuda_hash.so).
 
     `queue` takes a record, by its step's lists and its index in them (an `owner` with `data`
     and `hashes` lists and `name_of(index)`), and the address and length of its canonical bytes
@@ -87,11 +95,23 @@ class DeviceHasher:
     On a stream other than the legacy one, `flush` synchronizes it first, reads in order, and
     finishes the read at once."""
 
-    def __init__(self, path: str, index: int, lib=None):
-        """`lib`: the library's functions, when not loaded from `path` (a test's stand-in)."""
+    def __init__(self, path: str, index: int, lib=None, data_hash: str = BLAKE3):
+        """`lib`: the library's functions, when not loaded from `path` (a test's stand-in);
+        `data_hash`: the trace's, which the hashes are computed with."""
+        self._handle = None  # none to free (`close`) until the library makes one
+        if data_hash not in LIBRARY_DATA_HASHES:
+            raise WriteError(f"data hash {data_hash!r} is not one of {', '.join(LIBRARY_DATA_HASHES)}")
         self._lib = lib if lib is not None else _cuda_hash_library(path)
         self.index = index
-        self._handle = self._lib.repro_cuda_hasher_new(index)
+        self.data_hash = data_hash
+        if data_hash == BLAKE3:  # as every library hashes, whatever its age
+            self._handle = self._lib.repro_cuda_hasher_new(index)
+        else:
+            new_kind = getattr(self._lib, "repro_cuda_hasher_new_kind", None)
+            if new_kind is None:
+                raise WriteError(f"repro's GPU hashing library {path} is older than the data hash {data_hash} needs "
+                                 "(it hashes with blake3 only): rebuild it with `make cuda`")
+            self._handle = new_kind(index, LIBRARY_DATA_HASHES[data_hash])
         if not self._handle:
             raise WriteError(_last_error(self._lib))
         # Queued until flushed, in flat lists (no object per record for the garbage collector to

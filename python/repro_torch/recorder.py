@@ -13,7 +13,7 @@ from typing import Iterator, Optional
 
 import torch
 
-from repro_trace import RECORDS_FILE
+from repro_trace import BLAKE3, DATA_HASHES, RECORDS_FILE
 from repro_writer import TraceWriter, WriteError
 
 from .cuda_hash import CUDA_HASH_LIB, CUDA_HASH_LIB_ENV, DeviceHasher, cuda_hash_library_path
@@ -25,6 +25,9 @@ from .tensors import IN_PLACE_DTYPES, canonical, canonical_on_device
 
 # `Recorder(place=AUTO)`: this process's place as torch.distributed says (`ranks.current_place`).
 AUTO = "auto"
+
+# The data hash a repro command asks a program to record with (`repro record --data-hash`).
+DATA_HASH_ENV = "REPRO_DATA_HASH"
 
 # A step keeping at least this many bytes of values is written beside the program (see
 # `Recorder`); a smaller one is written where it ends, as a step of hashes is: on the CPU, it is
@@ -49,19 +52,26 @@ class Recorder:
         perturbation: Optional[Perturbation] = None,
         device_hashing: Optional[bool] = None,
         place=AUTO,
+        data_hash: Optional[str] = None,
     ):
         """`device_hashing`: hash CUDA tensors on their GPU (True: it is an error if repro's GPU
         hashing library is not found), on the host (False), or on the GPU where the library is
         found (None). `place`: this process's rank in a run of several (`ranks.RankPlace`), whose
         stream goes to `path/rank-N`; None for a lone process; by default, as torch.distributed
-        says."""
+        says. `data_hash`: how tensors' data hashes are computed, `blake3` or `xxh3-1k` (a trace
+        of format 2.0, docs/trace-format.md section 5.5); None: as REPRO_DATA_HASH says, else
+        `blake3`."""
+        if data_hash is None:
+            data_hash = data_hash_asked()
         self.place: Optional[RankPlace] = current_place() if place == AUTO else place
         self.run_dir = path
         if self.place is not None:
             path = _rank_stream(path, self.place)
         self._switches = determinism_switches()
         self._writer = TraceWriter(path, run, capture, inline_max_bytes, replace, environment(device, self._switches),
-                                   distributed=self.place.header() if self.place is not None else None)
+                                   distributed=self.place.header() if self.place is not None else None,
+                                   data_hash=data_hash)
+        self.data_hash = data_hash
         self.perturbation = perturbation
         self.path = path
         self.inline_max_bytes = inline_max_bytes
@@ -132,7 +142,7 @@ class Recorder:
             return None
         index = device.index if device.index is not None else torch.cuda.current_device()
         if index not in self.hashers:
-            self.hashers[index] = DeviceHasher(self._library, index)
+            self.hashers[index] = DeviceHasher(self._library, index, data_hash=self.data_hash)
         return self.hashers[index]
 
     @property
@@ -143,14 +153,16 @@ class Recorder:
     @classmethod
     def create_or_gated(cls, path: str, run: dict, device: Optional[torch.device] = None, **options) -> "Recorder":
         """Records as a repro command running this program asks (`repro record -- CMD`, `gate --
-        CMD`: REPRO_TRACE_DIR, REPRO_CAPTURE, REPRO_REPLACE, REPRO_PERTURB, REPRO_PERTURB_RANK), and
-        into `path` with `options` otherwise. A trace already there is an error unless replacing is
-        asked for. A rank of several records into `path/rank-N`."""
+        CMD`: REPRO_TRACE_DIR, REPRO_CAPTURE, REPRO_DATA_HASH, REPRO_REPLACE, REPRO_PERTURB,
+        REPRO_PERTURB_RANK), and into `path` with `options` otherwise. A trace already there is an
+        error unless replacing is asked for. A rank of several records into `path/rank-N`."""
         env = os.environ
         if env.get("REPRO_TRACE_DIR"):
             path = env["REPRO_TRACE_DIR"]
         if env.get("REPRO_CAPTURE"):
             options["capture"] = env["REPRO_CAPTURE"]
+        if env.get(DATA_HASH_ENV):
+            options["data_hash"] = data_hash_asked()
         if env.get("REPRO_REPLACE") not in (None, "", "0", "1"):
             raise WriteError(f"REPRO_REPLACE={env['REPRO_REPLACE']}: expected 1 or 0")
         if env.get("REPRO_REPLACE") == "1":
@@ -590,6 +602,16 @@ def record_fields(name: str, kind: str = "activation", phase: Optional[str] = No
     if shard is not None:
         shard = (tuple(int(d) for d in shard[0]), tuple(int(o) for o in shard[1]))
     return (name, kind, phase, tuple(inputs), node, source, collective, shard)
+
+
+def data_hash_asked() -> str:
+    """The data hash REPRO_DATA_HASH asks for, `blake3` where it is unset or empty."""
+    asked = os.environ.get(DATA_HASH_ENV)
+    if not asked:
+        return BLAKE3
+    if asked not in DATA_HASHES:
+        raise WriteError(f"{DATA_HASH_ENV}={asked}: expected one of {', '.join(DATA_HASHES)}")
+    return asked
 
 
 def _rank_stream(run_dir: str, place: RankPlace) -> str:

@@ -10,13 +10,14 @@ recorder caught the change first."""
 import ctypes
 from collections import Counter
 
-import blake3
+from repro_trace import BLAKE3, data_hasher
 
 
 class CpuHashLibrary:
     """The library's C functions, by the same names, over host addresses."""
 
     def __init__(self):
+        self.hash_data = None  # the data hash's function, once a hasher is made
         self.pushed = []  # (address, length, keep) queued and not flushed
         self.unread = []  # flushed beside, not read yet: (number, [(address, length, keep)])
         self.results = []  # (hash, kept bytes or None) of everything read, in ticket order
@@ -26,6 +27,13 @@ class CpuHashLibrary:
         self.reads = Counter()  # how many times each address was read
 
     def repro_cuda_hasher_new(self, index):
+        self.hash_data = data_hasher(BLAKE3)
+        return 1
+
+    def repro_cuda_hasher_new_kind(self, index, number):
+        from repro_torch.cuda_hash import LIBRARY_DATA_HASHES
+
+        self.hash_data = data_hasher(next(k for k, n in LIBRARY_DATA_HASHES.items() if n == number))
         return 1
 
     def repro_cuda_hasher_push_many(self, handle, addresses, lengths, keeps, n):
@@ -38,7 +46,7 @@ class CpuHashLibrary:
         for address, length, keep in pieces:
             self.reads[address] += 1
             data = ctypes.string_at(address, length)
-            self.results.append((blake3.blake3(data).digest(), data if keep else None))
+            self.results.append((self.hash_data(data), data if keep else None))
 
     def repro_cuda_hasher_flush(self, handle):
         self.flushes += 1
@@ -101,7 +109,7 @@ def hash_on_cpu_stand_in(recorder):
             return True
 
     library = CpuHashLibrary()
-    hasher = CpuDeviceHasher("", 0, lib=library)
+    hasher = CpuDeviceHasher("", 0, lib=library, data_hash=recorder.data_hash)
     recorder.hashers[0] = hasher
     recorder.hasher_for = lambda t: hasher
     return library

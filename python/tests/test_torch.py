@@ -26,6 +26,7 @@ except ImportError:  # pragma: no cover
 # The CPU stand-in of the GPU hashing library beside this file, however the tests are run.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cpu_hash_library import hash_on_cpu_stand_in  # noqa: E402
+from spec_hash import tensor_hash  # noqa: E402
 
 REPRO = os.environ.get("REPRO_BIN", "target/release/repro")
 PROGRAM = os.path.join(os.path.dirname(__file__), "..", "examples", "torch_mlp.py")
@@ -504,6 +505,82 @@ class TorchTest(unittest.TestCase):
         run = repro("inspect", path, "--verify")
         self.assertEqual(run.returncode, 0, run.stdout + run.stderr)
 
+    def test_the_data_hash_repro_asks_for_is_recorded_and_hashes_as_the_specification_says(self):
+        from repro_torch import ModelRecorder, Recorder
+        from repro_trace import Trace
+        from repro_writer import WriteError
+
+        def record(path, **options):
+            torch.manual_seed(0)
+            model = torch.nn.Sequential(torch.nn.Linear(40, 30), torch.nn.Tanh(), torch.nn.Linear(30, 5))
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            rec = ModelRecorder(Recorder.create_or_gated(path, {"workload": "xxh3", "steps": 2}, **options), model)
+            for step in range(2):
+                x = torch.randn(6, 40)
+                with rec.training_step(step, inputs={"x": x}) as s:
+                    loss = model(x).square().mean()
+                    s.loss(loss)
+                    loss.backward()
+                    s.gradients()
+                    opt.step()
+                opt.zero_grad()
+            rec.finish()
+
+        # As `repro record --data-hash xxh3-1k` runs the program: the variable wins over the
+        # program's own choice, as REPRO_CAPTURE does.
+        path = os.path.join(self.dir, "asked")
+        with mock.patch.dict(os.environ, {"REPRO_DATA_HASH": "xxh3-1k"}):
+            record(path, capture="all", data_hash="blake3")
+        with Trace(path) as t:
+            self.assertEqual((t.version, t.data_hash), ((2, 0), "xxh3-1k"))
+            checked = []
+            for s in t.steps():
+                for x in s.tensors:
+                    data = t.values(s, x)  # every value stored (capture all)
+                    self.assertEqual(x.hash, tensor_hash(x.dtype, x.shape, data, "xxh3-1k"), f"step {s.step}, {x.name}")
+                    checked.append(len(data))
+        # Tensors of less than a chunk, of several, and of several and a part (4800 bytes).
+        self.assertTrue(min(checked) < 1024 and max(checked) > 4096 and any(n % 1024 for n in checked if n > 1024))
+        run = repro("inspect", path, "--verify")
+        self.assertEqual(run.returncode, 0, run.stdout + run.stderr)
+        # Without the variable, BLAKE3's trace as before; a constructor's argument wins over it;
+        # a value that is no data hash is refused, naming the variable.
+        record(os.path.join(self.dir, "default"), capture="none")
+        with mock.patch.dict(os.environ, {"REPRO_DATA_HASH": "xxh3-1k"}):
+            named = Recorder(os.path.join(self.dir, "named"), {"workload": "x"}, data_hash="blake3")
+            named.finish()
+        for plain in ("default", "named"):
+            with Trace(os.path.join(self.dir, plain)) as t:
+                self.assertEqual((t.version, t.data_hash), ((1, 8), "blake3"))
+        with mock.patch.dict(os.environ, {"REPRO_DATA_HASH": "xxh3"}):
+            with self.assertRaisesRegex(WriteError, "REPRO_DATA_HASH=xxh3: expected one of blake3, xxh3-1k"):
+                Recorder(os.path.join(self.dir, "bad"), {"workload": "x"})
+
+    def test_the_gpu_library_hashes_with_the_trace_s_data_hash_and_an_older_one_is_refused(self):
+        from types import SimpleNamespace
+
+        from repro_torch import DeviceHasher
+        from repro_trace import Trace
+        from repro_writer import WriteError
+
+        paths = {side: os.path.join(self.dir, side) for side in ("host", "library")}
+        with mock.patch.dict(os.environ, {"REPRO_DATA_HASH": "xxh3-1k"}):
+            self._record_in_place_model(paths["host"], stand_in=False)
+            library, _ = self._record_in_place_model(paths["library"], "batched")
+        self.assertGreater(len(library.reads), 0)
+        with Trace(paths["library"]) as t:
+            self.assertEqual(t.data_hash, "xxh3-1k")
+        with open(os.path.join(paths["host"], "records.rpr"), "rb") as a, \
+                open(os.path.join(paths["library"], "records.rpr"), "rb") as b:
+            self.assertEqual(a.read(), b.read(), "a hash of the library is not the host's")
+        # A library built before the data hash had a choice: BLAKE3 as before, xxh3-1k refused.
+        older = SimpleNamespace(repro_cuda_hasher_new=lambda index: 1, repro_cuda_hasher_free=lambda handle: None)
+        self.assertEqual(DeviceHasher("old.so", 0, lib=older).data_hash, "blake3")
+        with self.assertRaises(WriteError) as e:
+            DeviceHasher("old.so", 0, lib=older, data_hash="xxh3-1k")
+        self.assertIn("old.so is older than the data hash xxh3-1k needs", str(e.exception))
+        self.assertIn("rebuild it with `make cuda`", str(e.exception))
+
     def test_an_unknown_flush_policy_is_refused(self):
         from repro_torch import Recorder
         from repro_writer import WriteError
@@ -515,6 +592,7 @@ class TorchTest(unittest.TestCase):
     @unittest.skipUnless(torch and torch.cuda.is_available(), "no CUDA GPU")
     def test_tensors_hashed_on_the_gpu_hash_as_on_the_host(self):
         from repro_torch import ModelRecorder, Recorder, cuda_hash_library_path
+        from repro_trace import Trace
 
         if cuda_hash_library_path() is None:
             self.skipTest("repro's GPU hashing library is not built (make cuda; REPRO_CUDA_HASH_LIB)")
@@ -563,6 +641,9 @@ class TorchTest(unittest.TestCase):
                     self._step(rec, model, opt, g, step)
             rec.finish()
             traces.append(path)
+        # Run under REPRO_DATA_HASH=xxh3-1k on a GPU machine, this checks the GPU's xxh3-1k too.
+        with Trace(traces[0]) as t:
+            self.assertEqual(t.data_hash, os.environ.get("REPRO_DATA_HASH") or "blake3")
         for other in traces[1:]:
             diff = repro("diff", traces[0], other)
             self.assertEqual(diff.returncode, 0, diff.stdout + diff.stderr)

@@ -6,6 +6,7 @@ import os
 import shutil
 import struct
 import subprocess
+import sys
 import tempfile
 import unittest
 
@@ -13,6 +14,9 @@ import numpy as np
 
 from repro_trace import DTYPE_SIZES, Trace
 from repro_writer import Environment, Record, TraceWriter, WriteError
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from record_file import frames_of  # noqa: E402
 
 REPRO = os.environ.get("REPRO_BIN", "target/release/repro")
 
@@ -198,13 +202,7 @@ class WriterTest(unittest.TestCase):
         w.write_step(2, step(2))  # full values, `w` in the payload
         w.write_step(3, step(3))
         self.assertEqual(w.finish(), 4)
-        with open(os.path.join(path, "records.rpr"), "rb") as f:
-            raw = f.read()
-        at, frames = 12, []
-        while at < len(raw):
-            length = struct.unpack_from("<I", raw, at)[0]
-            frames.append(raw[at + 8 : at + 8 + length])
-            at += 8 + length
+        _, frames = frames_of(os.path.join(path, "records.rpr"))
         steps = [msgpack.unpackb(frame, raw=False) for frame in frames[1:-1]]
         self.assertEqual([s["step"] for s in steps], [0, 1, 2, 3])
         for frame in frames:

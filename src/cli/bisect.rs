@@ -99,7 +99,10 @@ impl Subject<'_> {
                     ..RecordOptions::capture(capture).replacing(true)
                 };
                 if let Some(reference) = against {
-                    options = options.comparing_with(Box::new(ReferenceCheck::open(reference)?), true);
+                    options = options.comparing_with(
+                        Box::new(ReferenceCheck::open(reference, repro::trace::DataHash::Blake3)?),
+                        true,
+                    );
                 }
                 let mut recorder = Recorder::create(dir, planned.run_config(), &device, options)?;
                 match planned.workload.run(Training::on(&device, &mut recorder)) {

@@ -130,9 +130,11 @@ pub fn run(args: GateArgs) -> Result<Exit, CliError> {
             Some(planned)
         }
     };
-    if let (Some(file), None) = (&args.baseline, &planned) {
-        TraceReader::open(file)?;
-    }
+    // A program gated against a baseline records with the baseline's data hash.
+    let data_hash = match (&args.baseline, &planned) {
+        (Some(file), None) => Some(TraceReader::open(file)?.header().data_hash),
+        _ => None,
+    };
     let scratch;
     let work = match &args.keep {
         Some(dir) if std::fs::read_dir(dir).is_ok_and(|mut d| d.next().is_some()) => {
@@ -149,7 +151,7 @@ pub fn run(args: GateArgs) -> Result<Exit, CliError> {
         }
     };
     std::fs::create_dir_all(&work).map_err(|e| format!("cannot create {}: {e}", work.display()))?;
-    let report = gate(&args, planned.as_ref(), runs, &work)?;
+    let report = gate(&args, planned.as_ref(), data_hash, runs, &work)?;
     if args.output.json {
         let verdict = if report.passed() { "pass" } else { "fail" };
         super::output::print_json("repro.gate.v2", Some(verdict), &report)?;
@@ -177,7 +179,13 @@ pub fn run(args: GateArgs) -> Result<Exit, CliError> {
 }
 
 /// Records the runs, `planned` (a built-in workload's) or the command's, and compares them.
-fn gate(args: &GateArgs, planned: Option<&WorkloadRun>, runs: usize, work: &Path) -> Result<GateReport, CliError> {
+fn gate(
+    args: &GateArgs,
+    planned: Option<&WorkloadRun>,
+    data_hash: Option<repro::trace::DataHash>,
+    runs: usize,
+    work: &Path,
+) -> Result<GateReport, CliError> {
     let subject = match planned {
         Some(planned) => {
             let on = match args.devices.len() {
@@ -198,7 +206,12 @@ fn gate(args: &GateArgs, planned: Option<&WorkloadRun>, runs: usize, work: &Path
         match planned {
             Some(planned) => record_for_gate(planned, &dir, &args.capture(), &args.devices, &args.train.device)?,
             None => {
-                let env = RecordEnv { dir: Some(dir.clone()), capture: Some(args.capture()), ..RecordEnv::default() };
+                let env = RecordEnv {
+                    dir: Some(dir.clone()),
+                    capture: Some(args.capture()),
+                    data_hash,
+                    ..RecordEnv::default()
+                };
                 record_command(&args.command, &env, args.timeout.map(Duration::from_secs))?
             }
         }

@@ -11,7 +11,7 @@ use repro::distributed::DataParallel;
 use repro::record::RecordEnv;
 use repro::record::{open_device, RecordError, RecordOptions, Recorder, StepProgress};
 use repro::report::{bytes, render_online, render_run_diff_with, replica_line, DiffText};
-use repro::trace::{summarize, CapturePolicy, FullCapture};
+use repro::trace::{summarize, CapturePolicy, DataHash, FullCapture};
 use repro::workloads::{Training, WorkloadRun};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -36,6 +36,11 @@ pub struct RecordArgs {
     /// store the diverging step and the one before it in full.
     #[arg(long, value_name = "RUN", conflicts_with = "devices")]
     against: Option<PathBuf>,
+    /// How tensors' data are hashed: blake3, or xxh3-1k (twice as fast on a GPU; a PyTorch
+    /// program's, through REPRO_DATA_HASH; docs/trace-format.md, section 5.5) [default: blake3].
+    /// Traces of different data hashes cannot be compared.
+    #[arg(long, value_name = "HASH")]
+    data_hash: Option<DataHash>,
     /// With --against: record to the end after a divergence instead of stopping.
     #[arg(long, requires = "against")]
     keep_going: bool,
@@ -76,6 +81,13 @@ pub fn run(args: RecordArgs) -> Result<Exit, CliError> {
     if !args.command.is_empty() {
         return record_program(&args);
     }
+    if let Some(kind) = args.data_hash.filter(|k| !k.is_blake3()) {
+        return Err(format!(
+            "--data-hash {kind}: the built-in workloads record with blake3 only; {kind} is for programs recorded \
+             with `repro record -- CMD` (repro_torch)"
+        )
+        .into());
+    }
     let planned = args.ranks.workload_run(&args.train)?;
     if args.ranks.starts_ranks() {
         return record_ranks(&args, &planned);
@@ -95,7 +107,7 @@ pub fn run(args: RecordArgs) -> Result<Exit, CliError> {
     let capture = args.capture_policy();
     let started = Instant::now();
     let reference = match &args.against {
-        Some(dir) => Some(ReferenceCheck::open(dir)?),
+        Some(dir) => Some(ReferenceCheck::open(dir, repro::trace::DataHash::Blake3)?),
         None => None,
     };
     // Settings that differ from the reference's explain a divergence before anyone looks for one.
@@ -227,6 +239,7 @@ fn record_program(args: &RecordArgs) -> Result<Exit, CliError> {
         against: args.against.clone(),
         keep_going: args.keep_going,
         perturbation: None,
+        data_hash: args.data_hash,
     };
     let program = args.command.join(" ");
     let started = Instant::now();

@@ -17,7 +17,7 @@
 use super::error::RecordError;
 use super::options::RecordOptions;
 use super::perturb::Perturbation;
-use crate::trace::{FullCapture, StepCheck};
+use crate::trace::{DataHash, FullCapture, StepCheck};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
@@ -33,6 +33,8 @@ pub const AGAINST_ENV: &str = "REPRO_AGAINST";
 pub const KEEP_GOING_ENV: &str = "REPRO_KEEP_GOING";
 /// A fault to plant (`REPRO_PERTURB=STEP:TENSOR:ULPS[@ELEMENT]`).
 pub const PERTURB_ENV: &str = "REPRO_PERTURB";
+/// How the program hashes its tensors' data (`REPRO_DATA_HASH=blake3|xxh3-1k`, format 2.0).
+pub const DATA_HASH_ENV: &str = "REPRO_DATA_HASH";
 
 /// What a repro command asks of a self-recording program, read from or written to its
 /// environment.
@@ -50,6 +52,8 @@ pub struct RecordEnv {
     pub keep_going: bool,
     /// A fault to plant.
     pub perturbation: Option<Perturbation>,
+    /// The data hash to record with, in place of the program's own (`blake3` by default).
+    pub data_hash: Option<DataHash>,
 }
 
 impl RecordEnv {
@@ -77,8 +81,15 @@ impl RecordEnv {
             Some(p) => Some(p.parse().map_err(|e| RecordError::Unsupported(format!("{PERTURB_ENV}={p}: {e}")))?),
             None => None,
         };
+        let data_hash = match text(DATA_HASH_ENV) {
+            Some(name) => {
+                Some(name.parse().map_err(|e| RecordError::Unsupported(format!("{DATA_HASH_ENV}={name}: {e}")))?)
+            }
+            None => None,
+        };
         Ok(RecordEnv {
             perturbation,
+            data_hash,
             dir: var(TRACE_DIR_ENV).filter(|v| !v.is_empty()).map(PathBuf::from),
             capture,
             replace: flag(REPLACE_ENV)?,
@@ -99,6 +110,7 @@ impl RecordEnv {
             (REPLACE_ENV, flag(self.replace)),
             (AGAINST_ENV, self.against.clone().map(OsString::from)),
             (KEEP_GOING_ENV, flag(self.keep_going)),
+            (DATA_HASH_ENV, self.data_hash.map(|k| OsString::from(k.name()))),
         ];
         if let Some(p) = &self.perturbation {
             vars.push((PERTURB_ENV, Some(OsString::from(p.to_string()))));
@@ -114,6 +126,12 @@ impl RecordEnv {
         mut options: RecordOptions,
         open_reference: impl FnOnce(&Path) -> Result<Box<dyn StepCheck>, String>,
     ) -> Result<RecordOptions, RecordError> {
+        if let Some(kind) = self.data_hash.filter(|k| !k.is_blake3()) {
+            return Err(RecordError::Unsupported(format!(
+                "{DATA_HASH_ENV}={kind}: repro's candle recorder hashes with blake3 only; {kind} is for PyTorch \
+                 programs (repro_torch)"
+            )));
+        }
         if let Some(capture) = &self.capture {
             options.capture.full = capture.clone();
         }
@@ -143,6 +161,7 @@ mod tests {
             against: Some("reference".into()),
             keep_going: true,
             perturbation: Some("5:hidden:3@2".parse().unwrap()),
+            data_hash: Some(DataHash::Xxh3Chunks),
         };
         let vars = env.vars();
         let read = RecordEnv::from_vars(|name| vars.iter().find(|(n, _)| *n == name).and_then(|(_, v)| v.clone()));
@@ -158,6 +177,18 @@ mod tests {
         assert!(e.contains("REPRO_REPLACE=yes"), "{e}");
         let e = RecordEnv::from_vars(|n| (n == CAPTURE_ENV).then(|| "sometimes".into())).unwrap_err().to_string();
         assert!(e.contains("REPRO_CAPTURE=sometimes"), "{e}");
+        let e = RecordEnv::from_vars(|n| (n == DATA_HASH_ENV).then(|| "sha1".into())).unwrap_err().to_string();
+        assert!(e.contains("REPRO_DATA_HASH=sha1: `sha1` is not a data hash"), "{e}");
+    }
+
+    #[test]
+    fn the_candle_recorder_refuses_a_data_hash_it_does_not_compute() {
+        let never = |_: &Path| -> Result<Box<dyn StepCheck>, String> { panic!("no reference to open") };
+        let xxh3 = RecordEnv { data_hash: Some(DataHash::Xxh3Chunks), ..RecordEnv::default() };
+        let e = xxh3.apply(RecordOptions::default(), never).unwrap_err().to_string();
+        assert!(e.contains("REPRO_DATA_HASH=xxh3-1k: repro's candle recorder hashes with blake3 only"), "{e}");
+        let blake3 = RecordEnv { data_hash: Some(DataHash::Blake3), ..RecordEnv::default() };
+        assert!(blake3.apply(RecordOptions::default(), never).is_ok());
     }
 
     #[test]

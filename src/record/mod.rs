@@ -34,9 +34,12 @@ pub use tensor_bytes::{trace_dtype, with_canonical_bytes};
 
 /// What the GPU hashing library for the PyTorch recorder (`python/cuda-hash`) uses of the
 /// device side: the kernels made ready on a device, a batch of reads hashed by them, foreign
-/// memory to read, and the results on their way and landed. The rest of `device` stays the
+/// memory to read, the leaf pass of the data hash `xxh3-1k`, and the results on their way and
+/// landed. The rest of `device` stays the
 /// recorder's own.
 #[cfg(feature = "cuda")]
 pub mod gpu_hashing {
-    pub use super::device::{prepare, DeviceBatch, ForeignBytes, PendingRead, Resolved};
+    pub use super::device::{
+        launch_leaves, leaf_count, prepare, DeviceBatch, ForeignBytes, LeafPiece, PendingRead, Resolved,
+    };
 }

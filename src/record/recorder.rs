@@ -101,6 +101,8 @@ impl Recorder {
             environment: environment(device),
             capture: options.capture.clone(),
             distributed: options.rank,
+            // The candle recorder hashes with BLAKE3, on the host and on the GPU alike.
+            data_hash: crate::trace::DataHash::Blake3,
         };
         let writer = TraceWriter::create(dir.as_ref(), &header, options.replace)?;
         let mut recorder = Self::discard_with(options.capture, total_steps);

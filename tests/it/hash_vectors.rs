@@ -1,9 +1,10 @@
 //! `fixtures/hash_vectors.json` pins the canonical hash. Each vector names a dtype, a shape and
 //! a byte pattern; this test recomputes every hash and fails if any differs (the encoding
 //! changed, or the file went stale). `REPRO_BLESS=1` rewrites the file after a deliberate change.
+//! `vectors` are the hashes of `blake3` traces, `xxh3_1k` those of `xxh3-1k` traces (format 2.0).
 
 use repro::dtype::DType;
-use repro::hash::tensor_hash;
+use repro::hash::DataHash;
 use serde_json::{json, Value};
 
 const PATH: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/hash_vectors.json");
@@ -30,17 +31,22 @@ fn cases() -> Vec<(DType, Vec<u64>)> {
     cases
 }
 
-fn compute() -> Value {
-    let vectors: Vec<Value> = cases()
+fn vectors(kind: DataHash) -> Vec<Value> {
+    cases()
         .into_iter()
         .map(|(dtype, shape)| {
             let len = shape.iter().product::<u64>() as usize * dtype.size_in_bytes();
-            json!({"dtype": dtype.name(), "shape": shape, "hash": tensor_hash(dtype, &shape, &pattern(len)).to_string()})
+            let hash = kind.tensor_hash(dtype, &shape, &pattern(len)).to_string();
+            json!({"dtype": dtype.name(), "shape": shape, "hash": hash})
         })
-        .collect();
+        .collect()
+}
+
+fn compute() -> Value {
     json!({
-        "about": "Canonical tensor hashes (docs/trace-format.md). Data byte i = (i*31 + 7) mod 251, for numel*size bytes.",
-        "vectors": vectors,
+        "about": "Canonical tensor hashes (docs/trace-format.md): `vectors` with the data hash blake3, `xxh3_1k` with xxh3-1k. Data byte i = (i*31 + 7) mod 251, for numel*size bytes.",
+        "vectors": vectors(DataHash::Blake3),
+        "xxh3_1k": vectors(DataHash::Xxh3Chunks),
     })
 }
 
@@ -52,9 +58,11 @@ fn checked_in_hash_vectors_are_current() {
     }
     let text = std::fs::read_to_string(PATH).expect("fixtures/hash_vectors.json exists (REPRO_BLESS=1 writes it)");
     let stored: Value = serde_json::from_str(&text).unwrap();
-    let (stored, fresh) = (stored["vectors"].as_array().unwrap(), fresh["vectors"].as_array().unwrap());
-    assert_eq!(stored.len(), fresh.len(), "vector count changed");
-    for (s, f) in stored.iter().zip(fresh) {
-        assert_eq!(s, f, "hash vector changed");
+    for key in ["vectors", "xxh3_1k"] {
+        let (stored, fresh) = (stored[key].as_array().expect(key), fresh[key].as_array().unwrap());
+        assert_eq!(stored.len(), fresh.len(), "{key}: vector count changed");
+        for (s, f) in stored.iter().zip(fresh) {
+            assert_eq!(s, f, "{key}: hash vector changed");
+        }
     }
 }

@@ -95,9 +95,13 @@ fn newer_major_version_is_refused_with_advice() {
     let dir = tempfile::tempdir().unwrap();
     let a = record(dir.path(), "a", &[]);
     let mut bytes = fs::read(a.join("records.rpr")).unwrap();
-    bytes[8] = 2; // major version, little-endian u16 after the 8-byte magic
-    fs::write(a.join("records.rpr"), bytes).unwrap();
-    expect_error(&["inspect", s(&a)], &["records.rpr", "format 2.", "upgrade repro"]);
+    bytes[8] = 3; // major version, little-endian u16 after the 8-byte magic (1 and 2 are read)
+    fs::write(a.join("records.rpr"), &bytes).unwrap();
+    expect_error(&["inspect", s(&a)], &["records.rpr", "format 3.", "reads only 1.x and 2.x", "upgrade repro"]);
+    // A readable major in the preamble that the header contradicts is damage, not a version.
+    bytes[8] = 2;
+    fs::write(a.join("records.rpr"), &bytes).unwrap();
+    expect_error(&["inspect", s(&a)], &["records.rpr", "header says format 1.8 but the preamble says 2.8"]);
 }
 
 #[test]
@@ -414,4 +418,55 @@ fn other_initial_parameters_under_the_same_settings_point_at_unseeded_initialisa
     let run = repro(&["diff", s(&a), s(&b)]);
     assert_eq!(run.code, 1, "{}", run.stdout);
     assert!(run.stdout.contains("is the initialisation seeded?"), "{}", run.stdout);
+}
+
+/// Writes a finished one-step trace of one f32 tensor stored inline, hashed with `kind`.
+fn write_trace_hashed_with(path: &Path, kind: repro::hash::DataHash, values: &[f32]) {
+    use repro::dtype::DType;
+    use repro::trace::{StepTensor, TensorKind, TensorRecord, TraceWriter};
+    let header = repro::trace::Header { data_hash: kind, ..crate::util::test_header("mine", 1) };
+    let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let shape = vec![values.len() as u64];
+    let record = TensorRecord {
+        inline: Some(bytes.clone()),
+        hash: kind.tensor_hash(DType::F32, &shape, &bytes),
+        ..TensorRecord::of_bytes("w", TensorKind::Weight, DType::F32, shape, &bytes)
+    };
+    let mut w = TraceWriter::create(path, &header, false).unwrap();
+    w.write_step(0, vec![StepTensor { record, payload: None }]).unwrap();
+    w.finish().unwrap();
+}
+
+/// Format 2.0: traces of the data hash xxh3-1k compare with each other as any traces do, and a
+/// comparison across data hashes is refused (exit 2, naming both traces), never a false verdict.
+#[test]
+fn traces_of_different_data_hashes_are_refused_and_xxh3_traces_compare_as_usual() {
+    use repro::hash::DataHash;
+    let dir = tempfile::tempdir().unwrap();
+    let (xa, xb, xc, b3) = (dir.path().join("xa"), dir.path().join("xb"), dir.path().join("xc"), dir.path().join("b3"));
+    write_trace_hashed_with(&xa, DataHash::Xxh3Chunks, &[1.0, 2.0]);
+    write_trace_hashed_with(&xb, DataHash::Xxh3Chunks, &[1.0, 2.0]);
+    write_trace_hashed_with(&xc, DataHash::Xxh3Chunks, &[1.0, 2.5]);
+    write_trace_hashed_with(&b3, DataHash::Blake3, &[1.0, 2.0]);
+    let same = repro(&["diff", s(&xa), s(&xb)]);
+    assert_eq!(same.code, 0, "{}{}", same.stdout, same.stderr);
+    let other = repro(&["diff", s(&xa), s(&xc)]);
+    assert_eq!(other.code, 1, "{}{}", other.stdout, other.stderr);
+    let verify = repro(&["inspect", "--verify", s(&xa)]);
+    assert_eq!(verify.code, 0, "{}{}", verify.stdout, verify.stderr);
+    for args in [vec!["diff", s(&xa), s(&b3)], vec!["matrix", s(&b3), s(&xa)]] {
+        let run = repro(&args);
+        assert_eq!(run.code, 2, "{args:?}: {}{}", run.stdout, run.stderr);
+        assert!(
+            run.stderr.contains("hashes its tensors with") && run.stderr.contains("cannot be compared"),
+            "{}",
+            run.stderr
+        );
+    }
+    let built_in = repro(&["record", "--out", s(&dir.path().join("r")), "--data-hash", "xxh3-1k"]);
+    assert_eq!(built_in.code, 2, "{}", built_in.stderr);
+    assert!(built_in.stderr.contains("built-in workloads record with blake3 only"), "{}", built_in.stderr);
+    let unknown = repro(&["record", "--out", s(&dir.path().join("r")), "--data-hash", "md5"]);
+    assert_eq!(unknown.code, 2, "{}", unknown.stderr);
+    assert!(unknown.stderr.contains("`md5` is not a data hash"), "{}", unknown.stderr);
 }

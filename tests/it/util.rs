@@ -100,5 +100,6 @@ pub fn test_header(workload: &str, steps: u64) -> repro::trace::Header {
         environment: Default::default(),
         capture: repro::trace::CapturePolicy::default(),
         distributed: None,
+        data_hash: Default::default(),
     }
 }

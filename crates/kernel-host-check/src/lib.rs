@@ -10,6 +10,7 @@ extern "C" {
     fn repro_host_hash_parents(rows: *const u64, prefix: *const u64, n: u64, nodes: *mut u32);
     fn repro_host_hash_roots(roots: *const u64, n: u64, nodes: *const u32, hashes: *mut u32);
     fn repro_host_copy_views(views: *const u64, prefix: *const u64, out_at: *const u64, n: u64, out: *mut u8);
+    fn repro_host_xxh3_leaves(pieces: *const u64, prefix: *const u64, n: u64);
 }
 
 /// Work items of a pass: the last entry of its prefix table, after checking the table's size.
@@ -67,5 +68,51 @@ pub fn copy_views(views: &[u64], prefix: &[u64], out_at: &[u64], out: &mut [u8])
             prefix.len() as u64 - 1,
             out.as_mut_ptr(),
         )
+    }
+}
+
+/// The leaf pass of the data hash xxh3-1k: each piece's leaves, the XXH3-64 of each of its
+/// 1 KiB chunks (the last zero-padded), as the device functions compute them one thread a chunk.
+pub fn xxh3_leaves(pieces: &[&[u8]]) -> Vec<Vec<u64>> {
+    let mut leaves: Vec<Vec<u64>> = pieces.iter().map(|p| vec![0u64; p.len().div_ceil(1024)]).collect();
+    let mut table = Vec::with_capacity(3 * pieces.len());
+    let mut prefix = vec![0u64];
+    for (piece, out) in pieces.iter().zip(&mut leaves) {
+        table.extend([piece.as_ptr() as u64, piece.len() as u64, out.as_mut_ptr() as u64]);
+        prefix.push(prefix.last().unwrap() + out.len() as u64);
+    }
+    // SAFETY: every piece is `len` readable bytes, and its leaves' buffer holds one u64 per chunk;
+    // both outlive the call.
+    unsafe { repro_host_xxh3_leaves(table.as_ptr(), prefix.as_ptr(), pieces.len() as u64) };
+    leaves
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_device_leaves_are_xxh3_of_each_padded_chunk_at_any_alignment() {
+        let memory: Vec<u8> = (0..70_000u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+        let mut pieces: Vec<&[u8]> = Vec::new();
+        for offset in [0usize, 1, 2, 4, 8, 16] {
+            for len in [0usize, 1, 3, 8, 63, 64, 65, 1023, 1024, 1025, 2048, 5000, 65_536] {
+                pieces.push(&memory[offset..offset + len]);
+            }
+        }
+        pieces.push(&[0u8; 1024]);
+        pieces.push(&[0xffu8; 3000]);
+        let leaves = xxh3_leaves(&pieces);
+        for (piece, leaves) in pieces.iter().zip(leaves) {
+            let expected: Vec<u64> = piece
+                .chunks(1024)
+                .map(|chunk| {
+                    let mut padded = chunk.to_vec();
+                    padded.resize(1024, 0);
+                    xxhash_rust::xxh3::xxh3_64(&padded)
+                })
+                .collect();
+            assert_eq!(leaves, expected, "{} bytes at {:p}", piece.len(), piece.as_ptr());
+        }
     }
 }

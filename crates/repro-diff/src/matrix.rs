@@ -166,6 +166,9 @@ pub fn error_matrices(
             None => dir.clone(),
         };
         let mut reader = TraceReader::open(&stream)?;
+        if let Some((first, _)) = runs.first() {
+            TraceReader::comparable_with(first, &reader)?;
+        }
         let record = find_step(&mut reader, step)?;
         runs.push((reader, record));
     }

@@ -33,9 +33,19 @@ pub struct OnlineDivergence {
 }
 
 impl ReferenceCheck {
-    /// Opens the reference trace.
-    pub fn open(dir: &Path) -> Result<Self, TraceError> {
+    /// Opens the reference trace, for a recording whose tensors are hashed with `recording`
+    /// (refused when the reference's data hash is another: no hash would agree).
+    pub fn open(dir: &Path, recording: repro_trace::DataHash) -> Result<Self, TraceError> {
         let mut reader = TraceReader::open(dir)?;
+        let reference = reader.header().data_hash;
+        if reference != recording {
+            return Err(TraceError::DataHashesDiffer {
+                a: dir.to_path_buf(),
+                a_kind: reference,
+                b: "the run being recorded".into(),
+                b_kind: recording,
+            });
+        }
         let next = reader.next_step()?;
         Ok(ReferenceCheck { reader, next, steps_checked: 0, divergence: None })
     }
@@ -168,6 +178,7 @@ mod tests {
             environment: Default::default(),
             capture: CapturePolicy::default(),
             distributed: None,
+            data_hash: Default::default(),
         };
         let mut w = TraceWriter::create(dir.path(), &header, false).unwrap();
         let step = |records: &[&TensorRecord]| -> Vec<StepTensor> {
@@ -176,7 +187,7 @@ mod tests {
         w.write_step(0, step(&[&weight, &by_values])).unwrap();
         w.write_step(1, step(&[&weight, &as_view])).unwrap();
         w.finish().unwrap();
-        let mut check = ReferenceCheck::open(dir.path()).unwrap();
+        let mut check = ReferenceCheck::open(dir.path(), repro_trace::DataHash::Blake3).unwrap();
         assert_eq!(check.check_step(0, &step(&[&weight, &as_view])).unwrap(), StepVerdict::Same);
         let moved = TensorRecord { hash: weight.hash, ..as_view.clone() };
         assert_eq!(check.check_step(1, &step(&[&weight, &moved])).unwrap(), StepVerdict::Diverged);

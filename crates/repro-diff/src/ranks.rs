@@ -128,6 +128,9 @@ fn replicated(t: &repro_trace::TensorRecord) -> bool {
 /// against rank 0: parameters before and after each update, and every collective's result.
 pub fn check_replicas(run: &Path, streams: &[PathBuf]) -> Result<ReplicaReport, TraceError> {
     let mut readers = streams.iter().map(TraceReader::open).collect::<Result<Vec<_>, _>>()?;
+    for other in &readers[1..] {
+        readers[0].comparable_with(other)?;
+    }
     let mut report = ReplicaReport {
         run: run.display().to_string(),
         world_size: streams.len() as u64,
@@ -610,6 +613,7 @@ mod tests {
                 backend: "file".into(),
                 backend_version: String::new(),
             }),
+            data_hash: Default::default(),
         }
     }
 

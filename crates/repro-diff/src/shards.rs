@@ -114,6 +114,9 @@ impl Assembler {
         if !step.tensors.iter().any(|t| t.shard.is_some()) {
             return Ok(step);
         }
+        for other in &self.others {
+            rank0.comparable_with(other)?;
+        }
         if self.others.is_empty() {
             // One stream: each shard is its whole, or the run lacks the rest of it.
             step.tensors = std::mem::take(&mut step.tensors).into_iter().map(whole_already).collect();
@@ -141,7 +144,7 @@ impl Assembler {
         for s in &sharded {
             if let Some(bytes) = self.whole_bytes(rank0, &step, &theirs, s)? {
                 let record = step.tensors.iter().find(|t| t.name == s.name).expect("rank 0's shard");
-                let hash = repro_trace::hash::tensor_hash(s.dtype, &s.whole, &bytes);
+                let hash = rank0.header().data_hash.tensor_hash(s.dtype, &s.whole, &bytes);
                 let whole = TensorRecord {
                     shape: s.whole.clone(),
                     hash,

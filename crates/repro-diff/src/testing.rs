@@ -44,6 +44,7 @@ fn header(params: &[(&str, &str)], device: &str) -> Header {
         environment: Default::default(),
         capture: CapturePolicy::default(),
         distributed: None,
+        data_hash: Default::default(),
     };
     header.environment.device = device.into();
     header

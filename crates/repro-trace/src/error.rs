@@ -26,8 +26,7 @@ pub enum TraceError {
     },
     /// The trace's major format version is not this build's.
     #[error(
-        "{path} uses trace format {found}, but this repro (format {supported}) reads only {}.x; {}",
-        supported.major,
+        "{path} uses trace format {found}, but this repro (format {supported}) reads only 1.x and 2.x; {}",
         if found.major > supported.major { "upgrade repro to read it" } else { "read it with the older repro that wrote it" }
     )]
     UnsupportedFormat {
@@ -35,7 +34,7 @@ pub enum TraceError {
         path: PathBuf,
         /// The trace's format version.
         found: FormatVersion,
-        /// The version this build writes.
+        /// The newest version this build writes.
         supported: FormatVersion,
     },
     /// A file of the trace is damaged.
@@ -63,6 +62,25 @@ pub enum TraceError {
     NotEmpty {
         /// The directory.
         path: PathBuf,
+    },
+    /// Two traces whose tensors are hashed with different data hashes (format 2.0): their
+    /// hashes never agree, so comparing them would call every tensor different.
+    #[error(
+        "{} hashes its tensors with {a_kind} and {} with {b_kind}: hashes of different data hashes never agree, \
+         so the traces cannot be compared; record both with the same data hash (`repro record --data-hash`, \
+         REPRO_DATA_HASH for a PyTorch program)",
+        a.display(),
+        b.display()
+    )]
+    DataHashesDiffer {
+        /// The first trace's directory.
+        a: PathBuf,
+        /// Its data hash.
+        a_kind: crate::hash::DataHash,
+        /// The second trace's directory.
+        b: PathBuf,
+        /// Its data hash.
+        b_kind: crate::hash::DataHash,
     },
     /// The caller asked the writer for something the format cannot hold.
     #[error("cannot record into {path}: {reason}")]

@@ -31,12 +31,28 @@ pub struct FormatVersion {
 /// - 1.7: `shard`: one rank's block of a tensor sharded across the ranks (`crate::shard`).
 /// - 1.8: `reduce_scatter`: a shard that is this rank's block of a sum across the ranks (FSDP's
 ///   gradients), with each rank's whole contribution as its input.
+/// - 2.0: `data_hash` in the header: `xxh3-1k` hashes each tensor's 1 KiB chunks with XXH3-64
+///   and their digests with BLAKE3 (`crate::hash::DataHash`). Only such traces are written as
+///   2.0 (`FormatVersion::written_for`): a 1.x reader would check their hashes as BLAKE3's.
 pub const CURRENT_FORMAT: FormatVersion = FormatVersion { major: 1, minor: 8 };
 
+/// The version a trace of the data hash `xxh3-1k` is written in.
+pub const XXH3_FORMAT: FormatVersion = FormatVersion { major: 2, minor: 0 };
+
 impl FormatVersion {
-    /// Whether this build can read a trace written in `self`.
+    /// Whether this build can read a trace written in `self`: majors 1 and 2.
     pub fn is_readable(self) -> bool {
-        self.major == CURRENT_FORMAT.major
+        self.major == CURRENT_FORMAT.major || self.major == XXH3_FORMAT.major
+    }
+
+    /// The version a trace whose tensors are hashed with `data_hash` is written in: 1.8 for
+    /// BLAKE3 (what every 1.x reader reads), 2.0 otherwise.
+    pub fn written_for(data_hash: crate::hash::DataHash) -> FormatVersion {
+        if data_hash.is_blake3() {
+            CURRENT_FORMAT
+        } else {
+            XXH3_FORMAT
+        }
     }
 }
 
@@ -172,6 +188,10 @@ mod tests {
     fn newer_major_is_unreadable() {
         assert!(CURRENT_FORMAT.is_readable());
         assert!(FormatVersion { major: 1, minor: 9 }.is_readable());
-        assert!(!FormatVersion { major: 2, minor: 0 }.is_readable());
+        assert!(XXH3_FORMAT.is_readable() && FormatVersion { major: 2, minor: 1 }.is_readable());
+        assert!(!FormatVersion { major: 3, minor: 0 }.is_readable());
+        assert!(!FormatVersion { major: 0, minor: 9 }.is_readable());
+        assert_eq!(FormatVersion::written_for(crate::hash::DataHash::Blake3), CURRENT_FORMAT);
+        assert_eq!(FormatVersion::written_for(crate::hash::DataHash::Xxh3Chunks), XXH3_FORMAT);
     }
 }

@@ -7,6 +7,7 @@
 //! after, so resident memory stays at a window per tensor however large the tensors are.
 //! The file's pages stay in the kernel's page cache; reading a window again is cheap.
 
+use crate::hash::{DataHash, DataHasher};
 use memmap2::Mmap;
 use std::ops::Range;
 
@@ -82,11 +83,11 @@ pub(crate) fn for_each_window(
     }
 }
 
-/// BLAKE3 of `bytes`, read window by window (the same hash as one pass over them).
-pub(crate) fn data_hash_windowed(bytes: &[u8], pages: Option<Pages<'_>>) -> [u8; 32] {
-    let mut hasher = blake3::Hasher::new();
-    for_each_window(&[(bytes, pages)], WINDOW_BYTES, |_, w| crate::hash::update(&mut hasher, w[0]));
-    *hasher.finalize().as_bytes()
+/// The data hash `kind` of `bytes`, read window by window (the same hash as one pass over them).
+pub(crate) fn data_hash_windowed(kind: DataHash, bytes: &[u8], pages: Option<Pages<'_>>) -> [u8; 32] {
+    let mut hasher = DataHasher::new(kind);
+    for_each_window(&[(bytes, pages)], WINDOW_BYTES, |_, w| hasher.update(w[0]));
+    hasher.finalize()
 }
 
 #[cfg(test)]
@@ -124,8 +125,11 @@ mod tests {
         // Above the parallel threshold and across windows, with a short last window.
         let data: Vec<u8> = (0..(3 * WINDOW_BYTES / 2 + 77)).map(|i| (i * 7 % 256) as u8).collect();
         let (_file, map) = mapped(&data);
-        let expected = *blake3::hash(&data).as_bytes();
-        assert_eq!(data_hash_windowed(&map, Some(Pages::new(&map, 0))), expected);
-        assert_eq!(data_hash_windowed(&data, None), expected);
+        for kind in DataHash::ALL {
+            let expected = kind.of(&data);
+            assert_eq!(data_hash_windowed(kind, &map, Some(Pages::new(&map, 0))), expected, "{kind}");
+            assert_eq!(data_hash_windowed(kind, &data, None), expected, "{kind}");
+        }
+        assert_eq!(DataHash::Blake3.of(&data), *blake3::hash(&data).as_bytes());
     }
 }

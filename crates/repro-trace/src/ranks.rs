@@ -142,6 +142,7 @@ mod tests {
                 backend: backend.into(),
                 backend_version: "2.28".into(),
             }),
+            data_hash: Default::default(),
         }
     }
 

@@ -154,7 +154,7 @@ impl TraceReader {
             return Err(TraceError::UnsupportedFormat {
                 path: records_path,
                 found: version,
-                supported: format::CURRENT_FORMAT,
+                supported: format::XXH3_FORMAT,
             });
         }
         let mut reader = TraceReader {
@@ -170,6 +170,7 @@ impl TraceReader {
                 environment: Default::default(),
                 capture: Default::default(),
                 distributed: None,
+                data_hash: Default::default(),
             },
             last_step: None,
             steps_read: 0,
@@ -192,6 +193,11 @@ impl TraceReader {
                 }
                 if header.distributed.is_some() {
                     if let Err(why) = reader.needs_version(1, 3, "`distributed`") {
+                        return Err(reader.corrupt("the header record", why));
+                    }
+                }
+                if !header.data_hash.is_blake3() {
+                    if let Err(why) = reader.needs_version(2, 0, "`data_hash` other than blake3") {
                         return Err(reader.corrupt("the header record", why));
                     }
                 }
@@ -234,6 +240,17 @@ impl TraceReader {
     /// The header record.
     pub fn header(&self) -> &Header {
         &self.header
+    }
+
+    /// Refuses to compare this trace's hashes with `other`'s when their data hashes differ
+    /// (section 5.5 of the format): such hashes never agree.
+    pub fn comparable_with(&self, other: &TraceReader) -> Result<(), TraceError> {
+        let (a_kind, b_kind) = (self.header.data_hash, other.header.data_hash);
+        if a_kind == b_kind {
+            return Ok(());
+        }
+        let shown = |r: &TraceReader| if r.records_only { r.records_path.clone() } else { r.dir.clone() };
+        Err(TraceError::DataHashesDiffer { a: shown(self), a_kind, b: shown(other), b_kind })
     }
 
     /// Whether the trace is complete; known once `next_step` has returned `None`.
@@ -314,7 +331,8 @@ impl TraceReader {
         } else {
             return Ok(None);
         };
-        if combine(tensor.dtype, &tensor.shape, &paging::data_hash_windowed(bytes, pages)) != tensor.hash {
+        let data_hash = paging::data_hash_windowed(this.header.data_hash, bytes, pages);
+        if combine(tensor.dtype, &tensor.shape, &data_hash) != tensor.hash {
             let path = match (&tensor.inline, &step.payload) {
                 (None, Some(name)) => this.dir.join(name),
                 _ => this.records_path.clone(),
@@ -989,6 +1007,83 @@ mod tests {
         let records = [old, step(vec![owner, transposed])];
         let err = read_all(trace_in_version(v1_4, &records).path()).unwrap_err().to_string();
         assert!(err.contains("`view` is a key of format 1.5"), "{err}");
+    }
+
+    #[test]
+    fn an_xxh3_1k_trace_is_written_as_2_0_and_its_values_checked_with_its_data_hash() {
+        use crate::hash::DataHash;
+        use crate::writer::{Payload, StepTensor, TraceWriter};
+        let values: Vec<u8> = (0..3000u32).flat_map(|i| (i as f32).to_le_bytes()).collect();
+        let shape = vec![3000u64];
+        let record = |kind: DataHash, name: &str| StepTensor {
+            record: TensorRecord {
+                name: name.into(),
+                hash: kind.tensor_hash(DType::F32, &shape, &values),
+                in_payload: true,
+                ..tensor(shape.clone(), None, false)
+            },
+            payload: Some(Payload::Bytes(values.clone())),
+        };
+        let write = |header_kind: DataHash, record_kind: DataHash| {
+            let dir = tempfile::tempdir().unwrap();
+            let header = Header { data_hash: header_kind, ..plain_header() };
+            let mut w = TraceWriter::create(dir.path(), &header, false).unwrap();
+            w.write_step(0, vec![record(record_kind, "w")]).unwrap();
+            w.finish().unwrap();
+            dir
+        };
+        let xx = write(DataHash::Xxh3Chunks, DataHash::Xxh3Chunks);
+        let reader = TraceReader::open(xx.path()).unwrap();
+        assert_eq!(reader.version(), FormatVersion { major: 2, minor: 0 });
+        assert_eq!(reader.header().format, reader.version(), "the header says what the preamble says");
+        assert_eq!(reader.header().data_hash, DataHash::Xxh3Chunks);
+        assert_eq!(read_all(xx.path()).unwrap(), 1, "values verified with xxh3-1k");
+        // A BLAKE3 hash in an xxh3-1k trace does not match its values, nor the reverse.
+        for (header_kind, record_kind) in
+            [(DataHash::Xxh3Chunks, DataHash::Blake3), (DataHash::Blake3, DataHash::Xxh3Chunks)]
+        {
+            let err = read_all(write(header_kind, record_kind).path()).unwrap_err().to_string();
+            assert!(err.contains("do not match the recorded hash"), "{header_kind} trace, {record_kind} hash: {err}");
+        }
+        let b3 = write(DataHash::Blake3, DataHash::Blake3);
+        let plain = TraceReader::open(b3.path()).unwrap();
+        assert_eq!(plain.version(), CURRENT_FORMAT, "blake3 traces stay 1.8");
+        let refused = reader.comparable_with(&plain).unwrap_err().to_string();
+        assert!(
+            refused.contains(&format!(
+                "{} hashes its tensors with xxh3-1k and {} with blake3",
+                xx.path().display(),
+                b3.path().display()
+            )),
+            "{refused}"
+        );
+        assert!(reader.comparable_with(&TraceReader::open(xx.path()).unwrap()).is_ok());
+    }
+
+    #[test]
+    fn a_data_hash_in_a_1_x_trace_or_of_an_unknown_name_is_corrupt() {
+        let h = Header { data_hash: crate::hash::DataHash::Xxh3Chunks, ..plain_header() };
+        let in_1_8 = rmp_serde::to_vec_named(&Record::Header(Box::new(h))).unwrap();
+        let err = TraceReader::open(trace_with(&[in_1_8]).path()).err().expect("refused").to_string();
+        assert!(
+            err.contains("`data_hash` other than blake3 is a key of format 2.0, but the file declares 1.8"),
+            "{err}"
+        );
+        let v2 = FormatVersion { major: 2, minor: 0 };
+        let h = Header { format: v2, data_hash: crate::hash::DataHash::Xxh3Chunks, ..plain_header() };
+        let renamed = rmp_serde::to_vec_named(&Record::Header(Box::new(h))).unwrap();
+        let at = renamed.windows(7).position(|w| w == b"xxh3-1k").unwrap();
+        let mut unknown = renamed.clone();
+        unknown[at..at + 7].copy_from_slice(b"xxh3-2k");
+        let err = TraceReader::open(trace_in_version(v2, &[unknown]).path()).err().expect("refused").to_string();
+        assert!(err.contains("corrupt") && err.contains("xxh3-2k"), "{err}");
+        assert!(TraceReader::open(trace_in_version(v2, &[renamed]).path()).is_ok());
+        let v3 = FormatVersion { major: 3, minor: 0 };
+        let err = TraceReader::open(trace_in_version(v3, &[]).path()).err().expect("refused").to_string();
+        assert!(
+            err.contains("uses trace format 3.0") && err.contains("reads only 1.x and 2.x; upgrade repro"),
+            "{err}"
+        );
     }
 
     #[test]

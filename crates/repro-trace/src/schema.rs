@@ -3,7 +3,7 @@
 
 use crate::dtype::DType;
 use crate::format::FormatVersion;
-use crate::hash::TensorHash;
+use crate::hash::{DataHash, TensorHash};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use std::collections::BTreeMap;
 use std::fmt;
@@ -39,6 +39,15 @@ pub struct Header {
     /// device.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub distributed: Option<Distributed>,
+    /// How every tensor's inner data hash is computed (format 2.0); `blake3`, the default, is
+    /// omitted, as a 1.x trace has it.
+    #[serde(default, skip_serializing_if = "DataHash::is_blake3", deserialize_with = "nil_is_blake3")]
+    pub data_hash: DataHash,
+}
+
+/// A header's `data_hash`, nil read as absent (`blake3`), as nil is for other optional keys.
+fn nil_is_blake3<'de, D: serde::Deserializer<'de>>(d: D) -> Result<DataHash, D::Error> {
+    Ok(Option::<DataHash>::deserialize(d)?.unwrap_or_default())
 }
 
 impl Header {
@@ -52,6 +61,7 @@ impl Header {
             environment: Environment::default(),
             capture: CapturePolicy::default(),
             distributed: None,
+            data_hash: DataHash::Blake3,
         }
     }
 }

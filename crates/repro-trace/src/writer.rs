@@ -7,7 +7,7 @@
 //! use is one step's tensors, whatever the number of steps.
 
 use crate::error::TraceError;
-use crate::format::{self, CURRENT_FORMAT, MAGIC, RECORDS_FILE, RUN_META_FILE, TENSORS_DIR};
+use crate::format::{self, FormatVersion, MAGIC, RECORDS_FILE, RUN_META_FILE, TENSORS_DIR};
 use crate::frame::{write_frame, FRAME_HEADER_LEN};
 use crate::payload::{header_bytes, remove_stale, safetensors_order, PayloadEntry, PayloadFile};
 use crate::printable;
@@ -136,9 +136,12 @@ impl TraceWriter {
             .create_new(true)
             .open(&records_path)
             .map_err(TraceError::io(&records_path))?;
+        // The version the data hash needs (1.8, or 2.0 for `xxh3-1k`), in the preamble and the
+        // header alike.
+        let header = Header { format: FormatVersion::written_for(header.data_hash), ..header.clone() };
         let mut preamble = MAGIC.to_vec();
-        preamble.extend_from_slice(&CURRENT_FORMAT.major.to_le_bytes());
-        preamble.extend_from_slice(&CURRENT_FORMAT.minor.to_le_bytes());
+        preamble.extend_from_slice(&header.format.major.to_le_bytes());
+        preamble.extend_from_slice(&header.format.minor.to_le_bytes());
         records.write_all(&preamble).map_err(TraceError::io(&records_path))?;
 
         let mut writer = TraceWriter {
@@ -158,7 +161,7 @@ impl TraceWriter {
                 command: std::env::args().collect(),
             },
         };
-        writer.append(&Record::Header(Box::new(header.clone())))?;
+        writer.append(&Record::Header(Box::new(header)))?;
         writer.write_meta()?;
         Ok(writer)
     }

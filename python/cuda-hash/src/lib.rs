@@ -8,6 +8,7 @@
 //!
 //! ```c
 //! void *repro_cuda_hasher_new(int32_t ordinal);                        // NULL on error
+//! void *repro_cuda_hasher_new_kind(int32_t ordinal, uint32_t data_hash); // 0 blake3, 1 xxh3-1k
 //! int64_t repro_cuda_hasher_push_many(void *h, const uint64_t *addresses, const uint64_t *lens,
 //!                                     const uint8_t *keep_bytes, uint64_t n);
 //!                                                     // the first one's ticket; -1 on error
@@ -29,7 +30,7 @@
 //! queued, without waiting. `start_read` flushes and queues the copy of every result to the host
 //! behind the kernels, without waiting, and sets `n` to the number of tickets; the hasher starts
 //! over at ticket 0. `read_finish` waits for that copy (not for anything queued later, so the
-//! program can go on with its next step meanwhile) and writes the `n` BLAKE3 data hashes (32
+//! program can go on with its next step meanwhile) and writes the `n` data hashes (32
 //! bytes each, ticket order) to `hashes`, and the bytes of the tickets pushed with `keep_bytes`,
 //! one after another in ticket order, to `bytes` (`bytes_len` their total length). It frees the
 //! read, whether it succeeds or not.
@@ -44,6 +45,12 @@
 //! synchronizes it before `flush` and finishes the read before going on. All calls on one
 //! hasher, and on its reads, come from one thread.
 //!
+//! A hasher made by `repro_cuda_hasher_new` computes the data hash `blake3`; one made by
+//! `repro_cuda_hasher_new_kind` with 1 computes `xxh3-1k` (docs/trace-format.md, section 5.5):
+//! each flush first runs the leaf pass over the memory to hash, on the calling thread's stream,
+//! into leaf memory the hasher owns until the step's read is finished, and then hashes the
+//! leaves with BLAKE3 as it hashes any memory.
+//!
 //! `flush_beside` reads the memory on the hasher's own stream instead, behind what the calling
 //! thread's stream had queued: the program's later work runs on while the memory is read, so
 //! the program must keep it allocated and unchanged until `reads_done` has reached the number
@@ -54,12 +61,18 @@
 
 use candle_core::cuda_backend::cudarc::driver::CudaEvent;
 use candle_core::cuda_backend::cudarc::driver::CudaStream;
+use candle_core::cuda_backend::cudarc::driver::{CudaSlice, DevicePtr};
+use candle_core::cuda_backend::CudaDevice;
 use candle_core::cuda_backend::WrapErr;
 use candle_core::{Device, Result};
-use repro::record::gpu_hashing::{DeviceBatch, ForeignBytes, PendingRead, Resolved};
+use repro::hash::DataHash;
+use repro::record::gpu_hashing::{
+    launch_leaves, leaf_count, DeviceBatch, ForeignBytes, LeafPiece, PendingRead, Resolved,
+};
 use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::ffi::{c_char, c_void, CString};
+use std::rc::Rc;
 use std::sync::Arc;
 
 /// A hasher: one device, the batch queued since the last `start_read`, which of its tickets
@@ -67,6 +80,12 @@ use std::sync::Arc;
 struct Hasher {
     batch: DeviceBatch,
     keeps_bytes: Vec<bool>,
+    /// The data hash it computes.
+    data_hash: DataHash,
+    /// `xxh3-1k`: the pieces whose leaves the next flush computes first, and the memory their
+    /// leaves (this batch's) live in.
+    leaf_pieces: Vec<LeafPiece>,
+    leaf_memory: LeafMemory,
     beside: Arc<CudaStream>,
     /// Flushes so far (the last one's number).
     flushes: i64,
@@ -78,10 +97,65 @@ struct Hasher {
 }
 
 impl Hasher {
-    /// Starts a new batch, returning the one queued so far and which of its tickets keep bytes.
-    fn take_batch(&mut self) -> (DeviceBatch, Vec<bool>) {
+    /// Starts a new batch, returning the one queued so far, which of its tickets keep bytes, and
+    /// the leaf memory its hashes read.
+    fn take_batch(&mut self) -> (DeviceBatch, Vec<bool>, Vec<CudaSlice<u8>>) {
         let fresh = DeviceBatch::beside(self.batch.device().clone(), self.beside.clone());
-        (std::mem::replace(&mut self.batch, fresh), std::mem::take(&mut self.keeps_bytes))
+        let leaves = std::mem::take(&mut self.leaf_memory.used);
+        self.leaf_memory.at = 0;
+        (std::mem::replace(&mut self.batch, fresh), std::mem::take(&mut self.keeps_bytes), leaves)
+    }
+
+    /// Launches the leaf pass over the pieces queued since the last one (`xxh3-1k`).
+    fn launch_leaves(&mut self) -> Result<()> {
+        let pieces = std::mem::take(&mut self.leaf_pieces);
+        // SAFETY: the pieces' memory is the caller's, as `push_many` requires; their leaves lie
+        // in blocks of `leaf_memory` this batch alone uses, kept until its read is finished.
+        unsafe { launch_leaves(self.batch.device(), &pieces) }
+    }
+}
+
+/// Device memory for the leaves of a step's pieces (`xxh3-1k`): blocks handed out in order,
+/// each kept until the step's read is finished and then reused.
+struct LeafMemory {
+    /// Blocks this batch's leaves are in, the last one being filled.
+    used: Vec<CudaSlice<u8>>,
+    /// Bytes of the last block handed out.
+    at: usize,
+    /// Blocks whose reads are finished.
+    free: Rc<RefCell<Vec<CudaSlice<u8>>>>,
+}
+
+/// Bytes of a leaf block: the leaves of 512 MiB of memory. A step's leaves stay until its read
+/// is finished, a step later; blocks this small hold little more than that (64 MiB blocks held
+/// 128 MiB more on an H200 at resnet50's batch 8).
+const LEAF_BLOCK: usize = 4 << 20;
+
+impl LeafMemory {
+    /// The address of room for `bytes` of leaves, 16-byte aligned (the BLAKE3 chunk pass reads
+    /// whole aligned chunks fastest).
+    fn reserve(&mut self, dev: &CudaDevice, bytes: usize) -> Result<u64> {
+        let at = self.at.next_multiple_of(16);
+        let fits = self.used.last().is_some_and(|block| at + bytes <= block.len());
+        if !fits {
+            let reused = {
+                let mut free = self.free.borrow_mut();
+                free.iter().position(|b| b.len() >= bytes).map(|i| free.swap_remove(i))
+            };
+            let block = match reused {
+                Some(block) => block,
+                // SAFETY: the leaf pass writes every leaf before anything reads it.
+                None => unsafe { dev.alloc::<u8>(LEAF_BLOCK.max(bytes)) }?,
+            };
+            self.used.push(block);
+            self.at = 0;
+            return self.reserve(dev, bytes);
+        }
+        let block = self.used.last().expect("a block");
+        let stream = dev.cuda_stream();
+        let base = block.device_ptr(&stream).0;
+        self.at = at + bytes;
+        Ok(base + at as u64)
     }
 }
 
@@ -101,7 +175,7 @@ pub extern "C" fn repro_cuda_last_error() -> *const c_char {
     LAST_ERROR.with(|e| e.borrow().as_ref().map_or(std::ptr::null(), |m| m.as_ptr()))
 }
 
-fn new_hasher(ordinal: i32) -> Result<Hasher> {
+fn new_hasher(ordinal: i32, data_hash: DataHash) -> Result<Hasher> {
     let ordinal = usize::try_from(ordinal).map_err(|_| candle_core::Error::Msg(format!("no GPU {ordinal}")))?;
     let Device::Cuda(dev) = Device::new_cuda(ordinal)? else { unreachable!("new_cuda gives a CUDA device") };
     repro::record::gpu_hashing::prepare(&dev)?;
@@ -117,6 +191,9 @@ fn new_hasher(ordinal: i32) -> Result<Hasher> {
     Ok(Hasher {
         batch: DeviceBatch::beside(dev, beside.clone()),
         keeps_bytes: Vec::new(),
+        data_hash,
+        leaf_pieces: Vec::new(),
+        leaf_memory: LeafMemory { used: Vec::new(), at: 0, free: Rc::new(RefCell::new(Vec::new())) },
         beside,
         flushes: 0,
         reads_done: 0,
@@ -124,10 +201,25 @@ fn new_hasher(ordinal: i32) -> Result<Hasher> {
     })
 }
 
-/// A hasher on GPU `ordinal`, or NULL (see `repro_cuda_last_error`).
+/// A hasher of the data hash `blake3` on GPU `ordinal`, or NULL (see `repro_cuda_last_error`).
 #[no_mangle]
 pub extern "C" fn repro_cuda_hasher_new(ordinal: i32) -> *mut c_void {
-    match new_hasher(ordinal) {
+    repro_cuda_hasher_new_kind(ordinal, 0)
+}
+
+/// A hasher on GPU `ordinal` of the data hash `data_hash` (0: `blake3`, 1: `xxh3-1k`), or NULL
+/// (see `repro_cuda_last_error`).
+#[no_mangle]
+pub extern "C" fn repro_cuda_hasher_new_kind(ordinal: i32, data_hash: u32) -> *mut c_void {
+    let kind = match data_hash {
+        0 => DataHash::Blake3,
+        1 => DataHash::Xxh3Chunks,
+        other => {
+            set_error(format!("repro_cuda_hasher_new_kind: no data hash {other} (0: blake3, 1: xxh3-1k)"));
+            return std::ptr::null_mut();
+        }
+    };
+    match new_hasher(ordinal, kind) {
         Ok(hasher) => Box::into_raw(Box::new(hasher)).cast(),
         Err(e) => {
             set_error(format!("cannot start hashing on cuda:{ordinal}: {e}"));
@@ -194,9 +286,24 @@ pub unsafe extern "C" fn repro_cuda_hasher_push_many(
         )
     };
     for ((&address, &len), &keep) in addresses.iter().zip(lens).zip(keeps) {
+        hasher.keeps_bytes.push(keep != 0);
+        if keep == 0 && hasher.data_hash == DataHash::Xxh3Chunks {
+            // Its leaves, computed at the next flush, are what the batch hashes with BLAKE3.
+            let bytes = 8 * leaf_count(len) as usize;
+            let leaves = match hasher.leaf_memory.reserve(hasher.batch.device(), bytes) {
+                Ok(leaves) => leaves,
+                Err(e) => {
+                    set_error(format!("repro_cuda_hasher_push_many: room for the leaves of {len} bytes: {e}"));
+                    return -1;
+                }
+            };
+            hasher.leaf_pieces.push(LeafPiece { address, len, leaves });
+            // SAFETY: the leaves are the hasher's, kept until the step's read is finished.
+            hasher.batch.push_foreign(unsafe { ForeignBytes::new(leaves, bytes) }, true);
+            continue;
+        }
         // SAFETY: the caller's promise above.
         let bytes = unsafe { ForeignBytes::new(address, len as usize) };
-        hasher.keeps_bytes.push(keep != 0);
         hasher.batch.push_foreign(bytes, keep == 0);
     }
     first
@@ -205,6 +312,7 @@ pub unsafe extern "C" fn repro_cuda_hasher_push_many(
 /// Flushes what is queued, reading it on the calling thread's stream or beside it; the flush's
 /// number.
 fn flush(hasher: &mut Hasher, beside: bool) -> Result<i64> {
+    hasher.launch_leaves()?;
     hasher.batch.set_reads_beside(beside);
     hasher.batch.flush()?;
     hasher.flushes += 1;
@@ -265,10 +373,14 @@ pub unsafe extern "C" fn repro_cuda_hasher_reads_done(hasher: *mut c_void) -> i6
     hasher.reads_done
 }
 
-/// A step's results on their way to the host, and which of its tickets keep their bytes.
+/// A step's results on their way to the host, which of its tickets keep their bytes, the data
+/// hash they are of, and the leaf memory its hashes read (`xxh3-1k`), given back when finished.
 struct Read {
     pending: PendingRead,
     keeps_bytes: Vec<bool>,
+    data_hash: DataHash,
+    leaves: Vec<CudaSlice<u8>>,
+    free_leaves: Rc<RefCell<Vec<CudaSlice<u8>>>>,
 }
 
 /// Waits until every flush's reads are done; the last flush's number, or -1.
@@ -300,13 +412,18 @@ pub unsafe extern "C" fn repro_cuda_hasher_start_read(hasher: *mut c_void, n: *m
     let Some(hasher) = (unsafe { hasher_of(hasher, "repro_cuda_hasher_start_read") }) else {
         return std::ptr::null_mut();
     };
-    let (mut batch, keeps_bytes) = hasher.take_batch();
+    if let Err(e) = hasher.launch_leaves() {
+        set_error(format!("hashing on the GPU failed: {e}"));
+        return std::ptr::null_mut();
+    }
+    let (mut batch, keeps_bytes, leaves) = hasher.take_batch();
     // SAFETY: the caller's promise above.
     unsafe { *n = keeps_bytes.len() as u64 };
     // What is still queued is read in order with the program's stream.
     batch.set_reads_beside(false);
+    let (data_hash, free_leaves) = (hasher.data_hash, hasher.leaf_memory.free.clone());
     match batch.start_read() {
-        Ok(pending) => Box::into_raw(Box::new(Read { pending, keeps_bytes })).cast(),
+        Ok(pending) => Box::into_raw(Box::new(Read { pending, keeps_bytes, data_hash, leaves, free_leaves })).cast(),
         Err(e) => {
             set_error(format!("hashing on the GPU failed: {e}"));
             std::ptr::null_mut()
@@ -321,11 +438,14 @@ fn finish(read: Read, hashes: &mut [u8], bytes: &mut [u8]) -> Result<()> {
         return Err(candle_core::Error::Msg(format!("asked for {asked} hashes, but the read holds {tickets}")));
     }
     let results = read.pending.wait()?.results();
+    // The leaves have been hashed: their blocks are free for the next steps'.
+    read.free_leaves.borrow_mut().extend(read.leaves);
     let mut kept = 0;
     for ((result, slot), keep) in results.into_iter().zip(hashes.chunks_exact_mut(32)).zip(read.keeps_bytes) {
         let hash = match result {
             Resolved::DataHash(hash) => hash,
-            // Bytes asked for, and views under one BLAKE3 chunk, come back whole: hashed here.
+            // Bytes asked for, and views under one BLAKE3 chunk, come back whole: hashed here
+            // (an `xxh3-1k` ticket's own bytes when they were kept, its leaves otherwise).
             Resolved::Bytes(values) => {
                 if keep {
                     let Some(into) = bytes.get_mut(kept..kept + values.len()) else {
@@ -337,7 +457,10 @@ fn finish(read: Read, hashes: &mut [u8], bytes: &mut [u8]) -> Result<()> {
                     into.copy_from_slice(&values);
                     kept += values.len();
                 }
-                *blake3::hash(&values).as_bytes()
+                match (read.data_hash, keep) {
+                    (DataHash::Xxh3Chunks, false) => *blake3::hash(&values).as_bytes(),
+                    (kind, _) => kind.of(&values),
+                }
             }
             Resolved::InFile(_) => {
                 return Err(candle_core::Error::Msg("this read streams no values to a payload file".into()))

@@ -84,6 +84,7 @@ mod tests {
                 backend: "nccl".into(),
                 backend_version: "2.28.9".into(),
             }),
+            data_hash: Default::default(),
         }
     }
 

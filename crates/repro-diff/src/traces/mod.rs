@@ -322,6 +322,7 @@ pub(crate) fn diff_assembling(
     mut shards_b: Option<&mut Assembler>,
     options: &DiffOptions,
 ) -> Result<TraceDiff, TraceError> {
+    a.comparable_with(b)?;
     let tolerance = options.tolerance.clone();
     let mut state = DiffState { tolerance: tolerance.clone(), ..DiffState::default() };
     for name in &options.track {

@@ -93,7 +93,7 @@ impl ComparedStep {
                 }
             }
             let shape = vec![t.shape[1], t.shape[0]];
-            let hash = repro_trace::hash::tensor_hash(t.dtype, &shape, &bytes);
+            let hash = reader.header().data_hash.tensor_hash(t.dtype, &shape, &bytes);
             *t = TensorRecord { shape, hash, inline: Some(bytes), in_payload: false, view: None, ..t.clone() };
             *from = None;
         }

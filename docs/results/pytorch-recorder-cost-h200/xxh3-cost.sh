@@ -1,0 +1,17 @@
+#!/bin/bash
+# Session 2026-11-28 (fifth): what recording costs with the data hash xxh3-1k against blake3,
+# batch 64 (and the two host-bound CNNs at batch 8), one H200, one call.
+set -u
+tar -xzf target/gpu-pack/pack.tar.gz -C target
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+export LD_LIBRARY_PATH="/usr/local/cuda-13.0/targets/x86_64-linux/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+export REPRO_BIN=$PWD/target/cuda-bin/repro REPRO_CUDA_HASH_LIB=$PWD/target/cuda-bin/librepro_cuda_hash.so
+export PYTHONPATH="python:python/bench:${PYTHONPATH}" PYTHONUNBUFFERED=1
+bench() { python3 python/bench/torch_cost.py "$@" 2>&1 | grep -v Warning; }
+{
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+echo "== batch 64"
+bench --header --steps 8 --pairs 8 --variants plain,batched,xxh3 resnet50 densenet121 efficientnet_b0 mobilenet_v3_large convnext_tiny vit_b_16
+echo "== batch 8"
+bench --steps 8 --pairs 8 --batch 8 --variants plain,batched,xxh3 resnet50 efficientnet_b0
+} 2>&1 | tee $OUT/log.txt
