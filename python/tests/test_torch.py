@@ -120,6 +120,29 @@ class TorchTest(unittest.TestCase):
         self.assertIn("max 2 ULP", diff.stdout)
 
 
+    def test_a_program_recorded_with_xxh3_1k_compares_with_its_kind_and_is_refused_against_blake3(self):
+        from repro_trace import Trace
+
+        cmd = [sys.executable, PROGRAM]
+        runs = {name: os.path.join(self.dir, name) for name in ("x1", "x2", "b3")}
+        for name in ("x1", "x2"):
+            run = repro("record", "--data-hash", "xxh3-1k", "--out", runs[name], "--capture", "all", "--", *cmd)
+            self.assertEqual(run.returncode, 0, run.stderr)
+        run = repro("record", "--out", runs["b3"], "--capture", "none", "--", *cmd)
+        self.assertEqual(run.returncode, 0, run.stderr)
+        with Trace(runs["x1"]) as t:
+            self.assertEqual((t.version, t.data_hash), ((2, 0), "xxh3-1k"))
+        with Trace(runs["b3"]) as t:
+            self.assertEqual((t.version, t.data_hash), ((1, 8), "blake3"))
+        inspect = repro("inspect", runs["x1"], "--verify")
+        self.assertEqual(inspect.returncode, 0, inspect.stdout + inspect.stderr)
+        same = repro("diff", runs["x1"], runs["x2"])
+        self.assertEqual(same.returncode, 0, same.stdout + same.stderr)
+        self.assertIn("IDENTICAL", same.stdout)
+        mixed = repro("diff", runs["x1"], runs["b3"])
+        self.assertEqual(mixed.returncode, 2, mixed.stdout + mixed.stderr)
+        self.assertIn("hashes its tensors with xxh3-1k", mixed.stderr)
+
     def test_the_gpt_and_its_pytorch_twin_agree_within_a_tolerance(self):
         candle, twin = os.path.join(self.dir, "candle"), os.path.join(self.dir, "twin")
         settings = ["--steps", "4", "--layers", "1", "--width", "32", "--heads", "2", "--context", "16", "--batch", "2"]
