@@ -48,8 +48,8 @@
 //! A hasher made by `repro_cuda_hasher_new` computes the data hash `blake3`; one made by
 //! `repro_cuda_hasher_new_kind` with 1 computes `xxh3-1k` (docs/trace-format.md, section 5.5):
 //! each flush first runs the leaf pass over the memory to hash, on the calling thread's stream,
-//! into leaf memory the hasher owns until the step's read is finished, and then hashes the
-//! leaves with BLAKE3 as it hashes any memory.
+//! into leaf memory the hasher owns, and then hashes the leaves with BLAKE3 as it hashes any
+//! memory; the next flush writes its leaves into the same memory, behind those reads.
 //!
 //! `flush_beside` reads the memory on the hasher's own stream instead, behind what the calling
 //! thread's stream had queued: the program's later work runs on while the memory is read, so
@@ -72,7 +72,6 @@ use repro::record::gpu_hashing::{
 use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::ffi::{c_char, c_void, CString};
-use std::rc::Rc;
 use std::sync::Arc;
 
 /// A hasher: one device, the batch queued since the last `start_read`, which of its tickets
@@ -83,7 +82,7 @@ struct Hasher {
     /// The data hash it computes.
     data_hash: DataHash,
     /// `xxh3-1k`: the pieces whose leaves the next flush computes first, and the memory their
-    /// leaves (this batch's) live in.
+    /// leaves live in.
     leaf_pieces: Vec<LeafPiece>,
     leaf_memory: LeafMemory,
     beside: Arc<CudaStream>,
@@ -97,39 +96,70 @@ struct Hasher {
 }
 
 impl Hasher {
-    /// Starts a new batch, returning the one queued so far, which of its tickets keep bytes, and
-    /// the leaf memory its hashes read.
-    fn take_batch(&mut self) -> (DeviceBatch, Vec<bool>, Vec<CudaSlice<u8>>) {
+    /// Starts a new batch, returning the one queued so far and which of its tickets keep bytes.
+    fn take_batch(&mut self) -> (DeviceBatch, Vec<bool>) {
         let fresh = DeviceBatch::beside(self.batch.device().clone(), self.beside.clone());
-        let leaves = std::mem::take(&mut self.leaf_memory.used);
-        self.leaf_memory.at = 0;
-        (std::mem::replace(&mut self.batch, fresh), std::mem::take(&mut self.keeps_bytes), leaves)
+        (std::mem::replace(&mut self.batch, fresh), std::mem::take(&mut self.keeps_bytes))
     }
 
-    /// Launches the leaf pass over the pieces queued since the last one (`xxh3-1k`).
+    /// Launches the leaf pass over the pieces queued since the last flush (`xxh3-1k`), behind
+    /// the reads of the leaf memory's last flush where they ran beside the calling stream.
     fn launch_leaves(&mut self) -> Result<()> {
+        if self.leaf_pieces.is_empty() {
+            return Ok(());
+        }
         let pieces = std::mem::take(&mut self.leaf_pieces);
+        if let Some(read) = self.leaf_memory.read_beside.take() {
+            self.batch.device().cuda_stream().wait(&read).w()?;
+        }
         // SAFETY: the pieces' memory is the caller's, as `push_many` requires; their leaves lie
-        // in blocks of `leaf_memory` this batch alone uses, kept until its read is finished.
+        // in blocks of `leaf_memory` that the last flush's reads are done with (above, or in
+        // stream order) and that nothing else uses until this flush has read them.
         unsafe { launch_leaves(self.batch.device(), &pieces) }
+    }
+
+    /// After a flush that read the leaves (its passes queued): their blocks serve the next
+    /// flush's leaves, written on the calling thread's stream behind these reads, or, when they
+    /// were read beside it, behind an event recorded after them.
+    fn leaves_read(&mut self, beside: bool) -> Result<()> {
+        let memory = &mut self.leaf_memory;
+        if memory.used.is_empty() {
+            return Ok(());
+        }
+        memory.free.append(&mut memory.used);
+        memory.at = 0;
+        if beside {
+            memory.read_beside = Some(self.beside.record_event(None).w()?);
+        }
+        Ok(())
     }
 }
 
-/// Device memory for the leaves of a step's pieces (`xxh3-1k`): blocks handed out in order,
-/// each kept until the step's read is finished and then reused.
+/// Device memory for the leaves of the pieces of one flush (`xxh3-1k`): blocks handed out in
+/// order, and reused by the next flush once its passes are queued (`Hasher::leaves_read`).
 struct LeafMemory {
-    /// Blocks this batch's leaves are in, the last one being filled.
+    /// Blocks the pieces queued since the last flush have their leaves in, the last one filling.
     used: Vec<CudaSlice<u8>>,
     /// Bytes of the last block handed out.
     at: usize,
-    /// Blocks whose reads are finished.
-    free: Rc<RefCell<Vec<CudaSlice<u8>>>>,
+    /// Blocks for the next flush's leaves.
+    free: Vec<CudaSlice<u8>>,
+    /// After the reads of `free`'s blocks by a flush beside the calling stream.
+    read_beside: Option<CudaEvent>,
 }
 
-/// Bytes of a leaf block: the leaves of 512 MiB of memory. A step's leaves stay until its read
-/// is finished, a step later; blocks this small hold little more than that (64 MiB blocks held
-/// 128 MiB more on an H200 at resnet50's batch 8).
+/// Bytes of a leaf block: the leaves of 512 MiB of memory, as much as a flush of module outputs
+/// reads (`MAX_QUEUED_BYTES` in python/repro_torch/flushes.py). A larger flush takes more blocks.
 const LEAF_BLOCK: usize = 4 << 20;
+
+impl Drop for LeafMemory {
+    fn drop(&mut self) {
+        // Freed in stream order behind reads on the calling stream; those beside it are waited for.
+        if let Some(read) = &self.read_beside {
+            let _ = read.synchronize();
+        }
+    }
+}
 
 impl LeafMemory {
     /// The address of room for `bytes` of leaves, 16-byte aligned (the BLAKE3 chunk pass reads
@@ -138,10 +168,7 @@ impl LeafMemory {
         let at = self.at.next_multiple_of(16);
         let fits = self.used.last().is_some_and(|block| at + bytes <= block.len());
         if !fits {
-            let reused = {
-                let mut free = self.free.borrow_mut();
-                free.iter().position(|b| b.len() >= bytes).map(|i| free.swap_remove(i))
-            };
+            let reused = self.free.iter().position(|b| b.len() >= bytes).map(|i| self.free.swap_remove(i));
             let block = match reused {
                 Some(block) => block,
                 // SAFETY: the leaf pass writes every leaf before anything reads it.
@@ -193,7 +220,7 @@ fn new_hasher(ordinal: i32, data_hash: DataHash) -> Result<Hasher> {
         keeps_bytes: Vec::new(),
         data_hash,
         leaf_pieces: Vec::new(),
-        leaf_memory: LeafMemory { used: Vec::new(), at: 0, free: Rc::new(RefCell::new(Vec::new())) },
+        leaf_memory: LeafMemory { used: Vec::new(), at: 0, free: Vec::new(), read_beside: None },
         beside,
         flushes: 0,
         reads_done: 0,
@@ -298,7 +325,7 @@ pub unsafe extern "C" fn repro_cuda_hasher_push_many(
                 }
             };
             hasher.leaf_pieces.push(LeafPiece { address, len, leaves });
-            // SAFETY: the leaves are the hasher's, kept until the step's read is finished.
+            // SAFETY: the leaves are the hasher's, not written again until this flush has read them.
             hasher.batch.push_foreign(unsafe { ForeignBytes::new(leaves, bytes) }, true);
             continue;
         }
@@ -315,6 +342,7 @@ fn flush(hasher: &mut Hasher, beside: bool) -> Result<i64> {
     hasher.launch_leaves()?;
     hasher.batch.set_reads_beside(beside);
     hasher.batch.flush()?;
+    hasher.leaves_read(beside)?;
     hasher.flushes += 1;
     let event = if beside { Some(hasher.beside.record_event(None).w()?) } else { None };
     hasher.reading.push_back((hasher.flushes, event));
@@ -373,14 +401,12 @@ pub unsafe extern "C" fn repro_cuda_hasher_reads_done(hasher: *mut c_void) -> i6
     hasher.reads_done
 }
 
-/// A step's results on their way to the host, which of its tickets keep their bytes, the data
-/// hash they are of, and the leaf memory its hashes read (`xxh3-1k`), given back when finished.
+/// A step's results on their way to the host, which of its tickets keep their bytes, and the
+/// data hash they are of.
 struct Read {
     pending: PendingRead,
     keeps_bytes: Vec<bool>,
     data_hash: DataHash,
-    leaves: Vec<CudaSlice<u8>>,
-    free_leaves: Rc<RefCell<Vec<CudaSlice<u8>>>>,
 }
 
 /// Waits until every flush's reads are done; the last flush's number, or -1.
@@ -416,14 +442,15 @@ pub unsafe extern "C" fn repro_cuda_hasher_start_read(hasher: *mut c_void, n: *m
         set_error(format!("hashing on the GPU failed: {e}"));
         return std::ptr::null_mut();
     }
-    let (mut batch, keeps_bytes, leaves) = hasher.take_batch();
+    let (mut batch, keeps_bytes) = hasher.take_batch();
     // SAFETY: the caller's promise above.
     unsafe { *n = keeps_bytes.len() as u64 };
     // What is still queued is read in order with the program's stream.
     batch.set_reads_beside(false);
-    let (data_hash, free_leaves) = (hasher.data_hash, hasher.leaf_memory.free.clone());
-    match batch.start_read() {
-        Ok(pending) => Box::into_raw(Box::new(Read { pending, keeps_bytes, data_hash, leaves, free_leaves })).cast(),
+    let data_hash = hasher.data_hash;
+    let pending = batch.start_read().and_then(|pending| hasher.leaves_read(false).map(|()| pending));
+    match pending {
+        Ok(pending) => Box::into_raw(Box::new(Read { pending, keeps_bytes, data_hash })).cast(),
         Err(e) => {
             set_error(format!("hashing on the GPU failed: {e}"));
             std::ptr::null_mut()
@@ -438,8 +465,6 @@ fn finish(read: Read, hashes: &mut [u8], bytes: &mut [u8]) -> Result<()> {
         return Err(candle_core::Error::Msg(format!("asked for {asked} hashes, but the read holds {tickets}")));
     }
     let results = read.pending.wait()?.results();
-    // The leaves have been hashed: their blocks are free for the next steps'.
-    read.free_leaves.borrow_mut().extend(read.leaves);
     let mut kept = 0;
     for ((result, slot), keep) in results.into_iter().zip(hashes.chunks_exact_mut(32)).zip(read.keeps_bytes) {
         let hash = match result {
