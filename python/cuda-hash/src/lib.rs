@@ -148,8 +148,9 @@ struct LeafMemory {
     read_beside: Option<CudaEvent>,
 }
 
-/// Bytes of a leaf block: the leaves of 512 MiB of memory, as much as a flush of module outputs
-/// reads (`MAX_QUEUED_BYTES` in python/repro_torch/flushes.py). A larger flush takes more blocks.
+/// Bytes of a leaf block: the leaves of 512 MiB of memory, more than a flush of module outputs
+/// reads (`MAX_QUEUED_BYTES` in python/repro_torch/flushes.py, 256 MiB). A larger flush (a
+/// model's gradients) takes more blocks.
 const LEAF_BLOCK: usize = 4 << 20;
 
 impl Drop for LeafMemory {
