@@ -113,7 +113,7 @@ extern "C" __global__ void read_words(const uint4* p, u64 n, u32* sink) {
 // warp four chunks at once; four lanes each merge a pair of accumulators, and the sum of their
 // four merges is the leaf. Chunks that are not whole and aligned take one lane's path
 // (batch_leaf). Every lane of a warp runs the same iterations, for the shuffles.
-extern "C" __global__ void xxh3_leaves(const u64* pieces, const u64* prefix, u64 n) {
+__device__ void leaves_of_pieces(const u64* pieces, const u64* prefix, u64 n) {
   const u64 total = prefix[n];
   const unsigned lane = threadIdx.x % 32, i = lane % 8;
   const u64 stride = (u64)gridDim.x * blockDim.x / 8;
@@ -135,4 +135,16 @@ extern "C" __global__ void xxh3_leaves(const u64* pieces, const u64* prefix, u64
     merged += __shfl_xor_sync(0xffffffffu, merged, 4);
     if (address != 0 && i == 0) *leaf = xxh3_leaf_finish(merged);
   }
+}
+
+// The leaf pass over pieces described by a table in device memory (a flush's).
+extern "C" __global__ void xxh3_leaves(const u64* pieces, const u64* prefix, u64 n) { leaves_of_pieces(pieces, prefix, n); }
+
+// The leaf pass over one piece given by value: no table to upload, so that a tensor the program
+// changes in place next can be read where it is, at once (`launch_leaves_of` in
+// src/record/device/leaves.rs).
+extern "C" __global__ void xxh3_leaves_of(u64 address, u64 len, u64 leaves) {
+  const u64 piece[3] = {address, len, leaves};
+  const u64 prefix[2] = {0, (len + 1023) / 1024};
+  leaves_of_pieces(piece, prefix, 1);
 }

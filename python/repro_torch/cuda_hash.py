@@ -52,6 +52,9 @@ def _cuda_hash_library(path: str) -> ctypes.CDLL:
         if hasattr(lib, "repro_cuda_hasher_new_kind"):  # not in a library built before format 2.0
             lib.repro_cuda_hasher_new_kind.restype = ctypes.c_void_p
             lib.repro_cuda_hasher_new_kind.argtypes = [ctypes.c_int32, ctypes.c_uint32]
+        if hasattr(lib, "repro_cuda_hasher_push_now"):
+            lib.repro_cuda_hasher_push_now.restype = ctypes.c_int64
+            lib.repro_cuda_hasher_push_now.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64]
         lib.repro_cuda_hasher_push_many.restype = ctypes.c_int64
         lib.repro_cuda_hasher_push_many.argtypes = [
             ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint64),
@@ -93,7 +96,11 @@ class DeviceHasher:
     holds each tensor until its reads are done, and checks then that its version counter has
     not moved (a tensor changed in place before it was read is an error, never a wrong hash).
     On a stream other than the legacy one, `flush` synchronizes it first, reads in order, and
-    finishes the read at once."""
+    finishes the read at once.
+
+    Under `xxh3-1k`, `queue_now` reads a tensor at once instead (the library's leaf pass, in
+    order with the legacy stream), so that the program may change it in place right after,
+    without a copy; its hash comes with the next flush's."""
 
     def __init__(self, path: str, index: int, lib=None, data_hash: str = BLAKE3):
         """`lib`: the library's functions, when not loaded from `path` (a test's stand-in);
@@ -124,6 +131,11 @@ class DeviceHasher:
         self._addresses: list[int] = []
         self._lengths: list[int] = []
         self._keeps = bytearray()
+        # Of the records queued, how many the library holds already (`queue_now` pushes those
+        # before it, to keep the tickets in order).
+        self._pushed = 0
+        # Whether `queue_now` may read at once: the library can, for this data hash.
+        self.reads_now = data_hash == XXH3_1K and hasattr(self._lib, "repro_cuda_hasher_push_now")
         # Flushed until read: each record's owner and index, and the length of its bytes kept.
         self._flushed_owners: list = []
         self._flushed_indices: list[int] = []
@@ -145,6 +157,35 @@ class DeviceHasher:
         self._addresses.append(address)
         self._lengths.append(length)
         self._keeps.append(1 if keep_bytes else 0)
+
+    def queue_now(self, owner, index: int, address: int, length: int) -> bool:
+        """Reads the `length` bytes at `address` at once for `owner`'s record `index`, when
+        `reads_now` and the program runs on the legacy default stream (which the read is ordered
+        with): then the program may change them right after. Returns whether it did (if not, the
+        caller reads a copy)."""
+        if not self.reads_now or not self._is_legacy_stream():
+            return False
+        self._push_queued()
+        if self._lib.repro_cuda_hasher_push_now(self._handle, address, length) < 0:
+            raise WriteError(_last_error(self._lib))
+        # Read already: nothing to hold, nothing to check when the rest is read.
+        self.queue(owner, index, address, length, False, _READ_AT_ONCE, None)
+        self._pushed += 1
+        return True
+
+    def _push_queued(self) -> None:
+        """Hands the library the records queued since it was last handed any, in order."""
+        n = len(self._indices) - self._pushed
+        if n == 0:
+            return
+        at = self._pushed
+        addresses = (ctypes.c_uint64 * n)(*self._addresses[at:])
+        lengths = (ctypes.c_uint64 * n)(*self._lengths[at:])
+        keeps = (ctypes.c_uint8 * n).from_buffer(self._keeps, at)
+        if self._lib.repro_cuda_hasher_push_many(self._handle, addresses, lengths, keeps, n) < 0:
+            raise WriteError(_last_error(self._lib))
+        del keeps  # the bytearray may grow again
+        self._pushed += n
 
     def queue_many(self, owner, indices, addresses: list, lengths: list, keeps: bytes, held: list,
                    versions: list) -> None:
@@ -178,13 +219,7 @@ class DeviceHasher:
         legacy = self._on_legacy_stream()
         if not legacy:
             beside = False
-        n = len(self._indices)
-        addresses = (ctypes.c_uint64 * n)(*self._addresses)
-        lengths = (ctypes.c_uint64 * n)(*self._lengths)
-        keeps = (ctypes.c_uint8 * n).from_buffer(self._keeps)
-        if self._lib.repro_cuda_hasher_push_many(self._handle, addresses, lengths, keeps, n) < 0:
-            raise WriteError(_last_error(self._lib))
-        del keeps  # the bytearray may grow again
+        self._push_queued()
         if beside:
             number = self._lib.repro_cuda_hasher_flush_beside(self._handle)
             if number < 0:
@@ -205,11 +240,17 @@ class DeviceHasher:
     def _clear_queue(self) -> None:
         self._owners, self._indices, self._held, self._versions = [], [], [], []
         self._addresses, self._lengths, self._keeps = [], [], bytearray()
+        self._pushed = 0
+
+    def _is_legacy_stream(self) -> bool:
+        """Whether the program runs on CUDA's legacy default stream, which the library's reads
+        on the calling thread's stream are ordered with."""
+        return _raw_stream(self.index) == 0
 
     def _on_legacy_stream(self) -> bool:
         """Whether the program runs on CUDA's legacy default stream; if not, its stream is
         synchronized (the library's streams are not ordered with it)."""
-        if _raw_stream(self.index) == 0:
+        if self._is_legacy_stream():
             return True
         torch.cuda.current_stream(self.index).synchronize()
         return False
@@ -245,7 +286,13 @@ class DeviceHasher:
         return DeviceRead(self._lib, handle, owners, indices, kept, lambda: self._release(flushes))
 
     def abandon(self) -> None:
-        """Drops what a failed step queued and lets go of what it flushed, unchecked."""
+        """Drops what a failed step queued and lets go of what it flushed, unchecked. (What the
+        library holds already, `queue_now`'s and what went before it, is read with the rest and
+        dropped too.)"""
+        n = self._pushed
+        self._flushed_owners += self._owners[:n]
+        self._flushed_indices += self._indices[:n]
+        self._flushed_kept += [length if keep else None for length, keep in zip(self._lengths[:n], self._keeps[:n])]
         self._clear_queue()
         try:
             if self._reading:
@@ -274,6 +321,15 @@ _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or _current_s
 
 
 _VERSION = operator.attrgetter("_version")
+
+
+class _ReadAtOnce:
+    """What the hasher holds for a record `queue_now` read: nothing, and no version to check."""
+
+    _version = None
+
+
+_READ_AT_ONCE = _ReadAtOnce()
 
 
 def _check_unchanged(owner, index: int, held: torch.Tensor, version: Optional[int]) -> None:

@@ -8,8 +8,9 @@ path. So the first step recorded on the GPU does exactly that (`module`), and wa
 output's version counter while the step runs: an output whose counter moves after its hook is
 changed in place. From the next step on, each of those outputs is copied on the GPU at its hook
 (one copy, on the program's stream, which the program cannot change; an output over
-`COPY_AT_HOOK_MAX_BYTES` is read at its hook instead), and the outputs and the copies are
-queued and read together, a few flushes a step:
+`COPY_AT_HOOK_MAX_BYTES` is read at its hook instead; under the data hash `xxh3-1k`, no copy:
+the library's leaf pass reads the output where it is, at its hook, and its leaves wait for the
+flush), and the outputs and the copies are queued and read together, a few flushes a step:
 
 - `batched` (the default): in order with the program's stream, at the next flush.
 - `beside`: on the GPU hashing library's own stream, while the program's work runs on; the

@@ -355,8 +355,9 @@ class StepRecorder:
         """Queues a record for each tensor; how many wait to be read on the GPU. This runs for
         every tensor of every step, so each tensor's attributes are read once, and what its
         address, dtype, shape and contiguity imply (its device's hasher, its trace dtype, its
-        length) is looked up rather than derived again (`Recorder.laid_out`). `copy`: a tensor
-        read on the GPU is copied there now, and the copy read (the program may change it)."""
+        length) is looked up rather than derived again (`Recorder.laid_out`). `copy`: the program
+        may change the tensor next: one read on the GPU is read at once where the hasher can
+        (`DeviceHasher.queue_now`, under `xxh3-1k`), and otherwise copied there now, the copy read."""
         recorder, current, previous = self.recorder, self.hashed_on_gpu, self._previous
         laid_out, inline_max = recorder.laid_out, recorder.inline_max_bytes
         queued = 0
@@ -400,6 +401,16 @@ class StepRecorder:
                             self._hashed(key, index, owner._refs[first], strides)
                         continue
             in_place = contiguous and trace_dtype is not None  # its memory holds its canonical bytes
+            hasher, index = recorder.hashers[device], None
+            if in_place and copy and length > inline_max and hasher.reads_now:
+                # Read where it is, at once (the program changes it next): no copy.
+                index = self._append((name, kind, trace_dtype, shape, phase, inputs, position, source, collective,
+                                      None, shard), None)
+                if hasher.queue_now(self, index, address, length):
+                    if key is not None:
+                        self._hashed(key, index, weakref.ref(t), strides)
+                    queued += 1
+                    continue
             if in_place and not copy:
                 held = t
             else:  # read from a copy, which nothing else changes
@@ -412,13 +423,14 @@ class StepRecorder:
                     version = held._version
                 except RuntimeError:  # a copy made in inference mode
                     version = None
-            index = self._append((name, kind, trace_dtype, shape, phase, inputs, position, source, collective, None,
-                                  shard), None)
+            if index is None:
+                index = self._append((name, kind, trace_dtype, shape, phase, inputs, position, source, collective,
+                                      None, shard), None)
             if length == 0:
                 self.data[index] = b""
                 continue
             # The tensor is checked for changes when read (a copy cannot have changed).
-            recorder.hashers[device].queue(self, index, address, length, length <= inline_max, held, version)
+            hasher.queue(self, index, address, length, length <= inline_max, held, version)
             if key is not None:
                 self._hashed(key, index, weakref.ref(t), strides)
             queued += 1

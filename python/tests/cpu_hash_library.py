@@ -10,43 +10,54 @@ recorder caught the change first."""
 import ctypes
 from collections import Counter
 
-from repro_trace import BLAKE3, data_hasher
+from repro_trace import BLAKE3, XXH3_1K, data_hasher
 
 
 class CpuHashLibrary:
     """The library's C functions, by the same names, over host addresses."""
 
     def __init__(self):
-        self.hash_data = None  # the data hash's function, once a hasher is made
-        self.pushed = []  # (address, length, keep) queued and not flushed
-        self.unread = []  # flushed beside, not read yet: (number, [(address, length, keep)])
-        self.results = []  # (hash, kept bytes or None) of everything read, in ticket order
+        self.kind = self.hash_data = None  # the data hash and its function, once a hasher is made
+        self.pushed = []  # (ticket, address, length, keep) queued and not flushed
+        self.unread = []  # flushed beside, not read yet: (number, [(ticket, address, length, keep)])
+        self.results = {}  # ticket -> (hash, kept bytes or None), of everything read
+        self.read_now = 0  # pieces `push_now` read
         self.tickets = 0
         self.flushes = 0
         self.flush_calls = {"ordered": 0, "beside": 0}
         self.reads = Counter()  # how many times each address was read
 
     def repro_cuda_hasher_new(self, index):
-        self.hash_data = data_hasher(BLAKE3)
+        self.kind, self.hash_data = BLAKE3, data_hasher(BLAKE3)
         return 1
 
     def repro_cuda_hasher_new_kind(self, index, number):
         from repro_torch.cuda_hash import LIBRARY_DATA_HASHES
 
-        self.hash_data = data_hasher(next(k for k, n in LIBRARY_DATA_HASHES.items() if n == number))
+        self.kind = next(k for k, n in LIBRARY_DATA_HASHES.items() if n == number)
+        self.hash_data = data_hasher(self.kind)
         return 1
 
     def repro_cuda_hasher_push_many(self, handle, addresses, lengths, keeps, n):
         first = self.tickets
-        self.pushed.extend((addresses[i], lengths[i], keeps[i]) for i in range(n))
+        self.pushed.extend((first + i, addresses[i], lengths[i], keeps[i]) for i in range(n))
         self.tickets += n
         return first
 
+    def repro_cuda_hasher_push_now(self, handle, address, length):
+        """Reads at once (the library's leaf pass runs now), the hash landing in ticket order."""
+        if self.kind != XXH3_1K:
+            return -1
+        ticket, self.tickets = self.tickets, self.tickets + 1
+        self._read([(ticket, address, length, 0)])
+        self.read_now += 1
+        return ticket
+
     def _read(self, pieces):
-        for address, length, keep in pieces:
+        for ticket, address, length, keep in pieces:
             self.reads[address] += 1
             data = ctypes.string_at(address, length)
-            self.results.append((self.hash_data(data), data if keep else None))
+            self.results[ticket] = (self.hash_data(data), data if keep else None)
 
     def repro_cuda_hasher_flush(self, handle):
         self.flushes += 1
@@ -78,7 +89,8 @@ class CpuHashLibrary:
         self._read_beside(self.flushes)
         self._read(self.pushed)
         self.pushed = []
-        results, self.results = self.results, []
+        results = [self.results[ticket] for ticket in range(self.tickets)]
+        self.results = {}
         n._obj.value = len(results)
         self.tickets = 0
         return results
@@ -105,7 +117,7 @@ def hash_on_cpu_stand_in(recorder):
     from repro_torch.cuda_hash import DeviceHasher
 
     class CpuDeviceHasher(DeviceHasher):
-        def _on_legacy_stream(self):
+        def _is_legacy_stream(self):
             return True
 
     library = CpuHashLibrary()

@@ -337,10 +337,13 @@ class TorchTest(unittest.TestCase):
         grads = [read_tensor(path, 1, "0.weight.grad") for path in (planted, clean)]
         self.assertFalse(np.array_equal(*grads))
 
-    def _record_in_place_model(self, path, flush=None, stand_in=True, steps=4, changes_late=False):
+    def _record_in_place_model(self, path, flush=None, stand_in=True, steps=4, changes_late=False,
+                               data_hash=None, fails_at=None):
         """Records `InPlaceModel` (below) for `steps` steps, hashing through the CPU stand-in of
-        the GPU library under REPRO_TORCH_FLUSH=`flush` (or on the host); the stand-in and the
-        model."""
+        the GPU library under REPRO_TORCH_FLUSH=`flush` (or on the host), with `data_hash` (by
+        default REPRO_DATA_HASH's, or `blake3`); step
+        `fails_at` raises after its forward pass (and is left out of the trace). Returns the
+        stand-in and the model."""
         from repro_torch import ModelRecorder, Recorder
 
         torch.manual_seed(0)
@@ -348,7 +351,7 @@ class TorchTest(unittest.TestCase):
         opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
         env = {"REPRO_TORCH_FLUSH": flush} if flush else {}
         with mock.patch.dict(os.environ, env):
-            recorder = Recorder(path, {"workload": "in-place", "steps": steps}, capture="none")
+            recorder = Recorder(path, {"workload": "in-place", "steps": steps}, capture="none", data_hash=data_hash)
             library = hash_on_cpu_stand_in(recorder) if stand_in else None
             rec = ModelRecorder(recorder, model)
             g = torch.Generator().manual_seed(1)
@@ -356,6 +359,12 @@ class TorchTest(unittest.TestCase):
                 for step in range(steps):
                     model.changes_late = changes_late and step > 0
                     x = torch.randn(16, 32, generator=g)
+                    if step == fails_at:
+                        with self.assertRaises(ArithmeticError):
+                            with rec.training_step(step, inputs={"x": x}):
+                                model(x)
+                                raise ArithmeticError("a step that fails after its forward pass")
+                        continue
                     with rec.training_step(step, inputs={"x": x}) as s:
                         loss = model(x).square().mean()
                         s.loss(loss)
@@ -386,6 +395,24 @@ class TorchTest(unittest.TestCase):
         self.assertEqual(flushes["module"]["beside"], 0)
         self.assertEqual(flushes["batched"]["beside"], 0)
         self.assertGreater(flushes["beside"]["beside"], 0)
+
+    def test_under_xxh3_1k_outputs_changed_in_place_are_read_at_once_not_copied_and_hash_as_the_host_does(self):
+        host = os.path.join(self.dir, "host")
+        self._record_in_place_model(host, stand_in=False, data_hash="xxh3-1k", steps=5, fails_at=2)
+        with open(os.path.join(host, "records.rpr"), "rb") as f:
+            expected = f.read()
+        for flush in ("batched", "beside"):
+            path = os.path.join(self.dir, flush)
+            # A step that fails leaves what was read at once, and what was pushed before it, behind.
+            library, _ = self._record_in_place_model(path, flush, data_hash="xxh3-1k", steps=5, fails_at=2)
+            with open(os.path.join(path, "records.rpr"), "rb") as f:
+                self.assertEqual(f.read(), expected, f"REPRO_TORCH_FLUSH={flush}: a hash is not the host's")
+            # The outputs changed in place (two a step, the steps after the first) were read at
+            # once, never copied.
+            self.assertGreaterEqual(library.read_now, 2 * 3, flush)
+        # Under blake3 the library cannot read at once: they are copied, as before.
+        library, _ = self._record_in_place_model(os.path.join(self.dir, "blake3"), "batched")
+        self.assertEqual(library.read_now, 0)
 
     def test_an_output_changed_in_place_only_after_the_first_step_is_refused_not_hashed_wrong(self):
         from repro_writer import WriteError

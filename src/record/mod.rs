@@ -40,6 +40,7 @@ pub use tensor_bytes::{trace_dtype, with_canonical_bytes};
 #[cfg(feature = "cuda")]
 pub mod gpu_hashing {
     pub use super::device::{
-        launch_leaves, leaf_count, prepare, DeviceBatch, ForeignBytes, LeafPiece, PendingRead, Resolved,
+        launch_leaves, launch_leaves_of, leaf_count, prepare, DeviceBatch, ForeignBytes, LeafPiece, PendingRead,
+        Resolved,
     };
 }

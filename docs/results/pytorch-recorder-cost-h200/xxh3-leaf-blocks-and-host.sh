@@ -2,11 +2,7 @@
 # Session 2026-11-28 (fifth), second call: 4 MiB leaf blocks checked (hashes and memory), and the
 # host's time to queue a resnet50 step at batch 64, plain and recorded under each data hash.
 set -u
-tar -xzf target/gpu-pack/pack.tar.gz -C target
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
-export LD_LIBRARY_PATH="/usr/local/cuda-13.0/targets/x86_64-linux/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
-export REPRO_BIN=$PWD/target/cuda-bin/repro REPRO_CUDA_HASH_LIB=$PWD/target/cuda-bin/librepro_cuda_hash.so
-export PYTHONPATH="python:python/bench:${PYTHONPATH}" PYTHONUNBUFFERED=1
+source python/bench/gpu_env.sh  # what was run inline then: the same steps
 {
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 echo "== data hashes on the GPU against the host's, and their rates"

@@ -2,11 +2,7 @@
 # Session 2026-11-28 (fifth), third call: leaf memory reused from one flush to the next, checked
 # (hashes under every flush policy, the GPU tests) and its memory measured.
 set -u
-tar -xzf target/gpu-pack/pack.tar.gz -C target
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
-export LD_LIBRARY_PATH="/usr/local/cuda-13.0/targets/x86_64-linux/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
-export REPRO_BIN=$PWD/target/cuda-bin/repro REPRO_CUDA_HASH_LIB=$PWD/target/cuda-bin/librepro_cuda_hash.so
-export PYTHONPATH="python:python/bench:${PYTHONPATH}" PYTHONUNBUFFERED=1
+source python/bench/gpu_env.sh  # what was run inline then: the same steps
 {
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 echo "== data hashes on the GPU against the host's, and their rates"

@@ -12,6 +12,8 @@
 //! int64_t repro_cuda_hasher_push_many(void *h, const uint64_t *addresses, const uint64_t *lens,
 //!                                     const uint8_t *keep_bytes, uint64_t n);
 //!                                                     // the first one's ticket; -1 on error
+//! int64_t repro_cuda_hasher_push_now(void *h, uint64_t address, uint64_t len);
+//!                                                     // xxh3-1k only: its ticket; -1 on error
 //! int32_t repro_cuda_hasher_flush(void *h);                    // 0, or -1 on error
 //! int64_t repro_cuda_hasher_flush_beside(void *h);   // the flush's number (1, 2, ...); -1
 //! int64_t repro_cuda_hasher_reads_done(void *h);     // flushes whose reads are done; -1
@@ -50,6 +52,11 @@
 //! each flush first runs the leaf pass over the memory to hash, on the calling thread's stream,
 //! into leaf memory the hasher owns, and then hashes the leaves with BLAKE3 as it hashes any
 //! memory; the next flush writes its leaves into the same memory, behind those reads.
+//! `push_now` (`xxh3-1k` only) queues one piece as `push_many` does, but runs its leaf pass at
+//! once, on the calling thread's stream: the memory is read before anything the program queues
+//! there next (an in-place update of a module's output), and may change right after the call;
+//! its leaves are hashed at the next flush. It spares copying memory the program is about to
+//! change.
 //!
 //! `flush_beside` reads the memory on the hasher's own stream instead, behind what the calling
 //! thread's stream had queued: the program's later work runs on while the memory is read, so
@@ -67,7 +74,7 @@ use candle_core::cuda_backend::WrapErr;
 use candle_core::{Device, Result};
 use repro::hash::DataHash;
 use repro::record::gpu_hashing::{
-    launch_leaves, leaf_count, DeviceBatch, ForeignBytes, LeafPiece, PendingRead, Resolved,
+    launch_leaves, launch_leaves_of, leaf_count, DeviceBatch, ForeignBytes, LeafPiece, PendingRead, Resolved,
 };
 use std::cell::RefCell;
 use std::collections::VecDeque;
@@ -335,6 +342,47 @@ pub unsafe extern "C" fn repro_cuda_hasher_push_many(
         hasher.batch.push_foreign(bytes, keep == 0);
     }
     first
+}
+
+/// Queues one piece of memory for its data hash, its leaves computed at once (see the module's
+/// documentation); returns its ticket, or -1.
+///
+/// # Safety
+/// `hasher` comes from `repro_cuda_hasher_new_kind` with `xxh3-1k`; the `len` bytes at device
+/// address `address` are allocated and unchanged until the work queued on the calling thread's
+/// stream before this call has run (nothing later needs them).
+#[no_mangle]
+pub unsafe extern "C" fn repro_cuda_hasher_push_now(hasher: *mut c_void, address: u64, len: u64) -> i64 {
+    let Some(hasher) = (unsafe { hasher_of(hasher, "repro_cuda_hasher_push_now") }) else { return -1 };
+    match push_now(hasher, address, len) {
+        Ok(ticket) => ticket,
+        Err(e) => {
+            set_error(format!("repro_cuda_hasher_push_now: {e}"));
+            -1
+        }
+    }
+}
+
+fn push_now(hasher: &mut Hasher, address: u64, len: u64) -> Result<i64> {
+    if hasher.data_hash != DataHash::Xxh3Chunks {
+        return Err(candle_core::Error::Msg(format!(
+            "a hasher of {} reads memory only when it flushes; reading at once needs xxh3-1k",
+            hasher.data_hash
+        )));
+    }
+    let ticket = hasher.batch.tickets() as i64;
+    let bytes = 8 * leaf_count(len) as usize;
+    let leaves = hasher.leaf_memory.reserve(hasher.batch.device(), bytes)?;
+    if let Some(read) = hasher.leaf_memory.read_beside.take() {
+        hasher.batch.device().cuda_stream().wait(&read).w()?;
+    }
+    // SAFETY: the memory is the caller's, read now in order with its stream; the leaves lie in
+    // blocks the last flush's reads are done with (in stream order, or behind the wait above).
+    unsafe { launch_leaves_of(hasher.batch.device(), LeafPiece { address, len, leaves }) }?;
+    hasher.keeps_bytes.push(false);
+    // SAFETY: the leaves are the hasher's, not written again until the next flush has read them.
+    hasher.batch.push_foreign(unsafe { ForeignBytes::new(leaves, bytes) }, true);
+    Ok(ticket)
 }
 
 /// Flushes what is queued, reading it on the calling thread's stream or beside it; the flush's

@@ -68,3 +68,24 @@ pub unsafe fn launch_leaves(dev: &CudaDevice, pieces: &[LeafPiece]) -> Result<()
     unsafe { b.launch(grid(items * 8, LEAF_THREADS)) }.w()?;
     Ok(())
 }
+
+/// Launches the leaf pass over one piece on the calling thread's stream of `dev`, its
+/// description passed by value: one launch and no upload, so that memory the program is about to
+/// change in place can be read where it is (the leaves then wait for a flush to be hashed).
+///
+/// # Safety
+/// As for [`launch_leaves`], for `piece`.
+pub unsafe fn launch_leaves_of(dev: &CudaDevice, piece: LeafPiece) -> Result<()> {
+    let items = leaf_count(piece.len);
+    if items == 0 {
+        return Ok(());
+    }
+    let f = dev.get_or_load_custom_func("xxh3_leaves_of", MODULE, ptx()?)?;
+    let mut b = f.builder();
+    b.arg(&piece.address);
+    b.arg(&piece.len);
+    b.arg(&piece.leaves);
+    // SAFETY: the kernel reads the piece and writes its leaves, as the caller promises they may.
+    unsafe { b.launch(grid(items * 8, LEAF_THREADS)) }.w()?;
+    Ok(())
+}

@@ -15,6 +15,6 @@ pub(crate) mod queue;
 #[cfg(feature = "cuda")]
 pub use batch::{data_hash, prepare, DeviceBatch, ForeignBytes, LandedRead, PendingRead};
 #[cfg(feature = "cuda")]
-pub use leaves::{launch_leaves, leaf_count, LeafPiece};
+pub use leaves::{launch_leaves, launch_leaves_of, leaf_count, LeafPiece};
 #[cfg(feature = "cuda")]
 pub use queue::Resolved;
