@@ -343,6 +343,37 @@ mod tests {
     }
 
     #[test]
+    fn the_specs_xxh3_1k_vectors_hold() {
+        // docs/trace-format.md, section 5.5 (computed there with Python's `xxhash` and `blake3`).
+        let hex = |b: &[u8; 32]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
+        let floats: Vec<u8> = [1.0f32, 2.0, 3.0, 4.0].iter().flat_map(|x| x.to_le_bytes()).collect();
+        let pattern: Vec<u8> = (0..1025usize).map(|i| ((i * 31 + 7) % 251) as u8).collect();
+        for (dtype, shape, bytes, data_hash, hash) in [
+            (
+                DType::F32,
+                vec![2u64, 2],
+                floats,
+                "bbf3e17faedadc2a601852907215599f583fdb9794990eecca7fbaa14922ee20",
+                "799481f513eaab7851ddccae48492b6a110673f7ca07de28d6a7d1d77ef9b245",
+            ),
+            (
+                DType::U8,
+                vec![1025],
+                pattern,
+                "d2710905bd4c9a7a0e23395de47ef876e3ebb9e5acb9033ebaac82c5f0a01408",
+                "bc72ef7972dc14f94dfb0c2cdda9ac4a15cc27e4edaab30febd3a54c61c25b57",
+            ),
+        ] {
+            assert_eq!(hex(&DataHash::Xxh3Chunks.of(&bytes)), data_hash, "{dtype:?} {shape:?}");
+            assert_eq!(
+                DataHash::Xxh3Chunks.tensor_hash(dtype, &shape, &bytes).to_string(),
+                hash,
+                "{dtype:?} {shape:?}"
+            );
+        }
+    }
+
+    #[test]
     fn the_two_data_hashes_differ_and_each_sees_a_flipped_bit_anywhere() {
         let bytes: Vec<u8> = (0..5000).map(|i| (i * 7) as u8).collect();
         let (b3, xx) = (DataHash::Blake3.of(&bytes), DataHash::Xxh3Chunks.of(&bytes));
