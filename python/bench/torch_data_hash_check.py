@@ -61,7 +61,7 @@ def check() -> int:
     for kind in KINDS:
         host, hasher = data_hasher(kind), hasher_of(kind)
         # Twice with one hasher: the second flush reuses the first one's leaf memory.
-        for round in (1, 2):
+        for attempt in (1, 2):
             owner, equal = hashed_on_gpu(hasher, pieces, keep), 0
             for i, piece in enumerate(pieces):
                 values = piece.cpu().numpy().tobytes()
@@ -70,7 +70,7 @@ def check() -> int:
                 else:
                     mismatches += 1
                     print(f"MISMATCH {kind}: {piece.numel()} bytes at offset {piece.storage_offset()}")
-            print(f"{kind}, round {round}: {len(pieces)} pieces (1 B to 64 MiB, 7 alignments), {equal} equal to the host's")
+            print(f"{kind}, round {attempt}: {len(pieces)} pieces (1 B to 64 MiB, 7 alignments), {equal} equal to the host's")
         hasher.close()
     return mismatches
 

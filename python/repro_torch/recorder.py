@@ -401,19 +401,14 @@ class StepRecorder:
                             self._hashed(key, index, owner._refs[first], strides)
                         continue
             in_place = contiguous and trace_dtype is not None  # its memory holds its canonical bytes
-            hasher, index = recorder.hashers[device], None
-            if in_place and copy and length > inline_max and hasher.reads_now:
-                # Read where it is, at once (the program changes it next): no copy.
-                index = self._append((name, kind, trace_dtype, shape, phase, inputs, position, source, collective,
-                                      None, shard), None)
-                if hasher.queue_now(self, index, address, length):
-                    if key is not None:
-                        self._hashed(key, index, weakref.ref(t), strides)
-                    queued += 1
-                    continue
+            hasher = recorder.hashers[device]
+            # The program changes it next: read where it is, at once, where the hasher can (its
+            # record is the next one appended), else read from a copy, which nothing else changes.
+            read_now = in_place and copy and length > inline_max and hasher.queue_now(self, len(self.layouts),
+                                                                                        address, length)
             if in_place and not copy:
                 held = t
-            else:  # read from a copy, which nothing else changes
+            elif not read_now:
                 if in_place:
                     held = t.detach().clone()
                 else:
@@ -423,14 +418,14 @@ class StepRecorder:
                     version = held._version
                 except RuntimeError:  # a copy made in inference mode
                     version = None
-            if index is None:
-                index = self._append((name, kind, trace_dtype, shape, phase, inputs, position, source, collective,
-                                      None, shard), None)
+            index = self._append((name, kind, trace_dtype, shape, phase, inputs, position, source, collective, None,
+                                  shard), None)
             if length == 0:
                 self.data[index] = b""
                 continue
-            # The tensor is checked for changes when read (a copy cannot have changed).
-            hasher.queue(self, index, address, length, length <= inline_max, held, version)
+            if not read_now:
+                # The tensor is checked for changes when read (a copy cannot have changed).
+                hasher.queue(self, index, address, length, length <= inline_max, held, version)
             if key is not None:
                 self._hashed(key, index, weakref.ref(t), strides)
             queued += 1

@@ -392,13 +392,19 @@ fn diffing_large_stored_tensors_keeps_resident_memory_flat() {
 
 /// Writes a finished one-step trace holding one 1-D f32 tensor, stored inline or in a payload.
 fn write_one_tensor_trace(path: &Path, name: &str, bytes: Vec<u8>, inline: bool) {
+    write_one_tensor_trace_hashed(path, name, bytes, inline, repro::hash::DataHash::Blake3);
+}
+
+/// `write_one_tensor_trace`, the trace's tensors hashed with `kind`.
+fn write_one_tensor_trace_hashed(path: &Path, name: &str, bytes: Vec<u8>, inline: bool, kind: repro::hash::DataHash) {
     use repro::dtype::DType;
     use repro::trace::{StepTensor, TensorKind, TensorRecord, TraceWriter};
-    let header = crate::util::test_header("mine", 1);
+    let header = repro::trace::Header { data_hash: kind, ..crate::util::test_header("mine", 1) };
     let shape = vec![(bytes.len() / 4) as u64];
     let record = TensorRecord {
         inline: inline.then(|| bytes.clone()),
         in_payload: !inline,
+        hash: kind.tensor_hash(DType::F32, &shape, &bytes),
         ..TensorRecord::of_bytes(name, TensorKind::Weight, DType::F32, shape, &bytes)
     };
     let mut w = TraceWriter::create(path, &header, false).unwrap();
@@ -420,23 +426,6 @@ fn other_initial_parameters_under_the_same_settings_point_at_unseeded_initialisa
     assert!(run.stdout.contains("is the initialisation seeded?"), "{}", run.stdout);
 }
 
-/// Writes a finished one-step trace of one f32 tensor stored inline, hashed with `kind`.
-fn write_trace_hashed_with(path: &Path, kind: repro::hash::DataHash, values: &[f32]) {
-    use repro::dtype::DType;
-    use repro::trace::{StepTensor, TensorKind, TensorRecord, TraceWriter};
-    let header = repro::trace::Header { data_hash: kind, ..crate::util::test_header("mine", 1) };
-    let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-    let shape = vec![values.len() as u64];
-    let record = TensorRecord {
-        inline: Some(bytes.clone()),
-        hash: kind.tensor_hash(DType::F32, &shape, &bytes),
-        ..TensorRecord::of_bytes("w", TensorKind::Weight, DType::F32, shape, &bytes)
-    };
-    let mut w = TraceWriter::create(path, &header, false).unwrap();
-    w.write_step(0, vec![StepTensor { record, payload: None }]).unwrap();
-    w.finish().unwrap();
-}
-
 /// Format 2.0: traces of the data hash xxh3-1k compare with each other as any traces do, and a
 /// comparison across data hashes is refused (exit 2, naming both traces), never a false verdict.
 #[test]
@@ -444,10 +433,11 @@ fn traces_of_different_data_hashes_are_refused_and_xxh3_traces_compare_as_usual(
     use repro::hash::DataHash;
     let dir = tempfile::tempdir().unwrap();
     let (xa, xb, xc, b3) = (dir.path().join("xa"), dir.path().join("xb"), dir.path().join("xc"), dir.path().join("b3"));
-    write_trace_hashed_with(&xa, DataHash::Xxh3Chunks, &[1.0, 2.0]);
-    write_trace_hashed_with(&xb, DataHash::Xxh3Chunks, &[1.0, 2.0]);
-    write_trace_hashed_with(&xc, DataHash::Xxh3Chunks, &[1.0, 2.5]);
-    write_trace_hashed_with(&b3, DataHash::Blake3, &[1.0, 2.0]);
+    let floats = |values: &[f32]| values.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>();
+    write_one_tensor_trace_hashed(&xa, "w", floats(&[1.0, 2.0]), true, DataHash::Xxh3Chunks);
+    write_one_tensor_trace_hashed(&xb, "w", floats(&[1.0, 2.0]), true, DataHash::Xxh3Chunks);
+    write_one_tensor_trace_hashed(&xc, "w", floats(&[1.0, 2.5]), true, DataHash::Xxh3Chunks);
+    write_one_tensor_trace_hashed(&b3, "w", floats(&[1.0, 2.0]), true, DataHash::Blake3);
     let same = repro(&["diff", s(&xa), s(&xb)]);
     assert_eq!(same.code, 0, "{}{}", same.stdout, same.stderr);
     let other = repro(&["diff", s(&xa), s(&xc)]);
