@@ -115,8 +115,7 @@ class Counts:
     def counting(self):
         # (queue_many: where the package measured has it, as an older one measured against may not)
         queue, queue_many, flush = DeviceHasher.queue, getattr(DeviceHasher, "queue_many", None), DeviceHasher.flush
-        queue_now = getattr(DeviceHasher, "queue_now", None)
-        counts = self
+        counts = self  # (a tensor `queue_now` reads is counted by the `queue` it calls)
 
         def counted_queue(self, *args, **kwargs):
             queue(self, *args, **kwargs)
@@ -128,13 +127,6 @@ class Counts:
             counts.tensors += len(lengths)
             counts.bytes += sum(lengths)
 
-        def counted_queue_now(self, owner, index, address, length):
-            read = queue_now(self, owner, index, address, length)
-            if read:  # else queued as a copy, and counted there
-                counts.tensors += 1
-                counts.bytes += length
-            return read
-
         def counted_flush(self, *args, **kwargs):
             counts.flushes += bool(self.queued)
             return flush(self, *args, **kwargs)
@@ -142,16 +134,12 @@ class Counts:
         DeviceHasher.queue, DeviceHasher.flush = counted_queue, counted_flush
         if queue_many is not None:
             DeviceHasher.queue_many = counted_queue_many
-        if queue_now is not None:
-            DeviceHasher.queue_now = counted_queue_now
         try:
             yield self
         finally:
             DeviceHasher.queue, DeviceHasher.flush = queue, flush
             if queue_many is not None:
                 DeviceHasher.queue_many = queue_many
-            if queue_now is not None:
-                DeviceHasher.queue_now = queue_now
 
 
 def paired(plain, recorded, first: int, pairs: int) -> tuple[list[float], list[float]]:

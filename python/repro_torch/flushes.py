@@ -18,6 +18,17 @@ flush), and the outputs and the copies are queued and read together, a few flush
   `batched`: docs/results/pytorch-recorder-cost-h100.md.)
 - `module`: every output at its hook, every step (the first step's way, kept).
 
+Outputs wait for their flush held by the recorder, so that their memory is not reused before
+they are read. Most of a training step's outputs are kept by autograd for the backward pass
+anyway, and holding them costs nothing; an output the program drops at once (in inference, say)
+stays allocated until the flush. So the flushes in order with the program measure what they let
+go of (PyTorch's allocated bytes on the hashers' GPUs, before and after), and the policy keeps
+the share of the outputs held that only the recorder still held: a flush comes when the
+recorder's copies plus that share of the outputs held reach `MAX_QUEUED_BYTES` (the whole of them
+until a flush has measured, and after a step that did not), and in any case at `MAX_HELD_BYTES`
+of outputs held. The share is the largest measured in the last step that measured any, or in
+this step where that is larger.
+
 Nothing is taken on trust: when an output is read, the recorder checks that its version counter
 has not moved since its hook, and stops with an error naming it if it has (a program that
 changes in place, at a later step, an output it left alone at the first).
@@ -36,9 +47,15 @@ from repro_writer import WriteError
 FLUSH_ENV = "REPRO_TORCH_FLUSH"
 MODES = ("batched", "beside", "module")
 
-# Outputs queued before a flush is forced: bounds the memory held for them (copies included).
+# Outputs queued before a flush is forced.
 MAX_QUEUED = 64
+# The memory the recorder may keep that the program would have let go of (its copies, and the
+# outputs it alone still holds, as measured); and the outputs held, whatever the measure says.
 MAX_QUEUED_BYTES = 256 << 20
+MAX_HELD_BYTES = 1 << 30
+# Only a flush that lets go of this many bytes of outputs measures them: one of fewer is under
+# the cap whatever it measures, and each reading of the memory in use costs about 20 us (H200).
+MEASURE_MIN_BYTES = MAX_QUEUED_BYTES
 # The largest output changed in place that is copied at its hook; a larger one is read there.
 COPY_AT_HOOK_MAX_BYTES = 64 << 20
 
@@ -57,11 +74,44 @@ def mode_from_env() -> str:
 class FlushPolicy:
     """A recorder's flush policy over its steps (see the module's documentation)."""
 
-    def __init__(self):
+    def __init__(self, memory_in_use=None):
+        """`memory_in_use`: a function of GPU indices giving PyTorch's bytes allocated on them,
+        or None where it cannot tell (by default, PyTorch's CUDA allocator's)."""
         self.mode = mode_from_env()
         # Names of the outputs a watched step saw changed in place after their hooks; None
         # until a step with module outputs hashed on the GPU has been watched.
         self.in_place: Optional[set[str]] = None
+        self.memory_in_use = memory_in_use or cuda_memory_in_use
+        # The largest share of the outputs held that a flush found the recorder alone held: in
+        # the last step that measured one, and in this step so far (None: none measured).
+        self._last_share: Optional[float] = None
+        self._step_share: Optional[float] = None
+        self.unshared = 1.0  # the share the caps count (see the module's documentation)
+
+    def holds_too_much(self, shared: int, own: int) -> bool:
+        """Whether `shared` bytes of the program's outputs and `own` of the recorder's, held
+        until the next flush, are more than the caps allow."""
+        return shared >= MAX_HELD_BYTES or own + self.unshared * shared >= MAX_QUEUED_BYTES
+
+    def measure(self, shared: int, beside: bool, devices: list) -> Optional["MemoryMeasure"]:
+        """The measure of a flush about to let go of `shared` bytes of outputs on `devices`, or
+        None where it measures nothing (read beside: let go of later; too few bytes; no way to
+        tell the memory in use)."""
+        if beside or shared < MEASURE_MIN_BYTES or not devices:
+            return None
+        before = self.memory_in_use(devices)
+        return None if before is None else MemoryMeasure(self, shared, devices, before)
+
+    def learned(self, share: float) -> None:
+        """A flush found the recorder alone held `share` of the outputs it let go of."""
+        self._step_share = share if self._step_share is None else max(self._step_share, share)
+        self.unshared = max(self._step_share, self._last_share or 0.0)
+
+    def step_ended(self) -> None:
+        """A step is over: what it measured, if anything, is what the next one starts from."""
+        if self._step_share is not None:
+            self._last_share, self._step_share = self._step_share, None
+            self.unshared = self._last_share
 
     def watch(self) -> Optional["InPlaceWatch"]:
         """The watch for a step about to run: one until a step has been watched."""
@@ -80,6 +130,33 @@ class FlushPolicy:
     def beside(self) -> bool:
         """Whether outputs read together are read beside the program's stream."""
         return self.mode == "beside" and self.in_place is not None
+
+
+class MemoryMeasure:
+    """PyTorch's memory in use around one flush (`FlushPolicy.measure`)."""
+
+    def __init__(self, policy: FlushPolicy, shared: int, devices: list, before: int):
+        self._policy, self._shared, self._devices, self._before = policy, shared, devices, before
+
+    def done(self, own: int) -> None:
+        """The flush has let go of what it held, `own` bytes of it the recorder's own: the rest
+        of what it freed was outputs that the recorder alone held."""
+        after = self._policy.memory_in_use(self._devices)
+        if after is None:
+            return
+        freed = self._before - after - own
+        self._policy.learned(min(1.0, max(0.0, freed / self._shared)))
+
+
+# PyTorch's CUDA allocator's statistics of a GPU, where this PyTorch has CUDA.
+_MEMORY_STATS = getattr(torch._C, "_cuda_memoryStats", None)
+
+
+def cuda_memory_in_use(devices: list) -> Optional[int]:
+    """PyTorch's bytes allocated on the GPUs `devices` (indices), or None without CUDA."""
+    if _MEMORY_STATS is None or not torch.cuda.is_available():
+        return None
+    return sum(_MEMORY_STATS(d)["allocated_bytes"]["all"]["current"] for d in devices)
 
 
 class InPlaceWatch:

@@ -17,7 +17,7 @@ from repro_trace import BLAKE3, DATA_HASHES, RECORDS_FILE
 from repro_writer import TraceWriter, WriteError
 
 from .cuda_hash import CUDA_HASH_LIB, CUDA_HASH_LIB_ENV, DeviceHasher, cuda_hash_library_path
-from .flushes import COPY, MAX_QUEUED, MAX_QUEUED_BYTES, READ, FlushPolicy
+from .flushes import COPY, MAX_QUEUED, READ, FlushPolicy
 from .perturb import Perturbation
 from .ranks import RankPlace, current_place, perturbs_this_rank
 from .switches import changes, determinism_switches, environment
@@ -287,9 +287,12 @@ class StepRecorder:
         self._repeat_of: list[int] = []
         self._policy = recorder.flush_policy
         self._watch = self._policy.watch()
-        # Module outputs queued and not flushed yet, and their bytes (see `module_output`).
+        # Module outputs queued and not flushed yet (see `module_output`); the bytes queued
+        # since the last flush that the recorder holds as the program's own tensors, and those it
+        # holds of its own (copies, tensors it made): what a flush lets go of (`flushes`).
         self._outputs_queued = 0
-        self._bytes_queued = 0
+        self._shared_queued = 0
+        self._own_queued = 0
 
     def perturbed(self, name: str, t: torch.Tensor) -> torch.Tensor:
         """`t`, or `t` moved as REPRO_PERTURB says when it names this tensor at this step."""
@@ -317,21 +320,20 @@ class StepRecorder:
         if at_hook == READ:
             self.flush()
         else:
-            self._wait_with_outputs(nbytes)
+            self._wait_with_outputs()
 
     def queue_held(self, name: str, t: torch.Tensor, kind: str, phase: Optional[str]) -> None:
         """`queue` for a tensor the recorder made and alone holds (a rank's share of a gradient
         sum, computed from it): nothing changes it, so it waits with the module outputs, read
         when they are (or when the queue's count or bytes reach its cap)."""
-        if self._queue_each([record_fields(name, kind, phase)], [t]):
-            self._wait_with_outputs(t.nbytes)
+        if self._queue_each([record_fields(name, kind, phase)], [t], own=True):
+            self._wait_with_outputs()
 
-    def _wait_with_outputs(self, nbytes: int) -> None:
+    def _wait_with_outputs(self) -> None:
         """Counts a tensor just queued among the outputs waiting to be read, and reads them
-        when their count or bytes reach the queue's cap."""
+        when their count, or the memory they may keep, reaches the flush policy's cap."""
         self._outputs_queued += 1
-        self._bytes_queued += nbytes
-        if self._outputs_queued >= MAX_QUEUED or self._bytes_queued >= MAX_QUEUED_BYTES:
+        if self._outputs_queued >= MAX_QUEUED or self._policy.holds_too_much(self._shared_queued, self._own_queued):
             self._flush_outputs()
 
     def queue(self, name: str, t: torch.Tensor, kind: str = "activation", phase: Optional[str] = None,
@@ -351,13 +353,15 @@ class StepRecorder:
             self._flush_outputs()  # read beside, not with what follows
         self._queue_each(fields, tensors)
 
-    def _queue_each(self, fields: list, tensors: list, copy: bool = False) -> int:
+    def _queue_each(self, fields: list, tensors: list, copy: bool = False, own: bool = False) -> int:
         """Queues a record for each tensor; how many wait to be read on the GPU. This runs for
         every tensor of every step, so each tensor's attributes are read once, and what its
         address, dtype, shape and contiguity imply (its device's hasher, its trace dtype, its
         length) is looked up rather than derived again (`Recorder.laid_out`). `copy`: the program
         may change the tensor next: one read on the GPU is read at once where the hasher can
-        (`DeviceHasher.queue_now`, under `xxh3-1k`), and otherwise copied there now, the copy read."""
+        (`DeviceHasher.queue_now`, under `xxh3-1k`), and otherwise copied there now, the copy read.
+        `own`: the tensors are the recorder's, which nothing else holds. The bytes held until the
+        flush are counted, the program's and the recorder's own apart (see `_wait_with_outputs`)."""
         recorder, current, previous = self.recorder, self.hashed_on_gpu, self._previous
         laid_out, inline_max = recorder.laid_out, recorder.inline_max_bytes
         queued = 0
@@ -426,6 +430,10 @@ class StepRecorder:
             if not read_now:
                 # The tensor is checked for changes when read (a copy cannot have changed).
                 hasher.queue(self, index, address, length, length <= inline_max, held, version)
+                if held is t and not own:
+                    self._shared_queued += length
+                else:
+                    self._own_queued += length
             if key is not None:
                 self._hashed(key, index, weakref.ref(t), strides)
             queued += 1
@@ -528,15 +536,22 @@ class StepRecorder:
     def flush(self) -> None:
         """Launches the GPU hashing of the tensors queued, read in order with the program's
         stream (see `DeviceHasher`)."""
-        self._outputs_queued = self._bytes_queued = 0
+        self._outputs_queued = self._shared_queued = self._own_queued = 0
         for hasher in self.recorder.hashers.values():
             hasher.flush()
 
     def _flush_outputs(self) -> None:
-        """Launches the GPU hashing of the module outputs queued, as the flush policy says."""
-        self._outputs_queued = self._bytes_queued = 0
-        for hasher in self.recorder.hashers.values():
-            hasher.flush(beside=self._policy.beside)
+        """Launches the GPU hashing of the module outputs queued, as the flush policy says; one
+        read in order with the program's stream measures how much of the program's memory the
+        recorder alone kept (`FlushPolicy.measure`)."""
+        shared, own = self._shared_queued, self._own_queued
+        self._outputs_queued = self._shared_queued = self._own_queued = 0
+        hashers, beside = self.recorder.hashers, self._policy.beside
+        measure = self._policy.measure(shared, beside, list(hashers))
+        for hasher in hashers.values():
+            hasher.flush(beside=beside)
+        if measure is not None:
+            measure.done(own)
 
     def end(self) -> None:
         """The step's block is over: reads everything queued and ends the flush policy's watch.
@@ -544,6 +559,7 @@ class StepRecorder:
         self._flush_outputs()
         if self._watch is not None:
             self._watch.finish()
+        self._policy.step_ended()
 
 
 def _repeats(owner: Optional["StepRecorder"], firsts: list, tensors: list) -> list:

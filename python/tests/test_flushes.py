@@ -1,0 +1,187 @@
+"""When repro_torch flushes the module outputs it holds (`repro_torch.flushes`): the memory caps,
+and the share of the outputs held that a flush measures the recorder alone kept alive. Skipped
+where torch is not installed."""
+
+import os
+import shutil
+import sys
+import tempfile
+import unittest
+import weakref
+from unittest import mock
+
+try:
+    import torch
+except ImportError:  # pragma: no cover
+    torch = None
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cpu_hash_library import hash_on_cpu_stand_in  # noqa: E402
+
+MIB = 1 << 20
+
+
+class Memory:
+    """A stand-in for PyTorch's allocated bytes, moved by hand."""
+
+    def __init__(self):
+        self.in_use = 0
+        self.readings = 0
+
+    def __call__(self, devices):
+        self.readings += 1
+        return self.in_use
+
+
+@unittest.skipUnless(torch, "torch is not installed")
+class FlushPolicyTest(unittest.TestCase):
+    def policy(self, memory):
+        from repro_torch.flushes import FlushPolicy
+
+        return FlushPolicy(memory_in_use=memory)
+
+    def flush(self, policy, memory, shared, own, freed):
+        """A flush measured by `policy`, letting go of `freed` bytes, `own` of them the recorder's."""
+        measure = policy.measure(shared, False, [0])
+        self.assertIsNotNone(measure)
+        memory.in_use -= freed
+        measure.done(own)
+
+    def test_outputs_held_count_whole_until_a_flush_has_measured_that_the_program_keeps_them(self):
+        from repro_torch.flushes import MAX_HELD_BYTES, MAX_QUEUED_BYTES
+
+        memory = Memory()
+        memory.in_use = 8 << 30
+        policy = self.policy(memory)
+        self.assertTrue(policy.holds_too_much(MAX_QUEUED_BYTES, 0))
+        self.assertFalse(policy.holds_too_much(MAX_QUEUED_BYTES - 1, 0))
+        # The flush let go of the recorder's 10 MiB of copies only: the program kept its outputs.
+        self.flush(policy, memory, shared=300 * MIB, own=10 * MIB, freed=10 * MIB)
+        self.assertEqual(policy.unshared, 0.0)
+        self.assertFalse(policy.holds_too_much(MAX_HELD_BYTES - 1, 0))
+        # Outputs held are capped whatever the measure says; the recorder's own copies count whole.
+        self.assertTrue(policy.holds_too_much(MAX_HELD_BYTES, 0))
+        self.assertTrue(policy.holds_too_much(0, MAX_QUEUED_BYTES))
+
+    def test_the_share_counted_is_the_last_measuring_steps_largest_or_this_steps_when_larger(self):
+        memory = Memory()
+        memory.in_use = 8 << 30
+        policy = self.policy(memory)
+        self.flush(policy, memory, shared=400 * MIB, own=0, freed=200 * MIB)
+        self.flush(policy, memory, shared=400 * MIB, own=0, freed=40 * MIB)
+        self.assertEqual(policy.unshared, 0.5)  # the step's largest, from when it was measured
+        policy.step_ended()
+        self.assertEqual(policy.unshared, 0.5)
+        self.flush(policy, memory, shared=400 * MIB, own=0, freed=80 * MIB)
+        self.assertEqual(policy.unshared, 0.5)  # the last step's is larger
+        self.flush(policy, memory, shared=400 * MIB, own=0, freed=360 * MIB)
+        self.assertEqual(policy.unshared, 0.9)  # this step's, at once
+        policy.step_ended()
+        self.flush(policy, memory, shared=400 * MIB, own=0, freed=0)
+        policy.step_ended()
+        self.assertEqual(policy.unshared, 0.0)
+        policy.step_ended()  # a step that measured nothing changes nothing
+        self.assertEqual(policy.unshared, 0.0)
+        # A reading that moved the wrong way (memory the flush did not free) counts as nothing
+        # freed; more freed than held counts as all of it.
+        self.flush(policy, memory, shared=400 * MIB, own=0, freed=-20 * MIB)
+        self.assertEqual(policy.unshared, 0.0)
+        self.flush(policy, memory, shared=400 * MIB, own=0, freed=1200 * MIB)
+        self.assertEqual(policy.unshared, 1.0)
+
+    def test_nothing_is_measured_beside_the_program_below_the_minimum_or_without_a_reading(self):
+        from repro_torch.flushes import MEASURE_MIN_BYTES
+
+        memory = Memory()
+        policy = self.policy(memory)
+        self.assertIsNone(policy.measure(1 << 30, True, [0]))  # let go of later, when read
+        self.assertIsNone(policy.measure(MEASURE_MIN_BYTES - 1, False, [0]))
+        self.assertIsNone(policy.measure(1 << 30, False, []))
+        self.assertEqual(memory.readings, 0)
+        self.assertIsNone(self.policy(lambda devices: None).measure(1 << 30, False, [0]))
+
+    @unittest.skipIf(torch and torch.cuda.is_available(), "reads a GPU's memory where there is one")
+    def test_without_cuda_the_memory_in_use_cannot_be_read_and_outputs_count_whole(self):
+        from repro_torch.flushes import MAX_QUEUED_BYTES, cuda_memory_in_use
+
+        self.assertIsNone(cuda_memory_in_use([0]))
+        policy = self.policy(None)
+        self.assertIsNone(policy.measure(1 << 30, False, [0]))
+        self.assertTrue(policy.holds_too_much(MAX_QUEUED_BYTES, 0))
+
+
+class Chain(torch.nn.Module if torch else object):
+    """Linear layers one after another; `keep`: the forward pass keeps every output (as autograd
+    keeps a training step's), else each is dropped once the next is computed."""
+
+    def __init__(self, width=256, depth=24):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(width, width) for _ in range(depth))
+        self.keep, self.kept = False, []
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+            if self.keep:
+                self.kept.append(x)
+        return x
+
+
+@unittest.skipUnless(torch, "torch is not installed")
+class OutputsHeldTest(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="repro-flushes-")
+
+    def tearDown(self):
+        shutil.rmtree(self.dir)
+
+    def record(self, name, keep, stand_in=True, steps=6):
+        """Records `Chain`'s forward passes (64 KiB an output) with caps of 128 KiB and 512 KiB;
+        PyTorch's memory in use read as the bytes of the outputs still alive. Returns the
+        stand-in library (None on the host) and the records' bytes."""
+        from repro_torch import ModelRecorder, Recorder
+
+        torch.manual_seed(0)
+        model = Chain()
+        model.keep = keep
+        alive = []
+        for layer in model.layers:
+            layer.register_forward_hook(lambda m, args, out: alive.append(weakref.ref(out)))
+
+        def memory_in_use(devices):
+            return sum(t.nbytes for t in (r() for r in alive) if t is not None)
+
+        path = os.path.join(self.dir, name)
+        caps = {"MAX_QUEUED_BYTES": 128 << 10, "MAX_HELD_BYTES": 512 << 10, "MEASURE_MIN_BYTES": 1}
+        with mock.patch.multiple("repro_torch.flushes", **caps), mock.patch.dict(os.environ, {"REPRO_TORCH_FLUSH": "batched"}):
+            recorder = Recorder(path, {"workload": "chain", "steps": steps}, capture="none")
+            recorder.flush_policy.memory_in_use = memory_in_use
+            library = hash_on_cpu_stand_in(recorder) if stand_in else None
+            rec = ModelRecorder(recorder, model)
+            g = torch.Generator().manual_seed(1)
+            with torch.no_grad():
+                for step in range(steps):
+                    model.kept = []
+                    x = torch.randn(64, 256, generator=g)
+                    with rec.forward_pass(step, inputs={"x": x}) as s:
+                        s.output("logits", model(x))
+            rec.finish()
+        with open(os.path.join(path, "records.rpr"), "rb") as f:
+            return library, recorder.flush_policy, f.read()
+
+    def test_outputs_the_program_keeps_are_flushed_together_and_those_it_drops_at_the_cap_hashed_alike(self):
+        for keep in (True, False):
+            _, _, expected = self.record(f"host-{keep}", keep, stand_in=False)
+            library, policy, records = self.record(f"stand-in-{keep}", keep)
+            self.assertEqual(records, expected, f"keep={keep}: a hash is not the host's")
+            if keep:
+                kept_flushes, kept_share = library.flush_calls["ordered"], policy.unshared
+            else:
+                dropped_flushes, dropped_share = library.flush_calls["ordered"], policy.unshared
+        self.assertEqual(kept_share, 0.0)
+        # Dropped: the outputs held but the last two (the program's still, at the hook that
+        # flushes: its input and output) were the recorder's alone.
+        self.assertGreater(dropped_share, 0.3)
+        # Kept: a flush every eight outputs (the 512 KiB cap on outputs held) once the second
+        # step has measured them; dropped: every three to six, as measured.
+        self.assertGreaterEqual(dropped_flushes - kept_flushes, 2 * 5)
