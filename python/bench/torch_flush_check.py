@@ -4,9 +4,11 @@ under each REPRO_TORCH_FLUSH policy, hashes only, into OUT/MODEL-POLICY; `repro 
 traces must then say IDENTICAL. A policy that read an output after the program had changed it in
 place would record another hash (or stop with an error, which this prints).
 
-    python python/bench/torch_flush_check.py OUT [--steps N] MODEL ...
+    python python/bench/torch_flush_check.py OUT [--steps N] [--batch N] MODEL ...
 
-MODEL: a torchvision classification model at batch 16, or gpt2 (transformers, 2 x 256).
+MODEL: a torchvision classification model at batch 16 (or --batch N), or gpt2 (transformers,
+2 x 256). A batch of 64 holds more outputs between flushes than a flush measures the memory of
+(`repro_torch.flushes`), so that the steps after the second flush as that measure says.
 """
 
 import argparse
@@ -23,7 +25,7 @@ from steps import training_step  # beside this file
 POLICIES = ("module", "module-again", "batched", "beside")
 
 
-def build(name: str):
+def build(name: str, batch: int):
     torch.manual_seed(0)
     if name == "gpt2":
         from transformers import GPT2Config, GPT2LMHeadModel
@@ -34,14 +36,14 @@ def build(name: str):
     import torchvision
 
     model = torchvision.models.get_model(name).cuda()
-    images = torch.randn(16, 3, 224, 224, device="cuda")
-    labels = torch.randint(0, 1000, (16,), device="cuda")
+    images = torch.randn(batch, 3, 224, 224, device="cuda")
+    labels = torch.randint(0, 1000, (batch,), device="cuda")
     return model, lambda m: torch.nn.functional.cross_entropy(m(images), labels)
 
 
-def record(name: str, policy: str, path: str, steps: int) -> None:
+def record(name: str, policy: str, path: str, steps: int, batch: int) -> None:
     os.environ["REPRO_TORCH_FLUSH"] = policy.removesuffix("-again")
-    model, loss_of = build(name)
+    model, loss_of = build(name, batch)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     rec = ModelRecorder(Recorder(path, {"workload": name, "steps": steps}, capture="none", replace=True,
                                  device=torch.device("cuda"), device_hashing=True), model)
@@ -55,6 +57,7 @@ def main() -> None:
     parser.add_argument("out")
     parser.add_argument("models", nargs="+")
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--batch", type=int, default=16, help="images a step (torchvision models)")
     args = parser.parse_args()
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.backends.cudnn.benchmark = False
@@ -66,7 +69,7 @@ def main() -> None:
         paths = {p: os.path.join(args.out, f"{name}-{p}") for p in POLICIES}
         try:
             for policy, path in paths.items():
-                record(name, policy, path, args.steps)
+                record(name, policy, path, args.steps, args.batch)
         except Exception as e:  # a policy that stopped: what it said
             print(f"{name}: recording failed: {type(e).__name__}: {e}")
             failed += 1
