@@ -4,7 +4,8 @@ and each step's host time (the CPU's work to queue it) beside its wall time.
 
     python python/bench/torch_profile.py [MODEL] [BATCH] [FLUSH ...]
 
-With REPRO_PROFILE_PYTHON=1, the recorded steps' host side under cProfile instead (the Python
+REPRO_PROFILE_ROWS: how many ops and kernels the GPU table lists (12). With
+REPRO_PROFILE_PYTHON=1, the recorded steps' host side under cProfile instead (the Python
 functions, and the GPU hashing library's calls, by their own time).
 """
 
@@ -115,7 +116,8 @@ def main() -> None:
             for i in range(9, 11):
                 step(i)
             torch.cuda.synchronize()
-        print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=12, max_name_column_width=50))
+        rows = int(os.environ.get("REPRO_PROFILE_ROWS", "12"))
+        print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=rows, max_name_column_width=50))
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15, max_name_column_width=50))
 
     run("plain", plain)

@@ -52,6 +52,8 @@
 //! each flush first runs the leaf pass over the memory to hash, on the calling thread's stream,
 //! into leaf memory the hasher owns, and then hashes the leaves with BLAKE3 as it hashes any
 //! memory; the next flush writes its leaves into the same memory, behind those reads.
+//! Only the leaf pass reads the program's memory then: the chunk pass over the leaves runs on
+//! the hasher's own stream with the tree, so the program's stream waits for the leaf pass alone.
 //! `push_now` (`xxh3-1k` only) queues one piece as `push_many` does, but runs its leaf pass at
 //! once, on the calling thread's stream: the memory is read before anything the program queues
 //! there next (an in-place update of a module's output), and may change right after the call;
@@ -127,15 +129,18 @@ impl Hasher {
 
     /// After a flush that read the leaves (its passes queued): their blocks serve the next
     /// flush's leaves, written on the calling thread's stream behind these reads, or, when they
-    /// were read beside it, behind an event recorded after them.
-    fn leaves_read(&mut self, beside: bool) -> Result<()> {
+    /// were read beside it, behind `chunks_read` (the event behind its chunk pass there), or
+    /// else an event recorded after all it queued there.
+    fn leaves_read(&mut self, beside: bool, chunks_read: Option<CudaEvent>) -> Result<()> {
         let memory = &mut self.leaf_memory;
         if memory.used.is_empty() {
             return Ok(());
         }
         memory.free.append(&mut memory.used);
         memory.at = 0;
-        if beside {
+        if chunks_read.is_some() {
+            memory.read_beside = chunks_read;
+        } else if beside {
             memory.read_beside = Some(self.beside.record_event(None).w()?);
         }
         Ok(())
@@ -390,8 +395,12 @@ fn push_now(hasher: &mut Hasher, address: u64, len: u64) -> Result<i64> {
 fn flush(hasher: &mut Hasher, beside: bool) -> Result<i64> {
     hasher.launch_leaves()?;
     hasher.batch.set_reads_beside(beside);
+    // Under xxh3-1k the chunk pass reads the leaves alone (the leaf pass has read the program's
+    // memory, in order with its stream): it runs beside, with the tree.
+    hasher.batch.set_chunks_beside(hasher.data_hash == DataHash::Xxh3Chunks);
     hasher.batch.flush()?;
-    hasher.leaves_read(beside)?;
+    let chunks_read = hasher.batch.take_chunks_read();
+    hasher.leaves_read(beside, chunks_read)?;
     hasher.flushes += 1;
     let event = if beside { Some(hasher.beside.record_event(None).w()?) } else { None };
     hasher.reading.push_back((hasher.flushes, event));
@@ -494,10 +503,13 @@ pub unsafe extern "C" fn repro_cuda_hasher_start_read(hasher: *mut c_void, n: *m
     let (mut batch, keeps_bytes) = hasher.take_batch();
     // SAFETY: the caller's promise above.
     unsafe { *n = keeps_bytes.len() as u64 };
-    // What is still queued is read in order with the program's stream.
+    // What is still queued is read in order with the program's stream (under xxh3-1k, its
+    // leaves; their chunk pass beside, as `flush` runs it).
     batch.set_reads_beside(false);
     let data_hash = hasher.data_hash;
-    let pending = batch.start_read().and_then(|pending| hasher.leaves_read(false).map(|()| pending));
+    let leaves = data_hash == DataHash::Xxh3Chunks;
+    batch.set_chunks_beside(leaves);
+    let pending = batch.start_read().and_then(|pending| hasher.leaves_read(leaves, None).map(|()| pending));
     match pending {
         Ok(pending) => Box::into_raw(Box::new(Read { pending, keeps_bytes, data_hash })).cast(),
         Err(e) => {

@@ -117,6 +117,10 @@ pub struct DeviceBatch {
     /// Whether the next flushes read the tensors on the `beside` stream too (see
     /// `set_reads_beside`).
     reads_beside: bool,
+    /// Whether the next flushes run their chunk pass on the `beside` stream (see
+    /// `set_chunks_beside`), and the event behind the last one run there.
+    chunks_beside: bool,
+    chunks_read: Option<CudaEvent>,
 }
 
 /// Bytes of device memory that another program's allocator owns (a PyTorch tensor's storage,
@@ -231,7 +235,15 @@ impl DeviceBatch {
     pub fn new(dev: CudaDevice) -> Self {
         // The recorder waits for each step's results; keep that wait from emptying the pool.
         let _ = keep_freed_memory(&dev);
-        DeviceBatch { dev, queue: Queue::default(), beside: None, payload: None, reads_beside: false }
+        DeviceBatch {
+            dev,
+            queue: Queue::default(),
+            beside: None,
+            payload: None,
+            reads_beside: false,
+            chunks_beside: false,
+            chunks_read: None,
+        }
     }
 
     /// The batch, handing each value it reads back straight from its tensor (`Slot::Direct`:
@@ -259,6 +271,22 @@ impl DeviceBatch {
     /// has completed. Without a `beside` stream the setting changes nothing.
     pub fn set_reads_beside(&mut self, on: bool) {
         self.reads_beside = on;
+    }
+
+    /// Makes the flushes that follow run their chunk pass on the `beside` stream too, behind
+    /// what the calling thread's stream has queued (the copy of kept bytes still reads on the
+    /// calling stream). Only for hashed memory that the owner writes again only behind the
+    /// chunk pass (`take_chunks_read`), never the program's: the leaves of `xxh3-1k`, which the
+    /// hashing library computes into memory of its own. The program's stream then waits for
+    /// none of the hash. Without a `beside` stream the setting changes nothing.
+    pub fn set_chunks_beside(&mut self, on: bool) {
+        self.chunks_beside = on;
+    }
+
+    /// The event behind the last chunk pass run beside (`set_chunks_beside`) since this was
+    /// last called, if any: what writes that memory again waits for it.
+    pub fn take_chunks_read(&mut self) -> Option<CudaEvent> {
+        self.chunks_read.take()
     }
 
     /// The device the batch belongs to.
@@ -337,7 +365,10 @@ impl DeviceBatch {
         for Planned { plan, reads: tensors } in self.queue.take_planned() {
             let bytes: usize = tensors.iter().map(|(queued, _)| queued.byte_len()).sum();
             let what = format!("hashing {} tensors ({})", tensors.len(), size(bytes));
-            let mut flushed = self.launch(plan).map_err(|e| e.context(what))?;
+            let (mut flushed, chunks_read) = self.launch(plan).map_err(|e| e.context(what))?;
+            if chunks_read.is_some() {
+                self.chunks_read = chunks_read;
+            }
             // Values read straight from their tensors are read now, as the kernels read the
             // others: a flush comes before what changes them (an optimizer's in-place update).
             let stream = self.dev.cuda_stream();
@@ -365,12 +396,18 @@ impl DeviceBatch {
     }
 
     /// Uploads a plan's table and launches its kernels on the calling thread's stream (or, when
-    /// reading beside, all of them on the `beside` stream behind it).
-    fn launch(&self, plan: Plan) -> Result<Flushed> {
+    /// reading beside, all of them on the `beside` stream behind it; or, with the chunk pass
+    /// beside, that pass and the tree there). Returns the flush, and the event behind its chunk
+    /// pass where that ran beside.
+    fn launch(&self, plan: Plan) -> Result<(Flushed, Option<CudaEvent>)> {
         let calling = self.dev.cuda_stream();
         let stream = match (&self.beside, self.reads_beside) {
             (Some(beside), true) => beside.clone(),
             _ => calling.clone(),
+        };
+        let chunk_stream = match (&self.beside, self.chunks_beside) {
+            (Some(beside), true) => beside.clone(),
+            _ => stream.clone(),
         };
         // cudarc keeps the errors of calls that cannot return one (a free, when a buffer is
         // dropped) for the next call to find: name it as such rather than as this launch's.
@@ -418,14 +455,15 @@ impl DeviceBatch {
             .map_err(|e| e.context(format!("allocating {} of GPU memory for its tree", size(scratch_len))))?;
         if let Some(read) = &scratch.read {
             // The last tree on `tree_stream` read these nodes: written again only behind it.
-            stream.wait(read).w()?;
+            chunk_stream.wait(read).w()?;
         }
-        {
+        let chunks_read = {
             // SAFETY: allocations are aligned, and the scratch holds whole u32 words.
             let mut nodes = unsafe { scratch.nodes.transmute_mut::<u32>(scratch_len / 4) }.expect("the tree's scratch");
-            self.launch_kernels(&plan, &kernels, &stream, &tree_stream, &table, &mut nodes, &mut out)
-                .map_err(|e| e.context("launching its kernels"))?;
-        }
+            let streams = Streams { reads: &stream, chunks: &chunk_stream, tree: &tree_stream };
+            self.launch_kernels(&plan, &kernels, streams, &table, &mut nodes, &mut out)
+                .map_err(|e| e.context("launching its kernels"))?
+        };
         if !std::ptr::eq(&*tree_stream, &*stream) {
             match &scratch.read {
                 Some(read) => read.record(&tree_stream).w()?,
@@ -433,22 +471,26 @@ impl DeviceBatch {
             }
         }
         TREE_SCRATCH.give_back(scratch_key, scratch);
-        Ok(Flushed { arena, out_len: plan.out_len, slots: plan.slots, table: staged, direct: Vec::new() })
+        Ok((
+            Flushed { arena, out_len: plan.out_len, slots: plan.slots, table: staged, direct: Vec::new() },
+            chunks_read,
+        ))
     }
 
-    /// Launches a plan's kernels, its table uploaded: those that read the tensors on `stream`,
-    /// the tree's upper levels and roots on `tree_stream` behind the chunk pass.
-    #[allow(clippy::too_many_arguments)]
+    /// Launches a plan's kernels, its table uploaded on `streams.reads`: the copy of kept bytes
+    /// there, the chunk pass on `streams.chunks` behind it, the tree's upper levels and roots on
+    /// `streams.tree` behind the chunk pass. Returns the event behind a chunk pass run on a
+    /// stream other than `streams.reads`.
     fn launch_kernels(
         &self,
         plan: &Plan,
         kernels: &HashKernels,
-        stream: &CudaStream,
-        tree_stream: &CudaStream,
+        streams: Streams<'_>,
         table: &CudaViewMut<'_, u64>,
         nodes: &mut CudaViewMut<'_, u32>,
         out: &mut CudaViewMut<'_, u8>,
-    ) -> Result<()> {
+    ) -> Result<Option<CudaEvent>> {
+        let Streams { reads: stream, chunks: chunk_stream, tree: tree_stream } = streams;
         let words = |r: &std::ops::Range<usize>| table.slice(r.clone());
         if let Some(copy) = &plan.copy {
             let (views, prefix, out_at) = (words(&copy.views), words(&copy.prefix), words(&plan.copy_out));
@@ -456,15 +498,24 @@ impl DeviceBatch {
             b.arg(&views).arg(&prefix).arg(&out_at).arg(&copy.count).arg(&mut *out);
             unsafe { b.launch(grid(copy.items, 256)) }.w()?;
         }
+        let mut chunks_read = None;
         if let Some(chunks) = &plan.chunks {
+            let beside = !std::ptr::eq(stream, chunk_stream);
+            if beside {
+                // Behind the table's upload and what the calling stream queued (the leaf pass).
+                chunk_stream.join(stream).w()?;
+            }
             let (views, prefix) = (words(&chunks.views), words(&chunks.prefix));
-            let mut b = stream.launch_builder(&kernels.chunks);
+            let mut b = chunk_stream.launch_builder(&kernels.chunks);
             b.arg(&views).arg(&prefix).arg(&chunks.count).arg(&mut *nodes);
             unsafe { b.launch(grid(chunks.items, CHUNK_THREADS)) }.w()?;
+            if beside {
+                chunks_read = Some(chunk_stream.record_event(None).w()?);
+            }
         }
-        if !std::ptr::eq(stream, tree_stream) {
+        if !std::ptr::eq(chunk_stream, tree_stream) {
             // Behind everything that reads the tensors (and the table's upload).
-            tree_stream.join(stream).w()?;
+            tree_stream.join(chunk_stream).w()?;
         }
         if plan.chunks.is_some() {
             for level in &plan.levels {
@@ -486,7 +537,7 @@ impl DeviceBatch {
             b.arg(&roots).arg(&count).arg(&nodes).arg(&mut *out);
             unsafe { b.launch(grid(count, 128)) }.w()?;
         }
-        Ok(())
+        Ok(chunks_read)
     }
 
     /// Takes over `other`'s work (launched here, on the calling thread's stream, if it was only
@@ -732,6 +783,15 @@ static PINNED_TABLES: BufferPool<DeviceId, Pinned<u64>> = BufferPool::new(1024, 
 /// An arena above the bound is kept while steps reuse its exact size, and freed by the first
 /// `take` that needs another (see `buffer_pool`: never on the writer thread, which gives it back).
 static DEVICE_ARENAS: BufferPool<DeviceId, CudaSlice<u8>> = BufferPool::new(usize::MAX, 64 << 20);
+
+/// The streams a flush's kernels run on (`DeviceBatch::launch_kernels`): the one that reads the
+/// tensors (and uploads the table), the chunk pass's, and the tree's.
+#[derive(Clone, Copy)]
+struct Streams<'a> {
+    reads: &'a CudaStream,
+    chunks: &'a CudaStream,
+    tree: &'a CudaStream,
+}
 
 /// A tree's chaining values (32 bytes per KiB hashed), needed only while a flush's kernels run:
 /// each thread's stream keeps one scratch, as large as its largest flush has needed, that its
