@@ -313,7 +313,7 @@ class StepRecorder:
         once; otherwise queued with the outputs before it and read with them (`flushes`)."""
         nbytes = t.nbytes
         at_hook = self._policy.at_hook(name, nbytes)
-        if not self._queue_each([(name, "op_output", "forward", (), True, source, None, None)], [t], at_hook == COPY):
+        if not self._queue_one(name, "op_output", "forward", (), True, source, None, None, t, at_hook == COPY):
             return
         if self._watch is not None:
             self._watch.add(name, t)
@@ -354,90 +354,104 @@ class StepRecorder:
         self._queue_each(fields, tensors)
 
     def _queue_each(self, fields: list, tensors: list, copy: bool = False, own: bool = False) -> int:
-        """Queues a record for each tensor; how many wait to be read on the GPU. This runs for
-        every tensor of every step, so each tensor's attributes are read once, and what its
-        address, dtype, shape and contiguity imply (its device's hasher, its trace dtype, its
-        length) is looked up rather than derived again (`Recorder.laid_out`). `copy`: the program
-        may change the tensor next: one read on the GPU is read at once where the hasher can
-        (`DeviceHasher.queue_now`, under `xxh3-1k`), and otherwise copied there now, the copy read.
-        `own`: the tensors are the recorder's, which nothing else holds. The bytes held until the
-        flush are counted, the program's and the recorder's own apart (see `_wait_with_outputs`)."""
-        recorder, current, previous = self.recorder, self.hashed_on_gpu, self._previous
-        laid_out, inline_max = recorder.laid_out, recorder.inline_max_bytes
+        """Queues a record for each tensor (`_queue_one`); how many wait to be read on the GPU."""
         queued = 0
         for (name, kind, phase, inputs, node, source, collective, shard), t in zip(fields, tensors):
-            position = None
-            if node:
-                position, self._nodes = self._nodes, self._nodes + 1
-            if self.keeps_values:
-                self._append_copied(t, name, kind, phase, inputs, position, source, collective, shard)
-                continue
-            address, dtype, size, contiguous = t.data_ptr(), t.dtype, t.shape, t.is_contiguous()
-            known = laid_out.get((address, dtype, contiguous))
-            if known is None or known[2] != size:
-                hasher = recorder.hasher_for(t)
-                if hasher is None:
-                    self._append_copied(t, name, kind, phase, inputs, position, source, collective, shard)
-                    continue
-                known = recorder.lay_out((address, dtype, contiguous), hasher, IN_PLACE_DTYPES.get(dtype), size,
-                                         t.nbytes)
-            device, trace_dtype, shape, length = known
-            try:
-                version = t._version
-                key = (address, version)
-            except RuntimeError:  # an inference-mode tensor has no version counter: never repeated
-                version = key = None
-            strides = None if contiguous else t.stride()
-            if key is not None:
-                owner = self
-                first = current.get(key)
-                if first is None and previous is not None:
-                    owner, first = previous, previous.hashed_on_gpu.get(key)
-                if first is not None and owner._refs[first]() is t:
-                    laid = owner.layouts[first]
-                    if laid[2] == trace_dtype and laid[3] == shape and owner._strides.get(first) == strides:
-                        index = self._append((name, kind, trace_dtype, shape, phase, inputs, position, source,
-                                              collective, None, shard), None)
-                        self._repeat_at.append(index)
-                        self._repeat_from.append(owner)
-                        self._repeat_of.append(first)
-                        if owner is not self:
-                            self._hashed(key, index, owner._refs[first], strides)
-                        continue
-            in_place = contiguous and trace_dtype is not None  # its memory holds its canonical bytes
-            hasher = recorder.hashers[device]
-            # The program changes it next: read where it is, at once, where the hasher can (its
-            # record is the next one appended), else read from a copy, which nothing else changes.
-            read_now = in_place and copy and length > inline_max and hasher.queue_now(self, len(self.layouts),
-                                                                                        address, length)
-            if in_place and not copy:
-                held = t
-            elif not read_now:
-                if in_place:
-                    held = t.detach().clone()
-                else:
-                    trace_dtype, shape, held = canonical_on_device(t)
-                address, length = held.data_ptr(), held.nbytes
-                try:
-                    version = held._version
-                except RuntimeError:  # a copy made in inference mode
-                    version = None
-            index = self._append((name, kind, trace_dtype, shape, phase, inputs, position, source, collective, None,
-                                  shard), None)
-            if length == 0:
-                self.data[index] = b""
-                continue
-            if not read_now:
-                # The tensor is checked for changes when read (a copy cannot have changed).
-                hasher.queue(self, index, address, length, length <= inline_max, held, version)
-                if held is t and not own:
-                    self._shared_queued += length
-                else:
-                    self._own_queued += length
-            if key is not None:
-                self._hashed(key, index, weakref.ref(t), strides)
-            queued += 1
+            queued += self._queue_one(name, kind, phase, inputs, node, source, collective, shard, t, copy, own)
         return queued
+
+    def _queue_one(self, name: str, kind: str, phase, inputs, node: bool, source, collective, shard, t: torch.Tensor,
+                   copy: bool = False, own: bool = False) -> bool:
+        """Queues a record of `t` (its fields as `record_fields` names them); whether it waits to
+        be read on the GPU. This runs for every tensor of every step (every module output), so
+        each tensor's attributes are read once, and what its address, dtype, shape and
+        contiguity imply (its device's hasher, its trace dtype, its length) is looked up rather
+        than derived again (`Recorder.laid_out`). `copy`: the program may change the tensor next:
+        one read on the GPU is read at once where the hasher can (`DeviceHasher.queue_now`, under
+        `xxh3-1k`), and otherwise copied there now, the copy read. `own`: the tensor is the
+        recorder's, which nothing else holds. The bytes held until the flush are counted, the
+        program's and the recorder's own apart (see `_wait_with_outputs`)."""
+        position = None
+        if node:
+            position = self._nodes
+            self._nodes = position + 1
+        if self.keeps_values:
+            self._append_copied(t, name, kind, phase, inputs, position, source, collective, shard)
+            return False
+        recorder = self.recorder
+        address, dtype, size, contiguous = t.data_ptr(), t.dtype, t.shape, t.is_contiguous()
+        known = recorder.laid_out.get((address, dtype, contiguous))
+        if known is None or known[2] != size:
+            hasher = recorder.hasher_for(t)
+            if hasher is None:
+                self._append_copied(t, name, kind, phase, inputs, position, source, collective, shard)
+                return False
+            known = recorder.lay_out((address, dtype, contiguous), hasher, IN_PLACE_DTYPES.get(dtype), size, t.nbytes)
+        device, trace_dtype, shape, length = known
+        try:
+            version = t._version
+            key = (address, version)
+        except RuntimeError:  # an inference-mode tensor has no version counter: never repeated
+            version = key = None
+        strides = None if contiguous else t.stride()
+        layouts = self.layouts
+        if key is not None:
+            owner, first = self, self.hashed_on_gpu.get(key)
+            if first is None and self._previous is not None:
+                owner = self._previous
+                first = owner.hashed_on_gpu.get(key)
+            if first is not None and owner._refs[first]() is t:
+                laid = owner.layouts[first]
+                if laid[2] == trace_dtype and laid[3] == shape and owner._strides.get(first) == strides:
+                    index = len(layouts)
+                    layouts.append((name, kind, trace_dtype, shape, phase, inputs, position, source, collective,
+                                    None, shard))
+                    self.data.append(None)
+                    self.hashes.append(None)
+                    self._repeat_at.append(index)
+                    self._repeat_from.append(owner)
+                    self._repeat_of.append(first)
+                    if owner is not self:
+                        self._hashed(key, index, owner._refs[first], strides)
+                    return False
+        in_place = contiguous and trace_dtype is not None  # its memory holds its canonical bytes
+        hasher = recorder.hashers[device]
+        index = len(layouts)
+        # The program changes it next: read where it is, at once, where the hasher can (its
+        # record is the next one appended), else read from a copy, which nothing else changes.
+        read_now = in_place and copy and length > recorder.inline_max_bytes and hasher.queue_now(self, index,
+                                                                                                  address, length)
+        if in_place and not copy:
+            held = t
+        elif not read_now:
+            if in_place:
+                held = t.detach().clone()
+            else:
+                trace_dtype, shape, held = canonical_on_device(t)
+            address, length = held.data_ptr(), held.nbytes
+            try:
+                version = held._version
+            except RuntimeError:  # a copy made in inference mode
+                version = None
+        layouts.append((name, kind, trace_dtype, shape, phase, inputs, position, source, collective, None, shard))
+        self.hashes.append(None)
+        if length == 0:
+            self.data.append(b"")
+            return False
+        self.data.append(None)
+        if not read_now:
+            # The tensor is checked for changes when read (a copy cannot have changed).
+            hasher.queue(self, index, address, length, length <= recorder.inline_max_bytes, held, version)
+            if held is t and not own:
+                self._shared_queued += length
+            else:
+                self._own_queued += length
+        if key is not None:
+            self.hashed_on_gpu[key] = index
+            self._refs[index] = weakref.ref(t)
+            if strides is not None:
+                self._strides[index] = strides
+        return True
 
     def queue_group(self, group: "RecordGroup", tensors: list) -> None:
         """`queue_each(group.fields, tensors)`, for tensors that were the group's the last time
