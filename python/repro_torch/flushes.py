@@ -24,10 +24,10 @@ anyway, and holding them costs nothing; an output the program drops at once (in 
 stays allocated until the flush. So the flushes in order with the program measure what they let
 go of (PyTorch's allocated bytes on the hashers' GPUs, before and after), and the policy keeps
 the share of the outputs held that only the recorder still held: a flush comes when the
-recorder's copies plus that share of the outputs held reach `MAX_QUEUED_BYTES` (the whole of them
-until a flush has measured, and after a step that did not), and in any case at `MAX_HELD_BYTES`
-of outputs held. The share is the largest measured in the last step that measured any, or in
-this step where that is larger.
+recorder's copies plus that share of the outputs held (the whole of them until a flush has
+measured) reach 3% of PyTorch's peak memory so far (`EXTRA_SHARE`, at most `MAX_QUEUED_BYTES`),
+and in any case at `MAX_HELD_BYTES` of outputs held. The share is the largest measured in the
+last step that measured any, or in this step where that is larger.
 
 Nothing is taken on trust: when an output is read, the recorder checks that its version counter
 has not moved since its hook, and stops with an error naming it if it has (a program that
@@ -47,15 +47,17 @@ from repro_writer import WriteError
 FLUSH_ENV = "REPRO_TORCH_FLUSH"
 MODES = ("batched", "beside", "module")
 
-# Outputs queued before a flush is forced.
-MAX_QUEUED = 64
+# Outputs queued before a flush is forced (the memory they keep is capped below): a flush costs
+# the host some 100 us of driver calls, whatever it reads.
+MAX_QUEUED = 256
 # The memory the recorder may keep that the program would have let go of (its copies, and the
-# outputs it alone still holds, as measured); and the outputs held, whatever the measure says.
+# outputs it alone still holds, as measured): this share of PyTorch's peak allocated memory so
+# far, read as each step starts, within [EXTRA_MIN_BYTES, MAX_QUEUED_BYTES] (MAX_QUEUED_BYTES
+# where it cannot be read); and the outputs held, whatever the measure says.
+EXTRA_SHARE = 0.03
+EXTRA_MIN_BYTES = 4 << 20
 MAX_QUEUED_BYTES = 256 << 20
 MAX_HELD_BYTES = 1 << 30
-# Only a flush that lets go of this many bytes of outputs measures them: one of fewer is under
-# the cap whatever it measures, and each reading of the memory in use costs about 20 us (H200).
-MEASURE_MIN_BYTES = MAX_QUEUED_BYTES
 # The largest output changed in place that is copied at its hook; a larger one is read there.
 COPY_AT_HOOK_MAX_BYTES = 64 << 20
 
@@ -76,7 +78,8 @@ class FlushPolicy:
 
     def __init__(self, memory_in_use=None):
         """`memory_in_use`: a function of GPU indices giving PyTorch's bytes allocated on them,
-        or None where it cannot tell (by default, PyTorch's CUDA allocator's)."""
+        now and at their peak so far, or None where it cannot tell (by default, PyTorch's CUDA
+        allocator's)."""
         self.mode = mode_from_env()
         # Names of the outputs a watched step saw changed in place after their hooks; None
         # until a step with module outputs hashed on the GPU has been watched.
@@ -87,20 +90,28 @@ class FlushPolicy:
         self._last_share: Optional[float] = None
         self._step_share: Optional[float] = None
         self.unshared = 1.0  # the share the caps count (see the module's documentation)
+        self.extra_cap = MAX_QUEUED_BYTES  # the memory the recorder may keep (`step_started`)
+
+    def step_started(self, devices: list) -> None:
+        """A step starts on the hashers' GPUs `devices`: the memory the recorder may keep is
+        `EXTRA_SHARE` of PyTorch's peak on them so far (one reading, about 20 us)."""
+        reading = self.memory_in_use(devices) if devices else None
+        if reading is not None:
+            self.extra_cap = min(MAX_QUEUED_BYTES, max(EXTRA_MIN_BYTES, int(EXTRA_SHARE * reading[1])))
 
     def holds_too_much(self, shared: int, own: int) -> bool:
         """Whether `shared` bytes of the program's outputs and `own` of the recorder's, held
         until the next flush, are more than the caps allow."""
-        return shared >= MAX_HELD_BYTES or own + self.unshared * shared >= MAX_QUEUED_BYTES
+        return shared >= MAX_HELD_BYTES or own + self.unshared * shared >= self.extra_cap
 
     def measure(self, shared: int, beside: bool, devices: list) -> Optional["MemoryMeasure"]:
         """The measure of a flush about to let go of `shared` bytes of outputs on `devices`, or
-        None where it measures nothing (read beside: let go of later; too few bytes; no way to
-        tell the memory in use)."""
-        if beside or shared < MEASURE_MIN_BYTES or not devices:
+        None where it measures nothing (read beside: let go of later; fewer bytes than the cap,
+        which they are under whatever the measure; no way to tell the memory in use)."""
+        if beside or shared < self.extra_cap or not devices:
             return None
-        before = self.memory_in_use(devices)
-        return None if before is None else MemoryMeasure(self, shared, devices, before)
+        reading = self.memory_in_use(devices)
+        return None if reading is None else MemoryMeasure(self, shared, devices, reading[0])
 
     def learned(self, share: float) -> None:
         """A flush found the recorder alone held `share` of the outputs it let go of."""
@@ -141,10 +152,10 @@ class MemoryMeasure:
     def done(self, own: int) -> None:
         """The flush has let go of what it held, `own` bytes of it the recorder's own: the rest
         of what it freed was outputs that the recorder alone held."""
-        after = self._policy.memory_in_use(self._devices)
-        if after is None:
+        reading = self._policy.memory_in_use(self._devices)
+        if reading is None:
             return
-        freed = self._before - after - own
+        freed = self._before - reading[0] - own
         self._policy.learned(min(1.0, max(0.0, freed / self._shared)))
 
 
@@ -152,11 +163,13 @@ class MemoryMeasure:
 _MEMORY_STATS = getattr(torch._C, "_cuda_memoryStats", None)
 
 
-def cuda_memory_in_use(devices: list) -> Optional[int]:
-    """PyTorch's bytes allocated on the GPUs `devices` (indices), or None without CUDA."""
+def cuda_memory_in_use(devices: list) -> Optional[tuple[int, int]]:
+    """PyTorch's bytes allocated on the GPUs `devices` (indices), now and at their peak so far,
+    or None without CUDA."""
     if _MEMORY_STATS is None or not torch.cuda.is_available():
         return None
-    return sum(_MEMORY_STATS(d)["allocated_bytes"]["all"]["current"] for d in devices)
+    allocated = [_MEMORY_STATS(d)["allocated_bytes"]["all"] for d in devices]
+    return sum(a["current"] for a in allocated), sum(a["peak"] for a in allocated)
 
 
 class InPlaceWatch:

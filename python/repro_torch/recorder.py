@@ -286,6 +286,7 @@ class StepRecorder:
         self._repeat_from: list = []
         self._repeat_of: list[int] = []
         self._policy = recorder.flush_policy
+        self._policy.step_started(list(recorder.hashers))
         self._watch = self._policy.watch()
         # Module outputs queued and not flushed yet (see `module_output`); the bytes queued
         # since the last flush that the recorder holds as the program's own tensors, and those it

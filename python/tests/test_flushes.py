@@ -22,15 +22,16 @@ MIB = 1 << 20
 
 
 class Memory:
-    """A stand-in for PyTorch's allocated bytes, moved by hand."""
+    """A stand-in for PyTorch's allocated bytes, now and at their peak, moved by hand."""
 
-    def __init__(self):
+    def __init__(self, peak=1 << 40):
         self.in_use = 0
+        self.peak = peak
         self.readings = 0
 
     def __call__(self, devices):
         self.readings += 1
-        return self.in_use
+        return self.in_use, self.peak
 
 
 @unittest.skipUnless(torch, "torch is not installed")
@@ -53,6 +54,7 @@ class FlushPolicyTest(unittest.TestCase):
         memory = Memory()
         memory.in_use = 8 << 30
         policy = self.policy(memory)
+        policy.step_started([0])
         self.assertTrue(policy.holds_too_much(MAX_QUEUED_BYTES, 0))
         self.assertFalse(policy.holds_too_much(MAX_QUEUED_BYTES - 1, 0))
         # The flush let go of the recorder's 10 MiB of copies only: the program kept its outputs.
@@ -89,13 +91,38 @@ class FlushPolicyTest(unittest.TestCase):
         self.flush(policy, memory, shared=400 * MIB, own=0, freed=1200 * MIB)
         self.assertEqual(policy.unshared, 1.0)
 
-    def test_nothing_is_measured_beside_the_program_below_the_minimum_or_without_a_reading(self):
-        from repro_torch.flushes import MEASURE_MIN_BYTES
+    def test_the_memory_kept_is_capped_at_a_share_of_the_programs_peak(self):
+        from repro_torch.flushes import EXTRA_MIN_BYTES, EXTRA_SHARE, MAX_QUEUED_BYTES
+
+        memory = Memory(peak=2 << 30)
+        policy = self.policy(memory)
+        self.assertEqual(policy.extra_cap, MAX_QUEUED_BYTES)  # until a step has read the peak
+        policy.step_started([0])
+        cap = int(EXTRA_SHARE * (2 << 30))
+        self.assertLess(cap, MAX_QUEUED_BYTES)
+        self.assertEqual(policy.extra_cap, cap)
+        self.assertTrue(policy.holds_too_much(0, cap))  # the recorder's copies
+        self.assertFalse(policy.holds_too_much(0, cap - 1))
+        self.assertTrue(policy.holds_too_much(cap, 0))  # outputs, counted whole until measured
+        # A flush of fewer outputs than the cap measures nothing: it is under it anyway.
+        self.assertIsNone(policy.measure(cap - 1, False, [0]))
+        self.assertIsNotNone(policy.measure(cap, False, [0]))
+        memory.peak = 1 << 20
+        policy.step_started([0])
+        self.assertEqual(policy.extra_cap, EXTRA_MIN_BYTES)
+        memory.peak = 1 << 50
+        policy.step_started([0])
+        self.assertEqual(policy.extra_cap, MAX_QUEUED_BYTES)
+        policy.step_started([])  # no GPU hashed on yet: nothing read, nothing changed
+        self.assertEqual(policy.extra_cap, MAX_QUEUED_BYTES)
+
+    def test_nothing_is_measured_beside_the_program_below_the_cap_or_without_a_reading(self):
+        from repro_torch.flushes import MAX_QUEUED_BYTES
 
         memory = Memory()
         policy = self.policy(memory)
         self.assertIsNone(policy.measure(1 << 30, True, [0]))  # let go of later, when read
-        self.assertIsNone(policy.measure(MEASURE_MIN_BYTES - 1, False, [0]))
+        self.assertIsNone(policy.measure(MAX_QUEUED_BYTES - 1, False, [0]))
         self.assertIsNone(policy.measure(1 << 30, False, []))
         self.assertEqual(memory.readings, 0)
         self.assertIsNone(self.policy(lambda devices: None).measure(1 << 30, False, [0]))
@@ -148,11 +175,11 @@ class OutputsHeldTest(unittest.TestCase):
         for layer in model.layers:
             layer.register_forward_hook(lambda m, args, out: alive.append(weakref.ref(out)))
 
-        def memory_in_use(devices):
-            return sum(t.nbytes for t in (r() for r in alive) if t is not None)
+        def memory_in_use(devices):  # the outputs alive; a peak that puts the cap at MAX_QUEUED_BYTES
+            return sum(t.nbytes for t in (r() for r in alive) if t is not None), 1 << 50
 
         path = os.path.join(self.dir, name)
-        caps = {"MAX_QUEUED_BYTES": 128 << 10, "MAX_HELD_BYTES": 512 << 10, "MEASURE_MIN_BYTES": 1}
+        caps = {"MAX_QUEUED_BYTES": 128 << 10, "MAX_HELD_BYTES": 512 << 10}
         with mock.patch.multiple("repro_torch.flushes", **caps), mock.patch.dict(os.environ, {"REPRO_TORCH_FLUSH": "batched"}):
             recorder = Recorder(path, {"workload": "chain", "steps": steps}, capture="none")
             recorder.flush_policy.memory_in_use = memory_in_use
