@@ -464,7 +464,11 @@ impl DeviceBatch {
             self.launch_kernels(&plan, &kernels, streams, &table, &mut nodes, &mut out)
                 .map_err(|e| e.context("launching its kernels"))?
         };
-        if !std::ptr::eq(&*tree_stream, &*stream) {
+        // Behind the tree wherever it ran beside the calling stream: the next flush's chunk pass
+        // may run on the calling stream (a flush in order after one read beside, whose chunk
+        // pass and tree both ran beside: without this event that chunk pass would write the
+        // nodes while this tree still reads them).
+        if !std::ptr::eq(&*tree_stream, &*calling) {
             match &scratch.read {
                 Some(read) => read.record(&tree_stream).w()?,
                 None => scratch.read = Some(tree_stream.record_event(None).w()?),
