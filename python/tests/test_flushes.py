@@ -145,10 +145,13 @@ class Chain(torch.nn.Module if torch else object):
         super().__init__()
         self.layers = torch.nn.ModuleList(torch.nn.Linear(width, width) for _ in range(depth))
         self.keep, self.kept = False, []
+        self.in_place = False  # each output changed in place after its hook (copied under blake3)
 
     def forward(self, x):
         for layer in self.layers:
             x = layer(x)
+            if self.in_place:
+                x.relu_()
             if self.keep:
                 self.kept.append(x)
         return x
@@ -162,7 +165,7 @@ class OutputsHeldTest(unittest.TestCase):
     def tearDown(self):
         shutil.rmtree(self.dir)
 
-    def record(self, name, keep, stand_in=True, steps=6):
+    def record(self, name, keep, stand_in=True, steps=6, in_place=False):
         """Records `Chain`'s forward passes (64 KiB an output) with caps of 128 KiB and 512 KiB;
         PyTorch's memory in use read as the bytes of the outputs still alive. Returns the
         stand-in library (None on the host) and the records' bytes."""
@@ -170,13 +173,17 @@ class OutputsHeldTest(unittest.TestCase):
 
         torch.manual_seed(0)
         model = Chain()
-        model.keep = keep
+        model.keep, model.in_place = keep, in_place
         alive = []
         for layer in model.layers:
             layer.register_forward_hook(lambda m, args, out: alive.append(weakref.ref(out)))
 
-        def memory_in_use(devices):  # the outputs alive; a peak that puts the cap at MAX_QUEUED_BYTES
-            return sum(t.nbytes for t in (r() for r in alive) if t is not None), 1 << 50
+        def memory_in_use(devices):
+            """The outputs alive and the tensors the hasher holds (the recorder's copies among
+            them), once each; a peak that puts the cap at MAX_QUEUED_BYTES."""
+            tensors = [t for t in (r() for r in alive) if t is not None]
+            tensors += [t for t in recorder.hashers[0]._held if isinstance(t, torch.Tensor)]
+            return sum({t.data_ptr(): t.nbytes for t in tensors}.values()), 1 << 50
 
         path = os.path.join(self.dir, name)
         caps = {"MAX_QUEUED_BYTES": 128 << 10, "MAX_HELD_BYTES": 512 << 10}
@@ -212,3 +219,28 @@ class OutputsHeldTest(unittest.TestCase):
         # Kept: a flush every eight outputs (the 512 KiB cap on outputs held) once the second
         # step has measured them; dropped: every three to six, as measured.
         self.assertGreaterEqual(dropped_flushes - kept_flushes, 2 * 5)
+
+    def test_the_recorders_copies_count_as_its_own_and_the_programs_outputs_as_shared(self):
+        # Changed in place after their hooks, the outputs are copied there under blake3: the
+        # copies are the recorder's own, which a flush's measure subtracts from what it freed.
+        from repro_torch.recorder import StepRecorder
+
+        held = []
+        flush_outputs = StepRecorder._flush_outputs
+
+        def counted(step):
+            held.append((step.step, step._shared_queued, step._own_queued))
+            flush_outputs(step)
+
+        for in_place in (True, False):
+            held.clear()
+            _, _, expected = self.record(f"host-{in_place}", keep=True, stand_in=False, in_place=in_place)
+            with mock.patch.object(StepRecorder, "_flush_outputs", counted):
+                _, _, records = self.record(f"stand-in-{in_place}", keep=True, in_place=in_place)
+            self.assertEqual(records, expected, f"in_place={in_place}: a hash is not the host's")
+            after_first = [(shared, own) for step, shared, own in held if step > 0 and shared + own]
+            self.assertTrue(after_first)
+            if in_place:
+                self.assertTrue(all(shared == 0 and own > 0 for shared, own in after_first), after_first)
+            else:
+                self.assertTrue(all(shared > 0 and own == 0 for shared, own in after_first), after_first)
