@@ -7,8 +7,8 @@ place would record another hash (or stop with an error, which this prints).
     python python/bench/torch_flush_check.py OUT [--steps N] [--batch N] MODEL ...
 
 MODEL: a torchvision classification model at batch 16 (or --batch N), or gpt2 (transformers,
-2 x 256). A batch of 64 holds more outputs between flushes than a flush measures the memory of
-(`repro_torch.flushes`), so that the steps after the second flush as that measure says.
+2 x 256). At a batch of 64 a flush holds enough outputs to measure the memory they keep
+(`repro_torch.flushes`), and the steps after the second flush as that measure says.
 """
 
 import argparse

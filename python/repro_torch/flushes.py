@@ -48,7 +48,8 @@ FLUSH_ENV = "REPRO_TORCH_FLUSH"
 MODES = ("batched", "beside", "module")
 
 # Outputs queued before a flush is forced (the memory they keep is capped below): a flush costs
-# the host some 100 us of driver calls, whatever it reads.
+# the host some 100 us, whatever it reads (resnet50 at batch 64 on an H200 machine: 4.1 ms for
+# 31 flushes a step).
 MAX_QUEUED = 256
 # The memory the recorder may keep that the program would have let go of (its copies, and the
 # outputs it alone still holds, as measured): this share of PyTorch's peak allocated memory so

@@ -354,11 +354,11 @@ class StepRecorder:
             self._flush_outputs()  # read beside, not with what follows
         self._queue_each(fields, tensors)
 
-    def _queue_each(self, fields: list, tensors: list, copy: bool = False, own: bool = False) -> int:
+    def _queue_each(self, fields: list, tensors: list, own: bool = False) -> int:
         """Queues a record for each tensor (`_queue_one`); how many wait to be read on the GPU."""
         queued = 0
         for (name, kind, phase, inputs, node, source, collective, shard), t in zip(fields, tensors):
-            queued += self._queue_one(name, kind, phase, inputs, node, source, collective, shard, t, copy, own)
+            queued += self._queue_one(name, kind, phase, inputs, node, source, collective, shard, t, own=own)
         return queued
 
     def _queue_one(self, name: str, kind: str, phase, inputs, node: bool, source, collective, shard, t: torch.Tensor,
@@ -395,7 +395,6 @@ class StepRecorder:
         except RuntimeError:  # an inference-mode tensor has no version counter: never repeated
             version = key = None
         strides = None if contiguous else t.stride()
-        layouts = self.layouts
         if key is not None:
             owner, first = self, self.hashed_on_gpu.get(key)
             if first is None and self._previous is not None:
@@ -404,11 +403,8 @@ class StepRecorder:
             if first is not None and owner._refs[first]() is t:
                 laid = owner.layouts[first]
                 if laid[2] == trace_dtype and laid[3] == shape and owner._strides.get(first) == strides:
-                    index = len(layouts)
-                    layouts.append((name, kind, trace_dtype, shape, phase, inputs, position, source, collective,
-                                    None, shard))
-                    self.data.append(None)
-                    self.hashes.append(None)
+                    index = self._append((name, kind, trace_dtype, shape, phase, inputs, position, source,
+                                          collective, None, shard), None)
                     self._repeat_at.append(index)
                     self._repeat_from.append(owner)
                     self._repeat_of.append(first)
@@ -417,7 +413,7 @@ class StepRecorder:
                     return False
         in_place = contiguous and trace_dtype is not None  # its memory holds its canonical bytes
         hasher = recorder.hashers[device]
-        index = len(layouts)
+        index = len(self.layouts)
         # The program changes it next: read where it is, at once, where the hasher can (its
         # record is the next one appended), else read from a copy, which nothing else changes.
         read_now = in_place and copy and length > recorder.inline_max_bytes and hasher.queue_now(self, index,
@@ -434,12 +430,10 @@ class StepRecorder:
                 version = held._version
             except RuntimeError:  # a copy made in inference mode
                 version = None
-        layouts.append((name, kind, trace_dtype, shape, phase, inputs, position, source, collective, None, shard))
-        self.hashes.append(None)
+        self._append((name, kind, trace_dtype, shape, phase, inputs, position, source, collective, None, shard),
+                     b"" if length == 0 else None)
         if length == 0:
-            self.data.append(b"")
             return False
-        self.data.append(None)
         if not read_now:
             # The tensor is checked for changes when read (a copy cannot have changed).
             hasher.queue(self, index, address, length, length <= recorder.inline_max_bytes, held, version)
@@ -448,10 +442,7 @@ class StepRecorder:
             else:
                 self._own_queued += length
         if key is not None:
-            self.hashed_on_gpu[key] = index
-            self._refs[index] = weakref.ref(t)
-            if strides is not None:
-                self._strides[index] = strides
+            self._hashed(key, index, weakref.ref(t), strides)
         return True
 
     def queue_group(self, group: "RecordGroup", tensors: list) -> None:
