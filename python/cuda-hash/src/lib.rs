@@ -50,8 +50,10 @@
 //! A hasher made by `repro_cuda_hasher_new` computes the data hash `blake3`; one made by
 //! `repro_cuda_hasher_new_kind` with 1 computes `xxh3-1k` (docs/trace-format.md, section 5.5):
 //! each flush first runs the leaf pass over the memory to hash, on the calling thread's stream,
-//! into leaf memory the hasher owns, and then hashes the leaves with BLAKE3 as it hashes any
-//! memory; the next flush writes its leaves into the same memory, behind those reads.
+//! into leaf memory the hasher owns. The leaves are hashed with BLAKE3 as any memory is, once
+//! for many flushes: by the next flush that reads the program's memory itself (bytes to keep) or
+//! reads beside it, or by `start_read`; a flush in order with nothing but leaves runs the leaf
+//! pass alone. After those BLAKE3 passes the next leaves are written into the same memory.
 //! Only the leaf pass reads the program's memory then: the chunk pass over the leaves runs on
 //! the hasher's own stream with the tree, so the program's stream waits for the leaf pass alone.
 //! `push_now` (`xxh3-1k` only) queues one piece as `push_many` does, but runs its leaf pass at
@@ -94,6 +96,10 @@ struct Hasher {
     /// leaves live in.
     leaf_pieces: Vec<LeafPiece>,
     leaf_memory: LeafMemory,
+    /// Whether the batch holds pieces of the program's memory not read yet (its own, under
+    /// `blake3`; the bytes kept, under `xxh3-1k`): the next flush reads them. Under `xxh3-1k` a
+    /// flush in order that has none leaves the leaves for a later one (see `flush`).
+    program_memory_queued: bool,
     beside: Arc<CudaStream>,
     /// Flushes so far (the last one's number).
     flushes: i64,
@@ -234,6 +240,7 @@ fn new_hasher(ordinal: i32, data_hash: DataHash) -> Result<Hasher> {
         data_hash,
         leaf_pieces: Vec::new(),
         leaf_memory: LeafMemory { used: Vec::new(), at: 0, free: Vec::new(), read_beside: None },
+        program_memory_queued: false,
         beside,
         flushes: 0,
         reads_done: 0,
@@ -345,6 +352,7 @@ pub unsafe extern "C" fn repro_cuda_hasher_push_many(
         // SAFETY: the caller's promise above.
         let bytes = unsafe { ForeignBytes::new(address, len as usize) };
         hasher.batch.push_foreign(bytes, keep == 0);
+        hasher.program_memory_queued = true;
     }
     first
 }
@@ -391,9 +399,19 @@ fn push_now(hasher: &mut Hasher, address: u64, len: u64) -> Result<i64> {
 }
 
 /// Flushes what is queued, reading it on the calling thread's stream or beside it; the flush's
-/// number.
+/// number. Under `xxh3-1k`, a flush in order whose batch holds only leaves runs the leaf pass
+/// alone: that pass is all that reads the program's memory, and the leaves wait in the hasher's
+/// memory for one BLAKE3 pass over many flushes' leaves (the next flush that reads the
+/// program's memory, or `start_read`), one chunk pass and one tree a step instead of one a
+/// flush, at the price of keeping a step's leaves (1/128 of the bytes it hashes).
 fn flush(hasher: &mut Hasher, beside: bool) -> Result<i64> {
     hasher.launch_leaves()?;
+    if hasher.data_hash == DataHash::Xxh3Chunks && !beside && !hasher.program_memory_queued {
+        hasher.flushes += 1;
+        hasher.reading.push_back((hasher.flushes, None));
+        return Ok(hasher.flushes);
+    }
+    hasher.program_memory_queued = false;
     hasher.batch.set_reads_beside(beside);
     // Under xxh3-1k the chunk pass reads the leaves alone (the leaf pass has read the program's
     // memory, in order with its stream): it runs beside, with the tree.
@@ -501,6 +519,7 @@ pub unsafe extern "C" fn repro_cuda_hasher_start_read(hasher: *mut c_void, n: *m
         return std::ptr::null_mut();
     }
     let (mut batch, keeps_bytes) = hasher.take_batch();
+    hasher.program_memory_queued = false;
     // SAFETY: the caller's promise above.
     unsafe { *n = keeps_bytes.len() as u64 };
     // What is still queued is read in order with the program's stream (under xxh3-1k, its
