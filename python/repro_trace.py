@@ -184,13 +184,22 @@ def _hash_of(domain: bytes, dtype: str, shape: list[int], *fields: bytes) -> str
     return h.digest().hex()  # as hexdigest(), in a third less time
 
 
+def tensor_hash_prefix(dtype: str, shape: list[int]) -> bytes:
+    """The bytes a canonical tensor hash hashes before the inner hash: its domain, dtype and
+    shape (section 5)."""
+    return _prefix_bytes(b"repro.tensor.v1", dtype, shape)
+
+
+def _prefix_bytes(domain: bytes, dtype: str, shape: list[int]) -> bytes:
+    return domain + bytes([len(dtype)]) + dtype.encode("ascii") + struct.pack(f"<{len(shape) + 1}Q", len(shape), *shape)
+
+
 def _prefix(domain: bytes, dtype: str, shape: list[int]):
     """The BLAKE3 state after a domain, a dtype and a shape (not to be updated: copy it)."""
     key = (domain, dtype, tuple(shape))
     prefix = _PREFIXES.get(key)
     if prefix is None:
-        prefix = blake3.blake3(domain)
-        prefix.update(bytes([len(dtype)]) + dtype.encode("ascii") + struct.pack(f"<{len(shape) + 1}Q", len(shape), *shape))
+        prefix = blake3.blake3(_prefix_bytes(domain, dtype, shape))
         if len(_PREFIXES) >= _MAX_PREFIXES:
             _PREFIXES.clear()
         _PREFIXES[key] = prefix

@@ -20,7 +20,9 @@ by scripts/python-reader-check.sh and scripts/python-torch-check.sh).
 
 from __future__ import annotations
 
+import ctypes
 import fcntl
+import itertools
 import json
 import math
 import os
@@ -53,6 +55,7 @@ from repro_trace import (
     data_hasher,
     parse_capture,
     payload_name,
+    tensor_hash_prefix,
     tensor_hasher,
     view_hash,
     view_within,
@@ -227,6 +230,10 @@ class TraceWriter:
         self._layout: Optional[list] = None
         self._has_views = False
         self._encoded: list = []
+        # `NativeRecords`, where repro's native library was found (`use_native_records`), and the
+        # last step's layout as it takes it.
+        self._native: Optional[NativeRecords] = None
+        self._native_layout: Optional[_NativeLayout] = None
         self._prepare(replace)
         header = {
             "type": "header",
@@ -331,12 +338,17 @@ class TraceWriter:
             self._check_layout(records, step)
             self._layout, self._encoded = layouts, [_EncodedRecord(t) for t in records]
             self._has_views = any(t.view is not None for t in records)
+            self._native_layout = None
         inline_max, hash_data, digests, payload = self._inline_max, self._hash_data, {}, {}
         views = self._has_views  # the digests kept by name only for them to name
         missing = sorted(set(no_gradient))
         # The step record's map, key by key (`_append` of a dict would pack it alike).
         parts = [_STEP_OPENINGS[bool(missing)], _pack(step), _PAYLOAD_KEY, _NIL, _TENSORS_KEY,
                  _PACKER.pack_array_header(len(layouts))]
+        packed = self._natively_packed(step, layouts, data, hashes) if self._native and not full and not views else None
+        if packed is not None:
+            parts.append(packed)
+            layouts = ()  # every record packed
         for layout, d, inner, encoded in zip(layouts, data, hashes, self._encoded):
             view = layout[9]
             if view is not None:
@@ -353,24 +365,14 @@ class TraceWriter:
                 if full:
                     raise WriteError(f"step {step}, tensor `{layout[0]}`: the step stores full values, but only a "
                                      "hash was given")
+                h = encoded.prefix.copy()
+                h.update(inner)
+                digest = hexlify(h.digest())  # as hexdigest(), as bytes, in less time
+                parts += (encoded.opening, _STR64_HEADER, digest, encoded.closing)
             else:
-                if len(d) != encoded.nbytes:
-                    raise WriteError(f"step {step}, tensor `{layout[0]}`: {len(d)} bytes for {layout[2]} "
-                                     f"{list(encoded.shape)} ({encoded.nbytes} expected)")
-                inner = hash_data(d)
-            h = encoded.prefix.copy()
-            h.update(inner)
-            digest = hexlify(h.digest())  # as hexdigest(), as bytes, in less time
+                digest = self._add_with_bytes(parts, step, layout, d, encoded, full, payload)
             if views:
                 digests[layout[0]] = digest.decode()
-            if d is None:
-                parts += (encoded.opening, _STR64_HEADER, digest, encoded.closing)
-            elif len(d) <= inline_max:
-                parts += (encoded.opening_inline, _STR64_HEADER, digest, _INLINE_KEY, _pack(bytes(d)), encoded.closing)
-            else:
-                parts += (encoded.opening, _STR64_HEADER, digest, encoded.closing_payload if full else encoded.closing)
-                if full:
-                    payload[layout[0]] = (layout[2], encoded.shape, d)
         if missing:
             parts += (_NO_GRADIENT_KEY, _pack(missing))
         if payload:
@@ -382,6 +384,53 @@ class TraceWriter:
             self._first = step
         self._last = step
         self._steps += 1
+
+    def _add_with_bytes(self, parts: list, step: int, layout: tuple, d, encoded: "_EncodedRecord", full: bool,
+                        payload: dict) -> bytes:
+        """Adds to `parts` the packed record of a tensor given with its bytes `d`; its hash (hex,
+        as bytes). Bytes over the inline limit go to the step's payload when it stores full values."""
+        if len(d) != encoded.nbytes:
+            raise WriteError(f"step {step}, tensor `{layout[0]}`: {len(d)} bytes for {layout[2]} "
+                             f"{list(encoded.shape)} ({encoded.nbytes} expected)")
+        h = encoded.prefix.copy()
+        h.update(self._hash_data(d))
+        digest = hexlify(h.digest())
+        if len(d) <= self._inline_max:
+            parts += (encoded.opening_inline, _STR64_HEADER, digest, _INLINE_KEY, _pack(bytes(d)), encoded.closing)
+        else:
+            parts += (encoded.opening, _STR64_HEADER, digest, encoded.closing_payload if full else encoded.closing)
+            if full:
+                payload[layout[0]] = (layout[2], encoded.shape, d)
+        return digest
+
+    def use_native_records(self, native: "NativeRecords") -> None:
+        """Packs the records of steps that keep no full values and name no views natively
+        (`NativeRecords`), byte for byte as this writer's Python does."""
+        self._native = native
+
+    def _natively_packed(self, step: int, layouts: list, data: list, hashes: list) -> Optional[bytes]:
+        """The step's records packed by `NativeRecords`: those given with their bytes packed here
+        first (`_add_with_bytes`), the rest there in one call. None where a record holds neither
+        bytes nor a 32-byte data hash (the Python loop then says which)."""
+        inners, at, overrides = hashes, [], []
+        if data.count(None) != len(data):
+            inners = list(hashes)
+            for i, d in enumerate(data):
+                if d is not None:
+                    parts: list = []
+                    self._add_with_bytes(parts, step, layouts[i], d, self._encoded[i], False, {})
+                    at.append(i)
+                    overrides.append(b"".join(parts))
+                    inners[i] = _NO_DATA_HASH
+        try:
+            joined = b"".join(inners)
+        except TypeError:  # a None among them
+            return None
+        if len(joined) != 32 * len(inners) or set(map(len, inners)) - {32}:
+            return None
+        if self._native_layout is None:
+            self._native_layout = _NativeLayout(layouts, self._encoded)
+        return self._native.pack(self._native_layout, joined, at, overrides)
 
     def _check_layout(self, tensors: list, step: int) -> None:
         """The checks of a step's records that do not depend on their values: each record alone,
@@ -570,6 +619,59 @@ def _record_of(layout: tuple, data, data_hash) -> Record:
         collective, reduce_scatter = None, "sum"
     return Record(name, kind, dtype, shape, data, phase, inputs, node, source, data_hash, view, collective, shard,
                   reduce_scatter)
+
+
+class NativeRecords:
+    """`repro_pack_hashed_records` of repro's native library (`librepro_cuda_hash.so`, built by
+    `make cuda`, or without its GPU half by `cargo build --release -p repro-cuda-hash`; see
+    python/cuda-hash/src/records.rs): a step's records packed in one call."""
+
+    def __init__(self, path: str):
+        """Raises WriteError where the library cannot be loaded or lacks the function (a
+        library built before it)."""
+        try:
+            function = ctypes.CDLL(path).repro_pack_hashed_records
+        except (OSError, AttributeError) as e:
+            raise WriteError(f"repro's native library {path} cannot pack records: {e}") from None
+        words, text = ctypes.POINTER(ctypes.c_uint64), ctypes.c_char_p
+        function.argtypes = [text, words, text, words, text, ctypes.c_uint64, text, words, words, ctypes.c_uint64,
+                             ctypes.POINTER(ctypes.c_char), ctypes.c_uint64]
+        function.restype = ctypes.c_int64
+        self._function = function
+
+    def pack(self, layout: "_NativeLayout", data_hashes: bytes, at: list, overrides: list) -> bytes:
+        """The records of `layout` packed, each with its data hash (32 bytes each, in order,
+        joined), but those at indices `at`, given whole in `overrides`."""
+        k = len(at)
+        out = ctypes.create_string_buffer(layout.size + sum(map(len, overrides)))
+        written = self._function(layout.prefixes, layout.prefix_ends, layout.pieces, layout.piece_ends, data_hashes,
+                                 layout.n, b"".join(overrides), _words(itertools.accumulate(map(len, overrides)), k),
+                                 _words(at, k), k, out, len(out))
+        if written < 0:
+            raise WriteError("repro's native library refused a step's records (a writer's bug: please report it)")
+        return out.raw[:written]
+
+
+def _words(values, n: int):
+    return (ctypes.c_uint64 * n)(*values)
+
+
+# The data hash passed for a record packed whole by the writer, which the library does not read.
+_NO_DATA_HASH = bytes(32)
+
+
+class _NativeLayout:
+    """A layout's records as `NativeRecords` takes them: each one's canonical hash prefix, and
+    its encoding before its hash and after it, all joined, with their ends; and the bytes they
+    take packed."""
+
+    def __init__(self, layouts: list, encoded: list):
+        prefixes = [tensor_hash_prefix(layout[2], e.shape) for layout, e in zip(layouts, encoded)]
+        pieces = [piece for e in encoded for piece in (e.opening, e.closing)]
+        self.n = len(prefixes)
+        self.prefixes, self.prefix_ends = b"".join(prefixes), _words(itertools.accumulate(map(len, prefixes)), self.n)
+        self.pieces, self.piece_ends = b"".join(pieces), _words(itertools.accumulate(map(len, pieces)), 2 * self.n)
+        self.size = len(self.pieces) + 66 * self.n  # and each hash, its string header first
 
 
 class _EncodedRecord:

@@ -40,5 +40,9 @@ if ! { [ -x "$VENV/bin/python" ] && pins_ok; }; then
     pins_ok || die "the pinned packages (${PINS[*]}) are not importable from $VENV"
 fi
 
+# The native library's CPU build (its records half, without the GPU's), which the writer's tests
+# load from target/release/ (a few seconds: it shares the workspace's build).
+cargo build --release --locked --quiet -p repro-cuda-hash || die "cargo could not build repro-cuda-hash"
+
 REPRO_BIN=$(realpath "$REPRO_BIN") PYTHONPATH=python \
     "$VENV/bin/python" -W ignore -m unittest discover -s python/tests

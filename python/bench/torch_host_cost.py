@@ -12,7 +12,9 @@ than the recorder's.
     python python/bench/torch_host_cost.py [--parameters-only] [--fine-tune] [MODEL ...]
 
 MODEL: torchvision classification models by name (default resnet50, densenet121,
-mobilenet_v3_large; needs torchvision). Prints one markdown row per model. --parameters-only:
+mobilenet_v3_large; needs torchvision). With REPRO_CUDA_HASH_LIB set (the CPU build of the
+library will do: `cargo build --release -p repro-cuda-hash`), the writer packs each step's
+records through it, as a recorder that finds the library does. Prints one markdown row per model. --parameters-only:
 no module outputs recorded (`ModelRecorder(modules=False)`, as for a model compiled by
 torch.compile): the inputs, parameters, loss, gradients and updates alone. --fine-tune: every
 parameter frozen but the last two (the classifier's), as when fine-tuning.
@@ -28,6 +30,8 @@ import time
 import torch
 
 from repro_torch import DeviceHasher, ModelRecorder, Recorder, model, recorder
+from repro_torch.cuda_hash import CUDA_HASH_LIB_ENV
+from repro_writer import NativeRecords
 from repro_trace import Trace
 from steps import training_step  # beside this file
 
@@ -154,6 +158,8 @@ def measure(name: str, spent: dict, steps: int = 30, modules: bool = True, fine_
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "t")
         rec = ModelRecorder(Recorder(path, {"workload": name}, capture="none", place=None), net, modules)
+        if os.environ.get(CUDA_HASH_LIB_ENV):  # its records packed as a recorder finding it would
+            rec.recorder._writer.use_native_records(NativeRecords(os.environ[CUDA_HASH_LIB_ENV]))
         hasher = HostHasher("", 0, lib=NullLibrary())
         rec.recorder.hashers[0] = hasher
         rec.recorder.hasher_for = lambda t: hasher

@@ -14,7 +14,7 @@ from typing import Iterator, Optional
 import torch
 
 from repro_trace import BLAKE3, DATA_HASHES, RECORDS_FILE
-from repro_writer import TraceWriter, WriteError
+from repro_writer import NativeRecords, TraceWriter, WriteError
 
 from .cuda_hash import CUDA_HASH_LIB, CUDA_HASH_LIB_ENV, DeviceHasher, cuda_hash_library_path
 from .flushes import COPY, MAX_QUEUED, READ, FlushPolicy
@@ -81,6 +81,11 @@ class Recorder:
                 f"device_hashing=True, but repro's GPU hashing library is not found: build it with `make cuda` "
                 f"and set {CUDA_HASH_LIB_ENV} to target/cuda/release/{CUDA_HASH_LIB}"
             )
+        if self._library is not None:
+            try:  # the same library packs each step's records in one call
+                self._writer.use_native_records(NativeRecords(self._library))
+            except WriteError:
+                pass  # one built before it could: the writer packs them in Python
         self.hashers: dict[int, DeviceHasher] = {}
         self._hasher_by_device: dict = {}  # torch.device -> its hasher, or None
         self._warned = device_hashing is False

@@ -19,6 +19,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from record_file import frames_of  # noqa: E402
 
 REPRO = os.environ.get("REPRO_BIN", "target/release/repro")
+# repro's native library, which packs a step's records in one call: the GPU one where set (it
+# has that part too), else the workspace's CPU build of it.
+NATIVE_LIB = os.environ.get("REPRO_CUDA_HASH_LIB") or "target/release/librepro_cuda_hash.so"
 
 
 def repro(*args, env=None):
@@ -158,12 +161,7 @@ class WriterTest(unittest.TestCase):
             by_layouts.write_laid_out(3, [layout_of(records[0])], [records[0].data], [])
         self.assertIn("1 layouts, 1 values and 0 hashes", str(e.exception))
         self.assertEqual(by_records.finish(), by_layouts.finish())
-        files = []
-        for p in paths:
-            with open(os.path.join(p, "records.rpr"), "rb") as f, \
-                    open(os.path.join(p, "tensors", "step-00000001.safetensors"), "rb") as g:
-                files.append((f.read(), g.read()))
-        self.assertEqual(files[0], files[1])
+        self.assertEqual(*(record_and_payload(p, 1) for p in paths))
         run = repro("inspect", paths[1], "--verify")
         self.assertEqual(run.returncode, 0, run.stdout + run.stderr)
 
@@ -174,34 +172,7 @@ class WriterTest(unittest.TestCase):
         import msgpack
 
         path = os.path.join(self.dir, "alike")
-        w = TraceWriter(path, {"workload": "alike", "steps": 4}, capture="steps:2", inline_max_bytes=8)
-
-        def step(n, data_hash=b"\1" * 32, twice=False):
-            records = [
-                Record("x", "input", "F32", [2], struct.pack("<2f", n, 1)),
-                Record("w", "weight", "F32", [4], None if n != 2 else bytes(16), phase="forward",
-                       data_hash=None if n == 2 else data_hash),
-                Record("y", "op_output", "F32", [2], struct.pack("<2f", n, 2), inputs=["x", "w"], node=0,
-                       source="train.py:7"),
-                Record("s", "weight", "U8", [2], bytes([n, n]), shard=([4], [2])),
-                # This rank's whole share of a gradient, and its block of the ranks' sum (1.8).
-                Record("g.local", "gradient", "F32", [4], struct.pack("<4f", n, 1, 2, 3)),
-                Record("g", "gradient", "F32", [2], struct.pack("<2f", 2, 3), inputs=["g.local"], shard=([4], [2]),
-                       reduce_scatter="sum"),
-            ]
-            return records + records[:1] if twice else records
-
-        w.write_step(0, step(0))
-        w.write_step(1, step(1))
-        with self.assertRaises(WriteError) as e:
-            w.write_step(2, step(2, twice=True))  # a new layout: checked as a whole again
-        self.assertIn("twice", str(e.exception))
-        with self.assertRaises(WriteError) as e:
-            w.write_step(2, step(1, data_hash=b"\1" * 31))  # the same layout, a bad value
-        self.assertIn("32-byte data hash", str(e.exception))
-        w.write_step(2, step(2))  # full values, `w` in the payload
-        w.write_step(3, step(3))
-        self.assertEqual(w.finish(), 4)
+        self.assertEqual(write_alike_steps(self, path), 4)
         _, frames = frames_of(os.path.join(path, "records.rpr"))
         steps = [msgpack.unpackb(frame, raw=False) for frame in frames[1:-1]]
         self.assertEqual([s["step"] for s in steps], [0, 1, 2, 3])
@@ -216,6 +187,23 @@ class WriterTest(unittest.TestCase):
         self.assertEqual(steps[3]["tensors"][0]["inline"], struct.pack("<2f", 3, 1))
         run = repro("inspect", path, "--verify")
         self.assertEqual(run.returncode, 0, run.stdout + run.stderr)
+
+    def test_records_packed_by_the_native_library_are_byte_identical_to_python_s(self):
+        # repro's native library (python/cuda-hash/src/records.rs) packs the steps that keep no
+        # full values, the records given with their bytes packed in Python and passed whole; the
+        # trace must be the Python writer's, byte for byte, and a bad value refused alike.
+        from repro_writer import NativeRecords
+
+        self.assertTrue(os.path.isfile(NATIVE_LIB), f"no native library at {NATIVE_LIB}: build it with "
+                        "`cargo build --release -p repro-cuda-hash` (scripts/python-torch-check.sh does)")
+        packed = []
+        native = NativeRecords(NATIVE_LIB)
+        pack = native.pack
+        native.pack = lambda *args: packed.append(pack(*args)) or packed[-1]
+        paths = [os.path.join(self.dir, name) for name in ("python", "native")]
+        self.assertEqual(write_alike_steps(self, paths[0]), write_alike_steps(self, paths[1], native))
+        self.assertEqual(len(packed), 3)  # steps 0, 1 and 3; step 2 keeps full values
+        self.assertEqual(*(record_and_payload(p, 2) for p in paths))
 
     def test_bad_input_is_refused_before_anything_is_written(self):
         path = os.path.join(self.dir, "bad")
@@ -262,3 +250,47 @@ class WriterTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+def write_alike_steps(test: unittest.TestCase, path: str, native=None) -> int:
+    """Writes four steps of the same layout (inputs inline, a weight by its data hash, a node
+    with a source, shards, a reduce-scatter; step 2 keeping full values), with two bad steps
+    refused on the way; the steps written. `native`: `NativeRecords` packs them."""
+    w = TraceWriter(path, {"workload": "alike", "steps": 4}, capture="steps:2", inline_max_bytes=8)
+    if native is not None:
+        w.use_native_records(native)
+
+    def step(n, data_hash=b"\1" * 32, twice=False):
+        records = [
+            Record("x", "input", "F32", [2], struct.pack("<2f", n, 1)),
+            Record("w", "weight", "F32", [4], None if n != 2 else bytes(16), phase="forward",
+                   data_hash=None if n == 2 else data_hash),
+            Record("y", "op_output", "F32", [2], struct.pack("<2f", n, 2), inputs=["x", "w"], node=0,
+                   source="train.py:7"),
+            Record("s", "weight", "U8", [2], bytes([n, n]), shard=([4], [2])),
+            # This rank's whole share of a gradient, and its block of the ranks' sum (1.8).
+            Record("g.local", "gradient", "F32", [4], struct.pack("<4f", n, 1, 2, 3)),
+            Record("g", "gradient", "F32", [2], struct.pack("<2f", 2, 3), inputs=["g.local"], shard=([4], [2]),
+                   reduce_scatter="sum"),
+        ]
+        return records + records[:1] if twice else records
+
+    w.write_step(0, step(0))
+    w.write_step(1, step(1))
+    with test.assertRaises(WriteError) as e:
+        w.write_step(2, step(2, twice=True))  # a new layout: checked as a whole again
+    test.assertIn("twice", str(e.exception))
+    with test.assertRaises(WriteError) as e:
+        w.write_step(2, step(1, data_hash=b"\1" * 31))  # the same layout, a bad value
+    test.assertIn("`w`: neither its bytes nor a 32-byte data hash", str(e.exception))
+    w.write_step(2, step(2))  # full values, `w` in the payload
+    w.write_step(3, step(3))
+    return w.finish()
+
+
+def record_and_payload(path: str, step: int) -> tuple[bytes, bytes]:
+    """A trace's record file and step `step`'s payload file, as bytes."""
+    with open(os.path.join(path, "records.rpr"), "rb") as f, \
+            open(os.path.join(path, "tensors", f"step-{step:08d}.safetensors"), "rb") as g:
+        return f.read(), g.read()
+
