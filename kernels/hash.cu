@@ -421,12 +421,13 @@ DEVICE void batch_leaf(const u64* pieces, const u64* prefix, u64 n, u64 item) {
   ((u64*)r[2])[j] = xxh3_leaf((const unsigned char*)(r[0] + start), len);
 }
 
-// The address of work item `item`'s chunk when it is a whole 1024-byte chunk at an 8-byte aligned
-// address (read by eight threads at once, xxh3_leaves), and where its leaf goes; 0 otherwise.
+// The address of work item `item`'s chunk when it is a whole 1024-byte chunk at a 16-byte aligned
+// address (read by four threads at once, 16 bytes each, xxh3_leaves), and where its leaf goes; 0
+// otherwise.
 DEVICE u64 whole_leaf_chunk(const u64* pieces, const u64* prefix, u64 n, u64 item, u64** leaf) {
   const u64 k = find_view(prefix, n, item);
   const u64* r = pieces + 3 * k;
   const u64 j = item - prefix[k], address = r[0] + 1024 * j;
   *leaf = (u64*)r[2] + j;
-  return r[1] - 1024 * j >= 1024 && (address & 7u) == 0 ? address : 0;
+  return r[1] - 1024 * j >= 1024 && (address & 15u) == 0 ? address : 0;
 }

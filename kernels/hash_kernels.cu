@@ -108,32 +108,41 @@ extern "C" __global__ void read_words(const uint4* p, u64 n, u32* sink) {
   if (acc == 0x9e3779b9u) sink[0] = acc;
 }
 
-// The leaf pass of the data hash xxh3-1k (kernels/hash.cu, 1c): eight lanes per 1 KiB chunk,
-// lane i keeping XXH3's accumulator i, so that the eight read a 64-byte stripe together and a
-// warp four chunks at once; four lanes each merge a pair of accumulators, and the sum of their
-// four merges is the leaf. Chunks that are not whole and aligned take one lane's path
-// (batch_leaf). Every lane of a warp runs the same iterations, for the shuffles.
+// The leaf pass of the data hash xxh3-1k (kernels/hash.cu, 1c): four lanes per 1 KiB chunk,
+// lane j keeping XXH3's accumulators 2j and 2j + 1, so that the four read a 64-byte stripe
+// together, 16 bytes each (the two words those accumulators take, each adding the other), and a
+// warp eight chunks at once; each lane merges its pair, and the sum of the four merges is the
+// leaf. The secret's words a lane takes are read into registers once (constant memory serves
+// one address at a time, and the lanes want four). Chunks that are not whole and 16-byte
+// aligned take one lane's path (batch_leaf). Every lane of a warp runs the same iterations, for
+// the shuffles.
 __device__ void leaves_of_pieces(const u64* pieces, const u64* prefix, u64 n) {
   const u64 total = prefix[n];
-  const unsigned lane = threadIdx.x % 32, i = lane % 8;
-  const u64 stride = (u64)gridDim.x * blockDim.x / 8;
-  for (u64 first = ((u64)blockIdx.x * blockDim.x + threadIdx.x) / 32 * 4; first < total; first += stride) {
-    const u64 item = first + lane / 8;
+  const unsigned lane = threadIdx.x % 32, j = lane % 4;
+  // Stripe s (< 15): accumulator 2j takes window[s], 2j + 1 window[s + 1]; the last stripe's apart.
+  u64 window[16];
+  UNROLL for (u32 s = 0; s < 16; s++) window[s] = XXH3_STRIPE_KEYS[2 * j + s];
+  const u64 last0 = XXH3_LAST_KEYS[2 * j], last1 = XXH3_LAST_KEYS[2 * j + 1];
+  const u64 init0 = XXH3_INIT_ACC[2 * j], init1 = XXH3_INIT_ACC[2 * j + 1];
+  const u64 merge0 = XXH3_MERGE_KEYS[2 * j], merge1 = XXH3_MERGE_KEYS[2 * j + 1];
+  const u64 stride = (u64)gridDim.x * blockDim.x / 4;
+  for (u64 first = ((u64)blockIdx.x * blockDim.x + threadIdx.x) / 32 * 8; first < total; first += stride) {
+    const u64 item = first + lane / 4;
     u64* leaf = 0;
     const u64 address = item < total ? whole_leaf_chunk(pieces, prefix, n, item, &leaf) : 0;
-    if (item < total && address == 0 && i == 0) batch_leaf(pieces, prefix, n, item);
+    if (item < total && address == 0 && j == 0) batch_leaf(pieces, prefix, n, item);
     if (__ballot_sync(0xffffffffu, address != 0) == 0) continue;
-    const u64* p = (const u64*)address;
-    u64 acc = XXH3_INIT_ACC[i];
+    const ulonglong2* p = (const ulonglong2*)address;
+    u64 acc0 = init0, acc1 = init1;
     UNROLL for (u32 s = 0; s < 16; s++) {
-      const u64 v = address != 0 ? p[8 * s + i] : 0;
-      acc = xxh3_accumulate(acc, v, __shfl_xor_sync(0xffffffffu, v, 1), xxh3_key(s, i));
+      const ulonglong2 v = address != 0 ? p[4 * s + j] : make_ulonglong2(0, 0);
+      acc0 = xxh3_accumulate(acc0, v.x, v.y, s < 15 ? window[s] : last0);
+      acc1 = xxh3_accumulate(acc1, v.y, v.x, s < 15 ? window[s + 1] : last1);
     }
-    const u64 other = __shfl_xor_sync(0xffffffffu, acc, 1);
-    u64 merged = i % 2 == 0 ? mul128_fold64(acc ^ XXH3_MERGE_KEYS[i], other ^ XXH3_MERGE_KEYS[i + 1]) : 0;
+    u64 merged = mul128_fold64(acc0 ^ merge0, acc1 ^ merge1);
+    merged += __shfl_xor_sync(0xffffffffu, merged, 1);
     merged += __shfl_xor_sync(0xffffffffu, merged, 2);
-    merged += __shfl_xor_sync(0xffffffffu, merged, 4);
-    if (address != 0 && i == 0) *leaf = xxh3_leaf_finish(merged);
+    if (address != 0 && j == 0) *leaf = xxh3_leaf_finish(merged);
   }
 }
 

@@ -41,7 +41,7 @@ void repro_host_copy_views(const u64* views, const u64* prefix, const u64* out_a
 }
 
 /* The leaf pass: whole chunks as xxh3_leaves tells them apart (where the GPU reads them with
-   eight lanes each, here by one thread), the others by batch_leaf. */
+   four lanes each, here by one thread), the others by batch_leaf. */
 void repro_host_xxh3_leaves(const u64* pieces, const u64* prefix, u64 n) {
   for (u64 item = 0; item < prefix[n]; item++) {
     u64* leaf = 0;

@@ -11,8 +11,10 @@ use candle_core::Result;
 /// Bytes each leaf stands for.
 pub const LEAF_CHUNK: u64 = 1024;
 
-/// Threads per block of the leaf pass: eight a chunk, so 32 chunks a block.
+/// Threads per block of the leaf pass: four a chunk, so 64 chunks a block.
 const LEAF_THREADS: u32 = 256;
+/// Threads of the leaf pass per chunk (`leaves_of_pieces` in kernels/hash_kernels.cu).
+const LANES_PER_CHUNK: u64 = 4;
 
 /// A piece of device memory for the leaf pass: `len` bytes at `address`, whose leaves (u64
 /// each, little-endian, in chunk order) go to `leaves`.
@@ -65,7 +67,7 @@ pub unsafe fn launch_leaves(dev: &CudaDevice, pieces: &[LeafPiece]) -> Result<()
     b.arg(&n);
     // SAFETY: the table describes memory as the caller promises; the kernel reads the table's
     // 4n + 1 words and writes only the pieces' leaves.
-    unsafe { b.launch(grid(items * 8, LEAF_THREADS)) }.w()?;
+    unsafe { b.launch(grid(items * LANES_PER_CHUNK, LEAF_THREADS)) }.w()?;
     Ok(())
 }
 
@@ -86,6 +88,6 @@ pub unsafe fn launch_leaves_of(dev: &CudaDevice, piece: LeafPiece) -> Result<()>
     b.arg(&piece.len);
     b.arg(&piece.leaves);
     // SAFETY: the kernel reads the piece and writes its leaves, as the caller promises they may.
-    unsafe { b.launch(grid(items * 8, LEAF_THREADS)) }.w()?;
+    unsafe { b.launch(grid(items * LANES_PER_CHUNK, LEAF_THREADS)) }.w()?;
     Ok(())
 }
