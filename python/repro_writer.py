@@ -345,7 +345,10 @@ class TraceWriter:
         # The step record's map, key by key (`_append` of a dict would pack it alike).
         parts = [_STEP_OPENINGS[bool(missing)], _pack(step), _PAYLOAD_KEY, _NIL, _TENSORS_KEY,
                  _PACKER.pack_array_header(len(layouts))]
-        packed = self._natively_packed(step, layouts, data, hashes) if self._native and not full and not views else None
+        # Natively where some records hold a data hash alone (the records given with their bytes,
+        # the host's, are packed here either way).
+        native = self._native is not None and not full and not views and None in data
+        packed = self._natively_packed(step, layouts, data, hashes) if native else None
         if packed is not None:
             parts.append(packed)
             layouts = ()  # every record packed

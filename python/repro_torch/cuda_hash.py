@@ -38,6 +38,15 @@ def cuda_hash_library_path() -> Optional[str]:
     return None
 
 
+def hashes_on_gpu(path: str) -> bool:
+    """Whether the library at `path` hashes on a GPU: built by `make cuda`, not the workspace's
+    CPU build (which has only the packing of records, python/cuda-hash/src/records.rs)."""
+    try:
+        return hasattr(ctypes.CDLL(path), "repro_cuda_hasher_new")
+    except OSError as e:
+        raise WriteError(f"cannot load repro's GPU hashing library {path}: {e}") from None
+
+
 _LOADED: dict = {}
 
 

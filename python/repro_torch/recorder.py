@@ -16,7 +16,7 @@ import torch
 from repro_trace import BLAKE3, DATA_HASHES, RECORDS_FILE
 from repro_writer import NativeRecords, TraceWriter, WriteError
 
-from .cuda_hash import CUDA_HASH_LIB, CUDA_HASH_LIB_ENV, DeviceHasher, cuda_hash_library_path
+from .cuda_hash import CUDA_HASH_LIB, CUDA_HASH_LIB_ENV, DeviceHasher, cuda_hash_library_path, hashes_on_gpu
 from .flushes import COPY, MAX_QUEUED, READ, FlushPolicy
 from .perturb import Perturbation
 from .ranks import RankPlace, current_place, perturbs_this_rank
@@ -75,17 +75,20 @@ class Recorder:
         self.perturbation = perturbation
         self.path = path
         self.inline_max_bytes = inline_max_bytes
-        self._library = cuda_hash_library_path() if device_hashing is not False else None
-        if device_hashing and self._library is None:
-            raise WriteError(
-                f"device_hashing=True, but repro's GPU hashing library is not found: build it with `make cuda` "
-                f"and set {CUDA_HASH_LIB_ENV} to target/cuda/release/{CUDA_HASH_LIB}"
-            )
-        if self._library is not None:
+        library = cuda_hash_library_path() if device_hashing is not False else None
+        if library is not None:
             try:  # the same library packs each step's records in one call
-                self._writer.use_native_records(NativeRecords(self._library))
+                self._writer.use_native_records(NativeRecords(library))
             except WriteError:
                 pass  # one built before it could: the writer packs them in Python
+        # The workspace's CPU build of the library packs records but hashes nothing on a GPU.
+        self._library = library if library is not None and hashes_on_gpu(library) else None
+        if device_hashing and self._library is None:
+            found = f" ({library} was built without its GPU half)" if library is not None else ""
+            raise WriteError(
+                f"device_hashing=True, but repro's GPU hashing library is not found{found}: build it with `make cuda` "
+                f"and set {CUDA_HASH_LIB_ENV} to target/cuda/release/{CUDA_HASH_LIB}"
+            )
         self.hashers: dict[int, DeviceHasher] = {}
         self._hasher_by_device: dict = {}  # torch.device -> its hasher, or None
         self._warned = device_hashing is False

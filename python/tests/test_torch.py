@@ -44,6 +44,20 @@ def _header_env(path):
         return t.header["environment"]["env"]
 
 
+def train_three_steps(rec, run, opt) -> None:
+    """Three recorded training steps of `run` (a model taking 8 features to 2) on one random batch,
+    its input recorded as `x`."""
+    x, y = torch.randn(4, 8), torch.randn(4, 2)
+    for step in range(3):
+        opt.zero_grad()
+        with rec.training_step(step, inputs={"x": x}) as s:
+            loss = torch.nn.functional.mse_loss(run(x), y)
+            s.loss(loss)
+            loss.backward()
+            s.gradients()
+            opt.step()
+
+
 @unittest.skipUnless(torch, "torch is not installed")
 class TorchTest(unittest.TestCase):
     def setUp(self):
@@ -64,15 +78,7 @@ class TorchTest(unittest.TestCase):
             with contextlib.redirect_stderr(stderr):
                 # The plain run leaves module outputs out too, to compare with the compiled one.
                 rec = ModelRecorder(Recorder(path, {"workload": "compiled"}), run, modules=compile_it)
-            x, y = torch.randn(4, 8), torch.randn(4, 2)
-            for step in range(3):
-                opt.zero_grad()
-                with rec.training_step(step, inputs={"x": x}) as s:
-                    loss = torch.nn.functional.mse_loss(run(x), y)
-                    s.loss(loss)
-                    loss.backward()
-                    s.gradients()
-                    opt.step()
+            train_three_steps(rec, run, opt)
             self.assertEqual(rec.finish(), 3)
             return stderr.getvalue()
 
@@ -630,6 +636,39 @@ class TorchTest(unittest.TestCase):
             DeviceHasher("old.so", 0, lib=older, data_hash="xxh3-1k")
         self.assertIn("old.so is older than the data hash xxh3-1k needs", str(e.exception))
         self.assertIn("rebuild it with `make cuda`", str(e.exception))
+
+    def test_a_library_without_its_gpu_half_leaves_the_hashing_to_the_host(self):
+        # The workspace's CPU build of repro's library (`cargo build --release -p
+        # repro-cuda-hash`) has the records' packing and no GPU hashing: a recorder that finds it
+        # hashes on the host, writes what it writes without it, and refuses device_hashing=True,
+        # naming it. (On the host every record holds its bytes: the writer packs them itself.)
+        from repro_torch import ModelRecorder, Recorder
+        from repro_writer import WriteError
+
+        library = os.path.abspath(os.path.join("target", "release", "librepro_cuda_hash.so"))
+        self.assertTrue(os.path.isfile(library), f"no CPU build of the library at {library}: build it with "
+                        "`cargo build --release -p repro-cuda-hash` (scripts/python-torch-check.sh does)")
+        traces = []
+        for found in (False, True):
+            path = os.path.join(self.dir, f"library-{found}")
+            env = {"REPRO_CUDA_HASH_LIB": library} if found else {}
+            with mock.patch.dict(os.environ, env):
+                torch.manual_seed(0)
+                model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+                opt = torch.optim.SGD(model.parameters(), lr=0.1)
+                recorder = Recorder(path, {"workload": "library"}, capture="none")
+                self.assertFalse(recorder.hashes_on_gpu)
+                rec = ModelRecorder(recorder, model)
+                train_three_steps(rec, model, opt)
+                rec.finish()
+                if found:
+                    with self.assertRaises(WriteError) as e:
+                        Recorder(os.path.join(self.dir, "refused"), {"workload": "x"}, device_hashing=True)
+                    self.assertIn(f"({library} was built without its GPU half)", str(e.exception))
+            traces.append(path)
+        with open(os.path.join(traces[0], "records.rpr"), "rb") as a, \
+                open(os.path.join(traces[1], "records.rpr"), "rb") as b:
+            self.assertEqual(a.read(), b.read())
 
     def test_an_unknown_flush_policy_is_refused(self):
         from repro_torch import Recorder
