@@ -213,7 +213,10 @@ if [ "$rc" = 0 ]; then ok "diff of a fixture with itself: $out"; else fail "diff
 
 # --- writer -------------------------------------------------------------------------------
 # The Python writer and PyTorch recorder (python/tests): what they write, repro verifies; a run
-# rewritten from Python is byte-identical; torch's tests are skipped where torch is missing.
+# rewritten from Python is byte-identical; torch's tests are skipped where torch is missing. The
+# writer packs through the native library's CPU build too, which its tests load from
+# target/release/ (seconds: it shares the workspace's build).
+cargo build --release --locked --quiet -p repro-cuda-hash || die "cargo could not build repro-cuda-hash"
 out=$(REPRO_BIN="$REPRO_BIN" PYTHONPATH=python "$PY" -W ignore -m unittest discover -s python/tests 2>&1)
 if [ $? = 0 ]; then ok "python writer: $(tail -1 <<<"$out") ($(grep -c '' <<<"$out") lines)"; else fail "python writer: $out"; fi
 
