@@ -8,9 +8,11 @@ path. So the first step recorded on the GPU does exactly that (`module`), and wa
 output's version counter while the step runs: an output whose counter moves after its hook is
 changed in place. From the next step on, each of those outputs is copied on the GPU at its hook
 (one copy, on the program's stream, which the program cannot change; an output over
-`COPY_AT_HOOK_MAX_BYTES` is read at its hook instead; under the data hash `xxh3-1k`, no copy:
-the library's leaf pass reads the output where it is, at its hook, and its leaves wait for the
-flush), and the outputs and the copies are queued and read together, a few flushes a step:
+`COPY_AT_HOOK_MAX_BYTES` is read at its hook instead, with a flush; under the data hash
+`xxh3-1k`, neither copy nor flush: the library's leaf pass reads the output where it is, at its
+hook, and its leaves wait for the next flush; so does every output of the first step, and of
+every step under `module`), and the outputs and the copies are queued and read together, a few
+flushes a step:
 
 - `batched` (the default): in order with the program's stream, at the next flush.
 - `beside`: on the GPU hashing library's own stream, while the program's work runs on; the
@@ -59,7 +61,8 @@ EXTRA_SHARE = 0.03
 EXTRA_MIN_BYTES = 4 << 20
 MAX_QUEUED_BYTES = 256 << 20
 MAX_HELD_BYTES = 1 << 30
-# The largest output changed in place that is copied at its hook; a larger one is read there.
+# The largest output changed in place that is copied at its hook; a larger one is read there (under
+# `xxh3-1k` every one is, without a copy: `StepRecorder._queue_one`).
 COPY_AT_HOOK_MAX_BYTES = 64 << 20
 
 # What an output gets at its hook (`FlushPolicy.at_hook`).

@@ -17,7 +17,7 @@ from repro_trace import BLAKE3, DATA_HASHES, RECORDS_FILE
 from repro_writer import NativeRecords, TraceWriter, WriteError
 
 from .cuda_hash import CUDA_HASH_LIB, CUDA_HASH_LIB_ENV, DeviceHasher, cuda_hash_library_path, hashes_on_gpu
-from .flushes import COPY, MAX_QUEUED, READ, FlushPolicy
+from .flushes import COPY, MAX_QUEUED, QUEUE, READ, FlushPolicy
 from .perturb import Perturbation
 from .ranks import RankPlace, current_place, perturbs_this_rank
 from .switches import changes, determinism_switches, environment
@@ -36,6 +36,10 @@ WRITE_BESIDE_MIN_BYTES = 64 << 20
 
 # Tensors whose layout a recorder remembers (`Recorder.lay_out`): many steps' worth of a model's.
 LAID_OUT_MAX = 1 << 16
+
+# What `StepRecorder._queue_one` says of a record besides 0 (nothing to read): it waits to be
+# read on the GPU, or was read there at once.
+WAITS, READ_AT_ONCE = 1, 2
 
 
 class Recorder:
@@ -322,12 +326,13 @@ class StepRecorder:
         once; otherwise queued with the outputs before it and read with them (`flushes`)."""
         nbytes = t.nbytes
         at_hook = self._policy.at_hook(name, nbytes)
-        if not self._queue_one(name, "op_output", "forward", (), True, source, None, None, t, at_hook == COPY):
+        queued = self._queue_one(name, "op_output", "forward", (), True, source, None, None, t, at_hook)
+        if not queued:
             return
         if self._watch is not None:
             self._watch.add(name, t)
-        if at_hook == READ:
-            self.flush()
+        if at_hook == READ and queued != READ_AT_ONCE:
+            self.flush()  # read at its hook with everything queued before it
         else:
             self._wait_with_outputs()
 
@@ -366,18 +371,21 @@ class StepRecorder:
         """Queues a record for each tensor (`_queue_one`); how many wait to be read on the GPU."""
         queued = 0
         for (name, kind, phase, inputs, node, source, collective, shard), t in zip(fields, tensors):
-            queued += self._queue_one(name, kind, phase, inputs, node, source, collective, shard, t, own=own)
+            queued += self._queue_one(name, kind, phase, inputs, node, source, collective, shard, t, own=own) != 0
         return queued
 
     def _queue_one(self, name: str, kind: str, phase, inputs, node: bool, source, collective, shard, t: torch.Tensor,
-                   copy: bool = False, own: bool = False) -> bool:
-        """Queues a record of `t` (its fields as `record_fields` names them); whether it waits to
-        be read on the GPU. This runs for every tensor of every step (every module output), so
+                   at_hook: str = QUEUE, own: bool = False) -> int:
+        """Queues a record of `t` (its fields as `record_fields` names them); `WAITS` where it
+        waits to be read on the GPU, `READ_AT_ONCE` where it was read there already, else 0.
+        This runs for every tensor of every step (every module output), so
         each tensor's attributes are read once, and what its address, dtype, shape and
         contiguity imply (its device's hasher, its trace dtype, its length) is looked up rather
-        than derived again (`Recorder.laid_out`). `copy`: the program may change the tensor next:
-        one read on the GPU is read at once where the hasher can (`DeviceHasher.queue_now`, under
-        `xxh3-1k`), and otherwise copied there now, the copy read. `own`: the tensor is the
+        than derived again (`Recorder.laid_out`). `at_hook`, the flush policy's word for it
+        (`FlushPolicy.at_hook`): `COPY` or `READ`, the program may change the tensor next: one
+        read on the GPU is read at once where the hasher can (`DeviceHasher.queue_now`, under
+        `xxh3-1k`), and otherwise, for `COPY`, copied there now, the copy read, and for `READ`
+        queued as it is (the caller flushes). `own`: the tensor is the
         recorder's, which nothing else holds. The bytes held until the flush are counted, the
         program's and the recorder's own apart (see `_wait_with_outputs`)."""
         position = None
@@ -386,7 +394,7 @@ class StepRecorder:
             self._nodes = position + 1
         if self.keeps_values:
             self._append_copied(t, name, kind, phase, inputs, position, source, collective, shard)
-            return False
+            return 0
         recorder = self.recorder
         address, dtype, size, contiguous = t.data_ptr(), t.dtype, t.shape, t.is_contiguous()
         known = recorder.laid_out.get((address, dtype, contiguous))
@@ -394,7 +402,7 @@ class StepRecorder:
             hasher = recorder.hasher_for(t)
             if hasher is None:
                 self._append_copied(t, name, kind, phase, inputs, position, source, collective, shard)
-                return False
+                return 0
             known = recorder.lay_out((address, dtype, contiguous), hasher, IN_PLACE_DTYPES.get(dtype), size, t.nbytes)
         device, trace_dtype, shape, length = known
         try:
@@ -418,15 +426,16 @@ class StepRecorder:
                     self._repeat_of.append(first)
                     if owner is not self:
                         self._hashed(key, index, owner._refs[first], strides)
-                    return False
+                    return 0
         in_place = contiguous and trace_dtype is not None  # its memory holds its canonical bytes
         hasher = recorder.hashers[device]
         index = len(self.layouts)
         # The program changes it next: read where it is, at once, where the hasher can (its
-        # record is the next one appended), else read from a copy, which nothing else changes.
-        read_now = in_place and copy and length > recorder.inline_max_bytes and hasher.queue_now(self, index,
-                                                                                                  address, length)
-        if in_place and not copy:
+        # record is the next one appended), else read from a copy, which nothing else changes
+        # (or, to be read with a flush now, as it is).
+        read_now = (in_place and at_hook != QUEUE and length > recorder.inline_max_bytes
+                    and hasher.queue_now(self, index, address, length))
+        if in_place and at_hook != COPY:
             held = t
         elif not read_now:
             if in_place:
@@ -441,7 +450,7 @@ class StepRecorder:
         self._append((name, kind, trace_dtype, shape, phase, inputs, position, source, collective, None, shard),
                      b"" if length == 0 else None)
         if length == 0:
-            return False
+            return 0
         if not read_now:
             # The tensor is checked for changes when read (a copy cannot have changed).
             hasher.queue(self, index, address, length, length <= recorder.inline_max_bytes, held, version)
@@ -451,7 +460,7 @@ class StepRecorder:
                 self._own_queued += length
         if key is not None:
             self._hashed(key, index, weakref.ref(t), strides)
-        return True
+        return READ_AT_ONCE if read_now else WAITS
 
     def queue_group(self, group: "RecordGroup", tensors: list) -> None:
         """`queue_each(group.fields, tensors)`, for tensors that were the group's the last time

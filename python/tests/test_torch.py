@@ -420,6 +420,31 @@ class TorchTest(unittest.TestCase):
         library, _ = self._record_in_place_model(os.path.join(self.dir, "blake3"), "batched")
         self.assertEqual(library.read_now, 0)
 
+    def test_an_output_changed_in_place_too_large_to_copy_is_read_at_its_hook_without_a_flush_under_xxh3_1k(self):
+        # An output the program changes in place next, over the copy's limit, is read at its
+        # hook: under xxh3-1k by the leaf pass there (no flush), under blake3 by a flush of
+        # everything queued. With the limit at 0 every such output is one; the records must be
+        # the host's either way.
+        from repro_torch import flushes
+
+        for data_hash in ("xxh3-1k", "blake3"):
+            host = os.path.join(self.dir, f"host-{data_hash}")
+            self._record_in_place_model(host, stand_in=False, data_hash=data_hash)
+            with open(os.path.join(host, "records.rpr"), "rb") as f:
+                expected = f.read()
+            calls = {}
+            for limit in (flushes.COPY_AT_HOOK_MAX_BYTES, 0):
+                path = os.path.join(self.dir, f"{data_hash}-{limit}")
+                with mock.patch.object(flushes, "COPY_AT_HOOK_MAX_BYTES", limit):
+                    library, _ = self._record_in_place_model(path, "batched", data_hash=data_hash)
+                with open(os.path.join(path, "records.rpr"), "rb") as f:
+                    self.assertEqual(f.read(), expected, f"{data_hash}, limit {limit}: a hash is not the host's")
+                calls[limit] = (library.flush_calls["ordered"], library.read_now)
+            if data_hash == "xxh3-1k":
+                self.assertEqual(calls[0], calls[flushes.COPY_AT_HOOK_MAX_BYTES])
+            else:
+                self.assertGreater(calls[0][0], calls[flushes.COPY_AT_HOOK_MAX_BYTES][0])
+
     def test_an_output_changed_in_place_only_after_the_first_step_is_refused_not_hashed_wrong(self):
         from repro_writer import WriteError
 
@@ -637,7 +662,7 @@ class TorchTest(unittest.TestCase):
         self.assertIn("old.so is older than the data hash xxh3-1k needs", str(e.exception))
         self.assertIn("rebuild it with `make cuda`", str(e.exception))
 
-    def test_a_library_without_its_gpu_half_leaves_the_hashing_to_the_host(self):
+    def test_the_library_s_cpu_build_leaves_the_hashing_to_the_host(self):
         # The workspace's CPU build of repro's library (`cargo build --release -p
         # repro-cuda-hash`) has the records' packing and no GPU hashing: a recorder that finds it
         # hashes on the host, writes what it writes without it, and refuses device_hashing=True,
