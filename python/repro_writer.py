@@ -339,7 +339,7 @@ class TraceWriter:
             self._layout, self._encoded = layouts, [_EncodedRecord(t) for t in records]
             self._has_views = any(t.view is not None for t in records)
             self._native_layout = None
-        inline_max, hash_data, digests, payload = self._inline_max, self._hash_data, {}, {}
+        digests, payload = {}, {}
         views = self._has_views  # the digests kept by name only for them to name
         missing = sorted(set(no_gradient))
         # The step record's map, key by key (`_append` of a dict would pack it alike).
