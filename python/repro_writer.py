@@ -429,7 +429,7 @@ class TraceWriter:
             joined = b"".join(inners)
         except TypeError:  # a None among them
             return None
-        if len(joined) != 32 * len(inners) or set(map(len, inners)) - {32}:
+        if set(map(len, inners)) - {32}:
             return None
         if self._native_layout is None:
             self._native_layout = _NativeLayout(layouts, self._encoded)

@@ -38,7 +38,7 @@ def cuda_hash_library_path() -> Optional[str]:
     return None
 
 
-def hashes_on_gpu(path: str) -> bool:
+def library_hashes_on_gpu(path: str) -> bool:
     """Whether the library at `path` hashes on a GPU: built by `make cuda`, not the workspace's
     CPU build (which has only the packing of records, python/cuda-hash/src/records.rs)."""
     try:

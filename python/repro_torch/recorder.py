@@ -16,7 +16,7 @@ import torch
 from repro_trace import BLAKE3, DATA_HASHES, RECORDS_FILE
 from repro_writer import NativeRecords, TraceWriter, WriteError
 
-from .cuda_hash import CUDA_HASH_LIB, CUDA_HASH_LIB_ENV, DeviceHasher, cuda_hash_library_path, hashes_on_gpu
+from .cuda_hash import CUDA_HASH_LIB, CUDA_HASH_LIB_ENV, DeviceHasher, cuda_hash_library_path, library_hashes_on_gpu
 from .flushes import COPY, MAX_QUEUED, QUEUE, READ, FlushPolicy
 from .perturb import Perturbation
 from .ranks import RankPlace, current_place, perturbs_this_rank
@@ -86,7 +86,7 @@ class Recorder:
             except WriteError:
                 pass  # one built before it could: the writer packs them in Python
         # The workspace's CPU build of the library packs records but hashes nothing on a GPU.
-        self._library = library if library is not None and hashes_on_gpu(library) else None
+        self._library = library if library is not None and library_hashes_on_gpu(library) else None
         if device_hashing and self._library is None:
             found = f" ({library} was built without its GPU half)" if library is not None else ""
             raise WriteError(
