@@ -237,7 +237,7 @@ fn write_steps(dir: &Path, steps: Vec<StepTensor>) {
         producer: "repro bench".into(),
         run: RunConfig { workload: "bench".into(), steps: Some(steps.len() as u64), params: Default::default() },
         environment: Environment::default(),
-        capture: CapturePolicy { full: FullCapture::All, inline_max_bytes: 0 },
+        capture: CapturePolicy { full: FullCapture::All, inline_max_bytes: 0, ..CapturePolicy::default() },
         distributed: None,
         data_hash: Default::default(),
     };

@@ -53,8 +53,12 @@ PROGRESS_FILE = "progress.json"
 TENSORS_DIR = "tensors"
 
 DTYPE_SIZES = {"U8": 1, "U32": 4, "I16": 2, "I32": 4, "I64": 8, "F16": 2, "BF16": 2, "F32": 4, "F64": 8}
-KINDS = {"weight", "gradient", "prediction", "loss", "activation", "op_output", "input"}
+KINDS = {"weight", "gradient", "prediction", "loss", "activation", "op_output", "input", "buffer"}
 PHASES = {"forward", "backward", "update"}
+# The capture ladder's levels a header's capture policy may name (format 1.9), each a step policy.
+CAPTURE_LEVELS = ("modules", "ops")
+# The forms of a step policy (`parse_capture`), as messages list them.
+STEP_POLICY_FORMS = "none, all, first, first-and-last, every:N, steps:A,B,..."
 # Rust's `str::trim` (Unicode White_Space), used around the numbers of `steps:` (section 3.2).
 RUST_WHITESPACE = "\t\n\x0b\x0c\r \x85\xa0\u1680" + "".join(map(chr, range(0x2000, 0x200B))) + "\u2028\u2029\u202f\u205f\u3000"
 
@@ -392,11 +396,12 @@ def _rust_u64(s: str) -> Optional[int]:
 
 
 def parse_capture(text: str):
-    """The `full` capture policy (section 3.2), with the aliases and leniency repro accepts."""
+    """A step policy (section 3.2): the capture policy's `full`, and its `modules` and `ops`
+    levels (format 1.9), with the aliases and leniency repro accepts."""
     if text in ("none", "hashes"):
         return ("none",)
-    if text == "all":
-        return ("all",)
+    if text in ("all", "first"):
+        return (text,)
     if text in ("first-and-last", "default"):
         return ("first-and-last",)
     if text.startswith("every:"):
@@ -411,6 +416,15 @@ def parse_capture(text: str):
         if all(n is not None for n in nums):
             return ("steps", sorted(set(nums)))
     raise _Bad(f"invalid capture policy {_show(text)}")
+
+
+def _step_policy(v, what: str):
+    """A header's step policy other than `full` (`parse_capture`), its key named where corrupt."""
+    text = _str(v, what)
+    try:
+        return parse_capture(text)
+    except _Bad:
+        raise _Bad(f"{what} {_show(text)} is not a step policy ({STEP_POLICY_FORMS})") from None
 
 
 def _parse_header(m: dict) -> dict:
@@ -452,6 +466,9 @@ def _parse_header(m: dict) -> dict:
         "capture": {
             "full": parse_capture(_str(_get(cap, "full", "`capture`"), "capture `full`")),
             "inline_max_bytes": _uint(_get(cap, "inline_max_bytes", "`capture`"), "capture `inline_max_bytes`"),
+            # Format 1.9: the steps recording every module's output and every op's (the capture
+            # ladder's levels, docs/pytorch.md); None where the producer does not say.
+            **{level: _opt(cap, level, "capture", _step_policy) for level in CAPTURE_LEVELS},
         },
     }
 
@@ -619,6 +636,13 @@ class Trace:
             self._needs((1, 3), "`distributed`", "the header record")
         if header["data_hash"] not in (None, BLAKE3):
             self._needs((2, 0), "`data_hash` other than blake3", "the header record")
+        for level in CAPTURE_LEVELS:
+            if header["capture"][level] is not None:
+                self._needs((1, 9), f"capture `{level}`", "the header record")
+        for key in ("full", *CAPTURE_LEVELS):
+            if header["capture"][key] == ("first",) and self.version < (1, 9):
+                raise self._corrupt(f"capture `{key}`: the policy `first` is of format 1.9, but the file declares "
+                                    f"{self.version[0]}.{self.version[1]}", "the header record")
         self.header = header
         # How every tensor's data hash is computed (section 5): `blake3` or `xxh3-1k` (2.0).
         self.data_hash: str = header["data_hash"] or BLAKE3
@@ -723,6 +747,9 @@ class Trace:
                 raise self._corrupt(f"tensor `{t.name}` appears twice", where)
             if t.phase is not None or t.inputs:
                 self._needs((1, 1), "`phase` or `inputs`", where)
+            if t.kind == "buffer" and self.version < (1, 9):
+                raise self._corrupt(f"tensor `{t.name}`: the kind `buffer` is of format 1.9, but the file declares "
+                                    f"{self.version[0]}.{self.version[1]}", where)
             if t.node is not None:
                 self._needs((1, 2), "`node`", where)
             if t.source is not None:
@@ -758,10 +785,21 @@ class Trace:
                 if len(sh.whole) != len(t.shape) or len(sh.offset) != len(t.shape):
                     raise self._corrupt(f"tensor `{t.name}`: its shard has a whole of {len(sh.whole)} and an offset of "
                                         f"{len(sh.offset)} dimensions for a block of {len(t.shape)}", where)
+                whole_bytes = DTYPE_SIZES.get(t.dtype, 1)
+                for w in sh.whole:
+                    whole_bytes *= w
+                if whole_bytes > U64_MAX:
+                    raise self._corrupt(f"tensor `{t.name}`: its shard's whole {sh.whole} holds more than 2^64 - 1 "
+                                        "bytes", where)
                 if any(o + d > w for o, d, w in zip(sh.offset, t.shape, sh.whole)):
                     raise self._corrupt(f"tensor `{t.name}`: its shard reaches past the whole", where)
                 if t.view is not None:
                     raise self._corrupt(f"tensor `{t.name}`: a view cannot be a shard", where)
+                one_device = self.header["distributed"] is None or self.header["distributed"]["world_size"] == 1
+                if one_device and (sh.whole != t.shape or any(sh.offset)):
+                    raise self._corrupt(f"tensor `{t.name}`: its shard is a block {t.shape} at {sh.offset} of a whole "
+                                        f"{sh.whole}, but a trace of one device has no other rank to hold the rest",
+                                        where)
             names[t.name] = t
             if len(t.shape) > MAX_RANK:
                 raise self._corrupt(f"tensor `{t.name}` has rank {len(t.shape)} (limit {MAX_RANK})", where)

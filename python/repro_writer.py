@@ -1,10 +1,10 @@
-"""A writer of the repro trace format (docs/trace-format.md, formats 1.8 and 2.0), in Python.
+"""A writer of the repro trace format (docs/trace-format.md, formats 1.9 and 2.0), in Python.
 
 It writes what `repro record` writes, so `repro diff`, `inspect`, `matrix` and `gate` read a run
 recorded from Python like one recorded by repro: framed msgpack records (section 2), step
 records with tensors inline, in a safetensors payload or as hashes only (sections 3, 4, 6), and
 the canonical hash of section 5 (`repro_trace.tensor_hash`, shared with the reader), its data
-hash `blake3` (a trace of format 1.8) or `xxh3-1k` (format 2.0, section 5.5). It takes tensors as
+hash `blake3` (a trace of format 1.9) or `xxh3-1k` (format 2.0, section 5.5). It takes tensors as
 (dtype, shape, element bytes); `repro_torch` feeds it PyTorch tensors.
 
 It is pure Python over msgpack, blake3, numpy and safetensors, and xxhash for traces of the data
@@ -50,7 +50,9 @@ from repro_trace import (
     PHASES,
     PROGRESS_FILE,
     RECORDS_FILE,
+    STEP_POLICY_FORMS,
     TENSORS_DIR,
+    U64_MAX,
     XXH3_1K,
     data_hasher,
     parse_capture,
@@ -61,9 +63,9 @@ from repro_trace import (
     view_within,
 )
 
-# The version a trace is written as, by its data hash (section 8): 1.8, which every 1.x reader
+# The version a trace is written as, by its data hash (section 8): 1.9, which every 1.x reader
 # reads, for `blake3`; 2.0 for `xxh3-1k`, whose hashes a 1.x reader would check as BLAKE3's.
-FORMATS = {BLAKE3: (1, 8), XXH3_1K: (2, 0)}
+FORMATS = {BLAKE3: (1, 9), XXH3_1K: (2, 0)}
 VERSION = "0.1.0"
 LOCK_FILE = ".repro-lock"
 # Where a recorder can be, in `progress.json` (section 10.1).
@@ -159,6 +161,45 @@ def _printable(what: str, text: str) -> None:
         raise WriteError(f"{what} {text!r} holds a control character, which reports would print to a terminal")
 
 
+# The run settings a header keeps under their own keys (section 3.2's RunConfig); `params` holds
+# every other.
+RUN_KEYS = ("workload", "steps", "params")
+
+
+def run_params(run: dict) -> dict:
+    """The header's `params` of the run settings `run` (section 3.2: text by name, keys sorted):
+    every setting but `workload` and `steps`, those of its `params` map and its other keys alike
+    (`{"workload": "w", "seed": 0, "params": {"lr": 0.1}}` keeps `seed` and `lr`), each by
+    `setting_text`. A setting given both ways is refused by name."""
+    params = run.get("params") or {}
+    if not isinstance(params, dict):
+        raise WriteError(f"the run setting `params` is {type(params).__name__}, not a map of settings by name")
+    settings: dict = {}
+    for key, value in list(params.items()) + [(k, v) for k, v in run.items() if k not in RUN_KEYS]:
+        key = str(key)
+        if key in settings:
+            raise WriteError(f"the run setting `{key}` is given twice, in `params` and beside it: keep one")
+        settings[key] = setting_text(key, value)
+    return dict(sorted(settings.items()))
+
+
+def setting_text(key: str, value) -> str:
+    """A run setting's value as a header keeps it: a string as itself, anything else JSON writes
+    as its compact JSON text (`0`, `0.001`, `true`, `null`, `[32,4]`, `{"beta":0.9}`, a map's keys
+    sorted), so that two runs' settings are equal exactly where their values are. What JSON
+    cannot write (a function, an object) is refused, naming `key`."""
+    if isinstance(value, str):
+        return value
+    try:
+        return json.dumps(value, sort_keys=True, separators=(",", ":"))
+    except (TypeError, ValueError):
+        raise WriteError(
+            f"the run setting `{key}` is {type(value).__name__} {value!r:.80}, which a trace's header cannot keep: "
+            "give it as text, a number, a bool, None, or a list or map of them (str(value) where its text says "
+            "what differs between runs)"
+        ) from None
+
+
 def capture_text(capture) -> str:
     """The canonical text of a capture policy given as text or as `repro_trace.parse_capture`
     gives it (a trace's header, read back)."""
@@ -172,14 +213,36 @@ def capture_text(capture) -> str:
     return kind
 
 
-def _wants_full(full: tuple, step: int, first: int, total: Optional[int]) -> bool:
-    kind, arg = full[0], full[-1]
+def step_policy(what: str, policy) -> tuple:
+    """`policy`, a step policy given as text or as `repro_trace.parse_capture` gives it, parsed;
+    a `WriteError` naming `what` where it is not one."""
+    try:
+        return parse_capture(capture_text(policy))
+    except Exception:
+        raise WriteError(f"{what} {policy!r} is not a step policy: one of {STEP_POLICY_FORMS}") from None
+
+
+def _levels(modules, ops) -> dict:
+    """The header capture policy's `modules` and `ops` keys: each policy given (not None) as its
+    canonical text."""
+    return {level: capture_text(step_policy(f"{level} policy", policy))
+            for level, policy in (("modules", modules), ("ops", ops)) if policy is not None}
+
+
+def policy_selects(policy: tuple, step: int, first: int, total: Optional[int]) -> bool:
+    """Whether the step policy `policy` (as `repro_trace.parse_capture` gives it) selects step
+    `step` of a run whose first recorded step is `first` and whose length is `total` (None where
+    unknown: `first-and-last` then selects the first step alone; else its last step is
+    `first + total - 1`, docs/trace-format.md section 6)."""
+    kind, arg = policy[0], policy[-1]
     if kind == "none":
         return False
     if kind == "all":
         return True
+    if kind == "first":
+        return step == first
     if kind == "first-and-last":
-        return step == first or (total is not None and step + 1 == total)
+        return step == first or (total is not None and total > 0 and step == first + total - 1)
     if kind == "every":
         return step % arg == 0
     return step in arg  # steps:A,B
@@ -190,8 +253,10 @@ class TraceWriter:
     temporary name, synced and renamed before its step record is appended in one write; the
     footer is synced last. A second writer is refused while this one holds the lock.
 
-    `data_hash`: how every tensor's data hash is computed, `blake3` (written as format 1.8, its
-    header without the key) or `xxh3-1k` (format 2.0, the header saying so)."""
+    `data_hash`: how every tensor's data hash is computed, `blake3` (written as format 1.9, its
+    header without the key) or `xxh3-1k` (format 2.0, the header saying so). `modules`, `ops`:
+    the step policies of the capture ladder's levels (format 1.9: the steps that record every
+    module's output, and every op's), written in the header's capture policy where given."""
 
     def __init__(
         self,
@@ -204,8 +269,11 @@ class TraceWriter:
         producer: str = f"repro-py {VERSION}",
         distributed: Optional[dict] = None,
         data_hash: str = BLAKE3,
+        modules=None,
+        ops=None,
     ):
         self.path = path
+        params = run_params(run)  # refused before anything is written
         if data_hash not in DATA_HASHES:
             raise WriteError(f"data hash {data_hash!r} is not one of {', '.join(DATA_HASHES)}")
         try:  # the function the host hashes tensors with (a missing package found before anything is written)
@@ -214,11 +282,9 @@ class TraceWriter:
             raise WriteError(str(e)) from None
         self.data_hash = data_hash
         self._format = FORMATS[data_hash]
+        self._full = step_policy("capture policy", capture)
         capture = capture_text(capture)
-        try:
-            self._full = parse_capture(capture)
-        except Exception:
-            raise WriteError(f"capture policy {capture!r} is not one of none, all, first-and-last, every:N, steps:A,B") from None
+        levels = _levels(modules, ops)
         self._capture = capture
         self._inline_max = inline_max_bytes
         self._total = run.get("steps")
@@ -226,6 +292,8 @@ class TraceWriter:
         self._last: Optional[int] = None
         self._steps = 0
         self._checked: set = set()  # records whose checks of themselves alone passed (`_check`)
+        # A shard of a world of one is its whole: no other rank holds the rest.
+        self._world_size = 1 if distributed is None else int(distributed["world_size"])
         # The last step's layouts (`layout_of` of each record) and its records' encodings.
         self._layout: Optional[list] = None
         self._has_views = False
@@ -242,10 +310,10 @@ class TraceWriter:
             "run": {
                 "workload": run["workload"],
                 "steps": run.get("steps"),
-                "params": dict(sorted((str(k), str(v)) for k, v in run.get("params", {}).items())),
+                "params": params,
             },
             "environment": _environment(environment or Environment()),
-            "capture": {"full": capture, "inline_max_bytes": inline_max_bytes},
+            "capture": {"full": capture, "inline_max_bytes": inline_max_bytes, **levels},
         }
         if distributed is not None:
             header["distributed"] = distributed
@@ -257,7 +325,20 @@ class TraceWriter:
             _printable(what, text)
         self._records = open(os.path.join(path, RECORDS_FILE), "wb")
         self._records.write(MAGIC + struct.pack("<HH", *self._format))
+        self._header = header
         self._append(header)
+
+    def set_levels(self, modules, ops) -> None:
+        """Makes the header's `modules` and `ops` step policies these (None: the key left out).
+        Only a trace without steps may change them: its header, its one record, is written anew."""
+        if self._steps:
+            raise WriteError(f"{self.path}: the levels cannot change once a step is written")
+        capture = self._header["capture"]
+        self._header["capture"] = {"full": capture["full"], "inline_max_bytes": capture["inline_max_bytes"],
+                                   **_levels(modules, ops)}
+        self._records.seek(len(MAGIC) + 4)
+        self._records.truncate()
+        self._append(self._header)
 
     def _prepare(self, replace: bool) -> None:
         """Creates the directory, takes its lock, and clears an earlier trace when asked to (only
@@ -310,7 +391,7 @@ class TraceWriter:
         """Whether step `step` stores full values (the capture policy; the first step written
         counts as the first, or `first` while none is written yet)."""
         first = self._first if self._first is not None else (first if first is not None else step)
-        return _wants_full(self._full, step, first, self._total)
+        return policy_selects(self._full, step, first, self._total)
 
     def write_step(self, step: int, tensors: Iterable[Record], no_gradient: Iterable[str] = ()) -> None:
         """Writes one step: each tensor's hash, its bytes inline when small, in the step's payload
@@ -466,6 +547,14 @@ class TraceWriter:
                     int(o) < 0 or int(o) + int(d) > int(w) for o, d, w in zip(offset, t.shape, whole)):
                 raise WriteError(f"{where}: its shard {list(t.shape)} at {list(offset)} does not lie within the "
                                  f"whole {list(whole)}")
+            whole_bytes = DTYPE_SIZES[t.dtype]
+            for d in whole:
+                whole_bytes *= int(d)
+            if whole_bytes > U64_MAX:
+                raise WriteError(f"{where}: its shard's whole {list(whole)} holds more than 2^64 - 1 bytes")
+            if self._world_size == 1 and (list(whole) != list(t.shape) or any(int(o) for o in offset)):
+                raise WriteError(f"{where}: its shard {list(t.shape)} at {list(offset)} is part of a whole "
+                                 f"{list(whole)}, but a trace of one device has no other rank to hold the rest")
         if t.view is not None:
             of, offset, strides = t.view
             owner = owners.get(of)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Checks the independent Python reader of the trace format (python/repro_trace.py) against
-# traces recorded by repro (format 1.8), one rewritten by the Python writer with the data hash
+# traces recorded by repro (format 1.9), one rewritten by the Python writer with the data hash
 # xxh3-1k (format 2.0) and the committed fixtures (formats 1.0 to 1.5).
 #
 #   scripts/python-reader-check.sh          # uses target/release/repro
@@ -179,7 +179,7 @@ out=$(PYTHONPATH=python "$PY" - "$WORK/gpt" <<'PYEOF' 2>&1
 import sys
 from repro_trace import Trace
 t = Trace(sys.argv[1])
-assert t.version == (1, 8), t.version
+assert t.version == (1, 9), t.version
 steps = list(t.steps())
 nodes = [x for s in steps for x in s.tensors if x.node is not None]
 sourced = [x for x in nodes if x.source]

@@ -27,7 +27,7 @@ fn write_trace(dir: &std::path::Path) {
         producer: "repro fuzz".into(),
         run: RunConfig { workload: "fuzz".into(), steps: Some(1), params: Default::default() },
         environment: Environment::default(),
-        capture: CapturePolicy { full: FullCapture::All, inline_max_bytes: 0 },
+        capture: CapturePolicy { full: FullCapture::All, inline_max_bytes: 0, ..CapturePolicy::default() },
         distributed: None,
         data_hash: Default::default(),
     };

@@ -8,8 +8,9 @@ from typing import Optional
 
 def training_step(model, opt, loss_of, rec=None, step: int = 0, inputs: Optional[dict] = None) -> None:
     """One step: `loss_of(model)`, its backward pass and `opt.step()`; recorded by `rec` (a
-    `repro_torch.ModelRecorder`: `inputs`, the parameters, every module's output, the loss, the
-    gradients and the updates) as step `step`, or plain when `rec` is None."""
+    `repro_torch.ModelRecorder`: `inputs`, the parameters, the loss, the gradients and the
+    updates, and every module's output or op's where its levels say) as step `step`, or plain
+    when `rec` is None."""
     opt.zero_grad()
     if rec is None:
         loss_of(model).backward()

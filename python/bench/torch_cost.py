@@ -197,7 +197,7 @@ def measure(build, name: str, batch: int, variants: list[str], warmup: int, step
             os.environ["REPRO_TORCH_FLUSH"] = "batched" if variant in ("full", "xxh3") else variant
             with tempfile.TemporaryDirectory(dir=os.environ.get("REPRO_BENCH_DIR")) as d:
                 recorder = Recorder(f"{d}/t", {"workload": name, "steps": warmup + 2 * steps + 1},
-                                    capture="all" if variant == "full" else "none",
+                                    capture="all" if variant == "full" else "none", modules="all",
                                     device=torch.device("cuda"), device_hashing=True,
                                     data_hash="xxh3-1k" if variant == "xxh3" else "blake3")
                 rec = ModelRecorder(recorder, model)

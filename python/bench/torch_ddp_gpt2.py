@@ -82,7 +82,8 @@ def main(argv):
         import repro_torch.fsdp
 
         repro_torch.fsdp.GradientShares._share_hook = lambda self, name, dtype: (lambda gathered: None)
-    rec = None if args.plain else ModelRecorder.create_or_gated(args.out, run, model, modules=args.without != "modules")
+    rec = None if args.plain else ModelRecorder.create_or_gated(args.out, run, model,
+                                                                 modules="none" if args.without == "modules" else "all")
     spent = timers() if args.parts and rec is not None else None
     data = torch.Generator().manual_seed(1)
     rows = slice(rank * args.batch // world, (rank + 1) * args.batch // world)

@@ -45,8 +45,8 @@ def record(name: str, policy: str, path: str, steps: int, batch: int) -> None:
     os.environ["REPRO_TORCH_FLUSH"] = policy.removesuffix("-again")
     model, loss_of = build(name, batch)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    rec = ModelRecorder(Recorder(path, {"workload": name, "steps": steps}, capture="none", replace=True,
-                                 device=torch.device("cuda"), device_hashing=True), model)
+    rec = ModelRecorder(Recorder(path, {"workload": name, "steps": steps}, capture="none", modules="all",
+                                 replace=True, device=torch.device("cuda"), device_hashing=True), model)
     for step in range(steps):
         training_step(model, opt, loss_of, rec, step)
     rec.finish()

@@ -15,7 +15,7 @@ MODEL: torchvision classification models by name (default resnet50, densenet121,
 mobilenet_v3_large; needs torchvision). With REPRO_CUDA_HASH_LIB set (the CPU build of the
 library will do: `cargo build --release -p repro-cuda-hash`), the writer packs each step's
 records through it, as a recorder that finds the library does. Prints one markdown row per model. --parameters-only:
-no module outputs recorded (`ModelRecorder(modules=False)`, as for a model compiled by
+no module outputs recorded (`Recorder(modules="none")`, as for a model compiled by
 torch.compile): the inputs, parameters, loss, gradients and updates alone. --fine-tune: every
 parameter frozen but the last two (the classifier's), as when fine-tuning.
 """
@@ -157,7 +157,8 @@ def measure(name: str, spent: dict, steps: int = 30, modules: bool = True, fine_
 
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "t")
-        rec = ModelRecorder(Recorder(path, {"workload": name}, capture="none", place=None), net, modules)
+        rec = ModelRecorder(Recorder(path, {"workload": name}, capture="none", modules="all" if modules else "none",
+                                     place=None), net)
         if os.environ.get(CUDA_HASH_LIB_ENV):  # its records packed as a recorder finding it would
             rec.recorder._writer.use_native_records(NativeRecords(os.environ[CUDA_HASH_LIB_ENV]))
         hasher = HostHasher("", 0, lib=NullLibrary())

@@ -124,7 +124,7 @@ def main() -> None:
     for flush in flushes:
         os.environ["REPRO_TORCH_FLUSH"] = flush
         with tempfile.TemporaryDirectory() as d:
-            rec = ModelRecorder(Recorder(f"{d}/t", {"workload": name, "steps": 14}, capture="none",
+            rec = ModelRecorder(Recorder(f"{d}/t", {"workload": name, "steps": 14}, capture="none", modules="all",
                                          device=torch.device("cuda"), device_hashing=True), model)
 
             def recorded(i):

@@ -95,7 +95,7 @@ def main(candle: str, out: str) -> None:
     lr = float(run["params"]["lr"])
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
     twin = {"workload": "gpt-torch-twin", "steps": run["steps"], "params": run["params"]}
-    rec = ModelRecorder.create_or_gated(out, twin, model, modules=False, capture="all")
+    rec = ModelRecorder.create_or_gated(out, twin, model, modules="none", capture="all")
     for step, (tokens, targets) in enumerate(batches):
         opt.zero_grad()
         # Recorded as candle's (U32), computed on as PyTorch indexes (int64).

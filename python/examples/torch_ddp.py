@@ -34,6 +34,8 @@ def parse(argv):
     p.add_argument("--microbatches", type=int, default=1,
                    help="split each rank's rows into this many microbatches, their gradients accumulated and "
                         "summed over the ranks after the last (DDP's no_sync, FSDP2's set_requires_gradient_sync)")
+    p.add_argument("--dropout", type=float, default=0.0,
+                   help="dropout after the first layer, its masks drawn by each rank from its own generator")
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--batch", type=int, default=32, help="the global batch, split evenly over the ranks")
     p.add_argument("--lr", type=float, default=0.05)
@@ -80,7 +82,10 @@ def main(argv, after_step=None):
         torch.cuda.set_device(device)
     torch.manual_seed(0)
     torch.use_deterministic_algorithms(True)
-    model = torch.nn.Sequential(torch.nn.Linear(4, args.width), torch.nn.Tanh(), torch.nn.Linear(args.width, 1)).to(device)
+    layers = [torch.nn.Linear(4, args.width), torch.nn.Tanh(), torch.nn.Linear(args.width, 1)]
+    if args.dropout:
+        layers.insert(1, torch.nn.Dropout(args.dropout))
+    model = torch.nn.Sequential(*layers).to(device)
     model = wrapped(model, args.fsdp, device, args.bf16, args.reduce_bf16)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr)
     run = {
@@ -93,6 +98,7 @@ def main(argv, after_step=None):
             "precision": "bf16" if args.bf16 else "f32",
             "width": str(args.width),
             "microbatches": str(args.microbatches),
+            "dropout": str(args.dropout),
         },
     }
     rec = ModelRecorder.create_or_gated(args.out, run, model)

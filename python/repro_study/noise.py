@@ -52,8 +52,8 @@ def train(net: Network, data, seed: int, mode: str, epochs: int, batch: int, lr:
     rec = None
     if trace is not None:
         rec = ModelRecorder(Recorder(trace, {"workload": f"study-noise:{net.name}", "seed": seed,
-                                                         "mode": mode}, capture="none", replace=True,
-                                                 device=device), model)
+                                                         "mode": mode}, capture="none", modules="all",
+                                                 replace=True, device=device), model)
     step = 0
     model.train()
     try:

@@ -57,7 +57,7 @@ def record(out: str, run: dict, model: nn.Module, steps: int, step: Callable[[ob
     there), hashes only: the parameters, every module's output, the loss, the gradients and the
     updates. The study's own paths, whatever REPRO_TRACE_DIR says: it records several runs."""
     device = next(model.parameters()).device
-    rec = ModelRecorder(Recorder(out, run, capture="none", replace=True, device=device), model)
+    rec = ModelRecorder(Recorder(out, run, capture="none", modules="all", replace=True, device=device), model)
     try:
         for i in range(steps):
             with rec.training_step(i, inputs=inputs(i)) as s:

@@ -1,13 +1,17 @@
 """Recording PyTorch runs into repro traces, so `repro diff` compares them with candle runs and
 with each other (docs/pytorch.md).
 
-`ModelRecorder` records a `torch.nn.Module` with no per-op code: at every step the inputs by the
-names given, the parameters by their `state_dict` names, every module's output by its module
-path (forward hooks, in call order: a topological order of the module graph, recorded as the
-graph's nodes), the loss, the gradients (`NAME.grad`) and the updated parameters
-(`NAME.updated`), as repro's own capture names them. A module's output records, as its
-`source`, the line of the program's code that called the module (the first frame on the stack
-outside torch and this module).
+`ModelRecorder` records a `torch.nn.Module` with no per-op code, at three levels (the capture
+ladder, docs/pytorch.md). `steps`, at every step: the inputs by the names given, the parameters
+by their `state_dict` names, the buffers, the loss, the gradients (`NAME.grad`) and the updated
+parameters (`NAME.updated`). `modules`, at the steps its policy names (by default the first
+recorded): every module's output by its module path (forward hooks, in call order: a
+topological order of the module graph, recorded as the graph's nodes), as repro's own capture
+names them. `ops`, at the steps its policy names (by default none): every aten op's output,
+forward and backward, named `{module path}/{op}#{k}` (a `TorchDispatchMode`, `ops.OpOutputs`).
+A module's output records, as its `source`, the line of the program's code that called the
+module (the first frame on the stack outside torch and this package); an op's output the
+program's innermost line on the stack.
 
     rec = ModelRecorder.create_or_gated("runs/torch", {"workload": "mine", "steps": 10}, model)
     for step in range(10):
@@ -21,12 +25,19 @@ outside torch and this module).
 
 Run under `repro record -- python train.py` or `repro gate -- python train.py`, it records where
 repro says, through the same environment contract as repro's library (docs/capture.md):
-REPRO_TRACE_DIR, REPRO_CAPTURE, REPRO_REPLACE and REPRO_PERTURB, and REPRO_DATA_HASH (`repro
+REPRO_TRACE_DIR, REPRO_CAPTURE, REPRO_MODULES and REPRO_OPS (the levels' step policies),
+REPRO_REPLACE and REPRO_PERTURB, and REPRO_DATA_HASH (`repro
 record --data-hash`: `xxh3-1k` records a trace of format 2.0, whose tensors' data hashes a GPU
 computes at about twice BLAKE3's rate; docs/trace-format.md section 5.5). REPRO_AGAINST is compared
 after the run by the repro command, not while recording. REPRO_PERTURB adds a constant to a
 module's output in the autograd graph, so gradients flow through the moved element as through a
-real fault.
+real fault; the header keeps it as the run setting `perturb`, and a fault planted nowhere (a
+misspelt name, a step never recorded) is an error naming what it could reach.
+
+The run settings (the dict with the workload's name) are kept whole in the header: `steps`, and
+every other key (beside `workload` or in a nested `params`) as text, a non-string value as its
+JSON; one that JSON cannot write is refused by name. A module output's `source` names its file
+from its project's root, whatever the working directory (docs/pytorch.md).
 
 The trace's header records the program's determinism switches as they are when the recorder is
 created (`determinism_switches`), in its environment beside the numerics variables
@@ -50,8 +61,9 @@ whole parameters. REPRO_PERTURB_RANK=N plants REPRO_PERTURB's fault in rank N al
 
 The package has one module per concern: `tensors` (canonical bytes), `cuda_hash` (hashing on the
 GPU), `perturb` (planted faults), `switches` (the header's environment), `recorder` (`Recorder`,
-`StepRecorder`), `model` (`ModelRecorder`), `ranks` (a rank's place and stream), `ddp` (DDP's
-gradient sums) and `fsdp` (FSDP2's shards). Everything a program used from the single module
+`StepRecorder`), `model` (`ModelRecorder`), `ops` (the `ops` level's dispatch mode), `sources`
+(a record's program line), `ranks` (a rank's place and stream), `ddp` (DDP's gradient sums) and
+`fsdp` (FSDP2's shards). Everything a program used from the single module
 that came before it is here at the top.
 """
 

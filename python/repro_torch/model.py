@@ -4,39 +4,49 @@ both sides of each gradient sum (`ddp`); an FSDP2 model by each rank's shards (`
 
 from __future__ import annotations
 
-import os
 import sys
 from contextlib import contextmanager
 from typing import Iterator, Optional
 
 import torch
 
-from repro_writer import ALL_REDUCE_SUM, REDUCE_SCATTER_SUM
+from repro_writer import ALL_REDUCE_SUM, REDUCE_SCATTER_SUM, step_policy
 
 from . import fsdp
 from .ddp import GradientSums, is_ddp
 from .recorder import RecordGroup, Recorder, StepRecorder, record_fields
+from .sources import call_site
 
 class ModelRecorder:
     """Records a module's training steps or forward passes with no per-op code (see the module's
     documentation)."""
 
-    def __init__(self, recorder: Recorder, model: torch.nn.Module, modules: bool = True):
-        """`modules`: record every module's output (off: inputs, parameters, loss, gradients and
-        updates only, as when the other run's graph is named otherwise). A DDP model is recorded
-        by its module's names, and its gradient sums through a communication hook; an FSDP2
-        model's shards are checked to tile their parameters (with every rank, here). A model
-        compiled by `torch.compile` is recorded by its original module's names, without module
-        outputs (a note on stderr says so)."""
+    def __init__(self, recorder: Recorder, model: torch.nn.Module, modules: Optional[str] = None,
+                 ops: Optional[str] = None):
+        """Every step records the inputs, parameters, buffers, loss, gradients and updates; the
+        steps the recorder's `modules` level names record every module's output too, and those
+        its `ops` level names every aten op's output (`Recorder`; `modules`, `ops`: step policies
+        to set them to, before the first step; `modules="none"` as when the other run's graph is
+        named otherwise). Buffers are the ones registered when the recorder is made, by module
+        path (their `state_dict` names; a non-persistent one, which `state_dict` leaves out, by
+        the same path). A DDP model is recorded by its module's names, and its gradient sums
+        through a communication hook; an FSDP2 model's shards are checked to tile their
+        parameters (with every rank, here). A model compiled by `torch.compile` is recorded by its
+        original module's names, without module outputs (a note on stderr says so, and the
+        header's `modules` level is `none`)."""
         self.recorder = recorder
         model, compiled = _uncompiled(model)
         self.model = model.module if is_ddp(model) else model
         self.model, inner = _uncompiled(self.model)
-        if (compiled or inner) and modules:
-            modules = False
+        self._compiled = compiled or inner
+        asked = step_policy("modules policy", modules) if modules is not None else recorder.levels["modules"]
+        if self._compiled and asked != ("none",):
+            modules = "none"
             print("repro_torch: the model is compiled by torch.compile: its module outputs are not recorded (hooks "
-                  "inside a compiled graph would break it or the graph); recording its inputs, parameters, loss, "
-                  "gradients and updates, under the uncompiled model's names", file=sys.stderr)
+                  "inside a compiled graph would break it or the graph); recording its inputs, parameters, buffers, "
+                  "loss, gradients and updates, under the uncompiled model's names", file=sys.stderr)
+        if modules is not None or ops is not None:
+            recorder.set_levels(modules, ops)
         # A world of one records as one device: its "sums" are its own gradients.
         self._sums = GradientSums(model) if is_ddp(model) and recorder.place is not None else None
         # The parameters by name, looked up once (walking the module tree costs every step).
@@ -56,20 +66,35 @@ class ModelRecorder:
                                  for (name, _), place in zip(self._named_parameters, self._places)])
             for suffix, kind, phase in _PARAMETER_RECORDS
         }
+        # The registered buffers (BatchNorm's running statistics, counters, masks; non-persistent
+        # ones too) by module path, as (name, module, key): looked up in their module at every step,
+        # since a module may replace a buffer (`model.to` does). Each rank records its own (DDP
+        # broadcasts rank 0's at each forward, which then updates each rank's from its rows).
+        self._buffer_slots = [(name, self.model.get_submodule(path), key)
+                              for name, _ in self.model.named_buffers() for path, _, key in [name.rpartition(".")]]
+        self._buffer_groups = {
+            suffix: RecordGroup([record_fields(name + suffix, "buffer", phase) for name, _, _ in self._buffer_slots])
+            for suffix, phase in _BUFFER_RECORDS
+        }
         # The gradients' groups by which parameters have one and which are sums of shares.
         self._partial_gradients: dict[tuple, RecordGroup] = {}
         self._step: Optional[StepRecorder] = None
         self._calls: dict[str, int] = {}
-        named = [(name, m) for name, m in self.model.named_modules() if name != ""] if modules else []
-        self._hooks = [m.register_forward_hook(self._hook(name)) for name, m in named]
+        # Every module but the root, by module path; each one's forward hook, which records its
+        # output and plants REPRO_PERTURB's fault. The hooks are registered only for the steps
+        # that need them (`_hooked`): a step without them runs the model as it would unrecorded.
+        self._named_modules = [(name, m) for name, m in self.model.named_modules() if name != ""]
+        self._output_hooks = [(m, self._hook(name)) for name, m in self._named_modules]
+        self._hooks: list = []
 
     @classmethod
     def create_or_gated(
-        cls, path: str, run: dict, model: torch.nn.Module, modules: bool = True, **options
+        cls, path: str, run: dict, model: torch.nn.Module, modules: str = "first", ops: str = "none", **options
     ) -> "ModelRecorder":
-        """`Recorder.create_or_gated` for `model`, on the device of its first parameter."""
+        """`Recorder.create_or_gated` for `model`, on the device of its first parameter, at the
+        levels `modules` and `ops` (step policies; REPRO_MODULES and REPRO_OPS win)."""
         device = next((p.device for p in model.parameters()), None)
-        return cls(Recorder.create_or_gated(path, run, device=device, **options), model, modules)
+        return cls(Recorder.create_or_gated(path, run, device=device, modules=modules, ops=ops, **options), model)
 
     def _hook(self, name: str):
         def hook(module, args, output):
@@ -79,24 +104,45 @@ class ModelRecorder:
             calls = self._calls.get(name, 0)
             self._calls[name] = calls + 1
             path = name if calls == 0 else f"{name}#{calls}"
-            source = _call_site()
             if isinstance(output, torch.Tensor):
                 output = s.perturbed(path, output)
-                s.module_output(path, output, source)
+                if s.records_modules:
+                    s.module_output(path, output, call_site(sys._getframe(1)))
                 return output
-            for key, value in _tensors_of(output):
-                s.module_output(f"{path}.{key}", value, source)
+            if s.records_modules:
+                source = call_site(sys._getframe(1))
+                for key, value in _tensors_of(output):
+                    s.module_output(f"{path}.{key}", value, source)
             return None
 
         return hook
 
+    def _hooked(self, s: StepRecorder) -> list:
+        """Registers the hooks step `s` needs, and returns their handles: the forward hooks where
+        it records module outputs, or a fault waits to be planted (until then, at every step, so
+        that its error names the modules it could reach); where it records ops (`s.ops`), hooks
+        that keep the paths of the modules whose forward runs (not in a compiled model, whose
+        graph they would break)."""
+        recorder = self.recorder
+        handles = []
+        if s.records_modules or recorder.perturbation is not None and not recorder.perturbation_planted:
+            handles += [m.register_forward_hook(hook) for m, hook in self._output_hooks]
+        if s.ops is not None and not self._compiled:
+            for name, m in self._named_modules:
+                entered, left = _path_hooks(s.ops.modules, name)
+                handles.append(m.register_forward_pre_hook(entered))
+                handles.append(m.register_forward_hook(left, always_call=True))
+        return handles
+
     def training_step(self, step: int, inputs: Optional[dict] = None):
-        """A training step: the inputs and parameters at entry, every module's output while the
-        block runs, `loss` and `gradients` when called, the updated parameters at exit."""
+        """A training step: the inputs, parameters and buffers at entry, every module's output
+        while the block runs, `loss` and `gradients` when called, the updated parameters and the
+        buffers as they are then at exit (`NAME.updated`)."""
         return self._captured(step, inputs, updates=True)
 
     def forward_pass(self, step: int, inputs: Optional[dict] = None):
-        """A forward pass (inference): the inputs and parameters, and every module's output."""
+        """A forward pass (inference): the inputs, parameters and buffers, and every module's
+        output."""
         return self._captured(step, inputs, updates=False)
 
     @contextmanager
@@ -105,18 +151,24 @@ class ModelRecorder:
             for name, t in (inputs or {}).items():
                 s.queue(name, t, "input")
             self._queue_parameters(s, "")
+            self._queue_buffers(s, "")
             s.flush()
             self._step, self._calls = s, {}
+            self._hooks = self._hooked(s)
             if self._sums is not None:
                 self._sums.begin(s)
             try:
                 yield CapturedStep(self, s)
             finally:
                 self._step = None
+                for h in self._hooks:
+                    h.remove()
+                self._hooks = []
                 if self._sums is not None:
                     self._sums.begin(None)
             if updates:
                 self._queue_parameters(s, ".updated")
+                self._queue_buffers(s, ".updated")
                 s.flush()
 
     def _shard_place(self, name: str, p: torch.Tensor) -> Optional[tuple]:
@@ -160,9 +212,22 @@ class ModelRecorder:
         end): an FSDP2 parameter as this rank's block of it."""
         s.queue_group(self._groups[suffix], self._blocks(self._tensors))
 
+    def _queue_buffers(self, s: StepRecorder, suffix: str) -> None:
+        """Queues every buffer's record (`suffix` "": at the step's start; ".updated": at its end),
+        as its module holds it now; a buffer its module has since set to None is left out. Each is
+        queued as a new alias of its memory (`detach`): BatchNorm updates its running statistics
+        in place without moving their version counters, so the recorder must not take a buffer
+        for a repeat of an earlier record of the same memory and version (it repeats only a record
+        of the very same tensor object)."""
+        buffers = [module._buffers.get(key) for _, module, key in self._buffer_slots]
+        group = self._buffer_groups[suffix]
+        if all(b is not None for b in buffers):
+            s.queue_group(group, [b.detach() for b in buffers])
+        else:
+            present = [i for i, b in enumerate(buffers) if b is not None]
+            s.queue_each([group.fields[i] for i in present], [buffers[i].detach() for i in present])
+
     def finish(self) -> int:
-        for h in self._hooks:
-            h.remove()
         if self._sums is not None:
             self._sums.remove()
         return self.recorder.finish()
@@ -197,10 +262,27 @@ class CapturedStep:
         summed = tuple(sums.local_name(names[i][0]) for i in present) if sums is not None else (None,) * len(present)
         self.step.queue_group(owner._gradient_group(present, summed), [grads[i] for i in present])
         self.step.flush()
+        if self.step.ops is not None:
+            self.step.ops.updating = True
 
 
 # A parameter's records in a training step: their names' suffix, kind and phase.
 _PARAMETER_RECORDS = (("", "weight", "forward"), (".grad", "gradient", "backward"), (".updated", "weight", "update"))
+# A buffer's records in a training step, of kind `buffer`: their names' suffix and phase.
+_BUFFER_RECORDS = (("", "forward"), (".updated", "update"))
+
+
+def _path_hooks(paths: list, name: str) -> tuple:
+    """A forward pre-hook and a forward hook that keep `name`, a module's path, last in `paths`
+    while the module's forward runs."""
+
+    def entered(module, args):
+        paths.append(name)
+
+    def left(module, args, output):
+        paths.pop()
+
+    return entered, left
 
 
 def _uncompiled(model: torch.nn.Module) -> tuple[torch.nn.Module, bool]:
@@ -222,36 +304,3 @@ def _tensors_of(output, prefix: str = "") -> Iterator[tuple[str, torch.Tensor]]:
     elif isinstance(output, (tuple, list)):
         for i, v in enumerate(output):
             yield from _tensors_of(v, f"{prefix}{i}.")
-
-
-_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
-_PACKAGE_DIR = os.path.dirname(__file__) + os.sep
-
-
-def _call_site() -> Optional[str]:
-    """Where the program's code called the module whose hook runs, `FILE:LINE` (the file relative
-    to the working directory): the innermost frame outside torch and this package, so a container's
-    children (an `nn.Sequential`'s) name the line that called the container. None if every frame
-    is torch's."""
-    frame = sys._getframe(1)
-    while frame is not None:
-        file = frame.f_code.co_filename
-        relative = _PROGRAM_FILES.get(file, "")
-        if relative == "":
-            relative = _PROGRAM_FILES[file] = _program_file(file)
-        if relative is not None:
-            return f"{relative}:{frame.f_lineno}"
-        frame = frame.f_back
-    return None
-
-
-def _program_file(file: str) -> Optional[str]:
-    """`file` relative to the working directory, or None for torch's files and this package's."""
-    if file.startswith(_PACKAGE_DIR) or file.startswith(_TORCH_DIR):
-        return None
-    return os.path.relpath(file)
-
-
-# Each file seen in a call stack, as `_program_file` says (os.path.relpath costs as much as the
-# rest of a hook): one dictionary lookup a frame.
-_PROGRAM_FILES: dict[str, Optional[str]] = {}

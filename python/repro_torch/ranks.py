@@ -101,12 +101,17 @@ def current_place(env: Mapping[str, str] = os.environ) -> Optional[RankPlace]:
 
 def perturbs_this_rank(place: Optional[RankPlace], env: Mapping[str, str] = os.environ) -> bool:
     """Whether a fault planted with REPRO_PERTURB goes into this process: every rank's, unless
-    REPRO_PERTURB_RANK names one (a lone process is rank 0)."""
+    REPRO_PERTURB_RANK names one (a lone process is rank 0); a rank the run does not have is an
+    error (the fault would be planted nowhere)."""
     only = env.get("REPRO_PERTURB_RANK")
     if not only:
         return True
+    world_size = place.world_size if place is not None else 1
     try:
         wanted = int(only)
     except ValueError:
         raise WriteError(f"REPRO_PERTURB_RANK={only}: expected a rank") from None
+    if not 0 <= wanted < world_size:
+        ranks = "rank 0 alone" if world_size == 1 else f"ranks 0 to {world_size - 1}"
+        raise WriteError(f"REPRO_PERTURB_RANK={only}: the run has {ranks}, so the fault would be planted nowhere")
     return wanted == (place.rank if place is not None else 0)

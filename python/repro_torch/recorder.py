@@ -13,11 +13,12 @@ from typing import Iterator, Optional
 
 import torch
 
-from repro_trace import BLAKE3, DATA_HASHES, RECORDS_FILE
-from repro_writer import NativeRecords, TraceWriter, WriteError
+from repro_trace import BLAKE3, DATA_HASHES, RECORDS_FILE, STEP_POLICY_FORMS
+from repro_writer import NativeRecords, TraceWriter, WriteError, policy_selects, step_policy
 
 from .cuda_hash import CUDA_HASH_LIB, CUDA_HASH_LIB_ENV, DeviceHasher, cuda_hash_library_path, library_hashes_on_gpu
-from .flushes import COPY, MAX_QUEUED, QUEUE, READ, FlushPolicy
+from .flushes import COPY, COPY_AT_HOOK_MAX_BYTES, MAX_QUEUED, QUEUE, READ, FlushPolicy
+from .ops import OpOutputs
 from .perturb import Perturbation
 from .ranks import RankPlace, current_place, perturbs_this_rank
 from .switches import changes, determinism_switches, environment
@@ -28,6 +29,10 @@ AUTO = "auto"
 
 # The data hash a repro command asks a program to record with (`repro record --data-hash`).
 DATA_HASH_ENV = "REPRO_DATA_HASH"
+
+# The step policies of the capture ladder's levels that a repro command asks for (`repro record
+# --modules P --ops P`), by the recorder's parameter each sets.
+LEVEL_ENV = {"modules": "REPRO_MODULES", "ops": "REPRO_OPS"}
 
 # A step keeping at least this many bytes of values is written beside the program (see
 # `Recorder`); a smaller one is written where it ends, as a step of hashes is: on the CPU, it is
@@ -57,8 +62,14 @@ class Recorder:
         device_hashing: Optional[bool] = None,
         place=AUTO,
         data_hash: Optional[str] = None,
+        modules: str = "first",
+        ops: str = "none",
     ):
-        """`device_hashing`: hash CUDA tensors on their GPU (True: it is an error if repro's GPU
+        """`modules`, `ops`: the steps, as a step policy (`none`, `all`, `first`,
+        `first-and-last`, `every:N`, `steps:A,B,...`; `first` is the first step recorded), that
+        record every module's output (a `ModelRecorder`'s hooks) and every aten op's output
+        (`ops.OpOutputs`), beside what every step records; the trace's header names both.
+        `device_hashing`: hash CUDA tensors on their GPU (True: it is an error if repro's GPU
         hashing library is not found), on the host (False), or on the GPU where the library is
         found (None). `place`: this process's rank in a run of several (`ranks.RankPlace`), whose
         stream goes to `path/rank-N`; None for a lone process; by default, as torch.distributed
@@ -72,11 +83,22 @@ class Recorder:
         if self.place is not None:
             path = _rank_stream(path, self.place)
         self._switches = determinism_switches()
+        if perturbation is not None:
+            run = _with_perturbation(run, perturbation)
+        # The levels' step policies, parsed (refused before anything is written where not one).
+        self.levels = {"modules": step_policy("modules policy", modules), "ops": step_policy("ops policy", ops)}
+        self._total = run.get("steps")
         self._writer = TraceWriter(path, run, capture, inline_max_bytes, replace, environment(device, self._switches),
                                    distributed=self.place.header() if self.place is not None else None,
-                                   data_hash=data_hash)
+                                   data_hash=data_hash, modules=modules, ops=ops)
         self.data_hash = data_hash
         self.perturbation = perturbation
+        # Whether the fault was planted; until it is, the names it could have reached (those
+        # passed through `StepRecorder.perturbed`) and the steps recorded, which the error for a
+        # fault that reached nothing names (`Perturbation.unplanted`).
+        self.perturbation_planted = False
+        self.reachable: set = set()
+        self._steps_recorded: list = []
         self.path = path
         self.inline_max_bytes = inline_max_bytes
         library = cuda_hash_library_path() if device_hashing is not False else None
@@ -165,14 +187,18 @@ class Recorder:
     @classmethod
     def create_or_gated(cls, path: str, run: dict, device: Optional[torch.device] = None, **options) -> "Recorder":
         """Records as a repro command running this program asks (`repro record -- CMD`, `gate --
-        CMD`: REPRO_TRACE_DIR, REPRO_CAPTURE, REPRO_DATA_HASH, REPRO_REPLACE, REPRO_PERTURB,
-        REPRO_PERTURB_RANK), and into `path` with `options` otherwise. A trace already there is an
-        error unless replacing is asked for. A rank of several records into `path/rank-N`."""
+        CMD`: REPRO_TRACE_DIR, REPRO_CAPTURE, REPRO_MODULES, REPRO_OPS, REPRO_DATA_HASH,
+        REPRO_REPLACE, REPRO_PERTURB, REPRO_PERTURB_RANK), and into `path` with `options`
+        otherwise. A trace already there is an error unless replacing is asked for. A rank of
+        several records into `path/rank-N`."""
         env = os.environ
         if env.get("REPRO_TRACE_DIR"):
             path = env["REPRO_TRACE_DIR"]
         if env.get("REPRO_CAPTURE"):
             options["capture"] = env["REPRO_CAPTURE"]
+        for level, variable in LEVEL_ENV.items():
+            if env.get(variable):
+                options[level] = level_asked(variable)
         if env.get(DATA_HASH_ENV):
             options["data_hash"] = data_hash_asked()
         if env.get("REPRO_REPLACE") not in (None, "", "0", "1"):
@@ -181,17 +207,34 @@ class Recorder:
             options["replace"] = True
         place = options.pop("place", AUTO)
         place = current_place() if place == AUTO else place
-        if env.get("REPRO_PERTURB") and perturbs_this_rank(place):
-            options["perturbation"] = Perturbation(env["REPRO_PERTURB"])
-        if env.get("REPRO_AGAINST"):
-            print(
-                "repro_torch: REPRO_AGAINST is compared after the run by the repro command, not while recording",
-                file=sys.stderr,
-            )
+        if env.get("REPRO_PERTURB"):
+            # Every rank's header keeps the run's fault (ranks of one run have the same settings);
+            # the rank that plants it checks that it was planted.
+            perturbation = Perturbation(env["REPRO_PERTURB"])
+            if perturbs_this_rank(place):
+                options["perturbation"] = perturbation
+            else:
+                run = _with_perturbation(run, perturbation)
+        # REPRO_AGAINST needs nothing here: the repro command compares the run when it ends.
         return cls(path, run, device=device, place=place, **options)
 
     def wants_full(self, step: int) -> bool:
         return self._writer.wants_full(step, first=self._first)
+
+    def wants(self, level: str, step: int) -> bool:
+        """Whether step `step` records the level `level` (`modules` or `ops`)."""
+        first = self._first if self._first is not None else step
+        return policy_selects(self.levels[level], step, first, self._total)
+
+    def set_levels(self, modules: Optional[str] = None, ops: Optional[str] = None) -> None:
+        """Makes the levels' step policies these (None: as they are), the header's too; only
+        before the first step."""
+        if self._first is not None:
+            raise WriteError(f"{self.path}: the levels cannot change once a step is recorded (step {self._first} was)")
+        levels = {level: step_policy(f"{level} policy", policy) if policy is not None else self.levels[level]
+                  for level, policy in (("modules", modules), ("ops", ops))}
+        self._writer.set_levels(levels["modules"], levels["ops"])
+        self.levels = levels
 
     @contextmanager
     def step(self, step: int) -> Iterator["StepRecorder"]:
@@ -206,8 +249,13 @@ class Recorder:
         if self.place is not None:
             self._writer.mark_progress(step, "computing")
         try:
-            yield s
+            if s.ops is None:
+                yield s
+            else:
+                with s.ops:
+                    yield s
             s.end()
+            self._check_planted(step)
         except BaseException:
             for hasher in self.hashers.values():
                 hasher.abandon()  # what the step queued, let go
@@ -219,6 +267,16 @@ class Recorder:
         self._behind.append((s, reads))
         while len(self._behind) > (1 if reads else 0):
             self._write_oldest()
+
+    def _check_planted(self, step: int) -> None:
+        """Notes that `step` was recorded; raises `Perturbation.unplanted` where the fault to plant
+        is still unplanted once its step has passed."""
+        p = self.perturbation
+        if p is None or self.perturbation_planted:
+            return
+        self._steps_recorded.append(step)
+        if step >= p.step:
+            raise p.unplanted(self.reachable, self._steps_recorded)
 
     def _write_oldest(self) -> None:
         s, reads = self._behind.pop(0)
@@ -262,6 +320,9 @@ class Recorder:
             self._full_writer.shutdown()
         for hasher in self.hashers.values():
             hasher.close()
+        if self.perturbation is not None and not self.perturbation_planted:
+            # The steps recorded stay readable, without a footer: this is not the run asked for.
+            raise self.perturbation.unplanted(self.reachable, self._steps_recorded)
         changed = changes(self._switches, determinism_switches())
         if changed:
             print(f"repro_torch: determinism switches changed while recording ({changed}); the header of {self.path} "
@@ -284,6 +345,10 @@ class StepRecorder:
         self.no_gradient: list[str] = []
         self._nodes = 0
         self.keeps_values = recorder.wants_full(step)
+        # The capture ladder's levels at this step: whether it records every module's output, and
+        # the dispatch mode that records every op's while the step runs (None: it does not).
+        self.records_modules = recorder.wants("modules", step)
+        self.ops: Optional[OpOutputs] = OpOutputs(self) if recorder.wants("ops", step) else None
         # Tensors hashed on the GPU this step: (address, version) -> the index of their record;
         # by that index, a weak reference that says the tensor's memory has not been reused, and
         # the strides of a record whose tensor was not contiguous (with the record's dtype and
@@ -308,10 +373,18 @@ class StepRecorder:
         self._own_queued = 0
 
     def perturbed(self, name: str, t: torch.Tensor) -> torch.Tensor:
-        """`t`, or `t` moved as REPRO_PERTURB says when it names this tensor at this step."""
-        p = self.recorder.perturbation
-        if p is not None and p.step == self.step and p.tensor == name:
-            return p.apply(t)
+        """`t`, or `t` moved as REPRO_PERTURB says when it names this tensor at this step. Until
+        the fault is planted, `name` is noted among those it could reach (`Recorder.reachable`)."""
+        recorder = self.recorder
+        p = recorder.perturbation
+        if p is None or recorder.perturbation_planted:
+            return t
+        if p.step == self.step and p.tensor == name:
+            moved = p.apply(t)
+            recorder.perturbation_planted = True
+            recorder.reachable.clear()  # named only by the error for a fault planted nowhere
+            return moved
+        recorder.reachable.add(name)
         return t
 
     def record(self, name: str, t: torch.Tensor, kind: str = "activation", phase: Optional[str] = None,
@@ -334,6 +407,20 @@ class StepRecorder:
         if at_hook == READ and queued != READ_AT_ONCE:
             self.flush()  # read at its hook with everything queued before it
         else:
+            self._wait_with_outputs()
+
+    def op_output(self, name: str, t: torch.Tensor, phase: str, source: Optional[str], written: bool) -> None:
+        """Records an op's output as the step's next graph node, from inside the dispatch mode
+        (`ops.OpOutputs`): the program's next op may change it in place, so it is read at once
+        or copied (on its GPU), and the copy queued with the module outputs. `written`: the op
+        wrote it in place, and its version counter moves only once the op returns, so it is no
+        repeat of a record of the same memory and version."""
+        at_hook = COPY if t.nbytes <= COPY_AT_HOOK_MAX_BYTES else READ
+        queued = self._queue_one(name, "op_output", phase, (), True, source, None, None, t, at_hook,
+                                 repeats=not written)
+        if queued == WAITS and at_hook == READ:
+            self.flush()  # read now, with everything queued before it
+        elif queued:
             self._wait_with_outputs()
 
     def queue_held(self, name: str, t: torch.Tensor, kind: str, phase: Optional[str]) -> None:
@@ -375,7 +462,7 @@ class StepRecorder:
         return queued
 
     def _queue_one(self, name: str, kind: str, phase, inputs, node: bool, source, collective, shard, t: torch.Tensor,
-                   at_hook: str = QUEUE, own: bool = False) -> int:
+                   at_hook: str = QUEUE, own: bool = False, repeats: bool = True) -> int:
         """Queues a record of `t` (its fields as `record_fields` names them); `WAITS` where it
         waits to be read on the GPU, `READ_AT_ONCE` where it was read there already, else 0.
         This runs for every tensor of every step (every module output), so
@@ -386,8 +473,9 @@ class StepRecorder:
         read on the GPU is read at once where the hasher can (`DeviceHasher.queue_now`, under
         `xxh3-1k`), and otherwise, for `COPY`, copied there now, the copy read, and for `READ`
         queued as it is (the caller flushes). `own`: the tensor is the
-        recorder's, which nothing else holds. The bytes held until the flush are counted, the
-        program's and the recorder's own apart (see `_wait_with_outputs`)."""
+        recorder's, which nothing else holds. `repeats`: the record may repeat an earlier one of
+        the same memory and version, and be repeated. The bytes held until the flush are counted,
+        the program's and the recorder's own apart (see `_wait_with_outputs`)."""
         position = None
         if node:
             position = self._nodes
@@ -407,7 +495,7 @@ class StepRecorder:
         device, trace_dtype, shape, length = known
         try:
             version = t._version
-            key = (address, version)
+            key = (address, version) if repeats else None
         except RuntimeError:  # an inference-mode tensor has no version counter: never repeated
             version = key = None
         strides = None if contiguous else t.stride()
@@ -648,6 +736,27 @@ def record_fields(name: str, kind: str = "activation", phase: Optional[str] = No
     if shard is not None:
         shard = (tuple(int(d) for d in shard[0]), tuple(int(o) for o in shard[1]))
     return (name, kind, phase, tuple(inputs), node, source, collective, shard)
+
+
+def _with_perturbation(run: dict, perturbation: Perturbation) -> dict:
+    """The run settings `run` with the planted fault as `perturb` (as repro's built-in workloads
+    keep `--perturb`), so that `repro diff` says a faulted run's config differs from a clean
+    one's; a `perturb` setting of the program's own is refused."""
+    if "perturb" in run or "perturb" in (run.get("params") or {}):
+        raise WriteError(f"the run setting `perturb` is the planted fault's (REPRO_PERTURB={perturbation}): name the "
+                         "program's own setting otherwise")
+    return {**run, "perturb": str(perturbation)}
+
+
+def level_asked(variable: str) -> str:
+    """The step policy the environment variable `variable` (REPRO_MODULES, REPRO_OPS) asks for;
+    a `WriteError` naming it and the policies' forms where it is not one."""
+    asked = os.environ[variable]
+    try:
+        step_policy(variable, asked)
+    except WriteError:
+        raise WriteError(f"{variable}={asked}: expected a step policy, one of {STEP_POLICY_FORMS}") from None
+    return asked
 
 
 def data_hash_asked() -> str:

@@ -15,6 +15,8 @@ _DTYPES = {
 }
 if hasattr(torch, "uint32"):
     _DTYPES[torch.uint32] = "U32"
+# The floating-point and integer dtypes a trace holds as they are (every recordable one but `bool`).
+NUMBER_DTYPES = frozenset(_DTYPES)
 INT_OF_WIDTH = {2: torch.int16, 4: torch.int32, 8: torch.int64}
 # The dtypes whose memory, when contiguous, holds their canonical bytes as it is (`bool` as bytes
 # 0 and 1, as `U8`), on a little-endian host; none on another.

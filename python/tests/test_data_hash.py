@@ -1,7 +1,7 @@
 """The data hash `xxh3-1k` (docs/trace-format.md, section 5.5) in the Python writer and reader: a
 trace of it is written as format 2.0 with the header's `data_hash`, its hashes are the
-specification's and its values are checked against them; a `blake3` trace is written as before
-(1.8, no key); a 1.x trace with the key, an unknown data hash and traces of two data hashes
+specification's and its values are checked against them; a `blake3` trace is written as a 1.x
+one (1.9, no key); a 1.x trace with the key, an unknown data hash and traces of two data hashes
 compared by hash are refused; xxhash is needed only for `xxh3-1k`. The last test needs REPRO_BIN
 (a built repro) that reads format 2.0."""
 
@@ -129,13 +129,13 @@ class DataHashTest(unittest.TestCase):
             with redirect_stdout(io.StringIO()), redirect_stderr(io.StringIO()):
                 self.assertEqual(repro_trace.main(["verify", path]), 1)
 
-    def test_a_blake3_trace_is_written_as_before_1_8_without_the_key(self):
+    def test_a_blake3_trace_is_written_as_1_9_without_the_key(self):
         default, named = self.write("default"), self.write("named", "blake3")
         for path in (default, named):
             preamble, frames = frames_of(os.path.join(path, "records.rpr"))
-            self.assertEqual(preamble[8:], struct.pack("<HH", 1, 8))
+            self.assertEqual(preamble[8:], struct.pack("<HH", 1, 9))
             header = msgpack.unpackb(frames[0], raw=False)
-            self.assertEqual(header["format"], {"major": 1, "minor": 8})
+            self.assertEqual(header["format"], {"major": 1, "minor": 9})
             self.assertNotIn("data_hash", header)
             with Trace(path) as t:
                 self.assertEqual(t.data_hash, "blake3")

@@ -188,7 +188,7 @@ class OutputsHeldTest(unittest.TestCase):
         path = os.path.join(self.dir, name)
         caps = {"MAX_QUEUED_BYTES": 128 << 10, "MAX_HELD_BYTES": 512 << 10}
         with mock.patch.multiple("repro_torch.flushes", **caps), mock.patch.dict(os.environ, {"REPRO_TORCH_FLUSH": "batched"}):
-            recorder = Recorder(path, {"workload": "chain", "steps": steps}, capture="none")
+            recorder = Recorder(path, {"workload": "chain", "steps": steps}, capture="none", modules="all")
             recorder.flush_policy.memory_in_use = memory_in_use
             library = hash_on_cpu_stand_in(recorder) if stand_in else None
             rec = ModelRecorder(recorder, model)

@@ -1,13 +1,16 @@
 """The reader's numpy access: a tensor by name at a step, as the array it was written from
 (every dtype, BF16 widened to float32 exactly, views through their owner's values), on traces
 the Python writer makes and on one repro records; a reduce-scatter record refused by both readers
-unless it is a block of an earlier whole. Needs REPRO_BIN (a built repro) and the
-reader's packages."""
+unless it is a block of an earlier whole; a buffer read as one, and refused by both readers in a
+file that declares a format before it; the capture ladder's levels in the header read back as
+step policies, and refused before format 1.9 or when no policy. Needs REPRO_BIN (a built repro)
+and the reader's packages."""
 
 import os
 import shutil
 import struct
 import subprocess
+import sys
 import tempfile
 import unittest
 import zlib
@@ -16,6 +19,9 @@ import numpy as np
 
 from repro_trace import Corrupt, Trace, read_tensor
 from repro_writer import Record, TraceWriter
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from record_file import frames_of, write_frames  # noqa: E402
 
 REPRO = os.environ.get("REPRO_BIN", "target/release/repro")
 
@@ -74,7 +80,8 @@ class ReadTensorTest(unittest.TestCase):
         import msgpack
 
         path = os.path.join(self.dir, "scatter")
-        w = TraceWriter(path, {"workload": "scatter", "steps": 1})
+        rank = {"rank": 0, "world_size": 2, "backend": "file", "backend_version": ""}
+        w = TraceWriter(path, {"workload": "scatter", "steps": 1}, distributed=rank)
         w.write_step(0, [Record("g.local", "gradient", "F32", [4], struct.pack("<4f", 1, 2, 3, 4)),
                          Record("g", "gradient", "F32", [2], struct.pack("<2f", 3, 4), inputs=["g.local"],
                                 shard=([4], [2]), reduce_scatter="sum")])
@@ -110,12 +117,90 @@ class ReadTensorTest(unittest.TestCase):
             (lambda t: t.update(shard={"whole": [6], "offset": [2]}), "the sum F32 [6]"),
         ):
             with_block(change)
-            with self.assertRaises(Corrupt) as e, Trace(path) as t:
+            self.assert_both_readers_refuse(path, says)
+
+    def assert_both_readers_refuse(self, path: str, says: str):
+        """Asserts that this reader and `repro inspect` refuse the trace `path` as corrupt, saying `says`."""
+        with self.assertRaises(Corrupt) as e, Trace(path) as t:
+            list(t.steps())
+        self.assertIn(says, str(e.exception))
+        run = subprocess.run([REPRO, "inspect", path], capture_output=True, text=True)
+        self.assertEqual(run.returncode, 2, run.stdout + run.stderr)
+        self.assertIn(says, run.stderr)
+
+    def test_a_buffer_reads_as_one_and_is_refused_in_a_file_that_declares_1_8(self):
+        import msgpack
+
+        path = os.path.join(self.dir, "buffers")
+        w = TraceWriter(path, {"workload": "buffers", "steps": 1})
+        w.write_step(0, [Record("bn.num_batches_tracked", "buffer", "I64", [], struct.pack("<q", 3), phase="forward"),
+                         Record("bn.running_mean.updated", "buffer", "F32", [2], struct.pack("<2f", 0.5, 1),
+                                phase="update")])
+        w.finish()
+        with Trace(path) as t:
+            self.assertEqual(t.version, (1, 9))
+            kinds = [(x.name, x.kind) for x in next(iter(t.steps())).tensors]
+        self.assertEqual(kinds, [("bn.num_batches_tracked", "buffer"), ("bn.running_mean.updated", "buffer")])
+        self.assertEqual(int(read_tensor(path, 0, "bn.num_batches_tracked")), 3)
+        run = subprocess.run([REPRO, "inspect", path, "--verify"], capture_output=True, text=True)
+        self.assertEqual(run.returncode, 0, run.stdout + run.stderr)
+        # The same trace declared 1.8, whose readers would read its buffers as `other`.
+        records = os.path.join(path, "records.rpr")
+        preamble, frames = frames_of(records)
+        header = msgpack.unpackb(frames[0], raw=False)
+        header["format"] = {"major": 1, "minor": 8}
+        write_frames(records, preamble[:8] + struct.pack("<HH", 1, 8),
+                     [msgpack.packb(header, use_bin_type=True), *frames[1:]])
+        self.assert_both_readers_refuse(path, "the kind `buffer` is of format 1.9, but the file declares 1.8")
+
+    def test_the_capture_levels_read_back_and_are_refused_in_a_file_that_declares_1_8_or_as_no_policy(self):
+        import msgpack
+
+        from repro_writer import WriteError, policy_selects
+
+        # `first` is the first step recorded; `first-and-last`'s last, `first + steps - 1`.
+        self.assertEqual([s for s in range(20) if policy_selects(("first",), s, 5, 8)], [5])
+        self.assertEqual([s for s in range(20) if policy_selects(("first-and-last",), s, 5, 8)], [5, 12])
+
+        def header_of(path):
+            with Trace(path) as t:
+                return t.header["capture"]
+
+        # Written where given, canonical, and read back parsed; left out where not given.
+        levels = os.path.join(self.dir, "levels")
+        w = TraceWriter(levels, {"workload": "levels", "steps": 3}, capture="first", modules="first",
+                        ops="steps:2,1")
+        self.assertEqual([w.wants_full(step, first=0) for step in range(3)], [True, False, False])
+        w.finish()
+        self.assertEqual(header_of(levels), {"full": ("first",), "inline_max_bytes": 256, "modules": ("first",),
+                                             "ops": ("steps", [1, 2])})
+        preamble, frames = frames_of(os.path.join(levels, "records.rpr"))
+        self.assertEqual(msgpack.unpackb(frames[0], raw=False)["capture"],
+                         {"full": "first", "inline_max_bytes": 256, "modules": "first", "ops": "steps:1,2"})
+        plain = os.path.join(self.dir, "plain")
+        TraceWriter(plain, {"workload": "plain"}).finish()
+        self.assertEqual((header_of(plain)["modules"], header_of(plain)["ops"]), (None, None))
+        with self.assertRaisesRegex(WriteError, "ops policy 'every:0' is not a step policy: one of none, all, first, "):
+            TraceWriter(os.path.join(self.dir, "refused"), {"workload": "refused"}, ops="every:0")
+
+        def rewritten(change, minor=9):
+            header = msgpack.unpackb(frames[0], raw=False)
+            change(header["capture"])
+            header["format"] = {"major": 1, "minor": minor}
+            write_frames(os.path.join(levels, "records.rpr"), preamble[:8] + struct.pack("<HH", 1, minor),
+                         [msgpack.packb(header, use_bin_type=True), *frames[1:]])
+
+        for change, minor, says in (
+            (lambda c: None, 8, "capture `modules` is a key of format 1.9, but the file declares 1.8"),
+            (lambda c: [c.pop("modules"), c.pop("ops")], 8,
+             "capture `full`: the policy `first` is of format 1.9, but the file declares 1.8"),
+            (lambda c: c.update(ops="sometimes"), 9, "capture `ops` 'sometimes' is not a step policy"),
+            (lambda c: c.update(modules=3), 9, "capture `modules` must be a string"),
+        ):
+            rewritten(change, minor)
+            with self.assertRaises(Corrupt) as e, Trace(levels) as t:
                 list(t.steps())
             self.assertIn(says, str(e.exception))
-            run = subprocess.run([REPRO, "inspect", path], capture_output=True, text=True)
-            self.assertEqual(run.returncode, 2, run.stdout + run.stderr)
-            self.assertIn(says, run.stderr)
 
     def test_a_view_reads_through_its_owner_and_a_hash_is_not_a_value(self):
         path = os.path.join(self.dir, "views")

@@ -1,8 +1,10 @@
 """repro_torch against repro: a PyTorch program recorded through the environment contract,
 gated, and a fault planted in one module's output found there; the determinism switches in the
-header, the program's line as a module output's source, and a planted fault that gradients flow
-through. Skipped where torch is not installed (CI runs the torch-free writer tests; the GPU
-machine has torch)."""
+header, the program's line as a module output's source, a planted fault that gradients flow
+through, buffers (a BatchNorm's momentum found at its running statistics), and the capture
+ladder's levels (module outputs at the steps asked for, every aten op's output at others, a
+divergence found at its op). Skipped where
+torch is not installed (CI runs the torch-free writer tests; the GPU machine has torch)."""
 
 import contextlib
 import inspect
@@ -32,8 +34,61 @@ REPRO = os.environ.get("REPRO_BIN", "target/release/repro")
 PROGRAM = os.path.join(os.path.dirname(__file__), "..", "examples", "torch_mlp.py")
 
 
+# The directory of the Python project these tests are part of (its pyproject.toml): where a
+# module output's `source` names this file from.
+PYTHON_PROJECT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# A program of named modules that records three training steps with settings beside its
+# workload (its seed from SEED), into its first argument: `write_named_program` writes it.
+NAMED_PROGRAM = """\
+import os
+import sys
+from collections import OrderedDict
+
+import torch
+
+from repro_torch import ModelRecorder
+
+seed = int(os.environ.get("SEED", "0"))
+torch.manual_seed(seed)
+model = torch.nn.Sequential(OrderedDict(encoder=torch.nn.Linear(4, 8), act=torch.nn.Tanh(), decoder=torch.nn.Linear(8, 1)))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+run = {"workload": "named", "steps": 3, "seed": seed, "batch": 8, "bf16": False}
+rec = ModelRecorder.create_or_gated(sys.argv[1] if len(sys.argv) > 1 else "runs/named", run, model)
+data = torch.Generator().manual_seed(1)
+for step in range(3):
+    x = torch.rand(8, 4, generator=data)
+    opt.zero_grad()
+    with rec.training_step(step, inputs={"x": x}) as s:
+        loss = model(x).square().mean()
+        s.loss(loss)
+        loss.backward()
+        s.gradients()
+        opt.step()
+rec.finish()
+"""
+
+
 def repro(*args, env=None):
     return subprocess.run([REPRO, *args], capture_output=True, text=True, env=env)
+
+
+def write_named_program(directory: str) -> str:
+    """Writes `NAMED_PROGRAM` as `train.py` in `directory` (made if missing); its path."""
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, "train.py")
+    with open(path, "w") as f:
+        f.write(NAMED_PROGRAM)
+    return path
+
+
+def program_env(**variables) -> dict:
+    """This environment with `variables`, for a program run from any directory: repro_torch on
+    its PYTHONPATH by absolute path, and no REPRO_ variable of the caller's."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REPRO_")}
+    env["PYTHONPATH"] = PYTHON_PROJECT
+    env.update(variables)
+    return env
 
 
 def _header_env(path):
@@ -42,6 +97,13 @@ def _header_env(path):
 
     with Trace(path) as t:
         return t.header["environment"]["env"]
+
+
+def source_line(function, text: str) -> str:
+    """The `source` of `function`'s line that holds `text`: this file from its project's root."""
+    lines, first = inspect.getsourcelines(function)
+    here = os.path.relpath(os.path.abspath(__file__), PYTHON_PROJECT)
+    return f"{here}:{first + next(i for i, line in enumerate(lines) if text in line)}"
 
 
 def train_three_steps(rec, run, opt) -> None:
@@ -76,8 +138,10 @@ class TorchTest(unittest.TestCase):
             opt = torch.optim.SGD(model.parameters(), lr=0.1)
             stderr = io.StringIO()
             with contextlib.redirect_stderr(stderr):
-                # The plain run leaves module outputs out too, to compare with the compiled one.
-                rec = ModelRecorder(Recorder(path, {"workload": "compiled"}), run, modules=compile_it)
+                # The plain run leaves module outputs out too, to compare with the compiled one,
+                # which the recorder asked for at its first step.
+                rec = ModelRecorder(Recorder(path, {"workload": "compiled"}), run,
+                                    modules="first" if compile_it else "none")
             train_three_steps(rec, run, opt)
             self.assertEqual(rec.finish(), 3)
             return stderr.getvalue()
@@ -94,8 +158,96 @@ class TorchTest(unittest.TestCase):
 
         with Trace(compiled) as t:
             names = [r.name for r in next(iter(t.steps())).tensors]
+            # The header says what was recorded: no module outputs.
+            self.assertEqual(t.header["capture"]["modules"], ("none",))
         self.assertIn("0.weight.grad", names)
         self.assertIn("2.bias.updated", names)
+
+    def _record_batch_norm_cnn(self, name, momentum, capture="first-and-last", stand_in=False):
+        """Records three training steps of a small CNN with a BatchNorm of `momentum` (and a
+        non-persistent buffer of its own) into `name` under the capture policy `capture`, hashing
+        through the CPU stand-in of the GPU library with `stand_in` (else on the host); the trace
+        and the trained model."""
+        from repro_torch import ModelRecorder, Recorder
+
+        class Cnn(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.conv = torch.nn.Conv2d(1, 4, 3)
+                self.bn = torch.nn.BatchNorm2d(4, momentum=momentum)
+                self.head = torch.nn.Linear(4 * 4 * 4, 3)
+                self.register_buffer("scale", torch.full((4,), 0.5), persistent=False)
+
+            def forward(self, x):
+                h = torch.relu(self.bn(self.conv(x))) * self.scale.view(1, 4, 1, 1)
+                return self.head(h.flatten(1))
+
+        torch.manual_seed(0)
+        model = Cnn()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        path = os.path.join(self.dir, name)
+        recorder = Recorder(path, {"workload": "batch-norm-cnn", "steps": 3}, capture=capture)
+        if stand_in:
+            hash_on_cpu_stand_in(recorder)
+        rec = ModelRecorder(recorder, model)
+        data = torch.Generator().manual_seed(1)
+        for step in range(3):
+            x, y = torch.randn(8, 1, 6, 6, generator=data), torch.randint(0, 3, (8,), generator=data)
+            opt.zero_grad()
+            with rec.training_step(step, inputs={"x": x, "y": y}) as s:
+                loss = torch.nn.functional.cross_entropy(model(x), y)
+                s.loss(loss)
+                loss.backward()
+                s.gradients()
+                opt.step()
+        self.assertEqual(rec.finish(), 3)
+        return path, model
+
+    def test_buffers_are_recorded_and_batch_norm_s_momentum_diverges_at_its_running_statistics(self):
+        from repro_trace import Trace, read_tensor
+
+        a, model = self._record_batch_norm_cnn("a", 0.1)
+        same, _ = self._record_batch_norm_cnn("same", 0.1)
+        other, _ = self._record_batch_norm_cnn("other", 0.2)
+        # Every buffer, the non-persistent one and the integer counter included, by module path,
+        # before and after each step; after the last, as the model's state holds it.
+        buffers = ["bn.running_mean", "bn.running_var", "bn.num_batches_tracked", "scale"]
+        self.assertEqual(sorted(n for n, _ in model.named_buffers()), sorted(buffers))
+        with Trace(a) as t:
+            steps = list(t.steps())
+        for s in steps:
+            kinds = {x.name: (x.kind, x.phase) for x in s.tensors}
+            for name in buffers:
+                self.assertEqual(kinds[name], ("buffer", "forward"), (s.step, name))
+                self.assertEqual(kinds[f"{name}.updated"], ("buffer", "update"), (s.step, name))
+        self.assertEqual(next(x.dtype for x in steps[0].tensors if x.name == "bn.num_batches_tracked"), "I64")
+        for name in buffers:
+            np.testing.assert_array_equal(read_tensor(a, 2, f"{name}.updated"), dict(model.named_buffers())[name])
+        np.testing.assert_array_equal(read_tensor(a, 0, "bn.num_batches_tracked"), 0)
+        np.testing.assert_array_equal(read_tensor(a, 2, "bn.num_batches_tracked.updated"), 3)
+
+        diff = repro("diff", a, same)
+        self.assertEqual(diff.returncode, 0, diff.stdout + diff.stderr)
+        self.assertIn("IDENTICAL", diff.stdout)
+        # Another momentum changes the running statistics alone: the first step's forward pass,
+        # gradients and update are identical, its running mean after the step is not.
+        diff = repro("diff", a, other)
+        self.assertEqual(diff.returncode, 1, diff.stdout + diff.stderr)
+        self.assertIn("DIVERGED  first at step 0, tensor `bn.running_mean.updated` (buffer", diff.stdout)
+
+    def test_buffers_hashed_through_the_gpu_library_hash_as_on_the_host(self):
+        # BatchNorm changes its running statistics in place without moving their version
+        # counters: the recorder must still hash them anew, not repeat the step's first record.
+        from repro_trace import Trace
+
+        host, _ = self._record_batch_norm_cnn("host", 0.1, capture="none")
+        device, _ = self._record_batch_norm_cnn("device", 0.1, capture="none", stand_in=True)
+
+        def hashes(path):
+            with Trace(path) as t:
+                return [(s.step, x.name, x.hash) for s in t.steps() for x in s.tensors]
+
+        self.assertEqual(hashes(device), hashes(host))
 
     def test_a_pytorch_program_is_recorded_gated_and_its_fault_found(self):
         a, b = os.path.join(self.dir, "a"), os.path.join(self.dir, "b")
@@ -114,15 +266,16 @@ class TorchTest(unittest.TestCase):
         self.assertEqual(gate.returncode, 0, gate.stdout + gate.stderr)
         self.assertIn("PASS", gate.stdout)
 
-        # A 2-ULP fault in the Tanh's output at step 3: the first module output that differs
-        # while every input and parameter is identical.
-        env = dict(os.environ, REPRO_PERTURB="3:1:2")
+        # A 2-ULP fault in the Tanh's output at step 0, whose module outputs the default levels
+        # record: the first module output that differs while every input and parameter is
+        # identical.
+        env = dict(os.environ, REPRO_PERTURB="0:1:2")
         run = repro("record", "--out", b, "--capture", "all", "--", *cmd, env=env)
         self.assertEqual(run.returncode, 0, run.stderr)
         diff = repro("diff", a, b)
         self.assertEqual(diff.returncode, 1, diff.stdout + diff.stderr)
-        self.assertIn("DIVERGED  first at step 3, tensor `1`", diff.stdout)
-        self.assertIn("root cause: `1` (op_output, forward) at step 3", diff.stdout)
+        self.assertIn("DIVERGED  first at step 0, tensor `1`", diff.stdout)
+        self.assertIn("root cause: `1` (op_output, forward) at step 0", diff.stdout)
         self.assertIn("max 2 ULP", diff.stdout)
 
 
@@ -139,7 +292,7 @@ class TorchTest(unittest.TestCase):
         with Trace(runs["x1"]) as t:
             self.assertEqual((t.version, t.data_hash), ((2, 0), "xxh3-1k"))
         with Trace(runs["b3"]) as t:
-            self.assertEqual((t.version, t.data_hash), ((1, 8), "blake3"))
+            self.assertEqual((t.version, t.data_hash), ((1, 9), "blake3"))
         inspect = repro("inspect", runs["x1"], "--verify")
         self.assertEqual(inspect.returncode, 0, inspect.stdout + inspect.stderr)
         same = repro("diff", runs["x1"], runs["x2"])
@@ -267,7 +420,7 @@ class TorchTest(unittest.TestCase):
                 return self.body(h).sum()
 
         lines, first = inspect.getsourcelines(Net.forward)
-        here = os.path.relpath(__file__)
+        here = os.path.relpath(os.path.abspath(__file__), PYTHON_PROJECT)  # from its project's root
         at = {call: f"{here}:{first + next(i for i, line in enumerate(lines) if call in line)}"
               for call in ("self.fc(", "self.body(")}
         model = Net()
@@ -282,6 +435,274 @@ class TorchTest(unittest.TestCase):
         # that called the Sequential.
         self.assertEqual(sources, {"fc": at["self.fc("], "body.0": at["self.body("], "body.1": at["self.body("],
                                    "body": at["self.body("]})
+
+    def _record_levels(self, name, steps=3, first=0, eps=0.0, stand_in=False, **levels):
+        """Records `steps` training steps of `LevelsNet(eps)`, numbered from `first`, into `name`
+        at the levels `levels` (the recorder's `modules` and `ops`), hashing through the CPU
+        stand-in of the GPU library with `stand_in`; the trace, and the number of forward hooks
+        and pre-hooks on the model's modules inside each step's block."""
+        from repro_torch import ModelRecorder, Recorder
+
+        torch.manual_seed(0)
+        model = LevelsNet(eps)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, foreach=False)  # one `aten.add_` a parameter
+        path = os.path.join(self.dir, name)
+        recorder = Recorder(path, {"workload": "levels", "steps": steps}, capture="none", **levels)
+        if stand_in:
+            hash_on_cpu_stand_in(recorder)
+        rec = ModelRecorder(recorder, model)
+        data = torch.Generator().manual_seed(1)
+        hooks = []
+        for step in range(first, first + steps):
+            x, y = torch.randn(8, 1, 6, 6, generator=data), torch.randint(0, 3, (8,), generator=data)
+            opt.zero_grad()
+            with rec.training_step(step, inputs={"x": x, "y": y}) as s:
+                hooks.append(sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules()))
+                loss = torch.nn.functional.cross_entropy(model(x), y)
+                s.loss(loss)
+                loss.backward()
+                s.gradients()
+                opt.step()
+        self.assertEqual(rec.finish(), steps)
+        return path, hooks
+
+    def test_module_outputs_are_recorded_at_the_first_step_by_default_and_at_the_steps_asked_for(self):
+        from repro_trace import Trace
+
+        modules = ["block.0", "block.1", "block.2", "block", "shift", "head"]
+
+        def outputs(path):
+            """Each step's module outputs, and the header's levels."""
+            with Trace(path) as t:
+                levels = (t.header["capture"]["modules"], t.header["capture"]["ops"])
+                return {s.step: [x.name for x in s.tensors if x.name in modules] for s in t.steps()}, levels
+
+        # By default the first step recorded (here step 5) alone, and only its block runs hooks.
+        default, hooks = self._record_levels("default", first=5)
+        self.assertEqual(outputs(default), ({5: modules, 6: [], 7: []}, (("first",), ("none",))))
+        self.assertEqual(hooks, [len(modules), 0, 0])
+        every, hooks = self._record_levels("every", modules="all")
+        self.assertEqual(outputs(every), ({0: modules, 1: modules, 2: modules}, (("all",), ("none",))))
+        self.assertEqual(hooks, [len(modules)] * 3)
+        none, hooks = self._record_levels("none", modules="none")
+        self.assertEqual(outputs(none), ({0: [], 1: [], 2: []}, (("none",), ("none",))))
+        self.assertEqual(hooks, [0, 0, 0])
+        # The steps level is the same whatever the other levels record.
+        with Trace(every) as a, Trace(none) as b:
+            self.assertEqual([[(x.name, x.hash) for x in s.tensors if x.name not in modules] for s in a.steps()],
+                             [[(x.name, x.hash) for x in s.tensors] for s in b.steps()])
+
+    def test_the_ops_level_records_every_aten_op_forward_and_backward_by_module_path_with_its_source(self):
+        from repro_trace import Trace
+
+        path, hooks = self._record_levels("ops", ops="steps:1")
+        # Module outputs at the first step; at step 1 a pre-hook and a forward hook a module,
+        # which keep the path of the module whose forward runs.
+        self.assertEqual(hooks, [6, 12, 0])
+        with Trace(path) as t:
+            self.assertEqual(t.header["capture"]["ops"], ("steps", [1]))
+            steps = {s.step: s.tensors for s in t.steps()}
+        op_records = {step: [x for x in tensors if "aten." in x.name] for step, tensors in steps.items()}
+        self.assertEqual((op_records[0], op_records[2]), ([], []))
+        ops = {x.name: x for x in op_records[1]}
+        # The step's graph: its op outputs and its loss, numbered in the order they ran.
+        nodes = [x for x in steps[1] if x.node is not None]
+        self.assertEqual([x.node for x in nodes], list(range(len(nodes))))
+        self.assertEqual({x.name for x in nodes} - set(ops), {"loss"})
+        self.assertEqual({x.kind for x in ops.values()}, {"op_output"})
+        block, head = source_line(LevelsNet.forward, "self.block("), source_line(LevelsNet.forward, "self.head(")
+        loss, step = source_line(self._record_levels, "cross_entropy"), source_line(self._record_levels, "opt.step(")
+        expected = {
+            # The forward pass: each op in the innermost module running it, at the innermost line
+            # of the program's code (a torch module's: the line that called it, or for the
+            # children of a Sequential, the Sequential; the program's module's: the op's line).
+            "block.0/aten.convolution#0": ("forward", block),
+            "block.1/aten.add_#0": ("forward", block),  # the batch norm's num_batches_tracked += 1
+            "block.1/aten.native_batch_norm.0#2": ("forward", block),  # (#1: an `empty`, uninitialized)
+            "block.2/aten.relu_#0": ("forward", block),  # in place: its output is recorded
+            "shift/aten.add#0": ("forward", source_line(Shift.forward, "h + self.eps")),
+            "head/aten.addmm#1": ("forward", head),  # (#0: the weight's transpose, a view)
+            "aten._log_softmax#1": ("forward", loss),  # the root's: #0 the flatten, a view
+            "aten.nll_loss_forward.0#3": ("forward", loss),
+            # The backward pass: each op in the module whose forward op made the autograd node
+            # running it, at that op's line.
+            "aten.nll_loss_backward#5": ("backward", loss),
+            "head/aten.mm#3": ("backward", head),
+            "block.2/aten.threshold_backward#3": ("backward", block),
+            "block.1/aten.native_batch_norm_backward.0#3": ("backward", block),
+            "block.0/aten.convolution_backward.1#1": ("backward", block),  # the weight's gradient
+            "block.0/aten.convolution_backward.2#1": ("backward", block),  # the bias's
+            # Once the gradients are recorded, the optimizer's ops are the update's (of the
+            # root: no module's forward runs them).
+            "aten.add_#10": ("update", step),
+        }
+        self.assertEqual({name: (ops[name].phase, ops[name].source) for name in expected if name in ops}, expected)
+        self.assertEqual(len([x for x in op_records[1] if x.phase == "update"]), 6)  # one a parameter
+        # No views (their values are their bases'), no uninitialized memory, none of the
+        # recorder's own copies; and the convolution's input, which needs no gradient, gets none.
+        for left_out in ("aten.t#", "aten.view", "aten.detach", "aten.empty", "aten.clone", "aten._to_copy",
+                         "aten.convolution_backward.0"):
+            self.assertEqual([n for n in ops if left_out in n], [], left_out)
+
+        # Hashed through the GPU library's path (each output copied where it is, at once): the
+        # same records; and with module outputs at the same step, both.
+        stand_in, _ = self._record_levels("ops-stand-in", ops="steps:1", stand_in=True)
+        with open(os.path.join(path, "records.rpr"), "rb") as a, open(os.path.join(stand_in, "records.rpr"), "rb") as b:
+            self.assertEqual(a.read(), b.read())
+        both, hooks = self._record_levels("both", modules="first", ops="first", steps=1)
+        self.assertEqual(hooks, [18])
+        with Trace(both) as t:
+            names = [x.name for x in next(iter(t.steps())).tensors]
+        self.assertLess(names.index("block.0/aten.convolution#0"), names.index("block.0"))
+        self.assertLess(names.index("shift/aten.add#0"), names.index("shift"))
+
+    def test_two_runs_that_differ_in_one_op_diverge_first_at_that_aten_op(self):
+        a, _ = self._record_levels("a", ops="first")
+        b, _ = self._record_levels("b", ops="first", eps=1e-3)
+        diff = repro("diff", a, b)
+        self.assertEqual(diff.returncode, 1, diff.stdout + diff.stderr)
+        self.assertIn("DIVERGED  first at step 0, tensor `shift/aten.add#0`", diff.stdout)
+
+    def test_the_levels_are_taken_from_the_environment_and_one_that_is_no_step_policy_is_refused(self):
+        from repro_torch import ModelRecorder
+        from repro_trace import Trace
+        from repro_writer import WriteError
+
+        model = LevelsNet()
+        path = os.path.join(self.dir, "asked")
+        with mock.patch.dict(os.environ, {"REPRO_MODULES": "every:2", "REPRO_OPS": "steps:1,3"}):
+            ModelRecorder.create_or_gated(path, {"workload": "asked"}, model, ops="all").finish()
+        with Trace(path) as t:
+            self.assertEqual((t.header["capture"]["modules"], t.header["capture"]["ops"]),
+                             (("every", 2), ("steps", [1, 3])))
+        for variable, value in (("REPRO_MODULES", "sometimes"), ("REPRO_OPS", "every:0")):
+            with self.subTest(variable=variable), mock.patch.dict(os.environ, {variable: value}):
+                with self.assertRaises(WriteError) as e:
+                    ModelRecorder.create_or_gated(os.path.join(self.dir, "refused"), {"workload": "x"}, model)
+                self.assertIn(f"{variable}={value}: expected a step policy, one of none, all, first, first-and-last, "
+                              "every:N, steps:A,B,...", str(e.exception))
+                self.assertFalse(os.path.exists(os.path.join(self.dir, "refused")))
+        # As `repro record --modules P --ops P -- CMD` asks.
+        program, out = write_named_program(os.path.join(self.dir, "program")), os.path.join(self.dir, "recorded")
+        run = repro("record", "--out", out, "--modules", "every:2", "--ops", "first", "--", sys.executable, program,
+                    env=program_env())
+        self.assertEqual(run.returncode, 0, run.stdout + run.stderr)
+        with Trace(out) as t:
+            self.assertEqual((t.header["capture"]["modules"], t.header["capture"]["ops"]), (("every", 2), ("first",)))
+            nodes = {s.step: [x.name for x in s.tensors if x.node is not None] for s in t.steps()}
+        self.assertEqual((nodes[1], nodes[2]), (["loss"], ["encoder", "act", "decoder", "loss"]))
+        self.assertIn("act/aten.tanh_backward#3", nodes[0])
+
+    def test_the_same_program_run_from_two_directories_writes_identical_records(self):
+        from repro_trace import Trace
+
+        # A project's script, started from outside the project and from its own directory: the
+        # sources name it from the project's root either way.
+        project = os.path.join(self.dir, "project")
+        program = write_named_program(os.path.join(project, "scripts"))
+        open(os.path.join(project, "pyproject.toml"), "w").close()
+        elsewhere = os.path.join(self.dir, "elsewhere")
+        os.makedirs(elsewhere)
+        records = []
+        for name, cwd in (("outside", elsewhere), ("inside", os.path.dirname(program))):
+            out = os.path.join(self.dir, name)
+            run = subprocess.run([sys.executable, program, out], cwd=cwd, env=program_env(), capture_output=True,
+                                 text=True)
+            self.assertEqual(run.returncode, 0, run.stderr)
+            with open(os.path.join(out, "records.rpr"), "rb") as f:
+                records.append(f.read())
+        self.assertEqual(records[0], records[1])
+        line = 1 + next(i for i, text in enumerate(NAMED_PROGRAM.splitlines()) if "model(x)" in text)
+        with Trace(os.path.join(self.dir, "inside")) as t:
+            sources = {x.source for s in t.steps() for x in s.tensors if x.source is not None}
+        self.assertEqual(sources, {f"scripts/train.py:{line}"})
+
+    def test_every_run_setting_is_kept_in_the_header_and_one_it_cannot_keep_is_refused_by_name(self):
+        from repro_torch import ModelRecorder
+        from repro_trace import Trace
+        from repro_writer import WriteError
+
+        def record(name, run):
+            torch.manual_seed(0)
+            model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+            path = os.path.join(self.dir, name)
+            with mock.patch.dict(os.environ, {"REPRO_TRACE_DIR": "", "REPRO_PERTURB": ""}):
+                rec = ModelRecorder.create_or_gated(path, run, model)
+            train_three_steps(rec, model, torch.optim.SGD(model.parameters(), lr=0.1))
+            rec.finish()
+            return path
+
+        settings = {"seed": 0, "batch": 32, "accum": 4, "bf16": True, "betas": (0.9, 0.999), "schedule": None}
+        a = record("a", {"workload": "settings", "steps": 3, **settings, "params": {"lr": 0.1, "optimizer": "sgd"}})
+        with Trace(a) as t:
+            self.assertEqual(t.header["run"]["params"], {
+                "accum": "4", "batch": "32", "betas": "[0.9,0.999]", "bf16": "true", "lr": "0.1",
+                "optimizer": "sgd", "schedule": "null", "seed": "0"})
+        b = record("b", {"workload": "settings", "steps": 3, **settings, "seed": 1,
+                         "params": {"lr": 0.1, "optimizer": "sgd"}})
+        diff = repro("diff", a, b)
+        self.assertIn("config differs", diff.stdout, diff.stdout + diff.stderr)
+        self.assertRegex(diff.stdout, r"(?m)^\s*seed: 0 \| 1$")
+        # What a header cannot keep is refused before anything is written, naming its setting.
+        for run, says in (({"workload": "w", "schedule": lambda step: 0.1}, "`schedule` is function"),
+                          ({"workload": "w", "params": {"device": torch.device("cpu")}}, "`device` is device"),
+                          ({"workload": "w", "seed": 0, "params": {"seed": 0}}, "`seed` is given twice")):
+            with self.subTest(says=says):
+                with self.assertRaisesRegex(WriteError, says):
+                    record("refused", run)
+                self.assertFalse(os.path.exists(os.path.join(self.dir, "refused")))
+
+    def test_a_planted_fault_is_in_the_header_and_one_that_reaches_nothing_is_an_error_naming_what_it_can(self):
+        from collections import OrderedDict
+
+        from repro_torch import ModelRecorder, Perturbation, Recorder
+        from repro_trace import Trace
+        from repro_writer import WriteError
+
+        def record(name, perturbation=None):
+            torch.manual_seed(0)
+            model = torch.nn.Sequential(OrderedDict(encoder=torch.nn.Linear(8, 16), act=torch.nn.Tanh(),
+                                                    decoder=torch.nn.Linear(16, 2)))
+            path = os.path.join(self.dir, name)
+            recorder = Recorder(path, {"workload": "fault", "steps": 3}, modules="all",
+                                perturbation=perturbation and Perturbation(perturbation))
+            rec = ModelRecorder(recorder, model)
+            train_three_steps(rec, model, torch.optim.SGD(model.parameters(), lr=0.1))
+            rec.finish()
+            return path
+
+        clean, planted = record("clean"), record("planted", "1:encoder:1@3")
+        with Trace(planted) as t:
+            self.assertEqual(t.header["run"]["params"], {"perturb": "1:encoder:1@3"})
+        diff = repro("diff", clean, planted)
+        self.assertEqual(diff.returncode, 1, diff.stdout + diff.stderr)
+        self.assertIn("config differs", diff.stdout)
+        self.assertRegex(diff.stdout, r"(?m)^\s*perturb: \(unset\) \| 1:encoder:1@3$")
+        # A misspelt module: an error once its step has passed, the closest names first.
+        with self.assertRaises(WriteError) as e:
+            record("misspelt", "1:encodr:1")
+        self.assertIn("REPRO_PERTURB=1:encodr:1: the fault was planted nowhere: no tensor `encodr` passed through "
+                      "the recorder at any step; the names it reaches, the closest first: `encoder`, ",
+                      str(e.exception))
+        self.assertIn("steps recorded: 0 to 1", str(e.exception))
+        # A step past the end: an error when the recorder finishes, naming the steps recorded.
+        with self.assertRaisesRegex(WriteError, "step 7 was never recorded; .*; steps recorded: 0 to 2"):
+            record("late", "7:decoder:1")
+        # A rank the run does not have: refused before anything is recorded.
+        with mock.patch.dict(os.environ, {"REPRO_PERTURB": "1:encoder:1", "REPRO_PERTURB_RANK": "1"}):
+            with self.assertRaisesRegex(WriteError, "REPRO_PERTURB_RANK=1: the run has rank 0 alone"):
+                Recorder.create_or_gated(os.path.join(self.dir, "no-rank"), {"workload": "fault"}, place=None)
+
+    def test_a_fault_that_reaches_nothing_fails_the_program_under_repro_s_commands(self):
+        program = write_named_program(os.path.join(self.dir, "program"))
+        gate = repro("gate", "--", sys.executable, program, env=program_env(REPRO_PERTURB="1:decodr:1"))
+        self.assertNotEqual(gate.returncode, 0, gate.stdout + gate.stderr)
+        self.assertNotIn("PASS", gate.stdout)
+        self.assertIn("the names it reaches, the closest first: `decoder`", gate.stderr)
+        out = os.path.join(self.dir, "late")
+        run = repro("record", "--out", out, "--", sys.executable, program, env=program_env(REPRO_PERTURB="5:act:1"))
+        self.assertNotEqual(run.returncode, 0, run.stdout + run.stderr)
+        self.assertIn("REPRO_PERTURB=5:act:1: the fault was planted nowhere: step 5 was never recorded", run.stderr)
 
     def test_a_planted_fault_propagates_as_a_real_one(self):
         for device in ["cpu"] + (["cuda"] if torch.cuda.is_available() else []):
@@ -311,7 +732,7 @@ class TorchTest(unittest.TestCase):
 
                 model[0].register_forward_hook(fault)  # before the recorder's: it records the moved output
             path = os.path.join(self.dir, f"{name}-{device.type}")
-            rec = ModelRecorder(Recorder(path, {"workload": "fault", "steps": 3}, capture="all", device=device,
+            rec = ModelRecorder(Recorder(path, {"workload": "fault", "steps": 3}, capture="all", modules="all", device=device,
                                          perturbation=perturbation, device_hashing=False), model)
             data = torch.Generator().manual_seed(1)
             for step in range(3):
@@ -357,7 +778,8 @@ class TorchTest(unittest.TestCase):
         opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
         env = {"REPRO_TORCH_FLUSH": flush} if flush else {}
         with mock.patch.dict(os.environ, env):
-            recorder = Recorder(path, {"workload": "in-place", "steps": steps}, capture="none", data_hash=data_hash)
+            recorder = Recorder(path, {"workload": "in-place", "steps": steps}, capture="none", modules="all",
+                                data_hash=data_hash)
             library = hash_on_cpu_stand_in(recorder) if stand_in else None
             rec = ModelRecorder(recorder, model)
             g = torch.Generator().manual_seed(1)
@@ -632,7 +1054,7 @@ class TorchTest(unittest.TestCase):
             named.finish()
         for plain in ("default", "named"):
             with Trace(os.path.join(self.dir, plain)) as t:
-                self.assertEqual((t.version, t.data_hash), ((1, 8), "blake3"))
+                self.assertEqual((t.version, t.data_hash), ((1, 9), "blake3"))
         with mock.patch.dict(os.environ, {"REPRO_DATA_HASH": "xxh3"}):
             with self.assertRaisesRegex(WriteError, "REPRO_DATA_HASH=xxh3: expected one of blake3, xxh3-1k"):
                 Recorder(os.path.join(self.dir, "bad"), {"workload": "x"})
@@ -745,7 +1167,7 @@ class TorchTest(unittest.TestCase):
             opt = torch.optim.SGD(model.parameters(), lr=0.01)
             path = os.path.join(self.dir, f"gpu-{on_gpu}-{side_stream}-{flush}")
             with mock.patch.dict(os.environ, {"REPRO_TORCH_FLUSH": flush}):
-                recorder = Recorder(path, {"workload": "views", "steps": 4}, capture="none",
+                recorder = Recorder(path, {"workload": "views", "steps": 4}, capture="none", modules="all",
                                     device=torch.device("cuda"), device_hashing=on_gpu)
             rec = ModelRecorder(recorder, model)
             self.assertEqual(rec.recorder.hashes_on_gpu, on_gpu)
@@ -819,6 +1241,33 @@ if torch is not None:
             if self.changes_late:
                 z.add_(1.0)
             return self.head(z)
+
+
+    class Shift(torch.nn.Module):
+        """Adds `eps` to its input: one aten op (`aten.add`), whatever `eps` is."""
+
+        def __init__(self, eps):
+            super().__init__()
+            self.eps = eps
+
+        def forward(self, h):
+            return h + self.eps
+
+    class LevelsNet(torch.nn.Module):
+        """A convolution, a batch norm and an in-place ReLU in a `Sequential`, a `Shift` by `eps`
+        and a linear head, each called on a line of its own."""
+
+        def __init__(self, eps=0.0):
+            super().__init__()
+            self.block = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3), torch.nn.BatchNorm2d(4),
+                                             torch.nn.ReLU(inplace=True))
+            self.shift = Shift(eps)
+            self.head = torch.nn.Linear(4 * 4 * 4, 3)
+
+        def forward(self, x):
+            h = self.block(x)
+            h = self.shift(h)
+            return self.head(h.flatten(1))
 
 
 if __name__ == "__main__":

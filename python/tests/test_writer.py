@@ -72,7 +72,7 @@ class WriterTest(unittest.TestCase):
         self.assertEqual(w.finish(), 2)
         run = repro("inspect", path, "--verify")
         self.assertEqual(run.returncode, 0, run.stdout + run.stderr)
-        self.assertIn("format     1.8", run.stdout)
+        self.assertIn("format     1.9", run.stdout)
 
     def test_a_run_rewritten_from_python_is_byte_identical_to_repro_s(self):
         for name, args in (
@@ -88,6 +88,7 @@ class WriterTest(unittest.TestCase):
                 w = TraceWriter(
                     rewritten, h["run"], h["capture"]["full"], h["capture"]["inline_max_bytes"],
                     environment=Environment(**h["environment"]), producer=h["producer"],
+                    modules=h["capture"]["modules"], ops=h["capture"]["ops"],
                 )
                 for s in t.steps():
                     records = [Record(x.name, x.kind, x.dtype, x.shape, None if x.view else t.values(s, x), x.phase,
@@ -207,7 +208,7 @@ class WriterTest(unittest.TestCase):
 
     def test_bad_input_is_refused_before_anything_is_written(self):
         path = os.path.join(self.dir, "bad")
-        w = TraceWriter(path, {"workload": "bad"}, capture="none")
+        w = TraceWriter(path, {"workload": "bad"}, capture="none", distributed=RANK_0_OF_2)
         for records, says in (
             ([Record("x", "input", "F32", [2], b"\0" * 4)], "4 bytes for F32 [2] (8 expected)"),
             ([Record("x", "input", "F32", [], b"\0" * 4), Record("x", "input", "F32", [], b"\0" * 4)], "twice"),
@@ -228,6 +229,12 @@ class WriterTest(unittest.TestCase):
             with self.assertRaises(WriteError) as e:
                 w.write_step(0, records)
             self.assertIn(says, str(e.exception))
+        # A trace of one device has no other rank to hold the rest of a tensor.
+        alone = TraceWriter(os.path.join(self.dir, "alone"), {"workload": "bad"}, capture="none")
+        with self.assertRaisesRegex(WriteError, "a trace of one device has no other rank"):
+            alone.write_step(0, [Record("s", "weight", "U8", [2], b"\0\0", shard=([3], [1]))])
+        alone.write_step(0, [Record("s", "weight", "U8", [3], b"\0\0\0", shard=([3], [0]))])
+        alone.finish()
         w.write_step(3, [Record("x", "input", "U8", [], b"\1"), Record("s", "weight", "U8", [2], b"\0\0", shard=([3], [1]))])
         with self.assertRaises(WriteError):
             w.write_step(3, [])
@@ -247,16 +254,41 @@ class WriterTest(unittest.TestCase):
         with self.assertRaises(WriteError):
             TraceWriter(other, {"workload": "x"})
 
+    def test_every_run_setting_is_kept_as_text_and_one_a_header_cannot_keep_is_refused_by_name(self):
+        path = os.path.join(self.dir, "settings")
+        w = TraceWriter(path, {"workload": "settings", "steps": 1, "seed": 0, "lr": 1e-3, "bf16": False,
+                               "shape": [32, 4], "adam": {"beta2": 0.999, "beta1": 0.9}, "note": None,
+                               "params": {"batch": 32, "data": "a.bin"}})
+        w.finish()
+        self.assertEqual(repro("inspect", path, "--verify").returncode, 0)
+        with Trace(path) as t:
+            self.assertEqual(t.header["run"], {"workload": "settings", "steps": 1, "params": {
+                "adam": '{"beta1":0.9,"beta2":0.999}', "batch": "32", "bf16": "false", "data": "a.bin",
+                "lr": "0.001", "note": "null", "seed": "0", "shape": "[32,4]"}})
+        for run, says in (({"workload": "w", "scale": lambda x: x}, "the run setting `scale` is function"),
+                          ({"workload": "w", "params": {"opt": object()}}, "the run setting `opt` is object"),
+                          ({"workload": "w", "seed": 1, "params": {"seed": 1}}, "the run setting `seed` is given twice"),
+                          ({"workload": "w", "params": [("seed", 1)]}, "`params` is list, not a map")):
+            with self.subTest(says=says):
+                with self.assertRaisesRegex(WriteError, says):
+                    TraceWriter(os.path.join(self.dir, "refused"), run)
+                self.assertFalse(os.path.exists(os.path.join(self.dir, "refused")))
+
 
 if __name__ == "__main__":
     unittest.main()
+
+
+# The place of rank 0 of a run of two: a stream whose shards are half of their wholes.
+RANK_0_OF_2 = {"rank": 0, "world_size": 2, "backend": "file", "backend_version": ""}
 
 
 def write_alike_steps(test: unittest.TestCase, path: str, native=None) -> int:
     """Writes four steps of the same layout (inputs inline, a weight by its data hash, a node
     with a source, shards, a reduce-scatter; step 2 keeping full values), with two bad steps
     refused on the way; the steps written. `native`: `NativeRecords` packs them."""
-    w = TraceWriter(path, {"workload": "alike", "steps": 4}, capture="steps:2", inline_max_bytes=8)
+    w = TraceWriter(path, {"workload": "alike", "steps": 4}, capture="steps:2", inline_max_bytes=8,
+                    distributed=RANK_0_OF_2)
     if native is not None:
         w.use_native_records(native)
 

@@ -74,11 +74,16 @@ impl Subject<'_> {
     fn record(&self, dir: &Path, capture: FullCapture, against: Option<&Path>) -> Result<bool, CliError> {
         match self {
             Subject::Program { command, timeout } => {
+                // The steps kept in full are also recorded down the capture ladder: every module's
+                // output and every op's (a PyTorch program), to name the op that diverges.
+                let escalated = (capture != FullCapture::None).then(|| capture.clone());
                 let env = RecordEnv {
                     dir: Some(dir.to_path_buf()),
                     capture: Some(capture),
                     replace: true,
                     against: against.map(Path::to_path_buf),
+                    modules: escalated.clone(),
+                    ops: escalated,
                     ..RecordEnv::default()
                 };
                 let status = run_command(command, &env, *timeout)?;

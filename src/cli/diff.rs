@@ -43,7 +43,7 @@ pub struct DiffArgs {
     #[arg(long, value_name = "N")]
     rows: Option<usize>,
     /// Text: only tensors of these kinds in the tables (weight, gradient, prediction, loss,
-    /// activation, op_output, input, other; repeatable or comma-separated).
+    /// activation, op_output, input, buffer, other; repeatable or comma-separated).
     #[arg(long, value_name = "KIND", value_delimiter = ',', value_parser = parse_kind)]
     kind: Vec<TensorKind>,
     /// Text: only tensors whose name contains this in the tables (repeatable).
@@ -82,7 +82,10 @@ pub fn run(args: DiffArgs) -> Result<Exit, CliError> {
         )
         .into());
     }
-    if let (Some(shards), 0) = (run.shards.filter(|s| s.left_out > 0), run.diff.tensors_compared) {
+    // A run whose shards do not tile is a divergence the replica check names (SHARD GAP), not
+    // a want of values.
+    let shards_tile = run.replicas.iter().all(|r| r.drift.as_ref().is_none_or(|d| d.shards.is_none()));
+    if let (Some(shards), 0, true) = (run.shards.filter(|s| s.left_out > 0), run.diff.tensors_compared, shards_tile) {
         return Err(format!(
             "A and B shard their parameters differently (FSDP over other world sizes, or against DDP or one \
              device), and {} sharded tensor record(s) keep only hashes: a whole tensor's hash cannot be derived \

@@ -29,6 +29,15 @@ pub struct RecordArgs {
     /// [default: first-and-last; with -- CMD, the program's own policy]
     #[arg(long)]
     capture: Option<FullCapture>,
+    /// With -- CMD: the steps at which every module's output is recorded, the capture ladder's
+    /// `modules` level (a policy as --capture takes, plus `first`) [default: the program's own;
+    /// repro_torch: first].
+    #[arg(long, value_name = "POLICY", requires = "command")]
+    modules: Option<FullCapture>,
+    /// With -- CMD: the steps at which every op's output inside the step is recorded (PyTorch's
+    /// aten ops, the `ops` level) [default: the program's own; repro_torch: none].
+    #[arg(long, value_name = "POLICY", requires = "command")]
+    ops: Option<FullCapture>,
     /// Tensors up to this many bytes are stored at every step [default: 256].
     #[arg(long, conflicts_with = "command")]
     inline_max_bytes: Option<u64>,
@@ -73,6 +82,7 @@ impl RecordArgs {
         CapturePolicy {
             full: self.capture.clone().unwrap_or(defaults.full),
             inline_max_bytes: self.inline_max_bytes.unwrap_or(defaults.inline_max_bytes),
+            ..defaults
         }
     }
 }
@@ -240,6 +250,8 @@ fn record_program(args: &RecordArgs) -> Result<Exit, CliError> {
         keep_going: args.keep_going,
         perturbation: None,
         data_hash: args.data_hash,
+        modules: args.modules.clone(),
+        ops: args.ops.clone(),
     };
     let program = args.command.join(" ");
     let started = Instant::now();

@@ -12,6 +12,8 @@
 //! | `REPRO_REPLACE` | `1`: replace a trace already in the directory (else that is an error) |
 //! | `REPRO_AGAINST` | compare each step with this trace as it is recorded, keeping the diverging step and the one before it in full |
 //! | `REPRO_KEEP_GOING` | `1`: with `REPRO_AGAINST`, record to the end after a divergence instead of stopping there |
+//! | `REPRO_MODULES` | steps at which every module's output is recorded, the capture ladder's `modules` level (same grammar as `REPRO_CAPTURE`, plus `first`; PyTorch programs) |
+//! | `REPRO_OPS` | steps at which every op's output inside the step is recorded, the `ops` level (PyTorch programs; a candle program's captured graph records its ops at every step) |
 //! | `REPRO_PERTURB` | plant a fault, `STEP:TENSOR:ULPS[@ELEMENT]` (`Perturbation`), in the tensor of that name as `StepRecorder::op` or `perturbed` passes it: does the gate catch a 1-ULP change in my program? |
 
 use super::error::RecordError;
@@ -31,6 +33,10 @@ pub const REPLACE_ENV: &str = "REPRO_REPLACE";
 pub const AGAINST_ENV: &str = "REPRO_AGAINST";
 /// Whether recording goes on after a divergence from the reference (`REPRO_KEEP_GOING=1`).
 pub const KEEP_GOING_ENV: &str = "REPRO_KEEP_GOING";
+/// Steps at which every module's output is recorded (`REPRO_MODULES`, the `modules` level).
+pub const MODULES_ENV: &str = "REPRO_MODULES";
+/// Steps at which every op's output is recorded (`REPRO_OPS`, the `ops` level).
+pub const OPS_ENV: &str = "REPRO_OPS";
 /// A fault to plant (`REPRO_PERTURB=STEP:TENSOR:ULPS[@ELEMENT]`).
 pub const PERTURB_ENV: &str = "REPRO_PERTURB";
 /// How the program hashes its tensors' data (`REPRO_DATA_HASH=blake3|xxh3-1k`, format 2.0).
@@ -54,6 +60,10 @@ pub struct RecordEnv {
     pub perturbation: Option<Perturbation>,
     /// The data hash to record with, in place of the program's own (`blake3` by default).
     pub data_hash: Option<DataHash>,
+    /// The steps of the `modules` level, in place of the program's own.
+    pub modules: Option<FullCapture>,
+    /// The steps of the `ops` level, in place of the program's own.
+    pub ops: Option<FullCapture>,
 }
 
 impl RecordEnv {
@@ -71,12 +81,15 @@ impl RecordEnv {
             Some("1") => Ok(true),
             Some(other) => Err(RecordError::Unsupported(format!("{name}={other}: expected 1 or 0"))),
         };
-        let capture = match text(CAPTURE_ENV) {
-            Some(policy) => {
-                Some(policy.parse().map_err(|e| RecordError::Unsupported(format!("{CAPTURE_ENV}={policy}: {e}")))?)
+        let policy = |name: &str| -> Result<Option<FullCapture>, RecordError> {
+            match text(name) {
+                Some(policy) => {
+                    Ok(Some(policy.parse().map_err(|e| RecordError::Unsupported(format!("{name}={policy}: {e}")))?))
+                }
+                None => Ok(None),
             }
-            None => None,
         };
+        let capture = policy(CAPTURE_ENV)?;
         let perturbation = match text(PERTURB_ENV) {
             Some(p) => Some(p.parse().map_err(|e| RecordError::Unsupported(format!("{PERTURB_ENV}={p}: {e}")))?),
             None => None,
@@ -90,6 +103,8 @@ impl RecordEnv {
         Ok(RecordEnv {
             perturbation,
             data_hash,
+            modules: policy(MODULES_ENV)?,
+            ops: policy(OPS_ENV)?,
             dir: var(TRACE_DIR_ENV).filter(|v| !v.is_empty()).map(PathBuf::from),
             capture,
             replace: flag(REPLACE_ENV)?,
@@ -111,6 +126,8 @@ impl RecordEnv {
             (AGAINST_ENV, self.against.clone().map(OsString::from)),
             (KEEP_GOING_ENV, flag(self.keep_going)),
             (DATA_HASH_ENV, self.data_hash.map(|k| OsString::from(k.name()))),
+            (MODULES_ENV, self.modules.as_ref().map(|c| OsString::from(c.to_string()))),
+            (OPS_ENV, self.ops.as_ref().map(|c| OsString::from(c.to_string()))),
         ];
         if let Some(p) = &self.perturbation {
             vars.push((PERTURB_ENV, Some(OsString::from(p.to_string()))));
@@ -162,6 +179,8 @@ mod tests {
             keep_going: true,
             perturbation: Some("5:hidden:3@2".parse().unwrap()),
             data_hash: Some(DataHash::Xxh3Chunks),
+            modules: Some(FullCapture::First),
+            ops: Some("steps:7".parse().unwrap()),
         };
         let vars = env.vars();
         let read = RecordEnv::from_vars(|name| vars.iter().find(|(n, _)| *n == name).and_then(|(_, v)| v.clone()));
@@ -177,6 +196,8 @@ mod tests {
         assert!(e.contains("REPRO_REPLACE=yes"), "{e}");
         let e = RecordEnv::from_vars(|n| (n == CAPTURE_ENV).then(|| "sometimes".into())).unwrap_err().to_string();
         assert!(e.contains("REPRO_CAPTURE=sometimes"), "{e}");
+        let e = RecordEnv::from_vars(|n| (n == OPS_ENV).then(|| "steps:x".into())).unwrap_err().to_string();
+        assert!(e.contains("REPRO_OPS=steps:x"), "{e}");
         let e = RecordEnv::from_vars(|n| (n == DATA_HASH_ENV).then(|| "sha1".into())).unwrap_err().to_string();
         assert!(e.contains("REPRO_DATA_HASH=sha1: `sha1` is not a data hash"), "{e}");
     }

@@ -40,7 +40,11 @@ pub fn run_devices(
     let opened = devices.iter().map(|label| open_device(label)).collect::<Result<Vec<_>, _>>()?;
     let dir = StudyDir::open(&out.dir, "devices", &settings, out.restart)?;
     let steps = subject.steps();
-    let capture = CapturePolicy { full: FullCapture::Steps(sampled_steps(steps)), inline_max_bytes: 4096 };
+    let capture = CapturePolicy {
+        full: FullCapture::Steps(sampled_steps(steps)),
+        inline_max_bytes: 4096,
+        ..CapturePolicy::default()
+    };
     let mut runs = Vec::new();
     let mut states = Vec::new();
     let mut labels = Vec::new();

@@ -118,7 +118,7 @@ fn full_batch_divergence(
     dir: &StudyDir,
 ) -> Result<Option<OrderDivergence>, StudyError> {
     let base = subject.base_seed();
-    let capture = CapturePolicy { full: FullCapture::All, inline_max_bytes: 4096 };
+    let capture = CapturePolicy { full: FullCapture::All, inline_max_bytes: 4096, ..CapturePolicy::default() };
     let mut traces = Vec::new();
     for run in 0..2 {
         let trace = dir.path().join(format!("full-batch-{run}"));

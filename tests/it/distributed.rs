@@ -561,10 +561,96 @@ fn sharded_runs_tile_their_tensors_and_compare_whole_only_where_values_were_kept
     assert!(run.stdout.contains("SHARD GAP") && run.stdout.contains("at step 0, `w` (weight)"), "{}", run.stdout);
     let run = repro(&["diff", s(&two), s(&skewed)]);
     assert_eq!(run.code, 1, "{}{}", run.stdout, run.stderr);
+    // The text's verdict is the exit code's: two skewed runs whose streams agree stream by
+    // stream are not a run that is identical.
+    let again = sharded_run(&dir.path().join("skewed-again"), 2, true, Some(3));
+    let run = repro(&["diff", s(&skewed), s(&again)]);
+    assert_eq!(run.code, 1, "{}{}", run.stdout, run.stderr);
+    assert!(run.stdout.contains("SHARD GAP") && !run.stdout.contains("IDENTICAL"), "{}", run.stdout);
+    assert!(run.stdout.contains("DIVERGED  the streams compared agree bit for bit, but"), "{}", run.stdout);
+    let run = repro(&["diff", s(&skewed), s(&again), "--json"]);
+    assert!(run.stdout.contains("\"verdict\": \"diverged\""), "{}", run.stdout);
+    // Against one device, the untiled run is refused for what it is, not for want of values.
+    let run = repro(&["diff", s(&one), s(&skewed)]);
+    assert_eq!(run.code, 1, "{}{}", run.stdout, run.stderr);
+    assert!(
+        run.stdout.contains("SHARD GAP") && !run.stderr.contains("keep only hashes"),
+        "{}{}",
+        run.stdout,
+        run.stderr
+    );
     // Hashes only, sharded against whole: nothing can be compared, and that is an error, not
     // IDENTICAL.
     let hashes = sharded_run(&dir.path().join("hashes"), 2, false, None);
     let run = repro(&["diff", s(&one), s(&hashes)]);
     assert_eq!(run.code, 2, "{}{}", run.stdout, run.stderr);
     assert!(run.stderr.contains("nothing could be compared") && !run.stdout.contains("IDENTICAL"), "{}", run.stderr);
+}
+
+/// Writes, in `dir`, a trace of one device of one step: the 8 x 4 weight `w` whole, of `dtype`
+/// with values 0..32 (stored), and beside it a bias `b` of 4 values.
+fn one_device_run(dir: &Path, dtype: repro::trace::dtype::DType) -> PathBuf {
+    use repro::trace::{StepTensor, TensorKind, TensorRecord, TraceWriter};
+    let header = crate::util::test_header("synthetic", 1);
+    let mut writer = TraceWriter::create(dir, &header, false).unwrap();
+    let w: Vec<u8> = (0..32u32).flat_map(|v| (v as f32).to_le_bytes()).take(32 * dtype.size_in_bytes()).collect();
+    let b: Vec<u8> = [1f32, 2., 3., 4.].iter().flat_map(|v| v.to_le_bytes()).collect();
+    let tensors = vec![
+        StepTensor { record: TensorRecord::of_bytes("w", TensorKind::Weight, dtype, vec![8, 4], &w), payload: None },
+        StepTensor {
+            record: TensorRecord::of_bytes("b", TensorKind::Weight, repro::trace::dtype::DType::F32, vec![4], &b),
+            payload: None,
+        },
+    ];
+    writer.write_step(0, tensors).unwrap();
+    writer.finish().unwrap();
+    dir.to_path_buf()
+}
+
+/// `sharded_run` of two ranks keeping hashes only, with the bias of `one_device_run` on each rank.
+fn sharded_hashes_with_bias(dir: &Path) -> PathBuf {
+    use repro::trace::{dtype::DType, StepTensor, TensorKind, TensorRecord, TraceReader, TraceWriter};
+    let sharded = sharded_run(&dir.join("plain"), 2, false, None);
+    let b: Vec<u8> = [1f32, 2., 3., 4.].iter().flat_map(|v| v.to_le_bytes()).collect();
+    for rank in 0..2 {
+        let mut reader = TraceReader::open(sharded.join(format!("rank-{rank}"))).unwrap();
+        let header = reader.header().clone();
+        let step = reader.next_step().unwrap().unwrap();
+        let mut writer = TraceWriter::create(&dir.join(format!("rank-{rank}")), &header, false).unwrap();
+        let mut tensors: Vec<StepTensor> =
+            step.tensors.into_iter().map(|record| StepTensor { record, payload: None }).collect();
+        let bias = TensorRecord::of_bytes("b", TensorKind::Weight, DType::F32, vec![4], &b);
+        tensors.push(StepTensor { record: bias, payload: None });
+        writer.write_step(0, tensors).unwrap();
+        writer.finish().unwrap();
+    }
+    std::fs::remove_dir_all(dir.join("plain")).unwrap();
+    dir.to_path_buf()
+}
+
+/// Issue 66, item 1: a sharded tensor left out of a comparison (hashes only, sharded against
+/// whole) is never IDENTICAL, and a whole of another dtype or shape is a divergence the records
+/// alone show.
+#[test]
+fn a_tensor_that_could_not_be_compared_is_never_identical() {
+    use repro::trace::dtype::DType;
+    let dir = tempfile::tempdir().unwrap();
+    let one = one_device_run(&dir.path().join("one"), DType::F32);
+    let sharded = sharded_hashes_with_bias(&dir.path().join("sharded"));
+    let run = repro(&["diff", s(&one), s(&sharded)]);
+    assert_eq!(run.code, 1, "{}{}", run.stdout, run.stderr);
+    assert!(run.stdout.contains("UNVERIFIED") && !run.stdout.contains("IDENTICAL"), "{}", run.stdout);
+    let run = repro(&["diff", s(&one), s(&sharded), "--json"]);
+    assert_eq!(run.code, 1, "{}{}", run.stdout, run.stderr);
+    assert!(
+        run.stdout.contains("\"verdict\": \"unverified\"") && run.stdout.contains("\"not_compared\": 1"),
+        "{}",
+        run.stdout
+    );
+    // The whole's dtype differs: found from the records, without values.
+    let bf16 = one_device_run(&dir.path().join("bf16"), DType::BF16);
+    let run = repro(&["diff", s(&bf16), s(&sharded)]);
+    assert_eq!(run.code, 1, "{}{}", run.stdout, run.stderr);
+    assert!(run.stdout.contains("DIVERGED") && run.stdout.contains("`w`"), "{}", run.stdout);
+    assert!(run.stdout.contains("BF16 [8, 4]") && run.stdout.contains("F32 [8, 4]"), "{}", run.stdout);
 }

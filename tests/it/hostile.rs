@@ -101,7 +101,7 @@ fn newer_major_version_is_refused_with_advice() {
     // A readable major in the preamble that the header contradicts is damage, not a version.
     bytes[8] = 2;
     fs::write(a.join("records.rpr"), &bytes).unwrap();
-    expect_error(&["inspect", s(&a)], &["records.rpr", "header says format 1.8 but the preamble says 2.8"]);
+    expect_error(&["inspect", s(&a)], &["records.rpr", "header says format 1.9 but the preamble says 2.9"]);
 }
 
 #[test]
@@ -459,4 +459,26 @@ fn traces_of_different_data_hashes_are_refused_and_xxh3_traces_compare_as_usual(
     let unknown = repro(&["record", "--out", s(&dir.path().join("r")), "--data-hash", "md5"]);
     assert_eq!(unknown.code, 2, "{}", unknown.stderr);
     assert!(unknown.stderr.contains("`md5` is not a data hash"), "{}", unknown.stderr);
+}
+
+/// Issue 66, item 9: a path of bytes that are not UTF-8 (a Unix path may hold any) is recorded
+/// into and read back, not a panic that leaves a 12-byte record file behind.
+#[test]
+fn a_path_that_is_not_utf8_is_recorded_into_and_read() {
+    use std::os::unix::ffi::OsStrExt;
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join(std::ffi::OsStr::from_bytes(b"run-\xff"));
+    let status = std::process::Command::new(env!("CARGO_BIN_EXE_repro"))
+        .args(["record", "--workload", "adder", "--steps", "3", "--batch", "100", "--out"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert_eq!(status.status.code(), Some(0), "{}", String::from_utf8_lossy(&status.stderr));
+    let inspect = std::process::Command::new(env!("CARGO_BIN_EXE_repro"))
+        .arg("inspect")
+        .arg(&out)
+        .arg("--verify")
+        .output()
+        .unwrap();
+    assert_eq!(inspect.status.code(), Some(0), "{}", String::from_utf8_lossy(&inspect.stderr));
 }

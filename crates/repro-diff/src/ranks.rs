@@ -119,7 +119,8 @@ pub struct ReplicaDrift {
 }
 
 /// Whether a tensor is state every replica must hold identically: a parameter, or the result of
-/// a collective; never a shard, which is each rank's own block.
+/// a collective; never a shard, which is each rank's own block, nor a buffer, which each rank
+/// may update from its own rows (BatchNorm's running statistics).
 fn replicated(t: &repro_trace::TensorRecord) -> bool {
     t.shard.is_none() && (t.kind == TensorKind::Weight || t.collective.is_some())
 }
@@ -277,13 +278,13 @@ impl RunDiff {
     /// True when the runs agree bit for bit, and every data-parallel run finished on every rank
     /// and kept its replicas.
     pub fn is_identical(&self) -> bool {
-        self.diff.is_identical() && self.replicas.iter().all(ReplicaReport::passed)
+        self.verdict().is_same()
     }
 
     /// True when nothing compared differs, and the runs are not identical only because a trace
     /// or a rank did not finish.
     pub fn is_incomplete(&self) -> bool {
-        !self.is_identical() && self.diff.agrees_so_far() && self.replicas.iter().all(|r| r.drift.is_none())
+        self.verdict() == crate::Verdict::Incomplete
     }
 }
 
@@ -308,6 +309,23 @@ pub enum DataParallelCause {
         step: u64,
         /// The gradient.
         tensor: String,
+    },
+    /// Different world sizes, each data-parallel run's sum equals its ranks' shares added in
+    /// rank order, but the runs' losses at that step (every loss record of every rank, added)
+    /// disagree beyond rounding while the parameters agree: the ranks computed their examples
+    /// otherwise than one device did (random draws made per rank, such as dropout masks, or
+    /// other rows), which a batch split alone does not do.
+    ForwardDiffers {
+        /// The step.
+        step: u64,
+        /// The gradient.
+        tensor: String,
+        /// A's losses at the step, added over its records and ranks.
+        #[serde(serialize_with = "crate::json_float::serialize")]
+        loss_a: f64,
+        /// B's.
+        #[serde(serialize_with = "crate::json_float::serialize")]
+        loss_b: f64,
     },
     /// Different world sizes, and some run's sum differs from its shares added in rank order:
     /// the collective's own order is part of the gap.
@@ -475,7 +493,50 @@ fn split_cause(step: u64, tensor: &str, runs: &[(&Path, &Vec<PathBuf>)]) -> Resu
             }
         }
     }
-    Ok(DataParallelCause::BatchSplit { step, tensor: tensor.to_string() })
+    let tensor = tensor.to_string();
+    let [(_, streams_a), (_, streams_b)] = runs else { return Ok(DataParallelCause::BatchSplit { step, tensor }) };
+    let (Some(loss_a), Some(loss_b)) = (loss_total(streams_a, step)?, loss_total(streams_b, step)?) else {
+        return Ok(DataParallelCause::BatchSplit { step, tensor });
+    };
+    // A loss is a mean over a rank's rows (the ranks' gradients then averaged) or a sum (then
+    // added): either way, one device's losses agree with the ranks', within rounding, when each
+    // rank computed its rows as one device did.
+    let (world_a, world_b) = (streams_a.len() as f64, streams_b.len() as f64);
+    let agree = |x: f64, y: f64| (x - y).abs() <= LOSS_ROUNDING * x.abs().max(y.abs());
+    if agree(loss_a / world_a, loss_b / world_b) || agree(loss_a, loss_b) {
+        Ok(DataParallelCause::BatchSplit { step, tensor })
+    } else {
+        Ok(DataParallelCause::ForwardDiffers { step, tensor, loss_a, loss_b })
+    }
+}
+
+/// How far apart (relative) two runs' losses at a step may be and still come from the same
+/// examples computed the same way, added in other orders and groups: 2^-12, far above the
+/// rounding of a sum of f32 losses over fewer than 2^11 groups, far below what other random
+/// draws or other rows move a loss by.
+const LOSS_ROUNDING: f64 = 1.0 / 4096.0;
+
+/// The losses a run recorded at `step`: every scalar f32 record of kind loss whose value is
+/// stored, on every rank, added in f64; `None` when some rank recorded none or stored none.
+fn loss_total(streams: &[PathBuf], step: u64) -> Result<Option<f64>, TraceError> {
+    let mut total = 0.0;
+    for dir in streams {
+        let (mut reader, Some(record)) = read_step(dir, step)? else { return Ok(None) };
+        let mut found = false;
+        for t in record.tensors.iter().filter(|t| t.kind == TensorKind::Loss && t.dtype == DType::F32) {
+            if t.shape.iter().product::<u64>() != 1 {
+                continue;
+            }
+            let Some(values) = reader.values(&record, t)? else { return Ok(None) };
+            let bytes: [u8; 4] = values.bytes[..4].try_into().expect("one f32");
+            total += f32::from_le_bytes(bytes) as f64;
+            found = true;
+        }
+        if !found {
+            return Ok(None);
+        }
+    }
+    Ok(Some(total))
 }
 
 /// Whether rank 0 records `tensor` at `step` as a sum across the ranks (whole or a block of it)

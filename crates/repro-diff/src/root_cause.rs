@@ -30,10 +30,11 @@ use std::rc::Rc;
 pub enum CauseRule {
     /// Every recorded input of the cause is identical in both runs; its output is not.
     RecordedInputs,
-    /// A captured graph: every leaf (data, parameter) is identical in both runs, and the cause is
-    /// the first node of the graph, in topological order, that differs.
+    /// A captured graph: every leaf (data, parameter, buffer) is identical in both runs, and the
+    /// cause is the first node of the graph, in topological order, that differs.
     IdenticalLeaves,
-    /// The cause is itself a leaf (data or a parameter): the runs were fed different values.
+    /// The cause is itself a leaf (data, a parameter or a buffer): the runs were fed different
+    /// values.
     Leaf,
     /// A captured step whose leaves and forward graph (loss included) are identical in both
     /// runs: the backward pass computed the cause, a gradient, differently. Other differing
@@ -103,6 +104,44 @@ pub struct RootCause {
     /// stored on both sides): the shape of a random mask (dropout) drawn differently, from
     /// randomness the trace does not record, rather than of an op that rounds differently.
     pub random_mask: bool,
+    /// Whether the graph's nodes are module outputs (a PyTorch recorder's), not ops: between
+    /// two recorded modules runs code the trace does not see (a parent module's own forward,
+    /// functional calls such as dropout), so a node that differs after identical ones may have
+    /// been fed differently by that code rather than computed differently.
+    pub nodes_are_modules: bool,
+    /// Where the cause is the output of an op that draws random numbers (an aten op record of
+    /// PyTorch's `ops` level, `path/aten.rand#k`): that op. With its inputs identical, the
+    /// generator it drew from was in another state.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub random_op: Option<String>,
+}
+
+/// The aten ops that draw from a random generator.
+const RANDOM_OPS: &[&str] = &[
+    "aten.rand",
+    "aten.rand_like",
+    "aten.randn",
+    "aten.randn_like",
+    "aten.randint",
+    "aten.randint_like",
+    "aten.randperm",
+    "aten.bernoulli",
+    "aten.bernoulli_",
+    "aten.normal",
+    "aten.normal_",
+    "aten.uniform_",
+    "aten.exponential_",
+    "aten.multinomial",
+    "aten.native_dropout",
+    "aten.dropout",
+    "aten.rrelu_with_noise",
+];
+
+/// The random op a recorded op's name (`path/aten.op[.i]#k`) names, if it is one.
+fn random_op(name: &str) -> Option<&'static str> {
+    let op = name.rsplit_once('#').map_or(name, |(op, _)| op);
+    let op = op.rsplit_once('/').map_or(op, |(_, op)| op);
+    RANDOM_OPS.iter().copied().find(|r| op == *r || op.strip_prefix(r).is_some_and(|rest| rest.starts_with('.')))
 }
 
 /// A tensor upstream of a cause that differs within the tolerance.
@@ -171,7 +210,7 @@ pub(crate) struct Entry {
     pub(crate) inputs: Vec<String>,
     /// A node of an automatically captured graph.
     pub(crate) node: bool,
-    /// A leaf that feeds the model: data, or a parameter before the update.
+    /// A leaf that feeds the model: data, or a parameter or buffer before the update.
     pub(crate) leaf: bool,
     /// `None`: identical in both runs, or within the tolerance (see `within`). `Some`: differs
     /// (with details).
@@ -191,7 +230,7 @@ impl Entry {
     /// The entry for a recorded tensor.
     pub(crate) fn new(tensor: &repro_trace::TensorRecord, divergence: Option<Divergence>, compared: bool) -> Self {
         let leaf = tensor.kind == TensorKind::Input
-            || (tensor.kind == TensorKind::Weight && tensor.phase != Some(Phase::Update));
+            || (matches!(tensor.kind, TensorKind::Weight | TensorKind::Buffer) && tensor.phase != Some(Phase::Update));
         Entry {
             name: tensor.name.clone(),
             inputs: tensor.inputs.clone(),
@@ -236,6 +275,7 @@ pub(crate) fn analyze(entries: &[Entry], drift_since: Option<u64>) -> Option<Roo
         }
     }
     root.random_mask = root.rule != CauseRule::Leaf && root.cause.metrics.is_some_and(|m| m.looks_like_a_mask());
+    root.random_op = random_op(&root.cause.tensor).map(str::to_string);
     Some(root)
 }
 
@@ -330,6 +370,8 @@ fn analyze_ops<'a>(entries: &'a [Entry]) -> Option<RootCause> {
         drift_from,
         drift_since: None,
         random_mask: false,
+        nodes_are_modules: false,
+        random_op: None,
         upstream: Vec::new(),
     })
 }
@@ -418,6 +460,8 @@ fn analyze_captured(entries: &[Entry]) -> Option<RootCause> {
         drift_from,
         drift_since: None,
         random_mask: false,
+        nodes_are_modules: false,
+        random_op: None,
         upstream: Vec::new(),
     })
 }
@@ -617,6 +661,15 @@ mod tests {
         let r = analyze(&[x, captured("n#0", false, false), captured("n#1", false, true)]).unwrap();
         assert_eq!(r.cause.tensor, "n#1");
         assert_eq!(r.rule, CauseRule::FirstDifference);
+    }
+
+    #[test]
+    fn an_op_that_draws_random_numbers_is_named_by_its_record() {
+        assert_eq!(random_op("1/aten.rand#0"), Some("aten.rand"));
+        assert_eq!(random_op("drop/aten.native_dropout.0#3"), Some("aten.native_dropout"));
+        assert_eq!(random_op("aten.bernoulli_#2"), Some("aten.bernoulli_"));
+        assert_eq!(random_op("fc/aten.addmm#1"), None);
+        assert_eq!(random_op("aten.randomize#1"), None, "a prefix is not a match");
     }
 
     #[test]

@@ -211,7 +211,7 @@ impl Assembler {
 /// A shard that is all of its whole (a world of one, or a tensor too small to split) as the
 /// whole it is, hash included; any other shard as it is.
 fn whole_already(mut t: TensorRecord) -> TensorRecord {
-    if t.shard.as_ref().is_some_and(|s| s.whole == t.shape && s.offset.iter().all(|&o| o == 0)) {
+    if t.shard.as_ref().is_some_and(|s| repro_trace::shard::is_whole(&t, s)) {
         t.shard = None;
     }
     t

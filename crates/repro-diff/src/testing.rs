@@ -19,7 +19,14 @@ pub(crate) fn one_hash_trace(dir: &Path, value: f32) -> PathBuf {
 
 /// Writes into `dir` a trace of one step holding `tensors`.
 pub(crate) fn one_step_trace(dir: &Path, tensors: Vec<StepTensor>) -> PathBuf {
-    let mut w = TraceWriter::create(dir, &header(&[], "cpu"), false).unwrap();
+    one_step_trace_with(dir, tensors, |_| {})
+}
+
+/// `one_step_trace`, its header changed by `change` first.
+pub(crate) fn one_step_trace_with(dir: &Path, tensors: Vec<StepTensor>, change: impl FnOnce(&mut Header)) -> PathBuf {
+    let mut header = header(&[], "cpu");
+    change(&mut header);
+    let mut w = TraceWriter::create(dir, &header, false).unwrap();
     w.write_step(0, tensors).unwrap();
     w.finish().unwrap();
     dir.to_path_buf()

@@ -18,6 +18,11 @@ pub enum Verdict {
     Diverged,
     /// Every step compared agrees, but a trace or a rank did not finish: no verdict on the rest.
     Incomplete,
+    /// Everything compared agrees, but some tensors could not be compared: both runs recorded
+    /// them in forms whose hashes say nothing of each other (shards against wholes, a view
+    /// against a plain tensor, hashes only), or one run recorded captured nodes the other did
+    /// not watch (a compiled model's modules). No verdict on those.
+    Unverified,
 }
 
 impl Verdict {
@@ -28,6 +33,7 @@ impl Verdict {
             Verdict::WithinTolerance => "within_tolerance",
             Verdict::Diverged => "diverged",
             Verdict::Incomplete => "incomplete",
+            Verdict::Unverified => "unverified",
         }
     }
 
@@ -38,29 +44,36 @@ impl Verdict {
 }
 
 impl RunDiff {
-    /// The verdict on the compared runs.
+    /// The verdict on the compared runs: the traces' own, unless a run's replicas drifted
+    /// (diverged) or a rank did not finish (incomplete).
     pub fn verdict(&self) -> Verdict {
-        if self.is_identical() {
-            match self.diff.tolerance {
-                None => Verdict::Identical,
-                Some(_) => Verdict::WithinTolerance,
-            }
-        } else if self.is_incomplete() {
+        let traces = self.diff.verdict();
+        if traces == Verdict::Diverged || self.replicas.iter().any(|r| r.drift.is_some()) {
+            Verdict::Diverged
+        } else if traces == Verdict::Incomplete || self.replicas.iter().any(|r| !r.unfinished.is_empty()) {
             Verdict::Incomplete
         } else {
-            Verdict::Diverged
+            traces
         }
     }
 }
 
 impl TraceDiff {
     /// The verdict on the two traces alone (a run of ranks adds its replicas: `RunDiff::verdict`).
+    /// What differs comes first, then what was not read (an unfinished trace), then what was
+    /// read and not compared.
     pub fn verdict(&self) -> Verdict {
-        match (self.is_identical(), self.agrees_so_far(), &self.tolerance) {
-            (true, _, None) => Verdict::Identical,
-            (true, _, Some(_)) => Verdict::WithinTolerance,
-            (false, true, _) => Verdict::Incomplete,
-            (false, false, _) => Verdict::Diverged,
+        if !self.agrees_so_far() {
+            Verdict::Diverged
+        } else if !(self.a.complete && self.b.complete) {
+            Verdict::Incomplete
+        } else if self.not_compared > 0 || !self.structure.is_empty() {
+            // What remains of the structure are nodes one run recorded and the other did not.
+            Verdict::Unverified
+        } else if self.tolerance.is_some() {
+            Verdict::WithinTolerance
+        } else {
+            Verdict::Identical
         }
     }
 }

@@ -119,7 +119,7 @@ fn write_preamble(out: &mut String, d: &TraceDiff) -> fmt::Result {
 /// The verdict of traces with no value that differs: the caller's `disagreement`, INCOMPLETE,
 /// WITHIN TOLERANCE, IDENTICAL, or DIVERGED in structure (with what differs).
 fn write_agreement(out: &mut String, d: &TraceDiff, disagreement: Option<&str>, text: &DiffText) -> fmt::Result {
-    if let (Some(line), true) = (disagreement, d.structure.is_empty()) {
+    if let (Some(line), true) = (disagreement, d.agrees_so_far()) {
         return writeln!(out, "{line}");
     }
     match d.verdict() {
@@ -156,15 +156,31 @@ fn write_agreement(out: &mut String, d: &TraceDiff, disagreement: Option<&str>, 
             )
         }
         Verdict::Identical => {
-            let left_out = match d.not_compared {
-                0 => String::new(),
-                n => format!("; {n} tensor record(s) could not be compared (see the warning above)"),
-            };
+            writeln!(out, "IDENTICAL  {} steps, {} tensors compared, bit-exact", d.steps_compared, d.tensors_compared)
+        }
+        Verdict::Unverified => {
+            let mut unseen = Vec::new();
+            if d.not_compared > 0 {
+                unseen.push(format!(
+                    "{} tensor record(s) both runs hold could not be compared (see the warning above)",
+                    d.not_compared
+                ));
+            }
+            let once = d.nodes_recorded_once();
+            if once > 0 {
+                unseen.push(format!(
+                    "{once} module output(s) were recorded by one run only (below): the runs watched different modules \
+                     (a compiled model runs its modules inside its graph, where their hooks are not called; or the \
+                     runs were recorded at other levels), and no value says they differ"));
+            }
             writeln!(
                 out,
-                "IDENTICAL  {} steps, {} tensors compared, bit-exact{left_out}",
-                d.steps_compared, d.tensors_compared
-            )
+                "UNVERIFIED  {} steps, {} tensors compared bit-exact, but {}: the runs are not shown identical",
+                d.steps_compared,
+                d.tensors_compared,
+                unseen.join("; ")
+            )?;
+            write_structure(out, &d.structure, text)
         }
         // No value differs (the caller says so), and so the structure does.
         Verdict::Diverged => {
@@ -239,8 +255,18 @@ fn write_first_divergence(out: &mut String, d: &TraceDiff, first: &Divergence, t
                 })
                 .collect();
             writeln!(out, "  the runs were recorded with other settings, which explains it: {}", settings.join(", "))?;
-        } else if root.rule == CauseRule::Leaf && root.cause.kind == TensorKind::Weight && root.cause.step == 0 {
+        } else if root.rule == CauseRule::Leaf
+            && root.cause.kind == TensorKind::Weight
+            && root.cause.step == 0
+            && root.nodes_are_modules
+        {
             // Same settings, other starting parameters: most often an unseeded initialisation.
+            writeln!(
+                out,
+                "  the runs start from other parameters with the same settings: is the initialisation seeded? \
+                 seed PyTorch's generator (torch.manual_seed) before the model is built, or load the same weights"
+            )?;
+        } else if root.rule == CauseRule::Leaf && root.cause.kind == TensorKind::Weight && root.cause.step == 0 {
             writeln!(
                 out,
                 "  the runs start from other parameters with the same settings: is the initialisation seeded? \
@@ -250,6 +276,19 @@ fn write_first_divergence(out: &mut String, d: &TraceDiff, first: &Divergence, t
         }
         writeln!(out)?;
         write_root_cause_with(out, root, text.missing_values())?;
+    }
+    if let Some(e) = &d.escalate {
+        let recorded = if e.modules_recorded {
+            "every module's output but not every op's"
+        } else {
+            "neither every module's output nor every op's"
+        };
+        writeln!(
+            out,
+            "\nstep {} was recorded with {recorded}: `repro bisect -- CMD` (your program) records both runs again \
+             down to the op at the step where they first diverge, and names the first op that differs",
+            e.step
+        )?;
     }
     writeln!(out)?;
     writeln!(
@@ -367,6 +406,7 @@ pub(crate) fn write_root_cause_with(out: &mut String, r: &RootCause, missing: &s
         format!("{from}{since}")
     };
     let drift_why;
+    let random_op_why;
     let why = match r.rule {
         CauseRule::Drift if r.cause.phase == Some(Phase::Update) => {
             let by: Vec<String> = r.upstream.iter().map(|u| format!("`{}` by {}", u.tensor, sci(u.max_abs))).collect();
@@ -413,6 +453,15 @@ pub(crate) fn write_root_cause_with(out: &mut String, r: &RootCause, missing: &s
             );
             drift_why.as_str()
         }
+        _ if r.random_op.is_some() => {
+            random_op_why = format!(
+                "this op, `{}`, draws random numbers, and what it is computed from is identical in both runs as far \
+                 as the trace records it: the generator it drew from was in another state. Seed it \
+                 (torch.manual_seed, or a torch.Generator of your own seeded the same in both runs)",
+                r.random_op.as_deref().unwrap_or_default()
+            );
+            random_op_why.as_str()
+        }
         _ if r.random_mask => {
             "what it is computed from is identical in both runs as far as the trace records it, and every element \
              that differs is zero in exactly one run: the shape of a random mask (dropout) drawn differently, not \
@@ -422,6 +471,13 @@ pub(crate) fn write_root_cause_with(out: &mut String, r: &RootCause, missing: &s
         CauseRule::RecordedInputs => {
             "its recorded inputs are identical in both runs and its output is not: the op computed it differently, \
              or it also reads something not recorded as its input (a random draw such as a dropout mask)"
+        }
+        CauseRule::IdenticalLeaves if r.nodes_are_modules => {
+            "every recorded leaf (data, parameters) and every module output recorded before it are identical in \
+             both runs, and this is the first module output that differs. The module computed it differently, or \
+             what it was fed did differ: code between recorded modules runs unseen (its parent's own forward, \
+             functional calls such as F.dropout, which draws a random mask, or an in-place op), so an identical \
+             output before it does not make this module's input identical"
         }
         CauseRule::IdenticalLeaves => {
             "every recorded leaf of the graph (data, parameters) is identical in both runs, and this is the first \
@@ -492,7 +548,9 @@ pub fn metrics_sentence(m: &TensorMetrics) -> String {
     // one. Where that is what makes max ULP large, say how far apart the values are at their
     // own scale.
     let at_scale = match m.ulps_at_scale() {
-        Some(s) if m.max_ulp as f64 > 16.0 * s.max(1.0) => format!(" ({} at the differing values' scale)", sci(s)),
+        Some(s) if m.max_ulp as f64 > 16.0 * s.max(1.0) => {
+            format!(" (near zero, where floats are dense; at the scale of the values that differ, {} ULP)", sci(s))
+        }
         _ => String::new(),
     };
     format!(
@@ -590,6 +648,13 @@ pub fn structure_line(item: &StructuralDifference) -> String {
             format!("`{tensor}` is {a} in A but {b} in B, at {steps} step(s) from step {first_step}")
         }
         StructuralDifference::GraphChanged { .. } => graph_changed(item),
+        StructuralDifference::NotRecorded { scope, recorded_in, nodes, first_step, steps } => {
+            let has = if recorded_in == "a" { "A" } else { "B" };
+            format!(
+                "`{scope}`: {nodes} module output(s) recorded only in {has}, not compared, at {steps} step(s) from step \
+                 {first_step}"
+            )
+        }
     }
 }
 
@@ -627,6 +692,7 @@ mod tests {
             hash_only_differences: 0,
             not_compared: 0,
             gaps: Vec::new(),
+            escalate: None,
         }
     }
 
@@ -641,8 +707,12 @@ mod tests {
         let d = agreeing(12);
         assert_eq!(agreement(&d, None), "IDENTICAL  3 steps, 12 tensors compared, bit-exact\n");
         let left_out = TraceDiff { not_compared: 2, ..agreeing(12) };
-        assert!(agreement(&left_out, None)
-            .ends_with("bit-exact; 2 tensor record(s) could not be compared (see the warning above)\n"));
+        let text = agreement(&left_out, None);
+        assert!(
+            text.starts_with("UNVERIFIED  3 steps, 12 tensors compared bit-exact, but 2 tensor record(s)"),
+            "{text}"
+        );
+        assert_eq!(left_out.verdict(), Verdict::Unverified);
         // A trace that did not finish is never IDENTICAL, and the caller's line wins over both.
         let mut cut = agreeing(12);
         cut.b.complete = false;
@@ -681,7 +751,7 @@ mod tests {
         let f = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
         let near_zero = repro_diff::compare(repro_trace::dtype::DType::F32, &f(&[1.0, 0.0]), &f(&[1.0, 5.8e-11]));
         assert!(
-            metrics_sentence(&near_zero).contains("at the differing values' scale"),
+            metrics_sentence(&near_zero).contains("at the scale of the values that differ"),
             "{}",
             metrics_sentence(&near_zero)
         );

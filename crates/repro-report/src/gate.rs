@@ -2,7 +2,7 @@
 //! (JUnit XML).
 
 use crate::diff::{metrics_sentence, structure_line, write_root_cause, write_root_cause_with};
-use repro_diff::{GateReport, TraceDiff};
+use repro_diff::{GateReport, TraceDiff, Verdict};
 use std::fmt::Write;
 
 /// What a divergence from a baseline says of its values: a baseline keeps hashes only.
@@ -11,23 +11,25 @@ const BASELINE_HAS_NO_VALUES: &str =
 
 /// One line on what a comparison found.
 fn verdict_line(d: &TraceDiff) -> String {
-    match &d.first_divergence {
-        _ if d.is_identical() => match &d.tolerance {
-            Some(t) => format!(
-                "within {t} ({} steps, {} tensors, {} differ within it)",
-                d.steps_compared, d.tensors_compared, d.tensors_within_tolerance
-            ),
-            None if d.not_compared > 0 => format!(
-                "identical ({} steps, {} tensors), but {} view record(s) could not be compared",
-                d.steps_compared, d.tensors_compared, d.not_compared
-            ),
-            None => format!("identical ({} steps, {} tensors)", d.steps_compared, d.tensors_compared),
-        },
-        Some(f) => {
+    match (d.verdict(), &d.first_divergence) {
+        (_, Some(f)) => {
             let metrics = f.metrics.as_ref().map_or("hashes differ".to_string(), metrics_sentence);
             format!("first differs at step {}, `{}` ({}): {metrics}", f.step, f.tensor, f.kind)
         }
-        None if d.agrees_so_far() => {
+        (Verdict::Identical, None) => format!("identical ({} steps, {} tensors)", d.steps_compared, d.tensors_compared),
+        (Verdict::WithinTolerance, None) => format!(
+            "within {} ({} steps, {} tensors, {} differ within it)",
+            d.tolerance.as_ref().expect("a verdict within a tolerance has one"),
+            d.steps_compared,
+            d.tensors_compared,
+            d.tensors_within_tolerance
+        ),
+        (Verdict::Unverified, None) => format!(
+            "unverified: {} tensor record(s) could not be compared ({} steps, {} tensors agree; record with full \
+             values, `--capture all`, to compare the rest)",
+            d.not_compared, d.steps_compared, d.tensors_compared
+        ),
+        (Verdict::Incomplete, None) => {
             let unfinished: Vec<&str> = [(&d.a, "the reference"), (&d.b, "this run")]
                 .into_iter()
                 .filter(|(s, _)| !s.complete)
@@ -39,7 +41,7 @@ fn verdict_line(d: &TraceDiff) -> String {
                 d.steps_compared
             )
         }
-        None => {
+        (Verdict::Diverged, None) => {
             let more = match d.structure.len() {
                 0 | 1 => String::new(),
                 n => format!(" (and {} more difference(s))", n - 1),
@@ -152,8 +154,8 @@ pub fn render_gate_junit(r: &GateReport) -> Result<String, String> {
     use quick_junit::{NonSuccessKind, Report, TestCase, TestCaseStatus, TestSuite};
     let mut report = Report::new("repro");
     let mut suite = TestSuite::new("repro gate");
-    for repro_diff::GateComparison { run: label, diff: d, .. } in &r.comparisons {
-        let status = if d.is_identical() {
+    for repro_diff::GateComparison { run: label, diff: d, passed, .. } in &r.comparisons {
+        let status = if *passed {
             TestCaseStatus::success()
         } else {
             let mut s = TestCaseStatus::non_success(NonSuccessKind::Failure);

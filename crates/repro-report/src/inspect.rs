@@ -42,9 +42,20 @@ pub fn render_summary(s: &TraceSummary) -> String {
     }
     let _ = writeln!(
         out,
-        "\ncapture    full tensors: {}; inline up to {} bytes",
-        h.capture.full, h.capture.inline_max_bytes
+        "\ncapture    full tensors: {}; inline up to {} bytes; data hash {}",
+        h.capture.full,
+        h.capture.inline_max_bytes,
+        h.data_hash.name()
     );
+    if h.capture.modules.is_some() || h.capture.ops.is_some() {
+        let level = |p: &Option<repro_trace::FullCapture>| p.as_ref().map_or("(unset)".to_string(), |p| p.to_string());
+        let _ = writeln!(
+            out,
+            "levels     every step's state; module outputs at {}; op outputs at {}",
+            level(&h.capture.modules),
+            level(&h.capture.ops)
+        );
+    }
     let range = match (s.first_step, s.last_step) {
         (Some(a), Some(b)) => format!("{} steps ({a} to {b})", s.steps),
         _ => "no steps".into(),

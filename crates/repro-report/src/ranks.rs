@@ -3,7 +3,7 @@
 //! that differs.
 
 use crate::diff::{render_diff_unless, render_diff_with, DiffText};
-use repro_diff::{DataParallelCause, ReplicaDrift, ReplicaReport, RunDiff, Stall};
+use repro_diff::{DataParallelCause, ReplicaDrift, ReplicaReport, RunDiff, Stall, Verdict};
 use std::fmt::Write;
 
 /// Renders a run-level diff; for two single-device runs, exactly `render_diff`.
@@ -56,21 +56,7 @@ pub fn render_run_diff_with(r: &RunDiff, text: &DiffText) -> String {
     if let Some(cause) = &r.cause {
         let _ = writeln!(out, "{}", cause_sentence(cause, r));
     }
-    // The streams shown can agree while the run as a whole does not: a rank that did not finish
-    // (the same in both runs, or in a run whose other ranks were not compared).
-    let unfinished: Vec<String> = r
-        .replicas
-        .iter()
-        .flat_map(|report| report.unfinished.iter().map(move |u| format!("{} rank {}", report.run, u.rank)))
-        .collect();
-    let disagreement = (r.diff.agrees_so_far() && !unfinished.is_empty()).then(|| {
-        format!(
-            "INCOMPLETE  the streams compared agree bit for bit, but not every rank finished ({}): the run is not \
-             identical",
-            unfinished.join(", ")
-        )
-    });
-    out.push_str(&render_diff_unless(&r.diff, disagreement.as_deref(), text));
+    out.push_str(&render_diff_unless(&r.diff, run_verdict_line(r).as_deref(), text));
     if let (Some(t), Some(rank)) = (&r.all_ranks, r.rank) {
         let _ = writeln!(
             out,
@@ -79,6 +65,49 @@ pub fn render_run_diff_with(r: &RunDiff, text: &DiffText) -> String {
         );
     }
     out
+}
+
+/// The verdict line of a run whose streams compared agree while the run as a whole does not
+/// (its verdict, and so its exit code, is not the streams'): a run whose replicas drifted or
+/// whose shards do not tile, or a rank that did not finish. `None` when the streams' verdict is
+/// the run's.
+fn run_verdict_line(r: &RunDiff) -> Option<String> {
+    let verdict = r.verdict();
+    if verdict == r.diff.verdict() {
+        return None;
+    }
+    match verdict {
+        Verdict::Diverged => {
+            let drifts: Vec<String> = r
+                .replicas
+                .iter()
+                .filter_map(|report| {
+                    let drift = report.drift.as_ref()?;
+                    Some(match drift.shards {
+                        Some(_) => format!("{}'s shards do not tile `{}` (SHARD GAP above)", report.run, drift.tensor),
+                        None => format!("{}'s ranks disagree on `{}` (REPLICA DRIFT above)", report.run, drift.tensor),
+                    })
+                })
+                .collect();
+            Some(format!(
+                "DIVERGED  the streams compared agree bit for bit, but {}: the run is not identical",
+                drifts.join("; ")
+            ))
+        }
+        Verdict::Incomplete => {
+            let unfinished: Vec<String> = r
+                .replicas
+                .iter()
+                .flat_map(|report| report.unfinished.iter().map(move |u| format!("{} rank {}", report.run, u.rank)))
+                .collect();
+            Some(format!(
+                "INCOMPLETE  the streams compared agree bit for bit, but not every rank finished ({}): the run is not \
+                 identical",
+                unfinished.join(", ")
+            ))
+        }
+        _ => None,
+    }
 }
 
 /// Lines saying whether a data-parallel run's ranks finished together and stayed replicas.
@@ -187,6 +216,16 @@ fn cause_sentence(cause: &DataParallelCause, r: &RunDiff) -> String {
                 "cause: the batch split. At step {step}, each data-parallel run's sum of `{tensor}` equals its ranks' shares added in rank order, bit for bit: the collective added no rounding of its own. The runs differ because the gradient is summed in parts, over 1/{split} of the batch each, and then the parts are added"
             )
         }
+        DataParallelCause::ForwardDiffers { step, tensor, loss_a, loss_b } => format!(
+            "cause: the ranks' forward passes, not the batch split alone. At step {step}, each data-parallel run's sum \
+             of `{tensor}` equals its ranks' shares added in rank order (the collective added no rounding of its \
+             own), but with identical parameters the runs' losses disagree beyond rounding (A {}, B {}, added over \
+             their ranks): the ranks computed their examples otherwise than one device did. Random draws made per \
+             rank (dropout masks, from each rank's own generator) or other rows given to a rank do that; a batch \
+             split alone leaves the losses within rounding",
+            crate::format::sci(*loss_a),
+            crate::format::sci(*loss_b)
+        ),
         DataParallelCause::CollectiveRounding { step, tensor, run, max_ulp } => format!(
             "cause: the collective's order. At step {step}, {run}'s sum of `{tensor}` is up to {max_ulp} ULP from its ranks' shares added in rank order"
         ),

@@ -31,10 +31,13 @@ pub struct FormatVersion {
 /// - 1.7: `shard`: one rank's block of a tensor sharded across the ranks (`crate::shard`).
 /// - 1.8: `reduce_scatter`: a shard that is this rank's block of a sum across the ranks (FSDP's
 ///   gradients), with each rank's whole contribution as its input.
+/// - 1.9: tensor kind `buffer`: a module's registered buffer (BatchNorm's running statistics),
+///   before and after each step. A file that declares an older version carries none; a 2.0
+///   file, a later version, may.
 /// - 2.0: `data_hash` in the header: `xxh3-1k` hashes each tensor's 1 KiB chunks with XXH3-64
 ///   and their digests with BLAKE3 (`crate::hash::DataHash`). Only such traces are written as
 ///   2.0 (`FormatVersion::written_for`): a 1.x reader would check their hashes as BLAKE3's.
-pub const CURRENT_FORMAT: FormatVersion = FormatVersion { major: 1, minor: 8 };
+pub const CURRENT_FORMAT: FormatVersion = FormatVersion { major: 1, minor: 9 };
 
 /// The version a trace of the data hash `xxh3-1k` is written in.
 pub const XXH3_FORMAT: FormatVersion = FormatVersion { major: 2, minor: 0 };
@@ -45,7 +48,7 @@ impl FormatVersion {
         self.major == CURRENT_FORMAT.major || self.major == XXH3_FORMAT.major
     }
 
-    /// The version a trace whose tensors are hashed with `data_hash` is written in: 1.8 for
+    /// The version a trace whose tensors are hashed with `data_hash` is written in: 1.9 for
     /// BLAKE3 (what every 1.x reader reads), 2.0 otherwise.
     pub fn written_for(data_hash: crate::hash::DataHash) -> FormatVersion {
         if data_hash.is_blake3() {

@@ -196,6 +196,17 @@ impl TraceReader {
                         return Err(reader.corrupt("the header record", why));
                     }
                 }
+                let capture = &header.capture;
+                if capture.modules.is_some() || capture.ops.is_some() {
+                    if let Err(why) = reader.needs_version(1, 9, "`capture.modules` or `capture.ops`") {
+                        return Err(reader.corrupt("the header record", why));
+                    }
+                }
+                if capture.full == crate::FullCapture::First {
+                    if let Err(why) = reader.needs_version(1, 9, "the capture policy `first`") {
+                        return Err(reader.corrupt("the header record", why));
+                    }
+                }
                 if !header.data_hash.is_blake3() {
                     if let Err(why) = reader.needs_version(2, 0, "`data_hash` other than blake3") {
                         return Err(reader.corrupt("the header record", why));
@@ -525,6 +536,9 @@ impl TraceReader {
         if t.phase.is_some() || !t.inputs.is_empty() {
             self.needs_version(1, 1, "`phase` or `inputs`")?;
         }
+        if t.kind == crate::TensorKind::Buffer && (self.version.major, self.version.minor) < (1, 9) {
+            return Err(format!("the kind `buffer` is of format 1.9, but the file declares {}", self.version));
+        }
         if t.node.is_some() {
             self.needs_version(1, 2, "`node`")?;
         }
@@ -546,7 +560,7 @@ impl TraceReader {
         }
         if let Some(shard) = &t.shard {
             self.needs_version(1, 7, "`shard`")?;
-            crate::shard::check(t, shard)?;
+            crate::shard::check_in_world(t, shard, self.header.world_size())?;
         }
         if let Some(reduction) = &t.reduce_scatter {
             self.needs_version(1, 8, "`reduce_scatter`")?;
@@ -848,6 +862,13 @@ mod tests {
         let record = TensorRecord { name: "w\x1b[31m".into(), ..tensor(vec![1], Some(vec![0; 4]), false) };
         let err = w.write_step(0, vec![StepTensor { record, payload: None }]).unwrap_err().to_string();
         assert!(err.contains("U+001B") && !err.chars().any(char::is_control), "{err:?}");
+        // Half a tensor as a shard, in a trace of one device.
+        let half = TensorRecord {
+            shard: Some(crate::ShardOf { whole: vec![2], offset: vec![0] }),
+            ..tensor(vec![1], Some(vec![0; 4]), false)
+        };
+        let err = w.write_step(1, vec![StepTensor { record: half, payload: None }]).unwrap_err().to_string();
+        assert!(err.contains("a trace of one device"), "{err}");
     }
 
     fn error_reading(records: &[Vec<u8>]) -> String {
@@ -907,6 +928,29 @@ mod tests {
         }
     }
 
+    /// A trace of one device (no `distributed`, or a world of one) has no other rank to hold the
+    /// rest of a tensor: a shard there is its whole, and half a tensor is corrupt.
+    #[test]
+    fn a_trace_of_one_device_holds_each_shard_whole() {
+        let shard = |shape: Vec<u64>, offset: u64| TensorRecord {
+            shard: Some(crate::ShardOf { whole: vec![4], offset: vec![offset] }),
+            ..tensor(shape.clone(), Some(vec![0; 4 * shape[0] as usize]), false)
+        };
+        let half = error_reading(&[header(), step_with(shard(vec![2], 0), None)]);
+        assert!(half.contains("corrupt") && half.contains("a trace of one device"), "{half}");
+        assert_eq!(read_all(trace_with(&[header(), step_with(shard(vec![4], 0), None)]).path()).unwrap(), 1);
+        let world = |world_size| crate::schema::Distributed {
+            rank: 0,
+            world_size,
+            backend: "file".into(),
+            backend_version: String::new(),
+        };
+        let of_one = error_reading(&[header_of(Some(world(1))), step_with(shard(vec![2], 2), None)]);
+        assert!(of_one.contains("a trace of one device"), "{of_one}");
+        let of_two = trace_with(&[header_of(Some(world(2))), step_with(shard(vec![2], 2), None)]);
+        assert_eq!(read_all(of_two.path()).unwrap(), 1, "a rank of two holds half");
+    }
+
     /// A reduce-scatter's result (format 1.8) is this rank's block of a sum: it carries a shard,
     /// no `collective`, and one input of the whole's shape recorded before it; a 1.7 file has none.
     #[test]
@@ -922,6 +966,14 @@ mod tests {
                 shard: Some(crate::ShardOf { offset: vec![2, 0], whole }),
                 ..tensor(vec![2, 2], values(&[2, 2]), false)
             };
+        // The block of a rank of two.
+        let rank = crate::schema::Distributed {
+            rank: 0,
+            world_size: 2,
+            backend: "file".into(),
+            backend_version: String::new(),
+        };
+        let header = || header_of(Some(rank.clone()));
         let step = |tensors: Vec<TensorRecord>| {
             let record = StepRecord { step: 0, payload: None, tensors, no_gradient: Vec::new() };
             rmp_serde::to_vec_named(&Record::Step(record)).unwrap()
@@ -945,14 +997,45 @@ mod tests {
             (vec![share.clone(), block(vec![4, 2], Some("sum"), None, &[])], "names 0"),
         ];
         for (tensors, expected) in cases {
-            let err = error_reading(&[header(), step(tensors)]);
+            let err = read_all(trace_with(&[header(), step(tensors)]).path()).unwrap_err().to_string();
             assert!(err.contains("corrupt") && err.contains(expected), "expected `{expected}`: {err}");
         }
         let v1_7 = FormatVersion { major: 1, minor: 7 };
-        let old =
-            rmp_serde::to_vec_named(&Record::Header(Box::new(Header { format: v1_7, ..plain_header() }))).unwrap();
+        let old = rmp_serde::to_vec_named(&Record::Header(Box::new(Header {
+            format: v1_7,
+            distributed: Some(rank.clone()),
+            ..plain_header()
+        })))
+        .unwrap();
         let err = read_all(trace_in_version(v1_7, &[old, step(vec![share, good])]).path()).unwrap_err().to_string();
         assert!(err.contains("`reduce_scatter` is a key of format 1.8"), "{err}");
+    }
+
+    /// A buffer (format 1.9) reads as one in a file that declares 1.9 or later, and is refused
+    /// in an older one, whose readers would take it for a kind they do not know.
+    #[test]
+    fn a_buffer_is_a_kind_of_format_1_9() {
+        let buffer = TensorRecord {
+            name: "bn.running_mean".into(),
+            kind: crate::TensorKind::Buffer,
+            ..tensor(vec![2], Some(vec![0; 8]), false)
+        };
+        let record = |version: FormatVersion| {
+            let header = Header { format: version, ..plain_header() };
+            let header = rmp_serde::to_vec_named(&Record::Header(Box::new(header))).unwrap();
+            trace_in_version(version, &[header, step_with(buffer.clone(), None)])
+        };
+        for version in [CURRENT_FORMAT, format::XXH3_FORMAT] {
+            let mut reader = TraceReader::open(record(version).path()).unwrap();
+            let step = reader.next_step().unwrap().expect("a step");
+            assert_eq!(step.tensors[0].kind, crate::TensorKind::Buffer, "in {version}");
+        }
+        let v1_8 = FormatVersion { major: 1, minor: 8 };
+        let err = read_all(record(v1_8).path()).unwrap_err().to_string();
+        assert!(
+            err.contains("corrupt") && err.contains("the kind `buffer` is of format 1.9, but the file declares 1.8"),
+            "{err}"
+        );
     }
 
     /// A view (format 1.5) is read only as what it claims: a node's view of an earlier tensor
@@ -1047,7 +1130,7 @@ mod tests {
         }
         let b3 = write(DataHash::Blake3, DataHash::Blake3);
         let plain = TraceReader::open(b3.path()).unwrap();
-        assert_eq!(plain.version(), CURRENT_FORMAT, "blake3 traces stay 1.8");
+        assert_eq!(plain.version(), CURRENT_FORMAT, "blake3 traces stay 1.x");
         let refused = reader.comparable_with(&plain).unwrap_err().to_string();
         assert!(
             refused.contains(&format!(
@@ -1063,10 +1146,12 @@ mod tests {
     #[test]
     fn a_data_hash_in_a_1_x_trace_or_of_an_unknown_name_is_corrupt() {
         let h = Header { data_hash: crate::hash::DataHash::Xxh3Chunks, ..plain_header() };
-        let in_1_8 = rmp_serde::to_vec_named(&Record::Header(Box::new(h))).unwrap();
-        let err = TraceReader::open(trace_with(&[in_1_8]).path()).err().expect("refused").to_string();
+        let in_1_x = rmp_serde::to_vec_named(&Record::Header(Box::new(h))).unwrap();
+        let err = TraceReader::open(trace_with(&[in_1_x]).path()).err().expect("refused").to_string();
         assert!(
-            err.contains("`data_hash` other than blake3 is a key of format 2.0, but the file declares 1.8"),
+            err.contains(&format!(
+                "`data_hash` other than blake3 is a key of format 2.0, but the file declares {CURRENT_FORMAT}"
+            )),
             "{err}"
         );
         let v2 = FormatVersion { major: 2, minor: 0 };
@@ -1109,8 +1194,21 @@ mod tests {
             backend: "file".into(),
             backend_version: String::new(),
         };
-        let distributed = err(v(2), &[header_in(v(2), Some(rank))]);
+        let distributed = err(v(2), &[header_in(v(2), Some(rank.clone()))]);
         assert!(distributed.contains("`distributed` is a key of format 1.3"), "{distributed}");
+        // The capture ladder's levels and the policy `first` (1.9).
+        let with_capture = |version: FormatVersion, capture: crate::CapturePolicy| {
+            let h = Header { format: version, capture, ..plain_header() };
+            rmp_serde::to_vec_named(&Record::Header(Box::new(h))).unwrap()
+        };
+        let levels = crate::CapturePolicy { ops: Some(crate::FullCapture::Steps(vec![3])), ..Default::default() };
+        let early = err(v(8), &[with_capture(v(8), levels.clone())]);
+        assert!(early.contains("`capture.modules` or `capture.ops` is a key of format 1.9"), "{early}");
+        assert_eq!(err(v(9), &[with_capture(v(9), levels)]), "");
+        let first = crate::CapturePolicy { full: crate::FullCapture::First, ..Default::default() };
+        let early = err(v(8), &[with_capture(v(8), first.clone())]);
+        assert!(early.contains("the capture policy `first` is a key of format 1.9"), "{early}");
+        assert_eq!(err(v(9), &[with_capture(v(9), first)]), "");
         let node = TensorRecord { node: Some(0), ..tensor(vec![1], Some(vec![0; 4]), false) };
         let node = err(v(1), &[header_in(v(1), None), step_with(node, None)]);
         assert!(node.contains("`node` is a key of format 1.2"), "{node}");
@@ -1129,15 +1227,17 @@ mod tests {
         let stray = err(v(5), &[header_in(v(5), None), step_with(sourced(None), None)]);
         assert!(stray.contains("`source` is a captured node's before format 1.6"), "{stray}");
         assert_eq!(err(v(6), &[header_in(v(6), None), step_with(sourced(None), None)]), "");
-        // A shard (1.7) must lie in its whole, and a file before 1.7 has none.
+        // A shard (1.7) must lie in its whole, and a file before 1.7 has none; it is a block of a
+        // rank of several (a trace of one device holds each whole, below).
         let sharded = |offset| TensorRecord {
             shard: Some(crate::ShardOf { whole: vec![3], offset: vec![offset] }),
             ..tensor(vec![1], Some(vec![0; 4]), false)
         };
-        let early = err(v(6), &[header_in(v(6), None), step_with(sharded(2), None)]);
+        let rank_of_3 = || Some(crate::schema::Distributed { world_size: 3, ..rank.clone() });
+        let early = err(v(6), &[header_in(v(6), rank_of_3()), step_with(sharded(2), None)]);
         assert!(early.contains("`shard` is a key of format 1.7"), "{early}");
-        assert_eq!(err(v(7), &[header_in(v(7), None), step_with(sharded(2), None)]), "");
-        let past = err(v(7), &[header_in(v(7), None), step_with(sharded(3), None)]);
+        assert_eq!(err(v(7), &[header_in(v(7), rank_of_3()), step_with(sharded(2), None)]), "");
+        let past = err(v(7), &[header_in(v(7), rank_of_3()), step_with(sharded(3), None)]);
         assert!(past.contains("corrupt") && past.contains("past the whole"), "{past}");
         let long = TensorRecord { source: Some("x".repeat(5000)), ..sourced(Some(0)) };
         let long = err(v(4), &[header_in(v(4), None), step_with(long, None)]);

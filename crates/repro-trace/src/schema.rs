@@ -64,6 +64,11 @@ impl Header {
             data_hash: DataHash::Blake3,
         }
     }
+
+    /// How many ranks the run has (1: one device, with or without `distributed`).
+    pub fn world_size(&self) -> u64 {
+        self.distributed.as_ref().map_or(1, |d| d.world_size)
+    }
 }
 
 /// One rank's place in a data-parallel run (format 1.3).
@@ -269,6 +274,10 @@ pub enum TensorKind {
     OpOutput,
     /// Data fed to the model: a batch of inputs or labels (format 1.1).
     Input,
+    /// A module's registered buffer (format 1.9): state the model holds besides its trainable
+    /// parameters, such as BatchNorm's running statistics, before the step (`NAME`) and after it
+    /// (`NAME.updated`).
+    Buffer,
     /// A kind this version of repro does not know (written by a newer minor version).
     #[serde(other)]
     Other,
@@ -276,7 +285,7 @@ pub enum TensorKind {
 
 impl TensorKind {
     /// Every kind, in the order `name` lists them.
-    pub const ALL: [TensorKind; 8] = [
+    pub const ALL: [TensorKind; 9] = [
         TensorKind::Weight,
         TensorKind::Gradient,
         TensorKind::Prediction,
@@ -284,6 +293,7 @@ impl TensorKind {
         TensorKind::Activation,
         TensorKind::OpOutput,
         TensorKind::Input,
+        TensorKind::Buffer,
         TensorKind::Other,
     ];
 
@@ -302,6 +312,7 @@ impl TensorKind {
             TensorKind::Activation => "activation",
             TensorKind::OpOutput => "op_output",
             TensorKind::Input => "input",
+            TensorKind::Buffer => "buffer",
             TensorKind::Other => "other",
         }
     }
@@ -361,11 +372,20 @@ pub struct CapturePolicy {
     pub full: FullCapture,
     /// Tensors this small (in bytes) are stored inline at every step.
     pub inline_max_bytes: u64,
+    /// The capture ladder's `modules` level (format 1.9): the steps at which every module's
+    /// output is recorded, where the producer records by levels (PyTorch's recorder). `None`:
+    /// the producer does not say (its nodes, if any, are recorded at every step).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub modules: Option<FullCapture>,
+    /// The capture ladder's `ops` level (format 1.9): the steps at which every op's output
+    /// inside the step is recorded (PyTorch's aten ops). `None`: the producer does not say.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ops: Option<FullCapture>,
 }
 
 impl Default for CapturePolicy {
     fn default() -> Self {
-        CapturePolicy { full: FullCapture::FirstAndLast, inline_max_bytes: 256 }
+        CapturePolicy { full: FullCapture::FirstAndLast, inline_max_bytes: 256, modules: None, ops: None }
     }
 }
 
@@ -373,9 +393,30 @@ impl CapturePolicy {
     /// Whether `step` stores full tensors, given the run's total step count if known (without
     /// it, `first-and-last` stores only the first step).
     pub fn wants_full(&self, step: u64, first_step: u64, total_steps: Option<u64>) -> bool {
-        match &self.full {
+        self.full.names(step, first_step, total_steps)
+    }
+
+    /// The capture ladder's levels that differ from `other`'s, as `(level, this, other)`:
+    /// `modules` or `ops`, each policy as written (`(unset)` where the header does not say).
+    pub fn level_differences(&self, other: &CapturePolicy) -> Vec<(&'static str, String, String)> {
+        let text = |p: &Option<FullCapture>| p.as_ref().map_or("(unset)".to_string(), FullCapture::to_string);
+        [("modules", &self.modules, &other.modules), ("ops", &self.ops, &other.ops)]
+            .into_iter()
+            .filter(|(_, a, b)| a != b)
+            .map(|(level, a, b)| (level, text(a), text(b)))
+            .collect()
+    }
+}
+
+impl FullCapture {
+    /// Whether the policy names `step`, of a run whose first recorded step is `first_step` and
+    /// whose step count is `total_steps` if known (without it, `first-and-last` names only the
+    /// first step).
+    pub fn names(&self, step: u64, first_step: u64, total_steps: Option<u64>) -> bool {
+        match self {
             FullCapture::None => false,
             FullCapture::All => true,
+            FullCapture::First => step == first_step,
             FullCapture::FirstAndLast => {
                 step == first_step || total_steps.is_some_and(|n| n > 0 && step == first_step.saturating_add(n - 1))
             }
@@ -385,14 +426,16 @@ impl CapturePolicy {
     }
 }
 
-/// Which steps store full tensors; written as text: `none`, `all`, `first-and-last`,
-/// `every:N`, or `steps:A,B,C`.
+/// Which steps store full tensors (or record a level of the capture ladder); written as text:
+/// `none`, `all`, `first` (1.9), `first-and-last`, `every:N`, or `steps:A,B,C`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FullCapture {
     /// Hashes only (plus small inline tensors).
     None,
     /// Every step.
     All,
+    /// The first step recorded (format 1.9).
+    First,
     /// The first and the last step (the default).
     FirstAndLast,
     /// Every N-th step (N > 0): the steps divisible by N.
@@ -403,7 +446,7 @@ pub enum FullCapture {
 
 /// The error for a capture policy that does not parse.
 #[derive(Debug, thiserror::Error)]
-#[error("invalid capture policy `{0}`: expected none, all, first-and-last, every:N (N > 0) or steps:A,B,...")]
+#[error("invalid capture policy `{0}`: expected none, all, first, first-and-last, every:N (N > 0) or steps:A,B,...")]
 pub struct BadCapture(pub String);
 
 impl FromStr for FullCapture {
@@ -413,6 +456,7 @@ impl FromStr for FullCapture {
         match s {
             "none" | "hashes" => return Ok(FullCapture::None),
             "all" => return Ok(FullCapture::All),
+            "first" => return Ok(FullCapture::First),
             "first-and-last" | "default" => return Ok(FullCapture::FirstAndLast),
             _ => {}
         }
@@ -439,6 +483,7 @@ impl fmt::Display for FullCapture {
         match self {
             FullCapture::None => f.write_str("none"),
             FullCapture::All => f.write_str("all"),
+            FullCapture::First => f.write_str("first"),
             FullCapture::FirstAndLast => f.write_str("first-and-last"),
             FullCapture::Every(n) => write!(f, "every:{n}"),
             FullCapture::Steps(steps) => {
@@ -468,7 +513,7 @@ mod tests {
 
     #[test]
     fn capture_policies_parse_and_print_back() {
-        for text in ["none", "all", "first-and-last", "every:5", "steps:1,5,9"] {
+        for text in ["none", "all", "first", "first-and-last", "every:5", "steps:1,5,9"] {
             let parsed: FullCapture = text.parse().unwrap();
             assert_eq!(parsed.to_string(), text);
         }
@@ -480,6 +525,19 @@ mod tests {
     }
 
     #[test]
+    fn every_kind_reads_back_by_its_name_and_an_unknown_one_as_other() {
+        for kind in TensorKind::ALL {
+            assert_eq!(TensorKind::from_name(kind.name()), Some(kind));
+            let written = rmp_serde::to_vec_named(&kind).unwrap();
+            assert_eq!(written, rmp_serde::to_vec_named(kind.name()).unwrap(), "{kind} is written by its name");
+            assert_eq!(rmp_serde::from_slice::<TensorKind>(&written).unwrap(), kind);
+        }
+        assert_eq!(TensorKind::from_name("buffer"), Some(TensorKind::Buffer));
+        let unknown = rmp_serde::to_vec_named("optimizer_state").unwrap();
+        assert_eq!(rmp_serde::from_slice::<TensorKind>(&unknown).unwrap(), TensorKind::Other);
+    }
+
+    #[test]
     fn default_policy_stores_first_and_last_step() {
         let p = CapturePolicy::default();
         let full: Vec<u64> = (0..10).filter(|&s| p.wants_full(s, 0, Some(10))).collect();
@@ -488,7 +546,7 @@ mod tests {
         assert_eq!(unknown, vec![0]);
         let from_one: Vec<u64> = (1..=10).filter(|&s| p.wants_full(s, 1, Some(10))).collect();
         assert_eq!(from_one, vec![1, 10]);
-        let every_zero = CapturePolicy { full: FullCapture::Every(0), inline_max_bytes: 0 };
+        let every_zero = CapturePolicy { full: FullCapture::Every(0), inline_max_bytes: 0, ..CapturePolicy::default() };
         assert!(!every_zero.wants_full(3, 0, None));
     }
 }

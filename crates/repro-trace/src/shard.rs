@@ -17,6 +17,9 @@ pub fn check(t: &TensorRecord, shard: &ShardOf) -> Result<(), String> {
             shard.offset.len()
         ));
     }
+    if shard.whole.iter().try_fold(t.dtype.size_in_bytes() as u64, |bytes, &d| bytes.checked_mul(d)).is_none() {
+        return Err(format!("its shard's whole {:?} of {} holds more than 2^64 - 1 bytes", shard.whole, t.dtype));
+    }
     for (d, ((&size, &at), &whole)) in t.shape.iter().zip(&shard.offset).zip(&shard.whole).enumerate() {
         if at.checked_add(size).is_none_or(|end| end > whole) {
             return Err(format!("its shard reaches past the whole along dimension {d}: {size} from {at} of {whole}"));
@@ -26,6 +29,26 @@ pub fn check(t: &TensorRecord, shard: &ShardOf) -> Result<(), String> {
         return Err("a view holds no values of its own, so it cannot be a shard".into());
     }
     Ok(())
+}
+
+/// `check`, for a record of a stream of `world_size` ranks: in a trace of one device (a world
+/// of one) there is no other rank to hold the rest of a tensor, so each shard is its whole.
+pub fn check_in_world(t: &TensorRecord, shard: &ShardOf, world_size: u64) -> Result<(), String> {
+    check(t, shard)?;
+    if world_size == 1 && !is_whole(t, shard) {
+        return Err(format!(
+            "its shard is a block {:?} at {:?} of a whole {:?}, but a trace of one device has no other rank to \
+             hold the rest: its shards must each be their whole",
+            t.shape, shard.offset, shard.whole
+        ));
+    }
+    Ok(())
+}
+
+/// Whether the block `t` records is all of its whole (a world of one device, or a tensor too
+/// small to split).
+pub fn is_whole(t: &TensorRecord, shard: &ShardOf) -> bool {
+    shard.whole == t.shape && shard.offset.iter().all(|&o| o == 0)
 }
 
 /// One rank's block of a tensor: the rank, the block's offset and shape.
@@ -40,8 +63,9 @@ pub struct Block {
 }
 
 impl Block {
+    /// Its element count (saturating: a block lies in a whole of at most 2^64 bytes).
     fn volume(&self) -> u128 {
-        self.shape.iter().map(|&d| d as u128).product()
+        self.shape.iter().fold(1u128, |n, &d| n.saturating_mul(d as u128))
     }
 
     /// Whether two blocks share an element.
@@ -68,9 +92,14 @@ pub fn tiling_gap(whole: &[u64], blocks: &[Block]) -> Option<String> {
             ));
         }
     }
-    // Disjoint blocks inside the whole tile it exactly when their volumes add up to its own.
-    let covered: u128 = blocks.iter().map(Block::volume).sum();
-    let total: u128 = whole.iter().map(|&d| d as u128).product();
+    // Disjoint blocks inside the whole tile it exactly when their volumes add up to its own
+    // (each volume is at most the whole's, which `check` bounds to 64 bits, so none overflows).
+    let Some(total) = whole.iter().try_fold(1u128, |n, &d| n.checked_mul(d as u128)) else {
+        return Some(format!("its whole {whole:?} has 2^128 elements or more"));
+    };
+    let Some(covered) = blocks.iter().try_fold(0u128, |n, b| n.checked_add(b.volume())) else {
+        return Some("the blocks' elements overflow a count of 2^128".into());
+    };
     (covered != total).then(|| format!("the blocks cover {covered} of its {total} elements"))
 }
 
@@ -131,6 +160,11 @@ mod tests {
         let overlap = [block(0, &[0, 0], &[3, 3]), block(1, &[2, 0], &[3, 3])];
         let gap = tiling_gap(&whole, &overlap).unwrap();
         assert!(gap.contains("rank 0's block") && gap.contains("rank 1's block") && gap.contains("overlap"), "{gap}");
+        // Empty blocks do not tile a whole whose element count overflows 64 bits.
+        let huge = [1u64 << 32; 4];
+        let empty = [block(0, &[0, 0, 0, 0], &[0, 0, 0, 0]), block(1, &[0, 0, 0, 0], &[0, 0, 0, 0])];
+        let gap = tiling_gap(&huge, &empty).unwrap();
+        assert!(gap.contains("2^128 elements or more"), "{gap}");
         // Columns tile as well as rows do.
         assert_eq!(tiling_gap(&whole, &[block(0, &[0, 0], &[5, 1]), block(1, &[0, 1], &[5, 2])]), None);
     }
@@ -146,6 +180,12 @@ mod tests {
         let dims = check(&t, &shard(&[12], &[0])).unwrap_err();
         assert!(dims.contains("1 dimensions for a block of 2"), "{dims}");
         assert!(check(&t, &shard(&[4, 3], &[u64::MAX, 0])).is_err(), "an offset that overflows");
+        // A whole of 2^128 elements (2^130 bytes) is refused before any tiling is checked.
+        let huge = check(&t, &shard(&[1 << 32, 1 << 32, 1 << 32, 1 << 32], &[0, 0, 0, 0]));
+        assert!(huge.is_err(), "{huge:?}");
+        let t2 = TensorRecord::of_bytes("w", TensorKind::Weight, DType::F32, vec![2, 3], &bytes);
+        let too_many_bytes = check(&t2, &shard(&[1 << 62, 3], &[0, 0])).unwrap_err();
+        assert!(too_many_bytes.contains("more than 2^64 - 1 bytes"), "{too_many_bytes}");
     }
 
     #[test]

@@ -75,6 +75,8 @@ pub struct TraceWriter {
     failed: bool,
     last_step: Option<u64>,
     steps_written: u64,
+    /// The run's number of ranks (a shard of a world of one is its whole).
+    world_size: u64,
     meta: RunMeta,
 }
 
@@ -136,7 +138,7 @@ impl TraceWriter {
             .create_new(true)
             .open(&records_path)
             .map_err(TraceError::io(&records_path))?;
-        // The version the data hash needs (1.8, or 2.0 for `xxh3-1k`), in the preamble and the
+        // The version the data hash needs (1.9, or 2.0 for `xxh3-1k`), in the preamble and the
         // header alike.
         let header = Header { format: FormatVersion::written_for(header.data_hash), ..header.clone() };
         let mut preamble = MAGIC.to_vec();
@@ -153,12 +155,14 @@ impl TraceWriter {
             failed: false,
             last_step: None,
             steps_written: 0,
+            world_size: header.world_size(),
             meta: RunMeta {
                 started_unix_s: unix_now(),
                 finished_unix_s: None,
                 host: host_name(),
                 pid: std::process::id(),
-                command: std::env::args().collect(),
+                // Arguments as given, bytes that are not UTF-8 replaced (a path may hold any).
+                command: std::env::args_os().map(|a| a.to_string_lossy().into_owned()).collect(),
             },
         };
         writer.append(&Record::Header(Box::new(header)))?;
@@ -213,6 +217,10 @@ impl TraceWriter {
                 if t.payload.is_some() {
                     return Err(self.invalid(format!("tensor `{}` at step {step}: a view stores no values", r.name)));
                 }
+            }
+            if let Some(shard) = &r.shard {
+                crate::shard::check_in_world(r, shard, self.world_size)
+                    .map_err(|why| self.invalid(format!("tensor `{}` at step {step}: {why}", r.name)))?;
             }
             earlier.insert(r.name.as_str(), r);
             if let Some(why) = printable::unprintable_in_tensor(r) {

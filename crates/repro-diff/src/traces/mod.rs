@@ -76,6 +76,20 @@ pub struct TraceDiff {
     /// The gap between the runs step by step: one series per tensor kind, then one per tensor
     /// asked for by name (`DiffOptions::track`).
     pub gaps: Vec<GapSeries>,
+    /// Where the runs record by the capture ladder's levels (PyTorch's recorder) and the first
+    /// diverging step was not recorded at the `ops` level in both: the levels to rerun that step
+    /// at (`repro bisect` does).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub escalate: Option<Escalation>,
+}
+
+/// A first divergence found at a step the runs did not record down to the op: what is missing.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Escalation {
+    /// The first diverging step.
+    pub step: u64,
+    /// Whether both runs recorded every module's output there.
+    pub modules_recorded: bool,
 }
 
 /// What a comparison does beyond the bit-exact default.
@@ -86,7 +100,7 @@ pub struct DiffOptions {
     /// Tensors whose gap to follow step by step, by name, besides every kind.
     pub track: Vec<String>,
     /// Compare only the state data-parallel replicas share with a run of another world size:
-    /// parameters, and the gradients the optimizer steps on. Left out: the batch, the graph and
+    /// parameters, buffers, and the gradients the optimizer steps on. Left out: the batch, the graph and
     /// the loss (each rank computes them from its share of the batch), and a rank's own share of
     /// a gradient sum.
     pub replicated_state_only: bool,
@@ -120,16 +134,29 @@ pub struct GapPoint {
 
 impl TraceDiff {
     /// True when both traces are finished and recorded the same tensors with the same bits at
-    /// the same steps. Steps that agree in an unfinished trace are no verdict on the steps it
-    /// lacks.
+    /// the same steps, every one of them compared. Steps that agree in an unfinished trace are no
+    /// verdict on the steps it lacks, nor is a tensor that could not be compared.
     pub fn is_identical(&self) -> bool {
-        self.agrees_so_far() && self.a.complete && self.b.complete
+        self.verdict().is_same()
     }
 
-    /// True when every step both traces hold agrees, in values and in structure, whether or not
-    /// both finished.
+    /// True when nothing both traces hold differs, in values or in structure (apart from nodes
+    /// only one run recorded, which were not compared), whether or not both finished.
     pub fn agrees_so_far(&self) -> bool {
-        self.first_divergence.is_none() && self.structure.is_empty()
+        self.first_divergence.is_none() && self.structure.iter().all(StructuralDifference::is_recording_gap)
+    }
+
+    /// Module outputs one run watched and the other did not: not compared (counted at the first
+    /// step of each scope's gap).
+    pub fn nodes_recorded_once(&self) -> u64 {
+        self.structure
+            .iter()
+            .filter(|s| s.is_recording_gap())
+            .map(|s| match s {
+                StructuralDifference::NotRecorded { nodes, .. } => *nodes,
+                _ => 0,
+            })
+            .sum()
     }
 }
 
@@ -265,6 +292,22 @@ pub enum StructuralDifference {
         /// Nodes of the scope only B has, at the first step.
         only_in_b: u64,
     },
+    /// Module outputs (a PyTorch recorder's graph nodes) that one run watched and the other did
+    /// not, in one scope: a compiled model runs its modules inside its graph, where their hooks
+    /// are not called, or the runs were recorded at other levels. Not compared; nothing says
+    /// they differ.
+    NotRecorded {
+        /// The scope (the module path).
+        scope: String,
+        /// Which run recorded them: "a" or "b".
+        recorded_in: String,
+        /// How many nodes, at the first step.
+        nodes: u64,
+        /// The first step where one run lacks them.
+        first_step: u64,
+        /// At how many steps.
+        steps: u64,
+    },
     /// Steps recorded in only one trace.
     MissingSteps {
         /// Which trace lacks them: "a" or "b".
@@ -277,6 +320,13 @@ pub enum StructuralDifference {
 }
 
 impl StructuralDifference {
+    /// Whether it only says that one run watched module outputs the other did not: what was
+    /// recorded differs, not what was computed. Such nodes were not compared; nothing says they
+    /// differ.
+    pub fn is_recording_gap(&self) -> bool {
+        matches!(self, StructuralDifference::NotRecorded { .. })
+    }
+
     fn steps_mut(&mut self) -> &mut u64 {
         match self {
             StructuralDifference::MissingTensor { steps, .. }
@@ -284,6 +334,7 @@ impl StructuralDifference {
             | StructuralDifference::Renamed { steps, .. }
             | StructuralDifference::ScopeRenamed { steps, .. }
             | StructuralDifference::GraphChanged { steps, .. }
+            | StructuralDifference::NotRecorded { steps, .. }
             | StructuralDifference::MissingSteps { steps, .. } => steps,
         }
     }
@@ -338,6 +389,8 @@ pub(crate) fn diff_assembling(
     let mut shards_left_out = 0u64;
     let assembling = shards_a.is_some() || shards_b.is_some();
     let (mut steps_a, mut steps_b) = (0u64, 0u64);
+    // The first step either run recorded (where a policy's `first` points).
+    let first_step = next_a.iter().chain(&next_b).map(|s| s.step).min();
     // Tensors a `transpose` rule names at steps that keep no values for them: not compared.
     let mut untransposed = 0u64;
     loop {
@@ -349,7 +402,11 @@ pub(crate) fn diff_assembling(
                     (sa, sb) = (replicated_state(sa), replicated_state(sb));
                 }
                 if assembling {
-                    shards_left_out += leave_out_shards(&mut sa, &mut sb);
+                    let left_out = leave_out_shards(&mut sa, &mut sb);
+                    shards_left_out += left_out.not_compared;
+                    for (ta, tb) in &left_out.wholes_differ {
+                        state.mismatch(ta, tb, sa.step);
+                    }
                 }
                 let mut left_out = Vec::new();
                 let mut sa = ComparedStep::new(sa, &options.names, Run::A, a, &mut left_out)?;
@@ -430,7 +487,27 @@ pub(crate) fn diff_assembling(
         first_divergence_by_kind: state.by_kind,
         structure: state.structure,
         gaps: gap_series(state.gaps),
-    })
+        escalate: None,
+    }
+    .with_escalation(a.header(), b.header(), first_step.unwrap_or(0)))
+}
+
+impl TraceDiff {
+    /// Notes, where both runs say at which steps they recorded the capture ladder's levels, the
+    /// levels missing at the first diverging step.
+    /// `first_step`: the first step either run recorded.
+    fn with_escalation(mut self, a: &repro_trace::Header, b: &repro_trace::Header, first_step: u64) -> Self {
+        let Some(step) = self.first_divergence.as_ref().map(|d| d.step) else { return self };
+        let at = |h: &repro_trace::Header, level: &Option<repro_trace::FullCapture>| {
+            level.as_ref().map(|p| p.names(step, first_step, h.run.steps))
+        };
+        let (Some(ops_a), Some(ops_b)) = (at(a, &a.capture.ops), at(b, &b.capture.ops)) else { return self };
+        if !(ops_a && ops_b) {
+            let modules = at(a, &a.capture.modules).unwrap_or(false) && at(b, &b.capture.modules).unwrap_or(false);
+            self.escalate = Some(Escalation { step, modules_recorded: modules });
+        }
+        self
+    }
 }
 
 /// The series in a fixed order: kinds first, then tracked tensors, each by label (the map's
@@ -451,6 +528,16 @@ fn comparison_warnings(a: &TraceReader, b: &TraceReader) -> Vec<String> {
         warnings.push(format!(
             "A and B are the same trace ({}): this comparison cannot find a difference",
             a.records_path().display()
+        ));
+    }
+    let levels = a.header().capture.level_differences(&b.header().capture);
+    if !levels.is_empty() {
+        let said: Vec<String> =
+            levels.iter().map(|(level, x, y)| format!("`{level}` at {x} in A and at {y} in B")).collect();
+        warnings.push(format!(
+            "the runs were recorded down the capture ladder at other steps ({}): nodes one run recorded and the \
+             other did not are not compared",
+            said.join(", ")
         ));
     }
     let (wa, wb) = (&a.header().run.workload, &b.header().run.workload);
@@ -582,6 +669,78 @@ mod tests {
         let first = d.first_divergence.expect("the mlp differs");
         assert_eq!(first.tensor, "h.0.mlp");
         assert_eq!(first.metrics.map(|m| m.mismatched), Some(1));
+    }
+
+    /// Issue 66, item 6: a compiled model's modules run inside its graph without their hooks, so
+    /// its trace lacks their outputs. Nodes one run recorded and the other did not were not
+    /// compared: the verdict is UNVERIFIED, not DIVERGED, while what both recorded agrees; a
+    /// node replaced by another (nodes only in A and only in B) still diverges in structure.
+    #[test]
+    fn nodes_only_one_run_recorded_leave_the_runs_unverified_not_diverged() {
+        let dir = tempfile::tempdir().unwrap();
+        let w = || f32_tensor("w", TensorKind::Weight, vec![2], &[1., 2.], true);
+        let torch = |dir: &Path, tensors| {
+            crate::testing::one_step_trace_with(dir, tensors, |h| h.producer = "repro-py 0.1.0".into())
+        };
+        let eager = torch(
+            &dir.path().join("eager"),
+            vec![w(), node("fc1", 0, &[1.0]), node("act", 1, &[2.0]), node("fc2", 2, &[3.0])],
+        );
+        let compiled = torch(&dir.path().join("compiled"), vec![w(), node("fc1", 0, &[1.0]), node("fc2", 1, &[3.0])]);
+        let d = diff(&eager, &compiled, &DiffOptions::default());
+        assert_eq!(d.verdict(), crate::Verdict::Unverified, "{d:?}");
+        assert!(d.agrees_so_far() && !d.is_identical() && d.nodes_recorded_once() == 1, "{d:?}");
+        assert_eq!(d.tensors_compared, 3);
+        // A value that differs is still a divergence.
+        let off = torch(&dir.path().join("off"), vec![w(), node("fc1", 0, &[1.0]), node("fc2", 1, &[4.0])]);
+        assert_eq!(diff(&eager, &off, &DiffOptions::default()).verdict(), crate::Verdict::Diverged);
+        // A captured graph of every op (candle's) that lacks a node computed otherwise (a fused
+        // kernel): a change of structure.
+        let ops = one_step_trace(&dir.path().join("ops"), vec![w(), node("m#0", 0, &[1.0]), node("m#1", 1, &[2.0])]);
+        let fused = one_step_trace(&dir.path().join("fused"), vec![w(), node("m#0", 0, &[1.0])]);
+        assert_eq!(diff(&ops, &fused, &DiffOptions::default()).verdict(), crate::Verdict::Diverged);
+        // An op replaced by another (a node only in A and another only in B, of one scope).
+        let a = one_step_trace(
+            &dir.path().join("a"),
+            vec![w(), node("m#0", 0, &[1.0]), node("m#1", 1, &[2.0]), node("m#2", 2, &[3.0])],
+        );
+        let b = one_step_trace(
+            &dir.path().join("b"),
+            vec![w(), node("m#0", 0, &[1.0]), node("m#1", 1, &[2.0, 5.0, 6.0]), node("m#2", 2, &[3.0])],
+        );
+        let d = diff(&a, &b, &DiffOptions::default());
+        assert_eq!(d.verdict(), crate::Verdict::Diverged, "{d:?}");
+    }
+
+    /// Issue 67: runs recorded by the capture ladder's levels say where their levels differ, and
+    /// a divergence at a step not recorded down to the op says which levels to rerun it at.
+    #[test]
+    fn levels_that_differ_are_said_and_a_step_without_ops_is_to_be_escalated() {
+        use repro_trace::FullCapture;
+        let dir = tempfile::tempdir().unwrap();
+        let levels = |modules: FullCapture, ops: FullCapture| {
+            move |h: &mut repro_trace::Header| {
+                h.capture.modules = Some(modules);
+                h.capture.ops = Some(ops);
+            }
+        };
+        let loss = |v: f32| vec![f32_tensor("loss", TensorKind::Loss, vec![1], &[v], true)];
+        let first = || levels(FullCapture::First, FullCapture::None);
+        let a = crate::testing::one_step_trace_with(&dir.path().join("a"), loss(1.0), first());
+        let b = crate::testing::one_step_trace_with(&dir.path().join("b"), loss(2.0), first());
+        let d = diff(&a, &b, &DiffOptions::default());
+        assert!(d.warnings.is_empty(), "{:?}", d.warnings);
+        assert_eq!(d.escalate, Some(Escalation { step: 0, modules_recorded: true }));
+        // Ops recorded at the diverging step in both: nothing to escalate.
+        let ops = || levels(FullCapture::None, FullCapture::All);
+        let c = crate::testing::one_step_trace_with(&dir.path().join("c"), loss(1.0), ops());
+        let e = crate::testing::one_step_trace_with(&dir.path().join("e"), loss(2.0), ops());
+        assert_eq!(diff(&c, &e, &DiffOptions::default()).escalate, None);
+        // Levels that differ, said; a trace that names no levels, no escalation.
+        let d = diff(&a, &c, &DiffOptions::default());
+        assert!(d.warnings.iter().any(|w| w.contains("`modules` at first in A and at none in B")), "{:?}", d.warnings);
+        let plain = one_step_trace(&dir.path().join("plain"), loss(2.0));
+        assert_eq!(diff(&a, &plain, &DiffOptions::default()).escalate, None);
     }
 
     #[test]

@@ -78,6 +78,9 @@ impl DiffState {
     ) -> Result<(), TraceError> {
         self.steps_compared += 1;
         let first_divergent = self.first.is_none();
+        let (torch_a, torch_b) = (records_modules(ra), records_modules(rb));
+        // Module outputs one run's recorder watched and the other's did not: (scope, run) -> nodes.
+        let mut unwatched: BTreeMap<(&str, &str), u64> = BTreeMap::new();
         let mut entries = Vec::new();
         // Scopes of a captured graph whose nodes differ, in graph order: nodes only in A, only in B.
         let mut changed: Vec<(&str, (u64, u64))> = Vec::new();
@@ -108,6 +111,9 @@ impl DiffState {
                 }
                 Pairing::OnlyA(ta) => {
                     match ta.node {
+                        Some(_) if torch_a && is_module_output(&ta.name) => {
+                            *unwatched.entry((scope(&ta.name), "a")).or_default() += 1
+                        }
                         Some(_) => counts(&mut changed, scope(&ta.name)).0 += 1,
                         None => self.missing_tensor("b", &ta.name, sa.step()),
                     }
@@ -116,6 +122,9 @@ impl DiffState {
                 }
                 Pairing::OnlyB(tb) => {
                     match tb.node {
+                        Some(_) if torch_b && is_module_output(&tb.name) => {
+                            *unwatched.entry((scope(&tb.name), "b")).or_default() += 1
+                        }
                         Some(_) => counts(&mut changed, scope(&tb.name)).1 += 1,
                         None => self.missing_tensor("a", &tb.name, sb.step()),
                     }
@@ -210,6 +219,15 @@ impl DiffState {
                 steps: 1,
             });
         }
+        for ((scope, recorded_in), nodes) in unwatched {
+            self.structural(format!("unwatched/{recorded_in}/{scope}"), || StructuralDifference::NotRecorded {
+                scope: scope.to_string(),
+                recorded_in: recorded_in.to_string(),
+                nodes,
+                first_step: sa.step(),
+                steps: 1,
+            });
+        }
         for (scope, (only_in_a, only_in_b)) in changed {
             self.structural(format!("graph/{scope}"), || StructuralDifference::GraphChanged {
                 scope: scope.to_string(),
@@ -221,6 +239,12 @@ impl DiffState {
         }
         if first_divergent && self.first.is_some() {
             self.root_cause = analyze(&entries, self.first_within_step);
+            if let Some(root) = &mut self.root_cause {
+                // PyTorch's recorder (the Python writer) records module outputs as a step's
+                // graph nodes (and at the `ops` level aten ops): code between two modules runs
+                // unseen.
+                root.nodes_are_modules = (torch_a || torch_b) && is_module_output(&root.cause.tensor);
+            }
         }
         Ok(())
     }
@@ -282,7 +306,8 @@ impl DiffState {
         });
     }
 
-    fn mismatch(&mut self, ta: &TensorRecord, tb: &TensorRecord, step: u64) {
+    /// Counts a tensor of another dtype or shape in B than in A at `step`.
+    pub(super) fn mismatch(&mut self, ta: &TensorRecord, tb: &TensorRecord, step: u64) {
         self.structural(format!("mismatch/{}", ta.name), || StructuralDifference::Mismatch {
             tensor: ta.name.clone(),
             first_step: step,
@@ -313,6 +338,19 @@ impl HistoryBuilder {
             self.last = Some(sample);
         }
     }
+}
+
+/// Whether the trace `reader` reads was written by PyTorch's recorder (the Python writer), whose
+/// graph nodes are the module outputs (and aten ops) it chose to watch, not a captured graph of
+/// every op.
+fn records_modules(reader: &TraceReader) -> bool {
+    reader.header().producer.starts_with("repro-py")
+}
+
+/// Whether a PyTorch recorder's node is a module's output (named by its module path, `#n` for a
+/// later call), not an aten op's (`path/aten.op#k`, docs/pytorch.md).
+fn is_module_output(name: &str) -> bool {
+    !name.contains("aten.")
 }
 
 #[cfg(test)]

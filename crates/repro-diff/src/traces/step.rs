@@ -22,27 +22,62 @@ pub(super) fn read_step(
     }
 }
 
-/// Leaves out of both steps every tensor that either still records as a shard (an assembler
-/// could not make it whole); returns how many names it left out.
-pub(super) fn leave_out_shards(a: &mut StepRecord, b: &mut StepRecord) -> u64 {
-    let names: BTreeSet<String> =
-        a.tensors.iter().chain(&b.tensors).filter(|t| t.shard.is_some()).map(|t| t.name.clone()).collect();
-    for step in [a, b] {
-        step.tensors.retain(|t| !names.contains(&t.name));
+/// What `leave_out_shards` did with the tensors still recorded as shards.
+#[derive(Debug, Default)]
+pub(super) struct ShardsLeftOut {
+    /// Tensors left out whose whole dtype and shape agree in both steps: their values were not
+    /// compared.
+    pub not_compared: u64,
+    /// Tensors whose whole dtype or shape differs, which the records say without any values: A's
+    /// record and B's, each with the whole's shape and no shard.
+    pub wholes_differ: Vec<(TensorRecord, TensorRecord)>,
+}
+
+/// The tensor `t` is part of, as its record says: its dtype and the whole's shape (a shard's
+/// `whole`, else its own shape).
+fn whole_record(t: &TensorRecord) -> TensorRecord {
+    let shape = t.shard.as_ref().map_or_else(|| t.shape.clone(), |s| s.whole.clone());
+    TensorRecord { shape, shard: None, ..t.clone() }
+}
+
+/// Leaves out of both steps every tensor that both record and either still records as a shard
+/// (an assembler could not make it whole). A tensor only one step records stays, for the
+/// comparison to name as missing.
+pub(super) fn leave_out_shards(a: &mut StepRecord, b: &mut StepRecord) -> ShardsLeftOut {
+    let in_b: BTreeMap<&str, &TensorRecord> = b.tensors.iter().map(|t| (t.name.as_str(), t)).collect();
+    let in_a: BTreeSet<&str> = a.tensors.iter().map(|t| t.name.as_str()).collect();
+    let sharded: BTreeSet<String> = a
+        .tensors
+        .iter()
+        .chain(&b.tensors)
+        .filter(|t| t.shard.is_some() && in_a.contains(t.name.as_str()) && in_b.contains_key(t.name.as_str()))
+        .map(|t| t.name.clone())
+        .collect();
+    let mut left_out = ShardsLeftOut::default();
+    for ta in a.tensors.iter().filter(|t| sharded.contains(&t.name)) {
+        let (wa, wb) = (whole_record(ta), whole_record(in_b[ta.name.as_str()]));
+        if (wa.dtype, &wa.shape) == (wb.dtype, &wb.shape) {
+            left_out.not_compared += 1;
+        } else {
+            left_out.wholes_differ.push((wa, wb));
+        }
     }
-    names.len() as u64
+    for step in [a, b] {
+        step.tensors.retain(|t| !sharded.contains(&t.name));
+    }
+    left_out
 }
 
 /// `step` with only the tensors replicas share with a run of any world size (see
 /// `DiffOptions::replicated_state_only`).
 pub(super) fn replicated_state(mut step: StepRecord) -> StepRecord {
-    // A parameter's gradient is `NAME.grad` for a parameter `NAME` of the step. Other gradients
-    // (of predictions, of activations) are per example, and a rank's share of a sum is
-    // `NAME.grad.local`.
+    // Parameters and buffers are the model's state. A parameter's gradient is `NAME.grad` for a
+    // parameter `NAME` of the step. Other gradients (of predictions, of activations) are per
+    // example, and a rank's share of a sum is `NAME.grad.local`.
     let weights: BTreeSet<String> =
         step.tensors.iter().filter(|t| t.kind == TensorKind::Weight).map(|t| t.name.clone()).collect();
     step.tensors.retain(|t| match t.kind {
-        TensorKind::Weight => true,
+        TensorKind::Weight | TensorKind::Buffer => true,
         TensorKind::Gradient => t.name.strip_suffix(".grad").is_some_and(|p| weights.contains(p)),
         _ => false,
     });
@@ -222,30 +257,56 @@ mod tests {
     }
 
     #[test]
-    fn the_replicated_state_is_the_parameters_and_their_gradients() {
+    fn the_replicated_state_is_the_parameters_their_gradients_and_the_buffers() {
         let kept = replicated_state(step(vec![
             record("x", TensorKind::Input),
             record("w", TensorKind::Weight),
+            record("bn.running_mean", TensorKind::Buffer),
             record("h", TensorKind::Activation),
             record("h.grad", TensorKind::Gradient),
             record("w.grad.local", TensorKind::Gradient),
             record("w.grad", TensorKind::Gradient),
             record("loss", TensorKind::Loss),
             record("w.updated", TensorKind::Weight),
+            record("bn.running_mean.updated", TensorKind::Buffer),
         ]));
-        assert_eq!(names(&kept), ["w", "w.grad", "w.updated"]);
+        assert_eq!(names(&kept), ["w", "bn.running_mean", "w.grad", "w.updated", "bn.running_mean.updated"]);
     }
 
     #[test]
-    fn a_tensor_still_sharded_on_either_side_leaves_both() {
-        let sharded = |name: &str| TensorRecord {
-            shard: Some(ShardOf { whole: vec![2], offset: vec![0] }),
+    fn a_tensor_still_sharded_on_either_side_leaves_both_and_its_whole_is_still_compared() {
+        let sharded = |name: &str, whole: u64| TensorRecord {
+            shard: Some(ShardOf { whole: vec![whole], offset: vec![0] }),
             ..record(name, TensorKind::Weight)
         };
-        let mut a = step(vec![sharded("w"), record("b", TensorKind::Weight), record("v", TensorKind::Weight)]);
-        let mut b = step(vec![record("w", TensorKind::Weight), record("b", TensorKind::Weight), sharded("v")]);
-        assert_eq!(leave_out_shards(&mut a, &mut b), 2);
-        assert_eq!((names(&a), names(&b)), (vec!["b"], vec!["b"]));
+        let whole = |name: &str, dtype: DType, size: u64| TensorRecord {
+            dtype,
+            shape: vec![size],
+            ..record(name, TensorKind::Weight)
+        };
+        let mut a = step(vec![
+            sharded("w", 2),
+            record("b", TensorKind::Weight),
+            record("v", TensorKind::Weight),
+            sharded("u", 3),
+            sharded("only_a", 2),
+            sharded("d", 2),
+        ]);
+        let mut b = step(vec![
+            whole("w", DType::F32, 2),
+            record("b", TensorKind::Weight),
+            sharded("v", 1),
+            whole("u", DType::F32, 4),
+            whole("d", DType::BF16, 2),
+        ]);
+        let left_out = leave_out_shards(&mut a, &mut b);
+        assert_eq!(left_out.not_compared, 2, "w and v: wholes of one dtype and shape");
+        let differ: Vec<(&str, Vec<u64>, Vec<u64>)> =
+            left_out.wholes_differ.iter().map(|(x, y)| (x.name.as_str(), x.shape.clone(), y.shape.clone())).collect();
+        assert_eq!(differ, [("u", vec![3], vec![4]), ("d", vec![2], vec![2])]);
+        assert_eq!(left_out.wholes_differ[1].1.dtype, DType::BF16);
+        // A tensor only one side records stays, to be named missing.
+        assert_eq!((names(&a), names(&b)), (vec!["b", "only_a"], vec!["b"]));
     }
 
     #[test]

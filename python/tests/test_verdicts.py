@@ -1,0 +1,156 @@
+"""The diff's causes for PyTorch runs say what the trace establishes and no more: a module whose
+output differs after identical module outputs may have been fed by code between the recorded
+modules (dropout inside a module's own forward), not computed differently. Skipped where torch
+is not installed."""
+
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+try:
+    import torch  # noqa: F401
+except ImportError:  # pragma: no cover
+    torch = None
+
+REPRO = os.environ.get("REPRO_BIN", "target/release/repro")
+PYTHON = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+
+# A block whose forward calls F.dropout between its two Linear layers: the dropout is no module,
+# so its mask is drawn where no hook sees it. The masks come from DROPOUT_SEED.
+DROPOUT_IN_FORWARD = """\
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+
+from repro_torch import ModelRecorder
+
+
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(4, 16)
+        self.fc2 = torch.nn.Linear(16, 1)
+
+    def forward(self, x):
+        return self.fc2(F.dropout(torch.tanh(self.fc1(x)), 0.3, self.training))
+
+
+torch.manual_seed(int(os.environ.get("INIT_SEED", "0")))
+model = Block()
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+rec = ModelRecorder.create_or_gated(sys.argv[1], {"workload": "dropout-in-forward", "steps": 2}, model,
+                                    capture="all")
+torch.manual_seed(int(os.environ["DROPOUT_SEED"]))
+data = torch.Generator().manual_seed(1)
+for step in range(2):
+    x = torch.rand(8, 4, generator=data)
+    opt.zero_grad()
+    with rec.training_step(step, inputs={"x": x}) as s:
+        loss = model(x).square().mean()
+        s.loss(loss)
+        loss.backward()
+        s.gradients()
+        opt.step()
+rec.finish()
+"""
+
+
+# A model whose middle module adds, from step 2 on, a draw no seed fixes (a generator seeded from
+# os.urandom): the one source of nondeterminism, for `repro bisect` to find down to its aten op.
+UNSEEDED_DRAW = """\
+import os
+import sys
+
+import torch
+
+from repro_torch import ModelRecorder
+
+
+class Noisy(torch.nn.Module):
+    step = 0
+
+    def forward(self, x):
+        if Noisy.step < 2:
+            return x
+        seed = int.from_bytes(os.urandom(4), "little")
+        return x + 1e-3 * torch.rand(x.shape, generator=torch.Generator().manual_seed(seed))
+
+
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(4, 8), Noisy(), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+rec = ModelRecorder.create_or_gated(sys.argv[1], {"workload": "noisy", "steps": 4}, model)
+data = torch.Generator().manual_seed(1)
+for step in range(4):
+    Noisy.step = step
+    x = torch.rand(8, 4, generator=data)
+    opt.zero_grad()
+    with rec.training_step(step, inputs={"x": x}) as s:
+        loss = model(x).square().mean()
+        s.loss(loss)
+        loss.backward()
+        s.gradients()
+        opt.step()
+rec.finish()
+"""
+
+
+@unittest.skipUnless(torch is not None, "torch is not installed")
+class BisectToTheOpTest(unittest.TestCase):
+    def test_bisect_reruns_the_diverging_step_down_to_the_aten_op_and_names_a_random_draw(self):
+        # Issue 67, item 2: two runs at the default levels, the first diverging step found, both
+        # recorded again with every module's and op's output there, the op named.
+        with tempfile.TemporaryDirectory() as tmp:
+            program = os.path.join(tmp, "train.py")
+            with open(program, "w") as f:
+                f.write(UNSEEDED_DRAW)
+            env = dict(os.environ, PYTHONPATH=PYTHON)
+            keep = os.path.join(tmp, "kept")
+            command = [sys.executable, program, os.path.join(tmp, "unused")]  # REPRO_TRACE_DIR wins
+            run = subprocess.run([REPRO, "bisect", "--keep", keep, "--", *command], capture_output=True, text=True,
+                                 env=env)
+            self.assertEqual(run.returncode, 1, run.stdout + run.stderr)
+            self.assertIn("the runs first differ at step 2", run.stdout + run.stderr)
+            self.assertIn("DIVERGED  first at step 2, tensor `1/aten.rand#0`", run.stdout)
+            self.assertIn("`aten.rand`, draws random numbers", run.stdout)
+
+
+@unittest.skipUnless(torch is not None, "torch is not installed")
+class ModuleOutputCauseTest(unittest.TestCase):
+    def diff_of_runs(self, *seeds: dict) -> subprocess.CompletedProcess:
+        """`repro diff` of `DROPOUT_IN_FORWARD` run once with each of `seeds` (its variables)."""
+        with tempfile.TemporaryDirectory() as tmp:
+            program = os.path.join(tmp, "train.py")
+            with open(program, "w") as f:
+                f.write(DROPOUT_IN_FORWARD)
+            runs = []
+            for i, seed in enumerate(seeds):
+                out = os.path.join(tmp, f"run-{i}")
+                env = dict(os.environ, PYTHONPATH=PYTHON, **seed)
+                done = subprocess.run([sys.executable, program, out], capture_output=True, text=True, env=env)
+                self.assertEqual(done.returncode, 0, done.stderr[-3000:])
+                runs.append(out)
+            return subprocess.run([REPRO, "diff", *runs], capture_output=True, text=True)
+
+    def test_an_unseeded_initialisation_is_named_with_pytorch_s_seed_not_candle_s(self):
+        diff = self.diff_of_runs({"DROPOUT_SEED": "1", "INIT_SEED": "0"}, {"DROPOUT_SEED": "1", "INIT_SEED": "1"})
+        self.assertEqual(diff.returncode, 1, diff.stdout + diff.stderr)
+        self.assertIn("is the initialisation seeded?", diff.stdout)
+        self.assertIn("torch.manual_seed", diff.stdout)
+        self.assertNotIn("candle", diff.stdout)
+
+    def test_a_module_fed_by_unseen_code_is_not_blamed_as_an_op_that_computes_differently(self):
+        diff = self.diff_of_runs({"DROPOUT_SEED": "1"}, {"DROPOUT_SEED": "2"})
+        self.assertEqual(diff.returncode, 1, diff.stdout + diff.stderr)
+        self.assertIn("first at step 0, tensor `fc2`", diff.stdout)
+        self.assertIn("the first module output that differs", diff.stdout)
+        self.assertIn("code between recorded modules runs unseen", diff.stdout)
+        self.assertNotIn("its op computed it differently", diff.stdout)
+
+
+if __name__ == "__main__":
+    unittest.main()
