@@ -221,11 +221,10 @@ pub(crate) fn meet_in_dir(dir: &Path, place: &LaunchedRank, settings: &RunSettin
                 Ok(bytes) => break bytes,
                 Err(_) if started.elapsed() < place.timeout => std::thread::sleep(Duration::from_millis(20)),
                 Err(_) => {
-                    let missing: Vec<String> =
-                        (0..place.world_size).filter(|&r| !file(r).exists()).map(|r| r.to_string()).collect();
+                    let missing = super::rank_list((0..place.world_size).filter(|&r| !file(r).exists()));
                     return Err(fail(format!(
                         "rank(s) {} never arrived in {} within {} s (world size {})",
-                        missing.join(", "),
+                        missing,
                         dir.display(),
                         place.timeout.as_secs(),
                         place.world_size

@@ -256,6 +256,32 @@ impl DataParallel {
 
 /// Records this rank's share of each gradient as `NAME.grad.local`, computed from the
 /// gradient's `inputs`; returns those names.
+/// Ranks as people read them: ascending runs of consecutive ranks as ranges (`1-3, 7`), at most
+/// `MAX_RANK_RANGES` of them, then how many ranks are left unnamed; so a message about the ranks
+/// of a run of 65,536 stays a line.
+pub(crate) fn rank_list(ranks: impl IntoIterator<Item = usize>) -> String {
+    let mut runs: Vec<(usize, usize)> = Vec::new();
+    for r in ranks {
+        match runs.last_mut() {
+            Some((_, end)) if *end + 1 == r => *end = r,
+            _ => runs.push((r, r)),
+        }
+    }
+    let shown: Vec<String> = runs
+        .iter()
+        .take(MAX_RANK_RANGES)
+        .map(|&(a, b)| if a == b { a.to_string() } else { format!("{a}-{b}") })
+        .collect();
+    let unnamed: usize = runs.iter().skip(MAX_RANK_RANGES).map(|(a, b)| b - a + 1).sum();
+    match unnamed {
+        0 => shown.join(", "),
+        n => format!("{} and {n} more", shown.join(", ")),
+    }
+}
+
+/// How many runs of ranks a message names before it counts the rest.
+const MAX_RANK_RANGES: usize = 16;
+
 fn record_shares(s: &mut StepRecorder, grads: &[Gradient<'_>], shares: &[Tensor]) -> Result<Vec<String>, RecordError> {
     let mut locals = Vec::with_capacity(grads.len());
     for (g, share) in grads.iter().zip(shares) {
@@ -280,6 +306,15 @@ fn unbucket(bucket: &Tensor, grads: &[Gradient<'_>]) -> Result<Vec<Tensor>, Reco
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn ranks_are_named_as_ranges_and_a_long_list_is_cut_to_a_line() {
+        assert_eq!(super::rank_list([1, 2, 3, 7, 9, 10]), "1-3, 7, 9-10");
+        assert_eq!(super::rank_list(1..65536), "1-65535");
+        let every_other = super::rank_list((0..65536).step_by(2));
+        assert!(every_other.len() < 200 && every_other.ends_with("and 32752 more"), "{every_other}");
+        assert_eq!(super::rank_list([]), "");
+    }
+
     use super::*;
     use std::thread;
 

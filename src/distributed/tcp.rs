@@ -135,12 +135,11 @@ fn meet_as_root(
             Ok(connection) => connection,
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                 if started.elapsed() > place.timeout {
-                    let missing: Vec<String> =
-                        (1..place.world_size).filter(|r| peers[r - 1].is_none()).map(|r| r.to_string()).collect();
+                    let missing = super::rank_list((1..place.world_size).filter(|r| peers[r - 1].is_none()));
                     let error = format!(
                         "rank(s) {} never arrived at {} within {} s (world size {}): did they start, and can they \
                          reach this address?",
-                        missing.join(", "),
+                        missing,
                         place.master,
                         place.timeout.as_secs(),
                         place.world_size

@@ -554,6 +554,19 @@ fn sharded_runs_tile_their_tensors_and_compare_whole_only_where_values_were_kept
     let run = repro(&["diff", s(&one), s(&two)]);
     assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
     assert!(run.stdout.contains("(1 assembled)") && run.stdout.contains("IDENTICAL"), "{}", run.stdout);
+    // A rank's block says where it sits, in inspect (text and JSON) and in show (issue 66, item 10).
+    let rank1 = two.join("rank-1");
+    let run = repro(&["inspect", s(&rank1)]);
+    assert!(run.stdout.contains("block at [4, 0] of [8, 4]"), "{}", run.stdout);
+    let run = repro(&["inspect", s(&rank1), "--json"]);
+    assert!(run.stdout.contains("\"whole\": [") && run.stdout.contains("\"offset\": ["), "{}", run.stdout);
+    let run = repro(&["show", s(&rank1), "--step", "0", "--tensor", "w"]);
+    assert!(
+        run.stdout.contains("a shard: this rank's block at [4, 0] of the whole [8, 4]"),
+        "{}{}",
+        run.stdout,
+        run.stderr
+    );
     // Rank 1's rows start one row early: an overlap, named, and the run is not whole.
     let skewed = sharded_run(&dir.path().join("skewed"), 2, true, Some(3));
     let run = repro(&["inspect", s(&skewed), "--verify"]);

@@ -78,6 +78,18 @@ pub fn render_summary(s: &TraceSummary) -> String {
                 Some(owner) => format!("view of {owner}"),
                 None => t.inputs.join(", "),
             };
+            // A rank's block of a sharded tensor (format 1.7), and of a sum across the ranks (1.8).
+            let inputs = match (&t.shard, &t.reduce_scatter) {
+                (None, _) => inputs,
+                (Some(block), sum) => {
+                    let of = match sum {
+                        Some(op) => format!("a reduce-scatter ({op}) of {inputs}: "),
+                        None if inputs.is_empty() => String::new(),
+                        None => format!("{inputs}; "),
+                    };
+                    format!("{of}block at {} of {}", shape(&block.offset), shape(&block.whole))
+                }
+            };
             // Where a captured node's scope was opened: the user's code to look at.
             let inputs = match &t.source {
                 Some(source) if inputs.is_empty() => format!("at {source}"),

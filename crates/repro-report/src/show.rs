@@ -21,6 +21,17 @@ pub fn render_tensor(trace: &str, step: u64, tensor: &TensorRecord, stats: &Tens
     if let Some(source) = &tensor.source {
         let _ = writeln!(out, "  recorded in the scope opened at {source}");
     }
+    if let Some(block) = &tensor.shard {
+        let sum = tensor.reduce_scatter.as_ref().map_or(String::new(), |op| {
+            format!(", this rank's part of a reduce-scatter ({op}) of `{}`", tensor.inputs.join("`, `"))
+        });
+        let _ = writeln!(
+            out,
+            "  a shard: this rank's block at {} of the whole {}{sum}; the values below are the block's",
+            shape(&block.offset),
+            shape(&block.whole)
+        );
+    }
     let _ = writeln!(
         out,
         "  min {}  max {}  mean {}  std {}",

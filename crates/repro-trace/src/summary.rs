@@ -100,6 +100,13 @@ pub struct TensorInfo {
     /// For a view (format 1.5): the tensor whose memory it reads.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub view_of: Option<String>,
+    /// For one rank's block of a sharded tensor (format 1.7): the whole's shape and the block's
+    /// offset in it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shard: Option<crate::ShardOf>,
+    /// For a block that is this rank's part of a sum across the ranks (format 1.8): `sum`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reduce_scatter: Option<String>,
     /// Where in the program it comes from (format 1.4): a captured node's scope's opening
     /// line, or (1.6) the line that recorded a hand-recorded op.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -161,6 +168,8 @@ pub fn summarize(dir: &Path) -> Result<TraceSummary, TraceError> {
                     shape: t.shape.clone(),
                     bytes: t.numel() * t.dtype.size_in_bytes() as u64,
                     view_of: t.view.as_ref().map(|v| v.of.clone()),
+                    shard: t.shard.clone(),
+                    reduce_scatter: t.reduce_scatter.clone(),
                     source: t.source.clone(),
                 })
                 .collect();
