@@ -17,6 +17,22 @@ except ImportError:  # pragma: no cover
 REPRO = os.environ.get("REPRO_BIN", "target/release/repro")
 PYTHON = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 
+# The test programs' training loop over `steps` steps of `model`, `opt` and `rec`, recording
+# each; `each_step`: lines that open each step.
+TRAINING_LOOP = """\
+data = torch.Generator().manual_seed(1)
+for step in range({steps}):
+{each_step}    x = torch.rand(8, 4, generator=data)
+    opt.zero_grad()
+    with rec.training_step(step, inputs={{"x": x}}) as s:
+        loss = model(x).square().mean()
+        s.loss(loss)
+        loss.backward()
+        s.gradients()
+        opt.step()
+rec.finish()
+"""
+
 # A block whose forward calls F.dropout between its two Linear layers: the dropout is no module,
 # so its mask is drawn where no hook sees it. The masks come from DROPOUT_SEED.
 DROPOUT_IN_FORWARD = """\
@@ -45,18 +61,7 @@ opt = torch.optim.SGD(model.parameters(), lr=0.1)
 rec = ModelRecorder.create_or_gated(sys.argv[1], {"workload": "dropout-in-forward", "steps": 2}, model,
                                     capture="all")
 torch.manual_seed(int(os.environ["DROPOUT_SEED"]))
-data = torch.Generator().manual_seed(1)
-for step in range(2):
-    x = torch.rand(8, 4, generator=data)
-    opt.zero_grad()
-    with rec.training_step(step, inputs={"x": x}) as s:
-        loss = model(x).square().mean()
-        s.loss(loss)
-        loss.backward()
-        s.gradients()
-        opt.step()
-rec.finish()
-"""
+""" + TRAINING_LOOP.format(steps=2, each_step="")
 
 
 # A model whose middle module adds, from step 2 on, a draw no seed fixes (a generator seeded from
@@ -84,19 +89,7 @@ torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(4, 8), Noisy(), torch.nn.Tanh(), torch.nn.Linear(8, 1))
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
 rec = ModelRecorder.create_or_gated(sys.argv[1], {"workload": "noisy", "steps": 4}, model)
-data = torch.Generator().manual_seed(1)
-for step in range(4):
-    Noisy.step = step
-    x = torch.rand(8, 4, generator=data)
-    opt.zero_grad()
-    with rec.training_step(step, inputs={"x": x}) as s:
-        loss = model(x).square().mean()
-        s.loss(loss)
-        loss.backward()
-        s.gradients()
-        opt.step()
-rec.finish()
-"""
+""" + TRAINING_LOOP.format(steps=4, each_step="    Noisy.step = step\n")
 
 
 @unittest.skipUnless(torch is not None, "torch is not installed")
