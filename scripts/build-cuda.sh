@@ -7,7 +7,8 @@
 #
 # Output: $REPRO_CUDA_TARGET/release/repro (default target/cuda/release/repro), the PyTorch
 # recorder's librepro_cuda_hash.so beside it, and the test binaries listed in
-# $REPRO_CUDA_TARGET/test-binaries.txt.
+# $REPRO_CUDA_TARGET/test-binaries.txt; and target/gpu-pack/pack.tar.gz, the binary and the library
+# stripped (cuda-bin/), which the GPU scripts carry and unpack (python/bench/gpu_env.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 eval "$(scripts/cuda-toolchain.sh)"
@@ -36,4 +37,9 @@ for line in sys.stdin:
     m = json.loads(line)
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]:
         print(m["executable"])' > "$CARGO_TARGET_DIR/test-binaries.txt"
-echo "built $CARGO_TARGET_DIR/release/repro" >&2
+pack=target/gpu-pack
+rm -rf "$pack" && mkdir -p "$pack/cuda-bin"
+cp "$CARGO_TARGET_DIR/release/repro" "$CARGO_TARGET_DIR/release/librepro_cuda_hash.so" "$pack/cuda-bin/"
+strip "$pack/cuda-bin/repro" "$pack/cuda-bin/librepro_cuda_hash.so"
+tar -czf "$pack/pack.tar.gz" -C "$pack" cuda-bin && rm -rf "$pack/cuda-bin"
+echo "built $CARGO_TARGET_DIR/release/repro, packed into $pack/pack.tar.gz" >&2

@@ -15,8 +15,12 @@ torchvision classification model by its name, at 224 x 224 with SGD and momentum
 (transformers' 124M GPT-2 in f32 at batch x 1024 with AdamW), llama-1b (a Llama shape of 1.1B
 parameters, TinyLlama's, in bf16 autocast at batch x 1024 with AdamW). V: plain (always first),
 hooks (the plain step with an empty forward hook on every module: the least any recorder of
-module outputs costs), beside, batched, module (REPRO_TORCH_FLUSH), xxh3 (batched, with the data hash
-xxh3-1k: docs/trace-format.md, section 5.5), debug (DebugMode), full (every step's values kept,
+module outputs costs), steps (the capture ladder's default: module outputs at the first step
+alone, so every timed step records the `steps` level: inputs, parameters, buffers, loss,
+gradients, updates), steps-xxh3 (the same with the data hash xxh3-1k), beside, batched, module
+(module outputs at every step, under the flush policy REPRO_TORCH_FLUSH names), xxh3 (batched,
+with the data hash xxh3-1k: docs/trace-format.md, section 5.5), ops (every aten op's output:
+the `ops` level at every timed step, what one step of it costs), debug (DebugMode), full (every step's values kept,
 `capture="all"`: its row gives the payload a step and the rate it adds to the plain step, written
 under REPRO_BENCH_DIR, default the temporary folder). `cudnn.benchmark` is on, as in
 the issue that asked for this table. With `--compile`, each model runs compiled by `torch.compile`
@@ -41,7 +45,7 @@ import torch
 from repro_torch import DeviceHasher, ModelRecorder, Recorder, cuda_hash_library_path
 from steps import training_step  # beside this file
 
-VARIANTS = ("plain", "hooks", "beside", "batched", "xxh3", "module", "debug", "full")
+VARIANTS = ("plain", "hooks", "steps", "steps-xxh3", "beside", "batched", "xxh3", "module", "ops", "debug", "full")
 
 
 def vision(name: str, batch: int):
@@ -191,6 +195,28 @@ def measure(build, name: str, batch: int, variants: list[str], warmup: int, step
                     plain(0)
 
             seconds, peak, in_use, outside = timed(debug, 1, max(2, steps // 4))
+        elif variant in ("steps", "steps-xxh3", "ops"):
+            levels = {"modules": "none", "ops": "all"} if variant == "ops" else {}  # else: the default levels
+            os.environ["REPRO_TORCH_FLUSH"] = "batched"
+            with tempfile.TemporaryDirectory(dir=os.environ.get("REPRO_BENCH_DIR")) as d:
+                recorder = Recorder(f"{d}/t", {"workload": name, "steps": warmup + 2 * steps + 1}, capture="none",
+                                    device=torch.device("cuda"), device_hashing=True,
+                                    data_hash="xxh3-1k" if variant == "steps-xxh3" else "blake3", **levels)
+                rec = ModelRecorder(recorder, model)
+
+                def recorded(i):
+                    training_step(model, opt, loss_of, rec, i)
+
+                if variant == "ops":
+                    seconds, peak, in_use, outside = timed(recorded, 1, max(2, steps // 4))
+                else:
+                    seconds, peak, in_use, outside = timed(recorded, warmup, steps)
+                with Counts().counting() as counts:
+                    recorded(warmup + 2 * steps)
+                if pairs and variant != "ops":
+                    pair_seconds, ratios = paired(plain, recorded, warmup + 2 * steps + 1, pairs)
+                rec.finish()
+            extra = f"{counts.tensors} | {counts.bytes / 1e9:.2f} GB | {counts.flushes}"
         else:
             # `full`: every step's values kept (the batched flushes for the steps that keep none);
             # `xxh3`: the batched flushes, hashing with the data hash xxh3-1k.
@@ -223,7 +249,7 @@ def measure(build, name: str, batch: int, variants: list[str], warmup: int, step
         outside_growth = f"{(outside - plain_outside) / 2**20:+,.0f} MiB" if plain_outside is not None else "-"
         print(f"| {what} | {variant} | {seconds * 1e3:.1f} ms | {ratio} | {peak / 2**20:,.0f} MiB | {growth} | "
               f"{in_use / 2**20:,.0f} MiB | {device_growth} | {outside_growth} | {extra or '- | - | -'} |", flush=True)
-        if pairs and variant not in ("plain", "hooks", "debug"):
+        if pairs and variant not in ("plain", "hooks", "debug", "ops"):
             print(f"| {what} | {variant}, {pairs} pairs | {statistics.median(pair_seconds) * 1e3:.1f} ms | "
                   f"{statistics.median(ratios):.2f}x ({min(ratios):.2f} to {max(ratios):.2f}) | - | - | - | - | - | - | - | - |",
                   flush=True)

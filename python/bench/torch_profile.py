@@ -4,9 +4,12 @@ and each step's host time (the CPU's work to queue it) beside its wall time.
 
     python python/bench/torch_profile.py [MODEL] [BATCH] [FLUSH ...]
 
-REPRO_PROFILE_ROWS: how many ops and kernels the GPU table lists (12). With
+REPRO_PROFILE_ROWS: how many ops and kernels the GPU table lists (12). REPRO_PROFILE_MODULES: the
+steps that record module outputs (a step policy, default `all`; `none` profiles the `steps`
+level alone). With
 REPRO_PROFILE_PYTHON=1, the recorded steps' host side under cProfile instead (the Python
-functions, and the GPU hashing library's calls, by their own time).
+functions, and the GPU hashing library's calls, by their own time); with `timers`, the time spent
+inside the recorder's calls that may wait or work on the host.
 """
 
 import os
@@ -124,7 +127,8 @@ def main() -> None:
     for flush in flushes:
         os.environ["REPRO_TORCH_FLUSH"] = flush
         with tempfile.TemporaryDirectory() as d:
-            rec = ModelRecorder(Recorder(f"{d}/t", {"workload": name, "steps": 14}, capture="none", modules="all",
+            rec = ModelRecorder(Recorder(f"{d}/t", {"workload": name, "steps": 14}, capture="none",
+                                         modules=os.environ.get("REPRO_PROFILE_MODULES", "all"),
                                          device=torch.device("cuda"), device_hashing=True), model)
 
             def recorded(i):

@@ -4,6 +4,7 @@ tensors and reading their hashes back a step later."""
 
 from __future__ import annotations
 
+import array
 import ctypes
 import operator
 import os
@@ -188,8 +189,10 @@ class DeviceHasher:
         if n == 0:
             return
         at = self._pushed
-        addresses = (ctypes.c_uint64 * n)(*self._addresses[at:])
-        lengths = (ctypes.c_uint64 * n)(*self._lengths[at:])
+        # (Through `array`, whose C loop converts a list of ints about 3 times faster than the
+        # constructor of a ctypes array: hundreds of records a step.)
+        addresses = (ctypes.c_uint64 * n).from_buffer(array.array("Q", self._addresses[at:]))
+        lengths = (ctypes.c_uint64 * n).from_buffer(array.array("Q", self._lengths[at:]))
         keeps = (ctypes.c_uint8 * n).from_buffer(self._keeps, at)
         if self._lib.repro_cuda_hasher_push_many(self._handle, addresses, lengths, keeps, n) < 0:
             raise WriteError(_last_error(self._lib))

@@ -45,6 +45,11 @@ class ModelRecorder:
             print("repro_torch: the model is compiled by torch.compile: its module outputs are not recorded (hooks "
                   "inside a compiled graph would break it or the graph); recording its inputs, parameters, buffers, "
                   "loss, gradients and updates, under the uncompiled model's names", file=sys.stderr)
+        ops_asked = step_policy("ops policy", ops) if ops is not None else recorder.levels["ops"]
+        if self._compiled and ops_asked != ("none",):
+            print("repro_torch: the model is compiled by torch.compile: the `ops` level records the aten ops PyTorch's "
+                  "dispatcher runs outside its compiled graphs (the optimizer's, a loss computed outside the model), "
+                  "not the kernels inside them, which the dispatcher never sees", file=sys.stderr)
         if modules is not None or ops is not None:
             recorder.set_levels(modules, ops)
         # A world of one records as one device: its "sums" are its own gradients.

@@ -30,6 +30,11 @@ AUTO = "auto"
 # The data hash a repro command asks a program to record with (`repro record --data-hash`).
 DATA_HASH_ENV = "REPRO_DATA_HASH"
 
+# The last step a repro command asks a program to record (`repro bisect` re-recording a pair of
+# runs down to the step where they first differ): the recorder finishes the trace there, marked
+# as stopped on purpose, and ends the program (exit status 0).
+STOP_AFTER_ENV = "REPRO_STOP_AFTER"
+
 # The step policies of the capture ladder's levels that a repro command asks for (`repro record
 # --modules P --ops P`), by the recorder's parameter each sets.
 LEVEL_ENV = {"modules": "REPRO_MODULES", "ops": "REPRO_OPS"}
@@ -64,8 +69,11 @@ class Recorder:
         data_hash: Optional[str] = None,
         modules: str = "first",
         ops: str = "none",
+        stop_after: Optional[int] = None,
     ):
-        """`modules`, `ops`: the steps, as a step policy (`none`, `all`, `first`,
+        """`stop_after`: the last step to record; the trace is finished once it is written
+        (its footer says it stopped on purpose) and the program ends (`SystemExit(0)`).
+        `modules`, `ops`: the steps, as a step policy (`none`, `all`, `first`,
         `first-and-last`, `every:N`, `steps:A,B,...`; `first` is the first step recorded), that
         record every module's output (a `ModelRecorder`'s hooks) and every aten op's output
         (`ops.OpOutputs`), beside what every step records; the trace's header names both.
@@ -87,6 +95,9 @@ class Recorder:
             run = _with_perturbation(run, perturbation)
         # The levels' step policies, parsed (refused before anything is written where not one).
         self.levels = {"modules": step_policy("modules policy", modules), "ops": step_policy("ops policy", ops)}
+        if stop_after is not None and (isinstance(stop_after, bool) or not isinstance(stop_after, int) or stop_after < 0):
+            raise WriteError(f"stop_after={stop_after!r}: expected a step number (an integer, 0 or more)")
+        self.stop_after = stop_after
         self._total = run.get("steps")
         self._writer = TraceWriter(path, run, capture, inline_max_bytes, replace, environment(device, self._switches),
                                    distributed=self.place.header() if self.place is not None else None,
@@ -188,7 +199,7 @@ class Recorder:
     def create_or_gated(cls, path: str, run: dict, device: Optional[torch.device] = None, **options) -> "Recorder":
         """Records as a repro command running this program asks (`repro record -- CMD`, `gate --
         CMD`: REPRO_TRACE_DIR, REPRO_CAPTURE, REPRO_MODULES, REPRO_OPS, REPRO_DATA_HASH,
-        REPRO_REPLACE, REPRO_PERTURB, REPRO_PERTURB_RANK), and into `path` with `options`
+        REPRO_REPLACE, REPRO_PERTURB, REPRO_PERTURB_RANK, REPRO_STOP_AFTER), and into `path` with `options`
         otherwise. A trace already there is an error unless replacing is asked for. A rank of
         several records into `path/rank-N`."""
         env = os.environ
@@ -201,6 +212,11 @@ class Recorder:
                 options[level] = level_asked(variable)
         if env.get(DATA_HASH_ENV):
             options["data_hash"] = data_hash_asked()
+        if env.get(STOP_AFTER_ENV):
+            asked = env[STOP_AFTER_ENV]
+            if not asked.isdigit():
+                raise WriteError(f"{STOP_AFTER_ENV}={asked}: expected a step number (0 or more)")
+            options["stop_after"] = int(asked)
         if env.get("REPRO_REPLACE") not in (None, "", "0", "1"):
             raise WriteError(f"REPRO_REPLACE={env['REPRO_REPLACE']}: expected 1 or 0")
         if env.get("REPRO_REPLACE") == "1":
@@ -267,6 +283,9 @@ class Recorder:
         self._behind.append((s, reads))
         while len(self._behind) > (1 if reads else 0):
             self._write_oldest()
+        if self.stop_after is not None and step >= self.stop_after:
+            self.finish(stopped=f"after step {step}, as asked ({STOP_AFTER_ENV}={self.stop_after})")
+            raise SystemExit(0)
 
     def _check_planted(self, step: int) -> None:
         """Notes that `step` was recorded; raises `Perturbation.unplanted` where the fault to plant
@@ -310,8 +329,9 @@ class Recorder:
         if self.place is not None:
             self._writer.mark_progress(step, "collective", collective, tensors)
 
-    def finish(self) -> int:
+    def finish(self, stopped: Optional[str] = None) -> int:
         """Writes what is still on its way and finishes the trace; the number of steps written.
+        `stopped`: the run ends early on purpose, for this reason (the footer's `stopped`).
         Warns about determinism switches changed since the header recorded them."""
         while self._behind:
             self._write_oldest()
@@ -327,7 +347,7 @@ class Recorder:
         if changed:
             print(f"repro_torch: determinism switches changed while recording ({changed}); the header of {self.path} "
                   "holds them as they were when the recorder was created: set them before creating it", file=sys.stderr)
-        return self._writer.finish()
+        return self._writer.finish(stopped=stopped)
 
 
 class StepRecorder:

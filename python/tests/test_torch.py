@@ -162,6 +162,16 @@ class TorchTest(unittest.TestCase):
             self.assertEqual(t.header["capture"]["modules"], ("none",))
         self.assertIn("0.weight.grad", names)
         self.assertIn("2.bias.updated", names)
+        # The `ops` level of a compiled model: what the dispatcher sees, said so (issue 67, item 5).
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+        stderr = io.StringIO()
+        with contextlib.redirect_stderr(stderr):
+            rec = ModelRecorder(Recorder(os.path.join(self.dir, "ops"), {"workload": "compiled"}),
+                                torch.compile(model, backend="eager"), ops="all")
+        self.assertIn("the `ops` level records the aten ops PyTorch's dispatcher runs outside its compiled graphs",
+                      stderr.getvalue())
+        rec.finish()
 
     def _record_batch_norm_cnn(self, name, momentum, capture="first-and-last", stand_in=False):
         """Records three training steps of a small CNN with a BatchNorm of `momentum` (and a

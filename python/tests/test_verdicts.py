@@ -92,24 +92,84 @@ rec = ModelRecorder.create_or_gated(sys.argv[1], {"workload": "noisy", "steps": 
 """ + TRAINING_LOOP.format(steps=4, each_step="    Noisy.step = step\n")
 
 
+def program_command(tmp: str, text: str) -> tuple:
+    """The command that runs the program `text` (written into `tmp`) under a repro command, whose
+    REPRO_TRACE_DIR wins over the path it is given; the environment it needs."""
+    program = os.path.join(tmp, "train.py")
+    with open(program, "w") as f:
+        f.write(text)
+    return [sys.executable, program, os.path.join(tmp, "unused")], dict(os.environ, PYTHONPATH=PYTHON)
+
+
 @unittest.skipUnless(torch is not None, "torch is not installed")
 class BisectToTheOpTest(unittest.TestCase):
     def test_bisect_reruns_the_diverging_step_down_to_the_aten_op_and_names_a_random_draw(self):
         # Issue 67, item 2: two runs at the default levels, the first diverging step found, both
         # recorded again with every module's and op's output there, the op named.
         with tempfile.TemporaryDirectory() as tmp:
-            program = os.path.join(tmp, "train.py")
-            with open(program, "w") as f:
-                f.write(UNSEEDED_DRAW)
-            env = dict(os.environ, PYTHONPATH=PYTHON)
+            command, env = program_command(tmp, UNSEEDED_DRAW)
             keep = os.path.join(tmp, "kept")
-            command = [sys.executable, program, os.path.join(tmp, "unused")]  # REPRO_TRACE_DIR wins
             run = subprocess.run([REPRO, "bisect", "--keep", keep, "--", *command], capture_output=True, text=True,
                                  env=env)
             self.assertEqual(run.returncode, 1, run.stdout + run.stderr)
             self.assertIn("the runs first differ at step 2", run.stdout + run.stderr)
             self.assertIn("DIVERGED  first at step 2, tensor `1/aten.rand#0`", run.stdout)
             self.assertIn("`aten.rand`, draws random numbers", run.stdout)
+            # Issue 67, item 3: what each pair showed, and which one the report is of.
+            self.assertIn("pair 1 (hashes only): first differs at step 2\n", run.stdout)
+            self.assertIn("pair 2 (full values, module and op outputs at step 2): first differs at step 2 (reported "
+                          "below)", run.stdout)
+            # The pair recorded again stopped after the step it was asked for (REPRO_STOP_AFTER).
+            sys.path.insert(0, PYTHON)
+            from repro_trace import Trace
+
+            with Trace(os.path.join(keep, "values-1-a")) as trace:
+                self.assertEqual([s.step for s in trace.steps()], [0, 1, 2])
+
+
+@unittest.skipUnless(torch is not None, "torch is not installed")
+class GateEscalationTest(unittest.TestCase):
+    def test_a_failed_gate_records_the_diverging_step_again_down_to_the_op_unless_told_not_to(self):
+        # Issue 67, item 2: `repro gate -- CMD` on a FAIL escalates as bisect does.
+        with tempfile.TemporaryDirectory() as tmp:
+            command, env = program_command(tmp, UNSEEDED_DRAW)
+            run = subprocess.run([REPRO, "gate", "--", *command], capture_output=True, text=True, env=env)
+            self.assertEqual(run.returncode, 1, run.stdout + run.stderr)
+            self.assertIn("step 2 recorded again in both runs with every module's and op's output", run.stdout)
+            self.assertIn("DIVERGED  first at step 2, tensor `1/aten.rand#0`", run.stdout)
+            plain = subprocess.run([REPRO, "gate", "--no-escalate", "--json", "--", *command], capture_output=True,
+                                   text=True, env=env)
+            self.assertEqual(plain.returncode, 1, plain.stdout + plain.stderr)
+            self.assertNotIn('"escalation"', plain.stdout)
+
+
+@unittest.skipUnless(torch is not None, "torch is not installed")
+class StopAfterTest(unittest.TestCase):
+    def test_a_program_asked_to_stop_after_a_step_finishes_its_trace_there_and_exits_cleanly(self):
+        # `repro bisect` records a pair again only up to the step where they first differ.
+        sys.path.insert(0, PYTHON)
+        from repro_trace import Trace
+
+        program = UNSEEDED_DRAW + 'print("the loop ran to its end")\n'
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "train.py")
+            with open(path, "w") as f:
+                f.write(program)
+            out = os.path.join(tmp, "run")
+            env = dict(os.environ, PYTHONPATH=PYTHON, REPRO_STOP_AFTER="1")
+            done = subprocess.run([sys.executable, path, out], capture_output=True, text=True, env=env)
+            self.assertEqual(done.returncode, 0, done.stderr[-3000:])
+            self.assertNotIn("the loop ran to its end", done.stdout)
+            with Trace(out) as trace:
+                self.assertEqual([s.step for s in trace.steps()], [0, 1])
+                self.assertFalse(trace.complete)
+                self.assertIn("after step 1, as asked (REPRO_STOP_AFTER=1)", trace.incomplete_reason)
+            for bad in ("x", "-1"):
+                env["REPRO_STOP_AFTER"] = bad
+                done = subprocess.run([sys.executable, path, os.path.join(tmp, f"bad{bad}")], capture_output=True,
+                                      text=True, env=env)
+                self.assertNotEqual(done.returncode, 0)
+                self.assertIn(f"REPRO_STOP_AFTER={bad}: expected a step number", done.stderr)
 
 
 @unittest.skipUnless(torch is not None, "torch is not installed")

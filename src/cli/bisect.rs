@@ -75,8 +75,13 @@ impl Subject<'_> {
         match self {
             Subject::Program { command, timeout } => {
                 // The steps kept in full are also recorded down the capture ladder: every module's
-                // output and every op's (a PyTorch program), to name the op that diverges.
+                // output and every op's (a PyTorch program), to name the op that diverges; a
+                // PyTorch program stops after the last of them (nothing later is compared).
                 let escalated = (capture != FullCapture::None).then(|| capture.clone());
+                let stop_after = match &capture {
+                    FullCapture::Steps(steps) => steps.iter().copied().max(),
+                    _ => None,
+                };
                 let env = RecordEnv {
                     dir: Some(dir.to_path_buf()),
                     capture: Some(capture),
@@ -84,6 +89,7 @@ impl Subject<'_> {
                     against: against.map(Path::to_path_buf),
                     modules: escalated.clone(),
                     ops: escalated,
+                    stop_after,
                     ..RecordEnv::default()
                 };
                 let status = run_command(command, &env, *timeout)?;
@@ -92,7 +98,7 @@ impl Subject<'_> {
                     return Err(format!("`{}` failed ({status})", command.join(" ")).into());
                 }
                 match status.success() {
-                    true => check_recorded(&command.join(" "), dir).map(|()| true),
+                    true => check_recorded(&command.join(" "), dir, stop_after).map(|()| true),
                     false => Ok(false),
                 }
             }
@@ -162,6 +168,21 @@ impl Subject<'_> {
     }
 }
 
+/// Records the program `command` twice more with every value, module output and op output at
+/// `step` (stopping there), into `work/NAME-a` and `work/NAME-b`, the second up to `tries`
+/// times until the pair differs; their comparison. What `repro gate -- CMD` does on a FAIL to
+/// name the op, as bisect does once it has the step.
+pub(super) fn record_down_to_ops(
+    command: &[String],
+    timeout: Option<Duration>,
+    work: &Path,
+    name: &str,
+    step: u64,
+    tries: u32,
+) -> Result<RunDiff, CliError> {
+    Subject::Program { command, timeout }.record_pair(work, name, FullCapture::Steps(vec![step]), tries)
+}
+
 /// What bisect found, for `--json`.
 #[derive(serde::Serialize)]
 struct BisectReport<'a> {
@@ -170,8 +191,38 @@ struct BisectReport<'a> {
     first_differing_step: Option<u64>,
     /// Rounds of re-recording with full values.
     rounds: usize,
-    /// The comparison of the last pair recorded (with full values at the step, when any differ).
+    /// Every pair recorded, in order, and where it first differed.
+    pairs: &'a [PairOutcome],
+    /// The comparison of the pair reported (with full values at the step, when any differ).
     diff: &'a RunDiff,
+}
+
+/// One pair of runs bisect recorded, and where they first differed.
+#[derive(serde::Serialize)]
+struct PairOutcome {
+    /// The step recorded with full values and every module's and op's output, if any (`None`:
+    /// hashes only).
+    values_at: Option<u64>,
+    /// The first step at which the pair differs (`None`: it agreed).
+    first_differing_step: Option<u64>,
+    /// Whether this is the pair the report shows.
+    reported: bool,
+}
+
+impl PairOutcome {
+    /// `pair 2 (values at step 3): first differs at step 3`.
+    fn line(&self, number: usize) -> String {
+        let recorded = match self.values_at {
+            None => "hashes only".to_string(),
+            Some(step) => format!("full values, module and op outputs at step {step}"),
+        };
+        let found = match self.first_differing_step {
+            Some(step) => format!("first differs at step {step}"),
+            None => "agreed".to_string(),
+        };
+        let reported = if self.reported { " (reported below)" } else { "" };
+        format!("  pair {number} ({recorded}): {found}{reported}")
+    }
 }
 
 pub fn run(args: BisectArgs) -> Result<Exit, CliError> {
@@ -198,6 +249,7 @@ pub fn run(args: BisectArgs) -> Result<Exit, CliError> {
     eprintln!("bisect: recording {} twice, hashes only", subject.describe());
     let mut compared = subject.record_pair(&work, "hashes", FullCapture::None, args.runs)?;
     let first = compared.diff.first_divergence.as_ref().map(|d| d.step);
+    let mut pairs = vec![PairOutcome { values_at: None, first_differing_step: first, reported: true }];
     let mut rounds = 0;
     let mut step = first;
     let mut values_agreed = false;
@@ -206,6 +258,11 @@ pub fn run(args: BisectArgs) -> Result<Exit, CliError> {
         eprintln!("bisect: the runs first differ at step {at}; recording both again with its full values");
         let again = subject.record_pair(&work, &format!("values-{rounds}"), FullCapture::Steps(vec![at]), args.runs)?;
         let found = again.diff.first_divergence.as_ref().map(|d| (d.step, d.metrics.is_some()));
+        let differs = found.map(|(s, _)| s);
+        if differs.is_some() {
+            pairs.iter_mut().for_each(|p| p.reported = false);
+        }
+        pairs.push(PairOutcome { values_at: Some(at), first_differing_step: differs, reported: differs.is_some() });
         match found {
             // Values at the divergence: done.
             Some((s, true)) if s == at => {
@@ -237,7 +294,13 @@ pub fn run(args: BisectArgs) -> Result<Exit, CliError> {
     }
     let verdict = compared.verdict();
     if args.output.json {
-        let report = BisectReport { subject: subject.describe(), first_differing_step: first, rounds, diff: &compared };
+        let report = BisectReport {
+            subject: subject.describe(),
+            first_differing_step: first,
+            rounds,
+            pairs: &pairs,
+            diff: &compared,
+        };
         print_json("repro.bisect.v1", Some(verdict.name()), &report)?;
     } else {
         let missing_values = values_agreed.then(|| {
@@ -245,8 +308,17 @@ pub fn run(args: BisectArgs) -> Result<Exit, CliError> {
              some runs: `--runs N` records each pair up to N times"
                 .to_string()
         });
-        let brief = DiffText { brief: true, missing_values, ..DiffText::default() };
-        super::output::emit(&render_run_diff_with(&compared, &brief));
+        let text = DiffText { missing_values, ..DiffText::default() };
+        // Which pairs were recorded and what each showed: a fault that fires in some runs only
+        // may move or vanish between pairs, and the report is of one pair alone.
+        let mut out = String::from("pairs recorded:\n");
+        for (number, pair) in pairs.iter().enumerate() {
+            out += &pair.line(number + 1);
+            out.push('\n');
+        }
+        out.push('\n');
+        out += &render_run_diff_with(&compared, &text);
+        super::output::emit(&out);
     }
     Ok(verdict.into())
 }

@@ -36,8 +36,13 @@ pub struct DiffArgs {
     /// Also follow this tensor step by step in the plot and the JSON `gaps` (repeatable).
     #[arg(long, value_name = "NAME")]
     plot_tensor: Vec<String>,
-    /// Text: only the verdict, the first divergence and its root cause, without the tables.
-    #[arg(long)]
+    /// Text: the tables too: every tensor's first divergence, the error's growth over the steps
+    /// and every structural difference (without it: the verdict, the first divergence, its root
+    /// cause and the command that goes further). --rows, --kind and --tensor imply it.
+    #[arg(long, conflicts_with = "brief")]
+    full: bool,
+    /// Text: the default report, without the tables (kept for scripts that ask for it).
+    #[arg(long, hide = true)]
     brief: bool,
     /// Text: at most N rows in each table.
     #[arg(long, value_name = "N")]
@@ -107,7 +112,7 @@ pub fn run(args: DiffArgs) -> Result<Exit, CliError> {
         }
     } else {
         let text = DiffText {
-            brief: args.brief,
+            tables: args.full || args.rows.is_some() || !args.kind.is_empty() || !args.tensor.is_empty(),
             rows: args.rows,
             kinds: args.kind.clone(),
             tensors: args.tensor.clone(),

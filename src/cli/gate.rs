@@ -1,6 +1,7 @@
 //! `repro gate`: record a configuration several times (or once, against a committed baseline)
 //! and fail on any bit difference. `repro gate -- CMD ARGS` gates a user's own training
-//! program, which records itself into the directory named by `REPRO_TRACE_DIR`.
+//! program, which records itself into the directory named by `REPRO_TRACE_DIR`; on a FAIL, the
+//! step where it first diverges is recorded again down to the op (as `repro bisect` does).
 
 use super::error::CliError;
 use super::exit::Exit;
@@ -9,9 +10,9 @@ use super::recording::record_for_gate;
 use super::report_args::{JsonOutput, ToleranceArgs};
 use super::workload_args::WorkloadArgs;
 use clap::Args;
-use repro::diff::{baseline_mismatch, gate_traces, DiffError, GateReference, GateReport};
+use repro::diff::{baseline_mismatch, gate_traces, DiffError, GateReference, GateReport, RunDiff};
 use repro::record::RecordEnv;
-use repro::report::{render_gate, render_gate_junit, render_gate_markdown};
+use repro::report::{render_gate, render_gate_junit, render_gate_markdown, render_run_diff_with, DiffText};
 use repro::trace::{FullCapture, TraceReader};
 use repro::workloads::WorkloadRun;
 use std::path::{Path, PathBuf};
@@ -66,6 +67,11 @@ pub struct GateArgs {
     /// or cpu,cpu with the file stand-in): every run's ranks must also stay replicas.
     #[arg(long, value_delimiter = ',', value_name = "DEVICES", conflicts_with_all = ["baseline", "command"])]
     devices: Vec<String>,
+    /// On a FAIL of -- CMD whose diverging step was recorded without every module's and op's
+    /// output, do not record it again down to the op (which costs two more runs up to that
+    /// step): for CI budgets.
+    #[arg(long, requires = "command")]
+    no_escalate: bool,
     /// A program that records itself with repro's library into $REPRO_TRACE_DIR.
     #[arg(last = true, value_name = "CMD")]
     command: Vec<String>,
@@ -152,11 +158,29 @@ pub fn run(args: GateArgs) -> Result<Exit, CliError> {
     };
     std::fs::create_dir_all(&work).map_err(|e| format!("cannot create {}: {e}", work.display()))?;
     let report = gate(&args, planned.as_ref(), data_hash, runs, &work)?;
+    let escalation = escalate(&args, &report, &work);
     if args.output.json {
         let verdict = if report.passed() { "pass" } else { "fail" };
-        super::output::print_json("repro.gate.v2", Some(verdict), &report)?;
+        #[derive(serde::Serialize)]
+        struct Escalated<'a> {
+            #[serde(flatten)]
+            report: &'a GateReport,
+            /// The diverging step recorded again down to the op (`-- CMD` on a FAIL).
+            #[serde(skip_serializing_if = "Option::is_none")]
+            escalation: Option<&'a Escalation>,
+        }
+        let document = Escalated { report: &report, escalation: escalation.as_ref() };
+        super::output::print_json("repro.gate.v2", Some(verdict), &document)?;
     } else {
-        super::output::emit(&render_gate(&report));
+        let mut text = render_gate(&report);
+        if let Some(e) = &escalation {
+            text += &format!(
+                "\nstep {} recorded again in both runs with every module's and op's output (--no-escalate skips this):\n",
+                e.step
+            );
+            text += &render_run_diff_with(&e.diff, &DiffText::default());
+        }
+        super::output::emit(&text);
     }
     if let Some(file) = &args.junit {
         std::fs::write(file, render_gate_junit(&report)?)
@@ -176,6 +200,34 @@ pub fn run(args: GateArgs) -> Result<Exit, CliError> {
         let _ = f.write_all(markdown.as_bytes());
     }
     Ok(if report.passed() { Exit::Same } else { Exit::Diverged })
+}
+
+/// A failed gate's diverging step recorded again down to the op.
+#[derive(serde::Serialize)]
+struct Escalation {
+    /// The step.
+    step: u64,
+    /// The reference and the first failing run recorded again, compared.
+    diff: RunDiff,
+}
+
+/// On a FAIL of `-- CMD` (fresh runs, not a baseline) whose first diverging step was recorded
+/// without every module's and op's output: both recorded again there (`bisect`'s second
+/// round). A rerun that fails is said on stderr; the gate's verdict stands either way.
+fn escalate(args: &GateArgs, report: &GateReport, work: &Path) -> Option<Escalation> {
+    if report.passed() || args.command.is_empty() || args.baseline.is_some() || args.no_escalate {
+        return None;
+    }
+    let step = report.comparisons.iter().find(|c| !c.passed)?.diff.escalate.as_ref()?.step;
+    eprintln!("gate: the runs first differ at step {step}; recording both again down to the op there");
+    let timeout = args.timeout.map(Duration::from_secs);
+    match super::bisect::record_down_to_ops(&args.command, timeout, work, "escalated", step, 3) {
+        Ok(diff) => Some(Escalation { step, diff }),
+        Err(e) => {
+            eprintln!("gate: recording step {step} again down to the op failed: {e}");
+            None
+        }
+    }
 }
 
 /// Records the runs, `planned` (a built-in workload's) or the command's, and compares them.

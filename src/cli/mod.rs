@@ -180,7 +180,7 @@ pub fn run(cli: Cli) -> Exit {
 /// document whatever happened).
 fn fail(error: &CliError, json: bool) -> Exit {
     let lines = error.lines();
-    eprintln!("error: {}", lines.join("\ncaused by: "));
+    eprintln!("error: {}", output::terminal_safe(&lines.join("\ncaused by: ")));
     if json {
         #[derive(serde::Serialize)]
         struct Failure<'a> {

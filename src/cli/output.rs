@@ -10,16 +10,34 @@ use std::sync::atomic::{AtomicBool, Ordering};
 /// the error code, never with a verdict a truncated report does not back.
 static WRITE_FAILED: AtomicBool = AtomicBool::new(false);
 
-/// Writes `text` to stdout as it is.
+/// Writes `text` to stdout, its control characters escaped (`terminal_safe`).
 pub fn emit(text: &str) {
     let mut out = std::io::stdout().lock();
-    let result = out.write_all(text.as_bytes()).and_then(|()| out.flush());
+    let result = out.write_all(terminal_safe(text).as_bytes()).and_then(|()| out.flush());
     if let Err(e) = result {
         if e.kind() != std::io::ErrorKind::BrokenPipe {
             eprintln!("error: cannot write to stdout: {e}");
             WRITE_FAILED.store(true, Ordering::Relaxed);
         }
     }
+}
+
+/// `text` with every control character but newline and tab written as an escape (`\u{1b}`): a
+/// path, name or address a user gave cannot move the cursor, recolour or clear the terminal
+/// it is printed on. (JSON documents escape them already.)
+pub fn terminal_safe(text: &str) -> std::borrow::Cow<'_, str> {
+    let unsafe_char = |c: char| c.is_control() && c != '\n' && c != '\t';
+    if !text.chars().any(unsafe_char) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut safe = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        match unsafe_char(c) {
+            true => safe.extend(c.escape_unicode()),
+            false => safe.push(c),
+        }
+    }
+    std::borrow::Cow::Owned(safe)
 }
 
 /// Whether some report could not be written to stdout.

@@ -22,7 +22,7 @@ pub fn record_command(command: &[String], env: &RecordEnv, timeout: Option<Durat
         )
         .into());
     }
-    check_recorded(&command.join(" "), env.dir.as_deref().expect("a trace directory"))
+    check_recorded(&command.join(" "), env.dir.as_deref().expect("a trace directory"), env.stop_after)
 }
 
 /// Where a PyTorch program finds repro's GPU hashing library (python/repro_torch/cuda_hash.py); a
@@ -69,7 +69,10 @@ pub fn run_command(command: &[String], env: &RecordEnv, timeout: Option<Duration
     let started = Instant::now();
     let status = loop {
         match child.try_wait() {
-            Ok(Some(status)) => break status,
+            Ok(Some(status)) => {
+                super::scratch::unless_interrupted();
+                break status;
+            }
             Ok(None) if timeout.is_some_and(|t| started.elapsed() > t) => {
                 super::scratch::stop_program(group);
                 let _ = child.wait();
@@ -107,8 +110,10 @@ pub fn interrupted(status: &ExitStatus) -> Option<i32> {
 }
 
 /// Checks what a program left in `dir` before anything compares or keeps it: a finished trace of
-/// at least one step, or a data-parallel run of such rank traces; never a link.
-pub fn check_recorded(program: &str, dir: &Path) -> Result<(), CliError> {
+/// at least one step, or a data-parallel run of such rank traces; never a link. With
+/// `stop_after` (the program was asked to stop after that step, `REPRO_STOP_AFTER`), a trace
+/// stopped on purpose there counts as finished.
+pub fn check_recorded(program: &str, dir: &Path, stop_after: Option<u64>) -> Result<(), CliError> {
     let streams = match repro::trace::rank_streams(dir) {
         Ok(Some(ranks)) => ranks,
         Ok(None) => vec![dir.to_path_buf()],
@@ -135,7 +140,11 @@ pub fn check_recorded(program: &str, dir: &Path) -> Result<(), CliError> {
         }
         let summary = repro::trace::summarize(stream)
             .map_err(|e| format!("`{program}` left something that is not a readable trace: {e}"))?;
-        if !summary.complete {
+        let stopped_as_asked = stop_after.is_some_and(|step| {
+            summary.last_step == Some(step)
+                && summary.incomplete_reason.as_deref().is_some_and(|why| why.starts_with("stopped early"))
+        });
+        if !summary.complete && !stopped_as_asked {
             let why = summary.incomplete_reason.unwrap_or_default();
             return Err(format!(
                 "`{program}` left an unfinished trace in {} ({why}): did it return before `Recorder::finish`?",

@@ -252,6 +252,7 @@ fn record_program(args: &RecordArgs) -> Result<Exit, CliError> {
         data_hash: args.data_hash,
         modules: args.modules.clone(),
         ops: args.ops.clone(),
+        stop_after: None,
     };
     let program = args.command.join(" ");
     let started = Instant::now();
@@ -268,7 +269,7 @@ fn record_program(args: &RecordArgs) -> Result<Exit, CliError> {
         if !status.success() {
             return Err(with_ranks(format!("`{program}` failed ({status})"), out));
         }
-        super::program::check_recorded(&program, out)?;
+        super::program::check_recorded(&program, out, None)?;
         let summaries = recorded_streams(out)?;
         let ranks = match summaries.len() {
             1 => String::new(),
@@ -301,14 +302,13 @@ fn record_program(args: &RecordArgs) -> Result<Exit, CliError> {
     }
     let compared = diff_runs(reference, out, &DiffOptions::default())?;
     if status.success() {
-        super::program::check_recorded(&program, out)?;
+        super::program::check_recorded(&program, out, None)?;
     } else {
         eprintln!(
             "`{program}` stopped at the divergence ({status}), as --against asks (--keep-going records to the end)"
         );
     }
-    let brief = DiffText { brief: true, ..DiffText::default() };
-    super::output::emit(&render_run_diff_with(&compared, &brief));
+    super::output::emit(&render_run_diff_with(&compared, &DiffText::default()));
     Ok(compared.verdict().into())
 }
 

@@ -40,6 +40,21 @@ impl Drop for ScratchDir {
     }
 }
 
+/// The signal this process is being stopped by, once its handler has started (0: none).
+static INTERRUPTED: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+/// Returns at once unless this process is being stopped by a signal; then never: the handler
+/// is stopping the programs it started and ends the process with the signal's exit code
+/// (130, 143, 129). A program that died because the handler stopped it is no failure of its own
+/// to report (exit 2, "signal 9").
+pub fn unless_interrupted() {
+    if INTERRUPTED.load(std::sync::atomic::Ordering::SeqCst) != 0 {
+        loop {
+            std::thread::park();
+        }
+    }
+}
+
 /// Process groups of programs the command started (a gated program and its children), to stop
 /// if the command is interrupted.
 static PROGRAMS: Mutex<Vec<u32>> = Mutex::new(Vec::new());
@@ -179,6 +194,7 @@ fn install_handler() {
         .name("repro-interrupt".into())
         .spawn(move || {
             if let Some(signal) = signals.forever().next() {
+                INTERRUPTED.store(signal, std::sync::atomic::Ordering::SeqCst);
                 for group in PROGRAMS.lock().unwrap_or_else(|p| p.into_inner()).drain(..) {
                     stop_program(group);
                 }

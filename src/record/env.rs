@@ -14,6 +14,7 @@
 //! | `REPRO_KEEP_GOING` | `1`: with `REPRO_AGAINST`, record to the end after a divergence instead of stopping there |
 //! | `REPRO_MODULES` | steps at which every module's output is recorded, the capture ladder's `modules` level (same grammar as `REPRO_CAPTURE`, plus `first`; PyTorch programs) |
 //! | `REPRO_OPS` | steps at which every op's output inside the step is recorded, the `ops` level (PyTorch programs; a candle program's captured graph records its ops at every step) |
+//! | `REPRO_STOP_AFTER` | the last step to record: the trace is finished there, marked as stopped on purpose, and the program ends (PyTorch programs; candle programs record on) |
 //! | `REPRO_PERTURB` | plant a fault, `STEP:TENSOR:ULPS[@ELEMENT]` (`Perturbation`), in the tensor of that name as `StepRecorder::op` or `perturbed` passes it: does the gate catch a 1-ULP change in my program? |
 
 use super::error::RecordError;
@@ -37,6 +38,8 @@ pub const KEEP_GOING_ENV: &str = "REPRO_KEEP_GOING";
 pub const MODULES_ENV: &str = "REPRO_MODULES";
 /// Steps at which every op's output is recorded (`REPRO_OPS`, the `ops` level).
 pub const OPS_ENV: &str = "REPRO_OPS";
+/// The last step to record (`REPRO_STOP_AFTER=STEP`; PyTorch programs).
+pub const STOP_AFTER_ENV: &str = "REPRO_STOP_AFTER";
 /// A fault to plant (`REPRO_PERTURB=STEP:TENSOR:ULPS[@ELEMENT]`).
 pub const PERTURB_ENV: &str = "REPRO_PERTURB";
 /// How the program hashes its tensors' data (`REPRO_DATA_HASH=blake3|xxh3-1k`, format 2.0).
@@ -64,6 +67,9 @@ pub struct RecordEnv {
     pub modules: Option<FullCapture>,
     /// The steps of the `ops` level, in place of the program's own.
     pub ops: Option<FullCapture>,
+    /// The last step to record: a PyTorch program's recorder finishes the trace there and ends
+    /// the program (repro's candle recorder does not read it).
+    pub stop_after: Option<u64>,
 }
 
 impl RecordEnv {
@@ -100,7 +106,14 @@ impl RecordEnv {
             }
             None => None,
         };
+        let stop_after = match text(STOP_AFTER_ENV) {
+            Some(step) => Some(step.parse().map_err(|_| {
+                RecordError::Unsupported(format!("{STOP_AFTER_ENV}={step}: expected a step number (0 or more)"))
+            })?),
+            None => None,
+        };
         Ok(RecordEnv {
+            stop_after,
             perturbation,
             data_hash,
             modules: policy(MODULES_ENV)?,
@@ -128,6 +141,7 @@ impl RecordEnv {
             (DATA_HASH_ENV, self.data_hash.map(|k| OsString::from(k.name()))),
             (MODULES_ENV, self.modules.as_ref().map(|c| OsString::from(c.to_string()))),
             (OPS_ENV, self.ops.as_ref().map(|c| OsString::from(c.to_string()))),
+            (STOP_AFTER_ENV, self.stop_after.map(|s| OsString::from(s.to_string()))),
         ];
         if let Some(p) = &self.perturbation {
             vars.push((PERTURB_ENV, Some(OsString::from(p.to_string()))));
@@ -181,6 +195,7 @@ mod tests {
             data_hash: Some(DataHash::Xxh3Chunks),
             modules: Some(FullCapture::First),
             ops: Some("steps:7".parse().unwrap()),
+            stop_after: Some(7),
         };
         let vars = env.vars();
         let read = RecordEnv::from_vars(|name| vars.iter().find(|(n, _)| *n == name).and_then(|(_, v)| v.clone()));
@@ -198,6 +213,8 @@ mod tests {
         assert!(e.contains("REPRO_CAPTURE=sometimes"), "{e}");
         let e = RecordEnv::from_vars(|n| (n == OPS_ENV).then(|| "steps:x".into())).unwrap_err().to_string();
         assert!(e.contains("REPRO_OPS=steps:x"), "{e}");
+        let e = RecordEnv::from_vars(|n| (n == STOP_AFTER_ENV).then(|| "-1".into())).unwrap_err().to_string();
+        assert!(e.contains("REPRO_STOP_AFTER=-1: expected a step number"), "{e}");
         let e = RecordEnv::from_vars(|n| (n == DATA_HASH_ENV).then(|| "sha1".into())).unwrap_err().to_string();
         assert!(e.contains("REPRO_DATA_HASH=sha1: `sha1` is not a data hash"), "{e}");
     }

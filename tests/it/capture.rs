@@ -384,7 +384,7 @@ fn a_changed_graph_is_named_first_and_its_nodes_pair_by_structure() {
     assert!(cause["b_layout"].is_null(), "{cause}");
     assert!(cause["tensor"].as_str().unwrap().starts_with("lm_head#"), "{cause}");
 
-    let text = repro(&["diff", s(&ops), s(&fused), "--brief"]).stdout;
+    let text = repro(&["diff", s(&ops), s(&fused)]).stdout;
     let said = text.find("the graph changed in scope").expect("the changed graph is named");
     assert!(said < text.find("root cause:").unwrap(), "named before the root cause:\n{text}");
 }

@@ -667,3 +667,32 @@ fn a_tensor_that_could_not_be_compared_is_never_identical() {
     assert!(run.stdout.contains("DIVERGED") && run.stdout.contains("`w`"), "{}", run.stdout);
     assert!(run.stdout.contains("BF16 [8, 4]") && run.stdout.contains("F32 [8, 4]"), "{}", run.stdout);
 }
+
+/// Issue 66, item 9: `matrix` over a sharded run and a one-device run compares the sharded
+/// tensor whole where every block's values were kept, and says what it could not compare
+/// otherwise (never agreeing on it).
+#[test]
+fn a_matrix_compares_sharded_and_one_device_runs_on_whole_tensors() {
+    let dir = tempfile::tempdir().unwrap();
+    let one = sharded_run(&dir.path().join("one"), 1, true, None);
+    let two = sharded_run(&dir.path().join("two"), 2, true, None);
+    let run = repro(&["matrix", s(&one), s(&two), s(&one), "--json"]);
+    assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+    let report = json(&run.stdout);
+    assert_eq!(report["matrices"][0]["tensor"], "w");
+    assert_eq!(report["matrices"][0]["bit_identical"], true);
+    // Hash-only blocks: the whole cannot be had, so `w` is left out, named, and never agrees.
+    let hashes = sharded_run(&dir.path().join("hashes"), 2, false, None);
+    let run = repro(&["matrix", s(&one), s(&hashes)]);
+    assert_eq!(run.code, 2, "nothing else to compare: {}{}", run.stdout, run.stderr);
+    assert!(run.stderr.contains("no tensor could be compared: w sharded otherwise"), "{}", run.stderr);
+    let with_bias = sharded_hashes_with_bias(&dir.path().join("with-bias"));
+    let one_with_bias = one_device_run(&dir.path().join("one-with-bias"), repro::trace::dtype::DType::F32);
+    let run = repro(&["matrix", s(&one_with_bias), s(&with_bias)]);
+    assert_eq!(run.code, 2, "{}{}", run.stdout, run.stderr);
+    assert!(
+        run.stderr.contains("holds only hashes") && run.stderr.contains("(w also sharded otherwise"),
+        "{}",
+        run.stderr
+    );
+}

@@ -263,6 +263,35 @@ fn a_baseline_s_settings_are_the_gate_s_defaults() {
     assert!(run.stderr.contains("steps 7 vs 8") && run.stderr.contains("leave out the options"), "{}", run.stderr);
 }
 
+/// Issue 66, item 9: `record -- CMD` interrupted while its program runs exits as the signal
+/// says (143), never as a program that failed ("signal 9", exit 2): the program died because
+/// repro stopped it. Repeated, since the two used to race.
+#[test]
+fn an_interrupted_record_of_a_program_exits_with_the_signal_s_code() {
+    for _ in 0..5 {
+        let tmp = tempfile::tempdir().unwrap();
+        let marker = tmp.path().join("started");
+        let script = format!("touch '{}'; exec sleep 30", marker.display());
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_repro"))
+            .args(["record", "--out"])
+            .arg(tmp.path().join("run"))
+            .args(["--", "sh", "-c", &script])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let started = std::time::Instant::now();
+        while !marker.exists() {
+            assert!(started.elapsed().as_secs() < 30, "the program never started");
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        // SAFETY: kill(2) with a child's pid and a signal number has no memory effects.
+        assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+        let out = child.wait_with_output().unwrap();
+        assert_eq!(out.status.code(), Some(143), "{}", String::from_utf8_lossy(&out.stderr));
+    }
+}
+
 #[test]
 fn an_interrupted_gate_removes_its_temporary_traces() {
     // Each signal ends the gate as a shell expects: 128 + its number.

@@ -127,7 +127,7 @@ fn under_a_tolerance_the_root_cause_tells_drift_from_a_new_cause() {
     assert_eq!(drift["root_cause"]["cause"]["tensor"], "predictions", "{drift}");
     assert_eq!(drift["root_cause"]["rule"], "drift", "{drift}");
     assert_eq!(drift["root_cause"]["drift_from"], "hidden", "{drift}");
-    let text = repro(&["diff", s(&a), s(&b), "--tolerance", "op_output=abs:1e-4", "--brief"]).stdout;
+    let text = repro(&["diff", s(&a), s(&b), "--tolerance", "op_output=abs:1e-4"]).stdout;
     assert!(text.contains("differs only within the tolerance (by at most 7.45e-5), first at `hidden`"), "{text}");
     assert!(!text.contains("inputs are identical"), "{text}");
 }
@@ -251,7 +251,7 @@ fn under_a_tolerance_an_update_names_the_difference_its_optimizer_amplified() {
     let upstream: Vec<&str> =
         root["upstream"].as_array().unwrap().iter().map(|u| u["tensor"].as_str().unwrap()).collect();
     assert!(upstream.iter().any(|t| t.ends_with(".grad")), "{v}");
-    let text = repro(&["diff", s(&a), s(&b), "--tolerance", tolerance, "--brief"]).stdout;
+    let text = repro(&["diff", s(&a), s(&b), "--tolerance", tolerance]).stdout;
     assert!(text.contains("the optimizer's update amplified their difference into"), "{text}");
 }
 

@@ -1,7 +1,7 @@
 //! Traces are evidence: killed recorders, flipped bytes and concurrent recorders must never
 //! produce a trace that lies or a reader that crashes.
 
-use crate::util::{json, repro, s};
+use crate::util::{json, record, repro, s};
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -181,4 +181,21 @@ fn two_traces_cut_short_the_same_way_are_incomplete_not_identical() {
         run.stdout
     );
     assert_eq!(json(&repro(&["diff", s(&a), s(&b), "--json"]).stdout)["verdict"], "incomplete");
+}
+
+/// Issue 66, item 9: a path a user gives is printed with its control characters escaped, in
+/// errors (stderr) and reports (stdout): it cannot drive the terminal.
+#[test]
+fn user_given_paths_cannot_drive_the_terminal() {
+    let dir = tempfile::tempdir().unwrap();
+    let hostile = dir.path().join("run\u{1b}[2J\u{7}");
+    let run = repro(&["inspect", s(&hostile)]);
+    assert_eq!(run.code, 2);
+    assert!(!run.stderr.contains('\u{1b}') && !run.stderr.contains('\u{7}'), "{:?}", run.stderr);
+    assert!(run.stderr.contains("run\\u{1b}[2J\\u{7}"), "{}", run.stderr);
+    // A trace recorded there: the report names it escaped.
+    let out = record(dir.path(), "run\u{1b}[31m", &[]);
+    let diff = repro(&["diff", s(&out), s(&out)]);
+    assert_eq!(diff.code, 0, "{}", diff.stderr);
+    assert!(!diff.stdout.contains('\u{1b}') && diff.stdout.contains("run\\u{1b}[31m"), "{:?}", diff.stdout);
 }

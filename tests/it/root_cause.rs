@@ -222,7 +222,7 @@ fn a_dropout_mask_drawn_otherwise_is_named_as_unrecorded_randomness() {
     let root = &v["root_cause"];
     assert_eq!(root["cause"]["tensor"], "dropout1", "{v}");
     assert_eq!(root["random_mask"], true, "{v}");
-    let text = repro(&["diff", s(&a), s(&b), "--brief"]).stdout;
+    let text = repro(&["diff", s(&a), s(&b)]).stdout;
     assert!(text.contains("the shape of a random mask (dropout) drawn differently"), "{text}");
     assert!(!text.contains("the op computed it differently"), "{text}");
 

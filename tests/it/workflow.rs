@@ -405,20 +405,30 @@ fn diff_and_matrix_draw_the_gap_as_svg() {
     assert!(run.stderr.contains("cannot write the plot to") && run.stderr.contains("x.svg"), "{}", run.stderr);
 }
 
-/// Issue 34, section 9: a long report's tables can be left out, cut, or filtered.
+/// Issue 34, section 9, and issue 66, item 12: the report leads with the verdict, the first
+/// divergence, its root cause and the command that goes further; its tables come with --full, and
+/// can be cut or filtered.
 #[test]
-fn the_text_report_can_be_brief_cut_and_filtered() {
+fn the_text_report_is_short_and_its_tables_come_when_asked_for() {
     let dir = tempfile::tempdir().unwrap();
     let a = record(dir.path(), "a", &["--capture", "all"]);
     let p = record(dir.path(), "p", &["--perturb", "5:loss:1", "--capture", "all"]);
-    let full = repro(&["diff", s(&a), s(&p)]).stdout;
-    assert!(full.contains("per tensor:") && full.contains("error growth"), "{full}");
+    let full = repro(&["diff", s(&a), s(&p), "--full"]);
+    assert_eq!(full.code, 1);
+    assert!(full.stdout.contains("per tensor:") && full.stdout.contains("error growth"), "{}", full.stdout);
+    let full = full.stdout;
 
-    let brief = repro(&["diff", s(&a), s(&p), "--brief"]);
-    assert_eq!(brief.code, 1, "the verdict is the same");
-    assert!(brief.stdout.contains("DIVERGED  first at step 5, tensor `loss` (loss)"), "{}", brief.stdout);
-    assert!(!brief.stdout.contains("per tensor:") && !brief.stdout.contains("error growth"), "{}", brief.stdout);
-    assert!(brief.stdout.lines().count() < full.lines().count() / 2);
+    for short in [repro(&["diff", s(&a), s(&p)]), repro(&["diff", s(&a), s(&p), "--brief"])] {
+        assert_eq!(short.code, 1, "the verdict is the same");
+        let text = &short.stdout;
+        assert!(text.contains("DIVERGED  first at step 5, tensor `loss` (loss)"), "{text}");
+        // The planted fault is named as the cause of what follows it.
+        assert!(text.contains("the runs differ in a planted fault (perturb: (unset) in A, 5:loss:1 in B)"), "{text}");
+        assert!(!text.contains("per tensor:") && !text.contains("error growth"), "{text}");
+        assert!(text.trim_end().ends_with("`repro diff --full` (or --json)"), "{text}");
+        assert!(text.lines().count() < full.lines().count() / 2);
+    }
+    assert_eq!(repro(&["diff", s(&a), s(&p), "--full", "--brief"]).code, 2, "the two contradict each other");
 
     let cut = repro(&["diff", s(&a), s(&p), "--rows", "2"]).stdout;
     assert!(cut.contains("... and ") && cut.contains("more row(s) (--rows sets how many)"), "{cut}");
@@ -431,7 +441,7 @@ fn the_text_report_can_be_brief_cut_and_filtered() {
     let table = named.split("per tensor:").nth(1).unwrap().split("\n\n").next().unwrap();
     assert!(table.lines().skip(2).all(|l| l.contains("bias")), "{table}");
     // The JSON report is the whole data whatever the text shows.
-    assert_eq!(json(&repro(&["diff", s(&a), s(&p), "--json", "--brief"]).stdout)["verdict"], "diverged");
+    assert_eq!(json(&repro(&["diff", s(&a), s(&p), "--json"]).stdout)["verdict"], "diverged");
 }
 
 /// Issue 34, section 6: a step's tensors, one tensor's values, and its export.

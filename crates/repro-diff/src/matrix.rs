@@ -3,6 +3,7 @@
 
 use crate::error::DiffError;
 use crate::metrics::{compare_pairs, TensorMetrics};
+use crate::shards::Assembler;
 use crate::tolerance::Tolerance;
 use repro_trace::{StepRecord, TensorValues, TraceReader};
 use serde::Serialize;
@@ -106,6 +107,11 @@ pub struct MatrixReport {
     /// every tensor was asked for): compared by hash alone.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub hash_only: Vec<HashOnlyTensor>,
+    /// Tensors left out: some run holds one rank's block of it (format 1.7 `shard`) without
+    /// every block's values, and another run holds it otherwise (whole, or in other blocks): a
+    /// whole's hash is not its blocks', so neither values nor hashes can be compared.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub not_compared: Vec<String>,
 }
 
 /// A tensor compared by hash alone, because some run kept no values of it at this step.
@@ -120,13 +126,13 @@ pub struct HashOnlyTensor {
 impl MatrixReport {
     /// Whether every pair of runs agrees: within the tolerance when there is one, else bit for
     /// bit. A hash-only tensor whose hashes differ never agrees: without values no tolerance can
-    /// be judged.
+    /// be judged; nor does a tensor that could not be compared.
     pub fn agrees(&self) -> bool {
         let values_agree = match self.tolerance {
             Some(_) => self.matrices.iter().all(|m| m.beyond_tolerance.is_empty()),
             None => self.matrices.iter().all(|m| m.bit_identical),
         };
-        values_agree && self.hash_only.iter().all(|h| h.identical)
+        values_agree && self.hash_only.iter().all(|h| h.identical) && self.not_compared.is_empty()
     }
 }
 
@@ -160,16 +166,16 @@ pub fn error_matrices(
     let mut runs = Vec::new();
     for dir in dirs {
         // A data-parallel run is read through rank 0's stream: its replicas hold the same
-        // parameters and gradient sums; its batch, predictions and loss are rank 0's share.
-        let stream = match repro_trace::rank_streams(dir)? {
-            Some(ranks) => ranks[0].clone(),
-            None => dir.clone(),
-        };
-        let mut reader = TraceReader::open(&stream)?;
+        // parameters and gradient sums; its batch, predictions and loss are rank 0's share. A
+        // sharded tensor (FSDP) is read whole, assembled from every rank's block where each
+        // stored its values.
+        let streams = repro_trace::rank_streams(dir)?.unwrap_or_else(|| vec![dir.clone()]);
+        let mut reader = TraceReader::open(&streams[0])?;
         if let Some((first, _)) = runs.first() {
             TraceReader::comparable_with(first, &reader)?;
         }
         let record = find_step(&mut reader, step)?;
+        let record = Assembler::open(&streams)?.assemble(&mut reader, record)?;
         runs.push((reader, record));
     }
     let chosen = runs[0].1.step;
@@ -189,7 +195,12 @@ pub fn error_matrices(
     let positions = positions_by_name(&runs);
     let mut matrices = Vec::new();
     let mut hash_only = Vec::new();
+    let mut not_compared = Vec::new();
     for name in &names {
+        if sharded_otherwise(&runs, &positions, name) {
+            not_compared.push(name.clone());
+            continue;
+        }
         if every_tensor {
             if let Some(identical) = hash_only_agreement(&runs, &positions, name) {
                 hash_only.push(HashOnlyTensor { tensor: name.clone(), identical });
@@ -234,9 +245,20 @@ pub fn error_matrices(
         }
         matrices.push(ErrorMatrix { tensor: name.clone(), values: cells, bit_identical, beyond_tolerance });
     }
-    if matrices.is_empty() && !hash_only.is_empty() {
+    if matrices.is_empty() && hash_only.is_empty() && !not_compared.is_empty() {
         return Err(DiffError::Usage(format!(
-            "step {chosen} holds only hashes in {}; record with `--capture steps:{chosen}` (or `--capture all`) to compare values",
+            "at step {chosen} no tensor could be compared: {} sharded otherwise in one run than in another, without \
+             every block's values (record with `--capture steps:{chosen}` to compare them whole)",
+            not_compared.join(", ")
+        )));
+    }
+    if matrices.is_empty() && !hash_only.is_empty() {
+        let unsharded = match not_compared.is_empty() {
+            true => String::new(),
+            false => format!(" ({} also sharded otherwise in one run than in another)", not_compared.join(", ")),
+        };
+        return Err(DiffError::Usage(format!(
+            "step {chosen} holds only hashes in {}{unsharded}; record with `--capture steps:{chosen}` (or `--capture all`) to compare values",
             dirs.iter()
                 .zip(&runs)
                 .filter(|(_, (_, record))| record.tensors.iter().any(|t| t.inline.is_none() && !t.in_payload))
@@ -246,7 +268,7 @@ pub fn error_matrices(
         )));
     }
     let runs = dirs.iter().map(|d| d.display().to_string()).collect();
-    Ok(MatrixReport { runs, step: chosen, metric, matrices, tolerance, hash_only })
+    Ok(MatrixReport { runs, step: chosen, metric, matrices, tolerance, hash_only, not_compared })
 }
 
 /// Each run's tensors of its step, by name: where each is in its step record.
@@ -254,6 +276,18 @@ fn positions_by_name(runs: &[(TraceReader, StepRecord)]) -> Vec<HashMap<String, 
     runs.iter()
         .map(|(_, record)| record.tensors.iter().enumerate().map(|(i, t)| (t.name.clone(), i)).collect())
         .collect()
+}
+
+/// Whether some run still holds `name` as one rank's block (its whole could not be assembled)
+/// while another holds it otherwise: nothing of it can then be compared.
+fn sharded_otherwise(runs: &[(TraceReader, StepRecord)], positions: &[HashMap<String, usize>], name: &str) -> bool {
+    let layouts: Vec<_> = runs
+        .iter()
+        .zip(positions)
+        .filter_map(|((_, record), at)| at.get(name).map(|&i| &record.tensors[i]))
+        .map(|t| t.shard.as_ref().map(|s| (&s.whole, &s.offset, &t.shape)))
+        .collect();
+    layouts.iter().any(Option::is_some) && layouts.iter().any(|l| *l != layouts[0])
 }
 
 /// When some run keeps no values of `name` (or lacks it), whether all runs' hashes agree; `None`

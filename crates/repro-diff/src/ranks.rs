@@ -70,8 +70,13 @@ pub struct UnfinishedRank {
     pub steps_of_longest: u64,
     /// Why its stream is unfinished, when it is (otherwise it finished with fewer steps).
     pub reason: Option<String>,
-    /// Where its recorder last said it was, for an unfinished stream with a progress mark.
+    /// Where its recorder last was, for an unfinished stream with a progress mark: the mark, or
+    /// where its records say it was when they contradict the mark (`stale_mark`).
     pub last_seen: Option<Progress>,
+    /// A progress mark behind the rank's own records (it marks a step the stream holds as not
+    /// yet done): the records win, since a step is written only once it is over.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stale_mark: Option<Progress>,
 }
 
 /// Ranks stopped while some waited in a collective that others never reached: the ones that
@@ -142,16 +147,18 @@ pub fn check_replicas(run: &Path, streams: &[PathBuf]) -> Result<ReplicaReport, 
         unfinished: Vec::new(),
         stall: None,
     };
-    // Steps read from each rank's stream.
+    // Steps read from each rank's stream, and the last one's number.
     let mut read = vec![0u64; readers.len()];
+    let mut last = vec![None; readers.len()];
     // Each rank's shard layout at the last step checked: a step that keeps it tiles as well.
     let mut tiled: Option<Vec<_>> = None;
     'steps: loop {
         let mut steps = Vec::with_capacity(readers.len());
-        for (reader, read) in readers.iter_mut().zip(&mut read) {
+        for ((reader, read), last) in readers.iter_mut().zip(&mut read).zip(&mut last) {
             match reader.next_step()? {
                 Some(step) => {
                     *read += 1;
+                    *last = Some(step.step);
                     steps.push(step);
                 }
                 None => break 'steps,
@@ -195,7 +202,7 @@ pub fn check_replicas(run: &Path, streams: &[PathBuf]) -> Result<ReplicaReport, 
             }
         }
     }
-    report.unfinished = unfinished_ranks(&mut readers, streams, read)?;
+    report.unfinished = unfinished_ranks(&mut readers, streams, read, last)?;
     report.stall = stall(&report.unfinished);
     Ok(report)
 }
@@ -207,10 +214,12 @@ fn unfinished_ranks(
     readers: &mut [TraceReader],
     streams: &[PathBuf],
     mut steps: Vec<u64>,
+    mut last: Vec<Option<u64>>,
 ) -> Result<Vec<UnfinishedRank>, TraceError> {
-    for (reader, steps) in readers.iter_mut().zip(&mut steps) {
-        while reader.next_step()?.is_some() {
+    for ((reader, steps), last) in readers.iter_mut().zip(&mut steps).zip(&mut last) {
+        while let Some(step) = reader.next_step()? {
             *steps += 1;
+            *last = Some(step.step);
         }
     }
     let longest = steps.iter().copied().max().unwrap_or(0);
@@ -221,8 +230,28 @@ fn unfinished_ranks(
             _ => None,
         };
         if reason.is_some() || steps < longest {
-            let last_seen = if reason.is_some() { read_progress(stream)? } else { None };
-            unfinished.push(UnfinishedRank { rank: rank as u64, steps, steps_of_longest: longest, reason, last_seen });
+            let mut last_seen = if reason.is_some() { read_progress(stream)? } else { None };
+            // A mark behind the stream's last step (written once it was over) is stale.
+            let written = last[rank].map(|step| Progress {
+                step,
+                at: ProgressPoint::Done,
+                collective: None,
+                tensors: Vec::new(),
+            });
+            let mut stale_mark = None;
+            if let (Some(mark), Some(written)) = (&last_seen, &written) {
+                if written.is_past(mark) {
+                    stale_mark = last_seen.replace(written.clone());
+                }
+            }
+            unfinished.push(UnfinishedRank {
+                rank: rank as u64,
+                steps,
+                steps_of_longest: longest,
+                reason,
+                last_seen,
+                stale_mark,
+            });
         }
     }
     Ok(unfinished)
@@ -616,7 +645,7 @@ mod tests {
             collective: (at == ProgressPoint::Collective).then(|| "all_reduce_sum".to_string()),
             tensors: vec!["w.grad".into()],
         });
-        UnfinishedRank { rank, steps: 2, steps_of_longest: 2, reason: Some("cut".into()), last_seen }
+        UnfinishedRank { rank, steps: 2, steps_of_longest: 2, reason: Some("cut".into()), last_seen, stale_mark: None }
     }
 
     #[test]
@@ -640,6 +669,40 @@ mod tests {
         assert!(stall(&[unfinished(0, Some((2, Collective))), unfinished(1, Some((2, Collective)))]).is_none());
         assert!(stall(&[unfinished(0, Some((3, Computing))), unfinished(1, Some((2, Collective)))]).is_none());
         assert!(stall(&[unfinished(0, None), unfinished(1, None)]).is_none());
+    }
+
+    /// Issue 66, item 9: a mark behind its rank's own records (a step the stream holds, marked as
+    /// not yet done) loses to the records, and blames no rank for a collective it got past.
+    #[test]
+    fn a_progress_mark_behind_its_records_is_stale_and_blames_no_one() {
+        let dir = tempfile::tempdir().unwrap();
+        // Rank 0 holds step 0 and waits in step 1's all-reduce; rank 1 holds steps 0 to 2, but its
+        // mark still says it waits in step 0's. Both were stopped (no footer).
+        let marks = [
+            r#"{"step": 1, "at": "collective", "collective": "all_reduce_sum"}"#,
+            r#"{"step": 0, "at": "collective", "collective": "all_reduce_sum"}"#,
+        ];
+        for (rank, (steps, mark)) in [1u64, 3].into_iter().zip(marks).enumerate() {
+            let stream_dir = dir.path().join(format!("rank-{rank}"));
+            let mut w = TraceWriter::create(&stream_dir, &rank_header(rank as u64, 2, 3), false).unwrap();
+            for step in 0..steps {
+                let bytes = 1.0f32.to_le_bytes();
+                let record = TensorRecord::of_bytes("w", TensorKind::Weight, DType::F32, vec![1], &bytes);
+                w.write_step(step, vec![StepTensor { record, payload: None }]).unwrap();
+            }
+            drop(w);
+            std::fs::write(stream_dir.join(repro_trace::format::PROGRESS_FILE), mark).unwrap();
+        }
+        let streams = repro_trace::rank_streams(dir.path()).unwrap().unwrap();
+        let report = check_replicas(dir.path(), &streams).unwrap();
+        let rank1 = report.unfinished.iter().find(|u| u.rank == 1).unwrap();
+        let seen = rank1.last_seen.as_ref().unwrap();
+        assert_eq!((seen.step, seen.at), (2, ProgressPoint::Done), "{report:?}");
+        assert_eq!(rank1.stale_mark.as_ref().map(|m| (m.step, m.at)), Some((0, ProgressPoint::Collective)));
+        // Rank 1's records put it past the collective rank 0 waits in: it is not the one behind.
+        assert!(report.stall.is_none(), "{report:?}");
+        let rank0 = report.unfinished.iter().find(|u| u.rank == 0).unwrap();
+        assert!(rank0.stale_mark.is_none() && rank0.last_seen.as_ref().unwrap().step == 1);
     }
     use repro_trace::{
         CapturePolicy, Distributed, Header, Phase, RunConfig, StepTensor, TensorRecord, TraceWriter, CURRENT_FORMAT,

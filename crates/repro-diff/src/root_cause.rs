@@ -109,6 +109,10 @@ pub struct RootCause {
     /// functional calls such as dropout), so a node that differs after identical ones may have
     /// been fed differently by that code rather than computed differently.
     pub nodes_are_modules: bool,
+    /// Whether the cause is a value a PyTorch recorder took after the model ran (the loss, a
+    /// prediction), not a module's or op's output, with every leaf identical: what computed it
+    /// from them (the forward pass, the loss function) is not in the trace at this step.
+    pub forward_unwatched: bool,
     /// Where the cause is the output of an op that draws random numbers (an aten op record of
     /// PyTorch's `ops` level, `path/aten.rand#k`): that op. With its inputs identical, the
     /// generator it drew from was in another state.
@@ -371,6 +375,7 @@ fn analyze_ops<'a>(entries: &'a [Entry]) -> Option<RootCause> {
         drift_since: None,
         random_mask: false,
         nodes_are_modules: false,
+        forward_unwatched: false,
         random_op: None,
         upstream: Vec::new(),
     })
@@ -461,6 +466,7 @@ fn analyze_captured(entries: &[Entry]) -> Option<RootCause> {
         drift_since: None,
         random_mask: false,
         nodes_are_modules: false,
+        forward_unwatched: false,
         random_op: None,
         upstream: Vec::new(),
     })

@@ -11,8 +11,10 @@ use std::fmt::{self, Write};
 /// How much of a diff's text to show: the tables of a long run can run to hundreds of lines.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct DiffText {
-    /// The verdict, the first divergence and its root cause only: no tables.
-    pub brief: bool,
+    /// The tables too (`repro diff --full`): the first divergent step by kind, every tensor, the
+    /// error's growth, every structural difference. Without them (the default), the report is
+    /// the verdict, the first divergence, its root cause and the command that goes further.
+    pub tables: bool,
     /// At most this many rows in each table (`None`: every row).
     pub rows: Option<usize>,
     /// Only tensors of these kinds in the tables (empty: every kind).
@@ -81,14 +83,14 @@ fn write_diff(out: &mut String, d: &TraceDiff, disagreement: Option<&str>, text:
         return write_agreement(out, d, disagreement, text);
     };
     write_first_divergence(out, d, first, text)?;
-    if text.brief {
-        if !d.structure.is_empty() {
-            writeln!(out, "\nstructure differs:")?;
-            write_structure(out, &d.structure, text)?;
-        }
-        return Ok(());
+    if text.tables {
+        return write_tables(out, d, text);
     }
-    write_tables(out, d, text)
+    if !d.structure.is_empty() {
+        writeln!(out, "\nstructure differs:")?;
+        write_structure(out, &d.structure, text)?;
+    }
+    writeln!(out, "\n{FULL_REPORT}")
 }
 
 /// The traces compared, the warnings, the settings that differ and what a tolerance allows.
@@ -244,8 +246,18 @@ fn write_first_divergence(out: &mut String, d: &TraceDiff, first: &Divergence, t
     if root.is_none_or(|r| r.cause.tensor != first.tensor) {
         writeln!(out, "  {}", layout_and_metrics(first, text.missing_values()))?;
     }
+    // A planted fault (REPRO_PERTURB, --perturb) in one run is the cause of what follows it.
+    let fault = d.config_differences.iter().find(|f| f.field == "perturb");
+    if let Some(f) = fault {
+        let (a, b) = f.values();
+        writeln!(
+            out,
+            "  the runs differ in a planted fault (perturb: {a} in A, {b} in B): a divergence from its step on is \
+             the fault's"
+        )?;
+    }
     if let Some(root) = root {
-        if root.rule == CauseRule::Leaf && !d.config_differences.is_empty() {
+        if root.rule == CauseRule::Leaf && !d.config_differences.is_empty() && fault.is_none() {
             let settings: Vec<String> = d
                 .config_differences
                 .iter()
@@ -472,6 +484,12 @@ pub(crate) fn write_root_cause_with(out: &mut String, r: &RootCause, missing: &s
             "its recorded inputs are identical in both runs and its output is not: the op computed it differently, \
              or it also reads something not recorded as its input (a random draw such as a dropout mask)"
         }
+        CauseRule::IdenticalLeaves if r.forward_unwatched => {
+            "every recorded leaf (data, parameters, buffers) is identical in both runs, and this is the first value \
+             after them that differs: what computed it from them (the model's forward pass, the loss function) \
+             computed it differently, or read something the trace does not record (a random draw such as a dropout \
+             mask); the module and op outputs recorded at this step, if any, say where"
+        }
         CauseRule::IdenticalLeaves if r.nodes_are_modules => {
             "every recorded leaf (data, parameters) and every module output recorded before it are identical in \
              both runs, and this is the first module output that differs. The module computed it differently, or \
@@ -538,6 +556,10 @@ pub(crate) fn write_root_cause_with(out: &mut String, r: &RootCause, missing: &s
     }
     Ok(())
 }
+
+/// The last line of a report without its tables: how to see them.
+const FULL_REPORT: &str = "every tensor's first divergence and the error's growth over the steps: `repro diff --full` \
+                           (or --json)";
 
 /// Consequences listed in text reports; a large model has hundreds, all in the JSON report.
 const SHOWN_CONSEQUENCES: usize = 12;
@@ -621,8 +643,8 @@ fn graph_changed(item: &StructuralDifference) -> String {
 }
 
 fn write_structure(out: &mut String, items: &[StructuralDifference], text: &DiffText) -> fmt::Result {
-    // Brief, the list is cut at ten lines unless --rows says otherwise.
-    let text = DiffText { rows: text.rows.or(text.brief.then_some(10)), ..text.clone() };
+    // Without the tables, the list is cut at ten lines unless --rows says otherwise.
+    let text = DiffText { rows: text.rows.or((!text.tables).then_some(10)), ..text.clone() };
     text.table(out, items, |out, item| writeln!(out, "  {}", structure_line(item)))
 }
 

@@ -64,6 +64,17 @@ pub fn render_matrix(r: &MatrixReport) -> String {
             (None, false) => {}
         }
     }
+    if !r.not_compared.is_empty() {
+        let _ = writeln!(
+            out,
+            "\n{} tensor(s) not compared at step {}: sharded otherwise in one run than in another, without every \
+             block's values (record with `--capture steps:{}` to compare them whole): {}",
+            r.not_compared.len(),
+            r.step,
+            r.step,
+            r.not_compared.join(", ")
+        );
+    }
     if !r.hash_only.is_empty() {
         let names = |identical: bool| -> Vec<&str> {
             r.hash_only.iter().filter(|h| h.identical == identical).map(|h| h.tensor.as_str()).collect()

@@ -115,7 +115,12 @@ pub fn replica_line(r: &ReplicaReport) -> String {
     let mut out = String::new();
     for u in &r.unfinished {
         let why = u.reason.as_deref().unwrap_or("finished early");
-        let seen = u.last_seen.as_ref().map(|p| format!("; last seen {}", p.describe())).unwrap_or_default();
+        let stale = u
+            .stale_mark
+            .as_ref()
+            .map(|m| format!(" (its mark, {}, is behind its records: they win)", m.describe()))
+            .unwrap_or_default();
+        let seen = u.last_seen.as_ref().map(|p| format!("; last seen {}{stale}", p.describe())).unwrap_or_default();
         let _ = writeln!(
             out,
             "UNFINISHED RANK  {}: rank {} holds {} of the {} steps its longest rank holds ({why}){seen}",

@@ -7,7 +7,7 @@ use super::{GapPoint, StepMetrics, StructuralDifference, TensorHistory};
 use crate::align::{align, scope, Pairing};
 use crate::divergence::Divergence;
 use crate::metrics::{compare_values, TensorMetrics};
-use crate::root_cause::{analyze, Entry, RootCause};
+use crate::root_cause::{analyze, CauseRule, Entry, RootCause};
 use crate::tolerance::Tolerance;
 use repro_trace::{TensorKind, TensorRecord, TraceError, TraceReader};
 use std::collections::BTreeMap;
@@ -243,7 +243,10 @@ impl DiffState {
                 // PyTorch's recorder (the Python writer) records module outputs as a step's
                 // graph nodes (and at the `ops` level aten ops): code between two modules runs
                 // unseen.
-                root.nodes_are_modules = (torch_a || torch_b) && is_module_output(&root.cause.tensor);
+                let torch = torch_a || torch_b;
+                let op_output = root.cause.kind == TensorKind::OpOutput;
+                root.nodes_are_modules = torch && is_module_output(&root.cause.tensor);
+                root.forward_unwatched = torch && !op_output && root.rule == CauseRule::IdenticalLeaves;
             }
         }
         Ok(())
