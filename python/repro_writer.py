@@ -32,7 +32,7 @@ import struct
 import zlib
 from binascii import hexlify
 from dataclasses import dataclass, field
-from typing import Iterable, Optional, Sequence
+from typing import Iterable, NamedTuple, Optional, Sequence
 
 import msgpack
 import numpy as np
@@ -417,9 +417,10 @@ class TraceWriter:
         if layouts != self._layout:
             records = [_record_of(layout, d, h) for layout, d, h in zip(layouts, data, hashes)]
             self._check_layout(records, step)
-            self._layout, self._encoded = layouts, [_EncodedRecord(t) for t in records]
+            self._layout, self._encoded = [Layout._make(layout) for layout in layouts], [_EncodedRecord(t) for t in records]
             self._has_views = any(t.view is not None for t in records)
             self._native_layout = None
+        layouts = self._layout  # the same, as `Layout`s
         digests, payload = {}, {}
         views = self._has_views  # the digests kept by name only for them to name
         missing = sorted(set(no_gradient))
@@ -434,20 +435,20 @@ class TraceWriter:
             parts.append(packed)
             layouts = ()  # every record packed
         for layout, d, inner, encoded in zip(layouts, data, hashes, self._encoded):
-            view = layout[9]
+            view = layout.view
             if view is not None:
                 if d is not None:
-                    raise WriteError(f"step {step}, tensor `{layout[0]}`: a view is a node's, without data, of a "
+                    raise WriteError(f"step {step}, tensor `{layout.name}`: a view is a node's, without data, of a "
                                      "tensor of its dtype recorded earlier in the step")
                 of, offset, strides = view
-                digest = view_hash(layout[2], encoded.shape, digests[of], int(offset), [int(x) for x in strides])
+                digest = view_hash(layout.dtype, encoded.shape, digests[of], int(offset), [int(x) for x in strides])
                 parts += (encoded.opening, _str64(digest), encoded.closing)
                 continue
             if d is None:
                 if not isinstance(inner, (bytes, bytearray)) or len(inner) != 32:
-                    raise WriteError(f"step {step}, tensor `{layout[0]}`: neither its bytes nor a 32-byte data hash")
+                    raise WriteError(f"step {step}, tensor `{layout.name}`: neither its bytes nor a 32-byte data hash")
                 if full:
-                    raise WriteError(f"step {step}, tensor `{layout[0]}`: the step stores full values, but only a "
+                    raise WriteError(f"step {step}, tensor `{layout.name}`: the step stores full values, but only a "
                                      "hash was given")
                 h = encoded.prefix.copy()
                 h.update(inner)
@@ -456,7 +457,7 @@ class TraceWriter:
             else:
                 digest = self._add_with_bytes(parts, step, layout, d, encoded, full, payload)
             if views:
-                digests[layout[0]] = digest.decode()
+                digests[layout.name] = digest.decode()
         if missing:
             parts += (_NO_GRADIENT_KEY, _pack(missing))
         if payload:
@@ -474,7 +475,7 @@ class TraceWriter:
         """Adds to `parts` the packed record of a tensor given with its bytes `d`; its hash (hex,
         as bytes). Bytes over the inline limit go to the step's payload when it stores full values."""
         if len(d) != encoded.nbytes:
-            raise WriteError(f"step {step}, tensor `{layout[0]}`: {len(d)} bytes for {layout[2]} "
+            raise WriteError(f"step {step}, tensor `{layout.name}`: {len(d)} bytes for {layout.dtype} "
                              f"{list(encoded.shape)} ({encoded.nbytes} expected)")
         h = encoded.prefix.copy()
         h.update(self._hash_data(d))
@@ -484,7 +485,7 @@ class TraceWriter:
         else:
             parts += (encoded.opening, _STR64_HEADER, digest, encoded.closing_payload if full else encoded.closing)
             if full:
-                payload[layout[0]] = (layout[2], encoded.shape, d)
+                payload[layout.name] = (layout.dtype, encoded.shape, d)
         return digest
 
     def use_native_records(self, native: "NativeRecords") -> None:
@@ -688,10 +689,27 @@ def _str64(digest: str) -> bytes:
 # shard's shapes are tuples of plain ints and strings, so that equal layouts compare equal.
 # `collective` names the collective the record is the result of (`ALL_REDUCE_SUM` or
 # `REDUCE_SCATTER_SUM`), whichever key the format writes it under.
-LAYOUT_FIELDS = ("name", "kind", "dtype", "shape", "phase", "inputs", "node", "source", "collective", "view", "shard")
+class Layout(NamedTuple):
+    """A record's layout: everything it is but its values (see above), by name and in
+    `LAYOUT_FIELDS`' order (a plain tuple of the same values is the same layout)."""
+
+    name: str
+    kind: str
+    dtype: str
+    shape: tuple
+    phase: Optional[str]
+    inputs: tuple
+    node: Optional[int]
+    source: Optional[str]
+    collective: Optional[str]
+    view: Optional[tuple]
+    shard: Optional[tuple]
 
 
-def layout_of(t: Record) -> tuple:
+LAYOUT_FIELDS = Layout._fields
+
+
+def layout_of(t: Record) -> Layout:
     """A record's layout (`LAYOUT_FIELDS`)."""
     view = None if t.view is None else (t.view[0], int(t.view[1]), tuple(int(x) for x in t.view[2]))
     shard = None if t.shard is None else (tuple(int(d) for d in t.shard[0]), tuple(int(o) for o in t.shard[1]))
@@ -700,8 +718,8 @@ def layout_of(t: Record) -> tuple:
         if t.reduce_scatter != "sum" or t.collective is not None:
             raise WriteError(f"tensor `{t.name}`: a reduce-scatter's result is `sum`, and no other collective")
         collective = REDUCE_SCATTER_SUM
-    return (t.name, t.kind, t.dtype, tuple(int(d) for d in t.shape), t.phase, tuple(t.inputs), t.node, t.source,
-            collective, view, shard)
+    return Layout(t.name, t.kind, t.dtype, tuple(int(d) for d in t.shape), t.phase, tuple(t.inputs), t.node, t.source,
+                  collective, view, shard)
 
 
 def _record_of(layout: tuple, data, data_hash) -> Record:
@@ -758,7 +776,7 @@ class _NativeLayout:
     take packed."""
 
     def __init__(self, layouts: list, encoded: list):
-        prefixes = [tensor_hash_prefix(layout[2], e.shape) for layout, e in zip(layouts, encoded)]
+        prefixes = [tensor_hash_prefix(layout.dtype, e.shape) for layout, e in zip(layouts, encoded)]
         pieces = [piece for e in encoded for piece in (e.opening, e.closing)]
         self.n = len(prefixes)
         self.prefixes, self.prefix_ends = b"".join(prefixes), _words(itertools.accumulate(map(len, prefixes)), self.n)

@@ -13,15 +13,18 @@ A module's output records, as its `source`, the line of the program's code that 
 module (the first frame on the stack outside torch and this package); an op's output the
 program's innermost line on the stack.
 
-    rec = ModelRecorder.create_or_gated("runs/torch", {"workload": "mine", "steps": 10}, model)
-    for step in range(10):
-        with rec.training_step(step, inputs={"x": x, "y": y}) as s:
-            loss = loss_fn(model(x), y)
-            s.loss(loss)
-            loss.backward()
-            s.gradients()
-            opt.step()
-    rec.finish()
+    with ModelRecorder.create_or_gated("runs/torch", {"workload": "mine", "steps": 10}, model) as rec:
+        for step in range(10):
+            with rec.training_step(step, inputs={"x": x, "y": y}) as s:
+                loss = loss_fn(model(x), y)
+                s.loss(loss)
+                loss.backward()
+                s.gradients()
+                opt.step()
+
+The `with` block removes the recorder's hooks and finishes the trace when it ends; when it ends
+by an exception, the trace is finished as stopped by it (`repro diff` then reads it as
+unfinished, with its steps so far). `rec.finish()` does the same without a block.
 
 Run under `repro record -- python train.py` or `repro gate -- python train.py`, it records where
 repro says, through the same environment contract as repro's library (docs/capture.md):

@@ -78,7 +78,8 @@ class ModelRecorder:
         self._buffer_slots = [(name, self.model.get_submodule(path), key)
                               for name, _ in self.model.named_buffers() for path, _, key in [name.rpartition(".")]]
         self._buffer_groups = {
-            suffix: RecordGroup([record_fields(name + suffix, "buffer", phase) for name, _, _ in self._buffer_slots])
+            suffix: RecordGroup([record_fields(name + suffix, "buffer", phase) for name, _, _ in self._buffer_slots],
+                                repeats=False)
             for suffix, phase in _BUFFER_RECORDS
         }
         # The gradients' groups by which parameters have one and which are sums of shares.
@@ -219,22 +220,36 @@ class ModelRecorder:
 
     def _queue_buffers(self, s: StepRecorder, suffix: str) -> None:
         """Queues every buffer's record (`suffix` "": at the step's start; ".updated": at its end),
-        as its module holds it now; a buffer its module has since set to None is left out. Each is
-        queued as a new alias of its memory (`detach`): BatchNorm updates its running statistics
-        in place without moving their version counters, so the recorder must not take a buffer
-        for a repeat of an earlier record of the same memory and version (it repeats only a record
-        of the very same tensor object)."""
+        as its module holds it now; a buffer its module has since set to None is left out. None
+        repeats an earlier record of the same memory and version (`RecordGroup(repeats=False)`):
+        BatchNorm updates its running statistics in place without moving their version counters."""
         buffers = [module._buffers.get(key) for _, module, key in self._buffer_slots]
         group = self._buffer_groups[suffix]
         if all(b is not None for b in buffers):
-            s.queue_group(group, [b.detach() for b in buffers])
+            s.queue_group(group, buffers)
         else:
             present = [i for i, b in enumerate(buffers) if b is not None]
-            s.queue_each([group.fields[i] for i in present], [buffers[i].detach() for i in present])
+            s.queue_each([group.fields[i] for i in present], [buffers[i] for i in present], repeats=False)
 
-    def finish(self) -> int:
+    def __enter__(self) -> "ModelRecorder":
+        return self
+
+    def __exit__(self, kind, error, traceback) -> bool:
+        """Removes every hook the recorder put on the model, and finishes the trace as
+        `Recorder.__exit__` does (as stopped by the exception, when the block raised)."""
+        self._unhook()
+        return self.recorder.__exit__(kind, error, traceback)
+
+    def _unhook(self) -> None:
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
         if self._sums is not None:
             self._sums.remove()
+
+    def finish(self) -> int:
+        """Removes the recorder's hooks and finishes the trace; the number of steps written."""
+        self._unhook()
         return self.recorder.finish()
 
 

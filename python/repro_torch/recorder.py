@@ -14,7 +14,7 @@ from typing import Iterator, Optional
 import torch
 
 from repro_trace import BLAKE3, DATA_HASHES, RECORDS_FILE, STEP_POLICY_FORMS
-from repro_writer import NativeRecords, TraceWriter, WriteError, policy_selects, step_policy
+from repro_writer import Layout, NativeRecords, TraceWriter, WriteError, policy_selects, step_policy
 
 from .cuda_hash import CUDA_HASH_LIB, CUDA_HASH_LIB_ENV, DeviceHasher, cuda_hash_library_path, library_hashes_on_gpu
 from .flushes import COPY, COPY_AT_HOOK_MAX_BYTES, MAX_QUEUED, QUEUE, READ, FlushPolicy
@@ -142,6 +142,7 @@ class Recorder:
         self._full_writer: Optional[ThreadPoolExecutor] = None
         self._writing: Optional[tuple[int, Future]] = None  # (its step, its write)
         self.flush_policy = FlushPolicy()
+        self._finished = False
         # The last step recorded (see `StepRecorder`): a parameter recorded at a step's start,
         # unchanged since the last step recorded it updated, repeats that record.
         self._carried: Optional[StepRecorder] = None
@@ -329,10 +330,33 @@ class Recorder:
         if self.place is not None:
             self._writer.mark_progress(step, "collective", collective, tensors)
 
-    def finish(self, stopped: Optional[str] = None) -> int:
+    def __enter__(self) -> "Recorder":
+        return self
+
+    def __exit__(self, kind, error, traceback) -> bool:
+        """Finishes the trace when the block ends (unless it is finished already); when the block
+        raised, as stopped by that exception, so that no reader takes the run for whole (its
+        steps written so far stay readable). The exception goes on."""
+        if not self.finished:
+            if kind is None:
+                self.finish()
+            else:
+                self.finish(stopped=f"the program raised {kind.__name__}", raised=True)
+        return False
+
+    @property
+    def finished(self) -> bool:
+        """Whether the trace is finished (`finish`)."""
+        return self._finished
+
+    def finish(self, stopped: Optional[str] = None, raised: bool = False) -> int:
         """Writes what is still on its way and finishes the trace; the number of steps written.
-        `stopped`: the run ends early on purpose, for this reason (the footer's `stopped`).
-        Warns about determinism switches changed since the header recorded them."""
+        `stopped`: the run ends early on purpose, for this reason (the footer's `stopped`);
+        `raised`: because the program raised (a fault still unplanted is then no error of its
+        own). Warns about determinism switches changed since the header recorded them."""
+        if self._finished:
+            raise WriteError(f"{self.path}: the trace is finished already")
+        self._finished = True
         while self._behind:
             self._write_oldest()
         self._wait_for_writing()
@@ -340,7 +364,7 @@ class Recorder:
             self._full_writer.shutdown()
         for hasher in self.hashers.values():
             hasher.close()
-        if self.perturbation is not None and not self.perturbation_planted:
+        if self.perturbation is not None and not self.perturbation_planted and not raised:
             # The steps recorded stay readable, without a footer: this is not the run asked for.
             raise self.perturbation.unplanted(self.reachable, self._steps_recorded)
         changed = changes(self._switches, determinism_switches())
@@ -466,19 +490,22 @@ class StepRecorder:
         offset in it)."""
         self.queue_each([record_fields(name, kind, phase, inputs, node, source, collective, shard)], [t])
 
-    def queue_each(self, fields: list, tensors: list) -> None:
+    def queue_each(self, fields: list, tensors: list, repeats: bool = True) -> None:
         """`queue` for many tensors at once: `fields[i]`, as `record_fields` makes it, says what
         `tensors[i]`'s record is besides its values. (A model's parameters, gradients and updates
-        are queued so, their fields made once for every step.)"""
+        are queued so, their fields made once for every step.) `repeats=False`: the tensors may
+        change in place without moving their version counters (BatchNorm's running statistics),
+        so none repeats an earlier record of the same memory and version, nor is repeated."""
         if self._outputs_queued and self._policy.beside:
             self._flush_outputs()  # read beside, not with what follows
-        self._queue_each(fields, tensors)
+        self._queue_each(fields, tensors, repeats=repeats)
 
-    def _queue_each(self, fields: list, tensors: list, own: bool = False) -> int:
+    def _queue_each(self, fields: list, tensors: list, own: bool = False, repeats: bool = True) -> int:
         """Queues a record for each tensor (`_queue_one`); how many wait to be read on the GPU."""
         queued = 0
         for (name, kind, phase, inputs, node, source, collective, shard), t in zip(fields, tensors):
-            queued += self._queue_one(name, kind, phase, inputs, node, source, collective, shard, t, own=own) != 0
+            queued += self._queue_one(name, kind, phase, inputs, node, source, collective, shard, t, own=own,
+                                      repeats=repeats) != 0
         return queued
 
     def _queue_one(self, name: str, kind: str, phase, inputs, node: bool, source, collective, shard, t: torch.Tensor,
@@ -526,9 +553,9 @@ class StepRecorder:
                 first = owner.hashed_on_gpu.get(key)
             if first is not None and owner._refs[first]() is t:
                 laid = owner.layouts[first]
-                if laid[2] == trace_dtype and laid[3] == shape and owner._strides.get(first) == strides:
-                    index = self._append((name, kind, trace_dtype, shape, phase, inputs, position, source,
-                                          collective, None, shard), None)
+                if laid.dtype == trace_dtype and laid.shape == shape and owner._strides.get(first) == strides:
+                    index = self._append(Layout(name, kind, trace_dtype, shape, phase, inputs, position, source,
+                                                collective, None, shard), None)
                     self._repeat_at.append(index)
                     self._repeat_from.append(owner)
                     self._repeat_of.append(first)
@@ -555,7 +582,7 @@ class StepRecorder:
                 version = held._version
             except RuntimeError:  # a copy made in inference mode
                 version = None
-        self._append((name, kind, trace_dtype, shape, phase, inputs, position, source, collective, None, shard),
+        self._append(Layout(name, kind, trace_dtype, shape, phase, inputs, position, source, collective, None, shard),
                      b"" if length == 0 else None)
         if length == 0:
             return 0
@@ -584,14 +611,20 @@ class StepRecorder:
         if (known is None or self.keeps_values or [t.dtype for t in tensors] != known.dtypes
                 or [t.shape for t in tensors] != known.shapes or not all([t.is_contiguous() for t in tensors])
                 or addresses != known.addresses and [t.device for t in tensors] != known.devices):
-            self._queue_each(group.fields, tensors)
+            self._queue_each(group.fields, tensors, repeats=group.repeats)
             group.known = _GroupLayout.of(self, group, tensors, addresses)
             return
         known.addresses = addresses  # on the same devices (a group's gradients move)
         try:
             versions = [t._version for t in tensors]
         except RuntimeError:  # inference-mode tensors: no version counters
-            self._queue_each(group.fields, tensors)
+            self._queue_each(group.fields, tensors, repeats=group.repeats)
+            return
+        if not group.repeats:  # every one new, none registered to be repeated
+            start = len(self.layouts)
+            self._extend(known.layouts)
+            known.hasher.queue_many(self, list(range(start, start + len(tensors))), addresses, known.lengths,
+                                    known.keeps, tensors, versions)
             return
         keys = list(zip(addresses, versions))
         current, previous, start, n = self.hashed_on_gpu, self._previous, len(self.layouts), len(tensors)
@@ -610,7 +643,8 @@ class StepRecorder:
         repeated = [i for i, f in enumerate(firsts) if f is not None]
         owners = {i: self if mine[i] else previous for i in repeated}
         # A repeat's record must be of the tensor's dtype and shape, and contiguous.
-        if [owners[i].layouts[firsts[i]][2:4] for i in repeated] != [known.dtypes_and_shapes[i] for i in repeated] or any(
+        laid = [owners[i].layouts[firsts[i]] for i in repeated]
+        if [(l.dtype, l.shape) for l in laid] != [known.dtypes_and_shapes[i] for i in repeated] or any(
                 firsts[i] in owners[i]._strides for i in repeated):
             self._queue_each(group.fields, tensors)
             return
@@ -638,7 +672,7 @@ class StepRecorder:
     def _append_copied(self, t, name, kind, phase, inputs, position, source, collective, shard) -> None:
         """Adds a record of `t` with its canonical bytes copied to the host."""
         dtype, shape, data = canonical(t)
-        self._append((name, kind, dtype, shape, phase, inputs, position, source, collective, None, shard), data)
+        self._append(Layout(name, kind, dtype, shape, phase, inputs, position, source, collective, None, shard), data)
 
     def _append(self, layout: tuple, data) -> int:
         """Adds a record (its layout and bytes, its hash to come); its index."""
@@ -655,7 +689,7 @@ class StepRecorder:
 
     def name_of(self, index: int) -> str:
         """The name of the record at `index`."""
-        return self.layouts[index][0]
+        return self.layouts[index].name
 
     def fill_repeats(self) -> None:
         """Gives each repeated tensor its first record's hash and bytes (once they have landed),
@@ -703,12 +737,14 @@ def _repeats(owner: Optional["StepRecorder"], firsts: list, tensors: list) -> li
 
 class RecordGroup:
     """Records made of the same tensors at every step (`StepRecorder.queue_group`): their fields
-    (`record_fields`, none a graph node), and how the tensors were laid out when last queued."""
+    (`record_fields`, none a graph node), whether they may repeat earlier records (see
+    `StepRecorder.queue_each`), and how the tensors were laid out when last queued."""
 
-    def __init__(self, fields: list):
+    def __init__(self, fields: list, repeats: bool = True):
         if any(node for _, _, _, _, node, _, _, _ in fields):
             raise ValueError("a record group's records are not graph nodes")
         self.fields = fields
+        self.repeats = repeats
         self.known: Optional[_GroupLayout] = None
 
 
@@ -721,7 +757,7 @@ class _GroupLayout:
     def __init__(self, hasher, addresses, devices, dtypes, shapes, layouts, lengths, keeps):
         self.hasher, self.addresses, self.devices, self.dtypes, self.shapes = hasher, addresses, devices, dtypes, shapes
         self.layouts, self.lengths, self.keeps = layouts, lengths, keeps
-        self.dtypes_and_shapes = [layout[2:4] for layout in layouts]
+        self.dtypes_and_shapes = [(layout.dtype, layout.shape) for layout in layouts]
 
     @staticmethod
     def of(step: "StepRecorder", group: RecordGroup, tensors: list, addresses: list) -> Optional["_GroupLayout"]:
@@ -742,7 +778,7 @@ class _GroupLayout:
         return _GroupLayout(
             step.recorder.hashers[found[0][0]], addresses, [t.device for t in tensors], [t.dtype for t in tensors],
             [t.shape for t in tensors],
-            [(name, kind, trace_dtype, shape, phase, inputs, None, source, collective, None, shard)
+            [Layout(name, kind, trace_dtype, shape, phase, inputs, None, source, collective, None, shard)
              for (name, kind, phase, inputs, _, source, collective, shard), (_, trace_dtype, shape, _)
              in zip(group.fields, found)],
             [length for _, _, _, length in found], bytes(length <= inline_max for _, _, _, length in found),

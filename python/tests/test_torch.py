@@ -11,6 +11,7 @@ import inspect
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -173,6 +174,39 @@ class TorchTest(unittest.TestCase):
                       stderr.getvalue())
         rec.finish()
 
+    def test_a_recorder_is_a_context_manager_that_unhooks_and_finishes_also_on_an_exception(self):
+        # Issue 68, item 2.
+        from repro_torch import ModelRecorder, Recorder
+        from repro_trace import Trace
+        from repro_writer import WriteError
+
+        def model():
+            torch.manual_seed(0)
+            return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+
+        ok, failed = os.path.join(self.dir, "ok"), os.path.join(self.dir, "failed")
+        net = model()
+        with ModelRecorder(Recorder(ok, {"workload": "with"}), net, modules="all") as rec:
+            train_three_steps(rec, net, torch.optim.SGD(net.parameters(), lr=0.1))
+        self.assertTrue(rec.recorder.finished)
+        with self.assertRaisesRegex(WriteError, "finished already"):
+            rec.finish()
+        with Trace(ok) as t:
+            self.assertEqual(len(list(t.steps())), 3)
+            self.assertTrue(t.complete)
+        net = model()
+        with self.assertRaisesRegex(ValueError, "the data ran out"):
+            with ModelRecorder(Recorder(failed, {"workload": "with"}), net, modules="all") as rec:
+                train_three_steps(rec, net, torch.optim.SGD(net.parameters(), lr=0.1))
+                with rec.training_step(3) as s:
+                    net(torch.randn(4, 8))  # hooked at this step
+                    raise ValueError("the data ran out")
+        self.assertFalse(any(m._forward_hooks for m in net.modules()), "the recorder's hooks stay on the model")
+        with Trace(failed) as t:
+            self.assertEqual([s.step for s in t.steps()], [0, 1, 2])
+            self.assertFalse(t.complete)
+            self.assertIn("stopped early: the program raised ValueError", t.incomplete_reason)
+
     def _record_batch_norm_cnn(self, name, momentum, capture="first-and-last", stand_in=False):
         """Records three training steps of a small CNN with a BatchNorm of `momentum` (and a
         non-persistent buffer of its own) into `name` under the capture policy `capture`, hashing
@@ -267,6 +301,9 @@ class TorchTest(unittest.TestCase):
         inspect = repro("inspect", a, "--verify")
         self.assertEqual(inspect.returncode, 0, inspect.stdout + inspect.stderr)
         self.assertIn("torch-mlp", inspect.stdout)
+        # torch's version under its own name; no candle, no empty compiler (issue 66, item 12).
+        self.assertRegex(inspect.stdout, rf"(?m)^  torch +{re.escape(torch.__version__)}$")
+        self.assertNotRegex(inspect.stdout, r"(?m)^  (candle|rustc) ")
         # Module outputs by module path, parameters by state_dict name, gradients, updates.
         show = repro("show", a, "--step", "0")
         for name in ("0.weight", "0", "1", "2", "loss", "0.weight.grad", "2.bias.updated"):
@@ -946,10 +983,10 @@ class TorchTest(unittest.TestCase):
         record(host, stand_in=False)
         one_by_one = []  # (step, records) of each group queued a tensor at a time
 
-        def each(step_recorder, fields, tensors, *args):
+        def each(step_recorder, fields, tensors, *args, **kwargs):
             if len(fields) > 1:
                 one_by_one.append((step_recorder.step, len(fields)))
-            return queue_each(step_recorder, fields, tensors, *args)
+            return queue_each(step_recorder, fields, tensors, *args, **kwargs)
 
         queue_each = recorder.StepRecorder._queue_each
         with mock.patch.object(DeviceHasher, "queue_many", autospec=True, side_effect=DeviceHasher.queue_many) as together, \

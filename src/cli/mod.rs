@@ -24,6 +24,7 @@ mod report_args;
 mod scratch;
 mod show;
 mod study;
+mod supervise;
 mod workload_args;
 
 pub use error::CliError;
@@ -83,6 +84,10 @@ enum Command {
 /// parse is an error like any other: with `--json` on it, stdout gets the `repro.error.v1`
 /// document too.
 pub fn main() -> Exit {
+    // A `repro` started as the guardian of a program's cgroup does that alone.
+    if let Some(exit) = supervise::guard() {
+        return exit;
+    }
     let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
     let json = argv.iter().any(|a| a == "--json");
     let parsed = parse(argv)

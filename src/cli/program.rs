@@ -38,10 +38,11 @@ fn cuda_hash_library() -> Option<std::path::PathBuf> {
 
 /// Runs the program as [`record_command`] does, and returns how it exited.
 ///
-/// The program runs in a process group of its own. It is stopped, with every process it started
-/// (in its group or not: torchrun's workers), when the run passes `timeout` or this process is
-/// interrupted, and what it leaves running is stopped when it exits; the program itself also dies
-/// with this process.
+/// The program runs supervised (`supervise`: a cgroup of its own where the machine allows, else
+/// as this process's descendants). It is stopped, with every process it started (in its group
+/// or session or not: torchrun's workers), when the run passes `timeout` or this process is
+/// interrupted, and what it leaves running is stopped when it exits; the program itself also
+/// dies with this process.
 /// Its standard output goes to repro's standard error (repro's own report is its standard
 /// output, for scripts and `--json`), as its errors do.
 pub fn run_command(command: &[String], env: &RecordEnv, timeout: Option<Duration>) -> Result<ExitStatus, CliError> {
@@ -59,13 +60,8 @@ pub fn run_command(command: &[String], env: &RecordEnv, timeout: Option<Duration
             program.env(CUDA_HASH_LIB_ENV, library);
         }
     }
-    #[cfg(unix)]
-    std::os::unix::process::CommandExt::process_group(&mut program, 0);
-    super::scratch::die_with_this_process(&mut program);
-    super::scratch::adopt_orphans();
-    let mut child = program.spawn().map_err(|e| format!("cannot run `{}`: {e}", command[0]))?;
-    let group = child.id();
-    super::scratch::watch_program(group);
+    let (mut child, supervised) =
+        super::supervise::spawn(&mut program).map_err(|e| format!("cannot run `{}`: {e}", command[0]))?;
     let started = Instant::now();
     let status = loop {
         match child.try_wait() {
@@ -74,23 +70,26 @@ pub fn run_command(command: &[String], env: &RecordEnv, timeout: Option<Duration
                 break status;
             }
             Ok(None) if timeout.is_some_and(|t| started.elapsed() > t) => {
-                super::scratch::stop_program(group);
+                supervised.stop();
                 let _ = child.wait();
-                super::scratch::forget_program(group);
+                let owned_by = supervised.owned_by();
+                supervised.release();
                 return Err(format!(
-                    "`{}` ran longer than --timeout {}s and was stopped, with every process it started",
+                    "`{}` ran longer than --timeout {}s and was stopped, with every process it started ({owned_by})",
                     command.join(" "),
                     timeout.unwrap_or_default().as_secs()
                 )
                 .into());
             }
             Ok(None) => std::thread::sleep(Duration::from_millis(20)),
-            Err(e) => return Err(format!("cannot wait for `{}`: {e}", command[0]).into()),
+            Err(e) => {
+                supervised.release();
+                return Err(format!("cannot wait for `{}`: {e}", command[0]).into());
+            }
         }
     };
     // Whatever the program left running goes with it, in its group or not.
-    super::scratch::stop_program(group);
-    super::scratch::forget_program(group);
+    supervised.release();
     Ok(status)
 }
 

@@ -240,7 +240,7 @@ pub fn supervise(
             .stdin(Stdio::null())
             .stdout(Stdio::inherit())
             .stderr(Stdio::piped());
-        super::scratch::die_with_this_process(&mut command);
+        super::supervise::die_with_this_process(&mut command);
         match command.spawn() {
             Ok(child) => ranks.push(RankProcess::watch(rank, child)),
             Err(e) => {

@@ -24,5 +24,8 @@ mod robustness;
 mod root_cause;
 /// The multi-run studies (noise, devices, cost) and the classifier workloads.
 mod study;
+/// Stopping a program run with -- CMD: every process it started, and nothing else.
+#[cfg(target_os = "linux")]
+mod supervise;
 /// record → diff → matrix → inspect on good traces.
 mod workflow;

@@ -140,6 +140,9 @@ pub fn likely_causes(env: &[FieldDifference]) -> Vec<String> {
                 "device" => (0, format!("another device ({a} vs {b}): kernels sum in other orders")),
                 "device_name" => (1, format!("another device model ({a} vs {b}): libraries pick other kernels")),
                 "cpu_model" => (2, format!("another CPU ({a} vs {b}): CPU matrix kernels are chosen per CPU")),
+                "candle_version" if a.starts_with("torch ") || b.starts_with("torch ") => {
+                    (3, format!("{a} vs {b}: kernels may have changed"))
+                }
                 "candle_version" => (3, format!("candle {a} vs {b}: kernels may have changed")),
                 "threads" => (4, format!("{a} vs {b} worker threads")),
                 "repro_version" => (5, format!("repro {a} vs {b}: built-in workloads may have changed")),

@@ -25,16 +25,22 @@ pub fn render_summary(s: &TraceSummary) -> String {
         let _ = writeln!(out, "  {k:<14} {v}");
     }
     let _ = writeln!(out, "\nenvironment");
+    // A PyTorch recorder's header keeps torch's version where candle's goes (`torch 2.11.0`),
+    // and no compiler.
+    let framework = match e.candle_version.strip_prefix("torch ") {
+        Some(torch) => ("torch", torch.to_string()),
+        None => ("candle", e.candle_version.clone()),
+    };
     let rows = [
         ("device", format!("{} ({})", e.device, e.device_name)),
         ("cpu", e.cpu_model.clone()),
         ("os", e.os.clone()),
         ("threads", e.threads.to_string()),
         ("repro", e.repro_version.clone()),
-        ("candle", e.candle_version.clone()),
+        framework,
         ("rustc", e.rustc.clone()),
     ];
-    for (k, v) in rows {
+    for (k, v) in rows.into_iter().filter(|(_, v)| !v.is_empty()) {
         let _ = writeln!(out, "  {k:<14} {v}");
     }
     for (k, v) in &e.env {

@@ -9,8 +9,9 @@ use crate::schema::Header;
 use std::path::{Path, PathBuf};
 
 /// What in a rank's header disagrees with rank 0's, if anything. The ranks of one run share
-/// the format version, the run configuration, the capture policy and the collectives' backend
-/// (and its version); the environment (device, host, process) is each rank's own.
+/// the format version, the run configuration, the capture policy, the data hash and the
+/// collectives' backend (and its version); the environment (device, host, process) is each
+/// rank's own.
 fn disagreement(rank0: &Header, other: &Header) -> Option<&'static str> {
     let backend = |h: &Header| h.distributed.as_ref().map(|d| (d.backend.clone(), d.backend_version.clone()));
     if other.format != rank0.format {
@@ -19,6 +20,8 @@ fn disagreement(rank0: &Header, other: &Header) -> Option<&'static str> {
         Some("run configuration")
     } else if other.capture != rank0.capture {
         Some("capture policy")
+    } else if other.data_hash != rank0.data_hash {
+        Some("data hash")
     } else if backend(other) != backend(rank0) {
         Some("collective backend")
     } else {
@@ -147,7 +150,7 @@ mod tests {
     }
 
     #[test]
-    fn ranks_agree_on_version_run_capture_and_backend_but_not_environment() {
+    fn ranks_agree_on_version_run_capture_data_hash_and_backend_but_not_environment() {
         let rank0 = rank_header(0, "nccl");
         let mut same = rank_header(1, "nccl");
         same.environment.device = "cuda:1".into();
@@ -166,5 +169,8 @@ mod tests {
         let mut format = rank_header(1, "nccl");
         format.format.minor = 2;
         assert_eq!(disagreement(&rank0, &format), Some("format version"));
+        let mut data_hash = rank_header(1, "nccl");
+        data_hash.data_hash = crate::DataHash::Xxh3Chunks;
+        assert_eq!(disagreement(&rank0, &data_hash), Some("data hash"));
     }
 }
