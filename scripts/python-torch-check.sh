@@ -8,13 +8,16 @@
 #
 # Installs pinned torch (from PyPI: about 5.4 GB with its CUDA libraries, 142 s on this
 # project's 2-core machine), msgpack, safetensors, blake3, numpy, xxhash and matplotlib (the studies'
-# charts; 18 s more) into a virtual environment
+# charts; 18 s more), transformers, accelerate and lightning (the Trainer callbacks' tests; about a
+# minute more)
+# into a virtual environment
 # kept outside the checkout, $REPRO_TORCH_VENV (default ~/.cache/repro-torch-venv), so later runs
 # on the same machine reuse it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-PINS=(torch==2.15.0 msgpack==1.1.2 safetensors==0.8.0 blake3==1.0.11 numpy==2.4.6 xxhash==4.1.0 matplotlib==3.11.2)
+PINS=(torch==2.15.0 msgpack==1.1.2 safetensors==0.8.0 blake3==1.0.11 numpy==2.4.6 xxhash==4.1.0 matplotlib==3.11.2
+      transformers==5.25.0 accelerate==1.15.0 lightning==2.6.6)
 REPRO_BIN=${REPRO_BIN:-target/release/repro}
 VENV=${REPRO_TORCH_VENV:-$HOME/.cache/repro-torch-venv}
 

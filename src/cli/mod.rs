@@ -10,6 +10,7 @@ mod gate;
 #[cfg(feature = "cuda")]
 mod gpu_check;
 mod inspect;
+mod interrupt;
 mod invariance;
 mod loss;
 mod matrix;

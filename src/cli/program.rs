@@ -66,7 +66,7 @@ pub fn run_command(command: &[String], env: &RecordEnv, timeout: Option<Duration
     let status = loop {
         match child.try_wait() {
             Ok(Some(status)) => {
-                super::scratch::unless_interrupted();
+                super::interrupt::unless_interrupted();
                 break status;
             }
             Ok(None) if timeout.is_some_and(|t| started.elapsed() > t) => {

@@ -68,7 +68,7 @@ pub fn spawn(command: &mut Command) -> std::io::Result<(Child, Program)> {
     };
     let guardian = cgroup.as_deref().and_then(start_guardian);
     let program = Program { leader: child.id(), cgroup, guardian };
-    super::scratch::handle_interrupts();
+    super::interrupt::on_interrupt(super::interrupt::Stage::StopPrograms, stop_all);
     PROGRAMS.lock().unwrap_or_else(|p| p.into_inner()).push(program.clone());
     Ok((child, program))
 }
@@ -151,9 +151,15 @@ fn start_guardian(cgroup: &Path) -> Option<u32> {
         use std::os::unix::process::CommandExt;
         let parent = std::process::id() as libc::pid_t;
         // SAFETY: the closure runs in the child between fork and exec and calls only
-        // async-signal-safe functions (prctl, getppid).
+        // async-signal-safe functions (sigemptyset, sigaddset, sigprocmask, prctl, getppid).
         unsafe {
             command.pre_exec(move || {
+                // SIGTERM stays pending (the mask survives exec) until the guardian listens for
+                // it: a repro killed while its guardian starts must not kill the guardian first.
+                let mut term: libc::sigset_t = std::mem::zeroed();
+                libc::sigemptyset(&mut term);
+                libc::sigaddset(&mut term, libc::SIGTERM);
+                libc::sigprocmask(libc::SIG_BLOCK, &term, std::ptr::null_mut());
                 if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
                     return Err(std::io::Error::last_os_error());
                 }
@@ -181,6 +187,15 @@ pub fn guard() -> Option<super::Exit> {
     let Ok(mut signals) = signal_hook::iterator::Signals::new([SIGTERM, SIGINT, SIGHUP]) else {
         return Some(super::Exit::Error);
     };
+    // Listening now: let a SIGTERM blocked since the start (see `start_guardian`) in.
+    #[cfg(unix)]
+    // SAFETY: sigemptyset, sigaddset and pthread_sigmask only change this thread's signal mask.
+    unsafe {
+        let mut term: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut term);
+        libc::sigaddset(&mut term, libc::SIGTERM);
+        libc::pthread_sigmask(libc::SIG_UNBLOCK, &term, std::ptr::null_mut());
+    }
     // The supervisor may have died between the spawn and the handler: then no SIGTERM comes.
     let parent: Option<u32> = std::env::var(GUARD_PARENT_ENV).ok().and_then(|p| p.parse().ok());
     #[cfg(unix)]

@@ -32,10 +32,11 @@ fn running(token: &str) -> Vec<u32> {
     found
 }
 
-/// Whether the processes holding `token` are all gone within a second.
+/// Whether the processes holding `token` are all gone within 5 seconds (a loaded machine
+/// starts a guardian slowly).
 fn all_gone(token: &str) -> bool {
     let started = Instant::now();
-    while started.elapsed() < Duration::from_secs(1) {
+    while started.elapsed() < Duration::from_secs(5) {
         if running(token).is_empty() {
             return true;
         }
