@@ -83,6 +83,8 @@ pub fn run_command(command: &[String], env: &RecordEnv, timeout: Option<Duration
             }
             Ok(None) => std::thread::sleep(Duration::from_millis(20)),
             Err(e) => {
+                // (The interrupt handler stopping the program may have reaped it first.)
+                super::interrupt::unless_interrupted();
                 supervised.release();
                 return Err(format!("cannot wait for `{}`: {e}", command[0]).into());
             }

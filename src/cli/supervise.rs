@@ -45,6 +45,10 @@ static PROGRAMS: Mutex<Vec<Program>> = Mutex::new(Vec::new());
 pub fn spawn(command: &mut Command) -> std::io::Result<(Child, Program)> {
     #[cfg(unix)]
     std::os::unix::process::CommandExt::process_group(command, 0);
+    // Listening before the program starts; the handler waits for the list until the program is
+    // in it, guardian and all, so that an interrupt at any moment stops it.
+    super::interrupt::on_interrupt(super::interrupt::Stage::StopPrograms, stop_all);
+    let mut programs = PROGRAMS.lock().unwrap_or_else(|p| p.into_inner());
     let cgroup = own_cgroup();
     prepare_child(command, cgroup.as_deref());
     adopt_orphans();
@@ -68,8 +72,7 @@ pub fn spawn(command: &mut Command) -> std::io::Result<(Child, Program)> {
     };
     let guardian = cgroup.as_deref().and_then(start_guardian);
     let program = Program { leader: child.id(), cgroup, guardian };
-    super::interrupt::on_interrupt(super::interrupt::Stage::StopPrograms, stop_all);
-    PROGRAMS.lock().unwrap_or_else(|p| p.into_inner()).push(program.clone());
+    programs.push(program.clone());
     Ok((child, program))
 }
 
