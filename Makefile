@@ -11,10 +11,14 @@ build:
 	$(CARGO) build --release --locked
 
 ## run: the main job on the built-in default (CPU): record two adder runs and diff them
+## (IDENTICAL), then a third with a 1-ULP fault planted in the loss at step 5, which the diff
+## finds (DIVERGED: exit 1, which the job expects)
 run: build
 	$(REPRO) record --workload adder --seed 0 --out runs/a --force
 	$(REPRO) record --workload adder --seed 0 --out runs/b --force
 	$(REPRO) diff runs/a runs/b
+	$(REPRO) record --workload adder --seed 0 --perturb 5:loss:1 --out runs/p --force
+	$(REPRO) diff runs/a runs/p; test $$? -eq 1
 
 ## test: unit, integration and doc tests of every crate in the workspace (release profile)
 test:

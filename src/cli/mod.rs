@@ -45,7 +45,8 @@ const EXIT_CODES: &str = "Exit codes: 0 identical (or success), 1 diverged, 2 er
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Train a built-in workload and record a trace.
+    /// Record a trace: of your own program, which records itself (-- CMD: PyTorch with
+    /// repro_torch, candle with repro's library), or of a built-in workload.
     Record(record::RecordArgs),
     /// Compare two traces: first diverging step and tensor, and how the error grows.
     ///
@@ -79,6 +80,18 @@ enum Command {
     /// Check GPU hashing against the CPU and measure its throughput (CUDA builds).
     #[cfg(feature = "cuda")]
     GpuCheck(gpu_check::GpuCheckArgs),
+    /// Check GPU hashing against the CPU and measure its throughput (needs a CUDA build: `make
+    /// cuda`).
+    #[cfg(not(feature = "cuda"))]
+    GpuCheck(NoGpuArgs),
+}
+
+/// `gpu-check`'s arguments in a build without CUDA: whatever they are, the answer is the same.
+#[cfg(not(feature = "cuda"))]
+#[derive(Debug, clap::Args)]
+pub struct NoGpuArgs {
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true, hide = true)]
+    ignored: Vec<String>,
 }
 
 /// Parses and runs the process's command line: its exit status. A command line that does not
@@ -133,7 +146,6 @@ impl Command {
             Command::Invariance(a) => Some(a.train_mut()),
             Command::Overhead(a) => Some(a.train_mut()),
             Command::Diff(_) | Command::Matrix(_) | Command::Loss(_) | Command::Inspect(_) | Command::Show(_) => None,
-            #[cfg(feature = "cuda")]
             Command::GpuCheck(_) => None,
         }
     }
@@ -173,6 +185,10 @@ pub fn run(cli: Cli) -> Exit {
         Command::Overhead(args) => overhead::run(args),
         #[cfg(feature = "cuda")]
         Command::GpuCheck(args) => gpu_check::run(args),
+        #[cfg(not(feature = "cuda"))]
+        Command::GpuCheck(_) => Err("`repro gpu-check` needs a build with CUDA: `make cuda` builds one at \
+                                     target/cuda/release/repro (this build has no GPU code)"
+            .into()),
     };
     match result {
         Ok(_) if output::write_failed() => Exit::Error,

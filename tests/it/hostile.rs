@@ -482,3 +482,15 @@ fn a_path_that_is_not_utf8_is_recorded_into_and_read() {
         .unwrap();
     assert_eq!(inspect.status.code(), Some(0), "{}", String::from_utf8_lossy(&inspect.stderr));
 }
+
+/// Issue 72, item 11: `gpu-check` in a build without CUDA says how to get one, whatever its
+/// arguments, instead of "unrecognized subcommand".
+#[cfg(not(feature = "cuda"))]
+#[test]
+fn gpu_check_in_a_cpu_build_says_it_needs_make_cuda() {
+    for args in [vec!["gpu-check"], vec!["gpu-check", "--device", "cuda:1"]] {
+        let run = repro(&args);
+        assert_eq!(run.code, 2, "{}", run.stderr);
+        assert!(run.stderr.contains("needs a build with CUDA: `make cuda`"), "{}", run.stderr);
+    }
+}
