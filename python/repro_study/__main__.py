@@ -35,7 +35,7 @@ def _pair(text: str) -> tuple[int, int]:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m repro_study", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m repro_study", description=" ".join(__doc__.split()))
     sub = p.add_subparsers(dest="study", required=True)
     cost = sub.add_parser("cost", help="default against deterministic cuDNN: time, kernels, bit-identity")
     cost.add_argument("--models", default="figure9", help="comma-separated networks, or figure9 (default)")

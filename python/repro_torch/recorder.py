@@ -99,6 +99,17 @@ class Recorder:
             raise WriteError(f"stop_after={stop_after!r}: expected a step number (an integer, 0 or more)")
         self.stop_after = stop_after
         self._total = run.get("steps")
+        # A GPU hashing library asked for and missing is refused before anything is written (a
+        # trace begun here would stand in the way of the next try).
+        library = cuda_hash_library_path() if device_hashing is not False else None
+        # The workspace's CPU build of the library packs records but hashes nothing on a GPU.
+        self._library = library if library is not None and library_hashes_on_gpu(library) else None
+        if device_hashing and self._library is None:
+            found = f" ({library} was built without its GPU half)" if library is not None else ""
+            raise WriteError(
+                f"device_hashing=True, but repro's GPU hashing library is not found{found}: build it with `make cuda` "
+                f"and set {CUDA_HASH_LIB_ENV} to target/cuda/release/{CUDA_HASH_LIB}"
+            )
         self._writer = TraceWriter(path, run, capture, inline_max_bytes, replace, environment(device, self._switches),
                                    distributed=self.place.header() if self.place is not None else None,
                                    data_hash=data_hash, modules=modules, ops=ops)
@@ -112,20 +123,11 @@ class Recorder:
         self._steps_recorded: list = []
         self.path = path
         self.inline_max_bytes = inline_max_bytes
-        library = cuda_hash_library_path() if device_hashing is not False else None
         if library is not None:
             try:  # the same library packs each step's records in one call
                 self._writer.use_native_records(NativeRecords(library))
             except WriteError:
                 pass  # one built before it could: the writer packs them in Python
-        # The workspace's CPU build of the library packs records but hashes nothing on a GPU.
-        self._library = library if library is not None and library_hashes_on_gpu(library) else None
-        if device_hashing and self._library is None:
-            found = f" ({library} was built without its GPU half)" if library is not None else ""
-            raise WriteError(
-                f"device_hashing=True, but repro's GPU hashing library is not found{found}: build it with `make cuda` "
-                f"and set {CUDA_HASH_LIB_ENV} to target/cuda/release/{CUDA_HASH_LIB}"
-            )
         self.hashers: dict[int, DeviceHasher] = {}
         self._hasher_by_device: dict = {}  # torch.device -> its hasher, or None
         self._warned = device_hashing is False

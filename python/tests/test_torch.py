@@ -1159,6 +1159,8 @@ class TorchTest(unittest.TestCase):
                     with self.assertRaises(WriteError) as e:
                         Recorder(os.path.join(self.dir, "refused"), {"workload": "x"}, device_hashing=True)
                     self.assertIn(f"({library} was built without its GPU half)", str(e.exception))
+                    # Refused before anything was written: nothing stands in the next try's way.
+                    self.assertFalse(os.path.exists(os.path.join(self.dir, "refused")))
             traces.append(path)
         with open(os.path.join(traces[0], "records.rpr"), "rb") as a, \
                 open(os.path.join(traces[1], "records.rpr"), "rb") as b:

@@ -157,8 +157,25 @@ pub fn run(args: GateArgs) -> Result<Exit, CliError> {
         }
     };
     std::fs::create_dir_all(&work).map_err(|e| format!("cannot create {}: {e}", work.display()))?;
-    let report = gate(&args, planned.as_ref(), data_hash, runs, &work)?;
-    let escalation = escalate(&args, &report, &work);
+    let mut report = gate(&args, planned.as_ref(), data_hash, runs, &work)?;
+    let mut escalation = escalate(&args, &report, &work);
+    if args.keep.is_none() {
+        // The traces go with the scratch directory: name no path that will not exist.
+        let removed = |side: &mut repro::diff::TraceSide| {
+            let path = Path::new(&side.path);
+            if let (true, Some(run)) = (path.starts_with(&work), path.file_name()) {
+                side.path = format!("{} (removed; --keep DIR keeps the traces)", run.to_string_lossy());
+            }
+        };
+        for c in &mut report.comparisons {
+            removed(&mut c.diff.a);
+            removed(&mut c.diff.b);
+        }
+        if let Some(e) = &mut escalation {
+            removed(&mut e.diff.diff.a);
+            removed(&mut e.diff.diff.b);
+        }
+    }
     if args.output.json {
         let verdict = if report.passed() { "pass" } else { "fail" };
         #[derive(serde::Serialize)]

@@ -470,3 +470,16 @@ fn workload_options_are_refused_with_a_program_of_the_user_s_own() {
     let run = repro(&["gate", "--runs", "2", "--", "sh", "-c", &program, "--steps", "5"]);
     assert!(!run.stderr.contains("built-in workloads"), "{}", run.stderr);
 }
+
+/// Issue 72, item 11: a gate's JSON names no trace it removed; with --keep, the traces kept.
+#[test]
+fn a_gate_names_only_traces_that_exist() {
+    let v = json(&gate(&["--json"]).stdout);
+    let path = v["comparisons"][0]["diff"]["a"]["path"].as_str().unwrap().to_string();
+    assert_eq!(path, "run-0 (removed; --keep DIR keeps the traces)");
+    let dir = tempfile::tempdir().unwrap();
+    let kept = dir.path().join("kept");
+    let v = json(&gate(&["--json", "--keep", s(&kept)]).stdout);
+    let path = v["comparisons"][0]["diff"]["b"]["path"].as_str().unwrap().to_string();
+    assert!(std::path::Path::new(&path).join("records.rpr").is_file(), "{path}");
+}
