@@ -12,7 +12,7 @@ use super::program::{check_recorded, run_command};
 use super::report_args::JsonOutput;
 use super::workload_args::WorkloadArgs;
 use clap::Args;
-use repro::diff::{diff_runs, DiffOptions, ReferenceCheck, RunDiff};
+use repro::diff::{diff_runs, DiffOptions, ReferenceCheck, RunDiff, StructuralDifference};
 use repro::record::{open_device, RecordEnv, RecordError, RecordOptions, Recorder};
 use repro::report::{render_run_diff_with, DiffText};
 use repro::trace::{CapturePolicy, FullCapture};
@@ -214,7 +214,7 @@ impl PairOutcome {
     fn line(&self, number: usize) -> String {
         let recorded = match self.values_at {
             None => "hashes only".to_string(),
-            Some(step) => format!("full values, module and op outputs at step {step}"),
+            Some(step) => format!("full values at step {step}"),
         };
         let found = match self.first_differing_step {
             Some(step) => format!("first differs at step {step}"),
@@ -285,6 +285,14 @@ pub fn run(args: BisectArgs) -> Result<Exit, CliError> {
                 break;
             }
         }
+    }
+    // The second run of a pair stops at its first divergence on purpose (the candle recorder's
+    // online comparison): the steps it then lacks are no difference of structure.
+    if let Some(at) = compared.diff.first_divergence.as_ref().map(|d| d.step) {
+        compared.diff.structure.retain(|item| {
+            !matches!(item, StructuralDifference::MissingSteps { missing_in, first_step, .. }
+                if missing_in == "b" && *first_step > at)
+        });
     }
     if args.keep.is_none() {
         // The traces go with the scratch directory: don't show paths that will not exist.

@@ -87,6 +87,10 @@ fn bisect_finds_the_step_and_re_records_both_sides_with_its_values() {
     assert_eq!(root["tensor"], "hidden", "{report}");
     assert_eq!(root["metrics"]["max_ulp"], 3, "{report}");
     assert_eq!(root["metrics"]["mismatched"], 1, "{report}");
+    // The second run of each pair stopped at the divergence on purpose: no structure differs.
+    let text = repro(&["bisect", "--", &program]).stdout;
+    assert!(text.contains("DIVERGED  first at step 5") && !text.contains("recorded only in A"), "{text}");
+    assert!(text.contains("pair 2 (full values at step 5): first differs at step 5 (reported below)"), "{text}");
     // Hash-only runs first, then a pair with values at step 5 only.
     let full = json(&repro(&["inspect", s(&keep.join("values-1-a")), "--json"]).stdout);
     assert_eq!(full["full_steps"], serde_json::json!([5]), "{full}");
