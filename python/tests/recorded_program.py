@@ -1,11 +1,29 @@
-"""A training program recorded by `repro record -- python PROGRAM` and checked as the one-line
-integrations' tests check it (`test_trainer.py`, `test_lightning.py`): two same-seed runs
-IDENTICAL, the records a step must hold, a fault planted at step 1 found at step 1."""
+"""Training programs the tests run under repro's commands: the training loop the small test
+programs share (`TRAINING_LOOP`), and a program recorded by `repro record -- python PROGRAM`
+and checked as the one-line integrations' tests check it (`test_trainer.py`,
+`test_lightning.py`): two same-seed runs IDENTICAL, the records a step must hold, a fault
+planted at step 1 found at step 1."""
 
 import os
 import subprocess
 import sys
 import tempfile
+
+# The test programs' training loop over `steps` steps of `model`, `opt` and `rec`, recording
+# each; `each_step`: lines that open each step.
+TRAINING_LOOP = """\
+data = torch.Generator().manual_seed(1)
+for step in range({steps}):
+{each_step}    x = torch.rand(8, 4, generator=data)
+    opt.zero_grad()
+    with rec.training_step(step, inputs={{"x": x}}) as s:
+        loss = model(x).square().mean()
+        s.loss(loss)
+        loss.backward()
+        s.gradients()
+        opt.step()
+rec.finish()
+"""
 
 REPRO = os.environ.get("REPRO_BIN", "target/release/repro")
 PYTHON = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")

@@ -26,7 +26,7 @@ from repro_writer import Record, TraceWriter, WriteError
 
 # The specification's own Python beside this file, however the tests are run.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from record_file import frames_of, write_frames  # noqa: E402
+from record_file import frames_of, rewrite_header, write_frames  # noqa: E402
 from spec_hash import data_hash_xxh3_1k, tensor_hash  # noqa: E402
 
 REPRO = os.environ.get("REPRO_BIN", "target/release/repro")
@@ -158,11 +158,7 @@ class DataHashTest(unittest.TestCase):
         preamble, frames = frames_of(records)
 
         def with_header(version, data_hash):
-            header = msgpack.unpackb(frames[0], raw=False)
-            header["format"] = {"major": version[0], "minor": version[1]}
-            header["data_hash"] = data_hash
-            write_frames(records, preamble[:8] + struct.pack("<HH", *version),
-                         [msgpack.packb(header, use_bin_type=True), *frames[1:]])
+            rewrite_header(records, preamble, frames, version, lambda header: header.update(data_hash=data_hash))
 
         for version, data_hash, refused, says in (
             ((1, 8), "xxh3-1k", Corrupt, "`data_hash` other than blake3 is a key of format 2.0, but the file declares 1.8"),
@@ -230,11 +226,7 @@ class DataHashTest(unittest.TestCase):
         self.assertEqual(run.returncode, 0, run.stdout + run.stderr)
         self.assertIn("format     2.0", run.stdout)
         records = os.path.join(path, "records.rpr")
-        preamble, frames = frames_of(records)
-        header = msgpack.unpackb(frames[0], raw=False)
-        header["format"] = {"major": 1, "minor": 8}
-        write_frames(records, preamble[:8] + struct.pack("<HH", 1, 8),
-                     [msgpack.packb(header, use_bin_type=True), *frames[1:]])
+        rewrite_header(records, *frames_of(records), (1, 8))
         run = subprocess.run([REPRO, "inspect", path, "--verify"], capture_output=True, text=True)
         self.assertEqual(run.returncode, 2, run.stdout + run.stderr)
         self.assertIn("data_hash", run.stderr)

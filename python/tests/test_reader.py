@@ -21,7 +21,7 @@ from repro_trace import Corrupt, Trace, read_tensor
 from repro_writer import Record, TraceWriter
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from record_file import frames_of, write_frames  # noqa: E402
+from record_file import frames_of, rewrite_header  # noqa: E402
 
 REPRO = os.environ.get("REPRO_BIN", "target/release/repro")
 
@@ -129,8 +129,6 @@ class ReadTensorTest(unittest.TestCase):
         self.assertIn(says, run.stderr)
 
     def test_a_buffer_reads_as_one_and_is_refused_in_a_file_that_declares_1_8(self):
-        import msgpack
-
         path = os.path.join(self.dir, "buffers")
         w = TraceWriter(path, {"workload": "buffers", "steps": 1})
         w.write_step(0, [Record("bn.num_batches_tracked", "buffer", "I64", [], struct.pack("<q", 3), phase="forward"),
@@ -146,11 +144,7 @@ class ReadTensorTest(unittest.TestCase):
         self.assertEqual(run.returncode, 0, run.stdout + run.stderr)
         # The same trace declared 1.8, whose readers would read its buffers as `other`.
         records = os.path.join(path, "records.rpr")
-        preamble, frames = frames_of(records)
-        header = msgpack.unpackb(frames[0], raw=False)
-        header["format"] = {"major": 1, "minor": 8}
-        write_frames(records, preamble[:8] + struct.pack("<HH", 1, 8),
-                     [msgpack.packb(header, use_bin_type=True), *frames[1:]])
+        rewrite_header(records, *frames_of(records), (1, 8))
         self.assert_both_readers_refuse(path, "the kind `buffer` is of format 1.9, but the file declares 1.8")
 
     def test_the_capture_levels_read_back_and_are_refused_in_a_file_that_declares_1_8_or_as_no_policy(self):
@@ -184,11 +178,8 @@ class ReadTensorTest(unittest.TestCase):
             TraceWriter(os.path.join(self.dir, "refused"), {"workload": "refused"}, ops="every:0")
 
         def rewritten(change, minor=9):
-            header = msgpack.unpackb(frames[0], raw=False)
-            change(header["capture"])
-            header["format"] = {"major": 1, "minor": minor}
-            write_frames(os.path.join(levels, "records.rpr"), preamble[:8] + struct.pack("<HH", 1, minor),
-                         [msgpack.packb(header, use_bin_type=True), *frames[1:]])
+            rewrite_header(os.path.join(levels, "records.rpr"), preamble, frames, (1, minor),
+                           lambda header: change(header["capture"]))
 
         for change, minor, says in (
             (lambda c: None, 8, "capture `modules` is a key of format 1.9, but the file declares 1.8"),

@@ -29,6 +29,7 @@ except ImportError:  # pragma: no cover
 # The CPU stand-in of the GPU hashing library beside this file, however the tests are run.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cpu_hash_library import hash_on_cpu_stand_in  # noqa: E402
+from recorded_program import TRAINING_LOOP  # noqa: E402
 from spec_hash import tensor_hash  # noqa: E402
 
 REPRO = os.environ.get("REPRO_BIN", "target/release/repro")
@@ -56,18 +57,7 @@ model = torch.nn.Sequential(OrderedDict(encoder=torch.nn.Linear(4, 8), act=torch
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
 run = {"workload": "named", "steps": 3, "seed": seed, "batch": 8, "bf16": False}
 rec = ModelRecorder.create_or_gated(sys.argv[1] if len(sys.argv) > 1 else "runs/named", run, model)
-data = torch.Generator().manual_seed(1)
-for step in range(3):
-    x = torch.rand(8, 4, generator=data)
-    opt.zero_grad()
-    with rec.training_step(step, inputs={"x": x}) as s:
-        loss = model(x).square().mean()
-        s.loss(loss)
-        loss.backward()
-        s.gradients()
-        opt.step()
-rec.finish()
-"""
+""" + TRAINING_LOOP.format(steps=3, each_step="")
 
 
 def repro(*args, env=None):
@@ -198,7 +188,7 @@ class TorchTest(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "the data ran out"):
             with ModelRecorder(Recorder(failed, {"workload": "with"}), net, modules="all") as rec:
                 train_three_steps(rec, net, torch.optim.SGD(net.parameters(), lr=0.1))
-                with rec.training_step(3) as s:
+                with rec.training_step(3):
                     net(torch.randn(4, 8))  # hooked at this step
                     raise ValueError("the data ran out")
         self.assertFalse(any(m._forward_hooks for m in net.modules()), "the recorder's hooks stay on the model")

@@ -17,21 +17,8 @@ except ImportError:  # pragma: no cover
 REPRO = os.environ.get("REPRO_BIN", "target/release/repro")
 PYTHON = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 
-# The test programs' training loop over `steps` steps of `model`, `opt` and `rec`, recording
-# each; `each_step`: lines that open each step.
-TRAINING_LOOP = """\
-data = torch.Generator().manual_seed(1)
-for step in range({steps}):
-{each_step}    x = torch.rand(8, 4, generator=data)
-    opt.zero_grad()
-    with rec.training_step(step, inputs={{"x": x}}) as s:
-        loss = model(x).square().mean()
-        s.loss(loss)
-        loss.backward()
-        s.gradients()
-        opt.step()
-rec.finish()
-"""
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from recorded_program import TRAINING_LOOP  # noqa: E402  (beside this file)
 
 # A block whose forward calls F.dropout between its two Linear layers: the dropout is no module,
 # so its mask is drawn where no hook sees it. The masks come from DROPOUT_SEED.
