@@ -4,7 +4,7 @@
 CARGO ?= cargo
 REPRO := target/release/repro
 
-.PHONY: build run test gate lint fmt fuzz bench bench-huge bench-gpu cuda cuda-check gpu-experiments clean-runs
+.PHONY: build run test gate lint fmt fuzz bench bench-huge bench-gpu cuda cuda-check gpu-experiments clean-runs wheel
 
 ## build: the release binary at target/release/repro
 build:
@@ -41,6 +41,11 @@ fmt:
 ## bench: throughput and overhead table (also written to target/bench/core.md)
 bench:
 	$(CARGO) bench --locked --bench core
+
+## wheel: one wheel for PyTorch users (the `repro` command, the Python package `repro`, the native
+## library as its extension module) at target/wheels/: `pip install target/wheels/repro-*.whl`
+wheel:
+	scripts/build-wheel.sh
 
 ## cuda: the CUDA build (pinned nvcc from PyPI, link stubs; no GPU needed) at target/cuda/release/repro,
 ## with the examples, and beside it the PyTorch recorder's GPU hashing library (librepro_cuda_hash.so)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Checks the independent Python reader of the trace format (python/repro_trace.py) against
+# Checks the independent Python reader of the trace format (python/repro/trace.py) against
 # traces recorded by repro (format 1.9), one rewritten by the Python writer with the data hash
 # xxh3-1k (format 2.0) and the committed fixtures (formats 1.0 to 1.5).
 #
@@ -17,7 +17,7 @@ ROOT=$PWD
 PINS=(msgpack==1.1.2 safetensors==0.8.0 blake3==1.0.11 numpy==2.4.6 xxhash==4.1.0)
 REPRO_BIN=${REPRO_BIN:-target/release/repro}
 VENV=${PYTHON_READER_VENV:-target/python-reader-venv}
-READER=python/repro_trace.py
+READER=python/repro/trace.py
 
 die() { echo "python-reader-check: $*" >&2; exit 2; }
 
@@ -132,8 +132,8 @@ cp "$WORK/adder-a/records.rpr" "$WORK/lone/with-payloads.rpr"
 # built-in workloads record with blake3 only), which both readers verify below.
 PYTHONPATH=python "$PY" - "$WORK/adder-a" "$WORK/adder-xxh3" <<'PYEOF' || die "could not write the xxh3-1k trace"
 import sys
-from repro_trace import Trace
-from repro_writer import Environment, Record, TraceWriter
+from repro.trace import Trace
+from repro.writer import Environment, Record, TraceWriter
 with Trace(sys.argv[1]) as t:
     h = t.header
     w = TraceWriter(sys.argv[2], h["run"], h["capture"]["full"], h["capture"]["inline_max_bytes"],
@@ -162,7 +162,7 @@ if [ "$versions" = "1.0 1.1 1.2 1.3 1.4 1.5" ]; then ok "fixtures cover formats 
 # A data-parallel rank stream (1.3): its place in the run, and the sums across ranks.
 out=$(PYTHONPATH=python "$PY" - "fixtures/gpu-h200x2-dp/gpt-2gpu/rank-1" <<'PYEOF' 2>&1
 import sys
-from repro_trace import Trace
+from repro.trace import Trace
 t = Trace(sys.argv[1])
 d = t.header["distributed"]
 sums = [x for s in t.steps() for x in s.tensors if x.collective == "all_reduce_sum"]
@@ -177,7 +177,7 @@ if [ $? = 0 ]; then ok "data-parallel rank stream: $out"; else fail "data-parall
 # an earlier tensor's memory is a view of it, its values gathered from that tensor's.
 out=$(PYTHONPATH=python "$PY" - "$WORK/gpt" <<'PYEOF' 2>&1
 import sys
-from repro_trace import Trace
+from repro.trace import Trace
 t = Trace(sys.argv[1])
 assert t.version == (1, 9), t.version
 steps = list(t.steps())

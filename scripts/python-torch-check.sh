@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Runs the Python tests (python/tests: the writer, the reader, repro_torch with PyTorch on the
+# Runs the Python tests (python/tests: the writer, the reader, repro.torch with PyTorch on the
 # CPU, the GPU hashing library's flushing through its CPU stand-in, and the studies of
-# python -m repro_study at CPU sizes) against a built repro.
+# python -m repro.study at CPU sizes) against a built repro.
 #
 #   scripts/python-torch-check.sh          # uses target/release/repro
 #   REPRO_BIN=path/to/repro scripts/python-torch-check.sh

@@ -17,7 +17,7 @@ import time
 import torch
 import torchvision
 
-from repro_torch import ModelRecorder
+from repro.torch import ModelRecorder
 
 
 class AtomicPool(torch.nn.Module):

@@ -1,4 +1,4 @@
-"""A training step as the bench scripts here run it, plain or recorded by repro_torch, and the
+"""A training step as the bench scripts here run it, plain or recorded by repro.torch, and the
 report of their step times: one definition for every script (they import it from beside them)."""
 
 import statistics
@@ -8,7 +8,7 @@ from typing import Optional
 
 def training_step(model, opt, loss_of, rec=None, step: int = 0, inputs: Optional[dict] = None) -> None:
     """One step: `loss_of(model)`, its backward pass and `opt.step()`; recorded by `rec` (a
-    `repro_torch.ModelRecorder`: `inputs`, the parameters, the loss, the gradients and the
+    `repro.torch.ModelRecorder`: `inputs`, the parameters, the loss, the gradients and the
     updates, and every module's output or op's where its levels say) as step `step`, or plain
     when `rec` is None."""
     opt.zero_grad()

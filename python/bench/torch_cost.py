@@ -1,12 +1,12 @@
 """What recording costs a PyTorch program: for each model, a plain training step against the same
-step recorded by `repro_torch.ModelRecorder` with hashes only (inputs, parameters, every module's
+step recorded by `repro.torch.ModelRecorder` with hashes only (inputs, parameters, every module's
 output, the loss, gradients and updates, each step), under each flush policy asked for, and
 against PyTorch's own DebugMode logging a `hash_tensor` of every op's output. Prints one markdown
 row per model and variant: the step (the mean of the timed steps, the GPU drained around them),
 its ratio to the plain step measured in the same process, the peak of PyTorch's allocations, the
 device memory in use at step ends (every allocator: repro's hashing buffers too), each with its
 growth over plain, the growth of the device memory outside PyTorch's caching allocator (repro's
-hashing buffers, CUDA's own), and, for repro_torch, the tensors, bytes and flushes a step hashes.
+hashing buffers, CUDA's own), and, for repro.torch, the tensors, bytes and flushes a step hashes.
 
     python python/bench/torch_cost.py [--batch N] [--steps N] [--variants V,...] [--compile] [--pairs N] MODEL ...
 
@@ -18,7 +18,7 @@ hooks (the plain step with an empty forward hook on every module: the least any 
 module outputs costs), steps (the capture ladder's default: module outputs at the first step
 alone, so every timed step records the `steps` level: inputs, parameters, buffers, loss,
 gradients, updates), steps-xxh3 (the same with the data hash xxh3-1k), beside, batched, module
-(module outputs at every step, under the flush policy REPRO_TORCH_FLUSH names), xxh3 (batched,
+(module outputs at every step, under that flush policy: `FlushOptions.mode`), xxh3 (batched,
 with the data hash xxh3-1k: docs/trace-format.md, section 5.5), ops (every aten op's output:
 the `ops` level at every timed step, what one step of it costs), debug (DebugMode), full (every step's values kept,
 `capture="all"`: its row gives the payload a step and the rate it adds to the plain step, written
@@ -42,7 +42,8 @@ import time
 
 import torch
 
-from repro_torch import DeviceHasher, ModelRecorder, Recorder, cuda_hash_library_path
+from repro.torch import DeviceHasher, ModelRecorder, Recorder, cuda_hash_library_path
+from repro.torch.options import FlushOptions
 from steps import training_step  # beside this file
 
 VARIANTS = ("plain", "hooks", "steps", "steps-xxh3", "beside", "batched", "xxh3", "module", "ops", "debug", "full")
@@ -197,11 +198,11 @@ def measure(build, name: str, batch: int, variants: list[str], warmup: int, step
             seconds, peak, in_use, outside = timed(debug, 1, max(2, steps // 4))
         elif variant in ("steps", "steps-xxh3", "ops"):
             levels = {"modules": "none", "ops": "all"} if variant == "ops" else {}  # else: the default levels
-            os.environ["REPRO_TORCH_FLUSH"] = "batched"
             with tempfile.TemporaryDirectory(dir=os.environ.get("REPRO_BENCH_DIR")) as d:
                 recorder = Recorder(f"{d}/t", {"workload": name, "steps": warmup + 2 * steps + 1}, capture="none",
                                     device=torch.device("cuda"), device_hashing=True,
-                                    data_hash="xxh3-1k" if variant == "steps-xxh3" else "blake3", **levels)
+                                    data_hash="xxh3-1k" if variant == "steps-xxh3" else "blake3",
+                                    flush=FlushOptions(mode="batched"), **levels)
                 rec = ModelRecorder(recorder, model)
 
                 def recorded(i):
@@ -220,12 +221,12 @@ def measure(build, name: str, batch: int, variants: list[str], warmup: int, step
         else:
             # `full`: every step's values kept (the batched flushes for the steps that keep none);
             # `xxh3`: the batched flushes, hashing with the data hash xxh3-1k.
-            os.environ["REPRO_TORCH_FLUSH"] = "batched" if variant in ("full", "xxh3") else variant
+            flush = FlushOptions(mode="batched" if variant in ("full", "xxh3") else variant)
             with tempfile.TemporaryDirectory(dir=os.environ.get("REPRO_BENCH_DIR")) as d:
                 recorder = Recorder(f"{d}/t", {"workload": name, "steps": warmup + 2 * steps + 1},
                                     capture="all" if variant == "full" else "none", modules="all",
                                     device=torch.device("cuda"), device_hashing=True,
-                                    data_hash="xxh3-1k" if variant == "xxh3" else "blake3")
+                                    data_hash="xxh3-1k" if variant == "xxh3" else "blake3", flush=flush)
                 rec = ModelRecorder(recorder, model)
 
                 def recorded(i):

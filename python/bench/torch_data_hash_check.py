@@ -1,7 +1,7 @@
 """The GPU hashing library's data hashes checked against the host's, and their rates: pieces of
 CUDA memory of many lengths and alignments hashed with `blake3` and `xxh3-1k` by repro's GPU
 library (`DeviceHasher`), compared with the same bytes hashed on the host by the Python reader's
-functions (`repro_trace.data_hasher`); then the rate of each data hash over large tensors, the
+functions (`repro.trace.data_hasher`); then the rate of each data hash over large tensors, the
 whole library's way (a flush, the copy back, the read finished).
 
     python python/bench/torch_data_hash_check.py [GIB ...]
@@ -15,8 +15,8 @@ import time
 
 import torch
 
-from repro_torch.cuda_hash import DeviceHasher, cuda_hash_library_path
-from repro_trace import BLAKE3, XXH3_1K, data_hasher
+from repro.torch.cuda_hash import DeviceHasher, cuda_hash_library_path
+from repro.trace import BLAKE3, XXH3_1K, data_hasher
 
 KINDS = (BLAKE3, XXH3_1K)
 

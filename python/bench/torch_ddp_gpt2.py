@@ -1,5 +1,5 @@
 """transformers' GPT-2 (124M) trained under DistributedDataParallel, one process per GPU, recorded
-per rank by repro_torch (or not, with --plain), and each step timed. For the GPU table of
+per rank by repro.torch (or not, with --plain), and each step timed. For the GPU table of
 docs/results/pytorch-ddp-h200x2.md:
 
     torchrun --standalone --nproc_per_node 2 python/bench/torch_ddp_gpt2.py runs/gpt2-ddp --steps 10
@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from repro_torch import ModelRecorder
+from repro.torch import ModelRecorder
 from steps import report_step_times, training_step  # beside this file
 from torch_profile import timers  # beside this file
 
@@ -79,9 +79,9 @@ def main(argv):
         params["sharding"] = "fsdp-bf16" if args.bf16 else "fsdp"
     run = {"workload": "gpt2-124m-ddp", "steps": args.steps, "params": params}
     if args.without == "shares":  # a bench's switch, not the recorder's: the hooks do nothing
-        import repro_torch.fsdp
+        import repro.torch.fsdp
 
-        repro_torch.fsdp.GradientShares._share_hook = lambda self, name, dtype: (lambda gathered: None)
+        repro.torch.fsdp.GradientShares._share_hook = lambda self, name, dtype: (lambda gathered: None)
     rec = None if args.plain else ModelRecorder.create_or_gated(args.out, run, model,
                                                                  modules="none" if args.without == "modules" else "all")
     spent = timers() if args.parts and rec is not None else None

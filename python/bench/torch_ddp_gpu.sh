@@ -1,6 +1,6 @@
 #!/bin/bash
 # The GPU proof of docs/results/pytorch-ddp-h200x2.md (and -h200x4.md): GPT-2 (124M) under DDP on
-# RANKS GPUs (default 2), recorded per rank by repro_torch; same-seed runs, NCCL_ALGO=Ring against
+# RANKS GPUs (default 2), recorded per rank by repro.torch; same-seed runs, NCCL_ALGO=Ring against
 # Tree, half the ranks against all of them, and the recorded step against the plain one. Run from
 # the repository root, with `repro` at $REPRO_BIN (default target/release/repro) and OUT the
 # folder for the log and the traces.

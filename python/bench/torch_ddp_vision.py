@@ -1,5 +1,5 @@
 """A torchvision model trained under DistributedDataParallel, one process per GPU, recorded per
-rank by repro_torch (or not, with --plain), each step timed: repro on a model it has no example
+rank by repro.torch (or not, with --plain), each step timed: repro on a model it has no example
 of. Every rank draws the same global batch of seeded images and labels and trains on its rows.
 
     torchrun --standalone --nproc_per_node 4 python/bench/torch_ddp_vision.py runs/r18 --model resnet18
@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 import torchvision
 
-from repro_torch import ModelRecorder
+from repro.torch import ModelRecorder
 from steps import report_step_times, training_step  # beside this file
 
 

@@ -1,6 +1,6 @@
 """Whether the flush policies record the same hashes on real models: records a few deterministic
 training steps of a model (the same seed, inputs and deterministic algorithms each time) once
-under each REPRO_TORCH_FLUSH policy, hashes only, into OUT/MODEL-POLICY; `repro diff` of those
+under each flush policy (`FlushOptions.mode`), hashes only, into OUT/MODEL-POLICY; `repro diff` of those
 traces must then say IDENTICAL. A policy that read an output after the program had changed it in
 place would record another hash (or stop with an error, which this prints).
 
@@ -8,7 +8,7 @@ place would record another hash (or stop with an error, which this prints).
 
 MODEL: a torchvision classification model at batch 16 (or --batch N), or gpt2 (transformers,
 2 x 256). At a batch of 64 a flush holds enough outputs to measure the memory they keep
-(`repro_torch.flushes`), and the steps after the second flush as that measure says.
+(`repro.torch.flushes`), and the steps after the second flush as that measure says.
 """
 
 import argparse
@@ -18,7 +18,8 @@ import sys
 
 import torch
 
-from repro_torch import ModelRecorder, Recorder
+from repro.torch import ModelRecorder, Recorder
+from repro.torch.options import FlushOptions
 from steps import training_step  # beside this file
 
 # `module` twice: whether the program itself is deterministic, the control for the others.
@@ -42,11 +43,11 @@ def build(name: str, batch: int):
 
 
 def record(name: str, policy: str, path: str, steps: int, batch: int) -> None:
-    os.environ["REPRO_TORCH_FLUSH"] = policy.removesuffix("-again")
     model, loss_of = build(name, batch)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     rec = ModelRecorder(Recorder(path, {"workload": name, "steps": steps}, capture="none", modules="all",
-                                 replace=True, device=torch.device("cuda"), device_hashing=True), model)
+                                 replace=True, device=torch.device("cuda"), device_hashing=True,
+                                 flush=FlushOptions(mode=policy.removesuffix("-again"))), model)
     for step in range(steps):
         training_step(model, opt, loss_of, rec, step)
     rec.finish()

@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from repro_torch import DeviceHasher, cuda_hash_library_path
+from repro.torch import DeviceHasher, cuda_hash_library_path
 
 
 class OneRecord:
@@ -51,7 +51,7 @@ def main() -> None:
         chunks = size // 1024
         print(f"| {size / 2**20:g} MiB | {statistics.median(times) * 1e6:.1f} us | {max(chunks - 1, 0).bit_length()} |")
     hasher.close()
-    from repro_torch import cuda_hash
+    from repro.torch import cuda_hash
 
     for what, call in (("torch.cuda.current_stream(0).cuda_stream", cuda_hash._current_stream_handle),
                        ("the raw stream the library asks for", cuda_hash._raw_stream)):

@@ -29,10 +29,10 @@ import time
 
 import torch
 
-from repro_torch import DeviceHasher, ModelRecorder, Recorder, model, recorder
-from repro_torch.cuda_hash import CUDA_HASH_LIB_ENV
-from repro_writer import NativeRecords
-from repro_trace import Trace
+from repro.torch import DeviceHasher, ModelRecorder, Recorder, model, recorder
+from repro.torch.cuda_hash import CUDA_HASH_LIB_ENV
+from repro.writer import NativeRecords
+from repro.trace import Trace
 from steps import training_step  # beside this file
 
 

@@ -27,7 +27,7 @@ import time
 
 import torch
 
-from repro_torch import ModelRecorder, Recorder
+from repro.torch import ModelRecorder, Recorder
 from steps import training_step  # beside this file
 from torch_host_cost import HostHasher, NullLibrary  # beside this file
 

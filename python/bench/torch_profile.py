@@ -21,7 +21,8 @@ import torch
 import torchvision
 from torch.profiler import ProfilerActivity, profile
 
-from repro_torch import ModelRecorder, Recorder
+from repro.torch import ModelRecorder, Recorder
+from repro.torch.options import FlushOptions
 from steps import training_step  # beside this file
 
 
@@ -31,9 +32,9 @@ _SPENT = None
 def timers() -> dict:
     """Wraps the recorder's calls that may wait or work on the host with timers (seconds, by
     what was called), from now on."""
-    import repro_torch.cuda_hash as cuda_hash
-    import repro_torch.model as model
-    import repro_torch.recorder as recorder
+    import repro.torch.cuda_hash as cuda_hash
+    import repro.torch.model as model
+    import repro.torch.recorder as recorder
 
     if _SPENT is not None:
         return _SPENT
@@ -125,16 +126,16 @@ def main() -> None:
 
     run("plain", plain)
     for flush in flushes:
-        os.environ["REPRO_TORCH_FLUSH"] = flush
         with tempfile.TemporaryDirectory() as d:
             rec = ModelRecorder(Recorder(f"{d}/t", {"workload": name, "steps": 14}, capture="none",
                                          modules=os.environ.get("REPRO_PROFILE_MODULES", "all"),
-                                         device=torch.device("cuda"), device_hashing=True), model)
+                                         device=torch.device("cuda"), device_hashing=True,
+                                         flush=FlushOptions(mode=flush)), model)
 
             def recorded(i):
                 training_step(model, opt, loss_of, rec, i)
 
-            run(f"recorded, REPRO_TORCH_FLUSH={flush}", recorded)
+            run(f"recorded, flush mode {flush}", recorded)
             rec.finish()
 
 

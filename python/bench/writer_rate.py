@@ -14,7 +14,7 @@ import sys
 import tempfile
 import time
 
-from repro_writer import Record, TraceWriter
+from repro.writer import Record, TraceWriter
 
 
 def main() -> None:

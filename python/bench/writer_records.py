@@ -10,7 +10,7 @@ import sys
 import tempfile
 import time
 
-from repro_writer import TraceWriter
+from repro.writer import TraceWriter
 
 
 def main() -> None:

@@ -1,5 +1,5 @@
 """How fast the host computes the leaves of the data hash `xxh3-1k` (docs/trace-format.md,
-section 5.5): a call of xxhash a 1024-byte chunk (`repro_trace.xxh3_1k_leaves`, what the reader
+section 5.5): a call of xxhash a 1024-byte chunk (`repro.trace.xxh3_1k_leaves`, what the reader
 and the writer use), against XXH3-64 computed over every chunk at once in numpy's 64-bit lanes.
 
 XXH3-64 of exactly 1024 bytes takes xxHash's long path: eight 64-bit accumulators, set to
@@ -14,7 +14,7 @@ against xxhash's (random, all-zero and all-0xFF chunks) before anything is timed
 Over 256 MB on the 2-core build machine (AMD EPYC): xxhash a chunk 6.1 GB/s, numpy 3.4 GB/s at
 its best block (1024 chunks; 1.4 at 4096), 3.3 on both cores. On an H200 machine's 16-core Xeon:
 3.7 against 1.6 GB/s, 1.4 on 16 threads (numpy's many short operations contend for Python's
-lock). So repro_trace's leaves are xxhash's, a chunk at a time.
+lock). So repro.trace's leaves are xxhash's, a chunk at a time.
 
     python python/bench/xxh3_leaf_cpu_rate.py [MB]      # default: 256
 """
@@ -29,7 +29,7 @@ import blake3
 import numpy as np
 import xxhash
 
-from repro_trace import XXH3_CHUNK, xxh3_1k_leaves
+from repro.trace import XXH3_CHUNK, xxh3_1k_leaves
 
 # XXH3's default secret (192 bytes) and its constants.
 SECRET = bytes.fromhex(
@@ -86,7 +86,7 @@ def xxh3_64_of_chunks(words: np.ndarray) -> np.ndarray:
 
 
 def numpy_leaves(data: bytes, block_chunks: int = 1024, pool=None) -> bytes:
-    """`repro_trace.xxh3_1k_leaves` in numpy, `block_chunks` chunks at a time (on `pool`'s threads)."""
+    """`repro.trace.xxh3_1k_leaves` in numpy, `block_chunks` chunks at a time (on `pool`'s threads)."""
     whole = len(data) // XXH3_CHUNK
     words = np.frombuffer(data, "<u8", count=whole * WORDS).reshape(whole, WORDS)
     blocks = [words[at : at + block_chunks] for at in range(0, whole, block_chunks)]
@@ -108,7 +108,7 @@ def check() -> None:
         sys.exit("numpy's XXH3-64 differs from xxhash's")
     for length in (0, 1, 1023, 1025, len(data) - 5):
         if numpy_leaves(data[:length], block_chunks=7) != xxh3_1k_leaves(data[:length]):
-            sys.exit(f"numpy's leaves of {length} bytes differ from repro_trace's")
+            sys.exit(f"numpy's leaves of {length} bytes differ from repro.trace's")
 
 
 def rate(hash_bytes, data: bytes) -> float:
@@ -126,7 +126,7 @@ def main() -> None:
     megabytes = int(sys.argv[1]) if len(sys.argv) > 1 else 256
     data = np.random.default_rng(0).bytes(megabytes * 10**6)
     print(f"leaves of {megabytes} MB: MB/s")
-    print(f"  xxhash a chunk (repro_trace)  {rate(xxh3_1k_leaves, data):8.0f}")
+    print(f"  xxhash a chunk (repro.trace)  {rate(xxh3_1k_leaves, data):8.0f}")
     for block_chunks in (256, 1024, 4096):
         mb_s = rate(lambda d: numpy_leaves(d, block_chunks), data)
         print(f"  numpy, {block_chunks:4d} chunks a block    {mb_s:8.0f}")

@@ -18,8 +18,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from repro_torch import ModelRecorder
-from repro_trace import Trace
+from repro.torch import ModelRecorder
+from repro.trace import Trace
 
 _NUMPY = {"U32": np.uint32, "I64": np.int64, "F32": np.float32}
 

@@ -22,7 +22,7 @@ import os
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from repro_torch import Recorder
+from repro.torch import Recorder
 
 BUGS = {"rms_norm_eps": 1e-2, "rope_theta": 1_000_000.0, "hidden_act": "gelu"}
 

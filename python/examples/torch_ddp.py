@@ -19,7 +19,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from repro_torch import ModelRecorder
+from repro.torch import ModelRecorder
 
 
 def parse(argv):

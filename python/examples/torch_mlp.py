@@ -1,4 +1,4 @@
-"""A small PyTorch training run recorded with repro_torch: an MLP regressing seeded data.
+"""A small PyTorch training run recorded with repro.torch: an MLP regressing seeded data.
 
     python python/examples/torch_mlp.py runs/torch-a      # records into runs/torch-a
     repro gate -- python python/examples/torch_mlp.py     # twice under the gate, compared
@@ -8,7 +8,7 @@ import sys
 
 import torch
 
-from repro_torch import ModelRecorder
+from repro.torch import ModelRecorder
 
 STEPS = 8
 

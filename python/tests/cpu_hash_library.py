@@ -1,5 +1,5 @@
 """A stand-in for librepro_cuda_hash.so over host memory, so that the recorder's flushing, holding
-and checking (`repro_torch.cuda_hash.DeviceHasher`, `repro_torch.flushes`) run in CPU tests.
+and checking (`repro.torch.cuda_hash.DeviceHasher`, `repro.torch.flushes`) run in CPU tests.
 
 It keeps the library's contract and its worst case: an ordered flush reads the memory at once,
 as the GPU reads it before anything the program queues later; a flush `beside` reads it only
@@ -10,7 +10,7 @@ recorder caught the change first."""
 import ctypes
 from collections import Counter
 
-from repro_trace import BLAKE3, XXH3_1K, data_hasher
+from repro.trace import BLAKE3, XXH3_1K, data_hasher
 
 
 class CpuHashLibrary:
@@ -32,7 +32,7 @@ class CpuHashLibrary:
         return 1
 
     def repro_cuda_hasher_new_kind(self, index, number):
-        from repro_torch.cuda_hash import LIBRARY_DATA_HASHES
+        from repro.torch.cuda_hash import LIBRARY_DATA_HASHES
 
         self.kind = next(k for k, n in LIBRARY_DATA_HASHES.items() if n == number)
         self.hash_data = data_hasher(self.kind)
@@ -114,7 +114,7 @@ class CpuHashLibrary:
 def hash_on_cpu_stand_in(recorder):
     """Makes `recorder` hash every tensor, CPU ones included, through a `DeviceHasher` over the
     stand-in library; returns the stand-in."""
-    from repro_torch.cuda_hash import DeviceHasher
+    from repro.torch.cuda_hash import DeviceHasher
 
     class CpuDeviceHasher(DeviceHasher):
         def _is_legacy_stream(self):

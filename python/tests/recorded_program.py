@@ -29,6 +29,12 @@ REPRO = os.environ.get("REPRO_BIN", "target/release/repro")
 PYTHON = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 
 
+def example(name: str) -> str:
+    """The text of the program python/examples/`name`."""
+    with open(os.path.join(PYTHON, "examples", name)) as f:
+        return f.read()
+
+
 def record(case, tmp: str, program_text: str, name: str, **env) -> str:
     """`repro record -- python PROGRAM` into `tmp/name` (the program's arguments: a path the
     repro command's REPRO_TRACE_DIR overrides, and a scratch folder for the trainer), with
@@ -50,7 +56,7 @@ def check_one_line_callback(case, program_text: str, names: tuple, module: str, 
     the same-seed runs are IDENTICAL, and the faulty run diverges first at step 1's loss with
     the fault named."""
     sys.path.insert(0, PYTHON)
-    from repro_trace import Trace
+    from repro.trace import Trace
 
     with tempfile.TemporaryDirectory() as tmp:
         a, b = record(case, tmp, program_text, "a"), record(case, tmp, program_text, "b")

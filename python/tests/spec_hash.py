@@ -1,6 +1,6 @@
 """The canonical tensor hash as docs/trace-format.md writes it in Python (sections 5.2 and 5.5),
 kept as the specification has it: the reference the tests check the reader's and the writer's
-hashes against, independent of repro_trace."""
+hashes against, independent of repro.trace."""
 
 import struct
 

@@ -20,9 +20,9 @@ from unittest import mock
 import msgpack
 import numpy as np
 
-import repro_trace
-from repro_trace import Corrupt, HashMismatch, Trace, Unsupported, read_tensor
-from repro_writer import Record, TraceWriter, WriteError
+import repro.trace as repro_trace
+from repro.trace import Corrupt, HashMismatch, Trace, Unsupported, read_tensor
+from repro.writer import Record, TraceWriter, WriteError
 
 # The specification's own Python beside this file, however the tests are run.
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))

@@ -1,4 +1,4 @@
-"""When repro_torch flushes the module outputs it holds (`repro_torch.flushes`): the memory caps,
+"""When repro.torch flushes the module outputs it holds (`repro.torch.flushes`): the memory caps,
 and the share of the outputs held that a flush measures the recorder alone kept alive. Skipped
 where torch is not installed."""
 
@@ -20,6 +20,11 @@ from cpu_hash_library import hash_on_cpu_stand_in  # noqa: E402
 
 MIB = 1 << 20
 
+if torch is not None:
+    from repro.torch.options import FlushOptions
+
+    FLUSH = FlushOptions()  # the caps a recorder has by default
+
 
 class Memory:
     """A stand-in for PyTorch's allocated bytes, now and at their peak, moved by hand."""
@@ -37,7 +42,7 @@ class Memory:
 @unittest.skipUnless(torch, "torch is not installed")
 class FlushPolicyTest(unittest.TestCase):
     def policy(self, memory):
-        from repro_torch.flushes import FlushPolicy
+        from repro.torch.flushes import FlushPolicy
 
         return FlushPolicy(memory_in_use=memory)
 
@@ -49,21 +54,19 @@ class FlushPolicyTest(unittest.TestCase):
         measure.done(own)
 
     def test_outputs_held_count_whole_until_a_flush_has_measured_that_the_program_keeps_them(self):
-        from repro_torch.flushes import MAX_HELD_BYTES, MAX_QUEUED_BYTES
-
         memory = Memory()
         memory.in_use = 8 << 30
         policy = self.policy(memory)
         policy.step_started([0])
-        self.assertTrue(policy.holds_too_much(MAX_QUEUED_BYTES, 0))
-        self.assertFalse(policy.holds_too_much(MAX_QUEUED_BYTES - 1, 0))
+        self.assertTrue(policy.holds_too_much(FLUSH.max_queued_bytes, 0))
+        self.assertFalse(policy.holds_too_much(FLUSH.max_queued_bytes - 1, 0))
         # The flush let go of the recorder's 10 MiB of copies only: the program kept its outputs.
         self.flush(policy, memory, shared=300 * MIB, own=10 * MIB, freed=10 * MIB)
         self.assertEqual(policy.unshared, 0.0)
-        self.assertFalse(policy.holds_too_much(MAX_HELD_BYTES - 1, 0))
+        self.assertFalse(policy.holds_too_much(FLUSH.max_held_bytes - 1, 0))
         # Outputs held are capped whatever the measure says; the recorder's own copies count whole.
-        self.assertTrue(policy.holds_too_much(MAX_HELD_BYTES, 0))
-        self.assertTrue(policy.holds_too_much(0, MAX_QUEUED_BYTES))
+        self.assertTrue(policy.holds_too_much(FLUSH.max_held_bytes, 0))
+        self.assertTrue(policy.holds_too_much(0, FLUSH.max_queued_bytes))
 
     def test_the_share_counted_is_the_last_measuring_steps_largest_or_this_steps_when_larger(self):
         memory = Memory()
@@ -92,14 +95,12 @@ class FlushPolicyTest(unittest.TestCase):
         self.assertEqual(policy.unshared, 1.0)
 
     def test_the_memory_kept_is_capped_at_a_share_of_the_programs_peak(self):
-        from repro_torch.flushes import EXTRA_MIN_BYTES, EXTRA_SHARE, MAX_QUEUED_BYTES
-
         memory = Memory(peak=2 << 30)
         policy = self.policy(memory)
-        self.assertEqual(policy.extra_cap, MAX_QUEUED_BYTES)  # until a step has read the peak
+        self.assertEqual(policy.extra_cap, FLUSH.max_queued_bytes)  # until a step has read the peak
         policy.step_started([0])
-        cap = int(EXTRA_SHARE * (2 << 30))
-        self.assertLess(cap, MAX_QUEUED_BYTES)
+        cap = int(FLUSH.extra_share * (2 << 30))
+        self.assertLess(cap, FLUSH.max_queued_bytes)
         self.assertEqual(policy.extra_cap, cap)
         self.assertTrue(policy.holds_too_much(0, cap))  # the recorder's copies
         self.assertFalse(policy.holds_too_much(0, cap - 1))
@@ -109,32 +110,30 @@ class FlushPolicyTest(unittest.TestCase):
         self.assertIsNotNone(policy.measure(cap, False, [0]))
         memory.peak = 1 << 20
         policy.step_started([0])
-        self.assertEqual(policy.extra_cap, EXTRA_MIN_BYTES)
+        self.assertEqual(policy.extra_cap, FLUSH.extra_min_bytes)
         memory.peak = 1 << 50
         policy.step_started([0])
-        self.assertEqual(policy.extra_cap, MAX_QUEUED_BYTES)
+        self.assertEqual(policy.extra_cap, FLUSH.max_queued_bytes)
         policy.step_started([])  # no GPU hashed on yet: nothing read, nothing changed
-        self.assertEqual(policy.extra_cap, MAX_QUEUED_BYTES)
+        self.assertEqual(policy.extra_cap, FLUSH.max_queued_bytes)
 
     def test_nothing_is_measured_beside_the_program_below_the_cap_or_without_a_reading(self):
-        from repro_torch.flushes import MAX_QUEUED_BYTES
-
         memory = Memory()
         policy = self.policy(memory)
         self.assertIsNone(policy.measure(1 << 30, True, [0]))  # let go of later, when read
-        self.assertIsNone(policy.measure(MAX_QUEUED_BYTES - 1, False, [0]))
+        self.assertIsNone(policy.measure(FLUSH.max_queued_bytes - 1, False, [0]))
         self.assertIsNone(policy.measure(1 << 30, False, []))
         self.assertEqual(memory.readings, 0)
         self.assertIsNone(self.policy(lambda devices: None).measure(1 << 30, False, [0]))
 
     @unittest.skipIf(torch and torch.cuda.is_available(), "reads a GPU's memory where there is one")
     def test_without_cuda_the_memory_in_use_cannot_be_read_and_outputs_count_whole(self):
-        from repro_torch.flushes import MAX_QUEUED_BYTES, cuda_memory_in_use
+        from repro.torch.flushes import cuda_memory_in_use
 
         self.assertIsNone(cuda_memory_in_use([0]))
         policy = self.policy(None)
         self.assertIsNone(policy.measure(1 << 30, False, [0]))
-        self.assertTrue(policy.holds_too_much(MAX_QUEUED_BYTES, 0))
+        self.assertTrue(policy.holds_too_much(FLUSH.max_queued_bytes, 0))
 
 
 class Chain(torch.nn.Module if torch else object):
@@ -169,7 +168,7 @@ class OutputsHeldTest(unittest.TestCase):
         """Records `Chain`'s forward passes (64 KiB an output) with caps of 128 KiB and 512 KiB;
         PyTorch's memory in use read as the bytes of the outputs still alive. Returns the
         stand-in library (None on the host) and the records' bytes."""
-        from repro_torch import ModelRecorder, Recorder
+        from repro.torch import ModelRecorder, Recorder
 
         torch.manual_seed(0)
         model = Chain()
@@ -180,26 +179,25 @@ class OutputsHeldTest(unittest.TestCase):
 
         def memory_in_use(devices):
             """The outputs alive and the tensors the hasher holds (the recorder's copies among
-            them), once each; a peak that puts the cap at MAX_QUEUED_BYTES."""
+            them), once each; a peak that puts the cap at FLUSH.max_queued_bytes."""
             tensors = [t for t in (r() for r in alive) if t is not None]
             tensors += [t for t in recorder.hashers[0]._held if isinstance(t, torch.Tensor)]
             return sum({t.data_ptr(): t.nbytes for t in tensors}.values()), 1 << 50
 
         path = os.path.join(self.dir, name)
-        caps = {"MAX_QUEUED_BYTES": 128 << 10, "MAX_HELD_BYTES": 512 << 10}
-        with mock.patch.multiple("repro_torch.flushes", **caps), mock.patch.dict(os.environ, {"REPRO_TORCH_FLUSH": "batched"}):
-            recorder = Recorder(path, {"workload": "chain", "steps": steps}, capture="none", modules="all")
-            recorder.flush_policy.memory_in_use = memory_in_use
-            library = hash_on_cpu_stand_in(recorder) if stand_in else None
-            rec = ModelRecorder(recorder, model)
-            g = torch.Generator().manual_seed(1)
-            with torch.no_grad():
-                for step in range(steps):
-                    model.kept = []
-                    x = torch.randn(64, 256, generator=g)
-                    with rec.forward_pass(step, inputs={"x": x}) as s:
-                        s.output("logits", model(x))
-            rec.finish()
+        caps = FlushOptions(mode="batched", max_queued_bytes=128 << 10, max_held_bytes=512 << 10)
+        recorder = Recorder(path, {"workload": "chain", "steps": steps}, capture="none", modules="all", flush=caps)
+        recorder.flush_policy.memory_in_use = memory_in_use
+        library = hash_on_cpu_stand_in(recorder) if stand_in else None
+        rec = ModelRecorder(recorder, model)
+        g = torch.Generator().manual_seed(1)
+        with torch.no_grad():
+            for step in range(steps):
+                model.kept = []
+                x = torch.randn(64, 256, generator=g)
+                with rec.forward_pass(step, inputs={"x": x}) as s:
+                    s.output("logits", model(x))
+        rec.finish()
         with open(os.path.join(path, "records.rpr"), "rb") as f:
             return library, recorder.flush_policy, f.read()
 
@@ -223,7 +221,7 @@ class OutputsHeldTest(unittest.TestCase):
     def test_the_recorders_copies_count_as_its_own_and_the_programs_outputs_as_shared(self):
         # Changed in place after their hooks, the outputs are copied there under blake3: the
         # copies are the recorder's own, which a flush's measure subtracts from what it freed.
-        from repro_torch.recorder import StepRecorder
+        from repro.torch.recorder import StepRecorder
 
         held = []
         flush_outputs = StepRecorder._flush_outputs

@@ -23,7 +23,7 @@ import sys
 import lightning
 import torch
 
-from repro_torch.lightning import ReproCallback
+from repro.torch.lightning import ReproCallback
 
 
 class Regressor(lightning.LightningModule):

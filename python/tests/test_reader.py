@@ -17,8 +17,8 @@ import zlib
 
 import numpy as np
 
-from repro_trace import Corrupt, Trace, read_tensor
-from repro_writer import Record, TraceWriter
+from repro.trace import Corrupt, Trace, read_tensor
+from repro.writer import Record, TraceWriter
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from record_file import frames_of, rewrite_header  # noqa: E402
@@ -150,7 +150,7 @@ class ReadTensorTest(unittest.TestCase):
     def test_the_capture_levels_read_back_and_are_refused_in_a_file_that_declares_1_8_or_as_no_policy(self):
         import msgpack
 
-        from repro_writer import WriteError, policy_selects
+        from repro.writer import WriteError, policy_selects
 
         # `first` is the first step recorded; `first-and-last`'s last, `first + steps - 1`.
         self.assertEqual([s for s in range(20) if policy_selects(("first",), s, 5, 8)], [5])

@@ -1,4 +1,4 @@
-"""The PyTorch studies (`python -m repro_study`) on the CPU, at sizes that run in seconds: the
+"""The PyTorch studies (`python -m repro.study`) on the CPU, at sizes that run in seconds: the
 cost study's rows, resuming and refusing; the noise study's variants; the identity workaround for
 pools that refuse deterministic mode; a divergence named by module, pass and op. Skipped where
 torch is not installed."""
@@ -24,7 +24,7 @@ REPRO = os.path.abspath(os.environ.get("REPRO_BIN", "target/release/repro"))
 
 def study(*args):
     env = {**os.environ, "REPRO_BIN": REPRO, "PYTHONPATH": PYTHON_DIR}
-    return subprocess.run([sys.executable, "-m", "repro_study", *args], capture_output=True, text=True, env=env)
+    return subprocess.run([sys.executable, "-m", "repro.study", *args], capture_output=True, text=True, env=env)
 
 
 @unittest.skipUnless(torch, "torch is not installed")
@@ -88,7 +88,7 @@ class StudyTest(unittest.TestCase):
             self.assertIn("| small_cnn | impl |", f.read())
 
     def test_a_pool_as_large_as_its_input_becomes_the_identity_with_the_same_bits(self):
-        from repro_study.modes import identity_pools
+        from repro.study.modes import identity_pools
 
         torch.manual_seed(0)
         model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.AdaptiveAvgPool2d(7),
@@ -109,7 +109,7 @@ class StudyTest(unittest.TestCase):
             self.assertTrue(torch.equal(a, b))
 
     def test_a_refusal_names_its_op(self):
-        from repro_study.modes import refused_op
+        from repro.study.modes import refused_op
 
         error = RuntimeError("adaptive_avg_pool2d_backward_cuda does not have a deterministic implementation, but "
                              "you set 'torch.use_deterministic_algorithms(True)'.")
@@ -117,8 +117,8 @@ class StudyTest(unittest.TestCase):
         self.assertIsNone(refused_op(RuntimeError("CUDA out of memory")))
 
     def test_two_runs_that_differ_are_named_by_module_pass_and_op(self):
-        from repro_study import twins
-        from repro_study.models import small_cnn
+        from repro.study import twins
+        from repro.study.models import small_cnn
 
         patched = mock.patch.dict(os.environ, {"REPRO_BIN": REPRO})
         patched.start()

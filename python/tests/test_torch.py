@@ -1,4 +1,4 @@
-"""repro_torch against repro: a PyTorch program recorded through the environment contract,
+"""repro.torch against repro: a PyTorch program recorded through the environment contract,
 gated, and a fault planted in one module's output found there; the determinism switches in the
 header, the program's line as a module output's source, a planted fault that gradients flow
 through, buffers (a BatchNorm's momentum found at its running statistics), and the capture
@@ -10,6 +10,7 @@ import contextlib
 import inspect
 import io
 import json
+import dataclasses
 import os
 import re
 import shutil
@@ -49,7 +50,7 @@ from collections import OrderedDict
 
 import torch
 
-from repro_torch import ModelRecorder
+from repro.torch import ModelRecorder
 
 seed = int(os.environ.get("SEED", "0"))
 torch.manual_seed(seed)
@@ -74,7 +75,7 @@ def write_named_program(directory: str) -> str:
 
 
 def program_env(**variables) -> dict:
-    """This environment with `variables`, for a program run from any directory: repro_torch on
+    """This environment with `variables`, for a program run from any directory: repro.torch on
     its PYTHONPATH by absolute path, and no REPRO_ variable of the caller's."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("REPRO_")}
     env["PYTHONPATH"] = PYTHON_PROJECT
@@ -84,7 +85,7 @@ def program_env(**variables) -> dict:
 
 def _header_env(path):
     """The `env` map of a trace's header environment."""
-    from repro_trace import Trace
+    from repro.trace import Trace
 
     with Trace(path) as t:
         return t.header["environment"]["env"]
@@ -120,7 +121,7 @@ class TorchTest(unittest.TestCase):
         shutil.rmtree(self.dir)
 
     def test_a_compiled_model_records_its_parameters_loss_gradients_and_updates_and_says_what_it_cannot(self):
-        from repro_torch import ModelRecorder, Recorder
+        from repro.torch import ModelRecorder, Recorder
 
         def train(path, compile_it):
             torch.manual_seed(0)
@@ -145,7 +146,7 @@ class TorchTest(unittest.TestCase):
         diff = repro("diff", plain, compiled)
         self.assertEqual(diff.returncode, 0, diff.stdout + diff.stderr)
         self.assertIn("IDENTICAL", diff.stdout)
-        from repro_trace import Trace
+        from repro.trace import Trace
 
         with Trace(compiled) as t:
             names = [r.name for r in next(iter(t.steps())).tensors]
@@ -166,9 +167,9 @@ class TorchTest(unittest.TestCase):
 
     def test_a_recorder_is_a_context_manager_that_unhooks_and_finishes_also_on_an_exception(self):
         # Issue 68, item 2.
-        from repro_torch import ModelRecorder, Recorder
-        from repro_trace import Trace
-        from repro_writer import WriteError
+        from repro.torch import ModelRecorder, Recorder
+        from repro.trace import Trace
+        from repro.writer import WriteError
 
         def model():
             torch.manual_seed(0)
@@ -202,7 +203,7 @@ class TorchTest(unittest.TestCase):
         non-persistent buffer of its own) into `name` under the capture policy `capture`, hashing
         through the CPU stand-in of the GPU library with `stand_in` (else on the host); the trace
         and the trained model."""
-        from repro_torch import ModelRecorder, Recorder
+        from repro.torch import ModelRecorder, Recorder
 
         class Cnn(torch.nn.Module):
             def __init__(self):
@@ -238,7 +239,7 @@ class TorchTest(unittest.TestCase):
         return path, model
 
     def test_buffers_are_recorded_and_batch_norm_s_momentum_diverges_at_its_running_statistics(self):
-        from repro_trace import Trace, read_tensor
+        from repro.trace import Trace, read_tensor
 
         a, model = self._record_batch_norm_cnn("a", 0.1)
         same, _ = self._record_batch_norm_cnn("same", 0.1)
@@ -272,7 +273,7 @@ class TorchTest(unittest.TestCase):
     def test_buffers_hashed_through_the_gpu_library_hash_as_on_the_host(self):
         # BatchNorm changes its running statistics in place without moving their version
         # counters: the recorder must still hash them anew, not repeat the step's first record.
-        from repro_trace import Trace
+        from repro.trace import Trace
 
         host, _ = self._record_batch_norm_cnn("host", 0.1, capture="none")
         device, _ = self._record_batch_norm_cnn("device", 0.1, capture="none", stand_in=True)
@@ -317,7 +318,7 @@ class TorchTest(unittest.TestCase):
 
 
     def test_a_program_recorded_with_xxh3_1k_compares_with_its_kind_and_is_refused_against_blake3(self):
-        from repro_trace import Trace
+        from repro.trace import Trace
 
         cmd = [sys.executable, PROGRAM]
         runs = {name: os.path.join(self.dir, name) for name in ("x1", "x2", "b3")}
@@ -364,7 +365,7 @@ class TorchTest(unittest.TestCase):
         self.assertIn("WITHIN TOLERANCE", within.stdout)
 
     def test_determinism_switches_are_in_the_header_and_diff_names_those_that_differ(self):
-        from repro_torch import Recorder
+        from repro.torch import Recorder
 
         before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
                   torch.backends.cudnn.benchmark, torch.backends.cuda.matmul.allow_tf32)
@@ -408,8 +409,8 @@ class TorchTest(unittest.TestCase):
     def test_mixed_precision_records_the_dtypes_the_program_used(self):
         # bf16 autocast, and fp16 autocast with a gradient scaler: module outputs in the
         # autocast dtype, parameters, gradients (as scaled when recorded) and updates in f32.
-        from repro_torch import ModelRecorder, Recorder
-        from repro_trace import Trace
+        from repro.torch import ModelRecorder, Recorder
+        from repro.trace import Trace
 
         for dtype, name in ((torch.bfloat16, "BF16"), (torch.float16, "F16")):
             torch.manual_seed(0)
@@ -441,8 +442,8 @@ class TorchTest(unittest.TestCase):
                              {"F32"}, dtypes)
 
     def test_a_module_output_s_source_is_the_program_s_line_that_called_it(self):
-        from repro_torch import ModelRecorder, Recorder
-        from repro_trace import Trace
+        from repro.torch import ModelRecorder, Recorder
+        from repro.trace import Trace
 
         nn = torch.nn
 
@@ -478,7 +479,7 @@ class TorchTest(unittest.TestCase):
         at the levels `levels` (the recorder's `modules` and `ops`), hashing through the CPU
         stand-in of the GPU library with `stand_in`; the trace, and the number of forward hooks
         and pre-hooks on the model's modules inside each step's block."""
-        from repro_torch import ModelRecorder, Recorder
+        from repro.torch import ModelRecorder, Recorder
 
         torch.manual_seed(0)
         model = LevelsNet(eps)
@@ -504,7 +505,7 @@ class TorchTest(unittest.TestCase):
         return path, hooks
 
     def test_module_outputs_are_recorded_at_the_first_step_by_default_and_at_the_steps_asked_for(self):
-        from repro_trace import Trace
+        from repro.trace import Trace
 
         modules = ["block.0", "block.1", "block.2", "block", "shift", "head"]
 
@@ -530,7 +531,7 @@ class TorchTest(unittest.TestCase):
                              [[(x.name, x.hash) for x in s.tensors] for s in b.steps()])
 
     def test_the_ops_level_records_every_aten_op_forward_and_backward_by_module_path_with_its_source(self):
-        from repro_trace import Trace
+        from repro.trace import Trace
 
         path, hooks = self._record_levels("ops", ops="steps:1")
         # Module outputs at the first step; at step 1 a pre-hook and a forward hook a module,
@@ -601,9 +602,9 @@ class TorchTest(unittest.TestCase):
         self.assertIn("DIVERGED  first at step 0, tensor `shift/aten.add#0`", diff.stdout)
 
     def test_the_levels_are_taken_from_the_environment_and_one_that_is_no_step_policy_is_refused(self):
-        from repro_torch import ModelRecorder
-        from repro_trace import Trace
-        from repro_writer import WriteError
+        from repro.torch import ModelRecorder
+        from repro.trace import Trace
+        from repro.writer import WriteError
 
         model = LevelsNet()
         path = os.path.join(self.dir, "asked")
@@ -631,7 +632,7 @@ class TorchTest(unittest.TestCase):
         self.assertIn("act/aten.tanh_backward#3", nodes[0])
 
     def test_the_same_program_run_from_two_directories_writes_identical_records(self):
-        from repro_trace import Trace
+        from repro.trace import Trace
 
         # A project's script, started from outside the project and from its own directory: the
         # sources name it from the project's root either way.
@@ -655,9 +656,9 @@ class TorchTest(unittest.TestCase):
         self.assertEqual(sources, {f"scripts/train.py:{line}"})
 
     def test_every_run_setting_is_kept_in_the_header_and_one_it_cannot_keep_is_refused_by_name(self):
-        from repro_torch import ModelRecorder
-        from repro_trace import Trace
-        from repro_writer import WriteError
+        from repro.torch import ModelRecorder
+        from repro.trace import Trace
+        from repro.writer import WriteError
 
         def record(name, run):
             torch.manual_seed(0)
@@ -692,9 +693,9 @@ class TorchTest(unittest.TestCase):
     def test_a_planted_fault_is_in_the_header_and_one_that_reaches_nothing_is_an_error_naming_what_it_can(self):
         from collections import OrderedDict
 
-        from repro_torch import ModelRecorder, Perturbation, Recorder
-        from repro_trace import Trace
-        from repro_writer import WriteError
+        from repro.torch import ModelRecorder, Perturbation, Recorder
+        from repro.trace import Trace
+        from repro.writer import WriteError
 
         def record(name, perturbation=None):
             torch.manual_seed(0)
@@ -747,8 +748,8 @@ class TorchTest(unittest.TestCase):
                 self._planted_and_real_fault(torch.device(device))
 
     def _planted_and_real_fault(self, device):
-        from repro_torch import ModelRecorder, Perturbation, Recorder
-        from repro_trace import Trace, read_tensor
+        from repro.torch import ModelRecorder, Perturbation, Recorder
+        from repro.trace import Trace, read_tensor
 
         def run(name, perturbation=None, real_fault=False):
             """Three training steps of a small MLP; at step 1, element 3 of the first layer's
@@ -802,44 +803,48 @@ class TorchTest(unittest.TestCase):
         self.assertFalse(np.array_equal(*grads))
 
     def _record_in_place_model(self, path, flush=None, stand_in=True, steps=4, changes_late=False,
-                               data_hash=None, fails_at=None):
+                               data_hash=None, fails_at=None, copy_limit=None):
         """Records `InPlaceModel` (below) for `steps` steps, hashing through the CPU stand-in of
-        the GPU library under REPRO_TORCH_FLUSH=`flush` (or on the host), with `data_hash` (by
-        default REPRO_DATA_HASH's, or `blake3`); step
+        the GPU library under the flush mode `flush` (or on the host), copying outputs changed in
+        place of at most `copy_limit` bytes at their hooks (None: the default), with `data_hash`
+        (None: `blake3`); step
         `fails_at` raises after its forward pass (and is left out of the trace). Returns the
         stand-in and the model."""
-        from repro_torch import ModelRecorder, Recorder
+        from repro.torch import ModelRecorder, Recorder
 
         torch.manual_seed(0)
         model = InPlaceModel()
         opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-        env = {"REPRO_TORCH_FLUSH": flush} if flush else {}
-        with mock.patch.dict(os.environ, env):
-            recorder = Recorder(path, {"workload": "in-place", "steps": steps}, capture="none", modules="all",
-                                data_hash=data_hash)
-            library = hash_on_cpu_stand_in(recorder) if stand_in else None
-            rec = ModelRecorder(recorder, model)
-            g = torch.Generator().manual_seed(1)
-            try:
-                for step in range(steps):
-                    model.changes_late = changes_late and step > 0
-                    x = torch.randn(16, 32, generator=g)
-                    if step == fails_at:
-                        with self.assertRaises(ArithmeticError):
-                            with rec.training_step(step, inputs={"x": x}):
-                                model(x)
-                                raise ArithmeticError("a step that fails after its forward pass")
-                        continue
-                    with rec.training_step(step, inputs={"x": x}) as s:
-                        loss = model(x).square().mean()
-                        s.loss(loss)
-                        loss.backward()
-                        s.gradients()
-                        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)  # the gradients, in place
-                        opt.step()
-                    opt.zero_grad(set_to_none=False)  # and again, zeroed in place
-            finally:
-                rec.finish()
+        from repro.torch.options import FlushOptions
+
+        options = FlushOptions(**{"mode": flush} if flush else {})
+        if copy_limit is not None:
+            options = dataclasses.replace(options, copy_at_hook_max_bytes=copy_limit)
+        recorder = Recorder(path, {"workload": "in-place", "steps": steps}, capture="none", modules="all",
+                            data_hash=data_hash, flush=options)
+        library = hash_on_cpu_stand_in(recorder) if stand_in else None
+        rec = ModelRecorder(recorder, model)
+        g = torch.Generator().manual_seed(1)
+        try:
+            for step in range(steps):
+                model.changes_late = changes_late and step > 0
+                x = torch.randn(16, 32, generator=g)
+                if step == fails_at:
+                    with self.assertRaises(ArithmeticError):
+                        with rec.training_step(step, inputs={"x": x}):
+                            model(x)
+                            raise ArithmeticError("a step that fails after its forward pass")
+                    continue
+                with rec.training_step(step, inputs={"x": x}) as s:
+                    loss = model(x).square().mean()
+                    s.loss(loss)
+                    loss.backward()
+                    s.gradients()
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)  # the gradients, in place
+                    opt.step()
+                opt.zero_grad(set_to_none=False)  # and again, zeroed in place
+        finally:
+            rec.finish()
         return library, model
 
     def test_every_flush_policy_hashes_as_the_host_does(self):
@@ -884,28 +889,28 @@ class TorchTest(unittest.TestCase):
         # hook: under xxh3-1k by the leaf pass there (no flush), under blake3 by a flush of
         # everything queued. With the limit at 0 every such output is one; the records must be
         # the host's either way.
-        from repro_torch import flushes
+        from repro.torch.options import FlushOptions
 
+        default_limit = FlushOptions().copy_at_hook_max_bytes
         for data_hash in ("xxh3-1k", "blake3"):
             host = os.path.join(self.dir, f"host-{data_hash}")
             self._record_in_place_model(host, stand_in=False, data_hash=data_hash)
             with open(os.path.join(host, "records.rpr"), "rb") as f:
                 expected = f.read()
             calls = {}
-            for limit in (flushes.COPY_AT_HOOK_MAX_BYTES, 0):
+            for limit in (default_limit, 0):
                 path = os.path.join(self.dir, f"{data_hash}-{limit}")
-                with mock.patch.object(flushes, "COPY_AT_HOOK_MAX_BYTES", limit):
-                    library, _ = self._record_in_place_model(path, "batched", data_hash=data_hash)
+                library, _ = self._record_in_place_model(path, "batched", data_hash=data_hash, copy_limit=limit)
                 with open(os.path.join(path, "records.rpr"), "rb") as f:
                     self.assertEqual(f.read(), expected, f"{data_hash}, limit {limit}: a hash is not the host's")
                 calls[limit] = (library.flush_calls["ordered"], library.read_now)
             if data_hash == "xxh3-1k":
-                self.assertEqual(calls[0], calls[flushes.COPY_AT_HOOK_MAX_BYTES])
+                self.assertEqual(calls[0], calls[default_limit])
             else:
-                self.assertGreater(calls[0][0], calls[flushes.COPY_AT_HOOK_MAX_BYTES][0])
+                self.assertGreater(calls[0][0], calls[default_limit][0])
 
     def test_an_output_changed_in_place_only_after_the_first_step_is_refused_not_hashed_wrong(self):
-        from repro_writer import WriteError
+        from repro.writer import WriteError
 
         for flush in ("batched", "beside"):
             with self.assertRaises(WriteError) as caught:
@@ -921,7 +926,7 @@ class TorchTest(unittest.TestCase):
     def test_a_parameter_unchanged_since_its_update_is_hashed_once(self):
         path = os.path.join(self.dir, "t")
         library, model = self._record_in_place_model(path, "beside", steps=3)
-        from repro_trace import Trace
+        from repro.trace import Trace
 
         with Trace(path) as t:
             steps = list(t.steps())
@@ -936,7 +941,7 @@ class TorchTest(unittest.TestCase):
             self.assertEqual(library.reads[p.data_ptr()], 4, name)
 
     def test_parameters_queued_together_hash_as_the_host_does_when_they_move_change_layout_or_lose_gradients(self):
-        from repro_torch import DeviceHasher, ModelRecorder, Recorder, recorder
+        from repro.torch import DeviceHasher, ModelRecorder, Recorder, recorder
 
         def record(path, stand_in):
             torch.manual_seed(0)
@@ -991,7 +996,7 @@ class TorchTest(unittest.TestCase):
         self.assertGreaterEqual(together.call_count, 12)
         with open(os.path.join(host, "records.rpr"), "rb") as a, open(os.path.join(gpu, "records.rpr"), "rb") as b:
             self.assertEqual(a.read(), b.read())
-        from repro_trace import Trace
+        from repro.trace import Trace
 
         with Trace(gpu) as t:
             steps = list(t.steps())
@@ -1000,9 +1005,9 @@ class TorchTest(unittest.TestCase):
     def test_a_full_value_step_is_written_beside_the_program_and_its_failure_stops_the_next(self):
         import threading
 
-        from repro_torch import ModelRecorder, Recorder, recorder
-        from repro_trace import Trace
-        from repro_writer import TraceWriter, WriteError
+        from repro.torch import ModelRecorder, Recorder, recorder
+        from repro.trace import Trace
+        from repro.writer import TraceWriter, WriteError
 
         path = os.path.join(self.dir, "t")
         torch.manual_seed(0)
@@ -1046,9 +1051,9 @@ class TorchTest(unittest.TestCase):
         self.assertEqual(run.returncode, 0, run.stdout + run.stderr)
 
     def test_the_data_hash_repro_asks_for_is_recorded_and_hashes_as_the_specification_says(self):
-        from repro_torch import ModelRecorder, Recorder
-        from repro_trace import Trace
-        from repro_writer import WriteError
+        from repro.torch import ModelRecorder, Recorder
+        from repro.trace import Trace
+        from repro.writer import WriteError
 
         def record(path, **options):
             torch.manual_seed(0)
@@ -1094,19 +1099,21 @@ class TorchTest(unittest.TestCase):
                 self.assertEqual((t.version, t.data_hash), ((1, 9), "blake3"))
         with mock.patch.dict(os.environ, {"REPRO_DATA_HASH": "xxh3"}):
             with self.assertRaisesRegex(WriteError, "REPRO_DATA_HASH=xxh3: expected one of blake3, xxh3-1k"):
-                Recorder(os.path.join(self.dir, "bad"), {"workload": "x"})
+                Recorder.create_or_gated(os.path.join(self.dir, "bad"), {"workload": "x"})
+        with self.assertRaisesRegex(WriteError, "data_hash='xxh3': expected one of blake3, xxh3-1k"):
+            Recorder(os.path.join(self.dir, "bad"), {"workload": "x"}, data_hash="xxh3")
+        self.assertFalse(os.path.exists(os.path.join(self.dir, "bad")))
 
     def test_the_gpu_library_hashes_with_the_trace_s_data_hash_and_an_older_one_is_refused(self):
         from types import SimpleNamespace
 
-        from repro_torch import DeviceHasher
-        from repro_trace import Trace
-        from repro_writer import WriteError
+        from repro.torch import DeviceHasher
+        from repro.trace import Trace
+        from repro.writer import WriteError
 
         paths = {side: os.path.join(self.dir, side) for side in ("host", "library")}
-        with mock.patch.dict(os.environ, {"REPRO_DATA_HASH": "xxh3-1k"}):
-            self._record_in_place_model(paths["host"], stand_in=False)
-            library, _ = self._record_in_place_model(paths["library"], "batched")
+        self._record_in_place_model(paths["host"], stand_in=False, data_hash="xxh3-1k")
+        library, _ = self._record_in_place_model(paths["library"], "batched", data_hash="xxh3-1k")
         self.assertGreater(len(library.reads), 0)
         with Trace(paths["library"]) as t:
             self.assertEqual(t.data_hash, "xxh3-1k")
@@ -1126,8 +1133,8 @@ class TorchTest(unittest.TestCase):
         # repro-cuda-hash`) has the records' packing and no GPU hashing: a recorder that finds it
         # hashes on the host, writes what it writes without it, and refuses device_hashing=True,
         # naming it. (On the host every record holds its bytes: the writer packs them itself.)
-        from repro_torch import ModelRecorder, Recorder
-        from repro_writer import WriteError
+        from repro.torch import ModelRecorder, Recorder
+        from repro.writer import WriteError
 
         library = os.path.abspath(os.path.join("target", "release", "librepro_cuda_hash.so"))
         self.assertTrue(os.path.isfile(library), f"no CPU build of the library at {library}: build it with "
@@ -1157,17 +1164,23 @@ class TorchTest(unittest.TestCase):
             self.assertEqual(a.read(), b.read())
 
     def test_an_unknown_flush_policy_is_refused(self):
-        from repro_torch import Recorder
-        from repro_writer import WriteError
+        from repro.torch import Recorder
+        from repro.writer import WriteError
+
+        from repro.torch.options import FlushOptions
 
         with mock.patch.dict(os.environ, {"REPRO_TORCH_FLUSH": "sometimes"}):
             with self.assertRaisesRegex(WriteError, "REPRO_TORCH_FLUSH=sometimes: expected one of batched, beside, module"):
-                Recorder(os.path.join(self.dir, "t"), {"workload": "x", "steps": 1})
+                Recorder.create_or_gated(os.path.join(self.dir, "t"), {"workload": "x", "steps": 1})
+        with self.assertRaisesRegex(WriteError, "flush mode 'sometimes': expected one of batched, beside, module"):
+            Recorder(os.path.join(self.dir, "t"), {"workload": "x", "steps": 1}, flush=FlushOptions(mode="sometimes"))
+        self.assertFalse(os.path.exists(os.path.join(self.dir, "t")))
 
     @unittest.skipUnless(torch and torch.cuda.is_available(), "no CUDA GPU")
     def test_tensors_hashed_on_the_gpu_hash_as_on_the_host(self):
-        from repro_torch import ModelRecorder, Recorder, cuda_hash_library_path
-        from repro_trace import Trace
+        from repro.torch import ModelRecorder, Recorder, cuda_hash_library_path
+        from repro.torch.options import FlushOptions, RecordOptions
+        from repro.trace import Trace
 
         if cuda_hash_library_path() is None:
             self.skipTest("repro's GPU hashing library is not built (make cuda; REPRO_CUDA_HASH_LIB)")
@@ -1205,9 +1218,9 @@ class TorchTest(unittest.TestCase):
             model = Model().cuda()
             opt = torch.optim.SGD(model.parameters(), lr=0.01)
             path = os.path.join(self.dir, f"gpu-{on_gpu}-{side_stream}-{flush}")
-            with mock.patch.dict(os.environ, {"REPRO_TORCH_FLUSH": flush}):
-                recorder = Recorder(path, {"workload": "views", "steps": 4}, capture="none", modules="all",
-                                    device=torch.device("cuda"), device_hashing=on_gpu)
+            recorder = Recorder(path, {"workload": "views", "steps": 4}, capture="none", modules="all",
+                                device=torch.device("cuda"), device_hashing=on_gpu,
+                                options=RecordOptions(flush=FlushOptions(mode=flush)))
             rec = ModelRecorder(recorder, model)
             self.assertEqual(rec.recorder.hashes_on_gpu, on_gpu)
             g = torch.Generator(device="cuda").manual_seed(1)

@@ -1,4 +1,4 @@
-"""repro_torch under torch.distributed: two ranks on the CPU (gloo), started by torchrun, each
+"""repro.torch under torch.distributed: two ranks on the CPU (gloo), started by torchrun, each
 recording `OUT/rank-N`, read by repro's own commands as a data-parallel run. DDP: the header's
 distributed fields, replicas checked, same-seed runs identical (also through `repro record` and
 `repro gate` running the launcher), a fault planted on rank 1 found at rank 1, a rank fed other
@@ -50,7 +50,7 @@ def environment(**extra):
 
 
 def header(stream):
-    from repro_trace import Trace
+    from repro.trace import Trace
 
     with Trace(stream) as t:
         return t.header
@@ -92,7 +92,7 @@ class DataParallelTest(unittest.TestCase):
         self.assertEqual(inspect.returncode, 0, inspect.stdout + inspect.stderr)
         self.assertIn("kept identical parameters and gradient sums on all 2 ranks at all 6 steps", inspect.stdout)
         # Both sides of each gradient sum: the share, and the sum as a collective of it.
-        from repro_trace import Trace
+        from repro.trace import Trace
 
         with Trace(os.path.join(self.a, "rank-1")) as t:
             step = next(iter(t.steps()))
@@ -200,7 +200,7 @@ class DataParallelTest(unittest.TestCase):
         inspect = repro("inspect", sharded, "--verify")
         self.assertEqual(inspect.returncode, 0, inspect.stdout + inspect.stderr)
         self.assertRegex(inspect.stdout, r"; \d+ sharded tensors tiled by their ranks' shards")
-        from repro_trace import Trace, read_tensor
+        from repro.trace import Trace, read_tensor
 
         # Each rank holds its rows (2.bias, one row, sits on rank 0 alone); together, DDP's whole.
         for name in ("0.weight", "2.bias", "2.weight.updated", "0.weight.grad"):
@@ -250,7 +250,7 @@ class DataParallelTest(unittest.TestCase):
         self.assertNotIn("IDENTICAL", diff.stdout)
 
     def test_a_sum_is_linked_to_a_share_only_where_that_share_is_what_was_summed(self):
-        from repro_trace import Trace
+        from repro.trace import Trace
 
         def grads(run):
             with Trace(os.path.join(run, "rank-0")) as t:
@@ -276,7 +276,7 @@ class DataParallelTest(unittest.TestCase):
 
 
 class GpuFixtureTest(unittest.TestCase):
-    """Needs no torch: repro reads the ranks that repro_torch recorded on 2 x H200 over NCCL
+    """Needs no torch: repro reads the ranks that repro.torch recorded on 2 x H200 over NCCL
     (fixtures/gpu-h200x2-torch-ddp, docs/results/pytorch-ddp-h200x2.md)."""
 
     def test_the_gpt2_ddp_ranks_recorded_over_nccl_are_verified_replicas(self):
@@ -291,7 +291,7 @@ class GpuFixtureTest(unittest.TestCase):
 @unittest.skipUnless(torch is not None, "torch is not installed")
 class ShardTilingTest(unittest.TestCase):
     def test_shards_tile_a_parameter_only_where_chunking_puts_them(self):
-        from repro_torch.fsdp import chunk_rows, tiling_error
+        from repro.torch.fsdp import chunk_rows, tiling_error
 
         self.assertEqual(chunk_rows(5, 2), [(0, 3), (3, 2)])
         self.assertEqual(chunk_rows(1, 2), [(0, 1), (1, 0)])

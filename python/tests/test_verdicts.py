@@ -29,7 +29,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from repro_torch import ModelRecorder
+from repro.torch import ModelRecorder
 
 
 class Block(torch.nn.Module):
@@ -59,7 +59,7 @@ import sys
 
 import torch
 
-from repro_torch import ModelRecorder
+from repro.torch import ModelRecorder
 
 
 class Noisy(torch.nn.Module):
@@ -107,7 +107,7 @@ class BisectToTheOpTest(unittest.TestCase):
             self.assertIn("pair 2 (full values at step 2): first differs at step 2 (reported below)", run.stdout)
             # The pair recorded again stopped after the step it was asked for (REPRO_STOP_AFTER).
             sys.path.insert(0, PYTHON)
-            from repro_trace import Trace
+            from repro.trace import Trace
 
             with Trace(os.path.join(keep, "values-1-a")) as trace:
                 self.assertEqual([s.step for s in trace.steps()], [0, 1, 2])
@@ -134,7 +134,7 @@ class StopAfterTest(unittest.TestCase):
     def test_a_program_asked_to_stop_after_a_step_finishes_its_trace_there_and_exits_cleanly(self):
         # `repro bisect` records a pair again only up to the step where they first differ.
         sys.path.insert(0, PYTHON)
-        from repro_trace import Trace
+        from repro.trace import Trace
 
         program = UNSEEDED_DRAW + 'print("the loop ran to its end")\n'
         with tempfile.TemporaryDirectory() as tmp:

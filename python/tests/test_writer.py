@@ -12,8 +12,8 @@ import unittest
 
 import numpy as np
 
-from repro_trace import DTYPE_SIZES, Trace
-from repro_writer import Environment, Record, TraceWriter, WriteError
+from repro.trace import DTYPE_SIZES, Trace
+from repro.writer import Environment, Record, TraceWriter, WriteError
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from record_file import frames_of  # noqa: E402
@@ -136,10 +136,10 @@ class WriterTest(unittest.TestCase):
         w.finish()
 
     def test_steps_given_as_layouts_write_what_their_records_write(self):
-        # `write_laid_out` is how repro_torch writes (no object per record); `write_step` of the
+        # `write_laid_out` is how repro.torch writes (no object per record); `write_step` of the
         # same records must give the same file, byte for byte, which repro verifies; uneven lists
         # are refused.
-        from repro_writer import layout_of
+        from repro.writer import layout_of
 
         records = [
             Record("x", "input", "F32", [2], struct.pack("<2f", 1, 2)),
@@ -193,7 +193,7 @@ class WriterTest(unittest.TestCase):
         # repro's native library (python/cuda-hash/src/records.rs) packs the steps that keep no
         # full values, the records given with their bytes packed in Python and passed whole; the
         # trace must be the Python writer's, byte for byte, and a bad value refused alike.
-        from repro_writer import NativeRecords
+        from repro.writer import NativeRecords
 
         self.assertTrue(os.path.isfile(NATIVE_LIB), f"no native library at {NATIVE_LIB}: build it with "
                         "`cargo build --release -p repro-cuda-hash` (scripts/python-torch-check.sh does)")

@@ -46,7 +46,7 @@ const EXIT_CODES: &str = "Exit codes: 0 identical (or success), 1 diverged, 2 er
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Record a trace: of your own program, which records itself (-- CMD: PyTorch with
-    /// repro_torch, candle with repro's library), or of a built-in workload.
+    /// repro.torch, candle with repro's library), or of a built-in workload.
     Record(record::RecordArgs),
     /// Compare two traces: first diverging step and tensor, and how the error grows.
     ///

@@ -25,7 +25,7 @@ pub fn record_command(command: &[String], env: &RecordEnv, timeout: Option<Durat
     check_recorded(&command.join(" "), env.dir.as_deref().expect("a trace directory"), env.stop_after)
 }
 
-/// Where a PyTorch program finds repro's GPU hashing library (python/repro_torch/cuda_hash.py); a
+/// Where a PyTorch program finds repro's GPU hashing library (python/repro/torch/cuda_hash.py); a
 /// program run by repro is told the one built beside this binary, unless the variable is set
 /// already.
 const CUDA_HASH_LIB_ENV: &str = "REPRO_CUDA_HASH_LIB";

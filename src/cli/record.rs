@@ -31,11 +31,11 @@ pub struct RecordArgs {
     capture: Option<FullCapture>,
     /// With -- CMD: the steps at which every module's output is recorded, the capture ladder's
     /// `modules` level (a policy as --capture takes, plus `first`) [default: the program's own;
-    /// repro_torch: first].
+    /// repro.torch: first].
     #[arg(long, value_name = "POLICY", requires = "command")]
     modules: Option<FullCapture>,
     /// With -- CMD: the steps at which every op's output inside the step is recorded (PyTorch's
-    /// aten ops, the `ops` level) [default: the program's own; repro_torch: none].
+    /// aten ops, the `ops` level) [default: the program's own; repro.torch: none].
     #[arg(long, value_name = "POLICY", requires = "command")]
     ops: Option<FullCapture>,
     /// Tensors up to this many bytes are stored at every step [default: 256].
@@ -94,7 +94,7 @@ pub fn run(args: RecordArgs) -> Result<Exit, CliError> {
     if let Some(kind) = args.data_hash.filter(|k| !k.is_blake3()) {
         return Err(format!(
             "--data-hash {kind}: the built-in workloads record with blake3 only; {kind} is for programs recorded \
-             with `repro record -- CMD` (repro_torch)"
+             with `repro record -- CMD` (repro.torch)"
         )
         .into());
     }

@@ -160,7 +160,7 @@ impl RecordEnv {
         if let Some(kind) = self.data_hash.filter(|k| !k.is_blake3()) {
             return Err(RecordError::Unsupported(format!(
                 "{DATA_HASH_ENV}={kind}: repro's candle recorder hashes with blake3 only; {kind} is for PyTorch \
-                 programs (repro_torch)"
+                 programs (repro.torch)"
             )));
         }
         if let Some(capture) = &self.capture {

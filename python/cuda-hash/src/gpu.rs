@@ -1,5 +1,5 @@
 //! repro's GPU hashing for CUDA memory another program owns, through a C ABI (the library's
-//! `cuda` feature). The PyTorch recorder (`python/repro_torch/cuda_hash.py`) loads it with ctypes to hash CUDA
+//! `cuda` feature). The PyTorch recorder (`python/repro/torch/cuda_hash.py`) loads it with ctypes to hash CUDA
 //! tensors where they are, with no copy to the host: the same batched BLAKE3 kernels and
 //! canonical data hash as `repro record --device cuda:N`. Built by `make cuda` (this crate with
 //! its `cuda` feature) beside the binary, at `target/cuda/release/librepro_cuda_hash.so`;
@@ -165,7 +165,7 @@ struct LeafMemory {
 }
 
 /// Bytes of a leaf block: the leaves of 512 MiB of memory, more than a flush of module outputs
-/// reads (`MAX_QUEUED_BYTES` in python/repro_torch/flushes.py, 256 MiB). A larger flush (a
+/// reads (`MAX_QUEUED_BYTES` in python/repro/torch/flushes.py, 256 MiB). A larger flush (a
 /// model's gradients) takes more blocks.
 const LEAF_BLOCK: usize = 4 << 20;
 

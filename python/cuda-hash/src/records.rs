@@ -1,5 +1,5 @@
 //! A step's hashed records packed natively for the Python trace writer
-//! (`TraceWriter.write_laid_out` in python/repro_writer.py). A record that holds a data hash and
+//! (`TraceWriter.write_laid_out` in python/repro/writer.py). A record that holds a data hash and
 //! no bytes packs as its encoding before the hash, the hash (a msgpack string of 64 hex
 //! digits), and its encoding after; the hash is the canonical tensor hash, BLAKE3 of the
 //! record's prefix (docs/trace-format.md, section 5: the domain, dtype and shape) and its data

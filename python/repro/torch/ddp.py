@@ -15,7 +15,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from repro_writer import ALL_REDUCE_SUM, WriteError
+from repro.writer import ALL_REDUCE_SUM, WriteError
 
 # A rank's own contribution to a gradient sum: `NAME.grad.local`, as repro's ranks name it.
 LOCAL_SUFFIX = ".local"
@@ -38,7 +38,7 @@ class GradientSums:
         try:
             ddp.register_comm_hook(None, self._hook)
         except RuntimeError as e:
-            raise WriteError(f"cannot record this DDP model's gradient sums ({e}): repro_torch sums them through a "
+            raise WriteError(f"cannot record this DDP model's gradient sums ({e}): repro.torch sums them through a "
                              "communication hook of its own, which DDP allows only once; record the model before "
                              "registering another") from None
 

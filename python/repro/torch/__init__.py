@@ -72,6 +72,7 @@ that came before it is here at the top.
 
 from .cuda_hash import CUDA_HASH_LIB, CUDA_HASH_LIB_ENV, DeviceHasher, DeviceRead, cuda_hash_library_path
 from .model import CapturedStep, ModelRecorder
+from .options import FlushOptions, RecordOptions
 from .perturb import Perturbation
 from .ranks import RankPlace, current_place
 from .recorder import Recorder, StepRecorder
@@ -84,9 +85,11 @@ __all__ = [
     "CapturedStep",
     "DeviceHasher",
     "DeviceRead",
+    "FlushOptions",
     "ModelRecorder",
     "Perturbation",
     "RankPlace",
+    "RecordOptions",
     "Recorder",
     "StepRecorder",
     "canonical",

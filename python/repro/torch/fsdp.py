@@ -16,7 +16,7 @@ from typing import Iterable, Optional
 import torch
 import torch.distributed as dist
 
-from repro_writer import WriteError
+from repro.writer import WriteError
 
 try:
     from torch.distributed.tensor import DTensor, Shard
@@ -78,7 +78,7 @@ def check_tiling(named: Iterable[tuple[str, torch.Tensor]]) -> dict[str, tuple[i
             continue
         if p.device_mesh.ndim != 1 or list(p.placements) != [Shard(0)]:
             raise WriteError(f"`{name}` is sharded as {list(p.placements)} over a {p.device_mesh.ndim}-dimensional "
-                             "mesh: repro_torch records FSDP2 parameters sharded by rows over one mesh dimension")
+                             "mesh: repro.torch records FSDP2 parameters sharded by rows over one mesh dimension")
         mine.append((name, list(p.shape), list(p.to_local().shape)))
     everyone: list = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, mine)

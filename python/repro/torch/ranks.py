@@ -16,7 +16,7 @@ from typing import Mapping, Optional
 
 import torch
 
-from repro_writer import WriteError
+from repro.writer import WriteError
 
 # The launchers' variables: (launcher, rank, world size), as repro's own ranks read them.
 LAUNCHERS = (

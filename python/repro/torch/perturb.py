@@ -7,7 +7,7 @@ import difflib
 
 import torch
 
-from repro_writer import WriteError
+from repro.writer import WriteError
 
 from .tensors import INT_OF_WIDTH
 

@@ -13,12 +13,13 @@ from typing import Iterator, Optional
 
 import torch
 
-from repro_trace import BLAKE3, DATA_HASHES, RECORDS_FILE, STEP_POLICY_FORMS
-from repro_writer import Layout, NativeRecords, TraceWriter, WriteError, policy_selects, step_policy
+from repro.trace import RECORDS_FILE
+from repro.writer import Layout, NativeRecords, TraceWriter, WriteError, policy_selects, step_policy
 
 from .cuda_hash import CUDA_HASH_LIB, CUDA_HASH_LIB_ENV, DeviceHasher, cuda_hash_library_path, library_hashes_on_gpu
-from .flushes import COPY, COPY_AT_HOOK_MAX_BYTES, MAX_QUEUED, QUEUE, READ, FlushPolicy
+from .flushes import COPY, QUEUE, READ, FlushPolicy
 from .ops import OpOutputs
+from .options import STOP_AFTER_ENV, RecordOptions, from_environment
 from .perturb import Perturbation
 from .ranks import RankPlace, current_place, perturbs_this_rank
 from .switches import changes, determinism_switches, environment
@@ -26,18 +27,6 @@ from .tensors import IN_PLACE_DTYPES, canonical, canonical_on_device
 
 # `Recorder(place=AUTO)`: this process's place as torch.distributed says (`ranks.current_place`).
 AUTO = "auto"
-
-# The data hash a repro command asks a program to record with (`repro record --data-hash`).
-DATA_HASH_ENV = "REPRO_DATA_HASH"
-
-# The last step a repro command asks a program to record (`repro bisect` re-recording a pair of
-# runs down to the step where they first differ): the recorder finishes the trace there, marked
-# as stopped on purpose, and ends the program (exit status 0).
-STOP_AFTER_ENV = "REPRO_STOP_AFTER"
-
-# The step policies of the capture ladder's levels that a repro command asks for (`repro record
-# --modules P --ops P`), by the recorder's parameter each sets.
-LEVEL_ENV = {"modules": "REPRO_MODULES", "ops": "REPRO_OPS"}
 
 # A step keeping at least this many bytes of values is written beside the program (see
 # `Recorder`); a smaller one is written where it ends, as a step of hashes is: on the CPU, it is
@@ -59,33 +48,26 @@ class Recorder:
         self,
         path: str,
         run: dict,
-        capture: str = "first-and-last",
-        inline_max_bytes: int = 256,
-        replace: bool = False,
+        options: Optional[RecordOptions] = None,
+        *,
         device: Optional[torch.device] = None,
         perturbation: Optional[Perturbation] = None,
-        device_hashing: Optional[bool] = None,
         place=AUTO,
-        data_hash: Optional[str] = None,
-        modules: str = "first",
-        ops: str = "none",
-        stop_after: Optional[int] = None,
+        **changes,
     ):
-        """`stop_after`: the last step to record; the trace is finished once it is written
-        (its footer says it stopped on purpose) and the program ends (`SystemExit(0)`).
-        `modules`, `ops`: the steps, as a step policy (`none`, `all`, `first`,
-        `first-and-last`, `every:N`, `steps:A,B,...`; `first` is the first step recorded), that
-        record every module's output (a `ModelRecorder`'s hooks) and every aten op's output
-        (`ops.OpOutputs`), beside what every step records; the trace's header names both.
-        `device_hashing`: hash CUDA tensors on their GPU (True: it is an error if repro's GPU
-        hashing library is not found), on the host (False), or on the GPU where the library is
-        found (None). `place`: this process's rank in a run of several (`ranks.RankPlace`), whose
-        stream goes to `path/rank-N`; None for a lone process; by default, as torch.distributed
-        says. `data_hash`: how tensors' data hashes are computed, `blake3` or `xxh3-1k` (a trace
-        of format 2.0, docs/trace-format.md section 5.5); None: as REPRO_DATA_HASH says, else
-        `blake3`."""
-        if data_hash is None:
-            data_hash = data_hash_asked()
+        """Records into `path` the run `run` (its settings, for the header) as `options` say
+        (`RecordOptions`: the capture policy, the levels, the data hash, GPU hashing, the flush
+        policy, ...), with `changes` over them by option name (`capture="all"`, `modules="every:10"`;
+        a None leaves an option as it is). No environment variable is read here: what a repro
+        command asks is read by `create_or_gated`. `place`: this process's rank in a run of
+        several (`ranks.RankPlace`), whose stream goes to `path/rank-N`; None for a lone
+        process; by default, as torch.distributed says. `perturbation`: a fault to plant."""
+        if options is not None and not isinstance(options, RecordOptions):
+            raise TypeError(f"Recorder's third argument is a RecordOptions, not {type(options).__name__} "
+                            "(pass capture= and the other options by name)")
+        options = (options or RecordOptions()).but(**changes)
+        self.options = options
+        capture, data_hash, device_hashing = options.capture, options.data_hash, options.device_hashing
         self.place: Optional[RankPlace] = current_place() if place == AUTO else place
         self.run_dir = path
         if self.place is not None:
@@ -94,10 +76,9 @@ class Recorder:
         if perturbation is not None:
             run = _with_perturbation(run, perturbation)
         # The levels' step policies, parsed (refused before anything is written where not one).
-        self.levels = {"modules": step_policy("modules policy", modules), "ops": step_policy("ops policy", ops)}
-        if stop_after is not None and (isinstance(stop_after, bool) or not isinstance(stop_after, int) or stop_after < 0):
-            raise WriteError(f"stop_after={stop_after!r}: expected a step number (an integer, 0 or more)")
-        self.stop_after = stop_after
+        self.levels = {"modules": step_policy("modules policy", options.modules),
+                       "ops": step_policy("ops policy", options.ops)}
+        self.stop_after = options.stop_after
         self._total = run.get("steps")
         # A GPU hashing library asked for and missing is refused before anything is written (a
         # trace begun here would stand in the way of the next try).
@@ -110,9 +91,10 @@ class Recorder:
                 f"device_hashing=True, but repro's GPU hashing library is not found{found}: build it with `make cuda` "
                 f"and set {CUDA_HASH_LIB_ENV} to target/cuda/release/{CUDA_HASH_LIB}"
             )
-        self._writer = TraceWriter(path, run, capture, inline_max_bytes, replace, environment(device, self._switches),
+        self._writer = TraceWriter(path, run, capture, options.inline_max_bytes, options.replace,
+                                   environment(device, self._switches),
                                    distributed=self.place.header() if self.place is not None else None,
-                                   data_hash=data_hash, modules=modules, ops=ops)
+                                   data_hash=data_hash, modules=options.modules, ops=options.ops)
         self.data_hash = data_hash
         self.perturbation = perturbation
         # Whether the fault was planted; until it is, the names it could have reached (those
@@ -122,7 +104,7 @@ class Recorder:
         self.reachable: set = set()
         self._steps_recorded: list = []
         self.path = path
-        self.inline_max_bytes = inline_max_bytes
+        self.inline_max_bytes = options.inline_max_bytes
         if library is not None:
             try:  # the same library packs each step's records in one call
                 self._writer.use_native_records(NativeRecords(library))
@@ -143,7 +125,7 @@ class Recorder:
         # time, in order: the write of a step waits for the one before.
         self._full_writer: Optional[ThreadPoolExecutor] = None
         self._writing: Optional[tuple[int, Future]] = None  # (its step, its write)
-        self.flush_policy = FlushPolicy()
+        self.flush_policy = FlushPolicy(options.flush)
         self._finished = False
         # The last step recorded (see `StepRecorder`): a parameter recorded at a step's start,
         # unchanged since the last step recorded it updated, repeats that record.
@@ -183,7 +165,7 @@ class Recorder:
             if not self._warned:
                 self._warned = True
                 print(
-                    f"repro_torch: hashing CUDA tensors on the host (a copy each): repro's GPU hashing library was not "
+                    f"repro.torch: hashing CUDA tensors on the host (a copy each): repro's GPU hashing library was not "
                     f"found; build it with `make cuda` and set {CUDA_HASH_LIB_ENV}",
                     file=sys.stderr,
                 )
@@ -199,43 +181,30 @@ class Recorder:
         return self._library is not None
 
     @classmethod
-    def create_or_gated(cls, path: str, run: dict, device: Optional[torch.device] = None, **options) -> "Recorder":
+    def create_or_gated(cls, path: str, run: dict, device: Optional[torch.device] = None,
+                        options: Optional[RecordOptions] = None, **changes) -> "Recorder":
         """Records as a repro command running this program asks (`repro record -- CMD`, `gate --
-        CMD`: REPRO_TRACE_DIR, REPRO_CAPTURE, REPRO_MODULES, REPRO_OPS, REPRO_DATA_HASH,
-        REPRO_REPLACE, REPRO_PERTURB, REPRO_PERTURB_RANK, REPRO_STOP_AFTER), and into `path` with `options`
+        CMD`: REPRO_TRACE_DIR, the options' variables of `options.from_environment`,
+        REPRO_PERTURB, REPRO_PERTURB_RANK), and into `path` with `options` and `changes`
         otherwise. A trace already there is an error unless replacing is asked for. A rank of
         several records into `path/rank-N`."""
         env = os.environ
         if env.get("REPRO_TRACE_DIR"):
             path = env["REPRO_TRACE_DIR"]
-        if env.get("REPRO_CAPTURE"):
-            options["capture"] = env["REPRO_CAPTURE"]
-        for level, variable in LEVEL_ENV.items():
-            if env.get(variable):
-                options[level] = level_asked(variable)
-        if env.get(DATA_HASH_ENV):
-            options["data_hash"] = data_hash_asked()
-        if env.get(STOP_AFTER_ENV):
-            asked = env[STOP_AFTER_ENV]
-            if not asked.isdigit():
-                raise WriteError(f"{STOP_AFTER_ENV}={asked}: expected a step number (0 or more)")
-            options["stop_after"] = int(asked)
-        if env.get("REPRO_REPLACE") not in (None, "", "0", "1"):
-            raise WriteError(f"REPRO_REPLACE={env['REPRO_REPLACE']}: expected 1 or 0")
-        if env.get("REPRO_REPLACE") == "1":
-            options["replace"] = True
-        place = options.pop("place", AUTO)
+        place = changes.pop("place", AUTO)
+        perturbation = changes.pop("perturbation", None)
+        options = from_environment((options or RecordOptions()).but(**changes), env)
         place = current_place() if place == AUTO else place
         if env.get("REPRO_PERTURB"):
             # Every rank's header keeps the run's fault (ranks of one run have the same settings);
             # the rank that plants it checks that it was planted.
-            perturbation = Perturbation(env["REPRO_PERTURB"])
+            planted = Perturbation(env["REPRO_PERTURB"])
             if perturbs_this_rank(place):
-                options["perturbation"] = perturbation
+                perturbation = planted
             else:
-                run = _with_perturbation(run, perturbation)
+                perturbation, run = None, _with_perturbation(run, planted)
         # REPRO_AGAINST needs nothing here: the repro command compares the run when it ends.
-        return cls(path, run, device=device, place=place, **options)
+        return cls(path, run, options, device=device, place=place, perturbation=perturbation)
 
     def wants_full(self, step: int) -> bool:
         return self._writer.wants_full(step, first=self._first)
@@ -371,7 +340,7 @@ class Recorder:
             raise self.perturbation.unplanted(self.reachable, self._steps_recorded)
         changed = changes(self._switches, determinism_switches())
         if changed:
-            print(f"repro_torch: determinism switches changed while recording ({changed}); the header of {self.path} "
+            print(f"repro.torch: determinism switches changed while recording ({changed}); the header of {self.path} "
                   "holds them as they were when the recorder was created: set them before creating it", file=sys.stderr)
         return self._writer.finish(stopped=stopped)
 
@@ -461,7 +430,7 @@ class StepRecorder:
         or copied (on its GPU), and the copy queued with the module outputs. `written`: the op
         wrote it in place, and its version counter moves only once the op returns, so it is no
         repeat of a record of the same memory and version."""
-        at_hook = COPY if t.nbytes <= COPY_AT_HOOK_MAX_BYTES else READ
+        at_hook = COPY if t.nbytes <= self.recorder.flush_policy.options.copy_at_hook_max_bytes else READ
         queued = self._queue_one(name, "op_output", phase, (), True, source, None, None, t, at_hook,
                                  repeats=not written)
         if queued == WAITS and at_hook == READ:
@@ -480,7 +449,7 @@ class StepRecorder:
         """Counts a tensor just queued among the outputs waiting to be read, and reads them
         when their count, or the memory they may keep, reaches the flush policy's cap."""
         self._outputs_queued += 1
-        if self._outputs_queued >= MAX_QUEUED or self._policy.holds_too_much(self._shared_queued, self._own_queued):
+        if self._outputs_queued >= self._policy.options.max_queued or self._policy.holds_too_much(self._shared_queued, self._own_queued):
             self._flush_outputs()
 
     def queue(self, name: str, t: torch.Tensor, kind: str = "activation", phase: Optional[str] = None,
@@ -804,27 +773,6 @@ def _with_perturbation(run: dict, perturbation: Perturbation) -> dict:
         raise WriteError(f"the run setting `perturb` is the planted fault's (REPRO_PERTURB={perturbation}): name the "
                          "program's own setting otherwise")
     return {**run, "perturb": str(perturbation)}
-
-
-def level_asked(variable: str) -> str:
-    """The step policy the environment variable `variable` (REPRO_MODULES, REPRO_OPS) asks for;
-    a `WriteError` naming it and the policies' forms where it is not one."""
-    asked = os.environ[variable]
-    try:
-        step_policy(variable, asked)
-    except WriteError:
-        raise WriteError(f"{variable}={asked}: expected a step policy, one of {STEP_POLICY_FORMS}") from None
-    return asked
-
-
-def data_hash_asked() -> str:
-    """The data hash REPRO_DATA_HASH asks for, `blake3` where it is unset or empty."""
-    asked = os.environ.get(DATA_HASH_ENV)
-    if not asked:
-        return BLAKE3
-    if asked not in DATA_HASHES:
-        raise WriteError(f"{DATA_HASH_ENV}={asked}: expected one of {', '.join(DATA_HASHES)}")
-    return asked
 
 
 def _rank_stream(run_dir: str, place: RankPlace) -> str:

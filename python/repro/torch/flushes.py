@@ -1,5 +1,6 @@
-"""When the module outputs a step queues for hashing on the GPU are read: `FlushPolicy`, chosen
-by REPRO_TORCH_FLUSH, and the watch that learns which outputs the program changes in place.
+"""When the module outputs a step queues for hashing on the GPU are read: `FlushPolicy`, as the
+recorder's `FlushOptions` say (`options.py`: the mode and the caps), and the watch that learns
+which outputs the program changes in place.
 
 A module's output must be read before the program changes it in place (a `ReLU(inplace=True)`
 after a batch norm, a residual `out += identity`). Reading each output at its own hook, on the
@@ -8,7 +9,7 @@ path. So the first step recorded on the GPU does exactly that (`module`), and wa
 output's version counter while the step runs: an output whose counter moves after its hook is
 changed in place. From the next step on, each of those outputs is copied on the GPU at its hook
 (one copy, on the program's stream, which the program cannot change; an output over
-`COPY_AT_HOOK_MAX_BYTES` is read at its hook instead, with a flush; under the data hash
+`copy_at_hook_max_bytes` is read at its hook instead, with a flush; under the data hash
 `xxh3-1k`, neither copy nor flush: the library's leaf pass reads the output where it is, at its
 hook, and its leaves wait for the next flush; so does every output of the first step, and of
 every step under `module`), and the outputs and the copies are queued and read together, a few
@@ -27,8 +28,8 @@ stays allocated until the flush. So the flushes in order with the program measur
 go of (PyTorch's allocated bytes on the hashers' GPUs, before and after), and the policy keeps
 the share of the outputs held that only the recorder still held: a flush comes when the
 recorder's copies plus that share of the outputs held (the whole of them until a flush has
-measured) reach 3% of PyTorch's peak memory so far (`EXTRA_SHARE`, at most `MAX_QUEUED_BYTES`),
-and in any case at `MAX_HELD_BYTES` of outputs held. The share is the largest measured in the
+measured) reach 3% of PyTorch's peak memory so far (`extra_share`, at most `max_queued_bytes`),
+and in any case at `max_held_bytes` of outputs held. The share is the largest measured in the
 last step that measured any, or in this step where that is larger.
 
 Nothing is taken on trust: when an output is read, the recorder checks that its version counter
@@ -38,53 +39,27 @@ changes in place, at a later step, an output it left alone at the first).
 
 from __future__ import annotations
 
-import os
 import weakref
 from typing import Optional
 
 import torch
 
-from repro_writer import WriteError
-
-FLUSH_ENV = "REPRO_TORCH_FLUSH"
-MODES = ("batched", "beside", "module")
-
-# Outputs queued before a flush is forced (the memory they keep is capped below): a flush costs
-# the host some 100 us, whatever it reads (resnet50 at batch 64 on an H200 machine: 4.1 ms for
-# 31 flushes a step).
-MAX_QUEUED = 256
-# The memory the recorder may keep that the program would have let go of (its copies, and the
-# outputs it alone still holds, as measured): this share of PyTorch's peak allocated memory so
-# far, read as each step starts, within [EXTRA_MIN_BYTES, MAX_QUEUED_BYTES] (MAX_QUEUED_BYTES
-# where it cannot be read); and the outputs held, whatever the measure says.
-EXTRA_SHARE = 0.03
-EXTRA_MIN_BYTES = 4 << 20
-MAX_QUEUED_BYTES = 256 << 20
-MAX_HELD_BYTES = 1 << 30
-# The largest output changed in place that is copied at its hook; a larger one is read there (under
-# `xxh3-1k` every one is, without a copy: `StepRecorder._queue_one`).
-COPY_AT_HOOK_MAX_BYTES = 64 << 20
+from .options import FlushOptions
 
 # What an output gets at its hook (`FlushPolicy.at_hook`).
 READ, COPY, QUEUE = "read", "copy", "queue"
 
 
-def mode_from_env() -> str:
-    """REPRO_TORCH_FLUSH's mode, `batched` when unset."""
-    mode = os.environ.get(FLUSH_ENV) or "batched"
-    if mode not in MODES:
-        raise WriteError(f"{FLUSH_ENV}={mode}: expected one of {', '.join(MODES)}")
-    return mode
-
-
 class FlushPolicy:
     """A recorder's flush policy over its steps (see the module's documentation)."""
 
-    def __init__(self, memory_in_use=None):
-        """`memory_in_use`: a function of GPU indices giving PyTorch's bytes allocated on them,
+    def __init__(self, options: Optional[FlushOptions] = None, memory_in_use=None):
+        """`options`: the mode and the caps (`options.FlushOptions`; by default, its defaults).
+        `memory_in_use`: a function of GPU indices giving PyTorch's bytes allocated on them,
         now and at their peak so far, or None where it cannot tell (by default, PyTorch's CUDA
         allocator's)."""
-        self.mode = mode_from_env()
+        self.options = options = options or FlushOptions()
+        self.mode = options.mode
         # Names of the outputs a watched step saw changed in place after their hooks; None
         # until a step with module outputs hashed on the GPU has been watched.
         self.in_place: Optional[set[str]] = None
@@ -94,19 +69,20 @@ class FlushPolicy:
         self._last_share: Optional[float] = None
         self._step_share: Optional[float] = None
         self.unshared = 1.0  # the share the caps count (see the module's documentation)
-        self.extra_cap = MAX_QUEUED_BYTES  # the memory the recorder may keep (`step_started`)
+        self.extra_cap = options.max_queued_bytes  # the memory the recorder may keep (`step_started`)
 
     def step_started(self, devices: list) -> None:
         """A step starts on the hashers' GPUs `devices`: the memory the recorder may keep is
-        `EXTRA_SHARE` of PyTorch's peak on them so far (one reading, about 20 us)."""
+        `extra_share` of PyTorch's peak on them so far (one reading, about 20 us)."""
         reading = self.memory_in_use(devices) if devices else None
         if reading is not None:
-            self.extra_cap = min(MAX_QUEUED_BYTES, max(EXTRA_MIN_BYTES, int(EXTRA_SHARE * reading[1])))
+            o = self.options
+            self.extra_cap = min(o.max_queued_bytes, max(o.extra_min_bytes, int(o.extra_share * reading[1])))
 
     def holds_too_much(self, shared: int, own: int) -> bool:
         """Whether `shared` bytes of the program's outputs and `own` of the recorder's, held
         until the next flush, are more than the caps allow."""
-        return shared >= MAX_HELD_BYTES or own + self.unshared * shared >= self.extra_cap
+        return shared >= self.options.max_held_bytes or own + self.unshared * shared >= self.extra_cap
 
     def measure(self, shared: int, beside: bool, devices: list) -> Optional["MemoryMeasure"]:
         """The measure of a flush about to let go of `shared` bytes of outputs on `devices`, or
@@ -138,7 +114,7 @@ class FlushPolicy:
         if self.mode == "module" or self.in_place is None:
             return READ
         if name in self.in_place:
-            return COPY if nbytes <= COPY_AT_HOOK_MAX_BYTES else READ
+            return COPY if nbytes <= self.options.copy_at_hook_max_bytes else READ
         return QUEUE
 
     @property

@@ -13,8 +13,8 @@ from typing import Optional
 
 import torch
 
-from repro_trace import BLAKE3, XXH3_1K
-from repro_writer import WriteError
+from repro.trace import BLAKE3, XXH3_1K
+from repro.writer import WriteError
 
 CUDA_HASH_LIB_ENV = "REPRO_CUDA_HASH_LIB"
 CUDA_HASH_LIB = "librepro_cuda_hash.so"
@@ -24,8 +24,9 @@ LIBRARY_DATA_HASHES = {BLAKE3: 0, XXH3_1K: 1}
 
 
 def cuda_hash_library_path() -> Optional[str]:
-    """Where repro's GPU hashing library is: REPRO_CUDA_HASH_LIB, else beside the `repro` on
-    PATH (in its folder, where `make cuda` builds it); None if nowhere."""
+    """Where repro's native library is: REPRO_CUDA_HASH_LIB, else beside the `repro` on PATH (in
+    its folder, where `make cuda` builds it), else the extension module `repro._native` that the
+    wheel installs (`make wheel`); None if nowhere."""
     path = os.environ.get(CUDA_HASH_LIB_ENV)
     if path:
         if not os.path.isfile(path):
@@ -36,7 +37,11 @@ def cuda_hash_library_path() -> Optional[str]:
         candidate = os.path.join(os.path.dirname(os.path.realpath(repro)), CUDA_HASH_LIB)
         if os.path.isfile(candidate):
             return candidate
-    return None
+    try:
+        from repro import _native
+    except ImportError:
+        return None
+    return _native.__file__
 
 
 def library_hashes_on_gpu(path: str) -> bool:

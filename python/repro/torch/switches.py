@@ -7,7 +7,7 @@ from typing import Optional
 
 import torch
 
-from repro_writer import Environment, cpu_model
+from repro.writer import Environment, cpu_model
 
 # The program's determinism switches: which kernels run, and whether matrix products and
 # convolutions round their float32 inputs to TF32. torch 2.9 added `fp32_precision` beside

@@ -1,4 +1,4 @@
-"""Two runs of one setting, recorded by `repro_torch` and compared by `repro diff`: whether they
+"""Two runs of one setting, recorded by `repro.torch` and compared by `repro diff`: whether they
 are bit-identical and, where not, the first tensor that differs, said as a module, a pass and an
 op a reader knows (`layer2.1.conv2`, Conv2d, backward: its weight gradient)."""
 
@@ -13,7 +13,7 @@ from typing import Callable, Optional
 
 from torch import nn
 
-from repro_torch import ModelRecorder, Recorder
+from repro.torch import ModelRecorder, Recorder
 
 # The aten op behind a module type's forward pass, and its backward's, where one op does the work.
 _OPS = {

@@ -1,5 +1,5 @@
 """One training step of a study: cross-entropy, backward pass and optimizer step, plain or
-recorded (with `s`, the step `repro_torch.ModelRecorder.training_step` hands out: the loss when
+recorded (with `s`, the step `repro.torch.ModelRecorder.training_step` hands out: the loss when
 computed, the gradients after the backward pass)."""
 
 from typing import Optional

@@ -65,7 +65,7 @@ def _chart(path: str, draw, log) -> list[str]:
         matplotlib.rcParams["svg.hashsalt"] = "repro"  # the same ids in every drawing
         matplotlib.rcParams["svg.fonttype"] = "none"
     except ImportError:
-        log(f"no matplotlib here: {path} not drawn (pip install matplotlib, then `python -m repro_study render`)")
+        log(f"no matplotlib here: {path} not drawn (pip install matplotlib, then `python -m repro.study render`)")
         return []
     draw(path)
     return [path]
@@ -102,7 +102,7 @@ def ratio(row: dict, mode: str, key: str) -> Optional[float]:
 def cost_page(rows: list[dict], env: dict) -> str:
     deterministic = [m for m in MODES if m != "default"]
     lines = ["# What deterministic mode costs (seed 004, figure 9)", "",
-             f"Measured by `python -m repro_study cost` on {_environment_line(env)}.", "",
+             f"Measured by `python -m repro.study cost` on {_environment_line(env)}.", "",
              "Step is the median wall time of a training step; kernels, the GPU's time in kernels a step (torch "
              "profiler), the measure seed 004 used. Each deterministic mode's ratio is over `default`. "
              "`deterministic-nofill` is `deterministic` without PyTorch's NaN fill of new tensors. Seed 004's "
@@ -200,7 +200,7 @@ def cost_chart(rows: list[dict], path: str) -> None:
 def noise_page(noise: dict, env: dict) -> str:
     s = noise["settings"]
     lines = ["# Implementation against algorithmic noise (seeds 000 and 004)", "",
-             f"Measured by `python -m repro_study noise` on {_environment_line(env)}: {s['runs']} runs a variant, "
+             f"Measured by `python -m repro.study noise` on {_environment_line(env)}: {s['runs']} runs a variant, "
              f"{s['epochs']} epochs of {s['examples'][0]} synthetic CIFAR-shaped examples, batch {s['batch']}, "
              f"tested on {s['examples'][1]}.", "",
              "| network | variant | accuracy (mean) | accuracy sd | min | max | churn | L2 (normalized w) | "

@@ -10,10 +10,11 @@ from typing import Iterator, Optional
 
 import torch
 
-from repro_writer import ALL_REDUCE_SUM, REDUCE_SCATTER_SUM, step_policy
+from repro.writer import ALL_REDUCE_SUM, REDUCE_SCATTER_SUM, step_policy
 
 from . import fsdp
 from .ddp import GradientSums, is_ddp
+from .options import RecordOptions
 from .recorder import RecordGroup, Recorder, StepRecorder, record_fields
 from .sources import call_site
 
@@ -42,12 +43,12 @@ class ModelRecorder:
         asked = step_policy("modules policy", modules) if modules is not None else recorder.levels["modules"]
         if self._compiled and asked != ("none",):
             modules = "none"
-            print("repro_torch: the model is compiled by torch.compile: its module outputs are not recorded (hooks "
+            print("repro.torch: the model is compiled by torch.compile: its module outputs are not recorded (hooks "
                   "inside a compiled graph would break it or the graph); recording its inputs, parameters, buffers, "
                   "loss, gradients and updates, under the uncompiled model's names", file=sys.stderr)
         ops_asked = step_policy("ops policy", ops) if ops is not None else recorder.levels["ops"]
         if self._compiled and ops_asked != ("none",):
-            print("repro_torch: the model is compiled by torch.compile: the `ops` level records the aten ops PyTorch's "
+            print("repro.torch: the model is compiled by torch.compile: the `ops` level records the aten ops PyTorch's "
                   "dispatcher runs outside its compiled graphs (the optimizer's, a loss computed outside the model), "
                   "not the kernels inside them, which the dispatcher never sees", file=sys.stderr)
         if modules is not None or ops is not None:
@@ -95,12 +96,13 @@ class ModelRecorder:
 
     @classmethod
     def create_or_gated(
-        cls, path: str, run: dict, model: torch.nn.Module, modules: str = "first", ops: str = "none", **options
+        cls, path: str, run: dict, model: torch.nn.Module, options: Optional[RecordOptions] = None, **changes
     ) -> "ModelRecorder":
-        """`Recorder.create_or_gated` for `model`, on the device of its first parameter, at the
-        levels `modules` and `ops` (step policies; REPRO_MODULES and REPRO_OPS win)."""
+        """`Recorder.create_or_gated` for `model`, on the device of its first parameter, with
+        `options` and `changes` by option name (`modules="every:10"`; what a repro command
+        running the program asks wins)."""
         device = next((p.device for p in model.parameters()), None)
-        return cls(Recorder.create_or_gated(path, run, device=device, modules=modules, ops=ops, **options), model)
+        return cls(Recorder.create_or_gated(path, run, device=device, options=options, **changes), model)
 
     def _hook(self, name: str):
         def hook(module, args, output):

@@ -1,4 +1,4 @@
-"""`python -m repro_study cost|noise|render`: the studies' command line (see the package's
+"""`python -m repro.study cost|noise|render`: the studies' command line (see the package's
 documentation and docs/studies.md). Exit codes: 0 done, 2 error."""
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def _pair(text: str) -> tuple[int, int]:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m repro_study", description=" ".join(__doc__.split()))
+    p = argparse.ArgumentParser(prog="python -m repro.study", description=" ".join(__doc__.split()))
     sub = p.add_subparsers(dest="study", required=True)
     cost = sub.add_parser("cost", help="default against deterministic cuDNN: time, kernels, bit-identity")
     cost.add_argument("--models", default="figure9", help="comma-separated networks, or figure9 (default)")
@@ -68,7 +68,7 @@ def main(argv=None) -> int:
     modes.prepare_process()
 
     def log(line: str) -> None:
-        print(f"repro_study: {line}", file=sys.stderr, flush=True)
+        print(f"repro.study: {line}", file=sys.stderr, flush=True)
 
     from . import report
 

@@ -11,7 +11,7 @@ network is trained `runs` times in each variant, every run from a fresh model,
 and each variant reports, over its runs, test accuracy (mean, sample standard deviation, min,
 max), churn (the share of test examples two runs predict differently, averaged over pairs) and
 the L2 distance between two runs' normalized weights (‖w₁/‖w₁‖ − w₂/‖w₂‖‖ over every trainable
-parameter, averaged over pairs). The first two runs of `impl` are recorded by `repro_torch`, and
+parameter, averaged over pairs). The first two runs of `impl` are recorded by `repro.torch`, and
 `repro diff` says at which step and tensor they first part.
 
 Each finished run is saved under OUT/noise/runs/ (its result, then its weights), so a study that
@@ -26,7 +26,7 @@ import statistics
 
 import torch
 
-from repro_torch import ModelRecorder, Recorder
+from repro.torch import ModelRecorder, Recorder
 
 from . import modes, twins
 from .data import augment, synthetic_cifar

@@ -7,7 +7,7 @@ import sys
 
 import torch
 
-from repro_writer import Record, WriteError
+from repro.writer import Record, WriteError
 
 _DTYPES = {
     torch.uint8: "U8", torch.int16: "I16", torch.int32: "I32", torch.int64: "I64",

@@ -31,8 +31,8 @@ class ReproCallback(TrainerCallback):
         """`path`: where the trace goes, unless a repro command says otherwise. `run`: the run
         settings for the header (default: the model's class, the steps, seed, batch size,
         gradient accumulation and learning rate from the `TrainingArguments`). `options`: as
-        `ModelRecorder.create_or_gated` takes them (`capture`, `modules`, `ops`, `data_hash`,
-        ...)."""
+        `ModelRecorder.create_or_gated` takes them: `options=RecordOptions(...)`, and options by
+        name (`capture`, `modules`, `ops`, `data_hash`, ...)."""
         self.path, self.run, self.options = path, run, options
         self.recorder: Optional[ModelRecorder] = None
         self._step = None  # the open `training_step` block
