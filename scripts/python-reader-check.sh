@@ -17,7 +17,7 @@ ROOT=$PWD
 PINS=(msgpack==1.1.2 safetensors==0.8.0 blake3==1.0.11 numpy==2.4.6 xxhash==4.1.0)
 REPRO_BIN=${REPRO_BIN:-target/release/repro}
 VENV=${PYTHON_READER_VENV:-target/python-reader-venv}
-READER=python/repro/trace.py
+READER=(-m repro.trace)  # python/repro/trace.py, with python/ on PYTHONPATH
 
 die() { echo "python-reader-check: $*" >&2; exit 2; }
 
@@ -62,7 +62,7 @@ run_reader() {
     local __out=$1 __rc=$2
     shift 2
     local o r
-    o=$("$PY" "$READER" "$@" 2>&1)
+    o=$(PYTHONPATH=python "$PY" "${READER[@]}" "$@" 2>&1)
     r=$?
     printf -v "$__out" '%s' "$o"
     printf -v "$__rc" '%s' "$r"

@@ -136,6 +136,10 @@ pub fn run(args: GateArgs) -> Result<Exit, CliError> {
             Some(planned)
         }
     };
+    // A fault planted through the environment reaches every fresh run of a program alike.
+    if let Some(warning) = same_fault_everywhere(&args) {
+        eprintln!("{warning}");
+    }
     // A program gated against a baseline records with the baseline's data hash.
     let data_hash = match (&args.baseline, &planned) {
         (Some(file), None) => Some(TraceReader::open(file)?.header().data_hash),
@@ -217,6 +221,23 @@ pub fn run(args: GateArgs) -> Result<Exit, CliError> {
         let _ = f.write_all(markdown.as_bytes());
     }
     Ok(if report.passed() { Exit::Same } else { Exit::Diverged })
+}
+
+/// The warning for a program gated in fresh runs with `REPRO_PERTURB` set: each run gets the same
+/// fault (its header says so), so they agree and the gate passes whatever the fault, which is
+/// rarely what whoever set it meant.
+fn same_fault_everywhere(args: &GateArgs) -> Option<String> {
+    let fault = std::env::var_os(repro::record::PERTURB_ENV).filter(|f| !f.is_empty())?;
+    (!args.command.is_empty() && args.baseline.is_none()).then(|| {
+        format!(
+            "gate: warning: {env}={fault} plants the same fault in every run, so they are compared with it planted \
+             alike and pass or fail as they would without it; to see whether the gate catches it, write a baseline \
+             without it (`repro baseline write --out FILE -- CMD`) and gate against that with it set \
+             (`{env}={fault} repro gate --baseline FILE -- CMD`)",
+            env = repro::record::PERTURB_ENV,
+            fault = fault.to_string_lossy()
+        )
+    })
 }
 
 /// A failed gate's diverging step recorded again down to the op.

@@ -94,6 +94,12 @@ impl Recorder {
     ) -> Result<Self, RecordError> {
         DeviceQueue::prepare(device)?;
         let total_steps = run.steps;
+        let mut run = run;
+        if let Some(p) = &options.perturbation {
+            // The header says a fault was planted (as the built-in workloads' `perturb` setting
+            // does), so that a diff names it as the cause rather than an op.
+            run.params.entry("perturb".into()).or_insert_with(|| p.to_string());
+        }
         let header = Header {
             format: CURRENT_FORMAT,
             producer: format!("repro {}", env!("CARGO_PKG_VERSION")),

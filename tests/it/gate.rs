@@ -168,6 +168,30 @@ fn the_thread_count_repro_pins_stays_out_of_traces_and_launched_programs() {
     assert_eq!(fs::read_to_string(&seen).unwrap().trim(), "unset");
 }
 
+/// Issue 72, item 10: a fault planted through the environment in a gate of fresh runs reaches
+/// every run alike; the gate says so, and against a baseline written without it the fault fails.
+#[test]
+fn a_fault_planted_in_every_fresh_run_is_named_and_caught_against_a_baseline() {
+    use crate::util::repro_with_env;
+    let example = example("any_model");
+    let dir = tempfile::tempdir().unwrap();
+    let fault = [("REPRO_PERTURB", "2:head.bias:1")];
+    let run = repro_with_env(&["gate", "--keep", s(&dir.path().join("kept")), "--", s(&example)], &fault);
+    assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
+    assert!(run.stderr.contains("gate: warning: REPRO_PERTURB=2:head.bias:1 plants the same fault in every run"), "{}", run.stderr);
+    // Each run's header keeps the fault it was recorded with.
+    let inspect = repro(&["inspect", s(&dir.path().join("kept/run-1"))]);
+    assert!(inspect.stdout.contains("2:head.bias:1"), "{}", inspect.stdout);
+    let base = dir.path().join("base.rpr");
+    let run = repro(&["baseline", "write", "--out", s(&base), "--", s(&example)]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let run = repro_with_env(&["gate", "--baseline", s(&base), "--", s(&example)], &fault);
+    assert_eq!(run.code, 1, "{}{}", run.stdout, run.stderr);
+    assert!(!run.stderr.contains("plants the same fault"), "{}", run.stderr);
+    let run = repro(&["gate", "--", s(&example)]);
+    assert!(!run.stderr.contains("warning"), "{}", run.stderr);
+}
+
 #[test]
 fn a_baseline_of_a_users_own_program_is_written_and_gated() {
     let example = example("any_model");
