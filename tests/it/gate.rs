@@ -178,7 +178,11 @@ fn a_fault_planted_in_every_fresh_run_is_named_and_caught_against_a_baseline() {
     let fault = [("REPRO_PERTURB", "2:head.bias:1")];
     let run = repro_with_env(&["gate", "--keep", s(&dir.path().join("kept")), "--", s(&example)], &fault);
     assert_eq!(run.code, 0, "{}{}", run.stdout, run.stderr);
-    assert!(run.stderr.contains("gate: warning: REPRO_PERTURB=2:head.bias:1 plants the same fault in every run"), "{}", run.stderr);
+    assert!(
+        run.stderr.contains("gate: warning: REPRO_PERTURB=2:head.bias:1 plants the same fault in every run"),
+        "{}",
+        run.stderr
+    );
     // Each run's header keeps the fault it was recorded with.
     let inspect = repro(&["inspect", s(&dir.path().join("kept/run-1"))]);
     assert!(inspect.stdout.contains("2:head.bias:1"), "{}", inspect.stdout);
