@@ -256,7 +256,9 @@ class TraceWriter:
     `data_hash`: how every tensor's data hash is computed, `blake3` (written as format 1.9, its
     header without the key) or `xxh3-1k` (format 2.0, the header saying so). `modules`, `ops`:
     the step policies of the capture ladder's levels (format 1.9: the steps that record every
-    module's output, and every op's), written in the header's capture policy where given."""
+    module's output, and every op's), written in the header's capture policy where given.
+    `capture_names`: where given, the steps the capture policy names keep the values of the
+    tensors of these names alone (every other tensor's hash only, as at any other step)."""
 
     def __init__(
         self,
@@ -271,8 +273,10 @@ class TraceWriter:
         data_hash: str = BLAKE3,
         modules=None,
         ops=None,
+        capture_names=None,
     ):
         self.path = path
+        self._names = frozenset(capture_names) if capture_names is not None else None
         params = run_params(run)  # refused before anything is written
         if data_hash not in DATA_HASHES:
             raise WriteError(f"data hash {data_hash!r} is not one of {', '.join(DATA_HASHES)}")
@@ -413,7 +417,8 @@ class TraceWriter:
             raise WriteError(f"step {step} follows step {self._last}: steps must increase")
         if not len(layouts) == len(data) == len(hashes):
             raise WriteError(f"step {step}: {len(layouts)} layouts, {len(data)} values and {len(hashes)} hashes")
-        full = self.wants_full(step)
+        full_step = self.wants_full(step)
+        full = full_step and self._names is None  # every record's values
         if layouts != self._layout:
             records = [_record_of(layout, d, h) for layout, d, h in zip(layouts, data, hashes)]
             self._check_layout(records, step)
@@ -429,7 +434,7 @@ class TraceWriter:
                  _PACKER.pack_array_header(len(layouts))]
         # Natively where some records hold a data hash alone (the records given with their bytes,
         # the host's, are packed here either way).
-        native = self._native is not None and not full and not views and None in data
+        native = self._native is not None and not full_step and not views and None in data
         packed = self._natively_packed(step, layouts, data, hashes) if native else None
         if packed is not None:
             parts.append(packed)
@@ -444,10 +449,11 @@ class TraceWriter:
                 digest = view_hash(layout.dtype, encoded.shape, digests[of], int(offset), [int(x) for x in strides])
                 parts += (encoded.opening, _str64(digest), encoded.closing)
                 continue
+            keep = full or full_step and layout.name in self._names
             if d is None:
                 if not isinstance(inner, (bytes, bytearray)) or len(inner) != 32:
                     raise WriteError(f"step {step}, tensor `{layout.name}`: neither its bytes nor a 32-byte data hash")
-                if full:
+                if keep:
                     raise WriteError(f"step {step}, tensor `{layout.name}`: the step stores full values, but only a "
                                      "hash was given")
                 h = encoded.prefix.copy()
@@ -455,7 +461,7 @@ class TraceWriter:
                 digest = hexlify(h.digest())  # as hexdigest(), as bytes, in less time
                 parts += (encoded.opening, _STR64_HEADER, digest, encoded.closing)
             else:
-                digest = self._add_with_bytes(parts, step, layout, d, encoded, full, payload)
+                digest = self._add_with_bytes(parts, step, layout, d, encoded, keep, payload)
             if views:
                 digests[layout.name] = digest.decode()
         if missing:

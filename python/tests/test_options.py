@@ -5,9 +5,13 @@ place a repro command's variables are read, each winning over the program's own 
 
 import os
 import shutil
+import sys
 import tempfile
 import unittest
 from unittest import mock
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from recorded_program import TRAINING_LOOP  # noqa: E402  (beside this file)
 
 try:
     import torch
@@ -82,6 +86,43 @@ class RecordOptionsTest(unittest.TestCase):
         self.assertEqual((recorder.options.capture, recorder.options.ops, recorder.options.flush.max_queued),
                          ("all", "all", 8))
         recorder.finish()
+
+    def test_capture_names_keep_the_values_of_those_tensors_alone(self):
+        import subprocess
+
+        from repro.torch import ModelRecorder, Recorder
+        from repro.trace import Trace
+
+        def record(path, **options):
+            torch.manual_seed(0)
+            model = torch.nn.Sequential(torch.nn.Linear(4, 64), torch.nn.Tanh(), torch.nn.Linear(64, 1))
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            rec = ModelRecorder(Recorder(path, {"workload": "names", "steps": 3}, **options), model)
+            exec(TRAINING_LOOP.format(steps=3, each_step=""), {"torch": torch, "model": model, "opt": opt, "rec": rec})
+
+        named, every = os.path.join(self.dir, "named"), os.path.join(self.dir, "every")
+        record(named, capture="steps:1", modules="all", capture_names=("0.weight.grad", "1"))
+        record(every, capture="steps:1", modules="all")
+        with Trace(named) as t, Trace(every) as full:
+            steps, full_steps = list(t.steps()), list(full.steps())
+            kept = {x.name for x in steps[1].tensors if x.in_payload}
+            self.assertEqual(kept, {"0.weight.grad", "1"})
+            self.assertIn("0.weight", {x.name for x in full_steps[1].tensors if x.in_payload})
+            # The same hashes as a step that keeps every value: only what is stored differs.
+            self.assertEqual([x.hash for x in steps[1].tensors], [x.hash for x in full_steps[1].tensors])
+            grad = next(x for x in steps[1].tensors if x.name == "0.weight.grad")
+            full_grad = next(x for x in full_steps[1].tensors if x.name == "0.weight.grad")
+            self.assertEqual(t.values(steps[1], grad), full.values(full_steps[1], full_grad))
+            weight = next(x for x in steps[1].tensors if x.name == "0.weight")
+            self.assertIsNone(t.values(steps[1], weight))
+        run = subprocess.run([os.environ.get("REPRO_BIN", "target/release/repro"), "diff", named, every],
+                             capture_output=True, text=True)
+        self.assertEqual(run.returncode, 0, run.stdout + run.stderr)
+        self.assertIn("IDENTICAL", run.stdout)
+        with mock.patch.dict(os.environ, {"REPRO_CAPTURE_NAMES": "loss,1", "REPRO_TRACE_DIR": ""}):
+            asked = Recorder.create_or_gated(os.path.join(self.dir, "asked"), {"workload": "x"})
+        self.assertEqual(asked.options.capture_names, ("loss", "1"))
+        asked.finish()
 
     def test_a_third_positional_argument_that_is_not_options_is_refused(self):
         from repro.torch import Recorder

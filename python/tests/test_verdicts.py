@@ -102,15 +102,22 @@ class BisectToTheOpTest(unittest.TestCase):
             self.assertIn("the runs first differ at step 2", run.stdout + run.stderr)
             self.assertIn("DIVERGED  first at step 2, tensor `1/aten.rand#0`", run.stdout)
             self.assertIn("`aten.rand`, draws random numbers", run.stdout)
-            # Issue 67, item 3: what each pair showed, and which one the report is of.
+            self.assertIn("F32 [8, 8]:", run.stdout)  # the values of the op that differs, compared
+            # Issue 67, item 3: what each pair showed, and which one the report is of: a PyTorch
+            # program's step goes down to the op as hashes, then the values of what differs.
             self.assertIn("pair 1 (hashes only): first differs at step 2\n", run.stdout)
-            self.assertIn("pair 2 (full values at step 2): first differs at step 2 (reported below)", run.stdout)
-            # The pair recorded again stopped after the step it was asked for (REPRO_STOP_AFTER).
+            self.assertIn("pair 2 (every op's hash at step 2): first differs at step 2\n", run.stdout)
+            self.assertIn("pair 3 (values of `1/aten.rand#0` at step 2): first differs at step 2 (reported below)",
+                          run.stdout)
+            # The pairs recorded again stopped after the step they were asked for
+            # (REPRO_STOP_AFTER). (What a capture step keeps of the named tensors alone:
+            # test_options.py.)
             sys.path.insert(0, PYTHON)
             from repro.trace import Trace
 
-            with Trace(os.path.join(keep, "values-1-a")) as trace:
-                self.assertEqual([s.step for s in trace.steps()], [0, 1, 2])
+            for pair in ("ops-1-a", "values-1-a"):
+                with Trace(os.path.join(keep, pair)) as trace:
+                    self.assertEqual([s.step for s in trace.steps()], [0, 1, 2])
 
 
 @unittest.skipUnless(torch is not None, "torch is not installed")

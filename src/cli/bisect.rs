@@ -1,9 +1,11 @@
 //! `repro bisect`: from "two runs differ" to the op and its exact error in one command. Records
 //! the program (`-- CMD`) or a built-in workload twice keeping hashes only, the second run
 //! compared with the first as it records and stopped at their first divergence; then records
-//! both sides again keeping full values at that step, and compares those. A divergence that
-//! comes earlier in the second pair (it depends on timing) is followed there, a few rounds at
-//! most.
+//! both sides again down to the op at that step, with full values, and compares those. A
+//! PyTorch program (a trace of the Python writer) goes there in two pairs, since the values of
+//! every op of a step can be tens of GiB: every module's and op's hash at the step, then the
+//! values of the tensors that pair first differs in alone. A divergence that comes earlier in a
+//! later pair (it depends on timing) is followed there, a few rounds at most.
 
 use super::error::CliError;
 use super::exit::Exit;
@@ -60,6 +62,35 @@ impl BisectArgs {
     }
 }
 
+/// How deep a pair of runs is recorded, beyond every step's hashes.
+#[derive(Clone, Debug, PartialEq)]
+enum Depth {
+    /// Hashes only.
+    Hashes,
+    /// Step `at` down to every module's and op's output (a PyTorch program), as hashes.
+    OpHashes { at: u64 },
+    /// Step `at` down to the ops, with full values: of every tensor, or of `names` alone.
+    Values { at: u64, names: Option<Vec<String>> },
+}
+
+impl Depth {
+    /// The step recorded down to the ops, if any.
+    fn at(&self) -> Option<u64> {
+        match self {
+            Depth::Hashes => None,
+            Depth::OpHashes { at } | Depth::Values { at, .. } => Some(*at),
+        }
+    }
+
+    /// The steps kept with full values.
+    fn capture(&self) -> FullCapture {
+        match self {
+            Depth::Values { at, .. } => FullCapture::Steps(vec![*at]),
+            _ => FullCapture::None,
+        }
+    }
+}
+
 /// What bisect records: a user's program or a built-in workload.
 enum Subject<'a> {
     Program { command: &'a [String], timeout: Option<Duration> },
@@ -67,19 +98,21 @@ enum Subject<'a> {
 }
 
 impl Subject<'_> {
-    /// Records one run into `dir`, keeping full values at the steps `capture` names and, with
-    /// `against`, compared with that trace as it records and stopped at the first divergence
-    /// (the trace then ends there). Whether the run went to its end: a program stopped at the
-    /// divergence fails, which only the comparison can tell from another failure (`compare`).
-    fn record(&self, dir: &Path, capture: FullCapture, against: Option<&Path>) -> Result<bool, CliError> {
+    /// Records one run into `dir` as deep as `depth` says and, with `against`, compared with
+    /// that trace as it records and stopped at the first divergence (the trace then ends
+    /// there). Whether the run went to its end: a program stopped at the divergence fails,
+    /// which only the comparison can tell from another failure (`compare`).
+    fn record(&self, dir: &Path, depth: &Depth, against: Option<&Path>) -> Result<bool, CliError> {
+        let capture = depth.capture();
         match self {
             Subject::Program { command, timeout } => {
-                // The steps kept in full are also recorded down the capture ladder: every module's
-                // output and every op's (a PyTorch program), to name the op that diverges; a
-                // PyTorch program stops after the last of them (nothing later is compared).
-                let escalated = (capture != FullCapture::None).then(|| capture.clone());
-                let stop_after = match &capture {
-                    FullCapture::Steps(steps) => steps.iter().copied().max(),
+                // The step looked into is recorded down the capture ladder: every module's output
+                // and every op's (a PyTorch program), to name the op that diverges; a PyTorch
+                // program stops after it (nothing later is compared).
+                let escalated = depth.at().map(|at| FullCapture::Steps(vec![at]));
+                let stop_after = depth.at();
+                let capture_names = match depth {
+                    Depth::Values { names, .. } => names.clone(),
                     _ => None,
                 };
                 let env = RecordEnv {
@@ -90,6 +123,7 @@ impl Subject<'_> {
                     modules: escalated.clone(),
                     ops: escalated,
                     stop_after,
+                    capture_names,
                     ..RecordEnv::default()
                 };
                 let status = run_command(command, &env, *timeout)?;
@@ -145,12 +179,12 @@ impl Subject<'_> {
     /// Records a pair of runs into `work/NAME-a` and `work/NAME-b`, the second compared with the
     /// first as it records; the second is recorded again, up to `tries` times in all, until the
     /// pair differs. The comparison of the last pair.
-    fn record_pair(&self, work: &Path, name: &str, capture: FullCapture, tries: u32) -> Result<RunDiff, CliError> {
+    fn record_pair(&self, work: &Path, name: &str, depth: &Depth, tries: u32) -> Result<RunDiff, CliError> {
         let (reference, run) = (work.join(format!("{name}-a")), work.join(format!("{name}-b")));
-        self.record(&reference, capture.clone(), None)?;
+        self.record(&reference, depth, None)?;
         let mut attempt = 1;
         loop {
-            let finished = self.record(&run, capture.clone(), Some(&reference))?;
+            let finished = self.record(&run, depth, Some(&reference))?;
             let compared = self.compare(&reference, &run, finished)?;
             if !compared.diff.agrees_so_far() || attempt >= tries {
                 return Ok(compared);
@@ -168,19 +202,86 @@ impl Subject<'_> {
     }
 }
 
-/// Records the program `command` twice more with every value, module output and op output at
-/// `step` (stopping there), into `work/NAME-a` and `work/NAME-b`, the second up to `tries`
-/// times until the pair differs; their comparison. What `repro gate -- CMD` does on a FAIL to
-/// name the op, as bisect does once it has the step.
+impl Subject<'_> {
+    /// Records step `at` of both runs again down to the op, with values, into `work/*-ROUND-*`:
+    /// in one pair keeping every value, or (`two_stage`, a PyTorch program) in two, every
+    /// module's and op's hash first, then the values of the tensors that pair first differs in
+    /// alone (a second pair only where the first differs at `at`). Each pair recorded, in order.
+    fn down_to_ops(
+        &self,
+        work: &Path,
+        round: usize,
+        at: u64,
+        tries: u32,
+        two_stage: bool,
+    ) -> Result<Vec<(Depth, RunDiff)>, CliError> {
+        if !two_stage {
+            let depth = Depth::Values { at, names: None };
+            let diff = self.record_pair(work, &format!("values-{round}"), &depth, tries)?;
+            return Ok(vec![(depth, diff)]);
+        }
+        let depth = Depth::OpHashes { at };
+        let hashes = self.record_pair(work, &format!("ops-{round}"), &depth, tries)?;
+        let names = diverging_names(&hashes, at);
+        let mut pairs = vec![(depth, hashes)];
+        if let Some(names) = names {
+            eprintln!("bisect: they first differ in {}; recording both again with those values", quoted(&names));
+            let depth = Depth::Values { at, names: Some(names) };
+            let values = self.record_pair(work, &format!("values-{round}"), &depth, tries)?;
+            pairs.push((depth, values));
+        }
+        Ok(pairs)
+    }
+}
+
+/// The tensors a pair first differs in at step `at`, where it does (the first divergence, and
+/// the root cause where that is another tensor), for the next pair to keep the values of.
+fn diverging_names(compared: &RunDiff, at: u64) -> Option<Vec<String>> {
+    let first = compared.diff.first_divergence.as_ref().filter(|d| d.step == at)?;
+    let mut names = vec![first.tensor.clone()];
+    if let Some(cause) = compared.diff.root_cause.as_ref().map(|r| &r.cause) {
+        if cause.step == at && !names.contains(&cause.tensor) {
+            names.push(cause.tensor.clone());
+        }
+    }
+    Some(names)
+}
+
+/// `a`, `b`.
+fn quoted(names: &[String]) -> String {
+    names.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(", ")
+}
+
+/// Whether the run in `dir` (or its first rank's stream) was written by the Python writer, the
+/// trace of a PyTorch program (`repro.torch`).
+pub(super) fn written_by_python(dir: &Path) -> bool {
+    let stream = match repro::trace::rank_streams(dir) {
+        Ok(Some(streams)) => streams.into_iter().next(),
+        _ => Some(dir.to_path_buf()),
+    };
+    stream
+        .and_then(|s| repro::trace::TraceReader::open(&s).ok())
+        .is_some_and(|r| r.header().producer.starts_with("repro-py"))
+}
+
+/// Records the program `command` twice more down to the op at `step` (stopping there), into
+/// `work/*-1-a` and `-b`, the second up to `tries` times until the pair differs: with every
+/// value at the step, or for a PyTorch program (`two_stage`) every op's hash and then the
+/// values of the tensors the pair first differs in. The comparison of the last pair that
+/// differed (of the last pair, where none did). What `repro gate -- CMD` does on a FAIL to name
+/// the op, as bisect does once it has the step.
 pub(super) fn record_down_to_ops(
     command: &[String],
     timeout: Option<Duration>,
     work: &Path,
-    name: &str,
     step: u64,
     tries: u32,
+    two_stage: bool,
 ) -> Result<RunDiff, CliError> {
-    Subject::Program { command, timeout }.record_pair(work, name, FullCapture::Steps(vec![step]), tries)
+    let mut pairs = Subject::Program { command, timeout }.down_to_ops(work, 1, step, tries, two_stage)?;
+    let differed = pairs.iter().rposition(|(_, d)| d.diff.first_divergence.is_some());
+    let (_, diff) = pairs.swap_remove(differed.unwrap_or(pairs.len() - 1));
+    Ok(diff)
 }
 
 /// What bisect found, for `--json`.
@@ -201,8 +302,14 @@ struct BisectReport<'a> {
 #[derive(serde::Serialize)]
 struct PairOutcome {
     /// The step recorded with full values and every module's and op's output, if any (`None`:
-    /// hashes only).
+    /// hashes only, or `ops_at`).
     values_at: Option<u64>,
+    /// The step recorded with every module's and op's hash, without values (a PyTorch program).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ops_at: Option<u64>,
+    /// The tensors whose values `values_at` kept, where not every one's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    values_of: Option<Vec<String>>,
     /// The first step at which the pair differs (`None`: it agreed).
     first_differing_step: Option<u64>,
     /// Whether this is the pair the report shows.
@@ -210,11 +317,22 @@ struct PairOutcome {
 }
 
 impl PairOutcome {
+    fn of(depth: &Depth, first_differing_step: Option<u64>) -> Self {
+        let (values_at, ops_at, values_of) = match depth {
+            Depth::Hashes => (None, None, None),
+            Depth::OpHashes { at } => (None, Some(*at), None),
+            Depth::Values { at, names } => (Some(*at), None, names.clone()),
+        };
+        PairOutcome { values_at, ops_at, values_of, first_differing_step, reported: false }
+    }
+
     /// `pair 2 (values at step 3): first differs at step 3`.
     fn line(&self, number: usize) -> String {
-        let recorded = match self.values_at {
-            None => "hashes only".to_string(),
-            Some(step) => format!("full values at step {step}"),
+        let recorded = match (self.values_at, self.ops_at, &self.values_of) {
+            (Some(step), _, Some(names)) => format!("values of {} at step {step}", quoted(names)),
+            (Some(step), _, None) => format!("full values at step {step}"),
+            (None, Some(step), _) => format!("every op's hash at step {step}"),
+            (None, None, _) => "hashes only".to_string(),
         };
         let found = match self.first_differing_step {
             Some(step) => format!("first differs at step {step}"),
@@ -247,34 +365,35 @@ pub fn run(args: BisectArgs) -> Result<Exit, CliError> {
     std::fs::create_dir_all(&work).map_err(|e| format!("cannot create {}: {e}", work.display()))?;
 
     eprintln!("bisect: recording {} twice, hashes only", subject.describe());
-    let mut compared = subject.record_pair(&work, "hashes", FullCapture::None, args.runs)?;
+    let mut compared = subject.record_pair(&work, "hashes", &Depth::Hashes, args.runs)?;
     let first = compared.diff.first_divergence.as_ref().map(|d| d.step);
-    let mut pairs = vec![PairOutcome { values_at: None, first_differing_step: first, reported: true }];
+    let mut pairs = vec![PairOutcome { reported: true, ..PairOutcome::of(&Depth::Hashes, first) }];
+    let two_stage = matches!(subject, Subject::Program { .. }) && written_by_python(&work.join("hashes-a"));
     let mut rounds = 0;
     let mut step = first;
     let mut values_agreed = false;
     while let Some(at) = step.filter(|_| rounds < MAX_ROUNDS) {
         rounds += 1;
-        eprintln!("bisect: the runs first differ at step {at}; recording both again with its full values");
-        let again = subject.record_pair(&work, &format!("values-{rounds}"), FullCapture::Steps(vec![at]), args.runs)?;
-        let found = again.diff.first_divergence.as_ref().map(|d| (d.step, d.metrics.is_some()));
-        let differs = found.map(|(s, _)| s);
-        if differs.is_some() {
-            pairs.iter_mut().for_each(|p| p.reported = false);
+        eprintln!(
+            "bisect: the runs first differ at step {at}; recording both again {}",
+            if two_stage { "with every module's and op's hash there" } else { "with its full values" }
+        );
+        let mut last = None;
+        for (depth, again) in subject.down_to_ops(&work, rounds, at, args.runs, two_stage)? {
+            let found = again.diff.first_divergence.as_ref().map(|d| (d.step, d.metrics.is_some()));
+            if found.is_some() {
+                pairs.iter_mut().for_each(|p| p.reported = false);
+                compared = again;
+            }
+            pairs.push(PairOutcome { reported: found.is_some(), ..PairOutcome::of(&depth, found.map(|(s, _)| s)) });
+            last = Some(found);
         }
-        pairs.push(PairOutcome { values_at: Some(at), first_differing_step: differs, reported: differs.is_some() });
-        match found {
+        match last.flatten() {
             // Values at the divergence: done.
-            Some((s, true)) if s == at => {
-                compared = again;
-                break;
-            }
-            // This pair first differs elsewhere: follow it there.
-            Some((s, _)) => {
-                compared = again;
-                step = Some(s);
-            }
-            // This pair agrees: the runs differ only sometimes; report the first pair.
+            Some((s, true)) if s == at => break,
+            // The last pair first differs elsewhere, or without values here: follow it.
+            Some((s, _)) => step = Some(s),
+            // The last pair agrees: the runs differ only sometimes; report the last that differed.
             None => {
                 eprintln!(
                     "bisect: this time the runs agreed ({} tr{}): they do not differ at every run",

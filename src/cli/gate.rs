@@ -259,7 +259,10 @@ fn escalate(args: &GateArgs, report: &GateReport, work: &Path) -> Option<Escalat
     let step = report.comparisons.iter().find(|c| !c.passed)?.diff.escalate.as_ref()?.step;
     eprintln!("gate: the runs first differ at step {step}; recording both again down to the op there");
     let timeout = args.timeout.map(Duration::from_secs);
-    match super::bisect::record_down_to_ops(&args.command, timeout, work, "escalated", step, 3) {
+    // A PyTorch program's runs are looked into in two pairs (every op's hash, then the values of
+    // the tensors that first differ), as bisect does.
+    let two_stage = super::bisect::written_by_python(&work.join("run-0"));
+    match super::bisect::record_down_to_ops(&args.command, timeout, &work.join("escalated"), step, 3, two_stage) {
         Ok(diff) => Some(Escalation { step, diff }),
         Err(e) => {
             eprintln!("gate: recording step {step} again down to the op failed: {e}");

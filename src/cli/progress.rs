@@ -60,11 +60,8 @@ impl Progress {
     }
 
     fn with_terminal(what: &str, total: Option<u64>, terminal: bool) -> Self {
-        let bar = if terminal {
-            indicatif::ProgressBar::new(total.unwrap_or(0))
-        } else {
-            indicatif::ProgressBar::hidden()
-        };
+        let bar =
+            if terminal { indicatif::ProgressBar::new(total.unwrap_or(0)) } else { indicatif::ProgressBar::hidden() };
         let template = format!("{{spinner}} {what} {{pos}}/{{len}} {{wide_bar}} {{elapsed}} {{msg}}");
         bar.set_style(indicatif::ProgressStyle::with_template(&template).expect("valid template"));
         let lines = (!terminal).then(|| {

@@ -253,6 +253,7 @@ fn record_program(args: &RecordArgs) -> Result<Exit, CliError> {
         modules: args.modules.clone(),
         ops: args.ops.clone(),
         stop_after: None,
+        capture_names: None,
     };
     let program = args.command.join(" ");
     let started = Instant::now();

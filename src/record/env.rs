@@ -14,6 +14,7 @@
 //! | `REPRO_KEEP_GOING` | `1`: with `REPRO_AGAINST`, record to the end after a divergence instead of stopping there |
 //! | `REPRO_MODULES` | steps at which every module's output is recorded, the capture ladder's `modules` level (same grammar as `REPRO_CAPTURE`, plus `first`; PyTorch programs) |
 //! | `REPRO_OPS` | steps at which every op's output inside the step is recorded, the `ops` level (PyTorch programs; a candle program's captured graph records its ops at every step) |
+//! | `REPRO_CAPTURE_NAMES` | the tensors, by name, comma-separated, whose full values the `REPRO_CAPTURE` steps keep, every other tensor's hash alone (PyTorch programs; `repro bisect` keeping the values of the tensors two runs first differ in) |
 //! | `REPRO_STOP_AFTER` | the last step to record: the trace is finished there, marked as stopped on purpose, and the program ends (PyTorch programs; candle programs record on) |
 //! | `REPRO_PERTURB` | plant a fault, `STEP:TENSOR:ULPS[@ELEMENT]` (`Perturbation`), in the tensor of that name as `StepRecorder::op` or `perturbed` passes it: does the gate catch a 1-ULP change in my program? |
 
@@ -38,6 +39,8 @@ pub const KEEP_GOING_ENV: &str = "REPRO_KEEP_GOING";
 pub const MODULES_ENV: &str = "REPRO_MODULES";
 /// Steps at which every op's output is recorded (`REPRO_OPS`, the `ops` level).
 pub const OPS_ENV: &str = "REPRO_OPS";
+/// The tensors whose values the capture steps keep (`REPRO_CAPTURE_NAMES=A,B`; PyTorch programs).
+pub const CAPTURE_NAMES_ENV: &str = "REPRO_CAPTURE_NAMES";
 /// The last step to record (`REPRO_STOP_AFTER=STEP`; PyTorch programs).
 pub const STOP_AFTER_ENV: &str = "REPRO_STOP_AFTER";
 /// A fault to plant (`REPRO_PERTURB=STEP:TENSOR:ULPS[@ELEMENT]`).
@@ -70,6 +73,9 @@ pub struct RecordEnv {
     /// The last step to record: a PyTorch program's recorder finishes the trace there and ends
     /// the program (repro's candle recorder does not read it).
     pub stop_after: Option<u64>,
+    /// The tensors whose full values the capture steps keep, every other one's hash alone (a
+    /// PyTorch program's recorder; repro's candle recorder refuses it).
+    pub capture_names: Option<Vec<String>>,
 }
 
 impl RecordEnv {
@@ -112,7 +118,10 @@ impl RecordEnv {
             })?),
             None => None,
         };
+        let capture_names = text(CAPTURE_NAMES_ENV)
+            .map(|names| names.split(',').filter(|n| !n.is_empty()).map(str::to_string).collect());
         Ok(RecordEnv {
+            capture_names,
             stop_after,
             perturbation,
             data_hash,
@@ -142,6 +151,7 @@ impl RecordEnv {
             (MODULES_ENV, self.modules.as_ref().map(|c| OsString::from(c.to_string()))),
             (OPS_ENV, self.ops.as_ref().map(|c| OsString::from(c.to_string()))),
             (STOP_AFTER_ENV, self.stop_after.map(|s| OsString::from(s.to_string()))),
+            (CAPTURE_NAMES_ENV, self.capture_names.as_ref().map(|names| OsString::from(names.join(",")))),
         ];
         if let Some(p) = &self.perturbation {
             vars.push((PERTURB_ENV, Some(OsString::from(p.to_string()))));
@@ -161,6 +171,13 @@ impl RecordEnv {
             return Err(RecordError::Unsupported(format!(
                 "{DATA_HASH_ENV}={kind}: repro's candle recorder hashes with blake3 only; {kind} is for PyTorch \
                  programs (repro.torch)"
+            )));
+        }
+        if let Some(names) = &self.capture_names {
+            return Err(RecordError::Unsupported(format!(
+                "{CAPTURE_NAMES_ENV}={}: repro's candle recorder keeps the values of every tensor at a capture step; \
+                 naming some is for PyTorch programs (repro.torch)",
+                names.join(",")
             )));
         }
         if let Some(capture) = &self.capture {
@@ -196,6 +213,7 @@ mod tests {
             modules: Some(FullCapture::First),
             ops: Some("steps:7".parse().unwrap()),
             stop_after: Some(7),
+            capture_names: Some(vec!["avgpool/aten.index_add_#9".into(), "fc".into()]),
         };
         let vars = env.vars();
         let read = RecordEnv::from_vars(|name| vars.iter().find(|(n, _)| *n == name).and_then(|(_, v)| v.clone()));

@@ -24,6 +24,9 @@ DATA_HASH_ENV = "REPRO_DATA_HASH"
 # as stopped on purpose, and ends the program (exit status 0).
 STOP_AFTER_ENV = "REPRO_STOP_AFTER"
 REPLACE_ENV = "REPRO_REPLACE"
+# The tensors whose full values the capture steps keep, by name, comma-separated (`repro bisect`
+# recording the first tensors two runs differ in: their values alone, not a whole step's).
+CAPTURE_NAMES_ENV = "REPRO_CAPTURE_NAMES"
 # The flush policy, for measuring the policies against each other (python/bench/torch_cost.py).
 FLUSH_ENV = "REPRO_TORCH_FLUSH"
 
@@ -64,6 +67,9 @@ class RecordOptions:
     # The steps that keep full values besides hashes: a step policy (`none`, `all`, `first`,
     # `first-and-last`, `every:N`, `steps:A,B,...`).
     capture: str = "first-and-last"
+    # Where not None, the capture steps keep the full values of the tensors of these names alone
+    # (every other tensor's hash, as at any step).
+    capture_names: Optional[tuple] = None
     # The capture ladder's levels: the steps that record every module's output (a
     # `ModelRecorder`'s hooks) and every aten op's output (`ops.OpOutputs`), as step policies.
     modules: str = "first"
@@ -84,6 +90,9 @@ class RecordOptions:
 
     def __post_init__(self):
         step_policy("capture policy", self.capture)
+        if self.capture_names is not None and (isinstance(self.capture_names, str) or not all(
+                isinstance(n, str) and n for n in self.capture_names)):
+            raise WriteError(f"capture_names={self.capture_names!r}: expected a tuple of tensor names")
         step_policy("modules policy", self.modules)
         step_policy("ops policy", self.ops)
         if self.data_hash not in DATA_HASHES:
@@ -104,7 +113,7 @@ class RecordOptions:
 
 def from_environment(options: RecordOptions, env: Mapping[str, str] = os.environ) -> RecordOptions:
     """`options` with what a repro command running this program asks for in `env` (REPRO_CAPTURE,
-    REPRO_MODULES, REPRO_OPS, REPRO_DATA_HASH, REPRO_STOP_AFTER, REPRO_REPLACE,
+    REPRO_CAPTURE_NAMES, REPRO_MODULES, REPRO_OPS, REPRO_DATA_HASH, REPRO_STOP_AFTER, REPRO_REPLACE,
     REPRO_TORCH_FLUSH); a `WriteError` naming the variable where its value is not one."""
     asked: dict = {}
     for option, variable in (("capture", CAPTURE_ENV), *LEVEL_ENV.items()):
@@ -114,6 +123,8 @@ def from_environment(options: RecordOptions, env: Mapping[str, str] = os.environ
             except WriteError:
                 raise WriteError(f"{variable}={env[variable]}: expected a step policy, one of {STEP_POLICY_FORMS}") from None
             asked[option] = env[variable]
+    if env.get(CAPTURE_NAMES_ENV):
+        asked["capture_names"] = tuple(n for n in env[CAPTURE_NAMES_ENV].split(",") if n)
     if env.get(DATA_HASH_ENV):
         if env[DATA_HASH_ENV] not in DATA_HASHES:
             raise WriteError(f"{DATA_HASH_ENV}={env[DATA_HASH_ENV]}: expected one of {', '.join(DATA_HASHES)}")

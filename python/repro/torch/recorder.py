@@ -94,7 +94,8 @@ class Recorder:
         self._writer = TraceWriter(path, run, capture, options.inline_max_bytes, options.replace,
                                    environment(device, self._switches),
                                    distributed=self.place.header() if self.place is not None else None,
-                                   data_hash=data_hash, modules=options.modules, ops=options.ops)
+                                   data_hash=data_hash, modules=options.modules, ops=options.ops,
+                                   capture_names=options.capture_names)
         self.data_hash = data_hash
         self.perturbation = perturbation
         # Whether the fault was planted; until it is, the names it could have reached (those
@@ -360,6 +361,8 @@ class StepRecorder:
         self.no_gradient: list[str] = []
         self._nodes = 0
         self.keeps_values = recorder.wants_full(step)
+        # At a step that keeps values: the names whose values it keeps, or None for every one.
+        self.values_of = recorder.options.capture_names if self.keeps_values else None
         # The capture ladder's levels at this step: whether it records every module's output, and
         # the dispatch mode that records every op's while the step runs (None: it does not).
         self.records_modules = recorder.wants("modules", step)
@@ -498,7 +501,7 @@ class StepRecorder:
         if node:
             position = self._nodes
             self._nodes = position + 1
-        if self.keeps_values:
+        if self.keeps_values and (self.values_of is None or name in self.values_of):
             self._append_copied(t, name, kind, phase, inputs, position, source, collective, shard)
             return 0
         recorder = self.recorder
