@@ -24,7 +24,7 @@ fi
 cargo build --release --locked --quiet --bin repro || die "cargo could not build the repro command"
 rm -rf target/wheel-data target/wheels
 mkdir -p target/wheel-data/scripts
-cp target/release/repro target/wheel-data/scripts/repro
+cp "${CARGO_TARGET_DIR:-target}/release/repro" target/wheel-data/scripts/repro
 if command -v strip >/dev/null; then strip target/wheel-data/scripts/repro; fi
 (cd python && "$VENV/bin/maturin" build --release --locked --quiet --out ../target/wheels) || die "maturin could not build the wheel"
 ls target/wheels/*.whl
