@@ -397,6 +397,11 @@ class TraceWriter:
         first = self._first if self._first is not None else (first if first is not None else step)
         return policy_selects(self._full, step, first, self._total)
 
+    def stores_values(self, name: str) -> bool:
+        """Whether the steps that keep full values keep those of the tensor `name`
+        (`capture_names`)."""
+        return self._names is None or name in self._names
+
     def write_step(self, step: int, tensors: Iterable[Record], no_gradient: Iterable[str] = ()) -> None:
         """Writes one step: each tensor's hash, its bytes inline when small, in the step's payload
         file when the capture policy keeps this step. Checks everything before writing anything.
@@ -449,7 +454,7 @@ class TraceWriter:
                 digest = view_hash(layout.dtype, encoded.shape, digests[of], int(offset), [int(x) for x in strides])
                 parts += (encoded.opening, _str64(digest), encoded.closing)
                 continue
-            keep = full or full_step and layout.name in self._names
+            keep = full or full_step and self.stores_values(layout.name)
             if d is None:
                 if not isinstance(inner, (bytes, bytearray)) or len(inner) != 32:
                     raise WriteError(f"step {step}, tensor `{layout.name}`: neither its bytes nor a 32-byte data hash")

@@ -259,9 +259,7 @@ pub(super) fn written_by_python(dir: &Path) -> bool {
         Ok(Some(streams)) => streams.into_iter().next(),
         _ => Some(dir.to_path_buf()),
     };
-    stream
-        .and_then(|s| repro::trace::TraceReader::open(&s).ok())
-        .is_some_and(|r| r.header().producer.starts_with("repro-py"))
+    stream.and_then(|s| repro::trace::TraceReader::open(&s).ok()).is_some_and(|r| r.header().written_by_python())
 }
 
 /// Records the program `command` twice more down to the op at `step` (stopping there), into

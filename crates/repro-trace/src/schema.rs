@@ -69,6 +69,13 @@ impl Header {
     pub fn world_size(&self) -> u64 {
         self.distributed.as_ref().map_or(1, |d| d.world_size)
     }
+
+    /// Whether the Python writer wrote the trace (`repro-py VERSION`, python/repro/writer.py):
+    /// a PyTorch program's, whose graph nodes are the module and op outputs its recorder chose
+    /// to watch, and whose recorder can keep the values of named tensors alone.
+    pub fn written_by_python(&self) -> bool {
+        self.producer.starts_with("repro-py")
+    }
 }
 
 /// One rank's place in a data-parallel run (format 1.3).

@@ -78,7 +78,6 @@ class Recorder:
         # The levels' step policies, parsed (refused before anything is written where not one).
         self.levels = {"modules": step_policy("modules policy", options.modules),
                        "ops": step_policy("ops policy", options.ops)}
-        self.stop_after = options.stop_after
         self._total = run.get("steps")
         # A GPU hashing library asked for and missing is refused before anything is written (a
         # trace begun here would stand in the way of the next try).
@@ -256,8 +255,9 @@ class Recorder:
         self._behind.append((s, reads))
         while len(self._behind) > (1 if reads else 0):
             self._write_oldest()
-        if self.stop_after is not None and step >= self.stop_after:
-            self.finish(stopped=f"after step {step}, as asked ({STOP_AFTER_ENV}={self.stop_after})")
+        stop_after = self.options.stop_after
+        if stop_after is not None and step >= stop_after:
+            self.finish(stopped=f"after step {step}, as asked ({STOP_AFTER_ENV}={stop_after})")
             raise SystemExit(0)
 
     def _check_planted(self, step: int) -> None:
@@ -361,8 +361,6 @@ class StepRecorder:
         self.no_gradient: list[str] = []
         self._nodes = 0
         self.keeps_values = recorder.wants_full(step)
-        # At a step that keeps values: the names whose values it keeps, or None for every one.
-        self.values_of = recorder.options.capture_names if self.keeps_values else None
         # The capture ladder's levels at this step: whether it records every module's output, and
         # the dispatch mode that records every op's while the step runs (None: it does not).
         self.records_modules = recorder.wants("modules", step)
@@ -501,7 +499,7 @@ class StepRecorder:
         if node:
             position = self._nodes
             self._nodes = position + 1
-        if self.keeps_values and (self.values_of is None or name in self.values_of):
+        if self.keeps_values and self.recorder._writer.stores_values(name):
             self._append_copied(t, name, kind, phase, inputs, position, source, collective, shard)
             return 0
         recorder = self.recorder

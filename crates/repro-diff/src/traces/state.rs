@@ -347,7 +347,7 @@ impl HistoryBuilder {
 /// graph nodes are the module outputs (and aten ops) it chose to watch, not a captured graph of
 /// every op.
 fn records_modules(reader: &TraceReader) -> bool {
-    reader.header().producer.starts_with("repro-py")
+    reader.header().written_by_python()
 }
 
 /// Whether a PyTorch recorder's node is a module's output (named by its module path, `#n` for a
