@@ -17,7 +17,7 @@ parameters, TinyLlama's, in bf16 autocast at batch x 1024 with AdamW). V: plain 
 hooks (the plain step with an empty forward hook on every module: the least any recorder of
 module outputs costs), steps (the capture ladder's default: module outputs at the first step
 alone, so every timed step records the `steps` level: inputs, parameters, buffers, loss,
-gradients, updates), steps-xxh3 (the same with the data hash xxh3-1k), beside, batched, module
+gradients, updates), steps-xxh3 (the same with the data hash xxh3-1k), batched, module
 (module outputs at every step, under that flush policy: `FlushOptions.mode`), xxh3 (batched,
 with the data hash xxh3-1k: docs/trace-format.md, section 5.5), ops (every aten op's output:
 the `ops` level at every timed step, what one step of it costs), debug (DebugMode), full (every step's values kept,
@@ -46,7 +46,7 @@ from repro.torch import DeviceHasher, ModelRecorder, Recorder, cuda_hash_library
 from repro.torch.options import FlushOptions
 from steps import training_step  # beside this file
 
-VARIANTS = ("plain", "hooks", "steps", "steps-xxh3", "beside", "batched", "xxh3", "module", "ops", "debug", "full")
+VARIANTS = ("plain", "hooks", "steps", "steps-xxh3", "batched", "xxh3", "module", "ops", "debug", "full")
 
 
 def vision(name: str, batch: int):
@@ -264,7 +264,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--steps", type=int, default=10, help="timed steps per variant")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (the recorder watches its first)")
-    parser.add_argument("--variants", default="plain,beside,batched,module,debug")
+    parser.add_argument("--variants", default="plain,steps,batched,module,debug")
     parser.add_argument("--header", action="store_true", help="print the table's header first")
     parser.add_argument("--compile", action="store_true", help="run each model compiled by torch.compile")
     parser.add_argument("--pairs", type=int, default=0,

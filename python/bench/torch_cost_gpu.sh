@@ -54,13 +54,13 @@ bench() { python3 python/bench/torch_cost.py "$@" 2>&1 | grep -v Warning; }
         exit 0
     fi
     if [ "$WHAT" = quick ]; then
-        bench --header --steps 6 --variants plain,batched,beside,module resnet50
+        bench --header --steps 6 --variants plain,batched,module resnet50
         exit 0
     fi
     echo "== batch 64"
-    bench --header --steps 8 --variants plain,batched,beside,module,debug resnet50 densenet121 efficientnet_b0 mobilenet_v3_large convnext_tiny vit_b_16
+    bench --header --steps 8 --variants plain,batched,module,debug resnet50 densenet121 efficientnet_b0 mobilenet_v3_large convnext_tiny vit_b_16
     echo "== batch 8"
-    bench --header --steps 8 --batch 8 --variants plain,batched,beside,module resnet50 densenet121 efficientnet_b0 mobilenet_v3_large convnext_tiny
+    bench --header --steps 8 --batch 8 --variants plain,batched,module resnet50 densenet121 efficientnet_b0 mobilenet_v3_large convnext_tiny
     echo "== language models, batch 8 x 1024"
-    bench --header --steps 6 --batch 8 --variants plain,batched,beside,module,debug gpt2 llama-1b
+    bench --header --steps 6 --batch 8 --variants plain,batched,module,debug gpt2 llama-1b
 } 2>&1 | tee "$OUT/log.txt"

@@ -23,7 +23,7 @@ from repro.torch.options import FlushOptions
 from steps import training_step  # beside this file
 
 # `module` twice: whether the program itself is deterministic, the control for the others.
-POLICIES = ("module", "module-again", "batched", "beside")
+POLICIES = ("module", "module-again", "batched")
 
 
 def build(name: str, batch: int):

@@ -55,15 +55,6 @@ class NullLibrary:
     def repro_cuda_hasher_flush(self, handle):
         return 0
 
-    def repro_cuda_hasher_flush_beside(self, handle):
-        return 0
-
-    def repro_cuda_hasher_reads_done(self, handle):
-        return 0
-
-    def repro_cuda_hasher_wait_reads(self, handle):
-        return 0
-
     def repro_cuda_hasher_start_read(self, handle, n):
         n._obj.value, self.tickets = self.tickets, 0
         return 1

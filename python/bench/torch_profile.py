@@ -67,7 +67,7 @@ def timers() -> dict:
 def main() -> None:
     name = sys.argv[1] if len(sys.argv) > 1 else "resnet50"
     batch = int(sys.argv[2]) if len(sys.argv) > 2 else 64
-    flushes = sys.argv[3:] or ["beside"]
+    flushes = sys.argv[3:] or ["batched"]
     torch.backends.cudnn.benchmark = True
     model = torchvision.models.get_model(name).cuda()
     images = torch.randn(batch, 3, 224, 224, device="cuda")

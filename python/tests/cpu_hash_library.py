@@ -1,11 +1,9 @@
 """A stand-in for librepro_cuda_hash.so over host memory, so that the recorder's flushing, holding
 and checking (`repro.torch.cuda_hash.DeviceHasher`, `repro.torch.flushes`) run in CPU tests.
 
-It keeps the library's contract and its worst case: an ordered flush reads the memory at once,
-as the GPU reads it before anything the program queues later; a flush `beside` reads it only
-when the program asks whether its reads are done (`reads_done`, `wait_reads`), as late as a
-side stream may. A program that changed the memory in between gets another hash, unless the
-recorder caught the change first."""
+It keeps the library's contract: a flush reads the memory at once, as the GPU reads it before
+anything the program queues later. A program that changed the memory between its queueing and
+the flush gets another hash, unless the recorder caught the change first."""
 
 import ctypes
 from collections import Counter
@@ -19,12 +17,10 @@ class CpuHashLibrary:
     def __init__(self):
         self.kind = self.hash_data = None  # the data hash and its function, once a hasher is made
         self.pushed = []  # (ticket, address, length, keep) queued and not flushed
-        self.unread = []  # flushed beside, not read yet: (number, [(ticket, address, length, keep)])
         self.results = {}  # ticket -> (hash, kept bytes or None), of everything read
         self.read_now = 0  # pieces `push_now` read
         self.tickets = 0
         self.flushes = 0
-        self.flush_calls = {"ordered": 0, "beside": 0}
         self.reads = Counter()  # how many times each address was read
 
     def repro_cuda_hasher_new(self, index):
@@ -61,32 +57,11 @@ class CpuHashLibrary:
 
     def repro_cuda_hasher_flush(self, handle):
         self.flushes += 1
-        self.flush_calls["ordered"] += 1
-        self._read_beside(self.flushes)  # reads are in order: earlier ones land first
         self._read(self.pushed)
         self.pushed = []
         return 0
 
-    def repro_cuda_hasher_flush_beside(self, handle):
-        self.flushes += 1
-        self.flush_calls["beside"] += 1
-        self.unread.append((self.flushes, self.pushed))
-        self.pushed = []
-        return self.flushes
-
-    def _read_beside(self, through):
-        while self.unread and self.unread[0][0] <= through:
-            self._read(self.unread.pop(0)[1])
-
-    def repro_cuda_hasher_reads_done(self, handle):
-        self._read_beside(self.flushes)
-        return self.flushes
-
-    def repro_cuda_hasher_wait_reads(self, handle):
-        return self.repro_cuda_hasher_reads_done(handle)
-
     def repro_cuda_hasher_start_read(self, handle, n):
-        self._read_beside(self.flushes)
         self._read(self.pushed)
         self.pushed = []
         results = [self.results[ticket] for ticket in range(self.tickets)]

@@ -35,19 +35,25 @@ def example(name: str) -> str:
         return f.read()
 
 
-def record(case, tmp: str, program_text: str, name: str, **env) -> str:
+def record(case, tmp: str, program_text: str, name: str, launcher=(sys.executable,), **env) -> str:
     """`repro record -- python PROGRAM` into `tmp/name` (the program's arguments: a path the
     repro command's REPRO_TRACE_DIR overrides, and a scratch folder for the trainer), with
-    `env` added; the trace. `case`: the test case that asserts it succeeded."""
+    `env` added; the trace. `launcher`: what runs the program (python, or `torchrun(N)`).
+    `case`: the test case that asserts it succeeded."""
     program = os.path.join(tmp, "train.py")
     with open(program, "w") as f:
         f.write(program_text)
     out = os.path.join(tmp, name)
-    run = subprocess.run([REPRO, "record", "--out", out, "--", sys.executable, program, os.path.join(tmp, "unused"),
+    run = subprocess.run([REPRO, "record", "--out", out, "--", *launcher, program, os.path.join(tmp, "unused"),
                           os.path.join(tmp, f"scratch-{name}")], capture_output=True, text=True,
                          env=dict(os.environ, PYTHONPATH=PYTHON, **env))
     case.assertEqual(run.returncode, 0, run.stdout + run.stderr[-3000:])
     return out
+
+
+def torchrun(ranks: int) -> tuple:
+    """The launcher of `ranks` processes of a program on this host (torch.distributed.run)."""
+    return (sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}")
 
 
 def check_one_line_callback(case, program_text: str, names: tuple, module: str, fault: str) -> None:

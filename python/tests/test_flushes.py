@@ -48,7 +48,7 @@ class FlushPolicyTest(unittest.TestCase):
 
     def flush(self, policy, memory, shared, own, freed):
         """A flush measured by `policy`, letting go of `freed` bytes, `own` of them the recorder's."""
-        measure = policy.measure(shared, False, [0])
+        measure = policy.measure(shared, [0])
         self.assertIsNotNone(measure)
         memory.in_use -= freed
         measure.done(own)
@@ -106,8 +106,8 @@ class FlushPolicyTest(unittest.TestCase):
         self.assertFalse(policy.holds_too_much(0, cap - 1))
         self.assertTrue(policy.holds_too_much(cap, 0))  # outputs, counted whole until measured
         # A flush of fewer outputs than the cap measures nothing: it is under it anyway.
-        self.assertIsNone(policy.measure(cap - 1, False, [0]))
-        self.assertIsNotNone(policy.measure(cap, False, [0]))
+        self.assertIsNone(policy.measure(cap - 1, [0]))
+        self.assertIsNotNone(policy.measure(cap, [0]))
         memory.peak = 1 << 20
         policy.step_started([0])
         self.assertEqual(policy.extra_cap, FLUSH.extra_min_bytes)
@@ -117,14 +117,13 @@ class FlushPolicyTest(unittest.TestCase):
         policy.step_started([])  # no GPU hashed on yet: nothing read, nothing changed
         self.assertEqual(policy.extra_cap, FLUSH.max_queued_bytes)
 
-    def test_nothing_is_measured_beside_the_program_below_the_cap_or_without_a_reading(self):
+    def test_nothing_is_measured_below_the_cap_or_without_a_reading(self):
         memory = Memory()
         policy = self.policy(memory)
-        self.assertIsNone(policy.measure(1 << 30, True, [0]))  # let go of later, when read
-        self.assertIsNone(policy.measure(FLUSH.max_queued_bytes - 1, False, [0]))
-        self.assertIsNone(policy.measure(1 << 30, False, []))
+        self.assertIsNone(policy.measure(FLUSH.max_queued_bytes - 1, [0]))
+        self.assertIsNone(policy.measure(1 << 30, []))
         self.assertEqual(memory.readings, 0)
-        self.assertIsNone(self.policy(lambda devices: None).measure(1 << 30, False, [0]))
+        self.assertIsNone(self.policy(lambda devices: None).measure(1 << 30, [0]))
 
     @unittest.skipIf(torch and torch.cuda.is_available(), "reads a GPU's memory where there is one")
     def test_without_cuda_the_memory_in_use_cannot_be_read_and_outputs_count_whole(self):
@@ -132,7 +131,7 @@ class FlushPolicyTest(unittest.TestCase):
 
         self.assertIsNone(cuda_memory_in_use([0]))
         policy = self.policy(None)
-        self.assertIsNone(policy.measure(1 << 30, False, [0]))
+        self.assertIsNone(policy.measure(1 << 30, [0]))
         self.assertTrue(policy.holds_too_much(FLUSH.max_queued_bytes, 0))
 
 
@@ -207,9 +206,9 @@ class OutputsHeldTest(unittest.TestCase):
             library, policy, records = self.record(f"stand-in-{keep}", keep)
             self.assertEqual(records, expected, f"keep={keep}: a hash is not the host's")
             if keep:
-                kept_flushes, kept_share = library.flush_calls["ordered"], policy.unshared
+                kept_flushes, kept_share = library.flushes, policy.unshared
             else:
-                dropped_flushes, dropped_share = library.flush_calls["ordered"], policy.unshared
+                dropped_flushes, dropped_share = library.flushes, policy.unshared
         self.assertEqual(kept_share, 0.0)
         # Dropped: the outputs held but the last two (the program's still, at the hook that
         # flushes: its input and output) were the recorder's alone.

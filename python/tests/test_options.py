@@ -69,9 +69,9 @@ class RecordOptionsTest(unittest.TestCase):
         self.assertEqual(from_environment(mine, {}), mine)
         asked = from_environment(mine, {"REPRO_CAPTURE": "all", "REPRO_MODULES": "every:2", "REPRO_OPS": "steps:1",
                                         "REPRO_DATA_HASH": "xxh3-1k", "REPRO_STOP_AFTER": "3", "REPRO_REPLACE": "1",
-                                        "REPRO_TORCH_FLUSH": "beside"})
+                                        "REPRO_TORCH_FLUSH": "module"})
         self.assertEqual(asked, RecordOptions(capture="all", modules="every:2", ops="steps:1", data_hash="xxh3-1k",
-                                              stop_after=3, replace=True, flush=FlushOptions(mode="beside", max_queued=8)))
+                                              stop_after=3, replace=True, flush=FlushOptions(mode="module", max_queued=8)))
         for variable, value, message in (("REPRO_CAPTURE", "often", "REPRO_CAPTURE=often: expected a step policy"),
                                          ("REPRO_OPS", "x", "REPRO_OPS=x: expected a step policy"),
                                          ("REPRO_STOP_AFTER", "-1", "REPRO_STOP_AFTER=-1: expected a step number"),

@@ -853,25 +853,21 @@ class TorchTest(unittest.TestCase):
         with open(os.path.join(host, "records.rpr"), "rb") as f:
             expected = f.read()
         flushes = {}
-        for flush in ("module", "batched", "beside"):
+        for flush in ("module", "batched"):
             path = os.path.join(self.dir, flush)
             library, _ = self._record_in_place_model(path, flush)
-            flushes[flush] = library.flush_calls
+            flushes[flush] = library.flushes
             with open(os.path.join(path, "records.rpr"), "rb") as f:
                 self.assertEqual(f.read(), expected, f"REPRO_TORCH_FLUSH={flush}: a hash is not the host's")
-        # After the first step, the outputs left alone are read together: far fewer flushes,
-        # and under `beside`, beside the program.
-        self.assertLessEqual(sum(flushes["batched"].values()), sum(flushes["module"].values()) / 2)
-        self.assertEqual(flushes["module"]["beside"], 0)
-        self.assertEqual(flushes["batched"]["beside"], 0)
-        self.assertGreater(flushes["beside"]["beside"], 0)
+        # After the first step, the outputs left alone are read together: far fewer flushes.
+        self.assertLessEqual(flushes["batched"], flushes["module"] / 2)
 
     def test_under_xxh3_1k_outputs_changed_in_place_are_read_at_once_not_copied_and_hash_as_the_host_does(self):
         host = os.path.join(self.dir, "host")
         self._record_in_place_model(host, stand_in=False, data_hash="xxh3-1k", steps=5, fails_at=2)
         with open(os.path.join(host, "records.rpr"), "rb") as f:
             expected = f.read()
-        for flush in ("batched", "beside"):
+        for flush in ("batched", "module"):
             path = os.path.join(self.dir, flush)
             # A step that fails leaves what was read at once, and what was pushed before it, behind.
             library, _ = self._record_in_place_model(path, flush, data_hash="xxh3-1k", steps=5, fails_at=2)
@@ -903,7 +899,7 @@ class TorchTest(unittest.TestCase):
                 library, _ = self._record_in_place_model(path, "batched", data_hash=data_hash, copy_limit=limit)
                 with open(os.path.join(path, "records.rpr"), "rb") as f:
                     self.assertEqual(f.read(), expected, f"{data_hash}, limit {limit}: a hash is not the host's")
-                calls[limit] = (library.flush_calls["ordered"], library.read_now)
+                calls[limit] = (library.flushes, library.read_now)
             if data_hash == "xxh3-1k":
                 self.assertEqual(calls[0], calls[default_limit])
             else:
@@ -912,7 +908,7 @@ class TorchTest(unittest.TestCase):
     def test_an_output_changed_in_place_only_after_the_first_step_is_refused_not_hashed_wrong(self):
         from repro.writer import WriteError
 
-        for flush in ("batched", "beside"):
+        for flush in ("batched",):
             with self.assertRaises(WriteError) as caught:
                 self._record_in_place_model(os.path.join(self.dir, flush), flush, changes_late=True)
             self.assertIn("`late` changed in place", str(caught.exception))
@@ -925,7 +921,7 @@ class TorchTest(unittest.TestCase):
 
     def test_a_parameter_unchanged_since_its_update_is_hashed_once(self):
         path = os.path.join(self.dir, "t")
-        library, model = self._record_in_place_model(path, "beside", steps=3)
+        library, model = self._record_in_place_model(path, "batched", steps=3)
         from repro.trace import Trace
 
         with Trace(path) as t:
@@ -1170,9 +1166,9 @@ class TorchTest(unittest.TestCase):
         from repro.torch.options import FlushOptions
 
         with mock.patch.dict(os.environ, {"REPRO_TORCH_FLUSH": "sometimes"}):
-            with self.assertRaisesRegex(WriteError, "REPRO_TORCH_FLUSH=sometimes: expected one of batched, beside, module"):
+            with self.assertRaisesRegex(WriteError, "REPRO_TORCH_FLUSH=sometimes: expected one of batched, module"):
                 Recorder.create_or_gated(os.path.join(self.dir, "t"), {"workload": "x", "steps": 1})
-        with self.assertRaisesRegex(WriteError, "flush mode 'sometimes': expected one of batched, beside, module"):
+        with self.assertRaisesRegex(WriteError, "flush mode 'sometimes': expected one of batched, module"):
             Recorder(os.path.join(self.dir, "t"), {"workload": "x", "steps": 1}, flush=FlushOptions(mode="sometimes"))
         self.assertFalse(os.path.exists(os.path.join(self.dir, "t")))
 
@@ -1211,8 +1207,8 @@ class TorchTest(unittest.TestCase):
         traces = []
         # On the host; on the GPU under each flush policy; and on the GPU from a stream of the
         # program's own (which the recorder synchronizes around each launch).
-        runs = [(False, False, "module")] + [(True, False, flush) for flush in ("module", "batched", "beside")]
-        for on_gpu, side_stream, flush in runs + [(True, True, "beside")]:
+        runs = [(False, False, "module")] + [(True, False, flush) for flush in ("module", "batched")]
+        for on_gpu, side_stream, flush in runs + [(True, True, "batched")]:
             side = torch.cuda.Stream() if side_stream else None
             torch.manual_seed(0)
             model = Model().cuda()

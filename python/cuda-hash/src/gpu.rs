@@ -15,9 +15,6 @@
 //! int64_t repro_cuda_hasher_push_now(void *h, uint64_t address, uint64_t len);
 //!                                                     // xxh3-1k only: its ticket; -1 on error
 //! int32_t repro_cuda_hasher_flush(void *h);                    // 0, or -1 on error
-//! int64_t repro_cuda_hasher_flush_beside(void *h);   // the flush's number (1, 2, ...); -1
-//! int64_t repro_cuda_hasher_reads_done(void *h);     // flushes whose reads are done; -1
-//! int64_t repro_cuda_hasher_wait_reads(void *h);     // the same, once all are; -1
 //! void *repro_cuda_hasher_start_read(void *h, uint64_t *n);    // a read, NULL on error
 //! int32_t repro_cuda_read_finish(void *read, uint8_t *hashes, uint64_t n,
 //!                                uint8_t *bytes, uint64_t bytes_len);  // 0, or -1 on error
@@ -51,8 +48,8 @@
 //! `repro_cuda_hasher_new_kind` with 1 computes `xxh3-1k` (docs/trace-format.md, section 5.5):
 //! each flush first runs the leaf pass over the memory to hash, on the calling thread's stream,
 //! into leaf memory the hasher owns. The leaves are hashed with BLAKE3 as any memory is, once
-//! for many flushes: by the next flush that reads the program's memory itself (bytes to keep) or
-//! reads beside it, or by `start_read`; a flush in order with nothing but leaves runs the leaf
+//! for many flushes: by the next flush that reads the program's memory itself (bytes to keep),
+//! or by `start_read`; a flush in order with nothing but leaves runs the leaf
 //! pass alone. After those BLAKE3 passes the next leaves are written into the same memory.
 //! Only the leaf pass reads the program's memory then: the chunk pass over the leaves runs on
 //! the hasher's own stream with the tree, so the program's stream waits for the leaf pass alone.
@@ -61,12 +58,6 @@
 //! there next (an in-place update of a module's output), and may change right after the call;
 //! its leaves are hashed at the next flush. It spares copying memory the program is about to
 //! change.
-//!
-//! `flush_beside` reads the memory on the hasher's own stream instead, behind what the calling
-//! thread's stream had queued: the program's later work runs on while the memory is read, so
-//! the program must keep it allocated and unchanged until `reads_done` has reached the number
-//! `flush_beside` returned (every flush, of either kind, is numbered in order; a `flush`'s reads
-//! are done as far as the program is concerned once it returns).
 
 use candle_core::cuda_backend::cudarc::driver::CudaEvent;
 use candle_core::cuda_backend::cudarc::driver::CudaStream;
@@ -79,7 +70,6 @@ use repro::record::gpu_hashing::{
     launch_leaves, launch_leaves_of, leaf_count, DeviceBatch, ForeignBytes, LeafPiece, PendingRead, Resolved,
 };
 use std::cell::RefCell;
-use std::collections::VecDeque;
 use std::ffi::{c_char, c_void, CString};
 use std::sync::Arc;
 
@@ -99,13 +89,6 @@ struct Hasher {
     /// flush in order that has none leaves the leaves for a later one (see `flush`).
     program_memory_queued: bool,
     beside: Arc<CudaStream>,
-    /// Flushes so far (the last one's number).
-    flushes: i64,
-    /// Flushes whose reads are done, as far as the program can tell.
-    reads_done: i64,
-    /// The flushes after `reads_done`, in order: each with the event recorded behind its reads
-    /// on `beside`, or none for one whose reads were ordered on the calling thread's stream.
-    reading: VecDeque<(i64, Option<CudaEvent>)>,
 }
 
 impl Hasher {
@@ -116,7 +99,7 @@ impl Hasher {
     }
 
     /// Launches the leaf pass over the pieces queued since the last flush (`xxh3-1k`), behind
-    /// the reads of the leaf memory's last flush where they ran beside the calling stream.
+    /// the reads of the leaf memory's last flush where they ran on the hasher's own stream.
     fn launch_leaves(&mut self) -> Result<()> {
         if self.leaf_pieces.is_empty() {
             return Ok(());
@@ -132,10 +115,10 @@ impl Hasher {
     }
 
     /// After a flush that read the leaves (its passes queued): their blocks serve the next
-    /// flush's leaves, written on the calling thread's stream behind these reads, or, when they
-    /// were read beside it, behind `chunks_read` (the event behind its chunk pass there), or
-    /// else an event recorded after all it queued there.
-    fn leaves_read(&mut self, beside: bool, chunks_read: Option<CudaEvent>) -> Result<()> {
+    /// flush's leaves, written on the calling thread's stream behind these reads, or, when its
+    /// chunk pass read them on the hasher's own stream, behind `chunks_read` (the event behind
+    /// that pass there).
+    fn leaves_read(&mut self, chunks_read: Option<CudaEvent>) -> Result<()> {
         let memory = &mut self.leaf_memory;
         if memory.used.is_empty() {
             return Ok(());
@@ -144,8 +127,6 @@ impl Hasher {
         memory.at = 0;
         if chunks_read.is_some() {
             memory.read_beside = chunks_read;
-        } else if beside {
-            memory.read_beside = Some(self.beside.record_event(None).w()?);
         }
         Ok(())
     }
@@ -160,7 +141,7 @@ struct LeafMemory {
     at: usize,
     /// Blocks for the next flush's leaves.
     free: Vec<CudaSlice<u8>>,
-    /// After the reads of `free`'s blocks by a flush beside the calling stream.
+    /// After the reads of `free`'s blocks on the hasher's own stream (a chunk pass there).
     read_beside: Option<CudaEvent>,
 }
 
@@ -240,9 +221,6 @@ fn new_hasher(ordinal: i32, data_hash: DataHash) -> Result<Hasher> {
         leaf_memory: LeafMemory { used: Vec::new(), at: 0, free: Vec::new(), read_beside: None },
         program_memory_queued: false,
         beside,
-        flushes: 0,
-        reads_done: 0,
-        reading: VecDeque::new(),
     })
 }
 
@@ -301,8 +279,7 @@ fn status(result: Result<()>, what: &str) -> i32 {
 ///
 /// # Safety
 /// `hasher` comes from `repro_cuda_hasher_new`; each piece's memory stays allocated and unchanged
-/// until the next `repro_cuda_hasher_flush`, `repro_cuda_hasher_flush_beside`'s reads are done,
-/// or `repro_cuda_hasher_start_read` (see the module's documentation for the streams this
+/// until the next `repro_cuda_hasher_flush` or `repro_cuda_hasher_start_read` (see the module's documentation for the streams this
 /// assumes); the three arrays hold `n` elements each (any may be NULL when `n` is 0).
 #[no_mangle]
 pub unsafe extern "C" fn repro_cuda_hasher_push_many(
@@ -396,31 +373,24 @@ fn push_now(hasher: &mut Hasher, address: u64, len: u64) -> Result<i64> {
     Ok(ticket)
 }
 
-/// Flushes what is queued, reading it on the calling thread's stream or beside it; the flush's
-/// number. Under `xxh3-1k`, a flush in order whose batch holds only leaves runs the leaf pass
-/// alone: that pass is all that reads the program's memory, and the leaves wait in the hasher's
-/// memory for one BLAKE3 pass over many flushes' leaves (the next flush that reads the
-/// program's memory, or `start_read`), one chunk pass and one tree a step instead of one a
-/// flush, at the price of keeping a step's leaves (1/128 of the bytes it hashes).
-fn flush(hasher: &mut Hasher, beside: bool) -> Result<i64> {
+/// Flushes what is queued, reading it on the calling thread's stream. Under `xxh3-1k`, a flush
+/// whose batch holds only leaves runs the leaf pass alone: that pass is all that reads the
+/// program's memory, and the leaves wait in the hasher's memory for one BLAKE3 pass over many
+/// flushes' leaves (the next flush that reads the program's memory, or `start_read`), one chunk
+/// pass and one tree a step instead of one a flush, at the price of keeping a step's leaves
+/// (1/128 of the bytes it hashes).
+fn flush(hasher: &mut Hasher) -> Result<()> {
     hasher.launch_leaves()?;
-    if hasher.data_hash == DataHash::Xxh3Chunks && !beside && !hasher.program_memory_queued {
-        hasher.flushes += 1;
-        hasher.reading.push_back((hasher.flushes, None));
-        return Ok(hasher.flushes);
+    if hasher.data_hash == DataHash::Xxh3Chunks && !hasher.program_memory_queued {
+        return Ok(());
     }
     hasher.program_memory_queued = false;
-    hasher.batch.set_reads_beside(beside);
     // Under xxh3-1k the chunk pass reads the leaves alone (the leaf pass has read the program's
-    // memory, in order with its stream): it runs beside, with the tree.
+    // memory, in order with its stream): it runs on the hasher's own stream, with the tree.
     hasher.batch.set_chunks_beside(hasher.data_hash == DataHash::Xxh3Chunks);
     hasher.batch.flush()?;
     let chunks_read = hasher.batch.take_chunks_read();
-    hasher.leaves_read(beside, chunks_read)?;
-    hasher.flushes += 1;
-    let event = if beside { Some(hasher.beside.record_event(None).w()?) } else { None };
-    hasher.reading.push_back((hasher.flushes, event));
-    Ok(hasher.flushes)
+    hasher.leaves_read(chunks_read)
 }
 
 /// Launches the hashing of everything queued, without waiting. Returns 0, or -1.
@@ -430,49 +400,7 @@ fn flush(hasher: &mut Hasher, beside: bool) -> Result<i64> {
 #[no_mangle]
 pub unsafe extern "C" fn repro_cuda_hasher_flush(hasher: *mut c_void) -> i32 {
     let Some(hasher) = (unsafe { hasher_of(hasher, "repro_cuda_hasher_flush") }) else { return -1 };
-    status(flush(hasher, false).map(|_| ()), "hashing on the GPU failed")
-}
-
-/// Launches the hashing of everything queued on the hasher's own stream, behind what the calling
-/// thread's stream has queued, without waiting: the memory must stay allocated and unchanged
-/// until `repro_cuda_hasher_reads_done` reaches the number returned. Returns it, or -1.
-///
-/// # Safety
-/// `hasher` comes from `repro_cuda_hasher_new`.
-#[no_mangle]
-pub unsafe extern "C" fn repro_cuda_hasher_flush_beside(hasher: *mut c_void) -> i64 {
-    let Some(hasher) = (unsafe { hasher_of(hasher, "repro_cuda_hasher_flush_beside") }) else { return -1 };
-    match flush(hasher, true) {
-        Ok(number) => number,
-        Err(e) => {
-            set_error(format!("hashing on the GPU failed: {e}"));
-            -1
-        }
-    }
-}
-
-/// The number of the last flush whose reads, and every earlier flush's, are done: the memory
-/// they read may change. Asks the driver without waiting. Returns it, or -1.
-///
-/// # Safety
-/// `hasher` comes from `repro_cuda_hasher_new`.
-#[no_mangle]
-pub unsafe extern "C" fn repro_cuda_hasher_reads_done(hasher: *mut c_void) -> i64 {
-    let Some(hasher) = (unsafe { hasher_of(hasher, "repro_cuda_hasher_reads_done") }) else { return -1 };
-    while let Some((number, event)) = hasher.reading.front() {
-        match event.as_ref().map(|e| e.try_is_complete()) {
-            None | Some(Ok(true)) => {
-                hasher.reads_done = *number;
-                hasher.reading.pop_front();
-            }
-            Some(Ok(false)) => break,
-            Some(Err(e)) => {
-                set_error(format!("hashing on the GPU failed: {e}"));
-                return -1;
-            }
-        }
-    }
-    hasher.reads_done
+    status(flush(hasher), "hashing on the GPU failed")
 }
 
 /// A step's results on their way to the host, which of its tickets keep their bytes, and the
@@ -481,25 +409,6 @@ struct Read {
     pending: PendingRead,
     keeps_bytes: Vec<bool>,
     data_hash: DataHash,
-}
-
-/// Waits until every flush's reads are done; the last flush's number, or -1.
-///
-/// # Safety
-/// `hasher` comes from `repro_cuda_hasher_new`.
-#[no_mangle]
-pub unsafe extern "C" fn repro_cuda_hasher_wait_reads(hasher: *mut c_void) -> i64 {
-    let Some(hasher) = (unsafe { hasher_of(hasher, "repro_cuda_hasher_wait_reads") }) else { return -1 };
-    while let Some((number, event)) = hasher.reading.pop_front() {
-        if let Some(event) = event {
-            if let Err(e) = event.synchronize() {
-                set_error(format!("hashing on the GPU failed: {e}"));
-                return -1;
-            }
-        }
-        hasher.reads_done = number;
-    }
-    hasher.reads_done
 }
 
 /// Flushes and starts copying the results back; the hasher starts over. Sets `n` to the number
@@ -521,12 +430,16 @@ pub unsafe extern "C" fn repro_cuda_hasher_start_read(hasher: *mut c_void, n: *m
     // SAFETY: the caller's promise above.
     unsafe { *n = keeps_bytes.len() as u64 };
     // What is still queued is read in order with the program's stream (under xxh3-1k, its
-    // leaves; their chunk pass beside, as `flush` runs it).
-    batch.set_reads_beside(false);
+    // leaves; their chunk pass on the hasher's own stream, as `flush` runs it).
     let data_hash = hasher.data_hash;
     let leaves = data_hash == DataHash::Xxh3Chunks;
     batch.set_chunks_beside(leaves);
-    let pending = batch.start_read().and_then(|pending| hasher.leaves_read(leaves, None).map(|()| pending));
+    // Under xxh3-1k its chunk pass read the leaves on the hasher's own stream: the next leaves
+    // are written behind an event recorded there.
+    let pending = batch.start_read().and_then(|pending| {
+        let chunks_read = if leaves { Some(hasher.beside.record_event(None).w()?) } else { None };
+        hasher.leaves_read(chunks_read).map(|()| pending)
+    });
     match pending {
         Ok(pending) => Box::into_raw(Box::new(Read { pending, keeps_bytes, data_hash })).cast(),
         Err(e) => {

@@ -77,9 +77,6 @@ def _cuda_hash_library(path: str) -> ctypes.CDLL:
         ]
         lib.repro_cuda_hasher_flush.restype = ctypes.c_int32
         lib.repro_cuda_hasher_flush.argtypes = [ctypes.c_void_p]
-        for name in ("repro_cuda_hasher_flush_beside", "repro_cuda_hasher_reads_done", "repro_cuda_hasher_wait_reads"):
-            getattr(lib, name).restype = ctypes.c_int64
-            getattr(lib, name).argtypes = [ctypes.c_void_p]
         lib.repro_cuda_hasher_start_read.restype = ctypes.c_void_p
         lib.repro_cuda_hasher_start_read.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_uint64)]
         lib.repro_cuda_read_finish.restype = ctypes.c_int32
@@ -106,11 +103,9 @@ class DeviceHasher:
 
     A flush reads the memory on CUDA's per-thread default stream, which CUDA orders both ways
     with the legacy default stream that PyTorch uses unless told otherwise: once flushed, a
-    tensor may be freed or changed in place by what the program does next. A flush `beside`
-    reads it on the library's own stream instead, while the program's work runs on: the hasher
-    holds each tensor until its reads are done, and checks then that its version counter has
-    not moved (a tensor changed in place before it was read is an error, never a wrong hash).
-    On a stream other than the legacy one, `flush` synchronizes it first, reads in order, and
+    tensor may be freed or changed in place by what the program does next. The hasher holds
+    each tensor until it is flushed, and checks then that its version counter has not moved (a
+    tensor changed in place before it was read is an error, never a wrong hash). On a stream other than the legacy one, `flush` synchronizes it first, reads in order, and
     finishes the read at once.
 
     Under `xxh3-1k`, `queue_now` reads a tensor at once instead (the library's leaf pass, in
@@ -155,9 +150,6 @@ class DeviceHasher:
         self._flushed_owners: list = []
         self._flushed_indices: list[int] = []
         self._flushed_kept: list = []
-        # Flushed beside and still being read: (flush number, [(owner, index, tensor, version)]).
-        self._reading: list = []
-        self._flushes = 0  # flushes so far, of either kind (the library numbers them alike)
 
     def queue(self, owner, index: int, address: int, length: int, keep_bytes: bool, held: torch.Tensor,
               version: Optional[int]) -> None:
@@ -220,11 +212,10 @@ class DeviceHasher:
         """Tensors queued and not flushed yet."""
         return len(self._indices)
 
-    def flush(self, beside: bool = False) -> None:
-        """Launches the kernels over what is queued (read `beside` the program's stream, or in
-        order with it), after checking that none of it changed since it was queued."""
+    def flush(self) -> None:
+        """Launches the kernels over what is queued, read in order with the program's stream,
+        after checking that none of it changed since it was queued."""
         if not self._indices:
-            self.poll()
             return
         try:  # every version counter read at once, compared at once
             unchanged = list(map(_VERSION, self._held)) == self._versions
@@ -234,17 +225,9 @@ class DeviceHasher:
             for owner, index, held, version in zip(self._owners, self._indices, self._held, self._versions):
                 _check_unchanged(owner, index, held, version)
         legacy = self._on_legacy_stream()
-        if not legacy:
-            beside = False
         self._push_queued()
-        if beside:
-            number = self._lib.repro_cuda_hasher_flush_beside(self._handle)
-            if number < 0:
-                raise WriteError(_last_error(self._lib))
-            self._reading.append((number, list(zip(self._owners, self._indices, self._held, self._versions))))
-        elif self._lib.repro_cuda_hasher_flush(self._handle) != 0:
+        if self._lib.repro_cuda_hasher_flush(self._handle) != 0:
             raise WriteError(_last_error(self._lib))
-        self._flushes += 1
         self._flushed_owners += self._owners
         self._flushed_indices += self._indices
         self._flushed_kept += [length if keep else None for length, keep in zip(self._lengths, self._keeps)]
@@ -252,7 +235,6 @@ class DeviceHasher:
         self._clear_queue()
         if not legacy:
             self.start_read().finish()
-        self.poll()
 
     def _clear_queue(self) -> None:
         self._owners, self._indices, self._held, self._versions = [], [], [], []
@@ -272,21 +254,6 @@ class DeviceHasher:
         torch.cuda.current_stream(self.index).synchronize()
         return False
 
-    def poll(self) -> None:
-        """Lets go of the tensors whose reads beside are done, checking that none changed."""
-        if not self._reading:
-            return
-        done = self._lib.repro_cuda_hasher_reads_done(self._handle)
-        if done < 0:
-            raise WriteError(_last_error(self._lib))
-        self._release(done)
-
-    def _release(self, done: int) -> None:
-        while self._reading and self._reading[0][0] <= done:
-            _, held = self._reading.pop(0)
-            for owner, index, tensor, version in held:
-                _check_unchanged(owner, index, tensor, version)
-
     def start_read(self) -> "DeviceRead":
         """Flushes, and starts copying the hashes of everything flushed to the host."""
         self.flush()
@@ -298,9 +265,7 @@ class DeviceHasher:
             raise WriteError(_last_error(self._lib))
         if n.value != len(indices):
             raise WriteError(f"the GPU hasher holds {n.value} tensors, {len(indices)} were queued")
-        # Once the copy has landed, every flush so far has been read.
-        flushes = self._flushes
-        return DeviceRead(self._lib, handle, owners, indices, kept, lambda: self._release(flushes))
+        return DeviceRead(self._lib, handle, owners, indices, kept)
 
     def abandon(self) -> None:
         """Drops what a failed step queued and lets go of what it flushed, unchecked. (What the
@@ -311,12 +276,7 @@ class DeviceHasher:
         self._flushed_indices += self._indices[:n]
         self._flushed_kept += [length if keep else None for length, keep in zip(self._lengths[:n], self._keeps[:n])]
         self._clear_queue()
-        try:
-            if self._reading:
-                self._lib.repro_cuda_hasher_wait_reads(self._handle)
-            self.start_read().finish()
-        finally:
-            self._reading = []
+        self.start_read().finish()
 
     def close(self) -> None:
         if self._handle:
@@ -363,10 +323,10 @@ def _check_unchanged(owner, index: int, held: torch.Tensor, version: Optional[in
 class DeviceRead:
     """A step's hashes on their way from the GPU (see `DeviceHasher.start_read`)."""
 
-    def __init__(self, lib, handle, owners: list, indices: list, kept: list, landed=None):
+    def __init__(self, lib, handle, owners: list, indices: list, kept: list):
         """The records read, by owner and index (see `DeviceHasher.queue`); `kept`: the length of
-        each record's bytes kept, or None; `landed`: called once the copy has landed."""
-        self._lib, self._handle, self._landed = lib, handle, landed
+        each record's bytes kept, or None."""
+        self._lib, self._handle = lib, handle
         self._owners, self._indices, self._kept = owners, indices, kept
 
     def finish(self) -> None:
@@ -379,8 +339,6 @@ class DeviceRead:
         hashes, values = ctypes.create_string_buffer(max(32 * n, 1)), ctypes.create_string_buffer(max(kept, 1))
         if self._lib.repro_cuda_read_finish(handle, hashes, n, values, kept) != 0:
             raise WriteError(_last_error(self._lib))
-        if self._landed is not None:
-            self._landed()
         at, raw, kept_raw = 0, hashes.raw, values.raw
         for i, (owner, index, length) in enumerate(zip(self._owners, self._indices, self._kept)):
             owner.hashes[index] = raw[32 * i : 32 * i + 32]

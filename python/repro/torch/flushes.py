@@ -16,10 +16,11 @@ every step under `module`), and the outputs and the copies are queued and read t
 flushes a step:
 
 - `batched` (the default): in order with the program's stream, at the next flush.
-- `beside`: on the GPU hashing library's own stream, while the program's work runs on; the
-  recorder holds each tensor until its reads are done. (On an H100 this was slower than
-  `batched`: docs/results/pytorch-recorder-cost-h100.md.)
 - `module`: every output at its hook, every step (the first step's way, kept).
+
+(A third mode, `beside`, read the queued outputs on the library's own stream while the program
+ran on; on an H100 it was slower than `batched` on every model measured, and it is gone:
+docs/results/pytorch-recorder-cost-h100.md.)
 
 Outputs wait for their flush held by the recorder, so that their memory is not reused before
 they are read. Most of a training step's outputs are kept by autograd for the backward pass
@@ -84,11 +85,11 @@ class FlushPolicy:
         until the next flush, are more than the caps allow."""
         return shared >= self.options.max_held_bytes or own + self.unshared * shared >= self.extra_cap
 
-    def measure(self, shared: int, beside: bool, devices: list) -> Optional["MemoryMeasure"]:
+    def measure(self, shared: int, devices: list) -> Optional["MemoryMeasure"]:
         """The measure of a flush about to let go of `shared` bytes of outputs on `devices`, or
-        None where it measures nothing (read beside: let go of later; fewer bytes than the cap,
-        which they are under whatever the measure; no way to tell the memory in use)."""
-        if beside or shared < self.extra_cap or not devices:
+        None where it measures nothing (fewer bytes than the cap, which they are under whatever
+        the measure; no way to tell the memory in use)."""
+        if shared < self.extra_cap or not devices:
             return None
         reading = self.memory_in_use(devices)
         return None if reading is None else MemoryMeasure(self, shared, devices, reading[0])
@@ -116,11 +117,6 @@ class FlushPolicy:
         if name in self.in_place:
             return COPY if nbytes <= self.options.copy_at_hook_max_bytes else READ
         return QUEUE
-
-    @property
-    def beside(self) -> bool:
-        """Whether outputs read together are read beside the program's stream."""
-        return self.mode == "beside" and self.in_place is not None
 
 
 class MemoryMeasure:

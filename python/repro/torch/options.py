@@ -30,7 +30,7 @@ CAPTURE_NAMES_ENV = "REPRO_CAPTURE_NAMES"
 # The flush policy, for measuring the policies against each other (python/bench/torch_cost.py).
 FLUSH_ENV = "REPRO_TORCH_FLUSH"
 
-FLUSH_MODES = ("batched", "beside", "module")
+FLUSH_MODES = ("batched", "module")
 
 
 @dataclass(frozen=True)
@@ -38,8 +38,8 @@ class FlushOptions:
     """When the module outputs a step queues for hashing on a GPU are read (`flushes`): the
     policy, and the caps on what the recorder holds until then."""
 
-    # `batched` (in order with the program's stream), `beside` (on the hashing library's own
-    # stream) or `module` (every output at its hook): `flushes`' documentation.
+    # `batched` (queued outputs read together, in order with the program's stream) or `module`
+    # (every output at its hook): `flushes`' documentation.
     mode: str = "batched"
     # Outputs queued before a flush is forced (a flush costs the host some 100 us, whatever it
     # reads: resnet50 at batch 64 on an H200 machine, 4.1 ms for 31 flushes a step).

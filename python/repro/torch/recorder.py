@@ -468,8 +468,6 @@ class StepRecorder:
         are queued so, their fields made once for every step.) `repeats=False`: the tensors may
         change in place without moving their version counters (BatchNorm's running statistics),
         so none repeats an earlier record of the same memory and version, nor is repeated."""
-        if self._outputs_queued and self._policy.beside:
-            self._flush_outputs()  # read beside, not with what follows
         self._queue_each(fields, tensors, repeats=repeats)
 
     def _queue_each(self, fields: list, tensors: list, own: bool = False, repeats: bool = True) -> int:
@@ -576,8 +574,6 @@ class StepRecorder:
         each new one queued for hashing and each repeat (the parameters at a step's start, as
         last updated, or a frozen parameter's update) taking its first record's hash, without
         the per-tensor work."""
-        if self._outputs_queued and self._policy.beside:
-            self._flush_outputs()
         known = group.known
         addresses = [t.data_ptr() for t in tensors]
         if (known is None or self.keeps_values or [t.dtype for t in tensors] != known.dtypes
@@ -683,10 +679,10 @@ class StepRecorder:
         recorder alone kept (`FlushPolicy.measure`)."""
         shared, own = self._shared_queued, self._own_queued
         self._outputs_queued = self._shared_queued = self._own_queued = 0
-        hashers, beside = self.recorder.hashers, self._policy.beside
-        measure = self._policy.measure(shared, beside, list(hashers))
+        hashers = self.recorder.hashers
+        measure = self._policy.measure(shared, list(hashers))
         for hasher in hashers.values():
-            hasher.flush(beside=beside)
+            hasher.flush()
         if measure is not None:
             measure.done(own)
 

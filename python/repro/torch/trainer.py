@@ -8,7 +8,11 @@ tensor arguments, `input_ids`, `labels`, ...: `input_ids#1` for the second micro
 accumulated step), the loss the model returns (`loss`, `loss#1`, ...), every module's output at
 the steps the `modules` level names, the gradients as the optimizer receives them (after the
 Trainer clips them: `on_pre_optimizer_step`) and the updated parameters. Evaluation runs
-unrecorded. Under `repro record -- python train.py` (or `gate`, `bisect`) the repro command's
+unrecorded. Under torchrun each rank records its own stream (`OUT/rank-N`); where the Trainer
+wrapped the model in DistributedDataParallel, the callback finds that wrapper and records both
+sides of each gradient sum, as `ModelRecorder` does for any DDP model (this rank's share,
+`NAME.grad.local`, and the sum, `NAME.grad`); an FSDP2 model is recorded by its shards. Under
+`repro record -- python train.py` (or `gate`, `bisect`) the repro command's
 settings win, as `ModelRecorder.create_or_gated` reads them; a fault (`REPRO_PERTURB`) is planted
 as in any `ModelRecorder`. The trace is finished when training ends (`on_train_end`); a run that
 raises leaves it unfinished, as repro's readers then say.
@@ -16,11 +20,13 @@ raises leaves it unfinished, as repro's readers then say.
 
 from __future__ import annotations
 
+import gc
 from typing import Optional
 
 import torch
 from transformers import TrainerCallback
 
+from .ddp import is_ddp
 from .model import CapturedStep, ModelRecorder
 
 
@@ -49,7 +55,7 @@ class ReproCallback(TrainerCallback):
             "accum": args.gradient_accumulation_steps,
             "lr": args.learning_rate,
         }
-        self.recorder = ModelRecorder.create_or_gated(self.path, run, model, **self.options)
+        self.recorder = ModelRecorder.create_or_gated(self.path, run, ddp_wrapper(model) or model, **self.options)
         self._hooks = [model.register_forward_pre_hook(self._batch, with_kwargs=True),
                        model.register_forward_hook(self._loss)]
 
@@ -97,3 +103,24 @@ class ReproCallback(TrainerCallback):
         self._hooks = []
         if self.recorder is not None and not self.recorder.recorder.finished:
             self.recorder.finish()
+
+
+def ddp_wrapper(model: torch.nn.Module) -> Optional[torch.nn.parallel.DistributedDataParallel]:
+    """The DistributedDataParallel module that wraps `model`, where one does; else None.
+    (Trainer's callbacks are given the model it wrapped, not the wrapper. The wrapper holds the
+    model in its `_modules` dict, under `module`; found once, before the first step, by what
+    refers to that dict: the wrapper itself, or the wrapper's attribute dict, and then the
+    wrapper.)"""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return None
+    for modules in gc.get_referrers(model):
+        if not isinstance(modules, dict) or modules.get("module") is not model:
+            continue
+        for holder in gc.get_referrers(modules):
+            owners = [holder]
+            if isinstance(holder, dict) and holder.get("_modules") is modules:
+                owners = gc.get_referrers(holder)
+            for owner in owners:
+                if is_ddp(owner) and owner.module is model:
+                    return owner
+    return None

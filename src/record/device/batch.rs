@@ -114,9 +114,6 @@ pub struct DeviceBatch {
     beside: Option<std::sync::Arc<CudaStream>>,
     /// Where values read back straight from their tensors go (see `streaming_to`).
     payload: Option<std::sync::Arc<PayloadStream>>,
-    /// Whether the next flushes read the tensors on the `beside` stream too (see
-    /// `set_reads_beside`).
-    reads_beside: bool,
     /// Whether the next flushes run their chunk pass on the `beside` stream (see
     /// `set_chunks_beside`), and the event behind the last one run there.
     chunks_beside: bool,
@@ -240,7 +237,6 @@ impl DeviceBatch {
             queue: Queue::default(),
             beside: None,
             payload: None,
-            reads_beside: false,
             chunks_beside: false,
             chunks_read: None,
         }
@@ -261,16 +257,6 @@ impl DeviceBatch {
     /// flush's chunk pass waits on the device for the last one's tree (see `TreeScratch`).
     pub fn beside(dev: CudaDevice, stream: std::sync::Arc<CudaStream>) -> Self {
         DeviceBatch { beside: Some(stream), ..DeviceBatch::new(dev) }
-    }
-
-    /// Makes the flushes that follow read the tensors on the `beside` stream as well, behind
-    /// what the calling thread's stream has queued so far (`on`), or on the calling thread's
-    /// stream (the default). Read beside, the program's work runs on while its tensors are
-    /// hashed, so nothing the program queues later is ordered after the reads: the owner keeps
-    /// the memory allocated and unchanged until an event recorded on `beside` after the flush
-    /// has completed. Without a `beside` stream the setting changes nothing.
-    pub fn set_reads_beside(&mut self, on: bool) {
-        self.reads_beside = on;
     }
 
     /// Makes the flushes that follow run their chunk pass on the `beside` stream too, behind
@@ -395,16 +381,12 @@ impl DeviceBatch {
         Ok(())
     }
 
-    /// Uploads a plan's table and launches its kernels on the calling thread's stream (or, when
-    /// reading beside, all of them on the `beside` stream behind it; or, with the chunk pass
-    /// beside, that pass and the tree there). Returns the flush, and the event behind its chunk
-    /// pass where that ran beside.
+    /// Uploads a plan's table and launches its kernels on the calling thread's stream (with the
+    /// chunk pass beside, that pass and the tree on the `beside` stream). Returns the flush, and
+    /// the event behind its chunk pass where that ran beside.
     fn launch(&self, plan: Plan) -> Result<(Flushed, Option<CudaEvent>)> {
         let calling = self.dev.cuda_stream();
-        let stream = match (&self.beside, self.reads_beside) {
-            (Some(beside), true) => beside.clone(),
-            _ => calling.clone(),
-        };
+        let stream = calling.clone();
         let chunk_stream = match (&self.beside, self.chunks_beside) {
             (Some(beside), true) => beside.clone(),
             _ => stream.clone(),
@@ -434,11 +416,6 @@ impl DeviceBatch {
         // SAFETY: the region is 8-byte aligned (allocations are, and so is its offset) and holds
         // whole elements.
         let mut table = unsafe { table.transmute_mut::<u64>(staged.len()) }.expect("the table's region");
-        if !std::ptr::eq(&*stream, &*calling) {
-            // Read beside: behind everything the program has queued on its stream so far, and
-            // behind the arena's allocation there.
-            stream.join(&calling).w()?;
-        }
         // SAFETY: the staged buffer is page-locked and stays alive (in `Flushed`) until the
         // step's copy back, queued after this one on the same stream, has landed.
         unsafe { staged.upload(&mut table, &stream) }.map_err(|e| e.context("uploading its table"))?;
@@ -465,9 +442,9 @@ impl DeviceBatch {
                 .map_err(|e| e.context("launching its kernels"))?
         };
         // Behind the tree wherever it ran beside the calling stream: the next flush's chunk pass
-        // may run on the calling stream (a flush in order after one read beside, whose chunk
-        // pass and tree both ran beside: without this event that chunk pass would write the
-        // nodes while this tree still reads them).
+        // may run on the calling stream after this one's chunk pass and tree both ran beside (without
+        // this event that chunk pass would write the nodes while this tree still reads
+        // them).
         if !std::ptr::eq(&*tree_stream, &*calling) {
             match &scratch.read {
                 Some(read) => read.record(&tree_stream).w()?,
