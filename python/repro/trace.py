@@ -45,7 +45,7 @@ MAX_SOURCE_BYTES = 4096  # longest `source` (format 1.4)
 U16_MAX = 2**16 - 1
 U64_MAX = 2**64 - 1
 SUPPORTED_MAJORS = (1, 2)
-READER_VERSION = "2.0"
+READER_VERSION = "2.1"
 RECORDS_FILE = "records.rpr"
 # Where a recorder says what it is doing while it runs (section 10.1); readers of a finished trace
 # ignore it.
@@ -53,7 +53,11 @@ PROGRESS_FILE = "progress.json"
 TENSORS_DIR = "tensors"
 
 DTYPE_SIZES = {"U8": 1, "U32": 4, "I16": 2, "I32": 4, "I64": 8, "F16": 2, "BF16": 2, "F32": 4, "F64": 8}
-KINDS = {"weight", "gradient", "prediction", "loss", "activation", "op_output", "input", "buffer"}
+KINDS = {"weight", "gradient", "prediction", "loss", "activation", "op_output", "input", "buffer", "optimizer_state",
+         "rng_state"}
+# Kinds newer than 1.0 and 2.0, by the first version of each major line that has them.
+KINDS_SINCE = {"buffer": {1: (1, 9), 2: (2, 0)}, "optimizer_state": {1: (1, 10), 2: (2, 1)},
+               "rng_state": {1: (1, 10), 2: (2, 1)}}
 PHASES = {"forward", "backward", "update"}
 # The capture ladder's levels a header's capture policy may name (format 1.9), each a step policy.
 CAPTURE_LEVELS = ("modules", "ops")
@@ -747,8 +751,12 @@ class Trace:
                 raise self._corrupt(f"tensor `{t.name}` appears twice", where)
             if t.phase is not None or t.inputs:
                 self._needs((1, 1), "`phase` or `inputs`", where)
-            if t.kind == "buffer" and self.version < (1, 9):
-                raise self._corrupt(f"tensor `{t.name}`: the kind `buffer` is of format 1.9, but the file declares "
+            since = KINDS_SINCE.get(t.kind, {}).get(self.version[0])
+            if since is not None and self.version < since:
+                first = KINDS_SINCE[t.kind]
+                newer = f"{first[1][0]}.{first[1][1]}" if t.kind == "buffer" else (
+                    f"{first[1][0]}.{first[1][1]} ({first[2][0]}.{first[2][1]} under xxh3-1k)")
+                raise self._corrupt(f"tensor `{t.name}`: the kind `{t.kind}` is of format {newer}, but the file declares "
                                     f"{self.version[0]}.{self.version[1]}", where)
             if t.node is not None:
                 self._needs((1, 2), "`node`", where)

@@ -63,9 +63,9 @@ from repro.trace import (
     view_within,
 )
 
-# The version a trace is written as, by its data hash (section 8): 1.9, which every 1.x reader
-# reads, for `blake3`; 2.0 for `xxh3-1k`, whose hashes a 1.x reader would check as BLAKE3's.
-FORMATS = {BLAKE3: (1, 9), XXH3_1K: (2, 0)}
+# The version a trace is written as, by its data hash (section 8): 1.10, which every 1.x reader
+# reads, for `blake3`; 2.1 for `xxh3-1k`, whose hashes a 1.x reader would check as BLAKE3's.
+FORMATS = {BLAKE3: (1, 10), XXH3_1K: (2, 1)}
 VERSION = "0.1.0"
 LOCK_FILE = ".repro-lock"
 # Where a recorder can be, in `progress.json` (section 10.1).

@@ -1,9 +1,9 @@
 """The data hash `xxh3-1k` (docs/trace-format.md, section 5.5) in the Python writer and reader: a
-trace of it is written as format 2.0 with the header's `data_hash`, its hashes are the
+trace of it is written as format 2.1 with the header's `data_hash`, its hashes are the
 specification's and its values are checked against them; a `blake3` trace is written as a 1.x
 one (1.9, no key); a 1.x trace with the key, an unknown data hash and traces of two data hashes
 compared by hash are refused; xxhash is needed only for `xxh3-1k`. The last test needs REPRO_BIN
-(a built repro) that reads format 2.0."""
+(a built repro) that reads format 2.1."""
 
 import io
 import json
@@ -74,7 +74,7 @@ class DataHashTest(unittest.TestCase):
         self.assertEqual(list(header)[-1], "data_hash")  # after `capture`, in the documented order
         self.assertEqual(header["data_hash"], "xxh3-1k")
         with Trace(path) as t:
-            self.assertEqual((t.version, t.data_hash), ((2, 0), "xxh3-1k"))
+            self.assertEqual((t.version, t.data_hash), ((2, 1), "xxh3-1k"))
             steps = list(t.steps())
             for s in steps:
                 for x in s.tensors:
@@ -89,7 +89,7 @@ class DataHashTest(unittest.TestCase):
         out = io.StringIO()
         with redirect_stdout(out):
             self.assertEqual(repro_trace.main(["verify", path]), 0)
-        self.assertIn("format 2.0 (data hash xxh3-1k)", out.getvalue())
+        self.assertIn("format 2.1 (data hash xxh3-1k)", out.getvalue())
         self.assertIn(f"{2 * len(SIZES)} stored values match", out.getvalue())
         # A data hash computed elsewhere (a GPU's, say) writes the record the bytes write.
         by_hash = self.write("by-hash", "xxh3-1k", capture="none", hashes_only=True)

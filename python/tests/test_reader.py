@@ -136,7 +136,7 @@ class ReadTensorTest(unittest.TestCase):
                                 phase="update")])
         w.finish()
         with Trace(path) as t:
-            self.assertEqual(t.version, (1, 9))
+            self.assertEqual(t.version, (1, 10))
             kinds = [(x.name, x.kind) for x in next(iter(t.steps())).tensors]
         self.assertEqual(kinds, [("bn.num_batches_tracked", "buffer"), ("bn.running_mean.updated", "buffer")])
         self.assertEqual(int(read_tensor(path, 0, "bn.num_batches_tracked")), 3)
@@ -146,6 +146,26 @@ class ReadTensorTest(unittest.TestCase):
         records = os.path.join(path, "records.rpr")
         rewrite_header(records, *frames_of(records), (1, 8))
         self.assert_both_readers_refuse(path, "the kind `buffer` is of format 1.9, but the file declares 1.8")
+
+    def test_optimizer_and_rng_state_read_as_such_and_are_refused_in_files_that_declare_1_9_or_2_0(self):
+        for data_hash, older in (("blake3", (1, 9)), ("xxh3-1k", (2, 0))):
+            path = os.path.join(self.dir, f"state-{data_hash}")
+            w = TraceWriter(path, {"workload": "state", "steps": 1}, data_hash=data_hash)
+            w.write_step(0, [Record("rng.cpu", "rng_state", "U8", [4], bytes([1, 2, 3, 4]), phase="forward"),
+                             Record("0.weight.exp_avg", "optimizer_state", "F32", [2], struct.pack("<2f", 0.5, 1),
+                                    phase="update")])
+            w.finish()
+            with Trace(path) as t:
+                self.assertEqual(t.version, (1, 10) if data_hash == "blake3" else (2, 1))
+                kinds = [(x.name, x.kind) for x in next(iter(t.steps())).tensors]
+            self.assertEqual(kinds, [("rng.cpu", "rng_state"), ("0.weight.exp_avg", "optimizer_state")])
+            run = subprocess.run([REPRO, "inspect", path, "--verify"], capture_output=True, text=True)
+            self.assertEqual(run.returncode, 0, run.stdout + run.stderr)
+            # Declared one minor version older, whose readers would read them as `other`.
+            records = os.path.join(path, "records.rpr")
+            rewrite_header(records, *frames_of(records), older)
+            self.assert_both_readers_refuse(path, "the kind `rng_state` is of format 1.10 (2.1 under xxh3-1k), but the "
+                                            f"file declares {older[0]}.{older[1]}")
 
     def test_the_capture_levels_read_back_and_are_refused_in_a_file_that_declares_1_8_or_as_no_policy(self):
         import msgpack

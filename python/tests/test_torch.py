@@ -328,9 +328,9 @@ class TorchTest(unittest.TestCase):
         run = repro("record", "--out", runs["b3"], "--capture", "none", "--", *cmd)
         self.assertEqual(run.returncode, 0, run.stderr)
         with Trace(runs["x1"]) as t:
-            self.assertEqual((t.version, t.data_hash), ((2, 0), "xxh3-1k"))
+            self.assertEqual((t.version, t.data_hash), ((2, 1), "xxh3-1k"))
         with Trace(runs["b3"]) as t:
-            self.assertEqual((t.version, t.data_hash), ((1, 9), "blake3"))
+            self.assertEqual((t.version, t.data_hash), ((1, 10), "blake3"))
         inspect = repro("inspect", runs["x1"], "--verify")
         self.assertEqual(inspect.returncode, 0, inspect.stdout + inspect.stderr)
         same = repro("diff", runs["x1"], runs["x2"])
@@ -1073,7 +1073,7 @@ class TorchTest(unittest.TestCase):
         with mock.patch.dict(os.environ, {"REPRO_DATA_HASH": "xxh3-1k"}):
             record(path, capture="all", data_hash="blake3")
         with Trace(path) as t:
-            self.assertEqual((t.version, t.data_hash), ((2, 0), "xxh3-1k"))
+            self.assertEqual((t.version, t.data_hash), ((2, 1), "xxh3-1k"))
             checked = []
             for s in t.steps():
                 for x in s.tensors:
@@ -1092,7 +1092,7 @@ class TorchTest(unittest.TestCase):
             named.finish()
         for plain in ("default", "named"):
             with Trace(os.path.join(self.dir, plain)) as t:
-                self.assertEqual((t.version, t.data_hash), ((1, 9), "blake3"))
+                self.assertEqual((t.version, t.data_hash), ((1, 10), "blake3"))
         with mock.patch.dict(os.environ, {"REPRO_DATA_HASH": "xxh3"}):
             with self.assertRaisesRegex(WriteError, "REPRO_DATA_HASH=xxh3: expected one of blake3, xxh3-1k"):
                 Recorder.create_or_gated(os.path.join(self.dir, "bad"), {"workload": "x"})

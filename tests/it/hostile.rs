@@ -101,7 +101,7 @@ fn newer_major_version_is_refused_with_advice() {
     // A readable major in the preamble that the header contradicts is damage, not a version.
     bytes[8] = 2;
     fs::write(a.join("records.rpr"), &bytes).unwrap();
-    expect_error(&["inspect", s(&a)], &["records.rpr", "header says format 1.9 but the preamble says 2.9"]);
+    expect_error(&["inspect", s(&a)], &["records.rpr", "header says format 1.10 but the preamble says 2.10"]);
 }
 
 #[test]

@@ -162,7 +162,7 @@ fn inspect_shows_header_environment_and_tensors() {
     let run = repro(&["inspect", s(&a)]);
     assert_eq!(run.code, 0, "{}", run.stderr);
     for needle in [
-        "format     1.9",
+        "format     1.10",
         "status     complete",
         "workload       adder",
         "formulation    reduce",

@@ -33,8 +33,8 @@ pub enum CauseRule {
     /// A captured graph: every leaf (data, parameter, buffer) is identical in both runs, and the
     /// cause is the first node of the graph, in topological order, that differs.
     IdenticalLeaves,
-    /// The cause is itself a leaf (data, a parameter or a buffer): the runs were fed different
-    /// values.
+    /// The cause is itself a leaf (data, a parameter, a buffer or a random generator's state at
+    /// the step's start): the runs were fed different values.
     Leaf,
     /// A captured step whose leaves and forward graph (loss included) are identical in both
     /// runs: the backward pass computed the cause, a gradient, differently. Other differing
@@ -234,6 +234,7 @@ impl Entry {
     /// The entry for a recorded tensor.
     pub(crate) fn new(tensor: &repro_trace::TensorRecord, divergence: Option<Divergence>, compared: bool) -> Self {
         let leaf = tensor.kind == TensorKind::Input
+            || tensor.kind == TensorKind::RngState
             || (matches!(tensor.kind, TensorKind::Weight | TensorKind::Buffer) && tensor.phase != Some(Phase::Update));
         Entry {
             name: tensor.name.clone(),

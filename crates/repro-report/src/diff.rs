@@ -485,10 +485,10 @@ pub(crate) fn write_root_cause_with(out: &mut String, r: &RootCause, missing: &s
              or it also reads something not recorded as its input (a random draw such as a dropout mask)"
         }
         CauseRule::IdenticalLeaves if r.forward_unwatched => {
-            "every recorded leaf (data, parameters, buffers) is identical in both runs, and this is the first value \
-             after them that differs: what computed it from them (the model's forward pass, the loss function) \
-             computed it differently, or read something the trace does not record (a random draw such as a dropout \
-             mask); the module and op outputs recorded at this step, if any, say where"
+            "every recorded leaf (data, parameters, buffers, generators' states) is identical in both runs, and this \
+             is the first value after them that differs: what computed it from them (the model's forward pass, the \
+             loss function) computed it differently, or read something the trace does not record (a random draw \
+             such as a dropout mask); the module and op outputs recorded at this step, if any, say where"
         }
         CauseRule::IdenticalLeaves if r.nodes_are_modules => {
             "every recorded leaf (data, parameters) and every module output recorded before it are identical in \
@@ -502,7 +502,10 @@ pub(crate) fn write_root_cause_with(out: &mut String, r: &RootCause, missing: &s
              node, in topological order, that differs: its op computed it differently, or it reads a tensor the \
              trace does not record (a random draw such as a dropout mask, a tensor made outside the graph)"
         }
-        CauseRule::Leaf => "it is data or a parameter the step starts from: the runs were fed different values",
+        CauseRule::Leaf => {
+            "it is state the step starts from (its data, a parameter, a buffer, or a random generator's state): \
+             the runs started this step from different values"
+        }
         CauseRule::Backward => {
             "the data, the parameters and every node of the forward graph (the loss included) are identical in \
              both runs: the backward pass computed this gradient differently"

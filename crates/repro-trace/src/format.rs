@@ -37,10 +37,12 @@ pub struct FormatVersion {
 /// - 2.0: `data_hash` in the header: `xxh3-1k` hashes each tensor's 1 KiB chunks with XXH3-64
 ///   and their digests with BLAKE3 (`crate::hash::DataHash`). Only such traces are written as
 ///   2.0 (`FormatVersion::written_for`): a 1.x reader would check their hashes as BLAKE3's.
-pub const CURRENT_FORMAT: FormatVersion = FormatVersion { major: 1, minor: 9 };
+/// - 1.10 and 2.1: tensor kinds `optimizer_state` (an optimizer's state after each step) and
+///   `rng_state` (a generator's state at each step's start). A 1.9 or 2.0 file carries neither.
+pub const CURRENT_FORMAT: FormatVersion = FormatVersion { major: 1, minor: 10 };
 
 /// The version a trace of the data hash `xxh3-1k` is written in.
-pub const XXH3_FORMAT: FormatVersion = FormatVersion { major: 2, minor: 0 };
+pub const XXH3_FORMAT: FormatVersion = FormatVersion { major: 2, minor: 1 };
 
 impl FormatVersion {
     /// Whether this build can read a trace written in `self`: majors 1 and 2.

@@ -539,6 +539,16 @@ impl TraceReader {
         if t.kind == crate::TensorKind::Buffer && (self.version.major, self.version.minor) < (1, 9) {
             return Err(format!("the kind `buffer` is of format 1.9, but the file declares {}", self.version));
         }
+        if matches!(t.kind, crate::TensorKind::OptimizerState | crate::TensorKind::RngState) {
+            // Of 1.10 in the 1.x line and of 2.1 in the 2.x line (2.0 came before them).
+            let since = if self.version.major == 1 { 10 } else { 1 };
+            if self.version.minor < since {
+                return Err(format!(
+                    "the kind `{}` is of format 1.10 (2.1 under xxh3-1k), but the file declares {}",
+                    t.kind, self.version
+                ));
+            }
+        }
         if t.node.is_some() {
             self.needs_version(1, 2, "`node`")?;
         }
@@ -1038,6 +1048,32 @@ mod tests {
         );
     }
 
+    /// Optimizer state and RNG fingerprints (format 1.10, and 2.1 in the 2.x line) read as
+    /// such in a file that declares those versions, and are refused in 1.9 and 2.0 files.
+    #[test]
+    fn optimizer_and_rng_state_are_kinds_of_format_1_10_and_2_1() {
+        for kind in [crate::TensorKind::OptimizerState, crate::TensorKind::RngState] {
+            let state = TensorRecord { name: "state".into(), kind, ..tensor(vec![2], Some(vec![0; 8]), false) };
+            let record = |version: FormatVersion| {
+                let header = Header { format: version, ..plain_header() };
+                let header = rmp_serde::to_vec_named(&Record::Header(Box::new(header))).unwrap();
+                trace_in_version(version, &[header, step_with(state.clone(), None)])
+            };
+            for version in [CURRENT_FORMAT, format::XXH3_FORMAT] {
+                let mut reader = TraceReader::open(record(version).path()).unwrap();
+                let step = reader.next_step().unwrap().expect("a step");
+                assert_eq!(step.tensors[0].kind, kind, "in {version}");
+            }
+            for (major, minor) in [(1, 9), (2, 0)] {
+                let err = read_all(record(FormatVersion { major, minor }).path()).unwrap_err().to_string();
+                let expected = format!(
+                    "the kind `{kind}` is of format 1.10 (2.1 under xxh3-1k), but the file declares {major}.{minor}"
+                );
+                assert!(err.contains("corrupt") && err.contains(&expected), "{err}");
+            }
+        }
+    }
+
     /// A view (format 1.5) is read only as what it claims: a node's view of an earlier tensor
     /// of its step, within it, with the hash derived from it; its values are gathered from the
     /// owner's through its layout.
@@ -1117,7 +1153,7 @@ mod tests {
         };
         let xx = write(DataHash::Xxh3Chunks, DataHash::Xxh3Chunks);
         let reader = TraceReader::open(xx.path()).unwrap();
-        assert_eq!(reader.version(), FormatVersion { major: 2, minor: 0 });
+        assert_eq!(reader.version(), format::XXH3_FORMAT);
         assert_eq!(reader.header().format, reader.version(), "the header says what the preamble says");
         assert_eq!(reader.header().data_hash, DataHash::Xxh3Chunks);
         assert_eq!(read_all(xx.path()).unwrap(), 1, "values verified with xxh3-1k");

@@ -285,6 +285,14 @@ pub enum TensorKind {
     /// parameters, such as BatchNorm's running statistics, before the step (`NAME`) and after it
     /// (`NAME.updated`).
     Buffer,
+    /// An optimizer's state after the step's update (format 1.10 and 2.1): a parameter's
+    /// momentum buffer or Adam's moments and step count (`NAME.exp_avg`, ...), the learning rate
+    /// each parameter group applied, a gradient scaler's scale.
+    OptimizerState,
+    /// A fingerprint of a random number generator's state at the step's start (format 1.10 and
+    /// 2.1): the bytes of its state (`rng.cpu`, `rng.cuda:0`), so that randomness two runs draw
+    /// differently is named by the state that differs.
+    RngState,
     /// A kind this version of repro does not know (written by a newer minor version).
     #[serde(other)]
     Other,
@@ -292,7 +300,7 @@ pub enum TensorKind {
 
 impl TensorKind {
     /// Every kind, in the order `name` lists them.
-    pub const ALL: [TensorKind; 9] = [
+    pub const ALL: [TensorKind; 11] = [
         TensorKind::Weight,
         TensorKind::Gradient,
         TensorKind::Prediction,
@@ -301,6 +309,8 @@ impl TensorKind {
         TensorKind::OpOutput,
         TensorKind::Input,
         TensorKind::Buffer,
+        TensorKind::OptimizerState,
+        TensorKind::RngState,
         TensorKind::Other,
     ];
 
@@ -320,6 +330,8 @@ impl TensorKind {
             TensorKind::OpOutput => "op_output",
             TensorKind::Input => "input",
             TensorKind::Buffer => "buffer",
+            TensorKind::OptimizerState => "optimizer_state",
+            TensorKind::RngState => "rng_state",
             TensorKind::Other => "other",
         }
     }
@@ -540,7 +552,8 @@ mod tests {
             assert_eq!(rmp_serde::from_slice::<TensorKind>(&written).unwrap(), kind);
         }
         assert_eq!(TensorKind::from_name("buffer"), Some(TensorKind::Buffer));
-        let unknown = rmp_serde::to_vec_named("optimizer_state").unwrap();
+        assert_eq!(TensorKind::from_name("optimizer_state"), Some(TensorKind::OptimizerState));
+        let unknown = rmp_serde::to_vec_named("scheduler_state").unwrap();
         assert_eq!(rmp_serde::from_slice::<TensorKind>(&unknown).unwrap(), TensorKind::Other);
     }
 

@@ -8,7 +8,7 @@ their place in it, `batch.0`, `batch.x`, ...: `batch.0#1` for the second micro-b
 accumulated step), the loss `training_step` returns (`loss`, `loss#1`, ...), every module's
 output at the steps the `modules` level names, the gradients as the optimizer receives them
 (`on_before_optimizer_step`: after the backward passes, before clipping, which Lightning applies
-inside the optimizer step) and the updated parameters. Validation runs unrecorded. Under `repro
+inside the optimizer step), the updated parameters and the optimizer's state after its step. Validation runs unrecorded. Under `repro
 record -- python train.py` (or `gate`, `bisect`) the repro command's settings win, as
 `ModelRecorder.create_or_gated` reads them. The trace is finished when training ends.
 """
@@ -43,7 +43,10 @@ class ReproCallback(Callback):
             "steps": trainer.max_steps,
             "accum": trainer.accumulate_grad_batches,
         }
-        self.recorder = ModelRecorder.create_or_gated(self.path, run, pl_module, **self.options)
+        optimizers = trainer.optimizers
+        self.recorder = ModelRecorder.create_or_gated(self.path, run, pl_module,
+                                                      optimizer=optimizers[0] if len(optimizers) == 1 else None,
+                                                      **self.options)
 
     def _name(self, name: str) -> str:
         return name if self._calls == 0 else f"{name}#{self._calls}"

@@ -23,8 +23,11 @@ class ModelRecorder:
     documentation)."""
 
     def __init__(self, recorder: Recorder, model: torch.nn.Module, modules: Optional[str] = None,
-                 ops: Optional[str] = None):
-        """Every step records the inputs, parameters, buffers, loss, gradients and updates; the
+                 ops: Optional[str] = None, optimizer: Optional[torch.optim.Optimizer] = None, scaler=None):
+        """Every step records the inputs, parameters, buffers, the random generators' states at
+        its start (`rng.cpu`, `rng.cuda:N`, kind `rng_state`), the loss, gradients and updates,
+        and with `optimizer` (and a `torch.amp.GradScaler`, `scaler`) their state after the
+        update (kind `optimizer_state`: `OptimizerState`); the
         steps the recorder's `modules` level names record every module's output too, and those
         its `ops` level names every aten op's output (`Recorder`; `modules`, `ops`: step policies
         to set them to, before the first step; `modules="none"` as when the other run's graph is
@@ -93,16 +96,20 @@ class ModelRecorder:
         self._named_modules = [(name, m) for name, m in self.model.named_modules() if name != ""]
         self._output_hooks = [(m, self._hook(name)) for name, m in self._named_modules]
         self._hooks: list = []
+        self._optimizer = OptimizerState(optimizer, self._named_parameters, scaler) \
+            if optimizer is not None or scaler is not None else None
 
     @classmethod
     def create_or_gated(
-        cls, path: str, run: dict, model: torch.nn.Module, options: Optional[RecordOptions] = None, **changes
+        cls, path: str, run: dict, model: torch.nn.Module, options: Optional[RecordOptions] = None,
+        optimizer: Optional[torch.optim.Optimizer] = None, scaler=None, **changes
     ) -> "ModelRecorder":
         """`Recorder.create_or_gated` for `model`, on the device of its first parameter, with
         `options` and `changes` by option name (`modules="every:10"`; what a repro command
-        running the program asks wins)."""
+        running the program asks wins); `optimizer`, `scaler`: whose state to record."""
         device = next((p.device for p in model.parameters()), None)
-        return cls(Recorder.create_or_gated(path, run, device=device, options=options, **changes), model)
+        return cls(Recorder.create_or_gated(path, run, device=device, options=options, **changes), model,
+                   optimizer=optimizer, scaler=scaler)
 
     def _hook(self, name: str):
         def hook(module, args, output):
@@ -160,6 +167,7 @@ class ModelRecorder:
                 s.queue(name, t, "input")
             self._queue_parameters(s, "")
             self._queue_buffers(s, "")
+            _queue_generators(s)
             s.flush()
             self._step, self._calls = s, {}
             self._hooks = self._hooked(s)
@@ -175,6 +183,10 @@ class ModelRecorder:
                 if self._sums is not None:
                     self._sums.begin(None)
             if updates:
+                # The optimizer's state first: the update computed it (the moments, the
+                # learning rate applied) before the parameters from it.
+                if self._optimizer is not None:
+                    self._optimizer.queue(s)
                 self._queue_parameters(s, ".updated")
                 self._queue_buffers(s, ".updated")
                 s.flush()
@@ -286,6 +298,93 @@ class CapturedStep:
         self.step.flush()
         if self.step.ops is not None:
             self.step.ops.updating = True
+
+
+def _queue_generators(s: StepRecorder) -> None:
+    """Queues a fingerprint of each random number generator's state at a step's start (kind
+    `rng_state`): the CPU's default generator's (`rng.cpu`), and each CUDA device's default
+    generator's where CUDA is initialized (`rng.cuda:N`: its seed and offset). A draw the trace
+    does not record (a dropout mask, a shuffled batch) made from another state is then named
+    by the state that differs, at the step it differs."""
+    s.queue("rng.cpu", torch.get_rng_state(), "rng_state", "forward")
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        for index, generator in enumerate(torch.cuda.default_generators):
+            s.queue(f"rng.cuda:{index}", generator.get_state(), "rng_state", "forward")
+
+
+class OptimizerState:
+    """An optimizer's state after each step's update (kind `optimizer_state`, phase `update`):
+    each parameter's tensors of state by the parameter's name (`NAME.momentum_buffer`,
+    `NAME.exp_avg`, `NAME.exp_avg_sq`; an FSDP2 parameter's as this rank's block), each param
+    group's scalars of state gathered into one tensor (`optimizer.param_groups.G.step`: every
+    parameter's step count, in the group's order), each group's numeric hyper-parameters
+    (`optimizer.param_groups.G.lr`: the learning rate the update applied; `betas`, `eps`,
+    `momentum`, `weight_decay`, ...), and a gradient scaler's scale and growth tracker
+    (`scaler.scale`, `scaler.growth_tracker`)."""
+
+    def __init__(self, optimizer, named_parameters: list, scaler):
+        self.optimizer, self.scaler = optimizer, scaler
+        self._names = {id(p): name for name, p in named_parameters}
+        # The tensors of state as last queued: their (name, key) list, and the record group made
+        # for them (rebuilt when the optimizer's state gains or loses a tensor).
+        self._keys: Optional[list] = None
+        self._group: Optional[RecordGroup] = None
+
+    def queue(self, s: StepRecorder) -> None:
+        """Queues the state as the step's update left it: the hyper-parameters and the scaler's
+        scale (what the update was computed with) first, then each parameter's state."""
+        tensors, keys, scalars, hyper = [], [], [], []
+        optimizer = self.optimizer
+        for g, group in enumerate(optimizer.param_groups if optimizer is not None else ()):
+            counts: dict = {}
+            for p in group["params"]:
+                state = optimizer.state.get(p)
+                if not state:
+                    continue
+                name = self._names.get(id(p), f"optimizer.param_groups.{g}.{len(counts)}")
+                for key in sorted(state):
+                    value = state[key]
+                    if isinstance(value, torch.Tensor) and value.dim() > 0:
+                        keys.append((name, key))
+                        tensors.append(value)
+                    elif isinstance(value, (torch.Tensor, int, float)) and not isinstance(value, bool):
+                        counts.setdefault(key, []).append(value)
+            for key, values in sorted(counts.items()):
+                scalars.append((f"optimizer.param_groups.{g}.{key}", _gathered(values)))
+            for key in sorted(group):
+                value = group[key]
+                if isinstance(value, bool) or key == "params":
+                    continue
+                if isinstance(value, torch.Tensor) and value.numel() == 1 or isinstance(value, (int, float)):
+                    hyper.append((f"optimizer.param_groups.{g}.{key}", _gathered([value]).reshape(())))
+                elif isinstance(value, (tuple, list)) and value and all(
+                        isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
+                    hyper.append((f"optimizer.param_groups.{g}.{key}", torch.tensor(value, dtype=torch.float64)))
+        scaler = self.scaler
+        if scaler is not None and getattr(scaler, "_scale", None) is not None:
+            hyper.append(("scaler.scale", scaler._scale))
+            if getattr(scaler, "_growth_tracker", None) is not None:
+                hyper.append(("scaler.growth_tracker", scaler._growth_tracker))
+        for name, t in hyper:
+            s.queue(name, t.detach(), "optimizer_state", "update")
+        if tensors:
+            if keys != self._keys:
+                self._keys = keys
+                self._group = RecordGroup([record_fields(f"{name}.{key}", "optimizer_state", "update")
+                                           for name, key in keys], repeats=False)
+            s.queue_group(self._group, [fsdp.local(t) if fsdp.is_sharded(t) else t for t in tensors])
+        for name, t in scalars:
+            s.queue(name, t.detach(), "optimizer_state", "update")
+
+
+def _gathered(values: list) -> torch.Tensor:
+    """Numbers and one-element tensors as one float64 tensor, on the device of the tensors among
+    them (a CUDA step count is gathered there, without the wait that reading it would cost)."""
+    device = next((v.device for v in values if isinstance(v, torch.Tensor)), torch.device("cpu"))
+    if device.type == "cpu":
+        return torch.tensor([float(v) for v in values], dtype=torch.float64)
+    return torch.stack([v.detach().reshape(()).to(torch.float64) if isinstance(v, torch.Tensor)
+                        else torch.tensor(float(v), dtype=torch.float64, device=device) for v in values])
 
 
 # A parameter's records in a training step: their names' suffix, kind and phase.

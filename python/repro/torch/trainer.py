@@ -7,7 +7,8 @@ Each optimizer step is one recorded step, numbered as the Trainer's `global_step
 tensor arguments, `input_ids`, `labels`, ...: `input_ids#1` for the second micro-batch of an
 accumulated step), the loss the model returns (`loss`, `loss#1`, ...), every module's output at
 the steps the `modules` level names, the gradients as the optimizer receives them (after the
-Trainer clips them: `on_pre_optimizer_step`) and the updated parameters. Evaluation runs
+Trainer clips them: `on_pre_optimizer_step`), the updated parameters and the optimizer's state
+after its step (Adam's moments, the learning rate applied: kind `optimizer_state`). Evaluation runs
 unrecorded. Under torchrun each rank records its own stream (`OUT/rank-N`); where the Trainer
 wrapped the model in DistributedDataParallel, the callback finds that wrapper and records both
 sides of each gradient sum, as `ModelRecorder` does for any DDP model (this rank's share,
@@ -55,7 +56,8 @@ class ReproCallback(TrainerCallback):
             "accum": args.gradient_accumulation_steps,
             "lr": args.learning_rate,
         }
-        self.recorder = ModelRecorder.create_or_gated(self.path, run, ddp_wrapper(model) or model, **self.options)
+        self.recorder = ModelRecorder.create_or_gated(self.path, run, ddp_wrapper(model) or model,
+                                                      optimizer=kwargs.get("optimizer"), **self.options)
         self._hooks = [model.register_forward_pre_hook(self._batch, with_kwargs=True),
                        model.register_forward_hook(self._loss)]
 
