@@ -65,12 +65,12 @@ class DataHashTest(unittest.TestCase):
         w.finish()
         return path
 
-    def test_an_xxh3_1k_trace_is_written_as_2_0_and_hashes_as_the_specification_says(self):
+    def test_an_xxh3_1k_trace_is_written_as_2_1_and_hashes_as_the_specification_says(self):
         path = self.write("xxh3", "xxh3-1k")
         preamble, frames = frames_of(os.path.join(path, "records.rpr"))
-        self.assertEqual(preamble[8:], struct.pack("<HH", 2, 0))
+        self.assertEqual(preamble[8:], struct.pack("<HH", 2, 1))
         header = msgpack.unpackb(frames[0], raw=False)
-        self.assertEqual(header["format"], {"major": 2, "minor": 0})
+        self.assertEqual(header["format"], {"major": 2, "minor": 1})
         self.assertEqual(list(header)[-1], "data_hash")  # after `capture`, in the documented order
         self.assertEqual(header["data_hash"], "xxh3-1k")
         with Trace(path) as t:
@@ -129,13 +129,13 @@ class DataHashTest(unittest.TestCase):
             with redirect_stdout(io.StringIO()), redirect_stderr(io.StringIO()):
                 self.assertEqual(repro_trace.main(["verify", path]), 1)
 
-    def test_a_blake3_trace_is_written_as_1_9_without_the_key(self):
+    def test_a_blake3_trace_is_written_as_1_10_without_the_key(self):
         default, named = self.write("default"), self.write("named", "blake3")
         for path in (default, named):
             preamble, frames = frames_of(os.path.join(path, "records.rpr"))
-            self.assertEqual(preamble[8:], struct.pack("<HH", 1, 9))
+            self.assertEqual(preamble[8:], struct.pack("<HH", 1, 10))
             header = msgpack.unpackb(frames[0], raw=False)
-            self.assertEqual(header["format"], {"major": 1, "minor": 9})
+            self.assertEqual(header["format"], {"major": 1, "minor": 10})
             self.assertNotIn("data_hash", header)
             with Trace(path) as t:
                 self.assertEqual(t.data_hash, "blake3")
@@ -224,7 +224,7 @@ class DataHashTest(unittest.TestCase):
         path = self.write("xxh3", "xxh3-1k")
         run = subprocess.run([REPRO, "inspect", path, "--verify"], capture_output=True, text=True)
         self.assertEqual(run.returncode, 0, run.stdout + run.stderr)
-        self.assertIn("format     2.0", run.stdout)
+        self.assertIn("format     2.1", run.stdout)
         records = os.path.join(path, "records.rpr")
         rewrite_header(records, *frames_of(records), (1, 8))
         run = subprocess.run([REPRO, "inspect", path, "--verify"], capture_output=True, text=True)

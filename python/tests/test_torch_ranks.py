@@ -148,7 +148,7 @@ class DataParallelTest(unittest.TestCase):
         self.assertEqual(diff.returncode, 1, diff.stdout + diff.stderr)
         self.assertIn("shown: rank 1, the first to diverge", diff.stdout)
         self.assertIn("root cause: `x` (input) at step 0", diff.stdout)
-        self.assertIn("the runs were fed different values", diff.stdout)
+        self.assertIn("the runs started this step from different values", diff.stdout)
 
     def test_a_rank_that_dies_leaves_the_run_incomplete_never_identical(self):
         dead = self.record("dead", 2, script=DYING)

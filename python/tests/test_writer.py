@@ -72,7 +72,7 @@ class WriterTest(unittest.TestCase):
         self.assertEqual(w.finish(), 2)
         run = repro("inspect", path, "--verify")
         self.assertEqual(run.returncode, 0, run.stdout + run.stderr)
-        self.assertIn("format     1.9", run.stdout)
+        self.assertIn("format     1.10", run.stdout)
 
     def test_a_run_rewritten_from_python_is_byte_identical_to_repro_s(self):
         for name, args in (
