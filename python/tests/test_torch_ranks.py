@@ -19,6 +19,9 @@ import unittest
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from recorded_program import torchrun as launcher  # noqa: E402  (beside this file)
+
 try:
     import torch
     import torch.distributed as dist
@@ -38,7 +41,7 @@ def repro(*args, env=None):
 
 def torchrun(ranks, script, *args):
     """The command that starts `ranks` processes of `script` on this host."""
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}", script, *args]
+    return [*launcher(ranks), script, *args]
 
 
 def environment(**extra):

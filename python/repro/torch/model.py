@@ -337,11 +337,12 @@ class OptimizerState:
         optimizer = self.optimizer
         for g, group in enumerate(optimizer.param_groups if optimizer is not None else ()):
             counts: dict = {}
-            for p in group["params"]:
+            for i, p in enumerate(group["params"]):
                 state = optimizer.state.get(p)
                 if not state:
                     continue
-                name = self._names.get(id(p), f"optimizer.param_groups.{g}.{len(counts)}")
+                # A parameter the model does not hold, by its place in its group.
+                name = self._names.get(id(p), f"optimizer.param_groups.{g}.params.{i}")
                 for key in sorted(state):
                     value = state[key]
                     if isinstance(value, torch.Tensor) and value.dim() > 0:
